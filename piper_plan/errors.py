@@ -1,0 +1,42 @@
+"""One-line user errors: every bad input names its file, field and what was expected."""
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+
+class PiperError(Exception):
+    """An error the CLI prints as one line and exits 2 on (no traceback)."""
+
+    exit_code = 2
+
+
+class SpecError(PiperError):
+    def __init__(self, source: str, field: str, expected: str):
+        self.source, self.field, self.expected = source, field, expected
+        super().__init__(f"{source}: {field}: {expected}")
+
+
+class LayoutError(PiperError):
+    """An impossible parallel layout; `constraint` names the rule that is broken."""
+
+    def __init__(self, constraint: str, detail: str):
+        self.constraint = constraint
+        super().__init__(f"layout: {constraint}: {detail}")
+
+
+def from_validation(source: str, err: ValidationError) -> SpecError:
+    """First pydantic error as a SpecError naming the dotted field path."""
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e.get("loc", ())) or "<root>"
+    kind = e.get("type", "")
+    if kind == "extra_forbidden":
+        expected = "unknown field (not part of the schema)"
+    elif kind == "missing":
+        expected = "required field is missing"
+    else:
+        got = e.get("input")
+        got_s = repr(got)
+        if len(got_s) > 40:
+            got_s = got_s[:37] + "..."
+        expected = f"{e.get('msg', 'invalid value')} (got {got_s})"
+    return SpecError(source, loc, expected)

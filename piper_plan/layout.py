@@ -1,0 +1,125 @@
+"""A parallel layout and its global rank -> coordinates map.
+
+Degree conventions are Megatron-Core's, so published layouts type in as they are:
+tp · pp · dp = GPUs, dp is the attention data-parallel degree; experts are folded over
+the dp × tp ranks of a stage (expert tensor parallel = 1), so ep divides dp · tp and the
+expert-data-parallel degree is dp · tp / ep. The paper's PP × EP mesh is tp = 1, dp = ep.
+
+Rank order (Megatron's default "tp-dp-pp"): tp fastest, pp slowest, so a stage's
+dp · tp ranks are consecutive and land on as few nodes as possible.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import LayoutError
+
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]
+Recompute = Literal["none", "selective", "full"]
+A2A = Literal["flat", "halo"]
+Placement = Literal["packed", "spread"]
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
+RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+
+
+class Layout(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: int = Field(..., ge=1)
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1, description="attention data-parallel degree")
+    ep: int = Field(1, ge=1, description="expert-parallel degree, folded over dp·tp")
+    vpp: int = Field(1, ge=1, description="model chunks per rank (interleaved: v; zbv/dualpipev: 2)")
+    mbs: int = Field(1, ge=1, description="micro-batch size, sequences")
+    global_batch: int = Field(..., ge=1, description="sequences per optimizer step")
+    seq: int = Field(..., ge=1, description="sequence length, tokens")
+    schedule: Schedule = "1f1b"
+    recompute: Recompute = "none"
+    sequence_parallel: bool = True
+    zero: int = Field(1, ge=0, le=3)
+    a2a: A2A = "flat"
+    placement: Placement = "packed"
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+
+    @property
+    def edp(self) -> int:
+        return self.dp * self.tp // self.ep
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.mbs)
+
+    @property
+    def stages(self) -> int:
+        """Model chunks in the pipeline (pp · vpp)."""
+        return self.pp * self.vpp
+
+    @property
+    def sp(self) -> bool:
+        return self.sequence_parallel and self.tp > 1
+
+
+def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_node: Optional[int] = None) -> None:
+    """Raise LayoutError naming the first broken constraint."""
+    if lay.tp * lay.pp * lay.dp != lay.gpus:
+        raise LayoutError("tp*pp*dp == gpus", f"{lay.tp}*{lay.pp}*{lay.dp} = {lay.tp * lay.pp * lay.dp}, not {lay.gpus}")
+    if (lay.dp * lay.tp) % lay.ep:
+        raise LayoutError("ep divides dp*tp", f"ep={lay.ep} does not divide dp*tp={lay.dp * lay.tp}")
+    if num_experts and num_experts % lay.ep:
+        raise LayoutError("ep divides experts", f"ep={lay.ep} does not divide {num_experts} experts")
+    if not num_experts and lay.ep > 1:
+        raise LayoutError("ep divides experts", f"ep={lay.ep} but the model has no experts")
+    if lay.stages > num_layers:
+        raise LayoutError("pp*vpp <= layers", f"{lay.stages} pipeline chunks for {num_layers} layers")
+    if lay.global_batch % (lay.dp * lay.mbs):
+        raise LayoutError("global_batch divisible by dp*mbs",
+                          f"global batch {lay.global_batch} is not a multiple of dp*mbs = {lay.dp * lay.mbs}")
+    m = lay.microbatches
+    if lay.schedule in ("zbv", "dualpipev") and lay.vpp != 2:
+        raise LayoutError(f"{lay.schedule} needs vpp=2", f"got vpp={lay.vpp} (V placement: two chunks per rank)")
+    if lay.schedule in ("gpipe", "1f1b") and lay.vpp != 1:
+        raise LayoutError(f"{lay.schedule} needs vpp=1", f"got vpp={lay.vpp}")
+    if lay.schedule == "interleaved" and lay.vpp < 2:
+        raise LayoutError("interleaved needs vpp>=2", f"got vpp={lay.vpp}")
+    if lay.schedule in ("1f1b", "interleaved", "zbv", "dualpipev") and lay.pp > 1 and m < lay.pp:
+        raise LayoutError(f"microbatches >= pp for {lay.schedule}", f"{m} micro-batches for {lay.pp} stages")
+    if lay.schedule == "interleaved" and m % lay.pp:
+        raise LayoutError("interleaved needs microbatches % pp == 0", f"{m} micro-batches, pp={lay.pp}")
+    if lay.schedule == "dualpipev" and m < 2 * lay.pp:
+        raise LayoutError("dualpipev needs microbatches >= 2*pp", f"{m} micro-batches, pp={lay.pp}")
+    if lay.zero == 3 and lay.pp > 1:
+        raise LayoutError("zero 3 with pp == 1", "ZeRO-3 re-gathers weights per micro-batch; use zero<=2 with pipelining")
+
+
+class RankCoord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rank: int
+    node: int
+    local: int
+    pp: int
+    dp: int
+    tp: int
+    ep: int
+    edp: int
+
+
+def rank_coords(lay: Layout, gpus_per_node: int) -> list[RankCoord]:
+    """Global rank -> (node, local index, pp, dp, tp, ep, edp).
+
+    packed: an EP group is ep consecutive ranks of the stage (fastest levels first);
+    spread: an EP group strides across the stage (one rank per edp block)."""
+    per_stage = lay.dp * lay.tp
+    edp = per_stage // lay.ep
+    out = []
+    for r in range(lay.gpus):
+        stage, w = divmod(r, per_stage)
+        if lay.placement == "packed":
+            edp_i, ep_i = divmod(w, lay.ep)
+        else:
+            ep_i, edp_i = divmod(w, edp)
+        out.append(RankCoord(rank=r, node=r // gpus_per_node, local=r % gpus_per_node, pp=stage,
+                             dp=w // lay.tp, tp=w % lay.tp, ep=ep_i, edp=edp_i))
+    return out

@@ -1,0 +1,141 @@
+"""HardwareSpec: an accelerator, its efficiency model, and a topology of levels.
+
+Units: memory GiB (2^30 bytes); bandwidth GB/s (10^9 bytes/s) per GPU and per direction;
+latency microseconds; peak rates dense TFLOP/s (10^12 FLOP/s) per accelerator (a GCD on
+Frontier). Every figure in a bundled YAML carries its source next to it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Accelerator(_Strict):
+    name: str
+    memory_gib: float = Field(..., gt=0, description="device memory, GiB")
+    peak_tflops: dict[str, float] = Field(..., description="dense peak TFLOP/s by dtype (bf16, fp16, fp8, fp32)")
+    memory_bandwidth_gbps: float = Field(..., gt=0, description="HBM bandwidth, GB/s")
+    compute_units: int = Field(..., ge=1, description="SMs / CUs: GEMM tiles run in waves of this many")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _peaks(self):
+        if "bf16" not in self.peak_tflops:
+            raise ValueError("peak_tflops needs a bf16 entry")
+        for k, v in self.peak_tflops.items():
+            if v <= 0:
+                raise ValueError(f"peak_tflops.{k} must be > 0")
+        return self
+
+
+class Efficiency(_Strict):
+    """Achievable fractions of the peaks. Physical terms (roofline, wave quantisation,
+    launch overhead) are modelled separately, so these are the plateau values a large,
+    well-shaped kernel reaches — taken from published micro-benchmarks, not fitted to
+    training throughput."""
+
+    gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
+    gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
+    attention: float = Field(..., gt=0, le=1, description="fused (flash) attention fraction of dense peak")
+    memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
+    kernel_overhead_us: float = Field(4.0, ge=0, description="fixed cost per kernel launch, us")
+    comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
+    source: str = ""
+
+
+class Level(_Strict):
+    """One topology level: a domain of `size` GPUs. Traffic between two GPUs is carried by
+    the smallest level containing both. Intra-node levels give their own per-GPU link
+    bandwidth; levels above the node go through the NICs (`via_nic`), possibly tapered."""
+
+    name: str
+    size: int = Field(..., ge=1, description="GPUs in one domain of this level")
+    bandwidth_gbps: Optional[float] = Field(None, gt=0, description="per-GPU, per-direction GB/s (intra-node levels)")
+    via_nic: bool = Field(False, description="traffic leaves the node through the NICs")
+    taper: float = Field(1.0, gt=0, le=1, description="fraction of NIC injection bandwidth available at this level")
+    latency_us: float = Field(..., ge=0, description="one-message latency, us")
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _bw(self):
+        if not self.via_nic and self.bandwidth_gbps is None:
+            raise ValueError(f"level {self.name!r}: intra-node level needs bandwidth_gbps")
+        return self
+
+
+class Network(_Strict):
+    nics_per_node: int = Field(..., ge=1)
+    nic_gbps: float = Field(..., gt=0, description="per-NIC, per-direction GB/s")
+    nic_affinity: Optional[list[int]] = Field(None, description="NIC index of each local GPU (default: blocks)")
+    source: str = ""
+
+
+class HardwareSpec(_Strict):
+    name: str
+    source: str = ""
+    accelerator: Accelerator
+    efficiency: Efficiency
+    gpus_per_node: int = Field(..., ge=1)
+    max_gpus: Optional[int] = Field(None, ge=1, description="GPUs in the whole machine")
+    network: Network
+    topology: list[Level] = Field(..., min_length=1)
+    memory_overhead_gib: float = Field(2.0, ge=0, description="framework/allocator reserve per GPU, GiB")
+
+    @model_validator(mode="after")
+    def _topology(self):
+        sizes = [lv.size for lv in self.topology]
+        for a, b in zip(sizes, sizes[1:]):
+            if b <= a or b % a:
+                raise ValueError(f"topology sizes must grow and each divide the next (got {sizes})")
+        if self.gpus_per_node not in sizes:
+            raise ValueError(f"one topology level must be the node (size {self.gpus_per_node}); sizes are {sizes}")
+        for lv in self.topology:
+            inter = lv.size > self.gpus_per_node
+            if inter and not lv.via_nic:
+                raise ValueError(f"level {lv.name!r} spans nodes and must set via_nic: true")
+            if not inter and lv.via_nic:
+                raise ValueError(f"level {lv.name!r} is inside a node and cannot be via_nic")
+        aff = self.network.nic_affinity
+        if aff is not None:
+            if len(aff) != self.gpus_per_node:
+                raise ValueError(f"network.nic_affinity needs {self.gpus_per_node} entries, got {len(aff)}")
+            if any(not 0 <= a < self.network.nics_per_node for a in aff):
+                raise ValueError(f"network.nic_affinity entries must lie in 0..{self.network.nics_per_node - 1}")
+        return self
+
+    # ---- derived figures -----------------------------------------------------------
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Dense peak, FLOP/s."""
+        try:
+            return self.accelerator.peak_tflops[dtype] * 1e12
+        except KeyError:
+            raise KeyError(f"hardware {self.name}: no peak_tflops for dtype {dtype!r}") from None
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.accelerator.memory_gib * 2**30
+
+    @property
+    def nic_gbps_per_gpu(self) -> float:
+        """Injection bandwidth a GPU gets from the node's NICs when all GPUs send, GB/s."""
+        return self.network.nics_per_node * self.network.nic_gbps / self.gpus_per_node
+
+    def level_bandwidth_gbps(self, i: int) -> float:
+        lv = self.topology[i]
+        return lv.bandwidth_gbps if not lv.via_nic else self.nic_gbps_per_gpu * lv.taper
+
+    @property
+    def node_level(self) -> int:
+        return [lv.size for lv in self.topology].index(self.gpus_per_node)
+
+    def nic_of(self, local: int) -> int:
+        aff = self.network.nic_affinity
+        if aff is not None:
+            return aff[local]
+        per = max(1, self.gpus_per_node // self.network.nics_per_node)
+        return min(local // per, self.network.nics_per_node - 1)

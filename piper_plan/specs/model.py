@@ -1,0 +1,261 @@
+"""ModelSpec: what a user describes about a (Mixture-of-Experts) decoder-only transformer.
+
+All sizes are element counts (not bytes). Parameter and FLOP counts derived here are the
+ones every other module uses; formulas name their source.
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MLASpec(_Strict):
+    """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434 §2.1)."""
+
+    q_lora_rank: Optional[int] = Field(None, ge=1, description="query compression rank; null = no q compression")
+    kv_lora_rank: int = Field(..., ge=1)
+    qk_nope_head_dim: int = Field(..., ge=1)
+    qk_rope_head_dim: int = Field(..., ge=0)
+    v_head_dim: int = Field(..., ge=1)
+
+
+class MoESpec(_Strict):
+    num_experts: int = Field(..., ge=1, description="routed experts per MoE layer")
+    top_k: int = Field(..., ge=1)
+    expert_ffn_size: int = Field(..., ge=1, description="hidden width of one routed expert")
+    shared_experts: int = Field(0, ge=0)
+    shared_expert_ffn_size: Optional[int] = Field(None, ge=1, description="width of one shared expert (default expert_ffn_size)")
+    gated: bool = Field(True, description="3-matrix SwiGLU expert (true) or 2-matrix up/down expert (false)")
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    every: int = Field(1, ge=1, description="an MoE layer every N layers after the leading dense ones (Llama 4 Maverick: 2)")
+
+    @model_validator(mode="after")
+    def _k(self):
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
+        return self
+
+    @property
+    def shared_ffn(self) -> int:
+        return self.shared_expert_ffn_size or self.expert_ffn_size
+
+    @property
+    def matrices(self) -> int:
+        return 3 if self.gated else 2
+
+
+class ModelSpec(_Strict):
+    name: str
+    source: str = Field("", description="where the architecture figures come from")
+    num_layers: int = Field(..., ge=1)
+    hidden_size: int = Field(..., ge=1)
+    num_heads: int = Field(..., ge=1)
+    num_kv_heads: Optional[int] = Field(None, ge=1, description="GQA key/value heads (default num_heads)")
+    head_dim: Optional[int] = Field(None, ge=1, description="default hidden_size / num_heads")
+    mla: Optional[MLASpec] = None
+    vocab_size: int = Field(..., ge=1)
+    seq_len: int = Field(4096, ge=1, description="default training sequence length, tokens")
+    ffn_size: int = Field(0, ge=0, description="dense FFN width (dense layers; 0 if every layer is MoE)")
+    ffn_gated: bool = Field(True, description="dense FFN is SwiGLU (3 matrices) rather than GELU (2)")
+    dense_layers: int = Field(0, ge=0, description="leading dense layers before the first MoE layer")
+    moe: Optional[MoESpec] = None
+    tied_embeddings: bool = False
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    linear_bias: bool = Field(False, description="biases on attention/FFN linears (GPT-2/Megatron GPT)")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.moe is None and self.ffn_size == 0:
+            raise ValueError("a dense model needs ffn_size > 0")
+        if self.moe is not None and self.dense_layers > 0 and self.ffn_size == 0:
+            raise ValueError("dense_layers > 0 needs ffn_size > 0")
+        if self.dense_layers > self.num_layers:
+            raise ValueError("dense_layers exceeds num_layers")
+        kv = self.num_kv_heads or self.num_heads
+        if self.num_heads % kv:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({kv})")
+        if self.mla is None and self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ValueError("hidden_size must divide by num_heads when head_dim is not given")
+        return self
+
+    # ---- shape helpers -------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def layer_is_moe(self, i: int) -> bool:
+        """Layer i (0-based) is an MoE layer: after the leading dense ones, every `moe.every`-th."""
+        if self.moe is None or i < self.dense_layers:
+            return False
+        return (i - self.dense_layers + 1) % self.moe.every == 0
+
+    @cached_property
+    def moe_layer_mask(self) -> tuple[bool, ...]:
+        return tuple(self.layer_is_moe(i) for i in range(self.num_layers))
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.moe_layer_mask)
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    # ---- parameter counts (elements) ------------------------------------------------
+    @property
+    def attn_params(self) -> int:
+        """Attention weights of one layer. GQA: q/o d·H·hd, k/v d·KV·hd each.
+        MLA (DeepSeek-V2 §2.1): optional q down/up, kv down (incl. shared rope key), kv up, out."""
+        d, H = self.hidden_size, self.num_heads
+        if self.mla is not None:
+            m = self.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = d * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * H * qk if m.q_lora_rank else d * H * qk
+            kv = d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + H * m.v_head_dim * d
+        p = d * H * self.hd * 2 + d * self.kv_heads * self.hd * 2
+        if self.linear_bias:
+            p += H * self.hd + 2 * self.kv_heads * self.hd + d
+        return p
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of the attention output (input of the output projection)."""
+        return self.num_heads * (self.mla.v_head_dim if self.mla else self.hd)
+
+    @property
+    def qkv_dim(self) -> int:
+        """Width of the stored q, k, v activations per token (before TP split)."""
+        if self.mla is not None:
+            m = self.mla
+            return self.num_heads * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.v_head_dim)
+        return self.hd * (self.num_heads + 2 * self.kv_heads)
+
+    @property
+    def norm_params(self) -> int:
+        return self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def dense_ffn_params(self) -> int:
+        d, f = self.hidden_size, self.ffn_size
+        p = (3 if self.ffn_gated else 2) * d * f
+        if self.linear_bias:
+            p += f * (2 if self.ffn_gated else 1) + d
+        return p
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert: 3·d·f (SwiGLU) or 2·d·f (brief §2)."""
+        assert self.moe is not None
+        return self.moe.matrices * self.hidden_size * self.moe.expert_ffn_size
+
+    @property
+    def shared_params(self) -> int:
+        if self.moe is None:
+            return 0
+        return self.moe.shared_experts * self.moe.matrices * self.hidden_size * self.moe.shared_ffn
+
+    @property
+    def router_params(self) -> int:
+        return 0 if self.moe is None else self.hidden_size * self.moe.num_experts
+
+    @property
+    def dense_layer_params(self) -> int:
+        return self.attn_params + self.dense_ffn_params + 2 * self.norm_params
+
+    @property
+    def moe_layer_nonexpert_params(self) -> int:
+        """Parameters of an MoE layer that every rank of the stage replicates (attention,
+        norms, router, shared experts)."""
+        return self.attn_params + 2 * self.norm_params + self.router_params + self.shared_params
+
+    @property
+    def moe_layer_expert_params(self) -> int:
+        return 0 if self.moe is None else self.moe.num_experts * self.expert_params
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        return (
+            self.num_dense_layers * self.dense_layer_params
+            + self.num_moe_layers * (self.moe_layer_nonexpert_params + self.moe_layer_expert_params)
+            + self.embedding_params + self.lm_head_params + self.norm_params
+        )
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched by one token: top-k of the routed experts (embedding included,
+        as Mixtral and DeepSeek count it)."""
+        act_moe = 0 if self.moe is None else self.moe.top_k * self.expert_params
+        return (
+            self.num_dense_layers * self.dense_layer_params
+            + self.num_moe_layers * (self.moe_layer_nonexpert_params + act_moe)
+            + self.embedding_params + self.lm_head_params + self.norm_params
+        )
+
+    # ---- FLOPs (forward, per token, model FLOPs) -----------------------------------
+    def attn_core_flops(self, seq: int, causal: bool = True) -> float:
+        """Score and value matmuls per token per layer, forward: 2·s·H·(d_qk + d_v),
+        halved for causal masking (brief §9: causal attention counted as half)."""
+        if self.mla is not None:
+            m = self.mla
+            dqk, dv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+        else:
+            dqk = dv = self.hd
+        f = 2.0 * seq * self.num_heads * (dqk + dv)
+        return f * (0.5 if causal else 1.0)
+
+    def flops_per_token(self, seq: Optional[int] = None, causal: bool = True) -> float:
+        """Model FLOPs per token for forward + backward (3× forward): 6·active matmul
+        params + attention core; embedding lookup excluded, LM head included."""
+        s = seq or self.seq_len
+        # the LM head is a matmul even when its weight is the (tied) embedding
+        matmul = (self.active_params - self.embedding_params - self.norm_params * (2 * self.num_layers + 1)
+                  + self.vocab_size * self.hidden_size * self.tied_embeddings)
+        fwd = 2.0 * matmul + self.num_layers * self.attn_core_flops(s, causal)
+        return 3.0 * fwd
+
+    def layer_breakdown(self, seq: Optional[int] = None) -> list[dict]:
+        """Per-layer-kind parameters and forward FLOPs per token (for show-spec)."""
+        s = seq or self.seq_len
+        rows = [
+            dict(part="embedding", count=1, params=self.embedding_params, fwd_flops=0.0),
+            dict(part="attention", count=self.num_layers, params=self.attn_params,
+                 fwd_flops=2.0 * self.attn_params + self.attn_core_flops(s)),
+        ]
+        if self.num_dense_layers and self.ffn_size:
+            rows.append(dict(part="dense FFN", count=self.num_dense_layers, params=self.dense_ffn_params,
+                             fwd_flops=2.0 * self.dense_ffn_params))
+        if self.moe is not None:
+            m = self.moe
+            rows.append(dict(part="router", count=self.num_moe_layers, params=self.router_params,
+                             fwd_flops=2.0 * self.router_params))
+            rows.append(dict(part=f"routed experts ({m.num_experts}, top-{m.top_k})", count=self.num_moe_layers,
+                             params=self.moe_layer_expert_params, fwd_flops=2.0 * m.top_k * self.expert_params))
+            if m.shared_experts:
+                rows.append(dict(part=f"shared experts ({m.shared_experts})", count=self.num_moe_layers,
+                                 params=self.shared_params, fwd_flops=2.0 * self.shared_params))
+        rows.append(dict(part="LM head" + (" (tied)" if self.tied_embeddings else ""), count=1,
+                         params=self.lm_head_params, fwd_flops=2.0 * self.vocab_size * self.hidden_size))
+        return rows

@@ -1,0 +1,1 @@
+"""Piper runtime: executes a plan.json with torch (installed as `piper_runtime`)."""

@@ -1,0 +1,1 @@
+"""MoE layer pieces: router, experts, dispatch and the exchanges behind it."""
