@@ -35,8 +35,10 @@ def from_validation(source: str, err: ValidationError) -> SpecError:
         expected = "required field is missing"
     else:
         got = e.get("input")
-        got_s = repr(got)
-        if len(got_s) > 40:
-            got_s = got_s[:37] + "..."
-        expected = f"{e.get('msg', 'invalid value')} (got {got_s})"
+        msg = e.get("msg", "invalid value")
+        if isinstance(got, (dict, list)) or got is None:
+            expected = msg  # a whole-object check: the message names the fields
+        else:
+            got_s = repr(got)
+            expected = f"{msg} (got {got_s[:37] + '...' if len(got_s) > 40 else got_s})"
     return SpecError(source, loc, expected)

@@ -43,6 +43,13 @@ class Layout(BaseModel):
     a2a: A2A = "flat"
     placement: Placement = "packed"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    attention_kernel: Literal["flash", "eager"] = Field(
+        "flash", description="fused flash attention, or eager (materialised scores; Megatron 2021/22)")
+    dropout: bool = Field(False, description="dropout on (adds masks to memory and elementwise time)")
+    overlap_grad_reduce: bool = Field(True, description="data-parallel gradient reduction overlapped with "
+                                      "the last micro-batch's backward (Megatron-Core --overlap-grad-reduce)")
+    grad_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="gradient accumulation dtype (Megatron main_grad fp32: 18 B/param with Adam)")
 
     @property
     def edp(self) -> int:

@@ -142,12 +142,23 @@ def json_schema() -> dict:
     return Plan.model_json_schema()
 
 
+def make_plan_from(model: ModelSpec, hardware: HardwareSpec, layout: Layout, partition: list[list[int]], *,
+                   routing: Routing | None = None, migration: Migration | None = None,
+                   predicted: Predicted | None = None) -> Plan:
+    """Assemble a Plan from a given layer partition."""
+    from .layout import rank_coords
+
+    return Plan(model=model, model_hash=spec_hash(model), hardware=hardware, hardware_hash=spec_hash(hardware),
+                layout=layout, partition=partition, rank_map=rank_coords(layout, hardware.gpus_per_node),
+                routing=routing or Routing(), migration=migration or Migration(), predicted=predicted)
+
+
 def make_plan(model: ModelSpec, hardware: HardwareSpec, layout: Layout, *, layer_cost=None,
               first_extra: float = 0.0, last_extra: float = 0.0, routing: Routing | None = None,
               migration: Migration | None = None, predicted: Predicted | None = None) -> Plan:
     """Assemble a Plan. `layer_cost` (shape [L], seconds) balances the partition; without
     it layers weigh by their active parameters (a proxy for their time)."""
-    from .layout import check_layout, rank_coords
+    from .layout import check_layout
     from .partition import balanced_partition
 
     check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0)
@@ -155,6 +166,4 @@ def make_plan(model: ModelSpec, hardware: HardwareSpec, layout: Layout, *, layer
         act = model.moe_layer_nonexpert_params + (model.moe.top_k * model.expert_params if model.moe else 0)
         layer_cost = [act if model.layer_is_moe(i) else model.dense_layer_params for i in range(model.num_layers)]
     part = balanced_partition(layer_cost, layout.stages, first_extra, last_extra)
-    return Plan(model=model, model_hash=spec_hash(model), hardware=hardware, hardware_hash=spec_hash(hardware),
-                layout=layout, partition=part, rank_map=rank_coords(layout, hardware.gpus_per_node),
-                routing=routing or Routing(), migration=migration or Migration(), predicted=predicted)
+    return make_plan_from(model, hardware, layout, part, routing=routing, migration=migration, predicted=predicted)

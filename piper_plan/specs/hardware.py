@@ -55,7 +55,8 @@ class Level(_Strict):
 
     name: str
     size: int = Field(..., ge=1, description="GPUs in one domain of this level")
-    bandwidth_gbps: Optional[float] = Field(None, gt=0, description="per-GPU, per-direction GB/s (intra-node levels)")
+    bandwidth_gbps: Optional[float] = Field(None, gt=0, description="per-GPU, per-direction GB/s (levels not via_nic: "
+                                            "inside a node, or a scale-up fabric such as NVL72)")
     via_nic: bool = Field(False, description="traffic leaves the node through the NICs")
     taper: float = Field(1.0, gt=0, le=1, description="fraction of NIC injection bandwidth available at this level")
     latency_us: float = Field(..., ge=0, description="one-message latency, us")
@@ -72,6 +73,10 @@ class Network(_Strict):
     nics_per_node: int = Field(..., ge=1)
     nic_gbps: float = Field(..., gt=0, description="per-NIC, per-direction GB/s")
     nic_affinity: Optional[list[int]] = Field(None, description="NIC index of each local GPU (default: blocks)")
+    rail_optimized: bool = Field(False, description="NIC l of every node sits on rail l; traffic between "
+                                 "different NIC indices crosses a shared spine")
+    cross_rail_taper: float = Field(1.0, gt=0, le=1, description="per-GPU share of NIC rate left for cross-rail "
+                                    "traffic when every GPU sends across the spine at once")
     source: str = ""
 
 
@@ -89,17 +94,21 @@ class HardwareSpec(_Strict):
     @model_validator(mode="after")
     def _topology(self):
         sizes = [lv.size for lv in self.topology]
-        for a, b in zip(sizes, sizes[1:]):
-            if b <= a or b % a:
+        for j, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            # the top level (the whole machine) may hold a partial domain of the one below
+            if b <= a or (b % a and j + 2 < len(sizes)):
                 raise ValueError(f"topology sizes must grow and each divide the next (got {sizes})")
         if self.gpus_per_node not in sizes:
             raise ValueError(f"one topology level must be the node (size {self.gpus_per_node}); sizes are {sizes}")
+        seen_nic = False
         for lv in self.topology:
             inter = lv.size > self.gpus_per_node
-            if inter and not lv.via_nic:
-                raise ValueError(f"level {lv.name!r} spans nodes and must set via_nic: true")
             if not inter and lv.via_nic:
                 raise ValueError(f"level {lv.name!r} is inside a node and cannot be via_nic")
+            # a scale-up fabric (NVL72) may span nodes below the NIC levels, never above them
+            if seen_nic and not lv.via_nic:
+                raise ValueError(f"level {lv.name!r} sits above a via_nic level and must be via_nic too")
+            seen_nic |= lv.via_nic
         aff = self.network.nic_affinity
         if aff is not None:
             if len(aff) != self.gpus_per_node:

@@ -1,0 +1,300 @@
+"""`piper-plan calibrate`: measure this machine and write a fitted hardware YAML.
+
+Runs the micro-benchmarks of calibrate_bench on N local ranks at once, fits the hardware
+model (calibrate_fit) and writes a HardwareSpec YAML. With -o PATH the measurements, the fit
+and its residuals go to PATH's sibling `<stem>.calibration.json`, which the YAML's `source`
+strings name (the schema is strict, so the YAML itself carries only summary figures).
+torch is imported lazily: importing this module (and so `piper_plan.cli`) does not load it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+import yaml
+
+from .calibrate_bench import BenchPlan, make_plan, run_benchmarks
+from .calibrate_fit import best_rates, fit_comm, fit_compute, split_comm, split_compute
+from .errors import PiperError
+from .specs.hardware import HardwareSpec
+from .specs.registry import bundled_names, load_hardware, parse
+
+CPU_TILES = [(16, 16), (32, 32), (64, 64), (128, 128)]
+GPU_TILES = [(64, 64), (128, 64), (128, 128), (128, 256), (256, 128)]
+OS_RESERVE_GIB = 4.0  # left to the OS and page cache before the rest is split among ranks
+
+
+# ---- the machine ----------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def ram_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def _model_tokens(name: str) -> set[str]:
+    """Model-number tokens of a device name ('NVIDIA H100 80GB HBM3' -> {'H100', 'HBM3'})."""
+    return {t for t in re.findall(r"[A-Z0-9]+", name.upper()) if re.search(r"\d", t) and not t.endswith("GB")}
+
+
+def match_bundled(device_name: str) -> str | None:
+    """The bundled hardware spec whose accelerator shares the most model tokens with the device."""
+    want = _model_tokens(device_name)
+    best, score = None, 0
+    for n in bundled_names("hardware"):
+        try:
+            s = len(want & _model_tokens(load_hardware(n).accelerator.name))
+        except PiperError:
+            continue
+        if s > score:
+            best, score = n, s
+    return best
+
+
+# ---- the spec ---------------------------------------------------------------------------
+def _pct(res: dict) -> str:
+    return ", ".join(f"{f} {r['median_abs_pct']:.1f}/{r['max_abs_pct']:.1f}%" for f, r in res.items())
+
+
+def _rescale_topology(d: dict, ranks: int) -> None:
+    """Make the node `ranks` wide (CPU: one machine of N ranks); levels above keep their node
+    multiples, levels inside keep only sizes dividing N."""
+    g0 = d["gpus_per_node"]
+    if g0 == ranks:
+        return
+    levels = []
+    for lv in d["topology"]:
+        if lv["size"] < g0:
+            if ranks % lv["size"] == 0 and lv["size"] < ranks:
+                levels.append(lv)
+        elif lv["size"] == g0:
+            levels.append({**lv, "size": ranks})
+        else:
+            levels.append({**lv, "size": lv["size"] // g0 * ranks})
+    d["topology"] = levels
+    d["gpus_per_node"] = ranks
+    if d.get("max_gpus"):
+        d["max_gpus"] = max(ranks, d["max_gpus"] // g0 * ranks)
+    if d["network"].get("nic_affinity") is not None:
+        d["network"]["nic_affinity"] = None
+
+
+def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp: dict, comp_res: dict,
+               comm: dict | None, comm_res: dict | None, stamp: str, record: str, datasheet: bool) -> HardwareSpec:
+    """The fitted HardwareSpec (validated). comp/comm: split_compute / split_comm output."""
+    d = base.model_dump(mode="json")
+    d["name"] = name
+    d["source"] = (f"measured by `piper-plan calibrate` {stamp} on {device['name']} with {ranks} local rank(s) "
+                   f"(torch {device['torch']}); {record}; fields not measured come from hardware spec '{base.name}'")
+    acc = d["accelerator"]
+    peaks = comp["peak_tflops"] if datasheet else {k: v for k, v in comp["peak_tflops"].items()}
+    acc.update(peak_tflops=peaks, memory_bandwidth_gbps=round(comp["memory_bandwidth_gbps"], 4))
+    if datasheet:
+        acc["source"] = (acc.get("source", "") + f"; calibrate {stamp}: datasheet peaks kept"
+                         + (" (raised where a measurement exceeded them)" if peaks != base.accelerator.peak_tflops else ""))
+    else:
+        acc.update(name=device["accelerator_name"], memory_gib=round(device["memory_gib"], 2),
+                   compute_units=device["compute_units"])
+        acc["source"] = (f"calibrate {stamp}: one accelerator = one rank of {ranks} running at once, each one "
+                         f"thread, sharing {device['cores']} cores — so every rate is per rank under full load. "
+                         "peak_tflops: highest measured GEMM rate per dtype, scaled so peak·gemm = the fitted "
+                         "plateau; memory_bandwidth_gbps: highest per-rank c=a+b streaming rate; memory_gib: "
+                         f"(RAM {device['ram_gib']:.1f} GiB − {OS_RESERVE_GIB:g} GiB OS) / {ranks}")
+    eff = d["efficiency"]
+    eff.update(gemm=round(comp["gemm"], 4), gemm_tile=comp["gemm_tile"], memory=round(comp["memory"], 4),
+               kernel_overhead_us=round(comp["kernel_overhead_us"], 3))
+    if "attention" in comp:
+        eff["attention"] = round(comp["attention"], 4)
+    clip = "; attention rate exceeded the bf16 peak, clipped to 1" if comp.get("attention_clipped") else ""
+    eff["source"] = (f"fitted {stamp} by scipy least_squares on log time against piper_plan.cost.kernels "
+                     f"(gemm_time, stream_time, flash_attention_time; causal SDPA forward counted as "
+                     f"2·b·h·s²·d FLOPs); model error median/max: {_pct(comp_res)}{clip}")
+    if comm is not None:
+        eff["comm"] = round(comm["comm"], 4)
+        eff["source"] += f"; comm from the α-β fit of the node level ({_pct(comm_res)})"
+    if not datasheet:
+        _rescale_topology(d, ranks)
+    if comm is not None:
+        j = [lv["size"] for lv in d["topology"]].index(d["gpus_per_node"])
+        backend = "NCCL" if device["kind"] == "cuda" else "gloo"
+        d["topology"][j].update(
+            bandwidth_gbps=round(comm["bandwidth_gbps"], 4), latency_us=round(comm["latency_us"], 3),
+            source=(f"calibrate {stamp}: α-β fit over {backend} p2p (ring shift), ring all-reduce and all-to-all, "
+                    f"groups of n | {ranks} ranks, all groups at once; bandwidth = highest per-rank rate measured, "
+                    f"comm = fitted/that; message model t = steps·(α + B/n/(bw·comm))"))
+    return parse(HardwareSpec, d, f"calibrated spec {name}")
+
+
+def to_yaml(spec: HardwareSpec, header: list[str]) -> str:
+    body = yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=False), sort_keys=False,
+                          allow_unicode=True, width=120)
+    return "".join(f"# {h}\n" for h in header) + body
+
+
+# ---- the command -------------------------------------------------------------------------
+def _device(choice: str) -> dict:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if choice == "cuda" and not cuda:
+        raise PiperError("calibrate: --device cuda: no CUDA device is available")
+    kind = "cuda" if (choice == "cuda" or (choice == "auto" and cuda)) else "cpu"
+    info = {"kind": kind, "torch": torch.__version__, "cores": os.cpu_count() or 1, "ram_gib": ram_gib()}
+    if kind == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        info.update(name=p.name, accelerator_name=p.name, memory_gib=p.total_memory / 2**30,
+                    compute_units=p.multi_processor_count, count=torch.cuda.device_count())
+    else:
+        info.update(name=cpu_model(), compute_units=1, count=None)
+    return info
+
+
+def _progress():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+
+
+def _summary(spec: HardwareSpec, residuals: dict, wall: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"calibrated {spec.name} in {wall:.0f} s")
+    t.add_column("family")
+    t.add_column("points", justify="right")
+    t.add_column("median |err| %", justify="right")
+    t.add_column("max |err| %", justify="right")
+    for f, r in residuals.items():
+        t.add_row(f, str(r["points"]), f"{r['median_abs_pct']:.1f}", f"{r['max_abs_pct']:.1f}")
+    c = Console(stderr=True)
+    c.print(t)
+    a, e, lv = spec.accelerator, spec.efficiency, spec.topology[spec.node_level]
+    c.print(f"peak_tflops {a.peak_tflops}  gemm {e.gemm}  tile {list(e.gemm_tile)}  memory_bw "
+            f"{a.memory_bandwidth_gbps} GB/s × {e.memory}  overhead {e.kernel_overhead_us} us  attention "
+            f"{e.attention}  node link {lv.bandwidth_gbps} GB/s × comm {e.comm}, latency {lv.latency_us} us")
+
+
+def calibrate(*, output: str | None, base: str | None, ranks: int | None, device: str, kind: str,
+              name: str | None, timeout: float, plan: BenchPlan | None = None, show_progress: bool = True) -> dict:
+    """Measure, fit, write. Returns {'spec', 'yaml', 'record', 'wall_s'}; raises PiperError."""
+    t0 = time.monotonic()
+    dev = _device(device)
+    if dev["kind"] == "cuda":
+        ranks = ranks or dev["count"]
+        if ranks > dev["count"]:
+            raise PiperError(f"calibrate: --ranks {ranks}: only {dev['count']} CUDA device(s)")
+        base = base or match_bundled(dev["name"]) or "cpu-local"
+    else:
+        ranks = ranks or 8
+        base = base or "cpu-local"
+        dev["accelerator_name"] = (f"CPU rank (1/{ranks} of a {dev['cores']}-core {dev['name']}, "
+                                   f"{ranks} ranks per machine)")
+        dev["memory_gib"] = max(0.1, (dev["ram_gib"] - OS_RESERVE_GIB) / ranks)
+    hw = load_hardware(base)
+    # a CUDA device matched to a bundled data sheet keeps its peaks; a CPU rank has none
+    datasheet = dev["kind"] == "cuda" and base != "cpu-local" and bool(_model_tokens(dev["name"])
+                                                                       & _model_tokens(hw.accelerator.name))
+    plan = plan or make_plan(kind, dev["kind"])
+    out = Path(output) if output else None
+    name = name or (out.stem if out else hw.name)
+
+    total = plan.items(ranks)
+    if show_progress:
+        prog = _progress()
+        with prog:
+            task = prog.add_task(f"starting {ranks} rank(s)", total=total)
+            meas = run_benchmarks(plan, ranks, dev["kind"], timeout_s=timeout,
+                                  on_tick=lambda lbl: prog.update(task, advance=1, description=lbl))
+            prog.update(task, description="fitting")
+            fit = _fit(hw, meas, plan, dev, datasheet, ranks)
+            prog.update(task, description="done")
+    else:
+        meas = run_benchmarks(plan, ranks, dev["kind"], timeout_s=timeout)
+        fit = _fit(hw, meas, plan, dev, datasheet, ranks)
+
+    stamp = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    rec_path = out.with_name(out.stem + ".calibration.json") if out else None
+    record = (f"measurements, fit and residuals in {rec_path.name} beside this file" if rec_path
+              else "measurements not saved (run with -o PATH to keep PATH's .calibration.json)")
+    residuals = {**fit["compute"].residuals, **(fit["comm"].residuals if fit["comm"] else {})}
+    spec = build_spec(hw, name=name, ranks=ranks, device=dev, comp=fit["comp"], comp_res=fit["compute"].residuals,
+                      comm=fit["comm_split"], comm_res=fit["comm"].residuals if fit["comm"] else None,
+                      stamp=stamp, record=record, datasheet=datasheet)
+    wall = time.monotonic() - t0
+    header = [f"{name}: calibrated by `piper-plan calibrate{' --quick' if kind == 'quick' else ''}` at {stamp} "
+              f"in {wall:.0f} s ({ranks} rank(s), {dev['kind']}, base '{hw.name}')",
+              "fit error |model/measured − 1| by family, median/max: " + _pct(residuals)]
+    text = to_yaml(spec, header)
+    rec = {"timestamp": stamp, "wall_s": round(wall, 2), "argv": sys.argv, "ranks": ranks, "base": hw.name,
+           "device": dev, "plan": asdict(plan), "measurements": meas, "residuals": residuals,
+           "fit": {"compute_rates": asdict(fit["compute"].rates), "tile_costs": fit["compute"].tile_costs,
+                   "comm": asdict(fit["comm"]) if fit["comm"] else None, "split": fit["comp"],
+                   "comm_split": fit["comm_split"], "datasheet_mode": datasheet},
+           "spec": spec.model_dump(mode="json")}
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out)
+        rec_path.write_text(json.dumps(rec, indent=1))
+        load_hardware(str(out))  # the file as written must load
+    if show_progress:
+        _summary(spec, residuals, wall)
+    return {"spec": spec, "yaml": text, "record": rec, "wall_s": wall}
+
+
+def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bool, ranks: int) -> dict:
+    if not datasheet:  # wave quantisation must see the device's own unit count during the fit
+        acc = hw.accelerator.model_copy(update={"compute_units": dev["compute_units"]})
+        hw = hw.model_copy(update={"accelerator": acc})
+    tiles = GPU_TILES if dev["kind"] == "cuda" else CPU_TILES
+    comp_fit = fit_compute(hw, meas, tiles, plan.attn_dtype)
+    ds = (hw.accelerator.peak_tflops, hw.accelerator.memory_bandwidth_gbps) if datasheet else None
+    comp = split_compute(comp_fit.rates, best_rates(meas), ds, plan.attn_dtype)
+    comm_fit = fit_comm(meas["comm"]) if meas.get("comm") else None
+    return {"compute": comp_fit, "comp": comp, "comm": comm_fit,
+            "comm_split": split_comm(comm_fit, meas["comm"]) if comm_fit else None}
+
+
+@click.command("calibrate")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="hardware YAML to write (and <stem>.calibration.json beside it); default: YAML to stdout")
+@click.option("--base", default=None, help="hardware spec for the fields not measured (bundled name or YAML); "
+              "default cpu-local, or on CUDA the bundled spec matching the device")
+@click.option("--ranks", type=click.IntRange(1, 1024), default=None,
+              help="local ranks measured at once (CPU default 8, sharing the cores; CUDA: the GPU count)")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--quick", is_flag=True, help="fewer shapes and shorter windows (about a minute on 2 cores)")
+@click.option("--smoke", is_flag=True, hidden=True, help="seconds-long subset for tests; the fit is rough")
+@click.option("--name", default=None, help="spec name (default: the output file's stem, else the base's)")
+@click.option("--timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+              help="collective timeout per rank, s (a deadlock fails after this)")
+def calibrate_cmd(output, base, ranks, device, quick, smoke, name, timeout):
+    """Micro-benchmark this machine (GEMM, streaming, attention, collectives) and fit a hardware YAML."""
+    kind = "smoke" if smoke else "quick" if quick else "full"
+    try:
+        r = calibrate(output=output, base=base, ranks=ranks, device=device, kind=kind, name=name, timeout=timeout)
+    except PiperError as e:
+        click.echo(str(e), err=True)
+        sys.exit(e.exit_code)
+    if not output:
+        click.echo(r["yaml"], nl=False)
+    else:
+        click.echo(f"wrote {output}", err=True)

@@ -1,0 +1,320 @@
+"""Micro-benchmarks for `piper-plan calibrate`, run by N local ranks at once (torch, lazily).
+
+Every rank runs every compute benchmark at the same time as the others, because that is how a
+training run uses the machine: on a CPU, N ranks of one thread each share the cores, so the
+per-rank rate the planner needs is the one measured with all N busy. Communication runs in
+consecutive groups of n ranks for each n dividing N, all N/n groups at once (as the EP groups
+of one pipeline stage do).
+
+Timing: CPU — after a warm-up and a barrier, each rank repeats the kernel for a fixed wall
+window (so the contention is the same throughout) and reports window/count; CUDA — CUDA events
+around a batch of launches sized to the window. Collectives: the slowest rank's time per call.
+Times in seconds, sizes in bytes.
+"""
+from __future__ import annotations
+
+import os
+import queue as _queue
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import PiperError
+
+
+@dataclass
+class BenchPlan:
+    """What to measure. gemm: (dtype, m, n, k, groups); stream: fp32 element counts of
+    c = a + b; attention: (batch, heads, seq, head_dim), causal, bf16; comm_sizes: bytes per
+    rank buffer; window_s: seconds per compute point; comm_window_s: target per comm point."""
+
+    gemm: list[tuple[str, int, int, int, int]]
+    stream: list[int]
+    attention: list[tuple[int, int, int, int]]
+    comm_sizes: list[int]
+    comm_kinds: tuple[str, ...] = ("p2p", "allreduce", "alltoall")
+    window_s: float = 0.25
+    comm_window_s: float = 0.1
+    attn_dtype: str = "bf16"
+    meta: dict = field(default_factory=dict)
+
+    def comm_groups(self, ranks: int) -> list[int]:
+        """Group sizes measured: every n ≥ 2 that divides the rank count."""
+        return [n for n in range(2, ranks + 1) if ranks % n == 0]
+
+    def items(self, ranks: int) -> int:
+        """Number of progress ticks a run posts."""
+        comm = len(self.comm_groups(ranks)) * len(self.comm_kinds) * len(self.comm_sizes)
+        return len(self.gemm) + len(self.stream) + len(self.attention) + comm
+
+
+def _expert_shapes(dtypes, ms, kn):
+    return [(dt, m, n, k, 1) for dt in dtypes for (k, n) in kn for m in ms]
+
+
+def make_plan(kind: str, device: str) -> BenchPlan:
+    """'quick' (≈1 min on 2 cores, 8 ranks), 'full', or 'smoke' (seconds; CI)."""
+    gpu = device == "cuda"
+    dtypes = ("bf16",) if gpu else ("fp32", "bf16")
+    if kind == "smoke":
+        return BenchPlan(gemm=[(dt, m, 64, 64, 1) for dt in dtypes for m in (16, 64, 256)] + [("bf16", 32, 64, 64, 2)],
+                         stream=[64, 2**14, 2**18], attention=[(1, 2, 64, 32), (1, 2, 128, 32)],
+                         comm_sizes=[1024, 65536], window_s=0.02, comm_window_s=0.02, meta={"kind": kind})
+    if gpu:
+        # H100-class shapes: expert GEMMs of DeepSeek/Mixtral widths, big squares, long sequences
+        kn = [(2048, 4096), (4096, 2816), (7168, 4096)]
+        ms = (16, 64, 128, 256, 512, 1024, 4096) if kind == "quick" else (16, 32, 64, 96, 128, 192, 256, 384, 512,
+                                                                            1024, 2048, 4096, 8192)
+        sq = (1024, 4096, 8192) if kind == "quick" else (512, 1024, 2048, 4096, 8192, 16384)
+        gemm = _expert_shapes(dtypes, ms, kn) + [("bf16", s, s, s, 1) for s in sq]
+        gemm += [("bf16", 128, 4096, 2048, 8), ("bf16", 512, 4096, 2048, 16)]
+        stream = [1, 2**10, 2**20, 2**24, 2**27]
+        attention = [(4, 16, 2048, 64), (4, 16, 2048, 128), (1, 16, 8192, 128), (8, 32, 1024, 128)]
+        sizes = [2**k for k in ((10, 16, 20, 24, 28) if kind == "quick" else range(10, 30, 2))]
+        return BenchPlan(gemm, stream, attention, sizes, window_s=0.1 if kind == "quick" else 0.3,
+                         comm_window_s=0.05 if kind == "quick" else 0.2, meta={"kind": kind})
+    # CPU: tiny-moe's expert GEMM (hidden 64 × 2·96 gated), a CPU-sized one (512 × 1024), squares
+    kn = [(64, 192), (512, 1024)]
+    if kind == "quick":
+        ms, sq, st = (16, 48, 128, 384, 1024, 4096), (256, 512, 1024), [1, 64, 2**16, 2**20, 2**22, 2**24]
+        attention = [(1, 4, 256, 64), (1, 4, 1024, 64), (1, 4, 512, 32), (1, 4, 512, 128)]
+        sizes = [2**10, 2**16, 2**20, 2**22]
+    else:
+        ms = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
+        sq, st = (128, 256, 512, 1024, 2048), [1, 16, 256, 2**12, 2**16, 2**20, 2**22, 2**24]
+        kn = kn + [(1024, 2048)]
+        attention = [(1, 4, s, d) for s in (256, 512, 1024, 2048) for d in (32, 64, 128)]
+        sizes = [2**k for k in range(8, 26, 2)]
+    gemm = _expert_shapes(dtypes, ms, kn) + [(dt, s, s, s, 1) for dt in dtypes for s in sq]
+    gemm += [(dt, 48, 192, 64, 4) for dt in dtypes] + [(dt, 128, 1024, 512, 8) for dt in dtypes]
+    return BenchPlan(gemm, st, attention, sizes, window_s=0.25 if kind == "quick" else 0.5,
+                     comm_window_s=0.1 if kind == "quick" else 0.3, meta={"kind": kind})
+
+
+# ---- inside a rank ---------------------------------------------------------------------
+def _dtype(torch, name):
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+class _Timer:
+    def __init__(self, torch, dist, dev, window):
+        self.torch, self.dist, self.dev, self.window = torch, dist, dev, window
+        self.cuda = dev.type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize(self.dev)
+
+    def __call__(self, fn) -> float:
+        """Seconds per call of fn, all ranks timing at once."""
+        fn()
+        self.sync()
+        self.dist.barrier()
+        if self.cuda:
+            ev = lambda: self.torch.cuda.Event(enable_timing=True)  # noqa: E731
+            s, e = ev(), ev()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            reps = int(min(10000, max(3, self.window / max(s.elapsed_time(e) / 1e3, 1e-7))))
+            s.record()
+            for _ in range(reps):
+                fn()
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e) / 1e3 / reps
+        t0 = time.perf_counter()
+        n = 0
+        while True:
+            fn()
+            n += 1
+            t = time.perf_counter() - t0
+            if t >= self.window and n >= 2:
+                return t / n
+
+
+def _gemm_fn(torch, dev, dt, m, n, k, g):
+    a = torch.randn(g * m, k, device=dev).to(_dtype(torch, dt))
+    if g == 1:
+        b = torch.randn(k, n, device=dev).to(_dtype(torch, dt))
+        return lambda: torch.matmul(a, b)
+    b = torch.randn(g, k, n, device=dev).to(_dtype(torch, dt))
+    offs = torch.arange(1, g + 1, device=dev, dtype=torch.int32) * m
+    grouped = torch.nn.functional.grouped_mm
+    grouped(a, b, offs=offs)  # raises here (not mid-timing) when this build/dtype lacks it
+    return lambda: grouped(a, b, offs=offs)
+
+
+def _comm_fn(torch, dist, dev, kind, rank, n, sub, numel):
+    base = rank // n * n
+    if kind == "p2p":  # ring shift inside the group: every rank sends and receives one message
+        nxt, prv = base + (rank - base + 1) % n, base + (rank - base - 1) % n
+        s, r = torch.zeros(numel, device=dev), torch.empty(numel, device=dev)
+
+        def p2p():
+            for req in (dist.isend(s, nxt), dist.irecv(r, prv)):
+                req.wait()
+        return p2p
+    if kind == "allreduce":
+        x = torch.zeros(numel, device=dev)  # zeros stay finite however often they are summed
+        return lambda: dist.all_reduce(x, group=sub)
+    x, y = torch.zeros(numel, device=dev), torch.empty(numel, device=dev)
+    return lambda: dist.all_to_all_single(y, x, group=sub)
+
+
+def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    plan = BenchPlan(**plan_d)
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+    tick = (lambda label: q.put(("tick", label))) if rank == 0 else (lambda label: None)
+    timer = _Timer(torch, dist, dev, plan.window_s)
+    try:
+        res = _compute(torch, dev, plan, tick, timer)
+        res["comm"] = []
+        _comm(torch, dist, dev, plan, rank, world, res["comm"], tick, timer)
+        q.put(("result", rank, res))
+    finally:
+        dist.destroy_process_group()
+
+
+def _compute(torch, dev, plan, tick, timer) -> dict:
+    res: dict[str, list] = {"gemm": [], "stream": [], "attention": []}
+    for dt, m, n, k, g in plan.gemm:
+        try:
+            fn = _gemm_fn(torch, dev, dt, m, n, k, g)
+        except (AttributeError, RuntimeError, NotImplementedError, TypeError):
+            fn = None  # grouped_mm missing for this build/dtype: the same outcome on every rank
+        if fn is not None:
+            res["gemm"].append({"dtype": dt, "m": m, "n": n, "k": k, "groups": g, "seconds": timer(fn)})
+        tick(f"gemm {dt} {g}×{m}×{n}×{k}")
+    for numel in plan.stream:
+        a, b, c = (torch.ones(numel, device=dev) for _ in range(3))
+        res["stream"].append({"nbytes": 12 * numel, "seconds": timer(lambda: torch.add(a, b, out=c))})
+        tick(f"stream {12 * numel} B")
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for bs, h, s, d in plan.attention:
+        qkv = [torch.randn(bs, h, s, d, device=dev).to(_dtype(torch, plan.attn_dtype)) for _ in range(3)]
+        t = timer(lambda: sdpa(*qkv, is_causal=True))
+        res["attention"].append({"dtype": plan.attn_dtype, "batch": bs, "heads": h, "seq": s, "head_dim": d,
+                                 "flops": 2.0 * bs * h * s * s * d, "seconds": t})
+        tick(f"attention s={s} d={d}")
+    return res
+
+
+def _comm(torch, dist, dev, plan, rank, world, out, tick, timer):
+    for n in plan.comm_groups(world):
+        sub, _ = dist.new_subgroups(group_size=n)
+        for kind in plan.comm_kinds:
+            for nbytes in plan.comm_sizes:
+                numel = max(n, round(nbytes / 4 / n) * n)  # all-to-all needs a multiple of n
+                op = _comm_fn(torch, dist, dev, kind, rank, n, sub, numel)
+                op()
+                timer.sync()
+                dist.barrier()
+                t0 = time.perf_counter()
+                op()
+                timer.sync()
+                t1 = torch.tensor([time.perf_counter() - t0], device=dev)
+                dist.all_reduce(t1, op=dist.ReduceOp.MAX)  # every rank gets the same count
+                reps = int(min(50, max(2, plan.comm_window_s / max(float(t1), 1e-6))))
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    op()
+                timer.sync()
+                t = torch.tensor([(time.perf_counter() - t0) / reps], device=dev)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                out.append({"kind": kind, "n": n, "nbytes": 4 * numel, "seconds": float(t)})
+                tick(f"{kind} n={n} {4 * numel} B")
+
+
+# ---- the parent --------------------------------------------------------------------------
+def _median(xs):
+    xs = sorted(xs)
+    h = len(xs) // 2
+    return xs[h] if len(xs) % 2 else 0.5 * (xs[h - 1] + xs[h])
+
+
+def _merge(per_rank: dict[int, dict]) -> dict:
+    """Compute points: median over ranks (each rank's own time, spread kept); comm: rank 0's
+    (already the slowest rank's, reduced inside the run)."""
+    ranks = sorted(per_rank)
+    out: dict[str, list] = {"comm": per_rank[ranks[0]]["comm"]}
+    for fam in ("gemm", "stream", "attention"):
+        rows = []
+        for i, row in enumerate(per_rank[ranks[0]][fam]):
+            ts = [per_rank[r][fam][i]["seconds"] for r in ranks]
+            rows.append({**row, "seconds": _median(ts), "seconds_min": min(ts), "seconds_max": max(ts)})
+        out[fam] = rows
+    return out
+
+
+def run_benchmarks(plan: BenchPlan, ranks: int, device: str = "cpu", *, timeout_s: float = 60.0,
+                   on_tick=None, deadline_s: float = 1800.0) -> dict:
+    """Spawn `ranks` local ranks (gloo on CPU, NCCL on CUDA) and return merged measurements.
+
+    on_tick(label) is called in this process for every finished point. A rank that fails or a
+    run past deadline_s raises PiperError (one line); the ranks are stopped first."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})  # children inherit: one thread a rank
+    per_rank: dict[int, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="piper-calibrate-") as tmp:
+        try:
+            pc = mp.start_processes(_worker, args=(ranks, str(Path(tmp) / "store"), asdict(plan), device, q,
+                                                   timeout_s), nprocs=ranks, join=False, start_method="spawn")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        t_end = time.monotonic() + deadline_s
+
+        def drain(block):
+            while True:
+                try:
+                    msg = q.get(timeout=0.1) if block else q.get_nowait()
+                except _queue.Empty:
+                    return
+                block = False
+                if msg[0] == "tick" and on_tick:
+                    on_tick(msg[1])
+                elif msg[0] == "result":
+                    per_rank[msg[1]] = msg[2]
+
+        try:
+            while True:
+                drain(True)
+                if pc.join(timeout=0.05):
+                    break
+                if time.monotonic() > t_end:
+                    raise PiperError(f"calibrate: benchmarks ran past {deadline_s:.0f} s; stopped")
+        except mp.ProcessRaisedException as e:
+            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            raise PiperError(f"calibrate: a rank failed: {lines[-1] if lines else e}") from None
+        except mp.ProcessExitedException as e:
+            raise PiperError(f"calibrate: a rank exited ({e})") from None
+        finally:
+            for p in pc.processes:
+                if p.is_alive():
+                    p.terminate()
+        drain(False)
+    if len(per_rank) != ranks:
+        raise PiperError(f"calibrate: results from {len(per_rank)} of {ranks} ranks")
+    return _merge(per_rank)

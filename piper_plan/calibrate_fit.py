@@ -1,0 +1,269 @@
+"""Fit the hardware model to micro-benchmark measurements (pure numpy/scipy, no torch).
+
+Measurements are plain JSON-able dicts, times in seconds:
+
+- gemm:      {dtype, m, n, k, groups, seconds}     C[m×n] = A[m×k]·B[k×n], `groups` of them
+- stream:    {nbytes, seconds}                      one elementwise kernel moving nbytes
+- attention: {dtype, flops, seconds, ...}          causal SDPA forward; flops = 2·b·h·s²·d
+                                                    (causal counted as half of full, brief §9)
+- comm:      {kind: p2p|allreduce|alltoall, n, nbytes, seconds}; nbytes is the per-rank buffer
+
+The compute model is piper_plan.cost.kernels itself (gemm_time, stream_time,
+flash_attention_time), so what is fitted is exactly what the planner evaluates. The fit works
+on raw rates — per-dtype GEMM plateau rate P_d = peak_d·e_gemm, streaming rate
+BW = HBM·e_mem, overhead o, attention rate P_a = peak_bf16·e_attn — because the model only
+sees those products. `split_*` then turns rates into the schema's peak × efficiency pairs.
+
+Communication, α-β per message (the planner's model): a message of B bytes costs
+α + B/β with α = latency_us·1e-6 and β = bandwidth_gbps·1e9·comm. Ring all-reduce over n
+ranks: 2(n−1) steps of B/n bytes; all-to-all: n−1 messages of B/n bytes; P2P: one message.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from .cost.kernels import flash_attention_time, gemm_time, stream_time
+from .specs.hardware import HardwareSpec
+
+ELT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+COMM_KINDS = ("p2p", "allreduce", "alltoall")
+
+
+# ---- communication model -------------------------------------------------------------
+def comm_steps(kind: str, n, nbytes):
+    """(messages in sequence, bytes per message) of one collective; n ranks, nbytes per rank."""
+    n = np.asarray(n, dtype=float)
+    b = np.asarray(nbytes, dtype=float)
+    if kind == "p2p":
+        return np.ones_like(n * b), b
+    if kind == "allreduce":
+        return 2.0 * (n - 1.0), b / n
+    if kind == "alltoall":
+        return n - 1.0, b / n
+    raise ValueError(f"unknown collective {kind!r} (expected one of {', '.join(COMM_KINDS)})")
+
+
+def comm_time(kind: str, n, nbytes, latency_us: float, bandwidth_gbps: float, comm: float = 1.0):
+    """Seconds for one collective under the α-β model (arrays broadcast)."""
+    steps, per = comm_steps(kind, n, nbytes)
+    return steps * (latency_us * 1e-6 + per / (bandwidth_gbps * 1e9 * comm))
+
+
+def comm_bandwidth(kind: str, n, nbytes, seconds):
+    """Achieved per-rank bandwidth, GB/s: bytes the model moves in sequence / time."""
+    steps, per = comm_steps(kind, n, nbytes)
+    return steps * per / np.asarray(seconds, dtype=float) / 1e9
+
+
+# ---- compute model on raw rates --------------------------------------------------------
+@dataclass(frozen=True)
+class ComputeRates:
+    """Raw fitted rates: TFLOP/s per GEMM dtype, streaming GB/s, overhead us, attention TFLOP/s."""
+
+    gemm_tflops: dict[str, float]
+    stream_gbps: float
+    overhead_us: float
+    attention_tflops: float | None
+    tile: tuple[int, int]
+
+
+def rated_spec(hw: HardwareSpec, r: ComputeRates, attn_dtype: str = "bf16") -> HardwareSpec:
+    """`hw` with efficiencies 1 and peaks = the raw rates (unvalidated copy, for evaluation)."""
+    peaks = {**hw.accelerator.peak_tflops, **r.gemm_tflops}
+    ref = peaks.get(attn_dtype, 1.0)
+    acc = hw.accelerator.model_copy(update={"peak_tflops": peaks, "memory_bandwidth_gbps": r.stream_gbps})
+    eff = hw.efficiency.model_copy(update={
+        "gemm": 1.0, "memory": 1.0, "kernel_overhead_us": r.overhead_us, "gemm_tile": tuple(r.tile),
+        "attention": (r.attention_tflops / ref) if r.attention_tflops else hw.efficiency.attention})
+    return hw.model_copy(update={"accelerator": acc, "efficiency": eff})
+
+
+def predict(hw: HardwareSpec, meas: dict) -> dict[str, np.ndarray]:
+    """Model seconds for every compute measurement, by family ('gemm_<dtype>', 'stream', 'attention')."""
+    out: dict[str, np.ndarray] = {}
+    for dt in sorted({g["dtype"] for g in meas.get("gemm", [])}):
+        pts = [g for g in meas["gemm"] if g["dtype"] == dt]
+        col = lambda k: np.array([p.get(k, 1) for p in pts], dtype=float)  # noqa: E731
+        out[f"gemm_{dt}"] = gemm_time(hw, col("m"), col("n"), col("k"), groups=col("groups"),
+                                      dtype=dt, elt_bytes=ELT_BYTES[dt])
+    if meas.get("stream"):
+        out["stream"] = stream_time(hw, np.array([p["nbytes"] for p in meas["stream"]], dtype=float))
+    if meas.get("attention"):
+        pts = meas["attention"]
+        out["attention"] = np.concatenate([
+            flash_attention_time(hw, np.array([p["flops"] for p in pts if p["dtype"] == dt]), dt)
+            for dt in sorted({p["dtype"] for p in pts})])
+    return out
+
+
+def measured(meas: dict) -> dict[str, np.ndarray]:
+    """Measured seconds in the same family order as `predict`."""
+    out: dict[str, np.ndarray] = {}
+    for dt in sorted({g["dtype"] for g in meas.get("gemm", [])}):
+        out[f"gemm_{dt}"] = np.array([g["seconds"] for g in meas["gemm"] if g["dtype"] == dt])
+    if meas.get("stream"):
+        out["stream"] = np.array([p["seconds"] for p in meas["stream"]])
+    if meas.get("attention"):
+        pts = meas["attention"]
+        out["attention"] = np.concatenate([np.array([p["seconds"] for p in pts if p["dtype"] == dt])
+                                           for dt in sorted({p["dtype"] for p in pts})])
+    return out
+
+
+def best_rates(meas: dict) -> dict:
+    """Highest measured rates: GEMM TFLOP/s per dtype, stream GB/s, attention TFLOP/s."""
+    out: dict = {"gemm_tflops": {}}
+    for g in meas.get("gemm", []):
+        r = 2.0 * g["m"] * g["n"] * g["k"] * g.get("groups", 1) / g["seconds"] / 1e12
+        out["gemm_tflops"][g["dtype"]] = max(out["gemm_tflops"].get(g["dtype"], 0.0), r)
+    if meas.get("stream"):
+        out["stream_gbps"] = max(p["nbytes"] / p["seconds"] / 1e9 for p in meas["stream"])
+    if meas.get("attention"):
+        out["attention_tflops"] = max(p["flops"] / p["seconds"] / 1e12 for p in meas["attention"])
+    return out
+
+
+def residual_stats(pred: dict[str, np.ndarray], meas: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per family: median and max |model/measured − 1| in %, and the point count."""
+    out = {}
+    for fam, p in pred.items():
+        e = 100.0 * np.abs(p / meas[fam] - 1.0)
+        out[fam] = {"median_abs_pct": round(float(np.median(e)), 2), "max_abs_pct": round(float(e.max()), 2),
+                    "points": int(e.size)}
+    return out
+
+
+@dataclass
+class ComputeFit:
+    rates: ComputeRates
+    residuals: dict[str, dict]
+    tile_costs: dict[str, float] = field(default_factory=dict)
+
+
+def fit_compute(hw: HardwareSpec, meas: dict, tiles, attn_dtype: str = "bf16") -> ComputeFit:
+    """least_squares on log time over all compute families at once, for each candidate tile;
+    the tile with the lowest cost wins. Families present in `meas` set which rates are free
+    (absent ones stay at `hw`'s values). Each family is weighted 1/sqrt(points) so a family
+    with many shapes does not drown one with few."""
+    t_meas = measured(meas)
+    if not t_meas:
+        raise ValueError("no compute measurements to fit")
+    best = best_rates(meas)
+    dts = sorted(best["gemm_tflops"])
+    has_stream, has_attn = "stream" in t_meas, "attention" in t_meas
+    # start from the best measured rates (the plateau is near them) and a small overhead
+    x0 = [np.log(best["gemm_tflops"][d]) for d in dts]
+    if has_stream:
+        x0.append(np.log(best["stream_gbps"]))
+    x0.append(np.log(max(1e-2, 0.5 * min(float(v.min()) for v in t_meas.values()) * 1e6)))
+    if has_attn:
+        x0.append(np.log(best["attention_tflops"]))
+    weights = {f: 1.0 / np.sqrt(v.size) for f, v in t_meas.items()}
+    log_meas = {f: np.log(v) for f, v in t_meas.items()}
+
+    def unpack(x, tile) -> ComputeRates:
+        i = len(dts)
+        rates = {d: float(np.exp(x[j])) for j, d in enumerate(dts)}
+        bw = float(np.exp(x[i])) if has_stream else hw.accelerator.memory_bandwidth_gbps * hw.efficiency.memory
+        i += has_stream
+        o = float(np.exp(x[i]))
+        pa = float(np.exp(x[i + 1])) if has_attn else None
+        return ComputeRates(rates, bw, o, pa, tuple(tile))
+
+    def resid(x, tile):
+        spec = rated_spec(hw, unpack(x, tile), attn_dtype)
+        p = predict(spec, meas)
+        return np.concatenate([weights[f] * (np.log(np.maximum(p[f], 1e-15)) - log_meas[f]) for f in t_meas])
+
+    fits = {}
+    for tile in tiles:
+        r = least_squares(resid, np.array(x0, dtype=float), args=(tile,), method="trf", loss="soft_l1",
+                          f_scale=0.1, x_scale=1.0, max_nfev=400)
+        fits[tuple(tile)] = r
+    tile = min(fits, key=lambda t: fits[t].cost)
+    rates = unpack(fits[tile].x, tile)
+    spec = rated_spec(hw, rates, attn_dtype)
+    res = residual_stats(predict(spec, meas), t_meas)
+    return ComputeFit(rates, res, {f"{t[0]}x{t[1]}": round(float(fits[t].cost), 6) for t in fits})
+
+
+@dataclass
+class CommFit:
+    latency_us: float
+    bandwidth_gbps: float  # effective: link bandwidth × comm efficiency
+    residuals: dict[str, dict]
+
+
+def predict_comm(meas: list[dict], latency_us: float, bw_gbps: float) -> dict[str, np.ndarray]:
+    out = {}
+    for kind in COMM_KINDS:
+        pts = [p for p in meas if p["kind"] == kind]
+        if pts:
+            out[f"comm_{kind}"] = comm_time(kind, np.array([p["n"] for p in pts]),
+                                            np.array([p["nbytes"] for p in pts]), latency_us, bw_gbps)
+    return out
+
+
+def fit_comm(meas: list[dict]) -> CommFit:
+    """least_squares on log time for (α, β) of the α-β model over every collective measured."""
+    if not meas:
+        raise ValueError("no communication measurements to fit")
+    t_meas = {f"comm_{k}": np.array([p["seconds"] for p in meas if p["kind"] == k])
+              for k in COMM_KINDS if any(p["kind"] == k for p in meas)}
+    weights = {f: 1.0 / np.sqrt(v.size) for f, v in t_meas.items()}
+    bw0 = max(float(comm_bandwidth(p["kind"], p["n"], p["nbytes"], p["seconds"])) for p in meas)
+    lat0 = max(1e-2, 0.5 * min(p["seconds"] / float(comm_steps(p["kind"], p["n"], p["nbytes"])[0])
+                               for p in meas) * 1e6)
+
+    def resid(x):
+        p = predict_comm(meas, float(np.exp(x[0])), float(np.exp(x[1])))
+        return np.concatenate([weights[f] * (np.log(p[f]) - np.log(t_meas[f])) for f in t_meas])
+
+    r = least_squares(resid, np.log([lat0, bw0]), method="trf", loss="soft_l1", f_scale=0.1, max_nfev=400)
+    lat, bw = (float(v) for v in np.exp(r.x))
+    return CommFit(lat, bw, residual_stats(predict_comm(meas, lat, bw), t_meas))
+
+
+# ---- rates -> schema fields -------------------------------------------------------------
+def split_compute(rates: ComputeRates, best: dict, datasheet: tuple[dict, float] | None,
+                  attn_dtype: str = "bf16") -> dict:
+    """Turn fitted rates into {peak_tflops, gemm, memory_bandwidth_gbps, memory, attention, ...}.
+
+    datasheet None ("measured" mode, e.g. a CPU rank with no datasheet): each dtype's peak is
+    at least the highest rate measured for it, and one shared e_gemm = min_d P_d/max(best_d, P_d),
+    so peak_d = P_d/e_gemm ≥ best_d and peak_d·e_gemm reproduces every fitted plateau exactly;
+    HBM bandwidth likewise = max(best streamed, fitted) and e_mem = fitted/HBM.
+    datasheet (peak_tflops, HBM GB/s) given: those stay and the efficiencies are fitted/datasheet
+    (a measured rate above a datasheet figure raises that figure, so efficiencies stay ≤ 1)."""
+    P = rates.gemm_tflops
+    if datasheet is None:
+        gemm = min(1.0, min(P[d] / max(best["gemm_tflops"][d], P[d]) for d in P))
+        peaks = {d: P[d] / gemm for d in P}
+        hbm = max(best.get("stream_gbps", 0.0), rates.stream_gbps)
+    else:
+        peaks = dict(datasheet[0])
+        ref = attn_dtype if attn_dtype in P else sorted(P)[0]
+        peaks[ref] = max(peaks.get(ref, 0.0), P[ref])
+        gemm = P[ref] / peaks[ref]
+        for d in P:
+            if d != ref:
+                peaks[d] = max(peaks.get(d, 0.0), P[d] / gemm)
+        hbm = max(datasheet[1], rates.stream_gbps)
+    out = {"peak_tflops": {d: float(f"{v:.6g}") for d, v in peaks.items()}, "gemm": gemm,
+           "gemm_tile": list(rates.tile), "kernel_overhead_us": rates.overhead_us,
+           "memory_bandwidth_gbps": hbm, "memory": rates.stream_gbps / hbm, "attention_clipped": False}
+    if rates.attention_tflops is not None:
+        a = rates.attention_tflops / peaks[attn_dtype]
+        out["attention_clipped"] = a > 1.0
+        out["attention"] = min(1.0, a)
+    return out
+
+
+def split_comm(fit: CommFit, meas: list[dict]) -> dict:
+    """Link bandwidth = max(highest per-rank bandwidth measured, fitted β); comm = β / link."""
+    best = max(float(comm_bandwidth(p["kind"], p["n"], p["nbytes"], p["seconds"])) for p in meas)
+    link = max(best, fit.bandwidth_gbps)
+    return {"bandwidth_gbps": link, "latency_us": fit.latency_us, "comm": fit.bandwidth_gbps / link}

@@ -1,0 +1,107 @@
+"""Activation memory: the tensors each layer saves for backward, named one by one.
+
+Bytes per micro-batch per rank for one layer, vectorised over layouts. The tensor list
+follows Korthikanti et al. 2022 (arXiv 2205.05198 §4: 34·sbh + 5·as²b per GPT layer with
+dropout and fused softmax; everything / t with sequence parallelism; selective recompute
+drops the as² terms), extended to GQA/MLA, SwiGLU, flash attention and top-k MoE:
+per routed token copy a SwiGLU expert keeps its input (d), gate and up outputs (2f) and the
+product fed to the down projection (f) — the k·(3f + d) of Piper's equation (brief §2).
+
+The attention kernel decides the s² terms: `flash` keeps only the output and the fp32
+log-sum-exp; `eager` (Megatron's fused scale-mask-softmax) keeps the softmax output, plus a
+1-byte mask and the dropped-out copy under dropout; `naive` (unfused: scores and
+probabilities both kept) is the assumption behind Piper's 4·H·b·s² term.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.model import ModelSpec
+from .batch import LayoutBatch
+
+# Tensors Piper's equation (brief §2) counts: 12bsd + 4Hbs² + 2bsk(3f + d).
+PAPER_TERMS = ("attn_norm_in", "qkv_in", "qkv", "scores", "probs", "attn_out",
+               "expert_in", "expert_hidden", "expert_act")
+
+
+def _common(lay: LayoutBatch):
+    t = (lay.mbs * lay.seq).astype(float)
+    tp = lay.tp.astype(float)
+    sp_div = np.where(lay.sp, tp, 1.0)
+    return t, tp, sp_div, lay.act_bytes.astype(float)
+
+
+def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict[str, np.ndarray]:
+    """Saved bytes of the attention block (incl. its pre-norm), per layer per micro-batch."""
+    t, tp, sp_div, eb = _common(lay)
+    d, s = m.hidden_size, lay.seq.astype(float)
+    heads = m.num_heads / tp
+    drop = lay.dropout.astype(float)
+    sel = lay.recompute == 1
+    eager = lay.eager | naive
+    dv = m.mla.v_head_dim if m.mla else m.hd
+    sq = t * s * heads  # score elements per rank
+    out = {
+        "attn_norm_in": eb * t * d / sp_div,
+        "qkv_in": eb * t * d / sp_div,
+        "qkv": eb * t * m.qkv_dim / tp,
+        "scores": np.where(naive & ~sel, eb * sq, 0.0),
+        "probs": np.where(eager & ~sel, eb * sq, 0.0),
+        "probs_dropout": np.where(eager & ~sel, drop * 3.0 * sq, 0.0),  # 1-byte mask + 2-byte output
+        "attn_out": eb * t * heads * dv,
+        "flash_lse": np.where(eager, 0.0, 4.0 * t * heads),
+        "attn_dropout_mask": drop * t * d / sp_div,
+    }
+    if m.mla is not None:  # compressed kv latent and q latent are saved too
+        a = m.mla
+        out["qkv_in"] = out["qkv_in"] + eb * t * (a.kv_lora_rank + (a.q_lora_rank or 0))
+    return out
+
+
+def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
+    t, tp, sp_div, eb = _common(lay)
+    d, f = m.hidden_size, m.ffn_size
+    hid = (2.0 if m.ffn_gated else 1.0) * f
+    return {
+        "ffn_norm_in": eb * t * d / sp_div,
+        "ffn_in": eb * t * d / sp_div,
+        "ffn_hidden": eb * t * hid / tp,
+        "ffn_act": eb * t * f / tp,
+        "ffn_dropout_mask": lay.dropout * t * d / sp_div,
+    }
+
+
+def moe_terms(m: ModelSpec, lay: LayoutBatch, imb) -> dict[str, np.ndarray]:
+    """MoE block on the busiest rank (`imb` × the mean routed rows)."""
+    assert m.moe is not None
+    mo = m.moe
+    t, tp, sp_div, eb = _common(lay)
+    d, f, k = m.hidden_size, mo.expert_ffn_size, mo.top_k
+    tm = t / tp  # tokens entering the MoE block on this rank
+    rows = tm * k * imb
+    up = 2.0 if mo.gated else 1.0
+    out = {
+        "moe_norm_in": eb * tm * d,
+        "router_in": eb * tm * d,
+        "router_probs": 4.0 * tm * mo.num_experts,
+        "expert_in": eb * rows * d,
+        "expert_hidden": eb * rows * up * f,
+        "expert_act": eb * rows * f,
+        "expert_out": eb * rows * d,  # needed for the gate-weight gradient of the combine
+        "moe_dropout_mask": lay.dropout * tm * d,
+    }
+    if mo.shared_experts:
+        fs = mo.shared_experts * mo.shared_ffn
+        out["shared_hidden"] = eb * tm * (up + 1.0) * fs
+    return out
+
+
+def layer_activation_bytes(terms: dict[str, np.ndarray], lay: LayoutBatch, input_bytes) -> np.ndarray:
+    """Sum of the terms, or only the layer input under full recompute."""
+    total = sum(terms.values())
+    return np.where(lay.recompute == 2, input_bytes, total)
+
+
+def layer_input_bytes(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
+    t, tp, sp_div, eb = _common(lay)
+    return eb * t * m.hidden_size / sp_div

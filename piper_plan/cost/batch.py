@@ -1,0 +1,81 @@
+"""Many layouts as columns of numpy arrays, so the cost model runs once over all of them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from ..layout import SCHEDULES, RECOMPUTES, Layout
+
+A2AS = ("flat", "halo")
+PLACEMENTS = ("packed", "spread")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass
+class LayoutBatch:
+    """Column arrays, one entry per candidate layout (int64 unless noted).
+
+    sched: index into layout.SCHEDULES; recompute: index into RECOMPUTES (0 none, 1 selective,
+    2 full); a2a: 0 flat, 1 halo; placement: 0 packed, 1 spread; sp, eager, dropout: bool."""
+
+    gpus: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    vpp: np.ndarray
+    mbs: np.ndarray
+    gbs: np.ndarray
+    seq: np.ndarray
+    sched: np.ndarray
+    recompute: np.ndarray
+    sp: np.ndarray
+    zero: np.ndarray
+    a2a: np.ndarray
+    placement: np.ndarray
+    eager: np.ndarray
+    dropout: np.ndarray
+    overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
+    act_bytes: np.ndarray   # bytes per activation element (dtype)
+    grad_bytes: np.ndarray  # bytes per gradient element
+
+    def __len__(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def m(self) -> np.ndarray:
+        """Micro-batches per step."""
+        return self.gbs // (self.dp * self.mbs)
+
+    @property
+    def edp(self) -> np.ndarray:
+        return self.dp * self.tp // self.ep
+
+    def take(self, idx) -> "LayoutBatch":
+        return LayoutBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def layout(self, i: int) -> Layout:
+        """The i-th candidate as a Layout."""
+        g = lambda k: int(getattr(self, k)[i])  # noqa: E731
+        dtype = {4: "fp32"}.get(g("act_bytes"), "bf16")
+        return Layout(gpus=g("gpus"), tp=g("tp"), pp=g("pp"), dp=g("dp"), ep=g("ep"), vpp=g("vpp"), mbs=g("mbs"),
+                      global_batch=g("gbs"), seq=g("seq"), schedule=SCHEDULES[g("sched")],
+                      recompute=RECOMPUTES[g("recompute")], sequence_parallel=bool(self.sp[i]), zero=g("zero"),
+                      a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=dtype,
+                      attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
+                      grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
+
+
+def from_layouts(layouts: list[Layout]) -> LayoutBatch:
+    col = lambda f: np.array([f(x) for x in layouts])  # noqa: E731
+    return LayoutBatch(
+        gpus=col(lambda x: x.gpus), tp=col(lambda x: x.tp), pp=col(lambda x: x.pp), dp=col(lambda x: x.dp),
+        ep=col(lambda x: x.ep), vpp=col(lambda x: x.vpp), mbs=col(lambda x: x.mbs),
+        gbs=col(lambda x: x.global_batch), seq=col(lambda x: x.seq),
+        sched=col(lambda x: SCHEDULES.index(x.schedule)), recompute=col(lambda x: RECOMPUTES.index(x.recompute)),
+        sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), a2a=col(lambda x: A2AS.index(x.a2a)),
+        placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
+        dropout=col(lambda x: x.dropout), overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
+        grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
+    )

@@ -1,0 +1,137 @@
+"""α-β communication costs over the topology, vectorised over layouts.
+
+A group is `n` ranks spaced `stride` apart in the global rank order (tp fastest). A level
+of size S holds min(n, S // stride) members of the group around any rank, so the group's
+peers split over levels by those counts. A message of B bytes to a peer whose smallest
+common level is j costs α_j + B / (β_j · e_comm). Levels inside a node have their own links;
+levels above it share the GPU's NIC share (nics · nic_gbps / gpus_per_node), tapered per
+level; on a rail-optimised fabric traffic between different NIC indices also crosses a
+spine of `cross_rail_taper` × the NIC rate.
+
+Flat all-to-all: every byte goes straight to its destination; links of different levels
+run concurrently (time = the slowest), message set-up is paid per peer.
+HALO (brief §3): Phase I intra-node exchange ‖ Phase II one pack per remote node to the
+same-index peer (stays on its rail), then Phase III forwards inside the node; packs are
+forwarded as they arrive, so only the last pack's Phase III is exposed after Phase II.
+Times in seconds, bytes in bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+
+
+def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
+    """Members of the group inside one domain of each level around a rank: [levels, ...]."""
+    n = np.asarray(n)
+    stride = np.asarray(stride)
+    sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * n.ndim)
+    c = np.minimum(n, np.maximum(1, sizes // np.maximum(stride, 1)))
+    c[-1] = n  # the top level holds the whole group
+    return c
+
+
+def _levels(hw: HardwareSpec):
+    bw = np.array([hw.level_bandwidth_gbps(i) for i in range(len(hw.topology))]) * 1e9 * hw.efficiency.comm
+    lat = np.array([lv.latency_us for lv in hw.topology]) * 1e-6
+    nic = np.array([lv.via_nic for lv in hw.topology])
+    return bw, lat, nic
+
+
+def _expand(x, nd):
+    return x.reshape((-1,) + (1,) * nd)
+
+
+def _bw_time(hw: HardwareSpec, per_level_bytes: np.ndarray, cross_rail_bytes=0.0) -> np.ndarray:
+    """Bandwidth time when each level carries per_level_bytes[j] (from one rank) concurrently."""
+    bw, _, nic = _levels(hw)
+    nd = per_level_bytes.ndim - 1
+    bwx, nicx = _expand(bw, nd), _expand(nic, nd)
+    # NIC-carried bytes at level j and above all pass level j's (tapered) NIC bottleneck
+    above = np.flip(np.cumsum(np.flip(per_level_bytes * nicx, 0), 0), 0)
+    t = np.where(nicx, above, per_level_bytes) / bwx
+    out = t.max(axis=0)
+    if hw.network.rail_optimized:
+        spine = hw.nic_gbps_per_gpu * 1e9 * hw.efficiency.comm * hw.network.cross_rail_taper
+        out = np.maximum(out, np.asarray(cross_rail_bytes) / spine)
+    return out
+
+
+def _split(hw, n, stride):
+    c = level_counts(hw, n, stride).astype(float)
+    prev = np.concatenate([np.ones_like(c[:1]), c[:-1]], 0)
+    return c, c - prev  # counts, peers first met at each level
+
+
+def _same_rail_fraction(hw: HardwareSpec, per_node):
+    """Share of a rank's remote peers on its own rail (same NIC index)."""
+    per_nic = max(1, hw.gpus_per_node // hw.network.nics_per_node)
+    return np.minimum(per_node, per_nic) / np.maximum(per_node, 1)
+
+
+def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
+    """Flat all-to-all: each rank sends nbytes in total, nbytes/n to each member (self incl.)."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    n = np.asarray(n)
+    c, peers = _split(hw, n, stride)
+    per = nbytes / np.maximum(n, 1)
+    B = peers * per
+    _, lat, _ = _levels(hw)
+    node = hw.node_level
+    per_node = c[node]
+    inter = B[node + 1:].sum(0) if node + 1 < len(hw.topology) else np.zeros_like(per)
+    cross = inter * (1.0 - _same_rail_fraction(hw, per_node))
+    t = _bw_time(hw, B, cross) + (peers * _expand(lat, peers.ndim - 1)).sum(0)
+    return np.where(n > 1, t, 0.0)
+
+
+def a2a_halo(hw: HardwareSpec, nbytes, n, stride):
+    """HALO all-to-all time (see module docstring)."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    n = np.asarray(n)
+    c, peers = _split(hw, n, stride)
+    bw, lat, nic = _levels(hw)
+    node = hw.node_level
+    q = c[node]  # group members per node
+    nodes = np.maximum(n / np.maximum(q, 1), 1.0)
+    per = nbytes / np.maximum(n, 1)
+    intra = peers.copy()
+    intra[node + 1:] = 0.0
+    inter_peers = peers.copy()
+    inter_peers[: node + 1] = 0.0
+    B_intra = intra * per
+    t1 = _bw_time(hw, B_intra)
+    # Phase II: per remote node one pack of q·per bytes to the same-index peer (own rail)
+    t2 = _bw_time(hw, inter_peers * per)
+    # Phase III: a received pack's rows for the other q-1 local ranks go out over intra links
+    # (nodes-1) packs arrive, each with `per` bytes for every other local member
+    t3 = _bw_time(hw, B_intra * (nodes - 1))
+    lat_intra = (intra * _expand(lat, intra.ndim - 1)).sum(0)
+    lat_inter = (inter_peers / np.maximum(q, 1) * _expand(lat, intra.ndim - 1)).sum(0)
+    last_pack = t3 / np.maximum(nodes - 1, 1)
+    t = np.maximum(t1 + t3 + 2 * lat_intra, t2 + lat_inter + last_pack + lat_intra)
+    flat = a2a_flat(hw, nbytes, n, stride)
+    # one node, or one member per node: HALO degenerates to the flat exchange
+    return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
+
+
+def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0):
+    """Ring (or NCCL tree/ring hierarchy) all-reduce of nbytes over n ranks:
+    2(n-1)/n·B over the slowest level spanned, 2(n-1) latency steps.
+    fraction=0.5 gives a reduce-scatter or an all-gather."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    n = np.asarray(n)
+    c = level_counts(hw, n, stride)
+    bw, lat, _ = _levels(hw)
+    top = np.minimum((c < n).sum(0), len(hw.topology) - 1)  # first level holding the whole group
+    t = fraction * (2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw[top] + 2.0 * (n - 1) * lat[top])
+    return np.where(n > 1, t, 0.0)
+
+
+def p2p(hw: HardwareSpec, nbytes, stride):
+    """One message between ranks `stride` apart."""
+    c = level_counts(hw, 2, stride)
+    bw, lat, _ = _levels(hw)
+    top = np.minimum((c < 2).sum(0), len(hw.topology) - 1)
+    return lat[top] + np.asarray(nbytes, dtype=float) / bw[top]

@@ -1,0 +1,166 @@
+"""Compute time of one layer for one micro-batch on one rank, vectorised over layouts.
+
+Per rank: attention and dense FFN see all t = mbs·seq tokens of the micro-batch, their
+weights split over tp (Megatron column/row parallel); the MoE block sees t/tp tokens
+(sequence-parallel split; Megatron requires SP for MoE with tp > 1) and runs E/ep local
+experts on the tokens routed to them, the straggler rank holding `imb` × the mean.
+
+Backward = dgrad + wgrad GEMMs (each priced by its own shape), flash attention backward
+2.5× its forward (FlashAttention-2, arXiv 2307.08691 §3.1: five matmuls against two), and
+elementwise backward 2× forward bytes (read grad and saved input, write grad).
+Returns seconds: forward, backward-input (B), backward-weight (W, separable for
+zero-bubble schedules) and recompute (added to backward under recompute).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from .batch import LayoutBatch
+from .kernels import flash_attention_time, gemm_time, stream_time
+
+
+@dataclass
+class Phase:
+    """Seconds per micro-batch: forward, backward-input, backward-weight, recompute."""
+
+    f: np.ndarray
+    b: np.ndarray
+    w: np.ndarray
+    r: np.ndarray
+
+    def __add__(self, o: "Phase") -> "Phase":
+        return Phase(self.f + o.f, self.b + o.b, self.w + o.w, self.r + o.r)
+
+    def scale(self, x) -> "Phase":
+        return Phase(self.f * x, self.b * x, self.w * x, self.r * x)
+
+    @property
+    def bwd(self):
+        return self.b + self.w + self.r
+
+
+def _linear(hw, dtype, eb, m, n_out, k_in, groups=1) -> Phase:
+    """One linear layer y[m×n] = x[m×k]·W[k×n]: forward, dgrad, wgrad."""
+    f = gemm_time(hw, m, n_out, k_in, groups=groups, dtype=dtype, elt_bytes=eb)
+    b = gemm_time(hw, m, k_in, n_out, groups=groups, dtype=dtype, elt_bytes=eb)
+    w = gemm_time(hw, k_in, n_out, m, groups=groups, dtype=dtype, elt_bytes=eb)
+    z = np.zeros_like(f)
+    return Phase(f, b, w, z)
+
+
+def _elementwise(hw, nbytes, kernels) -> Phase:
+    f = stream_time(hw, nbytes, kernels)
+    z = np.zeros_like(f)
+    return Phase(f, 2.0 * f, z, z)
+
+
+def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
+    """Attention block of one layer (norm, projections, core, residual)."""
+    t = (lay.mbs * lay.seq).astype(float)
+    tp = lay.tp.astype(float)
+    eb = lay.act_bytes
+    d, H = m.hidden_size, m.num_heads
+    if m.mla is not None:
+        a = m.mla
+        qk, nope = a.qk_nope_head_dim + a.qk_rope_head_dim, a.qk_nope_head_dim
+        ph = _linear(hw, dtype, eb, t, a.kv_lora_rank + a.qk_rope_head_dim, d)  # kv down: replicated
+        ph = ph + _linear(hw, dtype, eb, t, H * (nope + a.v_head_dim) / tp, a.kv_lora_rank)
+        if a.q_lora_rank:
+            ph = ph + _linear(hw, dtype, eb, t, a.q_lora_rank, d) + _linear(hw, dtype, eb, t, H * qk / tp, a.q_lora_rank)
+        else:
+            ph = ph + _linear(hw, dtype, eb, t, H * qk / tp, d)
+        dqk, dv = qk, a.v_head_dim
+    else:
+        ph = _linear(hw, dtype, eb, t, m.qkv_dim / tp, d)
+        dqk = dv = m.hd
+    ph = ph + _linear(hw, dtype, eb, t, d, m.attn_out_dim / tp)
+
+    heads = H / tp
+    s = lay.seq.astype(float)
+    # core attention
+    core_flops = 2.0 * t * s * heads * (dqk + dv)
+    flash_f = flash_attention_time(hw, core_flops * 0.5, dtype)  # causal: masked blocks skipped
+    batch = lay.mbs * heads
+    eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=dtype, elt_bytes=eb)
+                  + gemm_time(hw, s, dv, s, groups=batch, dtype=dtype, elt_bytes=eb))
+    # fused scale-mask-softmax reads scores, writes probs; dropout on probs adds a pass + mask
+    soft_bytes = t * s * heads * eb * (2.0 + np.where(lay.dropout, 2.5, 0.0))
+    eager_f = eager_gemm + stream_time(hw, soft_bytes, 1 + lay.dropout)
+    core_f = np.where(lay.eager, eager_f, flash_f)
+    core_b = np.where(lay.eager, 2.0 * eager_f, 2.5 * flash_f)
+    z = np.zeros_like(core_f)
+    core = Phase(core_f, core_b, z, z)
+
+    # elementwise: norm (read+write d), residual add (read 2d, write d), rope on q and k,
+    # dropout on the block output (read, write, 1-byte mask). SP shards the d-wide ones over tp.
+    sp_div = np.where(lay.sp, tp, 1.0)
+    rope = 0.0 if m.mla is not None else 2.0 * (m.num_heads + m.kv_heads) * m.hd
+    elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + rope / tp
+    ew = _elementwise(hw, t * elems * eb, 4)
+    # recompute: selective re-runs the core attention; full re-runs the whole forward
+    total = ph + core + ew
+    r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, core.f, 0.0))
+    return Phase(total.f, total.b, total.w, r)
+
+
+def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
+    """Dense FFN block (norm, up/gate, activation, down, residual)."""
+    t = (lay.mbs * lay.seq).astype(float)
+    tp = lay.tp.astype(float)
+    eb = lay.act_bytes
+    d, f = m.hidden_size, m.ffn_size
+    up = 2 if m.ffn_gated else 1
+    ph = _linear(hw, dtype, eb, t, up * f / tp, d) + _linear(hw, dtype, eb, t, d, f / tp)
+    sp_div = np.where(lay.sp, tp, 1.0)
+    act = (3.0 if m.ffn_gated else 2.0) * f / tp
+    elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + act
+    total = ph + _elementwise(hw, t * elems * eb, 4)
+    r = np.where(lay.recompute == 2, total.f, 0.0)
+    return Phase(total.f, total.b, total.w, r)
+
+
+def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb) -> Phase:
+    """MoE block on the straggler rank: router, permute, grouped expert GEMMs on
+    `imb` × the mean tokens, shared experts, unpermute and weighted combine."""
+    assert m.moe is not None
+    mo = m.moe
+    t = (lay.mbs * lay.seq).astype(float) / lay.tp
+    eb = lay.act_bytes
+    d, f, E, k = m.hidden_size, mo.expert_ffn_size, mo.num_experts, mo.top_k
+    local = E / lay.ep
+    m_e = t * k * lay.ep / E * imb  # tokens per local expert on the busiest rank
+    up = 2 if mo.gated else 1
+    ph = _linear(hw, dtype, eb, t, E, d)  # router
+    ph = ph + _linear(hw, dtype, eb, m_e, up * f, d, groups=local) + _linear(hw, dtype, eb, m_e, d, f, groups=local)
+    if mo.shared_experts:
+        fs = mo.shared_experts * mo.shared_ffn
+        ph = ph + _linear(hw, dtype, eb, t, up * fs, d) + _linear(hw, dtype, eb, t, d, fs)
+    rows = t * k * imb
+    act = (3.0 if mo.gated else 2.0) * f * rows
+    # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
+    # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
+    elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
+    total = ph + _elementwise(hw, elems * eb, 8)
+    r = np.where(lay.recompute == 2, total.f, 0.0)
+    return Phase(total.f, total.b, total.w, r)
+
+
+def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
+    """Final norm, vocab-parallel LM head and fp32 cross-entropy (last stage)."""
+    t = (lay.mbs * lay.seq).astype(float)
+    tp = lay.tp.astype(float)
+    V, d = m.vocab_size, m.hidden_size
+    ph = _linear(hw, dtype, lay.act_bytes, t, V / tp, d)
+    # cross-entropy over fp32 logits: read, exp/normalise, write grad (3 passes of 4 B)
+    ce = _elementwise(hw, t * V / tp * 4.0 * 3.0 + t * 2.0 * d * lay.act_bytes, 3)
+    return ph + ce
+
+
+def embedding_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> Phase:
+    """Embedding gather (first stage) and its scatter-add gradient."""
+    t = (lay.mbs * lay.seq).astype(float)
+    return _elementwise(hw, t * m.hidden_size * lay.act_bytes * 2.0, 1)

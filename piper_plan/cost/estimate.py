@@ -1,0 +1,268 @@
+"""One training step of a model under many layouts at once: memory, time, throughput.
+
+`evaluate(model, hw, batch, routing)` returns an Estimate of numpy arrays (one entry per
+layout); `Estimate.row(i)` is what `piper-plan estimate --json` prints. The search and
+`estimate` call this same function, so a plan's numbers are reproducible exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from . import activations as act
+from . import comm
+from .batch import LayoutBatch
+from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
+from .imbalance import expert_popularity, imbalance
+from .memory import GIB, in_flight, layer_params_per_rank, state_bytes
+from .schedule import pipeline_time
+from .stages import chunk_sizes
+
+DTYPE_NAME = {2: "bf16", 4: "fp32"}
+
+
+@dataclass
+class Routing:
+    distribution: str = "uniform"
+    zipf_s: float = 1.0
+    histogram: list | None = None
+    balanced: bool = False  # expert migration keeps placement balanced
+
+
+@dataclass
+class Estimate:
+    step_time_s: np.ndarray
+    tokens_per_s: np.ndarray
+    tflops_per_gpu: np.ndarray
+    hw_tflops_per_gpu: np.ndarray
+    mfu: np.ndarray
+    peak_memory_gib: np.ndarray
+    fits: np.ndarray
+    memory: dict[str, dict[str, np.ndarray]]  # rank role -> component -> GiB
+    time: dict[str, np.ndarray]               # component -> seconds per step
+    stage_of_role: dict[str, np.ndarray]
+    chunks: object = None
+    imbalance: np.ndarray = None
+    layer_time_s: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self):
+        return len(self.step_time_s)
+
+    def dominant(self) -> np.ndarray:
+        """Name of the largest time component per layout."""
+        keys = [k for k in self.time if k != "total"]
+        mat = np.stack([self.time[k] for k in keys])
+        return np.array(keys)[mat.argmax(0)]
+
+    def row(self, i: int) -> dict:
+        f = lambda a: float(np.asarray(a)[i])  # noqa: E731
+        mem = []
+        seen = set()
+        for role, comps in self.memory.items():
+            st = int(self.stage_of_role[role][i])
+            if st in seen or st < 0:
+                continue
+            seen.add(st)
+            d = {k: round(f(v), 4) for k, v in comps.items()}
+            d = {"stage": st, "role": role, **d}
+            mem.append(d)
+        mem.sort(key=lambda d: d["stage"])
+        return dict(
+            step_time_s=f(self.step_time_s), tokens_per_s=f(self.tokens_per_s),
+            tflops_per_gpu=f(self.tflops_per_gpu), hw_tflops_per_gpu=f(self.hw_tflops_per_gpu),
+            mfu=f(self.mfu), peak_memory_gib=f(self.peak_memory_gib), fits=bool(self.fits[i]),
+            imbalance=f(self.imbalance), memory_gib_per_stage=mem,
+            time_breakdown_s={k: f(v) for k, v in self.time.items()},
+            a2a_time_s=f(self.time["a2a"]),
+        )
+
+
+def _tp_allreduce(hw, lay, nbytes):
+    return comm.ring_allreduce(hw, nbytes, lay.tp, 1)
+
+
+def _a2a(hw, lay, nbytes):
+    stride = np.where(lay.placement == 0, 1, lay.edp)
+    flat = comm.a2a_flat(hw, nbytes, lay.ep, stride)
+    halo = comm.a2a_halo(hw, nbytes, lay.ep, stride)
+    return np.where(lay.a2a == 1, halo, flat)
+
+
+def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing | None = None,
+             headroom_gib: float = 0.0) -> Estimate:
+    routing = routing or Routing()
+    dtype = "fp32" if int(lay.act_bytes.max()) == 4 else "bf16"
+    if dtype == "fp32" and "fp32" not in hw.accelerator.peak_tflops:
+        dtype = "bf16"
+    eb = lay.act_bytes.astype(float)
+    tp = lay.tp.astype(float)
+    t = (lay.mbs * lay.seq).astype(float)
+    d = m.hidden_size
+    L = m.num_layers
+    zero = np.zeros(len(lay))
+
+    # ---- per-layer phases (seconds per micro-batch on one rank) -----------------------
+    attn = attention_phase(m, hw, lay, dtype)
+    tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
+    full_rc = (lay.recompute == 2).astype(float)
+    dense = attn + (ffn_phase(m, hw, lay, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
+    dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, 2 * tp_ar * full_rc)
+    imb = np.ones(len(lay))
+    a2a_layer = zero
+    if m.moe is not None:
+        p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
+        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, balanced=routing.balanced)
+        moe = attn + moe_phase(m, hw, lay, dtype, imb)
+        a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
+        a2a_layer = a2a_one
+        moe_comm = Phase(tp_ar + 2 * a2a_one, tp_ar + 2 * a2a_one, zero, (tp_ar + 2 * a2a_one) * full_rc)
+    else:
+        moe = Phase(zero, zero, zero, zero)
+        moe_comm = Phase(zero, zero, zero, zero)
+    n_moe, n_dense = m.num_moe_layers, m.num_dense_layers
+    D = m.dense_layers
+    moe_frac = n_moe / max(L - D, 1)
+
+    # ---- chunks and representative ranks ----------------------------------------------
+    emb = embedding_phase(m, hw, lay)
+    head = lm_head_phase(m, hw, lay, dtype)
+    tot = lambda ph: ph.f + ph.b + ph.w + ph.r  # noqa: E731
+    avg_layer = (n_dense * tot(dense + dense_comm) + n_moe * tot(moe + moe_comm)) / L
+    chunks = lay.pp * lay.vpp
+    cs = chunk_sizes(L, chunks, tot(emb) / avg_layer, tot(head) / avg_layer)
+    v_shape = lay.sched >= 3
+    vm1 = (lay.vpp - 1).astype(float)
+    pp1 = lay.pp == 1
+    first_layers = np.where(pp1, L, np.where(v_shape, cs.first + cs.last, cs.first + vm1 * cs.mid_hi))
+    last_layers = np.where(pp1, L, np.where(v_shape, 2 * cs.mid_hi, cs.last + vm1 * cs.mid_hi))
+    mid_layers = lay.vpp * cs.mid_hi
+    has_mid = (lay.pp > 2) | (v_shape & (lay.pp > 1))
+    first_dense = np.minimum(D, cs.first).astype(float)
+
+    def split(layers, lead_dense):
+        nm = moe_frac * (layers - lead_dense)
+        return layers - nm, nm  # (dense, moe) layer counts
+
+    roles = {"first": split(first_layers, first_dense),
+             "mid": split(mid_layers, zero), "last": split(last_layers, np.where(pp1, first_dense, 0.0))}
+    roles["last"] = (np.where(v_shape & ~pp1, roles["mid"][0], roles["last"][0]),
+                     np.where(v_shape & ~pp1, roles["mid"][1], roles["last"][1]))
+    has_emb = {"first": np.ones(len(lay), bool), "mid": np.zeros(len(lay), bool), "last": pp1}
+    has_head = {"first": pp1 | v_shape, "mid": np.zeros(len(lay), bool), "last": ~v_shape | pp1}
+
+    # p2p: each chunk boundary sends the activation forward and its gradient back
+    p2p_bytes = t * d * eb / np.where(lay.sp, tp, 1.0)
+    p2p_one = np.where(pp1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp))
+    rank_chunks = lay.vpp.astype(float)
+
+    phases, comm_ph = {}, {}
+    for role, (nd, nm) in roles.items():
+        comp = dense.scale(nd) + moe.scale(nm) + emb.scale(has_emb[role]) + head.scale(has_head[role])
+        cm = dense_comm.scale(nd) + moe_comm.scale(nm) + Phase(p2p_one * rank_chunks, p2p_one * rank_chunks, zero, zero)
+        phases[role], comm_ph[role] = comp, cm
+    a2a_per_mb = {r: 4 * a2a_layer * roles[r][1] * (1 + 0.5 * full_rc) for r in roles}
+
+    def rank_total(role):
+        c, k = phases[role], comm_ph[role]
+        plain = tot(c) + tot(k)
+        # dualpipev overlaps the all-to-all with the other micro-batch's compute
+        hidden = np.minimum(a2a_per_mb[role], tot(c))
+        return np.where(lay.sched == 4, plain - hidden, plain)
+
+    totals = {r: rank_total(r) for r in roles}
+    peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
+    mids = np.maximum(lay.pp - 2, 0).astype(float)
+    mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
+    total_sum = np.where(pp1, totals["first"], totals["first"] + totals["last"] + mids * mid_avg_time)
+    busiest = np.select([totals["first"] >= peak_role_time, totals["last"] >= peak_role_time], ["first", "last"], "mid")
+    pick = lambda get: np.select([busiest == "first", busiest == "last"], [get("first"), get("last")], get("mid"))  # noqa: E731
+    F = pick(lambda r: phases[r].f + comm_ph[r].f)
+    B = pick(lambda r: phases[r].b + phases[r].r + comm_ph[r].b + comm_ph[r].r)
+    W = pick(lambda r: phases[r].w)
+    hidden = pick(lambda r: np.minimum(a2a_per_mb[r], tot(phases[r])))
+    M = lay.m
+    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, F, B, W, peak_role_time, total_sum, hidden)
+
+    # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
+    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
+    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
+             + has_emb[r] * m.embedding_params / tp
+             + has_head[r] * m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r])) for r in roles}
+    P_exp = {r: roles[r][1] * exp_p for r in roles}
+    gb = np.where(eb == 4, 4.0, lay.grad_bytes)
+    edp_stride = np.where(lay.placement == 0, lay.ep, 1)
+    rep_pr, exp_pr = pick(lambda r: P_rep[r]), pick(lambda r: P_exp[r])
+    zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
+    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dp, lay.tp, zfrac)
+            + comm.ring_allreduce(hw, exp_pr * gb, lay.edp, edp_stride, zfrac))
+    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dp, lay.tp, 0.5)
+                    + comm.ring_allreduce(hw, exp_pr * eb, lay.edp, edp_stride, 0.5), 0.0)
+    z3 = np.where(lay.zero >= 3, M * 3.0 * t_ag, 0.0)  # re-gather for fwd and bwd, reduce-scatter per micro-batch
+    window_b = np.where(lay.overlap, B + W, 0.0)
+    window_f = np.where(lay.overlap, F, 0.0)
+    t_dp = np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
+    # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
+    dpg = np.maximum(lay.dp, 1).astype(float)
+    local = rep_pr / np.where(lay.zero >= 1, dpg, 1.0) + exp_pr / np.where(lay.zero >= 1, np.maximum(lay.edp, 1), 1.0)
+    t_opt = local * (2 * 12.0 + gb + eb) / (hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory)
+
+    step = t_pipe + t_dp + t_opt
+
+    # ---- memory per representative rank ------------------------------------------------
+    stage_of = {"first": np.zeros(len(lay), int), "mid": np.where(has_mid, np.where(v_shape, 1, 1), -1),
+                "last": np.where(pp1 | v_shape, np.where(pp1, 0, lay.pp - 1), lay.pp - 1)}
+    a_dense = sum(act.attention_terms(m, lay).values()) + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
+    a_moe = (sum(act.attention_terms(m, lay).values()) + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
+    a_in = act.layer_input_bytes(m, lay)
+    a_dense = np.where(lay.recompute == 2, a_in, a_dense)
+    a_moe = np.where(lay.recompute == 2, a_in, a_moe)
+    mem = {}
+    peak = np.zeros(len(lay))
+    for r, (nd, nm) in roles.items():
+        rep = state_bytes(P_rep[r], lay.dp, lay)
+        ex = state_bytes(P_exp[r], lay.edp, lay)
+        comps = {k: (rep[k] + ex[k]) / GIB for k in rep}
+        infl = in_flight(lay, np.maximum(stage_of[r], 0))
+        comps["activations"] = infl * (nd * a_dense + nm * a_moe) / GIB
+        logits = t * m.vocab_size / tp * (4.0 + eb)
+        comps["logits"] = has_head[r] * logits / GIB
+        a2a_buf = np.where(nm > 0, 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * imb, 0.0)
+        comps["a2a_buffers"] = a2a_buf / GIB
+        comps["overhead"] = np.full(len(lay), hw.memory_overhead_gib)
+        comps["total"] = sum(comps.values())
+        mem[r] = comps
+        valid = stage_of[r] >= 0
+        peak = np.maximum(peak, np.where(valid, comps["total"], 0.0))
+    fits = peak + headroom_gib <= hw.accelerator.memory_gib
+
+    # ---- throughput --------------------------------------------------------------------
+    tokens = (lay.gbs * lay.seq).astype(float)
+    seqs = np.unique(lay.seq)
+    fpt = np.zeros(len(lay))
+    for s in seqs:
+        fpt = np.where(lay.seq == s, m.flops_per_token(int(s)), fpt)
+    model_flops = fpt * tokens
+    core_fwd = np.zeros(len(lay))
+    for s in seqs:
+        core_fwd = np.where(lay.seq == s, m.num_layers * m.attn_core_flops(int(s)), core_fwd)
+    rc_flops = np.select([lay.recompute == 2, lay.recompute == 1], [model_flops / 3.0, core_fwd * tokens], 0.0)
+    gpus = lay.gpus.astype(float)
+    tflops = model_flops / step / gpus / 1e12
+    hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
+    mfu = tflops * 1e12 / hw.peak_flops(dtype)
+
+    layers_in_pipe = np.where(pp1, 1.0, 1.0)
+    a2a_step = M * pick(lambda r: a2a_per_mb[r]) * layers_in_pipe
+    tp_step = M * pick(lambda r: tot(comm_ph[r])) - a2a_step - M * p2p_one * rank_chunks * 2
+    compute_step = M * pick(lambda r: tot(phases[r]))
+    bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
+    time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
+            "p2p": M * p2p_one * rank_chunks * 2, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt,
+            "total": step}
+    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
+                    mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
+                    chunks=cs, imbalance=imb,
+                    layer_time_s={"dense": tot(dense + dense_comm), "moe": tot(moe + moe_comm)})

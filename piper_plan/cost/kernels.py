@@ -1,0 +1,60 @@
+"""Time of one kernel from its shape: a roofline with wave quantisation and a fixed cost.
+
+A GEMM C[m×n] = A[m×k]·B[k×n] (`groups` independent ones, as in a grouped expert GEMM):
+
+    t = max(FLOPs / (peak · e_gemm · e_wave),  bytes / (HBM · e_mem)) + overhead
+
+- e_gemm: the plateau fraction of peak large GEMMs reach (hardware YAML, from published
+  micro-benchmarks);
+- e_wave: output tiles run in waves of `compute_units`; a partial last wave and tile padding
+  waste the rest (NVIDIA, "Matrix Multiplication Background User's Guide", wave and tile
+  quantisation). The tile's m side shrinks to the next power of two ≥ 16 when m is small,
+  as GEMM libraries pick narrow tiles for skinny problems;
+- bytes: A, B and C once each (the minimum traffic), so skinny expert GEMMs become
+  memory-bound — the physical reason they run below a large square GEMM.
+
+All arguments broadcast as numpy arrays; times in seconds.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_bytes=2):
+    """Seconds for `groups` GEMMs of output m×n and reduction k (arrays broadcast)."""
+    m = np.maximum(np.asarray(m, dtype=float), 0.0)
+    n = np.asarray(n, dtype=float)
+    k = np.asarray(k, dtype=float)
+    g = np.asarray(groups, dtype=float)
+    eff = hw.efficiency
+    tm0, tn = eff.gemm_tile
+    tm = np.clip(2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))), 16.0, tm0)
+    tiles = g * _ceil_div(np.ceil(m), tm) * _ceil_div(n, tn)
+    cu = hw.accelerator.compute_units
+    waves = np.maximum(_ceil_div(tiles, cu), 1.0)
+    useful = g * m * n
+    e_wave = np.where(useful > 0, useful / (waves * cu * tm * tn), 1.0)
+    flops = 2.0 * g * m * n * k
+    t_flop = flops / (hw.peak_flops(dtype) * eff.gemm * np.maximum(e_wave, 1e-9))
+    t_mem = g * (m * k + k * n + m * n) * elt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * eff.memory)
+    t = np.maximum(t_flop, t_mem) + eff.kernel_overhead_us * 1e-6
+    return np.where(flops > 0, t, 0.0)
+
+
+def stream_time(hw: HardwareSpec, nbytes, kernels=1):
+    """Seconds for memory-bound kernels moving `nbytes` through HBM in total."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
+    return nbytes / bw + np.asarray(kernels) * hw.efficiency.kernel_overhead_us * 1e-6
+
+
+def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16"):
+    """Fused attention forward: FLOPs at the attention plateau efficiency (one kernel)."""
+    flops = np.asarray(flops, dtype=float)
+    return flops / (hw.peak_flops(dtype) * hw.efficiency.attention) + hw.efficiency.kernel_overhead_us * 1e-6

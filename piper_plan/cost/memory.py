@@ -1,0 +1,63 @@
+"""Parameter, gradient and optimizer-state memory per rank, and micro-batches in flight.
+
+Bytes per parameter with mixed-precision Adam (Megatron): weight 2 (bf16), main gradient
+4 (fp32 accumulation; 2 with bf16 grads), fp32 master 4, Adam m 4 and v 4 — 18 B, or the
+16 B of Piper's equation with bf16 gradients (brief §2). ZeRO over the data-parallel group
+of each parameter (experts: the expert-data-parallel group, dp·tp/ep):
+stage 1 shards master + moments, 2 also gradients, 3 also weights.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.model import ModelSpec
+from .batch import LayoutBatch
+
+GIB = float(2**30)
+
+
+def state_bytes(params, group, lay: LayoutBatch) -> dict[str, np.ndarray]:
+    """Weights / grads / master / optimizer bytes for `params` sharded by ZeRO over `group`."""
+    params = np.asarray(params, dtype=float)
+    g = np.maximum(np.asarray(group, dtype=float), 1.0)
+    fp32 = lay.act_bytes == 4
+    w = params * lay.act_bytes
+    grad = params * np.where(fp32, 4, lay.grad_bytes)
+    master = params * np.where(fp32, 0.0, 4.0)
+    opt = params * 8.0
+    z = lay.zero
+    return {
+        "weights": np.where(z >= 3, w / g, w),
+        "grads": np.where(z >= 2, grad / g, grad),
+        "master": np.where(z >= 1, master / g, master),
+        "optimizer": np.where(z >= 1, opt / g, opt),
+    }
+
+
+def layer_params_per_rank(m: ModelSpec, lay: LayoutBatch):
+    """(dense layer, MoE-layer replicated part, MoE-layer expert part) parameters per rank."""
+    tp = lay.tp.astype(float)
+    norms = 2 * m.norm_params
+    dense = (m.attn_params + (m.dense_ffn_params if m.ffn_size else 0)) / tp + norms
+    if m.moe is None:
+        return dense, np.zeros_like(dense), np.zeros_like(dense)
+    moe_rep = (m.attn_params + m.shared_params) / tp + norms + m.router_params
+    experts = m.moe.num_experts / lay.ep * m.expert_params
+    return dense, moe_rep, experts.astype(float)
+
+
+def in_flight(lay: LayoutBatch, stage) -> np.ndarray:
+    """Micro-batches whose activations a pipeline rank holds at its peak, in units of one
+    micro-batch through all of the rank's layers.
+
+    gpipe: all M. 1f1b: pp - i (Narayanan 2021). interleaved (v chunks): Megatron's warm-up
+    ((pp-i-1)·2 + (v-1)·pp + 1) chunk-micro-batches, / v — rank 0 gives pp + (pp-1)/v
+    (Korthikanti 2022 §4.2.3). zbv: pp on every rank (ZB-V, arXiv 2401.10241 §4).
+    dualpipev: 2·pp + 1 chunk-micro-batches = pp + 1/2 (DeepSeek DualPipe README)."""
+    pp, v, M = lay.pp.astype(float), lay.vpp.astype(float), lay.m.astype(float)
+    i = np.asarray(stage, dtype=float)
+    one = np.minimum(pp - i, M)
+    inter = np.minimum(((pp - i - 1) * 2 + (v - 1) * pp + 1) / v, M)
+    s = lay.sched
+    out = np.select([s == 0, s == 1, s == 2, s == 3, s == 4], [M, one, inter, np.minimum(pp, M), np.minimum(pp + 0.5, M)])
+    return np.where(pp == 1, 1.0, out)

@@ -1,0 +1,84 @@
+"""Glue between one Layout (or many) and the vectorised cost model, and Plan assembly.
+
+Both `estimate` and `search` go through here, so a plan written by the search reproduces
+under `estimate` exactly."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .cost.batch import from_layouts
+from .cost.estimate import Estimate, Routing, evaluate
+from .cost.stages import materialise
+from .errors import SpecError
+from .layout import Layout, check_layout
+from .plan import Migration, Plan, Predicted, Routing as PlanRouting, make_plan_from
+from .specs.hardware import HardwareSpec
+from .specs.model import ModelSpec
+
+
+def parse_routing(text: str | None) -> Routing:
+    """'uniform', 'zipf' / 'zipf:1.2', or a path to a runtime metrics JSONL (tokens per expert)."""
+    if not text or text == "uniform":
+        return Routing()
+    if text.startswith("zipf"):
+        _, _, s = text.partition(":")
+        try:
+            return Routing("zipf", float(s) if s else 1.0)
+        except ValueError:
+            raise SpecError("--routing", "zipf", f"expected zipf:<s> with a number s, got {text!r}") from None
+    p = Path(text)
+    if p.is_file():
+        return Routing("histogram", histogram=_histogram_from_metrics(p))
+    raise SpecError("--routing", "<value>", f"expected uniform, zipf[:s] or a metrics .jsonl file, got {text!r}")
+
+
+def _histogram_from_metrics(path: Path) -> list:
+    """Mean tokens per expert over the steps of a piper-train metrics file (all MoE layers)."""
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise SpecError(str(path), f"line {n}", "expected one JSON object per line") from None
+        tpe = rec.get("tokens_per_expert")
+        if tpe:
+            rows.append(np.asarray(tpe, dtype=float).reshape(-1, np.shape(tpe)[-1]).sum(0))
+    if not rows:
+        raise SpecError(str(path), "tokens_per_expert", "no step record carries tokens_per_expert")
+    return [list(np.mean(rows, 0))]
+
+
+def to_plan_routing(r: Routing) -> PlanRouting:
+    return PlanRouting(distribution=r.distribution, zipf_s=r.zipf_s, histogram=r.histogram)
+
+
+def from_plan_routing(r: PlanRouting, migration: Migration | None = None) -> Routing:
+    return Routing(r.distribution, r.zipf_s, r.histogram, balanced=bool(migration and migration.enabled))
+
+
+def estimate_layout(model: ModelSpec, hw: HardwareSpec, layout: Layout, routing: Routing | None = None,
+                    headroom_gib: float = 0.0) -> Estimate:
+    """Check the layout's constraints, then evaluate it (one-element Estimate)."""
+    check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0)
+    return evaluate(model, hw, from_layouts([layout]), routing, headroom_gib)
+
+
+def predicted_of(est: Estimate, i: int) -> Predicted:
+    r = est.row(i)
+    return Predicted(step_time_s=r["step_time_s"], tokens_per_s=r["tokens_per_s"], tflops_per_gpu=r["tflops_per_gpu"],
+                     hw_tflops_per_gpu=r["hw_tflops_per_gpu"], mfu=r["mfu"], peak_memory_gib=r["peak_memory_gib"],
+                     fits=r["fits"], a2a_time_s=r["a2a_time_s"], memory_gib_per_stage=r["memory_gib_per_stage"],
+                     time_breakdown_s=r["time_breakdown_s"])
+
+
+def build_plan(model: ModelSpec, hw: HardwareSpec, layout: Layout, est: Estimate, i: int = 0,
+               routing: Routing | None = None, migration: Migration | None = None) -> Plan:
+    """Plan for the i-th layout of an Estimate, with the partition the estimate assumed."""
+    part = materialise(model.num_layers, layout.stages, est.chunks, i)
+    return make_plan_from(model, hw, layout, part, routing=to_plan_routing(routing or Routing()),
+                          migration=migration, predicted=predicted_of(est, i))

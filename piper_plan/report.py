@@ -1,0 +1,120 @@
+"""Rich tables for specs, estimates, search results and plans (all formatting lives here)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from .specs.hardware import HardwareSpec
+from .specs.model import ModelSpec
+
+console = Console()
+
+
+def _b(x: float) -> str:
+    """Human count: 1.23B, 45.6M."""
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def models_table(specs: list[ModelSpec]) -> Table:
+    t = Table(title="Bundled models")
+    for c in ("name", "layers", "hidden", "experts", "top-k", "total", "active", "GFLOP/token"):
+        t.add_column(c, justify="right" if c != "name" else "left")
+    for m in specs:
+        t.add_row(m.name, str(m.num_layers), str(m.hidden_size), str(m.moe.num_experts if m.moe else "-"),
+                  str(m.moe.top_k if m.moe else "-"), _b(m.total_params), _b(m.active_params),
+                  f"{m.flops_per_token() / 1e9:.1f}")
+    return t
+
+
+def hardware_table(specs: list[HardwareSpec]) -> Table:
+    t = Table(title="Bundled hardware")
+    for c in ("name", "accelerator", "GiB", "bf16 TFLOP/s", "HBM GB/s", "GPUs/node", "NIC GB/s/GPU", "levels"):
+        t.add_column(c)
+    for h in specs:
+        t.add_row(h.name, h.accelerator.name, f"{h.accelerator.memory_gib:g}", f"{h.accelerator.peak_tflops['bf16']:g}",
+                  f"{h.accelerator.memory_bandwidth_gbps:g}", str(h.gpus_per_node), f"{h.nic_gbps_per_gpu:g}",
+                  " > ".join(lv.name for lv in h.topology))
+    return t
+
+
+def model_detail(m: ModelSpec) -> list[Table]:
+    t = Table(title=f"{m.name} — {m.source}")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    rows = [("layers (dense + MoE)", f"{m.num_layers} ({m.num_dense_layers} + {m.num_moe_layers})"),
+            ("hidden / heads / kv heads / head dim", f"{m.hidden_size} / {m.num_heads} / {m.kv_heads} / {m.hd}"),
+            ("vocab / seq", f"{m.vocab_size} / {m.seq_len}"),
+            ("total parameters", _b(m.total_params)), ("active parameters", _b(m.active_params)),
+            ("model FLOPs per token (fwd+bwd, seq)", f"{m.flops_per_token() / 1e9:.2f} G")]
+    if m.moe:
+        mo = m.moe
+        rows.append(("experts / top-k / expert ffn / shared",
+                     f"{mo.num_experts} / {mo.top_k} / {mo.expert_ffn_size} / {mo.shared_experts}"))
+        rows.append(("expert state at 16 B/param (one expert)", f"{m.expert_params * 16 / 2**20:.1f} MiB"))
+    for a, b in rows:
+        t.add_row(a, b)
+    lt = Table(title="per-layer breakdown (forward FLOPs per token)")
+    for c in ("part", "count", "params each", "params total", "fwd FLOP/token each"):
+        lt.add_column(c, justify="right" if c != "part" else "left")
+    for r in m.layer_breakdown():
+        lt.add_row(r["part"], str(r["count"]), _b(r["params"]), _b(r["params"] * r["count"]), _b(r["fwd_flops"]))
+    return [t, lt]
+
+
+def hardware_detail(h: HardwareSpec) -> list[Table]:
+    t = Table(title=f"{h.name} — {h.source}")
+    t.add_column("figure")
+    t.add_column("value")
+    a, e = h.accelerator, h.efficiency
+    for k, v in [("accelerator", a.name), ("memory", f"{a.memory_gib:g} GiB"),
+                 ("peak TFLOP/s", ", ".join(f"{k}={v:g}" for k, v in a.peak_tflops.items())),
+                 ("HBM", f"{a.memory_bandwidth_gbps:g} GB/s"), ("compute units", str(a.compute_units)),
+                 ("efficiency gemm/attention/memory/comm", f"{e.gemm} / {e.attention} / {e.memory} / {e.comm}"),
+                 ("efficiency source", e.source),
+                 ("NICs", f"{h.network.nics_per_node} × {h.network.nic_gbps:g} GB/s per node "
+                          f"({h.nic_gbps_per_gpu:g} GB/s per GPU)")]:
+        t.add_row(k, v)
+    lv = Table(title="topology (fastest first)")
+    for c in ("level", "GPUs", "GB/s per GPU", "latency us", "source"):
+        lv.add_column(c)
+    for i, L in enumerate(h.topology):
+        lv.add_row(L.name, str(L.size), f"{h.level_bandwidth_gbps(i):g}" + (" (NIC)" if L.via_nic else ""),
+                   f"{L.latency_us:g}", L.source)
+    return [t, lv]
+
+
+def estimate_tables(row: dict, title: str) -> list[Table]:
+    s = Table(title=title)
+    s.add_column("metric")
+    s.add_column("value", justify="right")
+    for k, fmt in [("step_time_s", "{:.4g} s"), ("tokens_per_s", "{:,.0f}"), ("tflops_per_gpu", "{:.1f}"),
+                   ("hw_tflops_per_gpu", "{:.1f}"), ("mfu", "{:.1%}"), ("peak_memory_gib", "{:.2f} GiB"),
+                   ("imbalance", "{:.3f}"), ("fits", "{}")]:
+        s.add_row(k, fmt.format(row[k]))
+    tt = Table(title="time per step")
+    tt.add_column("component")
+    tt.add_column("seconds", justify="right")
+    tt.add_column("share", justify="right")
+    total = row["time_breakdown_s"]["total"]
+    for k, v in row["time_breakdown_s"].items():
+        if k != "total":
+            tt.add_row(k, f"{v:.4g}", f"{v / total:.1%}")
+    mt = Table(title="memory per pipeline rank (GiB)")
+    stages = row["memory_gib_per_stage"]
+    comps = [k for k in stages[0] if k not in ("stage", "role")] if stages else []
+    short = {"weights": "weights", "grads": "grads", "master": "master", "optimizer": "optim",
+             "activations": "activ", "logits": "logits", "a2a_buffers": "a2a buf", "overhead": "reserve", "total": "TOTAL"}
+    mt.add_column("stage")
+    for c in comps:
+        mt.add_column(short.get(c, c), justify="right")
+    for st in stages:
+        mt.add_row(f"{st['stage']} ({st['role']})", *[f"{st[c]:.2f}" for c in comps])
+    return [s, tt, mt]
+
+
+def show(tables) -> None:
+    for t in tables:
+        console.print(t)

@@ -1,0 +1,290 @@
+"""Import a Hugging Face `config.json` as a ModelSpec.
+
+Families (keyed on `model_type`, else on `architectures[0]`): Mixtral, Qwen2-MoE / Qwen3-MoE,
+DeepSeek-V2 / V3, Llama (dense), GPT-OSS and Llama 4 (text decoder of the multimodal config).
+Field names and layer-placement rules follow each family's transformers configuration and
+modelling code; what ModelSpec does not carry is listed per family below (all < 0.05% of the
+parameters). Every problem is one SpecError line naming the file and the field.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import ValidationError
+
+from ..errors import SpecError, from_validation
+from .model import ModelSpec
+
+_MISSING = object()
+
+
+class _Cfg:
+    """Typed, error-reporting access to one config dict (or its `text_config`)."""
+
+    def __init__(self, data: dict, source: str, family: str, prefix: str = ""):
+        self.data, self.source, self.family, self.prefix = data, source, family, prefix
+
+    def _err(self, key: str, expected: str) -> SpecError:
+        return SpecError(self.source, self.prefix + key, f"{expected} ({self.family} config)")
+
+    def get(self, key: str, kind: type = int, default: Any = _MISSING, *, min_value: int = 1) -> Any:
+        """The value of `key` checked against `kind`; a missing key gives `default`, or an
+        error when no default is given. JSON null counts as missing."""
+        v = self.data.get(key)
+        if v is None:
+            if default is _MISSING:
+                raise self._err(key, "required field is missing")
+            return default
+        if kind is int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise self._err(key, f"expected an integer, got {v!r}")
+            if v < min_value:
+                raise self._err(key, f"expected an integer >= {min_value}, got {v}")
+        elif kind is bool:
+            if not isinstance(v, bool):
+                raise self._err(key, f"expected true or false, got {v!r}")
+        elif kind is str:
+            if not isinstance(v, str):
+                raise self._err(key, f"expected a string, got {v!r}")
+        elif kind is list:
+            if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise self._err(key, f"expected a list of layer indices, got {v!r}")
+        return v
+
+    def first(self, keys: tuple[str, ...], kind: type = int, default: Any = _MISSING) -> Any:
+        """The first of several alias keys that is present (e.g. num_experts_per_tok / experts_per_token)."""
+        for k in keys:
+            if self.data.get(k) is not None:
+                return self.get(k, kind)
+        if default is _MISSING:
+            raise self._err(keys[0], "required field is missing")
+        return default
+
+
+def _base(c: _Cfg) -> dict:
+    """Fields every decoder family shares (Llama naming)."""
+    layers = c.get("num_hidden_layers")
+    hidden = c.get("hidden_size")
+    heads = c.get("num_attention_heads")
+    out = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=c.get("vocab_size"))
+    kv = c.get("num_key_value_heads", default=heads)
+    if heads % kv:
+        raise c._err("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv}")
+    if kv != heads:
+        out["num_kv_heads"] = kv
+    head_dim = c.get("head_dim", default=None)
+    # only an explicit head_dim that differs from hidden/heads is a separate figure
+    if head_dim is not None and head_dim * heads != hidden:
+        out["head_dim"] = head_dim
+    return out
+
+
+def _fit_layer_pattern(mask: list[bool], c: _Cfg, field: str) -> tuple[int, int]:
+    """(dense_layers, every) such that ModelSpec.layer_is_moe(i) — i >= dense_layers and
+    (i - dense_layers + 1) % every == 0 — reproduces the family's MoE-layer mask."""
+    n = len(mask)
+    if not any(mask):
+        raise c._err(field, "no layer is an MoE layer; import it as a dense model instead")
+    # leading dense layers can also be the first gap of an interleave (Maverick: dense 0, every 2)
+    for dense in range(mask.index(True) + 1):
+        for every in range(1, n + 1):
+            if all(mask[i] == (i >= dense and (i - dense + 1) % every == 0) for i in range(n)):
+                return dense, every
+    moe = [i for i, m in enumerate(mask) if m]
+    dense_ids = [i for i, m in enumerate(mask) if not m]
+    kind, ids = ("MoE", moe) if len(moe) <= len(dense_ids) else ("dense", dense_ids)
+    shown = ", ".join(map(str, ids[:12])) + (", ..." if len(ids) > 12 else "")
+    raise c._err(field, "MoE layers must be a leading run of dense layers, then every N-th layer "
+                        f"(got {kind} layers {shown} of {n})")
+
+
+def _moe_block(c: _Cfg, num_experts: int, top_k: int, ffn: int, every: int = 1, **kw) -> dict:
+    """A gated (SwiGLU) MoE block: every family imported here uses 3-matrix experts."""
+    if top_k > num_experts:
+        key = "num_experts_per_tok" if "num_experts_per_tok" in c.data else "experts_per_token"
+        raise c._err(key, f"top-k {top_k} exceeds the {num_experts} routed experts")
+    moe = dict(num_experts=num_experts, top_k=top_k, expert_ffn_size=ffn, gated=True, **kw)
+    if every != 1:
+        moe["every"] = every
+    return moe
+
+
+def _with_layers(out: dict, moe: dict, dense: int, c: _Cfg, ffn_key: str) -> dict:
+    """Attach the MoE block and, where some layers are dense (leading or interleaved), their
+    FFN width from `ffn_key` (read only then: all-MoE configs may carry an unused value)."""
+    out["moe"] = moe
+    if dense:
+        out["dense_layers"] = dense
+    if dense or moe.get("every", 1) != 1:
+        out["ffn_size"] = c.get(ffn_key)
+    return out
+
+
+def _tied(c: _Cfg, default: bool) -> bool:
+    return c.get("tie_word_embeddings", bool, default=default)
+
+
+def _mixtral(c: _Cfg) -> dict:
+    # Not modelled: sliding_window (attention FLOPs only). Experts: SwiGLU w1/w3/w2.
+    out = _base(c)
+    out["moe"] = _moe_block(c, c.get("num_local_experts"), c.get("num_experts_per_tok"),
+                            c.get("intermediate_size"), router="softmax")
+    out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
+def _qwen_moe(c: _Cfg) -> dict:
+    # transformers Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: layer i is sparse when
+    # i not in mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0.
+    # Not modelled: Qwen2-MoE q/k/v biases and shared_expert_gate (d + 3 d per layer),
+    # Qwen3-MoE per-head q_norm / k_norm weights (2 head_dim per layer).
+    out = _base(c)
+    n = out["num_layers"]
+    step = c.get("decoder_sparse_step", default=1)
+    only_mlp = set(c.get("mlp_only_layers", list, default=[]))
+    mask = [i not in only_mlp and (i + 1) % step == 0 for i in range(n)]
+    dense, every = _fit_layer_pattern(mask, c, "mlp_only_layers" if only_mlp else "decoder_sparse_step")
+    shared_ffn = c.get("shared_expert_intermediate_size", default=0, min_value=0)
+    extra = dict(shared_experts=1, shared_expert_ffn_size=shared_ffn) if shared_ffn else {}
+    moe = _moe_block(c, c.get("num_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
+                     every, router="softmax", **extra)
+    out = _with_layers(out, moe, dense, c, "intermediate_size")
+    out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
+def _deepseek(c: _Cfg) -> dict:
+    # DeepseekV2/V3 modelling code: layer i is MoE when n_routed_experts is set,
+    # i >= first_k_dense_replace and i % moe_layer_freq == 0. num_nextn_predict_layers (the V3
+    # multi-token-prediction module) is NOT part of the main model and is ignored.
+    # Not modelled: V3's e_score_correction_bias (n_routed_experts per MoE layer).
+    out = _base(c)
+    out.pop("num_kv_heads", None)  # MLA: num_key_value_heads is not a GQA figure
+    out.pop("head_dim", None)
+    n = out["num_layers"]
+    first = c.get("first_k_dense_replace", default=0, min_value=0)
+    freq = c.get("moe_layer_freq", default=1)
+    mask = [i >= first and i % freq == 0 for i in range(n)]
+    dense, every = _fit_layer_pattern(mask, c, "moe_layer_freq")
+    out["mla"] = dict(q_lora_rank=c.get("q_lora_rank", default=None), kv_lora_rank=c.get("kv_lora_rank"),
+                      qk_nope_head_dim=c.get("qk_nope_head_dim"),
+                      qk_rope_head_dim=c.get("qk_rope_head_dim", min_value=0),
+                      v_head_dim=c.get("v_head_dim"))
+    scoring = c.get("scoring_func", str, default="softmax")
+    if scoring not in ("softmax", "sigmoid"):
+        raise c._err("scoring_func", f"expected softmax or sigmoid, got {scoring!r}")
+    shared = c.get("n_shared_experts", default=0, min_value=0)
+    moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
+                     every, router=scoring, **({"shared_experts": shared} if shared else {}))
+    out = _with_layers(out, moe, dense, c, "intermediate_size")
+    out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
+def _llama(c: _Cfg) -> dict:
+    out = _base(c)
+    out["ffn_size"] = c.get("intermediate_size")
+    out["tied_embeddings"] = _tied(c, False)
+    # ModelSpec has one bias flag for attention and FFN; Llama configs set both alike
+    # (a mismatch would miscount by (ffn + hidden) per layer, < 0.01%).
+    if c.get("attention_bias", bool, default=False) or c.get("mlp_bias", bool, default=False):
+        out["linear_bias"] = True
+    return out
+
+
+def _gpt_oss(c: _Cfg) -> dict:
+    # Modelled: q/k/v/o biases (attention_bias). Not modelled: expert biases
+    # (3 intermediate_size per expert), router bias, per-head attention sinks, the swiglu clamp,
+    # and the sliding-window layer_types (attention FLOPs only).
+    out = _base(c)
+    out["moe"] = _moe_block(c, c.first(("num_local_experts", "num_experts")),
+                            c.first(("num_experts_per_tok", "experts_per_token")),
+                            c.get("intermediate_size"), router="softmax")
+    out["tied_embeddings"] = _tied(c, False)
+    if c.get("attention_bias", bool, default=True):
+        out["linear_bias"] = True
+    return out
+
+
+def _llama4(c: _Cfg) -> dict:
+    # Llama4ForConditionalGeneration keeps the decoder in text_config (the vision encoder is
+    # not modelled); Llama4TextConfig.moe_layers defaults to
+    # range(interleave_moe_layer_step - 1, num_hidden_layers, interleave_moe_layer_step).
+    # Dense layers use intermediate_size_mlp; MoE layers have one shared expert of
+    # intermediate_size and a sigmoid top-k router.
+    t = c
+    if "text_config" in c.data:
+        tc = c.data["text_config"]
+        if not isinstance(tc, dict):
+            raise c._err("text_config", "expected an object")
+        t = _Cfg(tc, c.source, c.family, "text_config.")
+    out = _base(t)
+    n = out["num_layers"]
+    step = t.get("interleave_moe_layer_step", default=1)
+    moe_layers = t.get("moe_layers", list, default=list(range(step - 1, n, step)))
+    mask = [i in set(moe_layers) for i in range(n)]
+    dense, every = _fit_layer_pattern(mask, t, "moe_layers")
+    moe = _moe_block(t, t.get("num_local_experts"), t.get("num_experts_per_tok"), t.get("intermediate_size"),
+                     every, shared_experts=1, router="sigmoid")
+    out = _with_layers(out, moe, dense, t, "intermediate_size_mlp")
+    # the multimodal config keeps tie_word_embeddings at the top level
+    out["tied_embeddings"] = t.get("tie_word_embeddings", bool, default=_tied(c, False))
+    return out
+
+
+_FAMILIES: dict[str, Callable[[_Cfg], dict]] = {
+    "mixtral": _mixtral,
+    "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
+    "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
+    "llama": _llama,
+    "gpt_oss": _gpt_oss,
+    "llama4": _llama4, "llama4_text": _llama4,
+}
+_ARCHITECTURES = {
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+    "LlamaForCausalLM": "llama",
+    "GptOssForCausalLM": "gpt_oss",
+    "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text",
+}
+
+
+def _family(cfg: dict, source: str) -> str:
+    mt = cfg.get("model_type")
+    if isinstance(mt, str) and mt in _FAMILIES:
+        return mt
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and archs and archs[0] in _ARCHITECTURES:
+        return _ARCHITECTURES[archs[0]]
+    supported = ", ".join(sorted(_FAMILIES))
+    if mt is None and not archs:
+        raise SpecError(source, "model_type", f"required field is missing (supported: {supported})")
+    got = mt if mt is not None else archs
+    raise SpecError(source, "model_type", f"unsupported model {got!r} (supported: {supported})")
+
+
+def _name(cfg: dict, source: str) -> str:
+    p = Path(source)
+    if p.stem and p.stem != "config":
+        return p.stem
+    if p.parent.name:
+        return p.parent.name
+    n = cfg.get("_name_or_path")
+    return n.rsplit("/", 1)[-1] if isinstance(n, str) and n else "hf-model"
+
+
+def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
+    """A ModelSpec from a parsed HF config.json; `source` names the file in errors and in
+    the spec's `source` field. seq_len keeps ModelSpec's default (4096): a config's
+    max_position_embeddings is the longest context, not a training length."""
+    if not isinstance(cfg, dict):
+        raise SpecError(source, "<root>", "expected a JSON object (a Hugging Face config.json)")
+    family = _family(cfg, source)
+    fields = _FAMILIES[family](_Cfg(cfg, source, family))
+    fields.update(name=_name(cfg, source), source=f"HF config.json {source} ({family})")
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as e:
+        raise from_validation(source, e) from None
