@@ -22,7 +22,7 @@ import click
 import yaml
 
 from .calibrate_bench import BenchPlan, make_plan, run_benchmarks
-from .calibrate_fit import best_rates, fit_comm, fit_compute, split_comm, split_compute
+from .calibrate_fit import best_rates, fit_comm, fit_compute, proposals, split_comm, split_compute
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse
@@ -49,7 +49,8 @@ def ram_gib() -> float:
 
 def _model_tokens(name: str) -> set[str]:
     """Model-number tokens of a device name ('NVIDIA H100 80GB HBM3' -> {'H100', 'HBM3'})."""
-    return {t for t in re.findall(r"[A-Z0-9]+", name.upper()) if re.search(r"\d", t) and not t.endswith("GB")}
+    return {t for t in re.findall(r"[A-Z0-9]+", name.upper())
+            if re.search(r"\d", t) and re.search(r"[A-Z]", t) and not t.endswith("GB")}
 
 
 def match_bundled(device_name: str) -> str | None:
@@ -102,7 +103,7 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
     d["source"] = (f"measured by `piper-plan calibrate` {stamp} on {device['name']} with {ranks} local rank(s) "
                    f"(torch {device['torch']}); {record}; fields not measured come from hardware spec '{base.name}'")
     acc = d["accelerator"]
-    peaks = comp["peak_tflops"] if datasheet else {k: v for k, v in comp["peak_tflops"].items()}
+    peaks = comp["peak_tflops"]
     acc.update(peak_tflops=peaks, memory_bandwidth_gbps=round(comp["memory_bandwidth_gbps"], 4))
     if datasheet:
         acc["source"] = (acc.get("source", "") + f"; calibrate {stamp}: datasheet peaks kept"
@@ -123,7 +124,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
     clip = "; attention rate exceeded the bf16 peak, clipped to 1" if comp.get("attention_clipped") else ""
     eff["source"] = (f"fitted {stamp} by scipy least_squares on log time against piper_plan.cost.kernels "
                      f"(gemm_time, stream_time, flash_attention_time; causal SDPA forward counted as "
-                     f"2·b·h·s²·d FLOPs); model error median/max: {_pct(comp_res)}{clip}")
+                     f"2·b·h·s²·d FLOPs); model error median/max: {_pct(comp_res)}{clip}"
+                     " (grouped_*: grouped GEMMs, held out of the fit)")
     if comm is not None:
         eff["comm"] = round(comm["comm"], 4)
         eff["source"] += f"; comm from the α-β fit of the node level ({_pct(comm_res)})"
@@ -195,7 +197,9 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
               name: str | None, timeout: float, plan: BenchPlan | None = None, show_progress: bool = True) -> dict:
     """Measure, fit, write. Returns {'spec', 'yaml', 'record', 'wall_s'}; raises PiperError."""
     t0 = time.monotonic()
+    hw = load_hardware(base) if base else None  # a bad --base fails before torch loads
     dev = _device(device)
+    dev["loadavg_before"] = os.getloadavg()
     if dev["kind"] == "cuda":
         ranks = ranks or dev["count"]
         if ranks > dev["count"]:
@@ -207,7 +211,7 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
         dev["accelerator_name"] = (f"CPU rank (1/{ranks} of a {dev['cores']}-core {dev['name']}, "
                                    f"{ranks} ranks per machine)")
         dev["memory_gib"] = max(0.1, (dev["ram_gib"] - OS_RESERVE_GIB) / ranks)
-    hw = load_hardware(base)
+    hw = hw or load_hardware(base)
     # a CUDA device matched to a bundled data sheet keeps its peaks; a CPU rank has none
     datasheet = dev["kind"] == "cuda" and base != "cpu-local" and bool(_model_tokens(dev["name"])
                                                                        & _model_tokens(hw.accelerator.name))
@@ -229,6 +233,7 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
         meas = run_benchmarks(plan, ranks, dev["kind"], timeout_s=timeout)
         fit = _fit(hw, meas, plan, dev, datasheet, ranks)
 
+    dev["loadavg_after"] = os.getloadavg()
     stamp = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     rec_path = out.with_name(out.stem + ".calibration.json") if out else None
     record = (f"measurements, fit and residuals in {rec_path.name} beside this file" if rec_path
@@ -240,13 +245,16 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
     wall = time.monotonic() - t0
     header = [f"{name}: calibrated by `piper-plan calibrate{' --quick' if kind == 'quick' else ''}` at {stamp} "
               f"in {wall:.0f} s ({ranks} rank(s), {dev['kind']}, base '{hw.name}')",
-              "fit error |model/measured − 1| by family, median/max: " + _pct(residuals)]
+              "fit error |model/measured − 1| by family, median/max: " + _pct(residuals),
+              f"1-min load average before the run: {dev['loadavg_before'][0]:.2f} on {dev['cores']} cores "
+              "(other processes sharing the CPU lower and scatter the rates)"]
     text = to_yaml(spec, header)
     rec = {"timestamp": stamp, "wall_s": round(wall, 2), "argv": sys.argv, "ranks": ranks, "base": hw.name,
            "device": dev, "plan": asdict(plan), "measurements": meas, "residuals": residuals,
            "fit": {"compute_rates": asdict(fit["compute"].rates), "tile_costs": fit["compute"].tile_costs,
                    "comm": asdict(fit["comm"]) if fit["comm"] else None, "split": fit["comp"],
                    "comm_split": fit["comm_split"], "datasheet_mode": datasheet},
+           "proposals": fit["proposals"],
            "spec": spec.model_dump(mode="json")}
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -257,6 +265,9 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
         load_hardware(str(out))  # the file as written must load
     if show_progress:
         _summary(spec, residuals, wall)
+        if dev["kind"] == "cpu" and dev["loadavg_before"][0] > 0.5 * dev["cores"]:
+            click.echo(f"warning: load average {dev['loadavg_before'][0]:.1f} on {dev['cores']} cores before the "
+                       "run: other processes shared the CPU, so the rates are low and noisy", err=True)
     return {"spec": spec, "yaml": text, "record": rec, "wall_s": wall}
 
 
@@ -269,7 +280,7 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
     ds = (hw.accelerator.peak_tflops, hw.accelerator.memory_bandwidth_gbps) if datasheet else None
     comp = split_compute(comp_fit.rates, best_rates(meas), ds, plan.attn_dtype)
     comm_fit = fit_comm(meas["comm"]) if meas.get("comm") else None
-    return {"compute": comp_fit, "comp": comp, "comm": comm_fit,
+    return {"compute": comp_fit, "comp": comp, "comm": comm_fit, "proposals": proposals(hw, comp_fit, meas, tiles),
             "comm_split": split_comm(comm_fit, meas["comm"]) if comm_fit else None}
 
 

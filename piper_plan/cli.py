@@ -167,5 +167,221 @@ def estimate(as_json, output, **kw):
     report.show(report.estimate_tables(row, title))
 
 
+# ---- search ---------------------------------------------------------------------------
+def search_options(fn):
+    opts = [
+        click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
+        click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
+        click.option("--global-batch", type=int, default=None, help="sequences per step (default 4M tokens' worth)"),
+        click.option("--seq", type=int, default=None, help="sequence length (default: the model's)"),
+        click.option("--routing", default="uniform", show_default=True, help="uniform | zipf[:s] | metrics.jsonl"),
+        click.option("--a2a", type=click.Choice(["flat", "halo", "auto"]), default="auto", show_default=True),
+        click.option("--migration/--no-migration", default=False, show_default=True),
+        click.option("--headroom-gib", type=float, default=0.0, show_default=True,
+                     help="memory kept free on top of the hardware's reserve"),
+        click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
+        click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
+        click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _space(kw, model, gpus):
+    from .search import SearchSpace
+
+    seq = kw["seq"] or model.seq_len
+    gbs = kw["global_batch"] or max(1, (4 * 2**20) // seq)
+    a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
+    return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
+                       schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
+                       ep_in_domain=kw["ep_in_domain"])
+
+
+def _load_for_search(kw):
+    from .errors import SpecError
+    from .evaluate import parse_routing
+    from .specs import load_hardware, load_model
+
+    model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
+    if kw["ep_in_domain"] and kw["ep_in_domain"] not in [lv.name for lv in hw.topology]:
+        raise SpecError(kw["hardware"], "topology", f"no level named {kw['ep_in_domain']!r} for --ep-in-domain")
+    bad = [s for s in kw["schedules"].split(",") if s.strip() and s.strip() not in
+           ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")]
+    if bad:
+        raise SpecError("--schedules", bad[0], "expected gpipe, 1f1b, interleaved, zbv or dualpipev")
+    routing = parse_routing(kw["routing"])
+    routing.balanced = kw["migration"]
+    return model, hw, routing
+
+
+@main.command("search")
+@search_options
+@click.option("--gpus", "-n", type=int, required=True)
+@click.option("--objective", type=click.Choice(["throughput", "mfu", "memory"]), default="throughput", show_default=True)
+@click.option("--top", "top_k", type=int, default=10, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the best layout as plan.json")
+@one_line_errors
+def search_cmd(gpus, objective, top_k, as_json, output, **kw):
+    """Find the best layouts for a model on N GPUs of a machine."""
+    import time
+
+    from . import report
+    from .evaluate import build_plan
+    from .plan import Migration, write_plan
+    from .search import diagnose, search
+
+    t0 = time.perf_counter()
+    model, hw, routing = _load_for_search(kw)
+    sp = _space(kw, model, gpus)
+    res = search(model, hw, sp, routing, objective, kw["headroom_gib"])
+    wall = time.perf_counter() - t0
+    rows = []
+    for i in res.order[:top_k]:
+        r = res.est.row(int(i))
+        r["layout"] = res.batch.layout(int(i)).model_dump()
+        r["dominant"] = str(res.est.dominant()[int(i)])
+        rows.append(r)
+    why = [] if rows else diagnose(model, hw, sp, res, routing, kw["headroom_gib"])
+    if output and rows:
+        i = res.best
+        write_plan(build_plan(model, hw, res.batch.layout(i), res.est, i, routing,
+                              Migration(enabled=kw["migration"])), output)
+    if as_json:
+        click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
+                               "wall_s": wall, "top": rows, "infeasible": why}, indent=2))
+    else:
+        report.show([report.search_table(rows, f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts "
+                                               f"evaluated in {wall:.2f} s, {len(res.order):,} fit")])
+        report.show_rejections(res.rejected, why)
+        if output and rows:
+            click.echo(f"wrote {output}")
+    if not rows:
+        sys.exit(1)
+
+
+@main.command("show")
+@click.argument("plan_path", type=click.Path(dir_okay=False))
+@one_line_errors
+def show_plan(plan_path):
+    """Render a plan.json."""
+    from . import report
+    from .plan import read_plan
+
+    report.show(report.plan_tables(read_plan(plan_path)))
+
+
+@main.command("schema")
+def schema_cmd():
+    """Print plan.json's JSON Schema."""
+    from .plan import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+@main.command("sweep")
+@search_options
+@click.option("--gpus", "-n", required=True, help="comma-separated GPU counts, e.g. 256,512,1024")
+@click.option("--vary", multiple=True, help="FIELD=v1,v2 (dotted hardware path or alias nic_gbps, hbm_gib, ...)")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the table as CSV")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the table as JSON")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG of throughput and MFU")
+@one_line_errors
+def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
+    """What-if: best plan per hardware scenario and GPU count."""
+    import csv
+    import io
+
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from . import report
+    from .errors import SpecError
+    from .plan import atomic_write_text
+    from .sweep import plot, run_sweep, parse_vary
+
+    model, hw, routing = _load_for_search(kw)
+    try:
+        counts = [int(x) for x in gpus.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError("--gpus", gpus, "expected comma-separated integers") from None
+    vary_d = parse_vary(list(vary))
+    space = _space(kw, model, counts[0])
+    n = len(counts)
+    for v in vary_d.values():
+        n *= len(v)
+    with Progress(transient=True, disable=n < 4) as prog:
+        task = prog.add_task("sweeping", total=n)
+        rows = run_sweep(model, hw, counts, vary_d, space, routing, lambda: prog.advance(task))
+    keys = ["gpus", *vary_d]
+    t = Table(title=f"{model.name} on {hw.name}: best plan per scenario")
+    for c in keys + ["tokens/s", "MFU", "layout"]:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[f"{r[k]:g}" for k in keys], f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}", r["layout"])
+    report.show([t])
+    if csv_path:
+        buf = io.StringIO()
+        fields = sorted({k for r in rows for k in r}, key=lambda k: (k not in keys, k))
+        w = csv.DictWriter(buf, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+        atomic_write_text(csv_path, buf.getvalue())
+    if json_path:
+        atomic_write_text(json_path, json.dumps(rows, indent=2))
+    if plot_path:
+        plot(rows, list(vary_d), plot_path)
+
+
+@main.command("validate")
+@click.option("--group", default=None, help="only this group (e.g. narayanan2021-table1)")
+@click.option("--json", "as_json", is_flag=True)
+@one_line_errors
+def validate_cmd(group, as_json):
+    """Predicted vs published measurements, with errors per group."""
+    from rich.table import Table
+
+    from . import report
+    from .validate import run, summary
+
+    res = run(group)
+    summ = summary(res)
+    if as_json:
+        click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ}, indent=2))
+        return
+    t = Table(title="predicted vs published")
+    for c in ("id", "metric", "published", "predicted", "error", "layout"):
+        t.add_column(c)
+    for r in res:
+        t.add_row(r.id, r.metric, f"{r.published:g}", f"{r.predicted:.4g}", f"{r.error_pct:+.1f}%", r.layout)
+    g = Table(title="per group (out-of-sample)")
+    for c in ("group", "rows", "MAPE", "max |err|", "Kendall tau"):
+        g.add_column(c)
+    for name, d in summ["groups"].items():
+        g.add_row(name, str(d["rows"]), f"{d['mape']:.1f}%", f"{d['max_abs_pct']:.1f}%",
+                  ", ".join(f"{k} {v:.2f}" for k, v in d.get("kendall_tau", {}).items()))
+    k = Table(title="against the targets")
+    for c in ("kind", "rows", "MAPE", "target", "max |err|", "target"):
+        k.add_column(c)
+    for name, d in summ["kinds"].items():
+        k.add_row(name, str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%", f"{d['max_abs_pct']:.1f}%",
+                  f"≤{d['target_max']:g}%")
+    report.show([t, g, k])
+    for size, d in summ["fig13_ratio"].items():
+        click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
+
+
+def _register_optional():
+    try:
+        from .calibrate import calibrate_cmd
+    except ImportError:  # calibrate lands with its own issue
+        return
+    main.add_command(calibrate_cmd, "calibrate")
+
+
+_register_optional()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

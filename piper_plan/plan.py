@@ -88,12 +88,16 @@ def spec_hash(spec: BaseModel) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write via a temp file in the same folder and os.replace: a failed write leaves the old file whole."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)

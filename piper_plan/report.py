@@ -7,7 +7,10 @@ from rich.table import Table
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
-console = Console()
+import sys
+
+# wide tables when piped (CI logs, files); the terminal width otherwise
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _b(x: float) -> str:
@@ -118,3 +121,50 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
 def show(tables) -> None:
     for t in tables:
         console.print(t)
+
+
+def layout_str(lay: dict) -> str:
+    s = f"tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} ep{lay['ep']} mbs{lay['mbs']} {lay['schedule']}"
+    if lay["vpp"] > 1:
+        s += f" v{lay['vpp']}"
+    return s + f" rc={lay['recompute']} z{lay['zero']}" + (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
+        (" spread" if lay.get("placement") == "spread" else "")
+
+
+def search_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    for c in ("#", "layout", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "worst stage GiB", "dominant"):
+        t.add_column(c, justify="left" if c in ("layout", "dominant") else "right")
+    for k, r in enumerate(rows, 1):
+        t.add_row(str(k), layout_str(r["layout"]), f"{r['step_time_s']:.3g}", f"{r['tokens_per_s']:,.0f}",
+                  f"{r['tflops_per_gpu']:.1f}", f"{r['mfu']:.1%}", f"{r['peak_memory_gib']:.1f}", r["dominant"])
+    return t
+
+
+def show_rejections(rejected: dict, why: list[str]) -> None:
+    if rejected:
+        t = Table(title="rejected candidates")
+        t.add_column("rule")
+        t.add_column("count", justify="right")
+        for k, v in sorted(rejected.items(), key=lambda kv: -kv[1]):
+            t.add_row(k, f"{v:,}")
+        console.print(t)
+    for line in why:
+        console.print(f"[bold red]•[/] {line}")
+
+
+def plan_tables(plan) -> list[Table]:
+    lay = plan.layout.model_dump()
+    t = Table(title=f"plan: {plan.model.name} on {plan.layout.gpus} × {plan.hardware.name} (schema {plan.schema_version})")
+    t.add_column("field")
+    t.add_column("value")
+    t.add_row("layout", layout_str(lay))
+    t.add_row("global batch / seq / micro-batches", f"{plan.layout.global_batch} / {plan.layout.seq} / {plan.layout.microbatches}")
+    t.add_row("routing", plan.routing.distribution + (f" s={plan.routing.zipf_s}" if plan.routing.distribution == "zipf" else ""))
+    t.add_row("migration", "on" if plan.migration.enabled else "off")
+    t.add_row("partition (layers per chunk)", " ".join(str(len(c)) for c in plan.partition))
+    t.add_row("model / hardware hash", f"{plan.model_hash} / {plan.hardware_hash}")
+    out = [t]
+    if plan.predicted:
+        out += estimate_tables({**plan.predicted.model_dump(), "imbalance": float("nan")}, "predicted")
+    return out

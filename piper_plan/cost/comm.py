@@ -24,10 +24,10 @@ from ..specs.hardware import HardwareSpec
 
 def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
     """Members of the group inside one domain of each level around a rank: [levels, ...]."""
-    n = np.asarray(n)
-    stride = np.asarray(stride)
+    n, stride = np.broadcast_arrays(np.asarray(n), np.asarray(stride))
     sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * n.ndim)
     c = np.minimum(n, np.maximum(1, sizes // np.maximum(stride, 1)))
+    c = np.array(c)
     c[-1] = n  # the top level holds the whole group
     return c
 

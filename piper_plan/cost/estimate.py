@@ -92,11 +92,16 @@ def _a2a(hw, lay, nbytes):
 
 
 def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing | None = None,
-             headroom_gib: float = 0.0) -> Estimate:
+             headroom_gib: float = 0.0, compute_dtype: str | None = None) -> Estimate:
+    """compute_dtype: GEMM precision (default from the activation bytes: fp32 or bf16; 'fp8'
+    runs GEMMs at the fp8 peak with bf16 activations). MFU is always against the bf16 peak
+    (or fp32 for fp32 runs)."""
     routing = routing or Routing()
     dtype = "fp32" if int(lay.act_bytes.max()) == 4 else "bf16"
     if dtype == "fp32" and "fp32" not in hw.accelerator.peak_tflops:
         dtype = "bf16"
+    mfu_dtype = dtype
+    dtype = compute_dtype or dtype
     eb = lay.act_bytes.astype(float)
     tp = lay.tp.astype(float)
     t = (lay.mbs * lay.seq).astype(float)
@@ -252,7 +257,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     gpus = lay.gpus.astype(float)
     tflops = model_flops / step / gpus / 1e12
     hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
-    mfu = tflops * 1e12 / hw.peak_flops(dtype)
+    mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
 
     layers_in_pipe = np.where(pp1, 1.0, 1.0)
     a2a_step = M * pick(lambda r: a2a_per_mb[r]) * layers_in_pipe

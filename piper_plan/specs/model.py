@@ -68,6 +68,7 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = False
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     linear_bias: bool = Field(False, description="biases on attention/FFN linears (GPT-2/Megatron GPT)")
+    learned_positions: bool = Field(False, description="learned absolute position table of seq_len × hidden (Megatron GPT)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -75,6 +76,8 @@ class ModelSpec(_Strict):
             raise ValueError("a dense model needs ffn_size > 0")
         if self.moe is not None and self.dense_layers > 0 and self.ffn_size == 0:
             raise ValueError("dense_layers > 0 needs ffn_size > 0")
+        if self.moe is not None and self.moe.every > 1 and self.ffn_size == 0:
+            raise ValueError("moe.every > 1 interleaves dense layers, which need ffn_size > 0")
         if self.dense_layers > self.num_layers:
             raise ValueError("dense_layers exceeds num_layers")
         kv = self.num_kv_heads or self.num_heads
@@ -189,7 +192,7 @@ class ModelSpec(_Strict):
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
+        return (self.vocab_size + self.seq_len * self.learned_positions) * self.hidden_size
 
     @property
     def lm_head_params(self) -> int:
@@ -205,8 +208,8 @@ class ModelSpec(_Strict):
 
     @property
     def active_params(self) -> int:
-        """Parameters touched by one token: top-k of the routed experts (embedding included,
-        as Mixtral and DeepSeek count it)."""
+        """Parameters touched by one token: top-k of the routed experts, embedding included
+        (Mistral, Qwen and Meta count it so; DeepSeek and OpenAI leave the input embedding out)."""
         act_moe = 0 if self.moe is None else self.moe.top_k * self.expert_params
         return (
             self.num_dense_layers * self.dense_layer_params

@@ -1,0 +1,215 @@
+"""Enumerate every layout for N GPUs, evaluate all of them at once, rank, explain rejections.
+
+Candidates are built as numpy columns (a cartesian product filtered by the layout rules),
+then `cost.estimate.evaluate` prices them in one vectorised call — no Python loop per
+candidate. Rejections are counted by the rule that removed them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cost.batch import LayoutBatch
+from .cost.estimate import Estimate, Routing, evaluate
+from .specs.hardware import HardwareSpec
+from .specs.model import ModelSpec
+
+MBS_CHOICES = (1, 2, 4, 8, 16)
+VPP_INTERLEAVED = (2, 4)
+OBJECTIVES = ("throughput", "mfu", "memory")
+
+
+@dataclass
+class SearchSpace:
+    gpus: int
+    global_batch: int
+    seq: int
+    dtype: str = "bf16"
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
+    recomputes: tuple[str, ...] = ("none", "selective", "full")
+    zeros: tuple[int, ...] = (0, 1, 2, 3)
+    a2as: tuple[str, ...] = ("flat", "halo")
+    placements: tuple[str, ...] = ("packed", "spread")
+    mbs: tuple[int, ...] = MBS_CHOICES
+    tps: tuple[int, ...] | None = None
+    pps: tuple[int, ...] | None = None
+    eps: tuple[int, ...] | None = None
+    ep_in_domain: str | None = None  # name of a topology level the EP group must stay inside
+    attention_kernel: str = "flash"
+
+
+@dataclass
+class SearchResult:
+    batch: LayoutBatch
+    est: Estimate
+    order: np.ndarray           # indices of fitting candidates, best first
+    rejected: dict[str, int] = field(default_factory=dict)
+    evaluated: int = 0
+
+    @property
+    def best(self) -> int | None:
+        return int(self.order[0]) if len(self.order) else None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[LayoutBatch, dict[str, int]]:
+    """All candidate layouts as columns, and how many were dropped by each rule."""
+    from .cost.batch import A2AS, PLACEMENTS, DTYPE_BYTES
+    from .layout import RECOMPUTES, SCHEDULES
+
+    N = sp.gpus
+    rejected: dict[str, int] = {}
+    E = m.moe.num_experts if m.moe else 1
+    tps = [t for t in (sp.tps or _divisors(min(N, hw.gpus_per_node))) if N % t == 0]
+    tps = [t for t in tps if m.num_heads % t == 0 and (m.kv_heads % t == 0 or t % m.kv_heads == 0)]
+    # (tp, pp, ep) triples
+    tri = []
+    for tp in tps:
+        for pp in (sp.pps or _divisors(N // tp)):
+            if (N // tp) % pp or pp > m.num_layers:
+                continue
+            dp = N // (tp * pp)
+            for ep in (sp.eps or _divisors(E)):
+                if E % ep or (dp * tp) % ep or (m.moe is None and ep > 1):
+                    continue
+                tri.append((tp, pp, dp, ep))
+    if not tri:
+        return None, {"no (tp, pp, ep) satisfies tp*pp*dp == gpus, ep | experts, ep | dp*tp, pp <= layers": 1}
+    tri = np.array(tri)
+    # schedule variants: (sched index, vpp)
+    sched = []
+    for s in sp.schedules:
+        i = SCHEDULES.index(s)
+        if s in ("gpipe", "1f1b"):
+            sched.append((i, 1))
+        elif s == "interleaved":
+            sched += [(i, v) for v in VPP_INTERLEAVED]
+        else:
+            sched.append((i, 2))
+    sched = np.array(sched)
+    rc = np.array([RECOMPUTES.index(r) for r in sp.recomputes])
+    zs = np.array(sp.zeros)
+    a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
+    pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
+    mb = np.array(sp.mbs)
+    grids = np.meshgrid(np.arange(len(tri)), np.arange(len(sched)), np.arange(len(mb)), np.arange(len(rc)),
+                        np.arange(len(zs)), np.arange(len(a2)), np.arange(len(pl)), indexing="ij")
+    ti, si, mi, ri, zi, ai, pi = (g.ravel() for g in grids)
+    tp, pp, dp, ep = tri[ti].T
+    s_idx, vpp = sched[si].T
+    mbs = mb[mi]
+    total = len(ti)
+    keep = np.ones(total, bool)
+
+    def rule(name, bad):
+        nonlocal keep
+        n = int((keep & bad).sum())
+        if n:
+            rejected[name] = rejected.get(name, 0) + n
+        keep &= ~bad
+
+    gbs = sp.global_batch
+    rule("global batch not divisible by dp*mbs", gbs % (dp * mbs) != 0)
+    M = np.where(keep, gbs // np.maximum(dp * mbs, 1), 0)
+    pipelined = pp > 1
+    # with one stage the schedule, vpp and placement-free choices collapse to one
+    rule("duplicate (pp=1 needs no pipeline schedule)", ~pipelined & ((s_idx != 1) | (vpp != 1)))
+    rule("pp*vpp > layers", pp * vpp > m.num_layers)
+    rule("micro-batches < pp", pipelined & (s_idx >= 1) & (M < pp))
+    rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
+    rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
+    rule("zero 3 with pp > 1", (zs[zi] == 3) & pipelined)
+    moe_ep = (m.moe is not None) & (ep > 1)
+    rule("duplicate (a2a choice without expert parallelism)", ~moe_ep & (a2[ai] != 0))
+    rule("duplicate (placement choice when ep == dp*tp or ep == 1)", ((ep == dp * tp) | (ep == 1)) & (pl[pi] != 0))
+    # HALO only differs from flat when the EP group spans nodes
+    stride = np.where(pl[pi] == 0, 1, dp * tp // np.maximum(ep, 1))
+    spans_nodes = ep * stride > hw.gpus_per_node
+    rule("duplicate (halo inside one node equals flat)", (a2[ai] == 1) & ~spans_nodes)
+    if sp.ep_in_domain:
+        sizes = {lv.name: lv.size for lv in hw.topology}
+        rule(f"EP group leaves the {sp.ep_in_domain} domain", ep * stride > sizes[sp.ep_in_domain])
+    idx = np.nonzero(keep)[0]
+    n = len(idx)
+    eb = DTYPE_BYTES[sp.dtype]
+    batch = LayoutBatch(
+        gpus=np.full(n, N), tp=tp[idx], pp=pp[idx], dp=dp[idx], ep=ep[idx], vpp=vpp[idx], mbs=mbs[idx],
+        gbs=np.full(n, gbs), seq=np.full(n, sp.seq), sched=s_idx[idx], recompute=rc[ri[idx]],
+        sp=tp[idx] > 1, zero=zs[zi[idx]], a2a=a2[ai[idx]], placement=pl[pi[idx]],
+        eager=np.full(n, sp.attention_kernel == "eager"), dropout=np.zeros(n, bool), overlap=np.ones(n, bool),
+        act_bytes=np.full(n, eb), grad_bytes=np.full(n, 4))
+    return batch, rejected
+
+
+def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,
+           objective: str = "throughput", headroom_gib: float = 0.0) -> SearchResult:
+    batch, rejected = enumerate_layouts(m, hw, sp)
+    if batch is None or len(batch) == 0:
+        return SearchResult(batch, None, np.array([], int), rejected, 0)
+    est = evaluate(m, hw, batch, routing, headroom_gib)
+    fits = est.fits
+    n_mem = int((~fits).sum())
+    if n_mem:
+        rejected["worst stage exceeds device memory"] = n_mem
+    key = {"throughput": -est.tokens_per_s, "mfu": -est.mfu, "memory": est.peak_memory_gib}[objective]
+    # deterministic: objective, then fewer pipeline stages, then smaller tp
+    order = np.lexsort((batch.tp, batch.pp, key))
+    order = order[fits[order]]
+    return SearchResult(batch, est, order, rejected, len(batch))
+
+
+def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult, routing: Routing | None = None,
+             headroom_gib: float = 0.0) -> list[str]:
+    """Why nothing fits, and what would make it fit — each line computed from the model."""
+    from dataclasses import replace
+
+    lines = []
+    if res.est is None:
+        top = sorted(res.rejected.items(), key=lambda kv: -kv[1])
+        lines.append(f"no layout of {sp.gpus} GPUs satisfies the layout rules; removed by: "
+                     + "; ".join(f"{k} ({v})" for k, v in top))
+        if any("global batch" in k for k in res.rejected):
+            ok = [d for d in _divisors(sp.gpus) if sp.global_batch % d == 0]
+            lines.append(f"global batch {sp.global_batch} splits over dp in {ok} only; use a multiple of "
+                         f"{sp.gpus} sequences for full data parallelism")
+        return lines
+    est = res.est
+    i = int(np.argmin(est.peak_memory_gib))
+    lay = res.batch.layout(i)
+    row = est.row(i)
+    worst = max(row["memory_gib_per_stage"], key=lambda d: d["total"])
+    comps = sorted(((k, v) for k, v in worst.items() if k not in ("stage", "role", "total")), key=lambda kv: -kv[1])
+    avail = hw.accelerator.memory_gib - headroom_gib
+    lines.append(f"nothing fits: the leanest layout (tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} "
+                 f"{lay.schedule} recompute={lay.recompute} zero{lay.zero}) needs {row['peak_memory_gib']:.1f} GiB on "
+                 f"stage {worst['stage']}, {avail:.1f} GiB available; largest parts: "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in comps[:3]))
+    states = sum(worst[k] for k in ("weights", "grads", "master", "optimizer"))
+    if states > avail:
+        lines.append(f"parameter + optimizer state alone is {states:.1f} GiB per GPU: only more GPUs "
+                     "(more pipeline/expert sharding) can fix that")
+    for f in (2, 4, 8, 16, 32, 64):
+        n2 = sp.gpus * f
+        if hw.max_gpus and n2 > hw.max_gpus:
+            break
+        r2 = search(m, hw, replace(sp, gpus=n2, global_batch=max(sp.global_batch, n2)), routing, "throughput",
+                    headroom_gib)
+        if r2.best is not None:
+            lines.append(f"fits with {n2} GPUs ({n2 - sp.gpus} more), best {r2.est.tokens_per_s[r2.best]:,.0f} tokens/s")
+            break
+    else:
+        lines.append(f"no fit up to {sp.gpus * 64} GPUs")
+    if states <= avail:
+        for div in (2, 4, 8):
+            if sp.seq // div < 128:
+                break
+            r3 = search(m, hw, replace(sp, seq=sp.seq // div, global_batch=sp.global_batch * div), routing,
+                        "throughput", headroom_gib)
+            if r3.best is not None:
+                lines.append(f"fits with sequence length {sp.seq // div} (same tokens per step): activations "
+                             "shrink with fewer tokens per micro-batch")
+                break
+    return lines

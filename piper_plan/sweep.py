@@ -1,0 +1,120 @@
+"""What-if sweeps: vary numeric hardware fields (dotted paths) and GPU counts, best plan each.
+
+`--vary network.nic_gbps=12.5,25,50` sets that field of the hardware spec; short aliases
+cover the common ones (nic_gbps, hbm_gib, peak_bf16, hbm_gbps). Every scenario re-runs
+the full search, so the table shows the best layout under that hardware."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+from .errors import SpecError
+from .search import SearchSpace, search
+from .specs.hardware import HardwareSpec
+from .specs.registry import parse
+
+ALIASES = {
+    "nic_gbps": "network.nic_gbps",
+    "hbm_gib": "accelerator.memory_gib",
+    "memory_gib": "accelerator.memory_gib",
+    "hbm_gbps": "accelerator.memory_bandwidth_gbps",
+    "peak_bf16": "accelerator.peak_tflops.bf16",
+    "gemm_eff": "efficiency.gemm",
+}
+
+
+def parse_vary(items: list[str]) -> dict[str, list[float]]:
+    out = {}
+    for it in items:
+        key, eq, vals = it.partition("=")
+        if not eq or not vals:
+            raise SpecError("--vary", it, "expected FIELD=v1,v2,... (e.g. nic_gbps=12.5,25,50)")
+        try:
+            out[ALIASES.get(key, key)] = [float(v) for v in vals.split(",")]
+        except ValueError:
+            raise SpecError("--vary", key, f"values must be numbers, got {vals!r}") from None
+    return out
+
+
+def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
+    """A copy of the spec with one numeric field (dotted path; list items by index) set."""
+    data = hw.model_dump()
+    node, parts = data, path.split(".")
+    try:
+        for p in parts[:-1]:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        last = parts[-1]
+        key = int(last) if isinstance(node, list) else last
+        old = node[key]
+    except (KeyError, IndexError, ValueError, TypeError):
+        raise SpecError(hw.name, path, "no such field in the hardware spec") from None
+    if not isinstance(old, (int, float)) or isinstance(old, bool):
+        raise SpecError(hw.name, path, f"not a numeric field (holds {type(old).__name__})")
+    node[key] = type(old)(value) if isinstance(old, int) and float(value).is_integer() else value
+    return parse(HardwareSpec, data, f"{hw.name} with {path}={value:g}")
+
+
+def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[float]], space: SearchSpace,
+              routing=None, progress=None) -> list[dict]:
+    """One row per (gpus × varied values) scenario with the best plan found."""
+    keys = list(vary)
+    combos = list(itertools.product(gpus, *[vary[k] for k in keys]))
+    rows = []
+    for combo in combos:
+        n, vals = combo[0], combo[1:]
+        h = hw
+        for k, v in zip(keys, vals):
+            h = set_field(h, k, v)
+        gbs = max(space.global_batch, n) // n * n if space.global_batch % n else space.global_batch
+        res = search(model, h, replace(space, gpus=n, global_batch=gbs), routing)
+        row = {"gpus": n, **dict(zip(keys, vals))}
+        if res.best is None:
+            row.update(fits=False, tokens_per_s=0.0, mfu=0.0, tflops_per_gpu=0.0, layout="nothing fits")
+        else:
+            i = res.best
+            lay = res.batch.layout(i)
+            row.update(fits=True, tokens_per_s=float(res.est.tokens_per_s[i]), mfu=float(res.est.mfu[i]),
+                       tflops_per_gpu=float(res.est.tflops_per_gpu[i]), step_time_s=float(res.est.step_time_s[i]),
+                       peak_memory_gib=float(res.est.peak_memory_gib[i]),
+                       layout=f"tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} {lay.schedule} "
+                              f"rc={lay.recompute} z{lay.zero} {lay.a2a}")
+        rows.append(row)
+        if progress:
+            progress()
+    return rows
+
+
+def plot(rows: list[dict], keys: list[str], path: str) -> None:
+    """Throughput and MFU against the varied parameter(s), one line per GPU count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x_key = keys[0] if keys else "gpus"
+    others = [k for k in (["gpus"] + keys) if k != x_key]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    groups = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in others), []).append(r)
+    for g, rs in groups.items():
+        rs = sorted(rs, key=lambda r: r[x_key])
+        label = ", ".join(f"{k}={v:g}" for k, v in zip(others, g)) or None
+        axes[0].plot([r[x_key] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", label=label)
+        axes[1].plot([r[x_key] for r in rs], [100 * r["mfu"] for r in rs], marker="o", label=label)
+    axes[0].set_ylabel("tokens / s (best plan)")
+    axes[1].set_ylabel("MFU %")
+    for ax in axes:
+        ax.set_xlabel(x_key)
+        ax.grid(alpha=0.3)
+    if len(groups) > 1:
+        axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    from .plan import atomic_write_bytes
+
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,143 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP), keyed by logical names.
+
+Layout of DIR:  step_00000004/ (a DCP checkpoint + meta.json),  latest (text: the folder
+name). Keys: "model.<name>" and "optim.<name>.<exp_avg|exp_avg_sq|step>", where routed
+expert weights are split per logical expert ("layers.3.moe.experts.5.w_in"), so a later
+re-placement -- or another layout altogether -- loads them. Replicated tensors are written
+once (DCP de-duplicates equal keys); ZeRO-1 state is written by its owner.
+
+Atomicity: everything is written into a hidden temp folder; rank 0 renames it into place
+and only then rewrites `latest` (atomically), so a crash at any point leaves the previous
+checkpoint whole and `latest` pointing at it."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from piper_plan.errors import PiperError
+from piper_plan.plan import Plan, atomic_write_text
+
+from .model import EXPERT_TAG, Chunk
+from .optim import DistOptimizer
+
+KEEP = 2  # checkpoints kept (the newest and one before it)
+
+
+class CheckpointError(PiperError):
+    pass
+
+
+def _slots(name: str, chunks: dict[int, Chunk]) -> Optional[list[int]]:
+    """Logical expert id of every local slot of an expert parameter, else None."""
+    if EXPERT_TAG not in name:
+        return None
+    layer = int(name.split(".")[1])
+    for c in chunks.values():
+        if str(layer) in c.layers:
+            d = c.layers[str(layer)].moe.dispatcher
+            return d.placement.local_experts(d.ep_rank)
+    raise KeyError(name)
+
+
+def _logical(name: str, e: int) -> str:
+    prefix, w = name.split(EXPERT_TAG)
+    return f"{prefix}{EXPERT_TAG}{e}.{w}"
+
+
+def _entries(opt: DistOptimizer, chunks: dict[int, Chunk], with_optim_state: bool):
+    """(key, tensor view, param-is-owned) for every checkpointed tensor of this rank."""
+    owned = {id(i.param) for i in opt.owned}
+    for info in opt.infos:
+        p = info.param
+        st = opt.state_of(p) if with_optim_state and id(p) in owned else None
+        slots = _slots(info.name, chunks)
+        pieces = [(info.name, lambda t: t)] if slots is None else \
+            [(_logical(info.name, e), (lambda s: (lambda t: t[s]))(s)) for s, e in enumerate(slots)]
+        for key, view in pieces:
+            yield f"model.{key}", view(p.data)
+            if st is not None:
+                yield f"optim.{key}.exp_avg", view(st["exp_avg"])
+                yield f"optim.{key}.exp_avg_sq", view(st["exp_avg_sq"])
+                yield f"optim.{key}.step", st["step"]
+
+
+def latest(ckdir: str | os.PathLike) -> Optional[Path]:
+    d = Path(ckdir)
+    f = d / "latest"
+    if not f.is_file():
+        return None
+    return d / f.read_text().strip()
+
+
+def validate(ckdir: str | os.PathLike, plan: Plan) -> int:
+    """Check the latest checkpoint before any process starts; returns its step."""
+    p = latest(ckdir)
+    if p is None:
+        raise CheckpointError(f"{ckdir}: no checkpoint to resume from (missing 'latest')")
+    try:
+        meta = json.loads((p / "meta.json").read_text())
+        step = int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{p}: meta.json unreadable or corrupted ({type(e).__name__})") from None
+    if meta.get("model_hash") != plan.model_hash:
+        raise CheckpointError(f"{p}: model_hash: checkpoint holds model {meta.get('model_name')!r} "
+                              f"({meta.get('model_hash')}), plan has {plan.model.name!r} ({plan.model_hash})")
+    try:
+        dcp.FileSystemReader(str(p)).read_metadata()
+    except Exception as e:  # DCP raises pickle/EOF/OSError variants for a damaged .metadata
+        raise CheckpointError(f"{p}: .metadata unreadable or corrupted ({type(e).__name__})") from None
+    return step
+
+
+def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, chunks: dict[int, Chunk]) -> Path:
+    """Write checkpoint `step` (the number of optimizer steps done). Collective."""
+    d = Path(ckdir)
+    final = d / f"step_{step:08d}"
+    tmp = d / f".step_{step:08d}.tmp"
+    rank = dist.get_rank()
+    if rank == 0:
+        d.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    state = {k: v.detach().clone() for k, v in _entries(opt, chunks, True)}
+    dcp.save(state, checkpoint_id=str(tmp))
+    dist.barrier()
+    if rank == 0:
+        meta = dict(step=step, model_name=plan.model.name, model_hash=plan.model_hash,
+                    layout=plan.layout.model_dump(mode="json"))
+        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        atomic_write_text(d / "latest", final.name + "\n")
+        olds = sorted(p for p in d.glob("step_*") if p.is_dir() and p != final)
+        for old in olds[:max(0, len(olds) - (KEEP - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk]) -> int:
+    """Load the latest checkpoint into parameters and owned optimizer state. Collective."""
+    p = latest(ckdir)
+    if p is None:
+        raise CheckpointError(f"{ckdir}: no checkpoint to resume from (missing 'latest')")
+    entries = list(_entries(opt, chunks, True))
+    state = {k: torch.empty_like(v) for k, v in entries}
+    try:
+        dcp.load(state, checkpoint_id=str(p))
+    except Exception as e:  # DCP wraps per-rank read errors in CheckpointException
+        msg = str(e).strip().splitlines()
+        raise CheckpointError(f"{p}: cannot load ({type(e).__name__}: {msg[-1][:160] if msg else ''})") from None
+    with torch.no_grad():
+        for k, v in entries:
+            v.copy_(state[k])
+    return int(json.loads((p / "meta.json").read_text())["step"])

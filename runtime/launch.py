@@ -1,0 +1,189 @@
+"""`piper-train --plan plan.json`: run a plan.
+
+Not under torchrun: spawns plan.layout.gpus local processes (gloo on CPU, NCCL when CUDA
+is present; rendezvous through a FileStore in a temp folder, so no port can clash).
+Under torchrun (RANK/WORLD_SIZE set): joins, so the same plan runs across nodes.
+Every input problem is found before any process starts where possible, and reported as
+one line with exit status 2; a problem only a worker can see (a damaged checkpoint shard)
+is reported the same way, and collective timeouts stop a rank that would otherwise hang."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from piper_plan.errors import PiperError
+from piper_plan.plan import Plan, read_plan
+
+
+def check_supported(plan: Plan, world: int) -> None:
+    """What this runtime cannot run, as one-line errors (before any process starts)."""
+    lay = plan.layout
+    if world != lay.gpus:
+        raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
+    if lay.tp != 1:
+        raise PiperError(f"plan.layout.tp: tensor parallelism (tp={lay.tp}) is not implemented by piper-train; use tp=1")
+    if lay.dtype == "fp16":
+        raise PiperError("plan.layout.dtype: fp16 needs loss scaling, which piper-train does not do; use bf16 or fp32")
+    if lay.zero > 1:
+        raise PiperError(f"plan.layout.zero: ZeRO-{lay.zero} is not implemented by piper-train; use zero 0 or 1")
+
+
+def preflight(plan: Plan, cfg, world: int) -> None:
+    from .checkpoint import CheckpointError, validate
+    from .data import open_tokens
+
+    check_supported(plan, world)
+    if cfg.steps < 1:
+        raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
+    if cfg.data:
+        open_tokens(cfg.data, plan.model.vocab_size, plan.layout.seq, cfg.data_dtype)
+    if cfg.resume:
+        if not cfg.checkpoint:
+            raise PiperError("--resume needs --checkpoint DIR")
+        step = validate(cfg.checkpoint, plan)
+        if step > cfg.steps:
+            raise CheckpointError(f"{cfg.checkpoint}: checkpoint is at step {step}, beyond --steps {cfg.steps}")
+
+
+def _init(rank: int, world: int, timeout_s: float, store_path: Optional[str]):
+    """Process group (FileStore when spawned, env:// under torchrun) and this rank's device."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    kw = dict(backend=backend, timeout=timedelta(seconds=timeout_s))
+    if store_path is not None:
+        kw.update(store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    if cuda:
+        kw["device_id"] = device
+    dist.init_process_group(**kw)
+    return device
+
+
+def run_rank(rank: int, world: int, plan: Plan, cfg, store_path: Optional[str], threads: int) -> list[dict]:
+    """One rank, start to end (process group created and destroyed here)."""
+    import torch
+    import torch.distributed as dist
+
+    from .train import train
+
+    torch.set_num_threads(threads)
+    device = _init(rank, world, cfg.timeout_s, store_path)
+    try:
+        return train(plan, cfg, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawned(rank: int, world: int, plan_json: str, cfg, store_path: str, errdir: str, threads: int) -> None:
+    """Entry point of a spawned rank: PiperError -> error file + exit 2; anything else ->
+    traceback + exit 1 (torch.multiprocessing then stops the other ranks)."""
+    try:
+        run_rank(rank, world, Plan.model_validate_json(plan_json), cfg, store_path, threads)
+    except PiperError as e:
+        Path(errdir, f"rank{rank:05d}.err").write_text(str(e))
+        sys.exit(e.exit_code)
+    except BaseException as e:
+        if isinstance(e, SystemExit):
+            raise
+        traceback.print_exc()
+        Path(errdir, f"rank{rank:05d}.crash").write_text(f"{type(e).__name__}: {e}".splitlines()[0])
+        sys.exit(1)
+
+
+def spawn(plan: Plan, cfg, threads: int = 1) -> int:
+    """Run the plan as plan.layout.gpus local processes; returns the exit status."""
+    import torch.multiprocessing as mp
+
+    n = plan.layout.gpus
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    with tempfile.TemporaryDirectory(prefix="piper-train-") as tmp:
+        store = os.path.join(tmp, "store")
+        errdir = os.path.join(tmp, "err")
+        os.mkdir(errdir)
+        ctx = mp.start_processes(_spawned, args=(n, plan.model_dump_json(), cfg, store, errdir, threads),
+                                 nprocs=n, join=False, start_method="spawn")
+        try:
+            while not ctx.join():
+                pass
+            return 0
+        except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+            errs = sorted(Path(errdir).glob("*.err"))
+            if errs:
+                click.echo(f"error: {errs[0].read_text().strip()}", err=True)
+                return 2
+            crashes = sorted(Path(errdir).glob("*.crash"))
+            why = crashes[0].read_text().strip() if crashes else str(e).splitlines()[0]
+            click.echo(f"error: a rank failed: {why}", err=True)
+            return 1
+
+
+@click.command(context_settings=dict(help_option_names=["-h", "--help"]))
+@click.option("--plan", "plan_path", required=True, help="plan.json written by piper-plan")
+@click.option("--steps", default=10, show_default=True, help="optimizer steps (total, also when resuming)")
+@click.option("--seed", default=0, show_default=True, help="initialisation and synthetic-data seed")
+@click.option("--metrics", "metrics_path", default=None, help="append per-step JSONL records here")
+@click.option("--checkpoint", "ckdir", default=None, help="checkpoint folder (saved at the end, see --checkpoint-every)")
+@click.option("--checkpoint-every", default=0, show_default=True, help="also save every N steps (0: only at the end)")
+@click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --checkpoint")
+@click.option("--data", default=None, help="pre-tokenised uint16/uint32 tokens (.npy, or raw .bin)")
+@click.option("--data-dtype", type=click.Choice(["uint16", "uint32"]), default=None,
+              help="token dtype of a raw .bin (default uint16); for .npy, the dtype it must have")
+@click.option("--log-every", default=1, show_default=True, help="console update every N steps")
+@click.option("--lr", default=3e-4, show_default=True)
+@click.option("--weight-decay", default=0.1, show_default=True)
+@click.option("--clip", default=1.0, show_default=True, help="global gradient-norm clip (0: off)")
+@click.option("--aux-loss-coef", default=1e-2, show_default=True, help="MoE balance loss coefficient")
+@click.option("--z-loss-coef", default=0.0, show_default=True, help="router z-loss coefficient")
+@click.option("--capacity-factor", type=float, default=None, help="expert capacity factor (default: dropless)")
+@click.option("--timeout", "timeout_s", default=120.0, show_default=True, help="collective timeout, seconds")
+@click.option("--threads", default=1, show_default=True, help="CPU threads per rank")
+def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, data, data_dtype, log_every,
+         lr, weight_decay, clip, aux_loss_coef, z_loss_coef, capacity_factor, timeout_s, threads):
+    """Train with the layout of PLAN: pipelined (torch.distributed.pipelining) expert-parallel MoE."""
+    from .train import TrainConfig
+
+    cfg = TrainConfig(steps=steps, seed=seed, lr=lr, weight_decay=weight_decay, clip=clip, aux_coef=aux_loss_coef,
+                      z_coef=z_loss_coef, capacity_factor=capacity_factor, metrics=metrics_path, checkpoint=ckdir,
+                      checkpoint_every=checkpoint_every, resume=resume, data=data, data_dtype=data_dtype,
+                      log_every=log_every, timeout_s=timeout_s)
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    try:
+        plan = read_plan(plan_path)
+        world = int(os.environ["WORLD_SIZE"]) if under_torchrun else plan.layout.gpus
+        preflight(plan, cfg, world)
+        if not under_torchrun:
+            _check_devices(plan)
+            sys.exit(spawn(plan, cfg, threads))
+        run_rank(int(os.environ["RANK"]), world, plan, replace(cfg), None, threads)
+    except PiperError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+def _check_devices(plan: Plan) -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < plan.layout.gpus:
+        raise PiperError(f"plan.layout.gpus: the plan needs {plan.layout.gpus} local GPUs, "
+                         f"this machine has {torch.cuda.device_count()} (use torchrun across nodes)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Process groups of one plan: pp, dp, ep, edp (and the tied-embedding pair), built from the
+plan's rank_map -- the planner's placement (packed or spread) is the authority -- every
+group with the collective timeout, and wrapped as a DeviceMesh (pp, edp, ep) for code
+that wants mesh dimensions.
+
+Degree conventions are the planner's (piper_plan/layout.py): dp is the attention
+data-parallel degree, EP is folded over the dp ranks of a stage, edp = dp / ep. Tensor
+parallelism (tp > 1) is not implemented by this runtime (see launch.check_supported)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from piper_plan.plan import Plan
+
+
+@dataclass
+class Groups:
+    rank: int
+    world: int
+    pp_rank: int
+    dp_rank: int
+    ep_rank: int
+    edp_rank: int
+    pp: object
+    dp: object
+    ep: object
+    edp: object
+    emb: Optional[object]          # {first-chunk rank, last-chunk rank} when they differ (tied)
+    emb_ranks: list[int]
+    mesh: object = None            # DeviceMesh (pp, edp, ep) or None where it does not fit
+
+
+def _enumerate(plan: Plan, key, order) -> list[list[int]]:
+    """Partition ranks by `key(coord)`, each group sorted by `order(coord)`."""
+    buckets: dict = {}
+    for c in plan.rank_map:
+        buckets.setdefault(key(c), []).append(c)
+    return [[c.rank for c in sorted(v, key=order)] for _, v in sorted(buckets.items())]
+
+
+def _subgroup(lists: list[list[int]], timeout: timedelta):
+    if len(lists[0]) == dist.get_world_size():
+        return dist.new_group(lists[0], timeout=timeout)
+    g, _ = dist.new_subgroups_by_enumeration(lists, timeout=timeout)
+    return g
+
+
+def group_lists(plan: Plan) -> dict[str, list[list[int]]]:
+    """Rank lists of every group kind (pure function of the plan; tests use it)."""
+    out = {
+        "pp": _enumerate(plan, lambda c: (c.dp, c.tp), lambda c: c.pp),
+        "dp": _enumerate(plan, lambda c: (c.pp, c.tp), lambda c: c.dp),
+        "ep": _enumerate(plan, lambda c: (c.pp, c.edp), lambda c: c.ep),
+        "edp": _enumerate(plan, lambda c: (c.pp, c.ep), lambda c: c.edp),
+    }
+    first, last = plan.chunk_stage_rank(0), plan.chunk_stage_rank(plan.layout.stages - 1)
+    if plan.model.tied_embeddings and first != last:
+        out["emb"] = [[pp_list[first], pp_list[last]] for pp_list in out["pp"]]
+    return out
+
+
+def build_groups(plan: Plan, timeout_s: float) -> Groups:
+    """Create every group (all ranks call this in the same order)."""
+    to = timedelta(seconds=timeout_s)
+    me = dist.get_rank()
+    c = plan.rank_map[me]
+    lists = group_lists(plan)
+    made = {k: _subgroup(v, to) for k, v in lists.items()}
+    emb_ranks = next((v for v in lists.get("emb", []) if me in v), [])
+    g = Groups(rank=me, world=dist.get_world_size(), pp_rank=c.pp, dp_rank=c.dp, ep_rank=c.ep,
+               edp_rank=c.edp, pp=made["pp"], dp=made["dp"], ep=made["ep"], edp=made["edp"],
+               emb=made.get("emb"), emb_ranks=emb_ranks)
+    g.mesh = _device_mesh(plan, g)
+    return g
+
+
+def _device_mesh(plan: Plan, g: Groups):
+    """DeviceMesh over the groups just made (no new communicators): dims (pp, edp, ep)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    lay = plan.layout
+    if lay.tp != 1:
+        return None
+    mesh = torch.empty(lay.pp, lay.edp, lay.ep, dtype=torch.int)
+    for c in plan.rank_map:
+        mesh[c.pp, c.edp, c.ep] = c.rank
+    dev = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    return DeviceMesh.from_group([g.pp, g.edp, g.ep], dev, mesh=mesh, mesh_dim_names=("pp", "edp", "ep"))

@@ -1,0 +1,161 @@
+"""Per-step metrics: gathered from every rank to rank 0, written as JSONL, shown live.
+
+FLOP convention (brief §9): model FLOPs = ModelSpec.flops_per_token(seq) (forward +
+backward, causal attention counted as half, no recompute) × tokens; TFLOPS are per GPU
+(rank); MFU is that over plan.hardware.accelerator.peak_tflops[plan.layout.dtype].
+Stage forward/backward times are host wall time inside each chunk; under zbv/dualpipev
+the backward figure is the input-gradient pass only (the deferred weight-gradient pass
+is not bracketed). All-to-all time is the row exchanges, forward and backward, per rank."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from piper_plan.plan import Plan
+
+from .model import Chunk
+
+
+def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], step_s: float,
+               grad_norm: float) -> dict:
+    """What this rank contributes to one step's record (small, picklable)."""
+    moe, a2a, aux = {}, 0.0, 0.0
+    for c in chunks.values():
+        for layer, m in c.moe_layers().items():
+            d = m.dispatcher
+            moe[layer] = dict(experts=d.placement.local_experts(d.ep_rank),
+                              slot_tokens=d.tokens_per_slot.tolist(),
+                              routed=d.tokens_per_expert.tolist())
+            a2a += d.a2a.fwd_s + d.a2a.bwd_s
+            aux += float(m.aux_total)
+    return dict(rank=groups.rank, pp=groups.pp_rank, dp=groups.dp_rank, ep=groups.ep_rank, edp=groups.edp_rank,
+                losses=[float(x) for x in losses], step_s=step_s, grad_norm=grad_norm, a2a_s=a2a, aux=aux,
+                chunks={c: (m.times.fwd_s, m.times.bwd_s) for c, m in chunks.items()}, moe=moe)
+
+
+def reset(chunks: dict[int, Chunk]) -> None:
+    for c in chunks.values():
+        c.times.reset()
+        for m in c.moe_layers().values():
+            m.dispatcher.reset_stats()
+            m.aux_total = torch.zeros(())
+
+
+def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
+    """One JSONL record from all ranks' stats."""
+    lay, spec = plan.layout, plan.model
+    last = [r for r in per_rank if r["losses"]]
+    loss = statistics.fmean(statistics.fmean(r["losses"]) for r in last) if last else float("nan")
+    step_s = max(r["step_s"] for r in per_rank)
+    tokens = lay.global_batch * lay.seq
+    tflops = spec.flops_per_token(lay.seq) * tokens / step_s / lay.gpus / 1e12
+    peak = plan.hardware.accelerator.peak_tflops.get(lay.dtype)
+    stage_fwd, stage_bwd = {}, {}
+    for r in per_rank:
+        if r["dp"] == 0:
+            for c, (f, b) in r["chunks"].items():
+                stage_fwd[str(c)], stage_bwd[str(c)] = f, b
+    tpe: dict[str, list[int]] = {}
+    loads: dict[str, dict[str, list[int]]] = {}
+    for r in per_rank:
+        for layer, m in r["moe"].items():
+            acc = tpe.setdefault(str(layer), [0] * len(m["routed"]))
+            for e, n in enumerate(m["routed"]):
+                acc[e] += n
+            grp = f"pp{r['pp']}.edp{r['edp']}"
+            loads.setdefault(str(layer), {}).setdefault(grp, [0] * lay.ep)[r["ep"]] = sum(m["slot_tokens"])
+    balance = {}
+    for layer, groups in loads.items():
+        balance[layer] = {g: (max(v) / statistics.fmean(v) if sum(v) else 1.0) for g, v in groups.items()}
+    return dict(step=step, loss=loss, step_time_s=step_s, tokens_per_s=tokens / step_s,
+                model_tflops_per_gpu=tflops, mfu=(tflops / peak if peak else None),
+                grad_norm=per_rank[0]["grad_norm"], aux_loss=sum(r["aux"] for r in per_rank if r["dp"] == 0 and r["edp"] == 0),
+                a2a_time_s=max(r["a2a_s"] for r in per_rank),
+                stage_fwd_s=stage_fwd, stage_bwd_s=stage_bwd,
+                tokens_per_expert=tpe, ep_rank_tokens=loads, ep_max_over_mean=balance)
+
+
+class Reporter:
+    """Rank 0: append records to JSONL, show a rich live table, print the end summary."""
+
+    def __init__(self, plan: Plan, path: Optional[str], log_every: int = 1):
+        self.plan, self.log_every = plan, max(1, log_every)
+        self.rank0 = dist.get_rank() == 0
+        self.path = Path(path) if path else None
+        self.records: list[dict] = []
+        self.live = None
+        if self.rank0:
+            from rich.console import Console
+            self.console = Console(stderr=False)
+            if self.path:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = open(self.path, "a")
+            if self.console.is_terminal:
+                from rich.live import Live
+                self.live = Live(console=self.console, refresh_per_second=4)
+                self.live.start()
+
+    def step(self, step: int, stats: dict) -> Optional[dict]:
+        """Collective: gather every rank's stats; rank 0 records them."""
+        out: Optional[list] = [None] * dist.get_world_size() if self.rank0 else None
+        dist.gather_object(stats, out, dst=0)
+        if not self.rank0:
+            return None
+        rec = summarise(self.plan, step, out)
+        self.records.append(rec)
+        if self.path:
+            self._fh.write(json.dumps(rec) + "\n")
+            self._fh.flush()
+        if (step + 1) % self.log_every == 0:
+            self._show(rec)
+        return rec
+
+    def _show(self, rec: dict) -> None:
+        if self.live is not None:
+            from rich.table import Table
+            t = Table(title=f"piper-train  {self.plan.model.name}  step {rec['step'] + 1}")
+            for k in ("loss", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu", "a2a_time_s", "grad_norm"):
+                v = rec[k]
+                t.add_row(k, "-" if v is None else f"{v:.4g}")
+            for layer, g in rec["ep_max_over_mean"].items():
+                t.add_row(f"EP max/mean L{layer}", " ".join(f"{v:.2f}" for v in g.values()))
+            self.live.update(t)
+        else:
+            mfu = "-" if rec["mfu"] is None else f"{100 * rec['mfu']:.2f}%"
+            self.console.print(f"step {rec['step'] + 1:>5}  loss {rec['loss']:.4f}  {rec['step_time_s'] * 1e3:8.1f} ms  "
+                               f"{rec['tokens_per_s']:9.0f} tok/s  MFU {mfu}  a2a {rec['a2a_time_s'] * 1e3:.1f} ms",
+                               highlight=False)
+
+    def finish(self) -> Optional[dict]:
+        """Measured mean step time (first step excluded when there are more) vs the plan's."""
+        if not self.rank0:
+            return None
+        if self.live is not None:
+            self.live.stop()
+        times = [r["step_time_s"] for r in self.records]
+        if not times:
+            return None
+        meas = statistics.fmean(times[1:] if len(times) > 1 else times)
+        pred = self.plan.predicted.step_time_s if self.plan.predicted else None
+        summary = dict(summary=True, steps=len(times), measured_step_time_s=meas,
+                       predicted_step_time_s=pred, measured_over_predicted=(meas / pred if pred else None))
+        if self.path:
+            self._fh.write(json.dumps(summary) + "\n")
+            self._fh.close()
+        if pred:
+            self.console.print(f"step time: measured {meas * 1e3:.1f} ms, predicted {pred * 1e3:.1f} ms, "
+                               f"ratio {meas / pred:.2f}", highlight=False)
+        else:
+            self.console.print(f"step time: measured {meas * 1e3:.1f} ms; the plan has no prediction "
+                               f"(plan.predicted is empty)", highlight=False)
+        return summary
+
+
+def now() -> float:
+    return time.perf_counter()

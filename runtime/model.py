@@ -1,0 +1,185 @@
+"""Decoder model from a ModelSpec, built as pipeline chunks.
+
+A chunk owns a list of global layer ids (plan.partition), the embedding if it is the first
+chunk and the final norm + LM head if it is the last. Parameter names are global
+("layers.7.attn.wq.weight"), and every parameter is initialised from a generator seeded by
+(seed, name), so any layout -- and the single-process reference -- starts from the same
+weights. Routed-expert weights are stacked per local slot; they are initialised (and
+checkpointed) per logical expert id under "layers.<i>.moe.experts.<e>.<w_in|w_out>"."""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from piper_plan.specs.model import ModelSpec
+
+from . import timing
+from .layers import FFN, make_attention, make_norm
+from .moe.dispatch import EPDispatcher
+from .moe.experts import GroupedExperts
+from .moe.layer import MoELayer
+from .moe.placement import ExpertPlacement
+from .moe.router import TopKRouter
+
+EXPERT_TAG = ".moe.experts."
+
+
+@dataclass
+class BuildCtx:
+    """How this rank builds its chunks: EP group and exchange, router options, precision."""
+
+    seq: int
+    ep: int = 1
+    ep_rank: int = 0
+    ep_group: object = None
+    exchange: object = None
+    placements: dict[int, ExpertPlacement] = field(default_factory=dict)  # layer id -> map
+    aux_coef: float = 0.0
+    z_coef: float = 0.0
+    capacity_factor: Optional[float] = None
+    aux_scale: float = 1.0
+    dtype: str = "fp32"                 # "fp32" | "bf16" (autocast, fp32 master weights)
+    recompute: str = "none"             # "none" | "selective" (attention core) | "full" (block)
+    grouped_mm: Optional[bool] = None   # None: when it applies; False: per-expert loop
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.dtype == "bf16" else torch.float32
+
+    def placement(self, spec: ModelSpec, layer: int) -> ExpertPlacement:
+        if layer not in self.placements:
+            self.placements[layer] = ExpertPlacement.contiguous(spec.moe.num_experts, self.ep)
+        return self.placements[layer]
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int, ctx: BuildCtx):
+        super().__init__()
+        d = spec.hidden_size
+        self.recompute = ctx.recompute
+        self.attn_norm = make_norm(spec.norm, d)
+        self.attn = make_attention(spec, ctx.seq)
+        self.ffn_norm = make_norm(spec.norm, d)
+        if spec.layer_is_moe(layer):
+            m = spec.moe
+            pl = ctx.placement(spec, layer)
+            shared = FFN(d, m.shared_experts * m.shared_ffn, m.gated) if m.shared_experts else None
+            router = TopKRouter(d, m.num_experts, m.top_k, m.router, aux_coef=ctx.aux_coef,
+                                z_coef=ctx.z_coef, capacity_factor=ctx.capacity_factor)
+            experts = GroupedExperts(pl.per_rank, d, m.expert_ffn_size, m.gated, grouped=ctx.grouped_mm)
+            disp = EPDispatcher(pl, ctx.ep_rank, ctx.ep_group, ctx.exchange)
+            self.moe = MoELayer(router, experts, shared, disp, ctx.aux_scale, ctx.compute_dtype)
+        else:
+            self.ffn = FFN(d, spec.ffn_size, spec.ffn_gated, spec.linear_bias)
+
+    def _attn(self, x):
+        h = self.attn_norm(x)
+        if self.recompute == "selective":
+            return checkpoint(self.attn, h, use_reentrant=False)
+        return self.attn(h)
+
+    def _body(self, x):
+        x = x + self._attn(x)
+        h = self.ffn_norm(x)
+        return x + (self.moe(h) if hasattr(self, "moe") else self.ffn(h))
+
+    def forward(self, x):
+        if self.recompute == "full" and x.requires_grad:
+            return checkpoint(self._body, x, use_reentrant=False)
+        return self._body(x)
+
+
+class Chunk(nn.Module):
+    """Pipeline chunk: [embedding] -> blocks -> [final norm -> LM head]. Input: token ids
+    [B, S] (first chunk) or hidden [B, S, d] fp32; output: hidden fp32 or logits fp32."""
+
+    def __init__(self, spec: ModelSpec, layers: list[int], first: bool, last: bool, ctx: BuildCtx,
+                 embed: Optional[nn.Embedding] = None):
+        super().__init__()
+        self.spec, self.layer_ids, self.first, self.last = spec, list(layers), first, last
+        self.device_type, self.bf16 = "cpu", ctx.dtype == "bf16"
+        need_embed = first or (last and spec.tied_embeddings)
+        if need_embed:
+            self.embed = embed if embed is not None else nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleDict({str(i): Block(spec, i, ctx) for i in layers})
+        if last:
+            self.norm = make_norm(spec.norm, spec.hidden_size)
+            if not spec.tied_embeddings:
+                self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.times = timing.Acc()
+
+    def moe_layers(self) -> dict[int, MoELayer]:
+        return {int(i): b.moe for i, b in self.layers.items() if hasattr(b, "moe")}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            if self.first:
+                x = self.embed(x)
+            x = timing.start(x, self.times)
+            for blk in self.layers.values():
+                x = blk(x)
+            if self.last:
+                h = self.norm(x)
+                w = self.embed.weight if self.spec.tied_embeddings else self.head.weight
+                x = nn.functional.linear(h, w)
+            return timing.end(x.float(), self.times)
+
+
+def _seed_of(seed: int, name: str) -> int:
+    return int(hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()[:15], 16)
+
+
+def _init_tensor(t: torch.Tensor, name: str, seed: int, num_layers: int) -> None:
+    """Deterministic init of one (logical) tensor, independent of layout and rank."""
+    leaf = name.rsplit(".", 1)[-1]
+    if "norm" in name and leaf == "weight":
+        t.fill_(1.0)
+        return
+    if leaf == "bias":
+        t.zero_()
+        return
+    std = 0.02
+    if any(k in name for k in (".wo.", ".w2.", "w_out")):
+        std /= math.sqrt(2 * num_layers)  # GPT-2 scaled residual projections
+    g = torch.Generator().manual_seed(_seed_of(seed, name))
+    t.copy_(torch.randn(t.shape, generator=g) * std)
+
+
+@torch.no_grad()
+def init_params(chunk: Chunk, seed: int) -> None:
+    """Initialise every parameter of `chunk` by its global (logical) name."""
+    L = chunk.spec.num_layers
+    for name, p in chunk.named_parameters():
+        if EXPERT_TAG in name:
+            prefix, wname = name.split(EXPERT_TAG)
+            layer = int(prefix.split(".")[1])
+            logical = chunk.layers[str(layer)].moe.dispatcher.placement.local_experts(
+                chunk.layers[str(layer)].moe.dispatcher.ep_rank)
+            for slot, e in enumerate(logical):
+                buf = torch.empty(p.shape[1:])
+                _init_tensor(buf, f"{prefix}{EXPERT_TAG}{e}.{wname}", seed, L)
+                p[slot].copy_(buf)
+        else:
+            buf = torch.empty(p.shape)
+            _init_tensor(buf, name, seed, L)
+            p.copy_(buf)
+
+
+def build_chunk(spec: ModelSpec, layers: list[int], first: bool, last: bool, ctx: BuildCtx,
+                seed: int, device: torch.device | str = "cpu", embed: Optional[nn.Embedding] = None) -> Chunk:
+    """One pipeline chunk with initialised weights on `device`. Pass `embed` to share the
+    first chunk's embedding with a last chunk on the same rank (tied, V schedules)."""
+    c = Chunk(spec, layers, first, last, ctx, embed=embed)
+    init_params(c, seed)
+    return c.to(device)
+
+
+def build_full(spec: ModelSpec, ctx: BuildCtx, seed: int, device="cpu") -> Chunk:
+    """The whole model as one chunk on one rank (ep must be 1): the reference."""
+    return build_chunk(spec, list(range(spec.num_layers)), True, True, ctx, seed, device)

@@ -1,0 +1,95 @@
+"""Expert-parallel dispatcher: route -> permute -> exchange counts -> exchange rows ->
+grouped GEMM -> exchange back -> unpermute -> combine.
+
+The row exchange is pluggable (FlatExchange, HaloExchange: see exchange_flat.py for the
+interface); the count exchange is a small all_to_all_single of int64 counts on the same
+EP group. Rows travel in physical-expert order, so what a peer receives from each source
+is already grouped by its local slot; one more local permutation makes the rows of each
+slot contiguous for the grouped GEMM."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import timing
+from .placement import ExpertPlacement
+
+
+class EPDispatcher:
+    """Runs the routed experts of one MoE layer across an EP group of size `ep`.
+
+    placement: logical -> (EP rank, slot) map; `ep_rank`: this rank's index in the group.
+    exchange: row exchange (None when ep == 1). Statistics of the last step are kept in
+    `tokens_per_expert` (logical, routed from this rank) and `tokens_per_slot` (rows this
+    rank's experts computed), both int64, reset by the caller."""
+
+    def __init__(self, placement: ExpertPlacement, ep_rank: int = 0, group=None, exchange=None):
+        self.placement, self.ep_rank, self.group, self.exchange = placement, ep_rank, group, exchange
+        self.ep = placement.ep
+        if self.ep > 1 and exchange is None:
+            raise ValueError("ep > 1 needs an exchange")
+        self.set_placement(placement)
+        self.a2a = timing.Acc()
+
+    def set_placement(self, placement: ExpertPlacement) -> None:
+        """Install a new map (all ranks of the group together, between steps)."""
+        self.placement = placement
+        self._phys = placement.physical_ids()
+        E = placement.num_experts
+        self.tokens_per_expert = torch.zeros(E, dtype=torch.long)
+        self.tokens_per_slot = torch.zeros(placement.per_rank, dtype=torch.long)
+
+    def reset_stats(self) -> None:
+        self.tokens_per_expert.zero_()
+        self.tokens_per_slot.zero_()
+        self.a2a.reset()
+
+    def __call__(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                 expert_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """x [N, d]; experts/weights [N, k] (id -1: dropped); expert_fn(rows, counts per
+        slot) -> rows. Returns [N, d] = Σ_k weight · expert(x) in x.dtype."""
+        N, k = experts.shape
+        E, per = self.placement.num_experts, self.placement.per_rank
+        dev = x.device
+        phys = self._phys.to(dev)
+        flat_e = experts.reshape(-1)
+        token = torch.arange(N * k, device=dev) // k
+        w = weights.reshape(-1)
+        keep: Optional[torch.Tensor] = None
+        if bool((flat_e < 0).any()):
+            keep = (flat_e >= 0).nonzero().squeeze(1)
+            flat_e, token, w = flat_e[keep], token[keep], w[keep]
+        p = phys[flat_e]
+        order = torch.argsort(p, stable=True)
+        tok_sorted, w_sorted = token[order], w[order]
+        counts = torch.bincount(p, minlength=E)                       # [E] by physical id
+        if not timing.in_backward():
+            self.tokens_per_expert += torch.bincount(flat_e, minlength=E).cpu()
+        rows = x[tok_sorted]                                          # permute: [A, d]
+
+        if self.ep == 1:
+            y = expert_fn(rows, counts)
+            slot_counts = counts
+        else:
+            recv_counts = torch.empty_like(counts)
+            dist.all_to_all_single(recv_counts, counts, group=self.group)   # [ep·per]: (src, slot)
+            send_splits = counts.view(self.ep, per).sum(1).tolist()
+            recv_mat = recv_counts.view(self.ep, per)
+            recv_splits = recv_mat.sum(1).tolist()
+            rows = timing.start(rows, self.a2a)
+            got = timing.end(self.exchange(rows, send_splits, recv_splits), self.a2a)
+            # (src, slot) order -> (slot, src) order so each slot's rows are contiguous
+            slot_of_row = torch.arange(per, device=dev).repeat(self.ep).repeat_interleave(recv_mat.reshape(-1))
+            by_slot = torch.argsort(slot_of_row, stable=True)
+            slot_counts = recv_mat.sum(0)
+            out_local = expert_fn(got[by_slot], slot_counts)
+            back = torch.empty_like(by_slot)
+            back[by_slot] = torch.arange(by_slot.numel(), device=dev)
+            out_local = timing.start(out_local[back], self.a2a)
+            y = timing.end(self.exchange(out_local, recv_splits, send_splits), self.a2a)
+        if not timing.in_backward():
+            self.tokens_per_slot += slot_counts.cpu()
+        contrib = (y.float() * w_sorted.unsqueeze(1)).to(x.dtype)  # combine in fp32
+        return x.new_zeros(N, x.shape[1]).index_add(0, tok_sorted, contrib)

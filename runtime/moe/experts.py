@@ -1,0 +1,85 @@
+"""Routed experts of one rank, computed as grouped GEMMs over token-sorted rows.
+
+Weights are stacked per local slot: w_in [n, d, f·(2 if gated)] (gate and up fused, so
+one grouped GEMM does both), w_out [n, f, d]. Slot s holds the logical expert the layer's
+ExpertPlacement assigns to it. torch.nn.functional.grouped_mm is used when its
+constraints hold (fp32/bf16, 16-byte aligned row strides; brief §8); otherwise, or when
+the backend rejects it, a per-expert loop computes the same thing."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+_GROUPED_OK: dict[str, bool] = {}  # device type -> grouped_mm usable (probed once)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient dense: grouped_mm's backward
+    rejects expanded (stride-0) gradients such as the one of `y.sum()`."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _aligned(*ts: torch.Tensor) -> bool:
+    return all(t.dtype in (torch.float32, torch.bfloat16) and (t.shape[-1] * t.element_size()) % 16 == 0
+               for t in ts)
+
+
+def _probe(device: torch.device) -> bool:
+    """Whether grouped_mm runs forward and backward on this device type (cached)."""
+    key = device.type
+    if key not in _GROUPED_OK:
+        try:
+            dt = torch.bfloat16 if device.type == "cuda" else torch.float32
+            a = torch.randn(8, 16, device=device, dtype=dt, requires_grad=True)
+            b = torch.randn(2, 16, 16, device=device, dtype=dt, requires_grad=True)
+            offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
+            F.grouped_mm(a, b, offs=offs).square().sum().backward()
+            _GROUPED_OK[key] = True
+        except (RuntimeError, NotImplementedError, AttributeError):
+            _GROUPED_OK[key] = False
+    return _GROUPED_OK[key]
+
+
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, counts: list[int], offs: torch.Tensor,
+                   use_grouped: bool) -> torch.Tensor:
+    """rows of x (grouped by slot, counts[s] rows for slot s) @ w[s]  ->  [M, w.shape[-1]]."""
+    if use_grouped:
+        return F.grouped_mm(x, w, offs=offs)
+    outs, a = [], 0
+    for s, c in enumerate(counts):
+        outs.append(x[a:a + c] @ w[s])
+        a += c
+    return torch.cat(outs) if outs else x.new_zeros(0, w.shape[-1])
+
+
+class GroupedExperts(nn.Module):
+    """`n_local` routed experts (SwiGLU when gated, else GELU 2-matrix)."""
+
+    def __init__(self, n_local: int, d: int, f: int, gated: bool = True, grouped: bool | None = None):
+        super().__init__()
+        self.n_local, self.d, self.f, self.gated = n_local, d, f, gated
+        self.w_in = nn.Parameter(torch.empty(n_local, d, f * (2 if gated else 1)))
+        self.w_out = nn.Parameter(torch.empty(n_local, f, d))
+        self.grouped = grouped  # None: decide per call; False: always loop
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x [M, d] sorted by slot, counts [n_local] rows per slot (sum M) -> [M, d] in x.dtype."""
+        w_in, w_out = self.w_in.to(x.dtype), self.w_out.to(x.dtype)
+        use = (self.grouped is not False and _aligned(x, w_in, w_out) and _probe(x.device))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        cl = [] if use else counts.tolist()
+        h = grouped_matmul(x, w_in, cl, offs, use)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return _ContiguousGrad.apply(grouped_matmul(h, w_out, cl, offs, use))

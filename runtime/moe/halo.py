@@ -1,0 +1,271 @@
+"""HALO: a hierarchical, NIC-affine all-to-all with the exact semantics of
+``dist.all_to_all_single(out, x, output_split_sizes=recv_splits, input_split_sizes=send_splits)``
+on row tensors (dim 0 is split; any trailing shape).
+
+Data flow (brief §3; the code is our reconstruction):
+
+- Phase I: rows bound for ranks of my own node go straight to them (intra-node link).
+- Phase II (concurrent with I): for each remote node, one pack of every row bound for any rank
+  of that node, sent to its *peer* there: the rank with my local index (local index modulo the
+  node's size when that node has fewer ranks), i.e. the rank on my rail / NIC.
+- Phase III: the peer forwards each pack's rows to their final local rank. Each pack is
+  forwarded as soon as it arrives (receives are waited on one by one), so Phase III of an
+  early pack overlaps Phase II of later ones.
+
+All messages are batched asynchronous P2P (``dist.batch_isend_irecv``); zero-row messages are
+never posted (both ends know the counts, so they skip the same ones). Receives land directly in
+their slice of the output, so the only copies are the relay's own rows of each pack and, when a
+node's ranks are not consecutive in the group, the packing gather.
+
+Counts: the relay must know how each incoming pack splits over its node's ranks, i.e. the
+per-(source, destination) row counts. ``exchange_counts`` gets the whole W x W matrix with one
+small ``all_to_all_single`` of int64 (W^2 x 8 bytes per rank; one message round, it overlaps
+Phase I and the Phase II sends, which need no counts). A dispatcher that calls
+``exchange_counts`` instead of its own count exchange gets ``recv_splits`` from it and passes
+the matrix in, so counts are exchanged once per forward; backward reuses the transposed matrix
+and exchanges nothing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+# P2P tags (gloo matches messages by (peer, tag)); far from 0, which other users default to.
+_TAG_I = 7_100_001
+_TAG_II = 7_100_002
+_TAG_III = 7_200_000  # + source rank: one relayed message per (source, relay -> destination)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Row counts of one exchange: ``matrix[s][d]`` rows go from group rank s to d."""
+
+    matrix: tuple[tuple[int, ...], ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.matrix)
+
+    def send(self, r: int) -> list[int]:
+        return list(self.matrix[r])
+
+    def recv(self, r: int) -> list[int]:
+        return [row[r] for row in self.matrix]
+
+    def transposed(self) -> "Counts":
+        return Counts(tuple(zip(*self.matrix)))
+
+
+class _Nodes:
+    """Group ranks grouped by node, and the deterministic rail peer of every (rank, node)."""
+
+    def __init__(self, node_of: Sequence[int]):
+        self.node_of = list(node_of)
+        order: dict[int, list[int]] = {}
+        for r, n in enumerate(self.node_of):
+            order.setdefault(n, []).append(r)
+        self.members = order  # node id -> its group ranks, ascending
+        self.local = {r: i for ranks in order.values() for i, r in enumerate(ranks)}
+        # A node's ranks are one consecutive block of the group: its pack is a slice, no gather.
+        self.block = {n: ranks == list(range(ranks[0], ranks[0] + len(ranks))) for n, ranks in order.items()}
+
+    def peer(self, r: int, node: int) -> int:
+        """The rank of ``node`` that receives r's pack: same local index, wrapped when short."""
+        ranks = self.members[node]
+        return ranks[self.local[r] % len(ranks)]
+
+
+class HaloExchange:
+    """Hierarchical all-to-all over ``group`` (None: the default group).
+
+    ``node_of[i]`` is the node of the i-th rank of the group (from a plan's rank map). Calling
+    it is a drop-in for the flat exchange: ``out = halo(x, send_splits, recv_splits)``;
+    autograd-aware (backward is the reverse exchange). Pass ``counts`` from
+    ``exchange_counts`` to skip the internal count exchange. ``overlap=False`` is the simple
+    HALO (counts first, all of Phase II, then all of Phase III), kept as a benchmark baseline."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup], node_of: Sequence[int], overlap: bool = True):
+        self.group = group
+        self.overlap = overlap
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if len(node_of) != self.world:
+            raise ValueError(f"node_of has {len(node_of)} entries; the group has {self.world} ranks")
+        self.nodes = _Nodes(node_of)
+        self.my_node = self.nodes.node_of[self.rank]
+
+    # ---- counts ------------------------------------------------------------------------
+    def _start_counts(self, send_splits: Sequence[int]):
+        w = self.world
+        inp = torch.tensor(list(send_splits), dtype=torch.int64).repeat(w)
+        out = torch.empty(w * w, dtype=torch.int64)
+        work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
+        return work, out
+
+    def _finish_counts(self, pending) -> Counts:
+        work, out = pending
+        work.wait()
+        return Counts(tuple(tuple(row) for row in out.view(self.world, self.world).tolist()))
+
+    def exchange_counts(self, send_splits: Sequence[int]) -> Counts:
+        """All ranks' send splits (one all_to_all_single of W^2 int64 per rank). Collective."""
+        return self._finish_counts(self._start_counts(send_splits))
+
+    # ---- exchange ----------------------------------------------------------------------
+    def __call__(self, x: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+                 counts: Optional[Counts] = None) -> torch.Tensor:
+        send_splits, recv_splits = [int(v) for v in send_splits], [int(v) for v in recv_splits]
+        if len(send_splits) != self.world or len(recv_splits) != self.world:
+            raise ValueError(f"send/recv splits need {self.world} entries each")
+        if sum(send_splits) != x.shape[0]:
+            raise ValueError(f"send splits sum to {sum(send_splits)} but x has {x.shape[0]} rows")
+        return _HaloFn.apply(x, self, send_splits, recv_splits, counts)
+
+    def run(self, x: torch.Tensor, send: list[int], recv: list[int],
+            counts: Optional[Counts]) -> tuple[torch.Tensor, Counts]:
+        """One exchange without autograd; returns the output and the counts it used."""
+        x = x.contiguous()
+        me = self.rank
+        pending = None if counts is not None else self._start_counts(send)
+        if pending is not None and not self.overlap:
+            counts, pending = self._checked(pending, recv), None
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        cur = _Call(x, out, _offsets(send), _offsets(recv))
+        packs, ops = ([], []) if counts is None else self._pack_recvs(cur, counts)
+        n_pack = len(ops)  # receives first: a posted receive lets its send go out at once
+        keep = []  # packs built by a gather must live until their send completes
+        ops += self._phase1(cur, send, recv) + self._pack_sends(cur, send, keep)
+        if self.overlap:  # relayed rows land straight in `out`; the relay knows nothing else
+            ops += self._relay_recvs(cur, recv)
+        works = _post(ops)
+        pack_works, works = works[:n_pack], works[n_pack:]
+        if send[me]:
+            out.narrow(0, cur.roff[me], recv[me]).copy_(x.narrow(0, cur.soff[me], send[me]))
+        if pending is not None:  # the counts travelled while Phase I and the sends started
+            counts = self._checked(pending, recv)
+            packs, ops = self._pack_recvs(cur, counts)
+            pack_works = _post(ops)
+        if self.overlap:  # Phase III: forward each pack as soon as it lands
+            for (s, buf), w in zip(packs, pack_works):
+                w.wait()
+                works += _post(self._relay_sends(cur, s, buf, counts))
+        else:  # simple HALO: all of Phase II, then all of Phase III
+            for w in pack_works + works:
+                w.wait()
+            ops = self._relay_recvs(cur, recv)
+            for s, buf in packs:
+                ops += self._relay_sends(cur, s, buf, counts)
+            works = _post(ops)
+        for w in works:
+            w.wait()
+        del keep
+        return out, counts
+
+    def _checked(self, pending, recv: list[int]) -> Counts:
+        counts = self._finish_counts(pending)
+        if counts.recv(self.rank) != recv:
+            raise ValueError(f"rank {self.rank}: recv_splits {recv} disagree with the senders' "
+                             f"send_splits {counts.recv(self.rank)}")
+        return counts
+
+    def _op(self, fn, t, peer, tag):
+        return dist.P2POp(fn, t, group=self.group, group_peer=peer, tag=tag)
+
+    def _phase1(self, cur: "_Call", send, recv) -> list:
+        """Phase I: rows to and from the other ranks of my node, straight into `out`."""
+        ops = []
+        for d in self.nodes.members[self.my_node]:
+            if d != self.rank and send[d]:
+                ops.append(self._op(dist.isend, cur.x.narrow(0, cur.soff[d], send[d]), d, _TAG_I))
+            if d != self.rank and recv[d]:
+                ops.append(self._op(dist.irecv, cur.out.narrow(0, cur.roff[d], recv[d]), d, _TAG_I))
+        return ops
+
+    def _pack_sends(self, cur: "_Call", send, keep: list) -> list:
+        """Phase II sends: one pack per remote node, to my peer there."""
+        ops, nodes = [], self.nodes
+        for node, ranks in nodes.members.items():
+            n = sum(send[d] for d in ranks)
+            if node == self.my_node or not n:
+                continue
+            if nodes.block[node]:
+                pack = cur.x.narrow(0, cur.soff[ranks[0]], n)
+            else:
+                pack = torch.cat([cur.x.narrow(0, cur.soff[d], send[d]) for d in ranks])
+                keep.append(pack)
+            ops.append(self._op(dist.isend, pack, nodes.peer(self.rank, node), _TAG_II))
+        return ops
+
+    def _pack_recvs(self, cur: "_Call", counts: Counts):
+        """Phase II receives: the packs I relay, from remote ranks whose peer on my node is me."""
+        nodes, c, mine = self.nodes, counts.matrix, self.nodes.members[self.my_node]
+        packs, ops = [], []
+        for s, node in enumerate(nodes.node_of):
+            if node != self.my_node and nodes.peer(s, self.my_node) == self.rank:
+                n = sum(c[s][d] for d in mine)
+                if n:
+                    buf = cur.x.new_empty((n, *cur.x.shape[1:]))
+                    packs.append((s, buf))
+                    ops.append(self._op(dist.irecv, buf, s, _TAG_II))
+        return packs, ops
+
+    def _relay_recvs(self, cur: "_Call", recv) -> list:
+        """Phase III receives: rows from remote s arrive from s's peer on my node."""
+        ops = []
+        for s, node in enumerate(self.nodes.node_of):
+            if node != self.my_node and recv[s]:
+                p = self.nodes.peer(s, self.my_node)
+                if p != self.rank:
+                    ops.append(self._op(dist.irecv, cur.out.narrow(0, cur.roff[s], recv[s]), p, _TAG_III + s))
+        return ops
+
+    def _relay_sends(self, cur: "_Call", s: int, buf: torch.Tensor, counts: Counts) -> list:
+        """Phase III sends: split the pack from s over my node's ranks (mine I copy)."""
+        ops, off = [], 0
+        for d in self.nodes.members[self.my_node]:
+            n = counts.matrix[s][d]
+            if n and d == self.rank:
+                cur.out.narrow(0, cur.roff[s], n).copy_(buf.narrow(0, off, n))
+            elif n:
+                ops.append(self._op(dist.isend, buf.narrow(0, off, n), d, _TAG_III + s))
+            off += n
+        return ops
+
+
+@dataclass
+class _Call:
+    """Buffers and offsets of one exchange."""
+
+    x: torch.Tensor
+    out: torch.Tensor
+    soff: list[int]
+    roff: list[int]
+
+
+def _post(ops: list) -> list:
+    return dist.batch_isend_irecv(ops) if ops else []
+
+
+def _offsets(splits: list[int]) -> list[int]:
+    off, acc = [], 0
+    for v in splits:
+        off.append(acc)
+        acc += v
+    return off
+
+
+class _HaloFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ex: HaloExchange, send, recv, counts):
+        out, used = ex.run(x, send, recv, counts)
+        ctx.ex, ctx.send, ctx.recv, ctx.counts = ex, send, recv, used
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The reverse exchange: every row goes back to where it came from, same order.
+        g, _ = ctx.ex.run(grad, ctx.recv, ctx.send, ctx.counts.transposed())
+        return g, None, None, None, None

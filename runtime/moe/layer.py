@@ -1,0 +1,62 @@
+"""One MoE feed-forward layer: router, routed experts behind the EP dispatcher, shared experts.
+
+The router's auxiliary losses are not returned through the pipeline (a stage passes one
+hidden tensor on); instead their gradient is injected in backward where the layer's output
+gradient arrives (Megatron's MoEAuxLossAutoScaler), scaled like the LM loss."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from .. import timing
+from .dispatch import EPDispatcher
+from .experts import GroupedExperts
+from .router import TopKRouter
+
+
+class _InjectAux(torch.autograd.Function):
+    """Identity on `out`; backward also sends d(aux)/d(aux) = scale into the aux graph."""
+
+    @staticmethod
+    def forward(ctx, out, aux, scale: float):
+        ctx.scale = scale
+        ctx.save_for_backward(aux)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        (aux,) = ctx.saved_tensors
+        return g, torch.full_like(aux, ctx.scale), None
+
+
+class MoELayer(nn.Module):
+    """x [B, S, d] -> [B, S, d].
+
+    router: TopKRouter; experts: this rank's GroupedExperts (one slot per local expert);
+    shared: dense FFN of all shared experts fused (width n_shared · f_shared) or None;
+    dispatcher: EPDispatcher over the stage's EP group; aux_scale: gradient weight of the
+    auxiliary losses (1 / micro-batches, like the LM loss)."""
+
+    def __init__(self, router: TopKRouter, experts: GroupedExperts, shared: Optional[nn.Module],
+                 dispatcher: EPDispatcher, aux_scale: float = 1.0, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.router, self.experts, self.shared = router, experts, shared
+        self.dispatcher, self.aux_scale, self.compute_dtype = dispatcher, aux_scale, compute_dtype
+        self.aux_total = torch.zeros(())  # sum of auxiliary loss values this step (logging; no sync)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, d = x.shape
+        xf = x.reshape(B * S, d)
+        r = self.router(xf)
+        y = self.dispatcher(xf.to(self.compute_dtype), r.experts, r.weights, self.experts)
+        if self.shared is not None:
+            y = y + self.shared(xf).to(y.dtype)
+        y = y.view(B, S, d)
+        if r.aux_loss is not None:
+            if not timing.in_backward():
+                self.aux_total = self.aux_total.to(r.aux_loss.device) + r.aux_loss.detach()
+            if y.requires_grad:
+                y = _InjectAux.apply(y, r.aux_loss, self.aux_scale)
+        return y

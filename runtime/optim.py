@@ -1,0 +1,143 @@
+"""Gradient reduction, global-norm clipping and (ZeRO-1 sharded) AdamW.
+
+Every parameter has a replication group: expert weights the stage's expert-data-parallel
+group (edp), everything else the stage's data-parallel group (dp). Gradients are summed
+over it and divided by dp -- not edp: an expert's local gradient already holds the tokens
+of all ep ranks of its EP group, so the edp sum covers all dp ranks.
+
+ZeRO-1 is our own rather than torch's ZeroRedundancyOptimizer: that one shards over one
+process group, while expert and dense parameters replicate over different groups, and
+its state_dict must be consolidated on one rank, while checkpoints here are written by
+torch.distributed.checkpoint keyed per logical expert. Sharding is by whole parameters
+(as ZeroRedundancyOptimizer does): the owner keeps the AdamW state (torch.optim.AdamW over
+its parameters), steps them and broadcasts the new values to its group."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .mesh import Groups
+from .model import EXPERT_TAG
+
+
+@dataclass
+class PInfo:
+    name: str
+    param: torch.Tensor
+    expert: bool
+    group: object
+    group_ranks: list[int]
+    owner: int          # global rank that owns it (ZeRO) and counts it in the norm
+    counts_norm: bool   # this rank's copy enters the global norm
+
+
+def _partition(names_sizes: list[tuple[str, int]], n: int) -> dict[str, int]:
+    """Whole-parameter greedy balance by size over n group ranks (deterministic)."""
+    load = [0] * n
+    out = {}
+    for name, size in sorted(names_sizes, key=lambda t: (-t[1], t[0])):
+        r = min(range(n), key=lambda i: (load[i], i))
+        out[name] = r
+        load[r] += size
+    return out
+
+
+class DistOptimizer:
+    """AdamW over this rank's parameters (all, or its ZeRO-1 share) plus the collectives
+    around it. named: (global name, parameter) of this rank's chunks, deduplicated."""
+
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], groups: Groups, dp: int, zero: bool,
+                 lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8):
+        self.groups, self.dp, self.zero = groups, dp, zero
+        self.infos: list[PInfo] = []
+        by_group: dict[str, list[tuple[str, torch.Tensor]]] = {"dp": [], "edp": []}
+        for name, p in named:
+            by_group["edp" if EXPERT_TAG in name else "dp"].append((name, p))
+        me = dist.get_rank()
+        last_tied_copy = bool(groups.emb_ranks) and me == groups.emb_ranks[1]
+        for kind, items in by_group.items():
+            g = getattr(groups, kind)
+            ranks = dist.get_process_group_ranks(g)
+            part = _partition([(n, p.numel()) for n, p in items], len(ranks))
+            for n, p in sorted(items):
+                owner = ranks[part[n]]
+                counts = owner == me and not (last_tied_copy and n == "embed.weight")
+                self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts))
+        self.owned = [i for i in self.infos if (i.owner == me or not zero)]
+        decay = [i.param for i in self.owned if i.param.ndim >= 2]
+        no_decay = [i.param for i in self.owned if i.param.ndim < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                      {"params": no_decay, "weight_decay": 0.0}],
+                                     lr=lr, betas=betas, eps=eps, foreach=False)
+
+    # ---- gradients -----------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        for i in self.infos:
+            i.param.grad = None
+
+    def reduce_grads(self) -> None:
+        """Sum over replication groups (÷ dp), then sum the tied embedding's two copies."""
+        for i in self.infos:
+            if i.param.grad is None:
+                i.param.grad = torch.zeros_like(i.param)
+        for expert in (False, True):
+            infos = [i for i in self.infos if i.expert == expert]
+            if infos and len(infos[0].group_ranks) > 1:
+                _allreduce([i.param.grad for i in infos], infos[0].group)
+            if self.dp > 1:
+                for i in infos:
+                    i.param.grad.div_(self.dp)
+        if self.groups.emb is not None:
+            emb = [i for i in self.infos if i.name == "embed.weight"]
+            _allreduce([emb[0].param.grad], self.groups.emb)
+
+    def clip(self, max_norm: float) -> float:
+        """Global L2 norm over all ranks and stages (each parameter counted once), clipped
+        in place like torch.nn.utils.clip_grad_norm_. Returns the norm before clipping."""
+        grads = [i.param.grad for i in self.infos if i.counts_norm]
+        sq = torch.zeros((), dtype=torch.float64, device=self.infos[0].param.device)
+        for g in grads:
+            sq += g.detach().double().square().sum()
+        dist.all_reduce(sq)
+        total = sq.sqrt().to(torch.float32)
+        if max_norm and max_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_([i.param for i in self.infos], max_norm, total)
+        return float(total)
+
+    # ---- update ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> None:
+        self.opt.step()
+        if not self.zero:
+            return
+        for expert in (False, True):
+            infos = [i for i in self.infos if i.expert == expert]
+            if not infos or len(infos[0].group_ranks) == 1:
+                continue
+            for owner in infos[0].group_ranks:
+                mine = [i.param for i in infos if i.owner == owner]
+                if not mine:
+                    continue
+                flat = _flatten_dense_tensors([p.data for p in mine])
+                dist.broadcast(flat, src=owner, group=infos[0].group)
+                for p, v in zip(mine, _unflatten_dense_tensors(flat, [p.data for p in mine])):
+                    p.copy_(v)
+
+    def state_of(self, p: torch.Tensor) -> dict:
+        """AdamW state of an owned parameter (created as zeros at step 0 when absent)."""
+        st = self.opt.state[p]
+        if not st:
+            st["step"] = torch.tensor(0.0)
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return st
+
+
+def _allreduce(tensors: list[torch.Tensor], group) -> None:
+    flat = _flatten_dense_tensors(tensors)
+    dist.all_reduce(flat, group=group)
+    for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        t.copy_(v)

@@ -1,0 +1,113 @@
+"""The training loop of one rank: build groups, chunks, pipeline and optimizer from the
+plan, then per step: pipelined forward/backward over the micro-batches, gradient
+reduction (dp / edp / tied embedding), global-norm clipping, AdamW (ZeRO-1 when the plan
+says zero >= 1), metrics, checkpoint."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from piper_plan.errors import PiperError
+from piper_plan.plan import Plan
+
+from . import checkpoint, metrics
+from .data import make_source, rank_rows
+from .mesh import Groups, build_groups
+from .model import BuildCtx
+from .pipeline import Pipeline, build_local_chunks
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 10
+    seed: int = 0
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    aux_coef: float = 1e-2
+    z_coef: float = 0.0
+    capacity_factor: Optional[float] = None
+    metrics: Optional[str] = None
+    checkpoint: Optional[str] = None
+    checkpoint_every: int = 0          # 0: only at the end
+    resume: bool = False
+    data: Optional[str] = None
+    data_dtype: Optional[str] = None
+    log_every: int = 1
+    timeout_s: float = 120.0
+    grouped_mm: Optional[bool] = None
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of one micro-batch (fp32)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def make_exchange(plan: Plan, groups: Groups):
+    """The EP row exchange the plan asks for (None when ep == 1)."""
+    if plan.layout.ep == 1:
+        return None
+    import torch.distributed as dist
+
+    if plan.layout.a2a == "halo":
+        try:
+            from .moe.halo import HaloExchange
+        except ImportError as e:
+            raise PiperError(f"plan.layout.a2a = 'halo' but the HALO exchange is unavailable ({e})") from None
+        ranks = dist.get_process_group_ranks(groups.ep)
+        return HaloExchange(groups.ep, [plan.rank_map[r].node for r in ranks])
+    from .moe.exchange_flat import FlatExchange
+    return FlatExchange(groups.ep)
+
+
+def build_ctx(plan: Plan, cfg: TrainConfig, groups: Optional[Groups]) -> BuildCtx:
+    lay = plan.layout
+    return BuildCtx(seq=lay.seq, ep=lay.ep, ep_rank=groups.ep_rank if groups else 0,
+                    ep_group=groups.ep if groups else None,
+                    exchange=make_exchange(plan, groups) if groups else None,
+                    aux_coef=cfg.aux_coef, z_coef=cfg.z_coef, capacity_factor=cfg.capacity_factor,
+                    aux_scale=1.0 / lay.microbatches, dtype=lay.dtype, recompute=lay.recompute,
+                    grouped_mm=cfg.grouped_mm)
+
+
+def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
+    """Run cfg.steps optimizer steps (from the checkpoint's step with cfg.resume) on this
+    rank; the process group must exist. Returns rank 0's records (others: [])."""
+    from .optim import DistOptimizer
+
+    lay = plan.layout
+    groups = build_groups(plan, cfg.timeout_s)
+    chunks = build_local_chunks(plan, groups.pp_rank, build_ctx(plan, cfg, groups), cfg.seed, device)
+    pipe = Pipeline(plan, chunks, groups.pp, device, lm_loss)
+    named, seen = [], set()
+    for c in chunks.values():
+        for n, p in c.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                named.append((n, p))
+    opt = DistOptimizer(named, groups, lay.dp, lay.zero >= 1, cfg.lr, cfg.weight_decay)
+    start = checkpoint.load(cfg.checkpoint, opt, chunks) if cfg.resume else 0
+    source = make_source(plan.model.vocab_size, lay.seq, cfg.seed, cfg.data, cfg.data_dtype)
+    rep = metrics.Reporter(plan, cfg.metrics, cfg.log_every)
+    for step in range(start, cfg.steps):
+        rows = rank_rows(source.batch(step, lay.global_batch), lay.dp, groups.dp_rank)
+        tokens, targets = rows[:, :-1].to(device), rows[:, 1:].to(device)
+        metrics.reset(chunks)
+        opt.zero_grad()
+        t0 = metrics.now()
+        losses = pipe.step(tokens, targets)
+        opt.reduce_grads()
+        norm = opt.clip(cfg.clip)
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dt = metrics.now() - t0
+        rep.step(step, metrics.rank_stats(groups, chunks, losses, dt, norm))
+        done = step + 1
+        if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
+            checkpoint.save(cfg.checkpoint, done, plan, opt, chunks)
+    rep.finish()
+    return rep.records if rep.rank0 else []

@@ -1,0 +1,173 @@
+"""piper-plan calibrate: the fits recover known parameters from synthetic measurements, the
+written YAML loads as a HardwareSpec, and a seconds-long run on 2 local ranks works end to end.
+The full `--quick` run (about a minute on 2 cores) runs only with PIPER_SLOW=1."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.calibrate import CPU_TILES, _rescale_topology, build_spec, calibrate_cmd, match_bundled, to_yaml
+from piper_plan.calibrate_bench import make_plan
+from piper_plan.calibrate_fit import (ComputeRates, best_rates, comm_time, fit_comm, fit_compute, rated_spec,
+                                      split_comm, split_compute)
+from piper_plan.cost.kernels import flash_attention_time, gemm_time, stream_time
+from piper_plan.specs import load_hardware
+
+TRUE = ComputeRates(gemm_tflops={"bf16": 0.05, "fp32": 0.02}, stream_gbps=5.0, overhead_us=20.0,
+                    attention_tflops=0.008, tile=(64, 64))
+
+
+def _synthetic(noise: float = 0.0, seed: int = 0) -> dict:
+    """Measurements of the quick CPU plan's shapes, timed by the model with TRUE's rates."""
+    hw = rated_spec(load_hardware("cpu-local"), TRUE)
+    plan = make_plan("quick", "cpu")
+    rng = np.random.default_rng(seed)
+    jit = lambda: float(np.exp(noise * rng.standard_normal()))  # noqa: E731
+    eb = {"fp32": 4, "bf16": 2}
+    gemm = [{"dtype": dt, "m": m, "n": n, "k": k, "groups": g,
+             "seconds": float(gemm_time(hw, m, n, k, groups=g, dtype=dt, elt_bytes=eb[dt])) * jit()}
+            for dt, m, n, k, g in plan.gemm if g == 1]
+    stream = [{"nbytes": 12 * e, "seconds": float(stream_time(hw, 12 * e)) * jit()} for e in plan.stream]
+    attn = []
+    for b, h, s, d in plan.attention:
+        fl = 2.0 * b * h * s * s * d
+        attn.append({"dtype": "bf16", "flops": fl, "seconds": float(flash_attention_time(hw, fl)) * jit()})
+    return {"gemm": gemm, "stream": stream, "attention": attn}
+
+
+def _synthetic_comm(lat_us=800.0, bw=0.5, noise=0.0, seed=1) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"kind": k, "n": n, "nbytes": b,
+             "seconds": float(comm_time(k, n, b, lat_us, bw)) * float(np.exp(noise * rng.standard_normal()))}
+            for k in ("p2p", "allreduce", "alltoall") for n in (2, 4, 8) for b in (1024, 65536, 2**20, 2**22)]
+
+
+@pytest.mark.parametrize("noise,tol", [(0.0, 0.01), (0.03, 0.06)])
+def test_fit_compute_recovers_known_rates(noise, tol):
+    fit = fit_compute(load_hardware("cpu-local"), _synthetic(noise), CPU_TILES)
+    r = fit.rates
+    assert r.tile == TRUE.tile
+    for dt in ("bf16", "fp32"):
+        assert r.gemm_tflops[dt] == pytest.approx(TRUE.gemm_tflops[dt], rel=tol)
+    assert r.stream_gbps == pytest.approx(TRUE.stream_gbps, rel=tol)
+    assert r.attention_tflops == pytest.approx(TRUE.attention_tflops, rel=tol)
+    assert r.overhead_us == pytest.approx(TRUE.overhead_us, rel=3 * tol)
+    if noise == 0.0:
+        assert all(v["max_abs_pct"] < 1.0 for v in fit.residuals.values())
+
+
+def test_fit_comm_recovers_alpha_beta():
+    f = fit_comm(_synthetic_comm())
+    assert f.latency_us == pytest.approx(800.0, rel=1e-3)
+    assert f.bandwidth_gbps == pytest.approx(0.5, rel=1e-3)
+    assert set(f.residuals) == {"comm_p2p", "comm_allreduce", "comm_alltoall"}
+    noisy = fit_comm(_synthetic_comm(noise=0.05))
+    assert noisy.latency_us == pytest.approx(800.0, rel=0.1)
+    assert noisy.bandwidth_gbps == pytest.approx(0.5, rel=0.1)
+
+
+def test_comm_model_counts_steps():
+    # ring all-reduce: 2(n-1) messages of B/n; all-to-all: n-1 of B/n; p2p: one of B
+    assert comm_time("p2p", 4, 4e9, 0.0, 1.0) == pytest.approx(4.0)
+    assert comm_time("allreduce", 4, 4e9, 0.0, 1.0) == pytest.approx(6.0)
+    assert comm_time("alltoall", 4, 4e9, 0.0, 1.0) == pytest.approx(3.0)
+    assert comm_time("alltoall", 4, 0.0, 10.0, 1.0) == pytest.approx(30e-6)
+
+
+def test_split_measured_mode_reproduces_rates_with_efficiencies_at_most_one():
+    meas = _synthetic()
+    best = best_rates(meas)
+    s = split_compute(TRUE, best, None)
+    for dt, p in TRUE.gemm_tflops.items():
+        assert s["peak_tflops"][dt] * s["gemm"] == pytest.approx(p, rel=1e-5)
+        assert s["peak_tflops"][dt] >= best["gemm_tflops"][dt] * (1 - 1e-6)
+    assert 0 < s["gemm"] <= 1 and 0 < s["memory"] <= 1 and 0 < s["attention"] <= 1
+    assert s["memory_bandwidth_gbps"] * s["memory"] == pytest.approx(TRUE.stream_gbps)
+    assert s["peak_tflops"]["bf16"] * s["attention"] == pytest.approx(TRUE.attention_tflops, rel=1e-5)
+
+
+def test_split_datasheet_mode_keeps_peaks():
+    s = split_compute(TRUE, best_rates(_synthetic()), ({"bf16": 0.1, "fp32": 0.05, "fp8": 0.2}, 10.0))
+    assert s["peak_tflops"]["bf16"] == 0.1 and s["peak_tflops"]["fp8"] == 0.2
+    assert s["gemm"] == pytest.approx(0.5)
+    assert s["memory"] == pytest.approx(0.5) and s["memory_bandwidth_gbps"] == 10.0
+
+
+def test_written_yaml_loads_as_hardware_spec(tmp_path):
+    base = load_hardware("cpu-local")
+    meas = _synthetic(0.02)
+    fit = fit_compute(base, meas, CPU_TILES)
+    comp = split_compute(fit.rates, best_rates(meas), None)
+    cm = _synthetic_comm(noise=0.02)
+    cf = fit_comm(cm)
+    dev = {"kind": "cpu", "name": "test cpu", "torch": "x", "cores": 2, "ram_gib": 24.0,
+           "accelerator_name": "CPU rank (1/4)", "memory_gib": 5.0, "compute_units": 1}
+    spec = build_spec(base, name="cpu-test", ranks=4, device=dev, comp=comp, comp_res=fit.residuals,
+                      comm=split_comm(cf, cm), comm_res=cf.residuals, stamp="2026-01-01T00:00:00+00:00",
+                      record="measurements in cpu-test.calibration.json", datasheet=False)
+    path = tmp_path / "cpu-test.yaml"
+    path.write_text(to_yaml(spec, ["header comment"]))
+    hw = load_hardware(str(path))
+    assert hw == spec
+    assert hw.gpus_per_node == 4 and [lv.size for lv in hw.topology] == [4, 32]
+    assert hw.efficiency.gemm_tile == (64, 64)
+    assert hw.efficiency.kernel_overhead_us == pytest.approx(TRUE.overhead_us, rel=0.1)
+    node = hw.topology[hw.node_level]
+    assert node.bandwidth_gbps * hw.efficiency.comm == pytest.approx(0.5, rel=0.05)
+    assert node.latency_us == pytest.approx(800.0, rel=0.05)
+    assert "cpu-test.calibration.json" in hw.source and "2026-01-01" in hw.efficiency.source
+
+
+def test_rescale_topology_keeps_levels_valid():
+    d = load_hardware("frontier").model_dump(mode="json")  # gcd-pair 2, node 8, switch 32, ...
+    _rescale_topology(d, 4)
+    sizes = [lv["size"] for lv in d["topology"]]
+    assert sizes[:3] == [2, 4, 16] and d["gpus_per_node"] == 4
+
+
+def test_match_bundled_by_model_number():
+    h100 = match_bundled("NVIDIA H100 80GB HBM3")
+    assert h100 is not None and "H100" in load_hardware(h100).accelerator.name
+    assert match_bundled("Some Unknown Accelerator") is None
+
+
+def test_import_does_not_load_torch():
+    code = "import sys, piper_plan.calibrate; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_base_is_one_line_error():
+    r = CliRunner().invoke(calibrate_cmd, ["--base", "no-such-machine", "--smoke"])
+    assert r.exit_code == 2
+    assert "no-such-machine" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_smoke_run_on_two_ranks_writes_loadable_yaml(tmp_path):
+    out = tmp_path / "cpu-test.yaml"
+    r = CliRunner().invoke(calibrate_cmd, ["--smoke", "--ranks", "2", "-o", str(out), "--timeout", "60"])
+    assert r.exit_code == 0, r.output
+    hw = load_hardware(str(out))
+    assert hw.name == "cpu-test" and hw.gpus_per_node == 2
+    rec = json.loads((tmp_path / "cpu-test.calibration.json").read_text())
+    m = rec["measurements"]
+    assert all(m[f] for f in ("gemm", "stream", "attention", "comm"))
+    assert {c["n"] for c in m["comm"]} == {2}
+    assert all(p["seconds"] > 0 for f in m for p in m[f])
+    assert rec["timestamp"] and rec["residuals"]["gemm_fp32"]["points"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("PIPER_SLOW") != "1", reason="about a minute on 2 cores: PIPER_SLOW=1")
+def test_quick_run_under_two_minutes(tmp_path):
+    out = tmp_path / "cpu-local.yaml"
+    r = CliRunner().invoke(calibrate_cmd, ["--quick", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    rec = json.loads((tmp_path / "cpu-local.calibration.json").read_text())
+    assert rec["wall_s"] < 120
+    assert load_hardware(str(out)).gpus_per_node == 8

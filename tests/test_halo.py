@@ -1,0 +1,116 @@
+"""HALO equals flat all_to_all_single value for value and in order, forward and backward.
+
+One spawned gloo world of 8 CPU processes runs every virtual node map (node maps only decide
+who relays what; all ranks share one machine), on subgroups where the map is smaller than 8."""
+from __future__ import annotations
+
+import datetime
+import os
+import traceback
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+WORLD = 8
+# name -> (group's global ranks, node of each group rank)
+MAPS = {
+    "2x2": ([0, 1, 2, 3], [0, 0, 1, 1]),
+    "2x4": (list(range(8)), [0] * 4 + [1] * 4),
+    "4x2": (list(range(8)), [0, 0, 1, 1, 2, 2, 3, 3]),
+    "3x2 (subgroup 2..7)": ([2, 3, 4, 5, 6, 7], [0, 0, 1, 1, 2, 2]),
+    "uneven 3,1,2": ([0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 2]),
+    "uneven 1,3,2,2 strided": (list(range(8)), [1, 0, 2, 0, 3, 2, 0, 3]),
+    "one node": ([4, 5, 6, 7], [0, 0, 0, 0]),
+    "one rank per node": ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4]),
+}
+TRIALS = 4
+
+
+def _matrix(gen, w: int, trial: int):
+    """Row counts s -> d: random uneven, ~30% zeros, one silent rank, trial 3 all zero."""
+    c = torch.randint(0, 6, (w, w), generator=gen)
+    c[torch.rand((w, w), generator=gen) < 0.3] = 0
+    z = int(torch.randint(0, w, (1,), generator=gen))
+    c[z, :] = 0
+    c[:, z] = 0
+    if trial == 3:
+        c.zero_()
+    return c
+
+
+def _flat(x, send, recv, group):
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
+    return out
+
+
+def _worker(rank: int, store_path: str, errfile: str):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    from piper_runtime.moe.halo import HaloExchange
+
+    store = dist.FileStore(store_path, WORLD)
+    timeout = datetime.timedelta(seconds=60)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timeout)
+    failures = []
+    try:
+        for name, (ranks, node_of) in MAPS.items():
+            group = dist.new_group(ranks, timeout=timeout) if len(ranks) < WORLD else None
+            if rank not in ranks:
+                continue
+            halos = [HaloExchange(group, node_of), HaloExchange(group, node_of, overlap=False)]
+            halo = halos[0]
+            me, w = dist.get_rank(group), len(ranks)
+            gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # same on every rank
+            for trial in range(TRIALS):
+                c = _matrix(gen, w, trial)
+                send, recv = c[me].tolist(), c[:, me].tolist()
+                shape = (sum(send), 3) if trial != 2 else (sum(send), 2, 4)  # trailing dims too
+                # Rows carry (source, row index) so order errors show, plus noise for bits.
+                x = torch.randn(shape, generator=torch.Generator().manual_seed(100 * me + trial))
+                x.select(-1, 0).reshape(-1)[: shape[0]] = me * 1000 + torch.arange(shape[0], dtype=x.dtype)
+                x.requires_grad_(True)
+                counts = halo.exchange_counts(send) if trial == 1 else None  # both count paths
+                y = halos[trial == 2](x, send, recv, counts=counts)  # trial 2: simple HALO
+                ref = _flat(x.detach(), send, recv, group)
+                if not torch.equal(y.detach(), ref):
+                    failures.append(f"{name} trial {trial} rank {me}: forward differs")
+                gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7 + me + trial))
+                y.backward(gy)
+                gref = _flat(gy, recv, send, group)  # flat backward: the reverse exchange
+                if not torch.equal(x.grad, gref):
+                    failures.append(f"{name} trial {trial} rank {me}: gradient differs")
+            if w > 1:  # a bf16 exchange (gloo moves bytes; still bit-identical)
+                c = _matrix(gen, w, 0)
+                send, recv = c[me].tolist(), c[:, me].tolist()
+                xb = torch.randn(sum(send), 5).to(torch.bfloat16)
+                if not torch.equal(halo(xb, send, recv), _flat(xb, send, recv, group)):
+                    failures.append(f"{name} bf16 rank {me}: forward differs")
+    except Exception:
+        failures.append(traceback.format_exc())
+    finally:
+        if failures:
+            with open(errfile, "a") as f:
+                f.write("\n".join(failures) + "\n")
+        dist.destroy_process_group()
+
+
+def test_halo_bit_identical_to_flat(tmp_path):
+    err = tmp_path / "errors.txt"
+    mp.spawn(_worker, args=(str(tmp_path / "store"), str(err)), nprocs=WORLD, join=True)
+    assert not err.exists(), err.read_text()
+
+
+def test_node_map_length_checked():
+    from piper_runtime.moe.halo import _Nodes
+
+    n = _Nodes([0, 0, 0, 1, 2, 2])
+    assert n.members == {0: [0, 1, 2], 1: [3], 2: [4, 5]}
+    # Node 1 has one rank: every remote rank sends to it; node 2 wraps local index 2 -> 0.
+    assert [n.peer(r, 1) for r in (0, 1, 2, 4, 5)] == [3, 3, 3, 3, 3]
+    assert [n.peer(r, 2) for r in (0, 1, 2, 3)] == [4, 5, 4, 4]
+    assert not _Nodes([0, 1, 0, 1]).block[0]

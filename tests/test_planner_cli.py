@@ -1,0 +1,142 @@
+"""piper-plan's commands: one-line errors, estimate/search agreement, infeasibility reasons."""
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.cli import main
+
+
+def run(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output, (r.stderr if hasattr(r, "stderr") else "")
+
+
+def err_line(code, out):
+    assert code == 2, out
+    lines = [l for l in out.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), out
+    assert "Traceback" not in out
+    return lines[0]
+
+
+@pytest.mark.parametrize("text,field", [
+    ("name: x\nnum_layers: [1, 2\n", "line"),                      # malformed YAML
+    ("name: x\nnum_layers: 2\nhidden_size: 8\nnum_heads: 2\nvocab_size: 8\nffn_size: 8\nbogus: 1\n", "bogus"),
+    ("name: x\nnum_layers: two\nhidden_size: 8\nnum_heads: 2\nvocab_size: 8\nffn_size: 8\n", "num_layers"),
+])
+def test_bad_model_yaml_is_one_line_naming_file_and_field(tmp_path, text, field):
+    p = tmp_path / "m.yaml"
+    p.write_text(text)
+    line = err_line(*run("estimate", "-m", str(p), "-H", "frontier", "-n", "8")[:2])
+    assert str(p) in line and field in line
+
+
+def test_bad_hardware_field(tmp_path):
+    p = tmp_path / "h.yaml"
+    p.write_text(open("hardware/frontier.yaml").read().replace("memory_gib: 64", "memory_gib: -1"))
+    line = err_line(*run("estimate", "-m", "mixtral-8x7b", "-H", str(p), "-n", "8")[:2])
+    assert "accelerator.memory_gib" in line
+
+
+@pytest.mark.parametrize("args,constraint", [
+    (["-n", "8", "--tp", "3"], "tp*pp*dp == gpus"),
+    (["-n", "24", "--ep", "3", "--dp", "24"], "ep divides experts"),
+    (["-n", "64", "--pp", "64"], "pp*vpp <= layers"),
+    (["-n", "16", "--pp", "8", "--global-batch", "8", "--schedule", "1f1b"], "microbatches >= pp"),
+])
+def test_impossible_layouts_name_the_constraint(args, constraint):
+    line = err_line(*run("estimate", "-m", "mixtral-8x7b", "-H", "frontier", *args)[:2])
+    assert constraint in line
+
+
+def test_search_plan_reproduces_under_estimate(tmp_path):
+    out = tmp_path / "plan.json"
+    code, text, _ = run("search", "-m", "mixtral-8x7b", "-H", "frontier", "-n", "64", "--json", "-o", str(out))
+    assert code == 0, text
+    best = json.loads(text)["top"][0]
+    plan = json.loads(out.read_text())
+    lay = plan["layout"]
+    assert plan["predicted"]["fits"] and plan["predicted"]["peak_memory_gib"] <= 64
+    args = ["estimate", "-m", "mixtral-8x7b", "-H", "frontier", "-n", str(lay["gpus"]), "--tp", str(lay["tp"]),
+            "--pp", str(lay["pp"]), "--dp", str(lay["dp"]), "--ep", str(lay["ep"]), "--mbs", str(lay["mbs"]),
+            "--global-batch", str(lay["global_batch"]), "--seq", str(lay["seq"]), "--schedule", lay["schedule"],
+            "--vpp", str(lay["vpp"]), "--recompute", lay["recompute"], "--zero", str(lay["zero"]),
+            "--a2a", lay["a2a"], "--placement", lay["placement"], "--json"]
+    code, text, _ = run(*args)
+    assert code == 0, text
+    est = json.loads(text)
+    for k in ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib"):
+        assert est[k] == pytest.approx(best[k], rel=1e-12) == plan["predicted"][k]
+
+
+def test_deepseek_v3_on_8_gpus_says_states_do_not_fit():
+    code, text, _ = run("search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "8", "--json")
+    assert code == 1
+    why = " ".join(json.loads(text)["infeasible"])
+    assert "nothing fits" in why and "parameter + optimizer state alone" in why
+    assert "more)" in why  # a computed GPU count that fits
+
+
+def test_batch_that_cannot_split_names_the_rule():
+    # 1 sequence on 8 ranks: dp > 1 cannot split it, and pp > 1 has fewer micro-batches than stages
+    code, text, _ = run("search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "8", "--global-batch", "1",
+                        "--schedules", "1f1b", "--json")
+    assert code == 1
+    why = " ".join(json.loads(text)["infeasible"])
+    assert "global batch not divisible by dp*mbs" in why and "micro-batches < pp" in why
+    assert "global batch 1 splits over dp in [1]" in why
+
+
+def test_estimate_json_has_required_keys():
+    code, text, _ = run("estimate", "-m", "deepseek-v3", "-H", "frontier", "-n", "2048", "--pp", "16", "--ep", "64",
+                        "--recompute", "full", "--global-batch", "4096", "--json")
+    assert code == 0, text
+    d = json.loads(text)
+    for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu", "peak_memory_gib",
+              "fits", "memory_gib_per_stage", "time_breakdown_s"):
+        assert k in d
+    assert {"compute", "a2a", "bubble", "dp_comm"} <= set(d["time_breakdown_s"])
+    assert d["memory_gib_per_stage"][0]["stage"] == 0 and "activations" in d["memory_gib_per_stage"][0]
+
+
+def test_planner_imports_no_torch():
+    code = "import sys, piper_plan.cli, piper_plan.search, piper_plan.validate; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_failed_plan_write_leaves_old_file(tmp_path, monkeypatch):
+    from piper_plan import plan as plan_mod
+
+    p = tmp_path / "plan.json"
+    p.write_text("old")
+    monkeypatch.setattr(plan_mod.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        plan_mod.atomic_write_text(p, "new")
+    assert p.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_unknown_plan_schema_version(tmp_path):
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({"schema_version": 99}))
+    line = err_line(*run("show", str(p))[:2])
+    assert "schema_version" in line
+
+
+def test_sweep_writes_table_csv_and_png(tmp_path):
+    code, text, _ = run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary",
+                        "nic_gbps=12.5,25,50", "--csv", str(tmp_path / "s.csv"), "--plot", str(tmp_path / "s.png"),
+                        "--json", str(tmp_path / "s.json"))
+    assert code == 0, text
+    rows = json.loads((tmp_path / "s.json").read_text())
+    assert [r["network.nic_gbps"] for r in rows] == [12.5, 25, 50]
+    assert rows[0]["tokens_per_s"] <= rows[2]["tokens_per_s"]  # a faster NIC never slows the best plan
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert len((tmp_path / "s.csv").read_text().splitlines()) == 4
+
+
+def test_sweep_unknown_field_is_one_line():
+    line = err_line(*run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary", "network.nope=1")[:2])
+    assert "network.nope" in line
