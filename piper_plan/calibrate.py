@@ -106,8 +106,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
     peaks = comp["peak_tflops"]
     acc.update(peak_tflops=peaks, memory_bandwidth_gbps=round(comp["memory_bandwidth_gbps"], 4))
     if datasheet:
-        acc["source"] = (acc.get("source", "") + f"; calibrate {stamp}: datasheet peaks kept"
-                         + (" (raised where a measurement exceeded them)" if peaks != base.accelerator.peak_tflops else ""))
+        raised = " (raised where a measurement exceeded them)" if peaks != base.accelerator.peak_tflops else ""
+        acc["source"] = acc.get("source", "") + f"; calibrate {stamp}: datasheet peaks kept{raised}"
     else:
         acc.update(name=device["accelerator_name"], memory_gib=round(device["memory_gib"], 2),
                    compute_units=device["compute_units"])
@@ -227,11 +227,11 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
             meas = run_benchmarks(plan, ranks, dev["kind"], timeout_s=timeout,
                                   on_tick=lambda lbl: prog.update(task, advance=1, description=lbl))
             prog.update(task, description="fitting")
-            fit = _fit(hw, meas, plan, dev, datasheet, ranks)
+            fit = _fit(hw, meas, plan, dev, datasheet)
             prog.update(task, description="done")
     else:
         meas = run_benchmarks(plan, ranks, dev["kind"], timeout_s=timeout)
-        fit = _fit(hw, meas, plan, dev, datasheet, ranks)
+        fit = _fit(hw, meas, plan, dev, datasheet)
 
     dev["loadavg_after"] = os.getloadavg()
     stamp = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
@@ -243,7 +243,7 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
                       comm=fit["comm_split"], comm_res=fit["comm"].residuals if fit["comm"] else None,
                       stamp=stamp, record=record, datasheet=datasheet)
     wall = time.monotonic() - t0
-    header = [f"{name}: calibrated by `piper-plan calibrate{' --quick' if kind == 'quick' else ''}` at {stamp} "
+    header = [f"{name}: calibrated by `piper-plan calibrate{'' if kind == 'full' else ' --' + kind}` at {stamp} "
               f"in {wall:.0f} s ({ranks} rank(s), {dev['kind']}, base '{hw.name}')",
               "fit error |model/measured − 1| by family, median/max: " + _pct(residuals),
               f"1-min load average before the run: {dev['loadavg_before'][0]:.2f} on {dev['cores']} cores "
@@ -271,7 +271,7 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
     return {"spec": spec, "yaml": text, "record": rec, "wall_s": wall}
 
 
-def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bool, ranks: int) -> dict:
+def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bool) -> dict:
     if not datasheet:  # wave quantisation must see the device's own unit count during the fit
         acc = hw.accelerator.model_copy(update={"compute_units": dev["compute_units"]})
         hw = hw.model_copy(update={"accelerator": acc})
@@ -280,7 +280,11 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
     ds = (hw.accelerator.peak_tflops, hw.accelerator.memory_bandwidth_gbps) if datasheet else None
     comp = split_compute(comp_fit.rates, best_rates(meas), ds, plan.attn_dtype)
     comm_fit = fit_comm(meas["comm"]) if meas.get("comm") else None
-    return {"compute": comp_fit, "comp": comp, "comm": comm_fit, "proposals": proposals(hw, comp_fit, meas, tiles),
+    prop = proposals(hw, comp_fit, meas, tiles)
+    if comm_fit:  # one α-β pair per collective, to show what a single pair per level costs
+        kinds = sorted({c["kind"] for c in meas["comm"]})
+        prop["comm_per_kind"] = {k: asdict(fit_comm([c for c in meas["comm"] if c["kind"] == k])) for k in kinds}
+    return {"compute": comp_fit, "comp": comp, "comm": comm_fit, "proposals": prop,
             "comm_split": split_comm(comm_fit, meas["comm"]) if comm_fit else None}
 
 

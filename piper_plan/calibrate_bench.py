@@ -153,8 +153,10 @@ def _comm_fn(torch, dist, dev, kind, rank, n, sub, numel):
         nxt, prv = base + (rank - base + 1) % n, base + (rank - base - 1) % n
         s, r = torch.zeros(numel, device=dev), torch.empty(numel, device=dev)
 
-        def p2p():
-            for req in (dist.isend(s, nxt), dist.irecv(r, prv)):
+        ops = [dist.P2POp(dist.isend, s, nxt), dist.P2POp(dist.irecv, r, prv)]
+
+        def p2p():  # batched, so NCCL pairs the send and the receive in one group (no deadlock)
+            for req in dist.batch_isend_irecv(ops):
                 req.wait()
         return p2p
     if kind == "allreduce":

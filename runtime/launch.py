@@ -8,11 +8,11 @@ one line with exit status 2; a problem only a worker can see (a damaged checkpoi
 is reported the same way, and collective timeouts stop a rank that would otherwise hang."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
 import traceback
-from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -31,20 +31,24 @@ def check_supported(plan: Plan, world: int) -> None:
         raise PiperError(f"plan.layout.tp: tensor parallelism (tp={lay.tp}) is not implemented by piper-train; use tp=1")
     if lay.dtype == "fp16":
         raise PiperError("plan.layout.dtype: fp16 needs loss scaling, which piper-train does not do; use bf16 or fp32")
-    if lay.zero > 1:
-        raise PiperError(f"plan.layout.zero: ZeRO-{lay.zero} is not implemented by piper-train; use zero 0 or 1")
+    if lay.zero > 2:
+        raise PiperError(f"plan.layout.zero: ZeRO-{lay.zero} is not implemented by piper-train; use zero 0, 1 or 2")
+    if lay.dropout:
+        raise PiperError("plan.layout.dropout: dropout is not implemented by piper-train; use dropout false")
 
 
 def preflight(plan: Plan, cfg, world: int) -> None:
-    from .checkpoint import CheckpointError, validate
-    from .data import open_tokens
-
+    """Every check that needs no process group (imports torch only where needed)."""
     check_supported(plan, world)
     if cfg.steps < 1:
         raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
     if cfg.data:
+        from .data import open_tokens
+
         open_tokens(cfg.data, plan.model.vocab_size, plan.layout.seq, cfg.data_dtype)
     if cfg.resume:
+        from .checkpoint import CheckpointError, validate
+
         if not cfg.checkpoint:
             raise PiperError("--resume needs --checkpoint DIR")
         step = validate(cfg.checkpoint, plan)
@@ -91,47 +95,65 @@ def run_rank(rank: int, world: int, plan: Plan, cfg, store_path: Optional[str], 
         dist.destroy_process_group()
 
 
-def _spawned(rank: int, world: int, plan_json: str, cfg, store_path: str, errdir: str, threads: int) -> None:
-    """Entry point of a spawned rank: PiperError -> error file + exit 2; anything else ->
-    traceback + exit 1 (torch.multiprocessing then stops the other ranks)."""
+def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_path: str, tmp: str,
+             threads: int) -> None:
+    """Entry point of a spawned rank: runs each (plan, config) job in turn on one process
+    group. PiperError -> error file + exit 2; anything else -> traceback + exit 1 (torch
+    multiprocessing then stops the other ranks, so nobody waits for a dead peer)."""
+    import torch.distributed as dist
+
+    from .train import train
+
     try:
-        run_rank(rank, world, Plan.model_validate_json(plan_json), cfg, store_path, threads)
+        import torch
+
+        torch.set_num_threads(threads)
+        device = _init(rank, world, jobs_json[0][1].timeout_s, store_path)
+        for j, (plan_json, cfg) in enumerate(jobs_json):
+            recs = train(Plan.model_validate_json(plan_json), cfg, device)
+            if rank == 0:
+                Path(tmp, f"job{j:04d}.json").write_text(json.dumps(recs))
+        dist.destroy_process_group()
     except PiperError as e:
-        Path(errdir, f"rank{rank:05d}.err").write_text(str(e))
+        Path(tmp, "err", f"rank{rank:05d}.err").write_text(str(e))
         sys.exit(e.exit_code)
     except BaseException as e:
         if isinstance(e, SystemExit):
             raise
         traceback.print_exc()
-        Path(errdir, f"rank{rank:05d}.crash").write_text(f"{type(e).__name__}: {e}".splitlines()[0])
+        Path(tmp, "err", f"rank{rank:05d}.crash").write_text(f"{type(e).__name__}: {e}".splitlines()[0])
         sys.exit(1)
 
 
-def spawn(plan: Plan, cfg, threads: int = 1) -> int:
-    """Run the plan as plan.layout.gpus local processes; returns the exit status."""
+class RankFailed(RuntimeError):
+    """A rank crashed (not an input error); its traceback went to stderr."""
+
+
+def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[dict]]:
+    """Run (plan, TrainConfig) jobs one after another on the same plan.layout.gpus local
+    processes (one process start for several runs: tests and benchmarks). Returns rank 0's
+    per-step records of each job. Raises PiperError (a rank's input error) or RankFailed."""
     import torch.multiprocessing as mp
 
-    n = plan.layout.gpus
+    n = jobs[0][0].layout.gpus
+    if any(p.layout.gpus != n for p, _ in jobs):
+        raise ValueError("all jobs of one spawn need the same world size")
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     with tempfile.TemporaryDirectory(prefix="piper-train-") as tmp:
-        store = os.path.join(tmp, "store")
-        errdir = os.path.join(tmp, "err")
-        os.mkdir(errdir)
-        ctx = mp.start_processes(_spawned, args=(n, plan.model_dump_json(), cfg, store, errdir, threads),
+        os.mkdir(os.path.join(tmp, "err"))
+        payload = [(p.model_dump_json(), c) for p, c in jobs]
+        ctx = mp.start_processes(_spawned, args=(n, payload, os.path.join(tmp, "store"), tmp, threads),
                                  nprocs=n, join=False, start_method="spawn")
         try:
             while not ctx.join():
                 pass
-            return 0
         except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
-            errs = sorted(Path(errdir).glob("*.err"))
+            errs = sorted(Path(tmp, "err").glob("*.err"))
             if errs:
-                click.echo(f"error: {errs[0].read_text().strip()}", err=True)
-                return 2
-            crashes = sorted(Path(errdir).glob("*.crash"))
-            why = crashes[0].read_text().strip() if crashes else str(e).splitlines()[0]
-            click.echo(f"error: a rank failed: {why}", err=True)
-            return 1
+                raise PiperError(errs[0].read_text().strip()) from None
+            crashes = sorted(Path(tmp, "err").glob("*.crash"))
+            raise RankFailed(crashes[0].read_text().strip() if crashes else str(e).splitlines()[0]) from None
+        return [json.loads(Path(tmp, f"job{j:04d}.json").read_text()) for j in range(len(jobs))]
 
 
 @click.command(context_settings=dict(help_option_names=["-h", "--help"]))
@@ -157,7 +179,7 @@ def spawn(plan: Plan, cfg, threads: int = 1) -> int:
 def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, data, data_dtype, log_every,
          lr, weight_decay, clip, aux_loss_coef, z_loss_coef, capacity_factor, timeout_s, threads):
     """Train with the layout of PLAN: pipelined (torch.distributed.pipelining) expert-parallel MoE."""
-    from .train import TrainConfig
+    from .config import TrainConfig
 
     cfg = TrainConfig(steps=steps, seed=seed, lr=lr, weight_decay=weight_decay, clip=clip, aux_coef=aux_loss_coef,
                       z_coef=z_loss_coef, capacity_factor=capacity_factor, metrics=metrics_path, checkpoint=ckdir,
@@ -170,11 +192,15 @@ def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, 
         preflight(plan, cfg, world)
         if not under_torchrun:
             _check_devices(plan)
-            sys.exit(spawn(plan, cfg, threads))
-        run_rank(int(os.environ["RANK"]), world, plan, replace(cfg), None, threads)
+            spawn_jobs([(plan, cfg)], threads)
+        else:
+            run_rank(int(os.environ["RANK"]), world, plan, cfg, None, threads)
     except PiperError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
+    except RankFailed as e:
+        click.echo(f"error: a rank failed: {e}", err=True)
+        sys.exit(1)
 
 
 def _check_devices(plan: Plan) -> None:

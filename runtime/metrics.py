@@ -92,7 +92,7 @@ class Reporter:
         self.live = None
         if self.rank0:
             from rich.console import Console
-            self.console = Console(stderr=False)
+            self.console = Console(soft_wrap=True)  # one record per line, never wrapped
             if self.path:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fh = open(self.path, "a")

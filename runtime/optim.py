@@ -5,12 +5,14 @@ group (edp), everything else the stage's data-parallel group (dp). Gradients are
 over it and divided by dp -- not edp: an expert's local gradient already holds the tokens
 of all ep ranks of its EP group, so the edp sum covers all dp ranks.
 
-ZeRO-1 is our own rather than torch's ZeroRedundancyOptimizer: that one shards over one
+ZeRO-1/2 is our own rather than torch's ZeroRedundancyOptimizer: that one shards over one
 process group, while expert and dense parameters replicate over different groups, and
 its state_dict must be consolidated on one rank, while checkpoints here are written by
 torch.distributed.checkpoint keyed per logical expert. Sharding is by whole parameters
 (as ZeroRedundancyOptimizer does): the owner keeps the AdamW state (torch.optim.AdamW over
-its parameters), steps them and broadcasts the new values to its group."""
+its parameters), steps them and broadcasts the new values to its group. ZeRO-2 also
+shards gradients: each owner's gradients are reduced to it (dist.reduce, not all_reduce)
+and the other ranks drop theirs before the optimizer step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,9 +51,10 @@ class DistOptimizer:
     """AdamW over this rank's parameters (all, or its ZeRO-1 share) plus the collectives
     around it. named: (global name, parameter) of this rank's chunks, deduplicated."""
 
-    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], groups: Groups, dp: int, zero: bool,
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], groups: Groups, dp: int, zero: int,
                  lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8):
-        self.groups, self.dp, self.zero = groups, dp, zero
+        """zero: 0 (replicated AdamW), 1 (sharded state) or 2 (sharded state and gradients)."""
+        self.groups, self.dp, self.zero = groups, dp, int(zero)
         self.infos: list[PInfo] = []
         by_group: dict[str, list[tuple[str, torch.Tensor]]] = {"dp": [], "edp": []}
         for name, p in named:
@@ -79,20 +82,32 @@ class DistOptimizer:
             i.param.grad = None
 
     def reduce_grads(self) -> None:
-        """Sum over replication groups (÷ dp), then sum the tied embedding's two copies."""
+        """Sum the tied embedding's two copies, then sum over replication groups (÷ dp);
+        with ZeRO-2 only each gradient's owner keeps the sum."""
         for i in self.infos:
             if i.param.grad is None:
                 i.param.grad = torch.zeros_like(i.param)
+        if self.groups.emb is not None:  # before the dp sum: ZeRO-2 owners may differ per stage
+            emb = [i for i in self.infos if i.name == "embed.weight"]
+            _allreduce([emb[0].param.grad], self.groups.emb)
+        me = dist.get_rank()
         for expert in (False, True):
             infos = [i for i in self.infos if i.expert == expert]
             if infos and len(infos[0].group_ranks) > 1:
-                _allreduce([i.param.grad for i in infos], infos[0].group)
+                if self.zero >= 2:
+                    for owner in infos[0].group_ranks:
+                        mine = [i for i in infos if i.owner == owner]
+                        if mine:
+                            _reduce([i.param.grad for i in mine], owner, infos[0].group)
+                    for i in infos:
+                        if i.owner != me:
+                            i.param.grad = None
+                else:
+                    _allreduce([i.param.grad for i in infos], infos[0].group)
             if self.dp > 1:
                 for i in infos:
-                    i.param.grad.div_(self.dp)
-        if self.groups.emb is not None:
-            emb = [i for i in self.infos if i.name == "embed.weight"]
-            _allreduce([emb[0].param.grad], self.groups.emb)
+                    if i.param.grad is not None:
+                        i.param.grad.div_(self.dp)
 
     def clip(self, max_norm: float) -> float:
         """Global L2 norm over all ranks and stages (each parameter counted once), clipped
@@ -104,7 +119,8 @@ class DistOptimizer:
         dist.all_reduce(sq)
         total = sq.sqrt().to(torch.float32)
         if max_norm and max_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_([i.param for i in self.infos], max_norm, total)
+            torch.nn.utils.clip_grads_with_norm_([i.param for i in self.infos if i.param.grad is not None],
+                                                 max_norm, total)
         return float(total)
 
     # ---- update ----------------------------------------------------------------------------
@@ -134,6 +150,14 @@ class DistOptimizer:
             st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         return st
+
+
+def _reduce(tensors: list[torch.Tensor], dst: int, group) -> None:
+    flat = _flatten_dense_tensors(tensors)
+    dist.reduce(flat, dst=dst, group=group)
+    if dist.get_rank() == dst:
+        for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+            t.copy_(v)
 
 
 def _allreduce(tensors: list[torch.Tensor], group) -> None:

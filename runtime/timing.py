@@ -42,7 +42,7 @@ class _Start(torch.autograd.Function):
         ctx.acc = acc
         if not in_backward():
             acc._t_fwd = time.perf_counter()
-        return x.view_as(x)
+        return x.detach()  # not a view: the pipeline detach_()es stage outputs
 
     @staticmethod
     def backward(ctx, g):
@@ -59,7 +59,7 @@ class _End(torch.autograd.Function):
         if not in_backward():
             acc.fwd_s += time.perf_counter() - acc._t_fwd
             acc.calls += 1
-        return x.view_as(x)
+        return x.detach()  # not a view: the pipeline detach_()es stage outputs
 
     @staticmethod
     def backward(ctx, g):

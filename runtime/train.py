@@ -1,10 +1,9 @@
 """The training loop of one rank: build groups, chunks, pipeline and optimizer from the
 plan, then per step: pipelined forward/backward over the micro-batches, gradient
-reduction (dp / edp / tied embedding), global-norm clipping, AdamW (ZeRO-1 when the plan
-says zero >= 1), metrics, checkpoint."""
+reduction (dp / edp / tied embedding), global-norm clipping, AdamW (ZeRO-1 or -2 as the
+plan says), metrics, checkpoint."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -14,31 +13,11 @@ from piper_plan.errors import PiperError
 from piper_plan.plan import Plan
 
 from . import checkpoint, metrics
+from .config import TrainConfig
 from .data import make_source, rank_rows
 from .mesh import Groups, build_groups
 from .model import BuildCtx
 from .pipeline import Pipeline, build_local_chunks
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 10
-    seed: int = 0
-    lr: float = 3e-4
-    weight_decay: float = 0.1
-    clip: float = 1.0
-    aux_coef: float = 1e-2
-    z_coef: float = 0.0
-    capacity_factor: Optional[float] = None
-    metrics: Optional[str] = None
-    checkpoint: Optional[str] = None
-    checkpoint_every: int = 0          # 0: only at the end
-    resume: bool = False
-    data: Optional[str] = None
-    data_dtype: Optional[str] = None
-    log_every: int = 1
-    timeout_s: float = 120.0
-    grouped_mm: Optional[bool] = None
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -88,7 +67,7 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
             if id(p) not in seen:
                 seen.add(id(p))
                 named.append((n, p))
-    opt = DistOptimizer(named, groups, lay.dp, lay.zero >= 1, cfg.lr, cfg.weight_decay)
+    opt = DistOptimizer(named, groups, lay.dp, lay.zero, cfg.lr, cfg.weight_decay)
     start = checkpoint.load(cfg.checkpoint, opt, chunks) if cfg.resume else 0
     source = make_source(plan.model.vocab_size, lay.seq, cfg.seed, cfg.data, cfg.data_dtype)
     rep = metrics.Reporter(plan, cfg.metrics, cfg.log_every)

@@ -124,6 +124,22 @@ def test_written_yaml_loads_as_hardware_spec(tmp_path):
     assert "cpu-test.calibration.json" in hw.source and "2026-01-01" in hw.efficiency.source
 
 
+def test_cuda_datasheet_spec_keeps_machine_shape():
+    # the CUDA path on a device matched to a bundled data sheet (H100: 989 TFLOP/s bf16)
+    base = load_hardware("dgx-h100")
+    rates = ComputeRates({"bf16": 700.0}, 3000.0, 4.0, 450.0, (128, 256))
+    best = {"gemm_tflops": {"bf16": 690.0}, "stream_gbps": 2900.0, "attention_tflops": 440.0}
+    comp = split_compute(rates, best, (base.accelerator.peak_tflops, base.accelerator.memory_bandwidth_gbps))
+    dev = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "torch": "x", "cores": 16, "ram_gib": 1000.0,
+           "compute_units": 132}
+    spec = build_spec(base, name="h100-cal", ranks=1, device=dev, comp=comp, comp_res={}, comm=None, comm_res=None,
+                      stamp="t", record="r", datasheet=True)
+    assert spec.accelerator.peak_tflops == base.accelerator.peak_tflops
+    assert spec.gpus_per_node == base.gpus_per_node and spec.topology == base.topology
+    assert spec.peak_flops("bf16") * spec.efficiency.gemm == pytest.approx(700e12, rel=1e-3)
+    assert spec.efficiency.attention * spec.peak_flops("bf16") == pytest.approx(450e12, rel=1e-3)
+
+
 def test_rescale_topology_keeps_levels_valid():
     d = load_hardware("frontier").model_dump(mode="json")  # gcd-pair 2, node 8, switch 32, ...
     _rescale_topology(d, 4)

@@ -140,3 +140,20 @@ def test_sweep_writes_table_csv_and_png(tmp_path):
 def test_sweep_unknown_field_is_one_line():
     line = err_line(*run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary", "network.nope=1")[:2])
     assert "network.nope" in line
+
+
+def test_bundled_specs_found_after_plain_wheel_install(tmp_path):
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(target), str(repo)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    code = ("import piper_plan.specs as s; print(len(s.bundled_names('models')), len(s.bundled_names('hardware')),"
+            " s.load_model('deepseek-v3').name, s.load_hardware('frontier').name)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    n_models = len(list((repo / "models").glob("*.yaml")))
+    n_hw = len(list((repo / "hardware").glob("*.yaml")))
+    assert out.stdout.split() == [str(n_models), str(n_hw), "deepseek-v3", "frontier"], out.stderr

@@ -5,7 +5,6 @@ package data `piper_plan.bundled.models|hardware`, so a plain wheel install find
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,12 +20,10 @@ _REPO = Path(__file__).resolve().parents[2]
 
 
 def _bundled_dir(kind: str) -> Path:
-    try:
-        p = Path(str(resources.files(f"piper_plan.bundled.{kind}")))
-        if p.is_dir() and any(p.glob("*.yaml")):
-            return p
-    except (ModuleNotFoundError, TypeError):
-        pass
+    """Installed package data (wheel) first, else the repository folder (source checkout)."""
+    p = Path(__file__).resolve().parents[1] / "bundled" / kind
+    if p.is_dir() and any(p.glob("*.yaml")):
+        return p
     return _REPO / kind
 
 

@@ -20,7 +20,7 @@ class _ContiguousGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        return x.view_as(x)
+        return x.detach()  # not a view: the pipeline detach_()es stage outputs
 
     @staticmethod
     def backward(ctx, g):
