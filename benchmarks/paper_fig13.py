@@ -4,7 +4,7 @@ and the weak-scaling family, its predicted model TFLOPS/GPU, beside the paper's 
 
     python benchmarks/paper_fig13.py
 """
-from piper_plan.search import SearchSpace, search
+from piper_plan.search import SearchSpace, default_global_batch, round_batch, search
 from piper_plan.specs import load_hardware, load_model
 
 PAPER = [("xmoe-small", 8, 2048, 90.44), ("xmoe-medium", 32, 4096, 57.83), ("xmoe-large", 80, 4096, 46.89),
@@ -17,9 +17,7 @@ def main():
     print(f"{'model':12s} {'GCDs':>5s} {'chosen layout':58s} {'pred TF':>8s} {'paper TF':>9s} {'ratio':>6s}")
     for name, gpus, seq, paper in PAPER:
         m = load_model(name)
-        gbs = max(gpus, (4 * 2**20) // seq)
-        gbs -= gbs % gpus
-        res = search(m, hw, SearchSpace(gpus=gpus, global_batch=gbs, seq=seq))
+        res = search(m, hw, SearchSpace(gpus=gpus, global_batch=round_batch(default_global_batch(seq), gpus), seq=seq))
         if res.best is None:
             print(f"{name:12s} {gpus:5d} nothing fits")
             continue

@@ -116,6 +116,7 @@ def layout_options(fn):
 def _layout_from(kw, model):
     from .errors import LayoutError
     from .layout import Layout
+    from .search import default_global_batch
 
     gpus, tp, pp = kw["gpus"], kw["tp"], kw["pp"]
     dp = kw["dp"]
@@ -124,7 +125,7 @@ def _layout_from(kw, model):
             raise LayoutError("tp*pp*dp == gpus", f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
         dp = gpus // (tp * pp)
     seq = kw["seq"] or model.seq_len
-    gbs = kw["global_batch"] or max(1, (4 * 2**20) // seq)
+    gbs = kw["global_batch"] or default_global_batch(seq)
     vpp = kw["vpp"] or (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1)
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=kw["ep"], vpp=vpp, mbs=kw["mbs"], global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
@@ -189,10 +190,10 @@ def search_options(fn):
 
 
 def _space(kw, model, gpus):
-    from .search import SearchSpace
+    from .search import SearchSpace, default_global_batch
 
     seq = kw["seq"] or model.seq_len
-    gbs = kw["global_batch"] or max(1, (4 * 2**20) // seq)
+    gbs = kw["global_batch"] or default_global_batch(seq)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),

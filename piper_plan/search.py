@@ -15,6 +15,17 @@ from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
 MBS_CHOICES = (1, 2, 4, 8, 16)
+DEFAULT_BATCH_TOKENS = 4 * 2**20  # a 4M-token global batch when the user gives none
+
+
+def default_global_batch(seq: int) -> int:
+    """Sequences in a DEFAULT_BATCH_TOKENS global batch."""
+    return max(1, DEFAULT_BATCH_TOKENS // seq)
+
+
+def round_batch(global_batch: int, gpus: int) -> int:
+    """The global batch rounded down to a multiple of `gpus` (at least `gpus` sequences)."""
+    return max(global_batch, gpus) // gpus * gpus
 VPP_INTERLEAVED = (2, 4)
 OBJECTIVES = ("throughput", "mfu", "memory")
 

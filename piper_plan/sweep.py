@@ -9,7 +9,7 @@ import itertools
 from dataclasses import replace
 
 from .errors import SpecError
-from .search import SearchSpace, search
+from .search import SearchSpace, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import parse
 
@@ -65,8 +65,7 @@ def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[flo
         h = hw
         for k, v in zip(keys, vals):
             h = set_field(h, k, v)
-        gbs = max(space.global_batch, n) // n * n if space.global_batch % n else space.global_batch
-        res = search(model, h, replace(space, gpus=n, global_batch=gbs), routing)
+        res = search(model, h, replace(space, gpus=n, global_batch=round_batch(space.global_batch, n)), routing)
         row = {"gpus": n, **dict(zip(keys, vals))}
         if res.best is None:
             row.update(fits=False, tokens_per_s=0.0, mfu=0.0, tflops_per_gpu=0.0, layout="nothing fits")

@@ -28,7 +28,7 @@ from scipy.stats import kendalltau
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
 from .layout import Layout
-from .search import SearchSpace, search
+from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs import load_hardware, load_model
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -100,8 +100,7 @@ def predict_row(row) -> tuple[float, str]:
     if row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"]):
         seq = _i(row["seq"])
         gpus = _i(row["gpus"])
-        gbs = max(gpus, (4 * 2**20) // seq)
-        gbs -= gbs % gpus
+        gbs = round_batch(default_global_batch(seq), gpus)
         pps = (1,) if row["group"] == "xmoe2025" else None
         res = search(m, hw, SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=pps))
         if res.best is None:

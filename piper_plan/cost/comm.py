@@ -86,8 +86,9 @@ def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
     return np.where(n > 1, t, 0.0)
 
 
-def a2a_halo(hw: HardwareSpec, nbytes, n, stride):
-    """HALO all-to-all time (see module docstring)."""
+def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
+    """HALO all-to-all time (see module docstring). `flat`: a2a_flat of the same arguments,
+    if the caller has it already (HALO falls back to it when it cannot help)."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
     c, peers = _split(hw, n, stride)
@@ -111,7 +112,8 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride):
     lat_inter = (inter_peers / np.maximum(q, 1) * _expand(lat, intra.ndim - 1)).sum(0)
     last_pack = t3 / np.maximum(nodes - 1, 1)
     t = np.maximum(t1 + t3 + 2 * lat_intra, t2 + lat_inter + last_pack + lat_intra)
-    flat = a2a_flat(hw, nbytes, n, stride)
+    if flat is None:
+        flat = a2a_flat(hw, nbytes, n, stride)
     # one node, or one member per node: HALO degenerates to the flat exchange
     return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
 

@@ -87,7 +87,7 @@ def _tp_allreduce(hw, lay, nbytes):
 def _a2a(hw, lay, nbytes):
     stride = np.where(lay.placement == 0, 1, lay.edp)
     flat = comm.a2a_flat(hw, nbytes, lay.ep, stride)
-    halo = comm.a2a_halo(hw, nbytes, lay.ep, stride)
+    halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat)
     return np.where(lay.a2a == 1, halo, flat)
 
 
@@ -217,10 +217,11 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     step = t_pipe + t_dp + t_opt
 
     # ---- memory per representative rank ------------------------------------------------
-    stage_of = {"first": np.zeros(len(lay), int), "mid": np.where(has_mid, np.where(v_shape, 1, 1), -1),
-                "last": np.where(pp1 | v_shape, np.where(pp1, 0, lay.pp - 1), lay.pp - 1)}
-    a_dense = sum(act.attention_terms(m, lay).values()) + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
-    a_moe = (sum(act.attention_terms(m, lay).values()) + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
+    stage_of = {"first": np.zeros(len(lay), int), "mid": np.where(has_mid, 1, -1),
+                "last": np.where(pp1, 0, lay.pp - 1)}
+    a_attn = sum(act.attention_terms(m, lay).values())
+    a_dense = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
+    a_moe = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
     a_in = act.layer_input_bytes(m, lay)
     a_dense = np.where(lay.recompute == 2, a_in, a_dense)
     a_moe = np.where(lay.recompute == 2, a_in, a_moe)
@@ -259,13 +260,13 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
     mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
 
-    layers_in_pipe = np.where(pp1, 1.0, 1.0)
-    a2a_step = M * pick(lambda r: a2a_per_mb[r]) * layers_in_pipe
-    tp_step = M * pick(lambda r: tot(comm_ph[r])) - a2a_step - M * p2p_one * rank_chunks * 2
+    a2a_step = M * pick(lambda r: a2a_per_mb[r])
+    p2p_step = M * p2p_one * rank_chunks * 2
+    tp_step = M * pick(lambda r: tot(comm_ph[r])) - a2a_step - p2p_step
     compute_step = M * pick(lambda r: tot(phases[r]))
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
-            "p2p": M * p2p_one * rank_chunks * 2, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt,
+            "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt,
             "total": step}
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
                     mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
