@@ -58,6 +58,8 @@ def _netns(name: str) -> str:
     nsx(ns, "ip", "link", "set", "lo", "up")
     for key in ("all", "default"):
         nsx(ns, "sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0")
+    # Idle gaps between timed exchanges must not reset TCP's window (per-namespace sysctl).
+    nsx(ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
     return ns
 
 

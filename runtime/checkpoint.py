@@ -2,13 +2,14 @@
 
 Layout of DIR:  step_00000004/ (a DCP checkpoint + meta.json),  latest (text: the folder
 name). Keys: "model.<name>" and "optim.<name>.<exp_avg|exp_avg_sq|step>", where routed
-expert weights are split per logical expert ("layers.3.moe.experts.5.w_in"), so a later
+expert weights are split per logical expert ("layers.3.moe.experts.5.w1"), so a later
 re-placement -- or another layout altogether -- loads them. Replicated tensors are written
 once (DCP de-duplicates equal keys); ZeRO-1 state is written by its owner.
 
 Atomicity: everything is written into a hidden temp folder; rank 0 renames it into place
 and only then rewrites `latest` (atomically), so a crash at any point leaves the previous
-checkpoint whole and `latest` pointing at it."""
+checkpoint whole and `latest` pointing at it. Across nodes DIR must be a shared file system
+(as DCP's FileSystemWriter assumes)."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from piper_plan.errors import PiperError
 from piper_plan.plan import Plan, atomic_write_text
@@ -91,7 +93,7 @@ def validate(ckdir: str | os.PathLike, plan: Plan) -> int:
                               f"({meta.get('model_hash')}), plan has {plan.model.name!r} ({plan.model_hash})")
     try:
         dcp.FileSystemReader(str(p)).read_metadata()
-    except Exception as e:  # DCP raises pickle/EOF/OSError variants for a damaged .metadata
+    except (Exception, CheckpointException) as e:  # DCP raises pickle/EOF/OSError variants for a damaged .metadata
         raise CheckpointError(f"{p}: .metadata unreadable or corrupted ({type(e).__name__})") from None
     return step
 
@@ -134,9 +136,10 @@ def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk])
     state = {k: torch.empty_like(v) for k, v in entries}
     try:
         dcp.load(state, checkpoint_id=str(p))
-    except Exception as e:  # DCP wraps per-rank read errors in CheckpointException
-        msg = str(e).strip().splitlines()
-        raise CheckpointError(f"{p}: cannot load ({type(e).__name__}: {msg[-1][:160] if msg else ''})") from None
+    except (Exception, CheckpointException) as e:  # the latter derives from BaseException
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        why = lines[-1] if lines else type(e).__name__
+        raise CheckpointError(f"{p}: cannot load, damaged or incompatible ({why[:140]})") from None
     with torch.no_grad():
         for k, v in entries:
             v.copy_(state[k])

@@ -26,6 +26,6 @@ class TrainConfig:
     resume: bool = False
     data: Optional[str] = None
     data_dtype: Optional[str] = None
-    log_every: int = 1
+    log_every: int = 1                 # console line / live-view update every N steps; 0: silent
     timeout_s: float = 120.0
     grouped_mm: Optional[bool] = None

@@ -23,7 +23,13 @@ from piper_plan.plan import Plan, read_plan
 
 
 def check_supported(plan: Plan, world: int) -> None:
-    """What this runtime cannot run, as one-line errors (before any process starts)."""
+    """What this runtime cannot run, as one-line errors (before any process starts).
+
+    Layout fields that change no mathematics are accepted and not modelled exactly:
+    attention_kernel (torch's scaled_dot_product_attention picks the kernel),
+    overlap_grad_reduce (gradients are reduced after the pipeline step, not overlapped),
+    grad_dtype (gradients are always fp32, like the master weights), placement (taken from
+    plan.rank_map as written)."""
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
@@ -167,7 +173,7 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
 @click.option("--data", default=None, help="pre-tokenised uint16/uint32 tokens (.npy, or raw .bin)")
 @click.option("--data-dtype", type=click.Choice(["uint16", "uint32"]), default=None,
               help="token dtype of a raw .bin (default uint16); for .npy, the dtype it must have")
-@click.option("--log-every", default=1, show_default=True, help="console update every N steps")
+@click.option("--log-every", default=1, show_default=True, help="console update every N steps (0: silent)")
 @click.option("--lr", default=3e-4, show_default=True)
 @click.option("--weight-decay", default=0.1, show_default=True)
 @click.option("--clip", default=1.0, show_default=True, help="global gradient-norm clip (0: off)")

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from piper_plan.specs.model import ModelSpec
 
@@ -55,7 +56,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, S, self.KV, self.hd).transpose(1, 2)
         v = self.wv(x).view(B, S, self.KV, self.hd).transpose(1, 2)
         q, k = apply_rope(q, self.cos, self.sin), apply_rope(k, self.cos, self.sin)
-        o = self.core(q, k, v)
+        o = _core(self, q, k, v)
         return self.wo(o.transpose(1, 2).reshape(B, S, -1))
 
 
@@ -101,7 +102,7 @@ class MLAttention(nn.Module):
             k_pe = apply_rope(k_pe.unsqueeze(1), self.cos, self.sin).expand(B, self.H, S, self.rope)
         q = torch.cat([q_nope, q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe], dim=-1)
-        o = self.core(q, k, v)
+        o = _core(self, q, k, v)
         return self.wo(o.transpose(1, 2).reshape(B, S, -1))
 
 
@@ -119,6 +120,14 @@ class FFN(nn.Module):
         if self.gated:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
         return self.w2(F.gelu(self.w1(x)))
+
+
+def _core(mod: nn.Module, q, k, v):
+    """The attention core; recomputed in backward under selective recompute (Megatron's
+    'selective': the score/softmax/value part, whose activations grow with s²)."""
+    if getattr(mod, "recompute_core", False) and q.requires_grad:
+        return checkpoint(mod.core, q, k, v, use_reentrant=False)
+    return mod.core(q, k, v)
 
 
 def make_attention(spec: ModelSpec, seq: int) -> nn.Module:

@@ -85,7 +85,7 @@ class Reporter:
     """Rank 0: append records to JSONL, show a rich live table, print the end summary."""
 
     def __init__(self, plan: Plan, path: Optional[str], log_every: int = 1):
-        self.plan, self.log_every = plan, max(1, log_every)
+        self.plan, self.log_every = plan, log_every  # 0: no console output at all
         self.rank0 = dist.get_rank() == 0
         self.path = Path(path) if path else None
         self.records: list[dict] = []
@@ -96,7 +96,7 @@ class Reporter:
             if self.path:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fh = open(self.path, "a")
-            if self.console.is_terminal:
+            if self.console.is_terminal and log_every > 0:
                 from rich.live import Live
                 self.live = Live(console=self.console, refresh_per_second=4)
                 self.live.start()
@@ -112,7 +112,7 @@ class Reporter:
         if self.path:
             self._fh.write(json.dumps(rec) + "\n")
             self._fh.flush()
-        if (step + 1) % self.log_every == 0:
+        if self.log_every > 0 and (step + 1) % self.log_every == 0:
             self._show(rec)
         return rec
 
@@ -148,7 +148,9 @@ class Reporter:
         if self.path:
             self._fh.write(json.dumps(summary) + "\n")
             self._fh.close()
-        if pred:
+        if self.log_every <= 0:
+            pass
+        elif pred:
             self.console.print(f"step time: measured {meas * 1e3:.1f} ms, predicted {pred * 1e3:.1f} ms, "
                                f"ratio {meas / pred:.2f}", highlight=False)
         else:

@@ -5,7 +5,7 @@ chunk and the final norm + LM head if it is the last. Parameter names are global
 ("layers.7.attn.wq.weight"), and every parameter is initialised from a generator seeded by
 (seed, name), so any layout -- and the single-process reference -- starts from the same
 weights. Routed-expert weights are stacked per local slot; they are initialised (and
-checkpointed) per logical expert id under "layers.<i>.moe.experts.<e>.<w_in|w_out>"."""
+checkpointed) per logical expert id under "layers.<i>.moe.experts.<e>.<w1|w3|w2>"."""
 from __future__ import annotations
 
 import hashlib
@@ -45,7 +45,7 @@ class BuildCtx:
     capacity_factor: Optional[float] = None
     aux_scale: float = 1.0
     dtype: str = "fp32"                 # "fp32" | "bf16" (autocast, fp32 master weights)
-    recompute: str = "none"             # "none" | "selective" (attention core) | "full" (block)
+    recompute: str = "none"             # "none" | "selective" (attention core: softmax(QKᵀ)V) | "full" (block)
     grouped_mm: Optional[bool] = None   # None: when it applies; False: per-expert loop
 
     @property
@@ -65,6 +65,7 @@ class Block(nn.Module):
         self.recompute = ctx.recompute
         self.attn_norm = make_norm(spec.norm, d)
         self.attn = make_attention(spec, ctx.seq)
+        self.attn.recompute_core = ctx.recompute == "selective"
         self.ffn_norm = make_norm(spec.norm, d)
         if spec.layer_is_moe(layer):
             m = spec.moe
@@ -78,14 +79,8 @@ class Block(nn.Module):
         else:
             self.ffn = FFN(d, spec.ffn_size, spec.ffn_gated, spec.linear_bias)
 
-    def _attn(self, x):
-        h = self.attn_norm(x)
-        if self.recompute == "selective":
-            return checkpoint(self.attn, h, use_reentrant=False)
-        return self.attn(h)
-
     def _body(self, x):
-        x = x + self._attn(x)
+        x = x + self.attn(self.attn_norm(x))
         h = self.ffn_norm(x)
         return x + (self.moe(h) if hasattr(self, "moe") else self.ffn(h))
 
@@ -103,7 +98,7 @@ class Chunk(nn.Module):
                  embed: Optional[nn.Embedding] = None):
         super().__init__()
         self.spec, self.layer_ids, self.first, self.last = spec, list(layers), first, last
-        self.device_type, self.bf16 = "cpu", ctx.dtype == "bf16"
+        self.bf16 = ctx.dtype == "bf16"
         need_embed = first or (last and spec.tied_embeddings)
         if need_embed:
             self.embed = embed if embed is not None else nn.Embedding(spec.vocab_size, spec.hidden_size)
@@ -145,7 +140,7 @@ def _init_tensor(t: torch.Tensor, name: str, seed: int, num_layers: int) -> None
         t.zero_()
         return
     std = 0.02
-    if any(k in name for k in (".wo.", ".w2.", "w_out")):
+    if {"wo", "w2"} & set(name.split(".")):  # attention, FFN and expert output projections
         std /= math.sqrt(2 * num_layers)  # GPT-2 scaled residual projections
     g = torch.Generator().manual_seed(_seed_of(seed, name))
     t.copy_(torch.randn(t.shape, generator=g) * std)

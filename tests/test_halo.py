@@ -54,7 +54,7 @@ def _worker(rank: int, store_path: str, errfile: str):
     from piper_runtime.moe.halo import HaloExchange
 
     store = dist.FileStore(store_path, WORLD)
-    timeout = datetime.timedelta(seconds=60)
+    timeout = datetime.timedelta(seconds=int(os.environ.get("HALO_TEST_TIMEOUT", 60)))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timeout)
     failures = []
     try:
@@ -79,6 +79,10 @@ def _worker(rank: int, store_path: str, errfile: str):
                 ref = _flat(x.detach(), send, recv, group)
                 if not torch.equal(y.detach(), ref):
                     failures.append(f"{name} trial {trial} rank {me}: forward differs")
+                if counts is not None:  # dispatcher use: the combine reuses the transposed counts
+                    back = halo(y.detach(), recv, send, counts=counts.transposed())
+                    if not torch.equal(back, x.detach()):
+                        failures.append(f"{name} rank {me}: combine with transposed counts differs")
                 gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7 + me + trial))
                 y.backward(gy)
                 gref = _flat(gy, recv, send, group)  # flat backward: the reverse exchange

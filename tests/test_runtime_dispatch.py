@@ -40,20 +40,22 @@ def _inputs(r: int):
 
 
 def _weights():
+    """Logical expert weights w1 (gate), w3 (up) [E, D, F] and w2 (down) [E, F, D]."""
     g = torch.Generator().manual_seed(7)
-    return torch.randn(E, D, 2 * F, generator=g) * 0.1, torch.randn(E, F, D, generator=g) * 0.1
+    return [torch.randn(*shape, generator=g) * 0.1 for shape in ((E, D, F), (E, D, F), (E, F, D))]
 
 
-def _dense(x, idx, w, w_in, w_out):
+def _dense(x, idx, w, ws):
     """Σ_k w · SwiGLU_e(x) with a plain loop over tokens and choices."""
+    w1, w3, w2 = ws
     out = torch.zeros_like(x)
     for n in range(x.shape[0]):
         for k in range(K):
             e = int(idx[n, k])
             if e < 0:
                 continue
-            gate, up = (x[n] @ w_in[e]).chunk(2)
-            out[n] = out[n] + w[n, k] * ((torch.nn.functional.silu(gate) * up) @ w_out[e])
+            h = torch.nn.functional.silu(x[n] @ w1[e]) * (x[n] @ w3[e])
+            out[n] = out[n] + w[n, k] * (h @ w2[e])
     return out
 
 
@@ -63,12 +65,13 @@ def _worker(rank: int, store: str, grouped) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, EP), rank=rank, world_size=EP,
                             timeout=timedelta(seconds=60))
     try:
-        w_in, w_out = _weights()
+        ws = _weights()
         experts = GroupedExperts(E // EP, D, F, gated=True, grouped=grouped)
         mine = PLACE.local_experts(rank)
+        ours = (experts.w1, experts.w3, experts.w2)
         with torch.no_grad():
-            experts.w_in.copy_(w_in[mine])
-            experts.w_out.copy_(w_out[mine])
+            for p, w in zip(ours, ws):
+                p.copy_(w[mine])
         disp = EPDispatcher(PLACE, rank, dist.group.WORLD, FlatExchange(dist.group.WORLD))
         x, idx, w, gout = _inputs(rank)
         x.requires_grad_(True)
@@ -76,27 +79,27 @@ def _worker(rank: int, store: str, grouped) -> None:
         (y * gout).sum().backward()
 
         # dense reference over every rank's tokens (all inputs are reproducible anywhere)
-        rw_in, rw_out = w_in.clone().requires_grad_(), w_out.clone().requires_grad_()
+        rws = [w.clone().requires_grad_() for w in ws]
         total, ref_x = 0.0, None
         for r in range(EP):
             xr, ir, wr, gr = _inputs(r)
             xr.requires_grad_(True)
-            total = total + (_dense(xr, ir, wr, rw_in, rw_out) * gr).sum()
+            total = total + (_dense(xr, ir, wr, rws) * gr).sum()
             if r == rank:
-                ref_x, ref_y = xr, _dense(xr, ir, wr, rw_in, rw_out)
+                ref_x, ref_y = xr, _dense(xr, ir, wr, rws)
         total.backward()
         torch.testing.assert_close(y, ref_y.detach(), rtol=1e-5, atol=1e-6)
         if ref_x.grad is None:  # rank 2 has no tokens: nothing flows back to it
             assert x.grad is None or x.grad.numel() == 0
         else:
             torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(experts.w_in.grad, rw_in.grad[mine], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(experts.w_out.grad, rw_out.grad[mine], rtol=1e-5, atol=1e-6)
+        for p, rw in zip(ours, rws):
+            torch.testing.assert_close(p.grad, rw.grad[mine], rtol=1e-5, atol=1e-6)
         # rows each rank's experts computed: rank 1 none at all
         expect = {0: [3, 3], 1: [0, 0], 2: [6, 5]}[rank]
         assert disp.tokens_per_slot.tolist() == expect, disp.tokens_per_slot.tolist()
         if rank == 1:
-            assert float(experts.w_in.grad.abs().sum()) == 0.0
+            assert all(float(p.grad.abs().sum()) == 0.0 for p in ours)
     finally:
         dist.destroy_process_group()
 

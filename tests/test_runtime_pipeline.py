@@ -2,8 +2,9 @@
 
 All distributed runs share one spawn of 4 CPU ranks (gloo), run one after another: the
 five schedules at pp2 x dp2 with ep2 inside each stage, ZeRO-0/1/2, tied
-embeddings (across ranks with 1f1b, shared on one rank with zbv), full recompute, and a
-single-stage pp1 x ep4 run; then a checkpoint/resume pair and a bf16 run."""
+embeddings (across ranks with 1f1b, shared on one rank with zbv), full and selective
+recompute, and a single-stage pp1 x ep4 run, the same with the HALO exchange across two "nodes"; then a
+checkpoint/resume pair and a bf16 run."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from piper_plan.layout import Layout  # noqa: E402
 from piper_plan.plan import make_plan  # noqa: E402
+from piper_plan.specs.hardware import HardwareSpec  # noqa: E402
 from piper_plan.specs.registry import load_hardware, load_model  # noqa: E402
 from piper_runtime.config import TrainConfig  # noqa: E402
 from piper_runtime.data import make_source, rank_rows  # noqa: E402
@@ -23,22 +25,35 @@ STEPS = 3
 REL = 1e-5
 
 
-def _plan(schedule="1f1b", pp=2, dp=2, ep=2, vpp=1, zero=1, tied=False, recompute="none", dtype="fp32", gb=8):
+def _hardware(gpus_per_node: int):
+    """cpu-local, optionally cut into nodes of `gpus_per_node` ranks (so HALO has nodes)."""
+    hw = load_hardware("cpu-local")
+    if gpus_per_node == hw.gpus_per_node:
+        return hw
+    d = hw.model_dump()
+    d["gpus_per_node"] = d["topology"][0]["size"] = gpus_per_node
+    return HardwareSpec.model_validate(d)
+
+
+def _plan(schedule="1f1b", pp=2, dp=2, ep=2, vpp=1, zero=1, tied=False, recompute="none", dtype="fp32", gb=8,
+          a2a="flat", gpus_per_node=8):
     spec = load_model("tiny-moe")
     if tied:
         spec = spec.model_copy(update={"tied_embeddings": True})
     lay = Layout(gpus=pp * dp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=1, global_batch=gb, seq=32, schedule=schedule,
-                 zero=zero, recompute=recompute, dtype=dtype)
-    return make_plan(spec, load_hardware("cpu-local"), lay)
+                 zero=zero, recompute=recompute, dtype=dtype, a2a=a2a)
+    return make_plan(spec, _hardware(gpus_per_node), lay)
 
 
 CASES = {
     "gpipe": dict(schedule="gpipe", zero=2, tied=True),
     "1f1b": dict(schedule="1f1b", zero=0, tied=True, recompute="full"),
-    "interleaved": dict(schedule="interleaved", vpp=2),
+    "interleaved": dict(schedule="interleaved", vpp=2, recompute="selective"),
     "zbv": dict(schedule="zbv", vpp=2, tied=True),
     "dualpipev": dict(schedule="dualpipev", vpp=2),
     "pp1_ep4": dict(schedule="1f1b", pp=1, dp=4, ep=4),
+    # HALO exchange (runtime/moe/halo.py) behind the same dispatcher, EP group over 2 "nodes"
+    "halo_ep4": dict(schedule="1f1b", pp=1, dp=4, ep=4, a2a="halo", gpus_per_node=2),
 }
 
 
@@ -54,7 +69,7 @@ def reference(plan, cfg: TrainConfig):
                              {"params": [p for p in ps if p.ndim < 2], "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
     src = make_source(plan.model.vocab_size, lay.seq, cfg.seed)
-    losses = []
+    losses, norms = [], []
     for step in range(cfg.steps):
         batch = src.batch(step, lay.global_batch)
         opt.zero_grad()
@@ -66,7 +81,7 @@ def reference(plan, cfg: TrainConfig):
                 per_mb.append(loss.item())
         for p in ps:
             p.grad /= lay.dp
-        torch.nn.utils.clip_grad_norm_(ps, cfg.clip)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(ps, cfg.clip)))
         opt.step()
         losses.append(sum(per_mb) / len(per_mb))
     params = {}
@@ -77,7 +92,7 @@ def reference(plan, cfg: TrainConfig):
                 params[f"model.{pre}{EXPERT_TAG}{e}.{w}"] = p.detach()[e]
         else:
             params[f"model.{n}"] = p.detach()
-    return losses, params
+    return losses, params, norms
 
 
 def _load_ckpt(path) -> dict:
@@ -120,10 +135,13 @@ def test_schedule_matches_reference(runs, name):
     recs, tmp = runs
     plan = _plan(**CASES[name])
     cfg = TrainConfig(steps=STEPS)
-    ref_losses, ref_params = reference(plan, cfg)
+    ref_losses, ref_params, ref_norms = reference(plan, cfg)
     got = [r["loss"] for r in recs[name] if "step" in r]
     assert len(got) == STEPS
     assert got == pytest.approx(ref_losses, rel=REL)
+    # the global gradient norm before clipping: catches a wrong gradient scale, which
+    # AdamW would otherwise hide (its update is invariant to a constant gradient factor)
+    assert [r["grad_norm"] for r in recs[name]] == pytest.approx(ref_norms, rel=REL)
     assert got[-1] != pytest.approx(got[0], rel=1e-4)  # the runs really trained
     ck = _load_ckpt(tmp / name / f"step_{STEPS:08d}")
     model_keys = {k for k in ck if k.startswith("model.")}
@@ -159,7 +177,7 @@ def test_resume_continues_with_same_losses(runs):
 
 def test_bf16_runs_close_to_fp32(runs):
     recs, _ = runs
-    ref, _ = reference(_plan("1f1b"), TrainConfig(steps=2))
+    ref, _, _ = reference(_plan("1f1b"), TrainConfig(steps=2))
     got = [r["loss"] for r in recs["bf16"]]
     assert got == pytest.approx(ref, rel=2e-2)
     assert got != pytest.approx(ref, rel=1e-6)  # it really ran in bf16

@@ -17,6 +17,24 @@ from .. import timing
 from .placement import ExpertPlacement
 
 
+class _GatherRows(torch.autograd.Function):
+    """rows = x[index].to(dtype); backward accumulates in x's dtype with index_add (each
+    token appears top-k times). Fusing the cast keeps the scatter-add out of bf16, where
+    autograd's index_put-accumulate is 2.4x slower on CPU (4,096 x 256, top-2)."""
+
+    @staticmethod
+    def forward(ctx, x, index, dtype):
+        ctx.save_for_backward(index)
+        ctx.n, ctx.xdtype = x.shape[0], x.dtype
+        return x.index_select(0, index).to(dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        (index,) = ctx.saved_tensors
+        gx = g.new_zeros((ctx.n,) + tuple(g.shape[1:]), dtype=ctx.xdtype)
+        return gx.index_add_(0, index, g.to(ctx.xdtype)), None, None
+
+
 class EPDispatcher:
     """Runs the routed experts of one MoE layer across an EP group of size `ep`.
 
@@ -47,13 +65,18 @@ class EPDispatcher:
         self.a2a.reset()
 
     def __call__(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
-                 expert_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                 expert_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 compute_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """x [N, d]; experts/weights [N, k] (id -1: dropped); expert_fn(rows, counts per
-        slot) -> rows. Returns [N, d] = Σ_k weight · expert(x) in x.dtype."""
+        slot) -> rows. Rows are cast to compute_dtype (default x.dtype) as they are
+        gathered, so they also travel in it. Returns [N, d] = Σ_k weight · expert(x) in
+        x.dtype, combined in fp32."""
         N, k = experts.shape
         E, per = self.placement.num_experts, self.placement.per_rank
         dev = x.device
-        phys = self._phys.to(dev)
+        if self._phys.device != dev:
+            self._phys = self._phys.to(dev)
+        phys = self._phys
         flat_e = experts.reshape(-1)
         token = torch.arange(N * k, device=dev) // k
         w = weights.reshape(-1)
@@ -67,7 +90,7 @@ class EPDispatcher:
         counts = torch.bincount(p, minlength=E)                       # [E] by physical id
         if not timing.in_backward():
             self.tokens_per_expert += torch.bincount(flat_e, minlength=E).cpu()
-        rows = x[tok_sorted]                                          # permute: [A, d]
+        rows = _GatherRows.apply(x, tok_sorted, compute_dtype or x.dtype)  # permute: [A, d]
 
         if self.ep == 1:
             y = expert_fn(rows, counts)
@@ -91,5 +114,6 @@ class EPDispatcher:
             y = timing.end(self.exchange(out_local, recv_splits, send_splits), self.a2a)
         if not timing.in_backward():
             self.tokens_per_slot += slot_counts.cpu()
-        contrib = (y.float() * w_sorted.unsqueeze(1)).to(x.dtype)  # combine in fp32
-        return x.new_zeros(N, x.shape[1]).index_add(0, tok_sorted, contrib)
+        contrib = y.float() * w_sorted.unsqueeze(1)  # combine in fp32
+        out = contrib.new_zeros(N, x.shape[1]).index_add(0, tok_sorted, contrib)
+        return out.to(x.dtype)

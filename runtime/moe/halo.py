@@ -19,11 +19,17 @@ node's ranks are not consecutive in the group, the packing gather.
 
 Counts: the relay must know how each incoming pack splits over its node's ranks, i.e. the
 per-(source, destination) row counts. ``exchange_counts`` gets the whole W x W matrix with one
-small ``all_to_all_single`` of int64 (W^2 x 8 bytes per rank; one message round, it overlaps
-Phase I and the Phase II sends, which need no counts). A dispatcher that calls
-``exchange_counts`` instead of its own count exchange gets ``recv_splits`` from it and passes
-the matrix in, so counts are exchanged once per forward; backward reuses the transposed matrix
-and exchanges nothing.
+small ``all_to_all_single`` of int64 (W messages of W x 8 bytes per rank). Measured on the
+emulated 4 x 2 networks of benchmarks/halo_netns.py it costs the same as the flat path's own
+recv-split exchange (W int64 per peer): 6-9 ms each on that oversubscribed 2-core machine, both
+latency-bound. Without ``counts`` the call runs that exchange itself, concurrently with
+Phase I; the Phase II packs are posted once it is done (their receivers need the sizes, and a
+send posted before its receive measured ~1.5x slower at 1 MiB/peer on gloo). A dispatcher that
+calls ``exchange_counts`` in place of its own count exchange gets ``recv_splits`` from it
+(``counts.recv(rank)``) and passes ``counts`` to the dispatch and ``counts.transposed()`` to the
+combine, so counts cross the network once per layer; backward reuses the transposed matrix and
+exchanges nothing. If a rank's ``recv_splits`` disagree with the senders' counts it raises
+ValueError; its peers then fail at the group's collective timeout.
 """
 from __future__ import annotations
 
@@ -134,20 +140,24 @@ class HaloExchange:
             counts, pending = self._checked(pending, recv), None
         out = x.new_empty((sum(recv), *x.shape[1:]))
         cur = _Call(x, out, _offsets(send), _offsets(recv))
-        packs, ops = ([], []) if counts is None else self._pack_recvs(cur, counts)
-        n_pack = len(ops)  # receives first: a posted receive lets its send go out at once
         keep = []  # packs built by a gather must live until their send completes
-        ops += self._phase1(cur, send, recv) + self._pack_sends(cur, send, keep)
+        # Receives go first, so each peer's send finds its receive posted and goes out at once
+        # (gloo's P2P is a rendezvous: a send posted before its receive waits a round trip and
+        # is then written by gloo's single I/O thread, which measured ~1.5x slower Phase II).
+        # Phase II sends wait for the counts, so their relays have posted by then.
+        ops = self._phase1(cur, send, recv, dist.irecv)
         if self.overlap:  # relayed rows land straight in `out`; the relay knows nothing else
             ops += self._relay_recvs(cur, recv)
+        ops += self._phase1(cur, send, recv, dist.isend)
         works = _post(ops)
-        pack_works, works = works[:n_pack], works[n_pack:]
         if send[me]:
             out.narrow(0, cur.roff[me], recv[me]).copy_(x.narrow(0, cur.soff[me], send[me]))
-        if pending is not None:  # the counts travelled while Phase I and the sends started
+        if pending is not None:  # the counts travelled while Phase I ran
             counts = self._checked(pending, recv)
-            packs, ops = self._pack_recvs(cur, counts)
-            pack_works = _post(ops)
+        packs, ops = self._pack_recvs(cur, counts)
+        pack_works = _post(ops + self._pack_sends(cur, send, keep))
+        # Wait on each work once: a gloo send work counts completions, a second wait hangs.
+        pack_works, works = pack_works[:len(packs)], works + pack_works[len(packs):]
         if self.overlap:  # Phase III: forward each pack as soon as it lands
             for (s, buf), w in zip(packs, pack_works):
                 w.wait()
@@ -174,14 +184,14 @@ class HaloExchange:
     def _op(self, fn, t, peer, tag):
         return dist.P2POp(fn, t, group=self.group, group_peer=peer, tag=tag)
 
-    def _phase1(self, cur: "_Call", send, recv) -> list:
-        """Phase I: rows to and from the other ranks of my node, straight into `out`."""
+    def _phase1(self, cur: "_Call", send, recv, fn) -> list:
+        """Phase I sends or receives (fn): rows to / from the other ranks of my node."""
         ops = []
         for d in self.nodes.members[self.my_node]:
-            if d != self.rank and send[d]:
-                ops.append(self._op(dist.isend, cur.x.narrow(0, cur.soff[d], send[d]), d, _TAG_I))
-            if d != self.rank and recv[d]:
-                ops.append(self._op(dist.irecv, cur.out.narrow(0, cur.roff[d], recv[d]), d, _TAG_I))
+            if d != self.rank and fn is dist.isend and send[d]:
+                ops.append(self._op(fn, cur.x.narrow(0, cur.soff[d], send[d]), d, _TAG_I))
+            if d != self.rank and fn is dist.irecv and recv[d]:
+                ops.append(self._op(fn, cur.out.narrow(0, cur.roff[d], recv[d]), d, _TAG_I))
         return ops
 
     def _pack_sends(self, cur: "_Call", send, keep: list) -> list:

@@ -50,7 +50,7 @@ class MoELayer(nn.Module):
         B, S, d = x.shape
         xf = x.reshape(B * S, d)
         r = self.router(xf)
-        y = self.dispatcher(xf.to(self.compute_dtype), r.experts, r.weights, self.experts)
+        y = self.dispatcher(xf, r.experts, r.weights, self.experts, self.compute_dtype)
         if self.shared is not None:
             y = y + self.shared(xf).to(y.dtype)
         y = y.view(B, S, d)

@@ -1,0 +1,126 @@
+"""piper-train end to end (real processes) and its one-line errors on bad input."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from click.testing import CliRunner  # noqa: E402
+
+from piper_plan.layout import Layout  # noqa: E402
+from piper_plan.plan import make_plan, write_plan  # noqa: E402
+from piper_plan.specs.registry import load_hardware, load_model  # noqa: E402
+from piper_runtime.launch import main  # noqa: E402
+
+
+def _cmd(name: str, module: str) -> list[str]:
+    exe = shutil.which(name)
+    return [exe] if exe else [sys.executable, "-m", module]
+
+
+def _write(tmp_path, name="plan.json", **kw):
+    lay = dict(gpus=2, pp=1, dp=2, ep=2, global_batch=4, seq=32, dtype="fp32")
+    lay.update(kw)
+    p = tmp_path / name
+    write_plan(make_plan(load_model("tiny-moe"), load_hardware("cpu-local"), Layout(**lay)), p)
+    return p
+
+
+def _run(args, env=None):
+    return subprocess.run(_cmd("piper-train", "piper_runtime.launch") + args, capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_train_ep2_bf16_from_token_file(tmp_path):
+    plan = _write(tmp_path, dtype="bf16")
+    data = tmp_path / "tokens.npy"
+    np.save(data, (np.arange(5000) * 7 % 512).astype(np.uint16))
+    r = _run(["--plan", str(plan), "--steps", "3", "--metrics", str(tmp_path / "m.jsonl"), "--data", str(data), "--lr", "1e-2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = _records(tmp_path / "m.jsonl")
+    steps = [x for x in recs if "step" in x]
+    assert [x["step"] for x in steps] == [0, 1, 2]
+    assert all(np.isfinite(x["loss"]) and x["tokens_per_s"] > 0 for x in steps)
+    assert steps[-1]["loss"] < steps[0]["loss"]  # a periodic token stream is learnable
+    assert recs[-1]["summary"] and recs[-1]["measured_step_time_s"] > 0
+    assert "step time: measured" in r.stdout
+
+
+def test_search_then_train(tmp_path):
+    plan = tmp_path / "plan.json"
+    s = subprocess.run(_cmd("piper-plan", "piper_plan.cli") + ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "2",
+                                                                "--global-batch", "4", "--seq", "32", "-o", str(plan)],
+                       capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0, s.stderr[-2000:]
+    r = _run(["--plan", str(plan), "--steps", "3", "--metrics", str(tmp_path / "m.jsonl")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    summary = _records(tmp_path / "m.jsonl")[-1]
+    assert summary["predicted_step_time_s"] > 0  # the planner's prediction is printed beside ours
+    assert summary["measured_over_predicted"] == pytest.approx(
+        summary["measured_step_time_s"] / summary["predicted_step_time_s"])
+    assert "predicted" in r.stdout and "ratio" in r.stdout
+
+
+def _one_line_error(result, *needles):
+    out = (result.stderr if hasattr(result, "stderr") else result.output).strip()
+    assert result.exit_code == 2, result.output
+    assert len(out.splitlines()) == 1 and out.startswith("error: "), out
+    assert "Traceback" not in result.output
+    for n in needles:
+        assert n in out, out
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path):
+    run = CliRunner().invoke
+    plan = _write(tmp_path)
+
+    _one_line_error(run(main, ["--plan", str(plan)], env={"RANK": "0", "WORLD_SIZE": "3"}),
+                    "plan is for 2 ranks", "has 3")
+
+    doc = json.loads(plan.read_text())
+    doc["schema_version"] = 99
+    bad = tmp_path / "v99.json"
+    bad.write_text(json.dumps(doc))
+    _one_line_error(run(main, ["--plan", str(bad)]), "schema_version", "99")
+
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tp.json", tp=2, dp=1, ep=1))]), "layout.tp")
+
+    empty = tmp_path / "nock"
+    empty.mkdir()
+    _one_line_error(run(main, ["--plan", str(plan), "--checkpoint", str(empty), "--resume"]), "no checkpoint")
+
+    ck = tmp_path / "garbage"
+    (ck / "step_00000002").mkdir(parents=True)
+    (ck / "latest").write_text("step_00000002\n")
+    (ck / "step_00000002" / "meta.json").write_text(json.dumps({"step": 2, "model_hash": json.loads(
+        plan.read_text())["model_hash"]}))
+    (ck / "step_00000002" / ".metadata").write_bytes(b"\x00not a pickle")
+    _one_line_error(run(main, ["--plan", str(plan), "--checkpoint", str(ck), "--resume"]), ".metadata", "corrupted")
+
+    wrong = tmp_path / "tokens.npy"
+    np.save(wrong, np.arange(1000, dtype=np.int64))
+    _one_line_error(run(main, ["--plan", str(plan), "--data", str(wrong)]), "tokens.npy", "int64")
+
+
+def test_damaged_checkpoint_shard_is_one_line_error(tmp_path):
+    """Only the worker that reads the shard can see this damage: still one line, exit 2."""
+    plan = _write(tmp_path, gpus=1, dp=1, ep=1)
+    ck = tmp_path / "ck"
+    run = CliRunner().invoke
+    ok = run(main, ["--plan", str(plan), "--steps", "1", "--checkpoint", str(ck)])
+    assert ok.exit_code == 0, ok.output
+    shard = next((ck / "step_00000001").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    _one_line_error(run(main, ["--plan", str(plan), "--steps", "2", "--checkpoint", str(ck), "--resume"]),
+                    "cannot load")
