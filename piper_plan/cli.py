@@ -252,7 +252,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
                               Migration(enabled=kw["migration"])), output)
     if as_json:
         click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
-                               "wall_s": wall, "top": rows, "infeasible": why}, indent=2))
+                               "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why}, indent=2))
     else:
         report.show([report.search_table(rows, f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts "
                                                f"evaluated in {wall:.2f} s, {len(res.order):,} fit")])

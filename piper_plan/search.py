@@ -56,6 +56,7 @@ class SearchResult:
     order: np.ndarray           # indices of fitting candidates, best first
     rejected: dict[str, int] = field(default_factory=dict)
     evaluated: int = 0
+    cpu_s: float = 0.0  # CPU seconds spent enumerating and evaluating (robust to a loaded machine)
 
     @property
     def best(self) -> int | None:
@@ -157,10 +158,14 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
 
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,
            objective: str = "throughput", headroom_gib: float = 0.0) -> SearchResult:
+    import time
+
+    t0 = time.process_time()
     batch, rejected = enumerate_layouts(m, hw, sp)
     if batch is None or len(batch) == 0:
         return SearchResult(batch, None, np.array([], int), rejected, 0)
     est = evaluate(m, hw, batch, routing, headroom_gib)
+    cpu_s = time.process_time() - t0
     fits = est.fits
     n_mem = int((~fits).sum())
     if n_mem:
@@ -169,7 +174,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     # deterministic: objective, then fewer pipeline stages, then smaller tp
     order = np.lexsort((batch.tp, batch.pp, key))
     order = order[fits[order]]
-    return SearchResult(batch, est, order, rejected, len(batch))
+    return SearchResult(batch, est, order, rejected, len(batch), cpu_s)
 
 
 def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult, routing: Routing | None = None,

@@ -13,8 +13,6 @@ zero-bubble schedules) and recompute (added to backward under recompute).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..specs.hardware import HardwareSpec
@@ -23,20 +21,38 @@ from .batch import LayoutBatch
 from .kernels import flash_attention_time, gemm_time, stream_time
 
 
-@dataclass
 class Phase:
-    """Seconds per micro-batch: forward, backward-input, backward-weight, recompute."""
+    """Seconds per micro-batch: forward, backward-input, backward-weight, recompute — held
+    as one [4, N] array so adding and scaling phases is one numpy operation, not four."""
 
-    f: np.ndarray
-    b: np.ndarray
-    w: np.ndarray
-    r: np.ndarray
+    __slots__ = ("v",)
+
+    def __init__(self, f, b, w, r):
+        self.v = np.stack(np.broadcast_arrays(f, b, w, r)).astype(float)
+
+    @classmethod
+    def _of(cls, v: np.ndarray) -> "Phase":
+        p = cls.__new__(cls)
+        p.v = v
+        return p
+
+    f = property(lambda self: self.v[0])
+    b = property(lambda self: self.v[1])
+    w = property(lambda self: self.v[2])
+    r = property(lambda self: self.v[3])
 
     def __add__(self, o: "Phase") -> "Phase":
-        return Phase(self.f + o.f, self.b + o.b, self.w + o.w, self.r + o.r)
+        return Phase._of(self.v + o.v)
+
+    def take(self, idx) -> "Phase":
+        return Phase._of(self.v[:, idx])
 
     def scale(self, x) -> "Phase":
-        return Phase(self.f * x, self.b * x, self.w * x, self.r * x)
+        return Phase._of(self.v * x)
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.v.sum(0)
 
     @property
     def bwd(self):

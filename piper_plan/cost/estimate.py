@@ -109,32 +109,19 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     L = m.num_layers
     zero = np.zeros(len(lay))
 
-    # ---- per-layer phases (seconds per micro-batch on one rank) -----------------------
-    attn = attention_phase(m, hw, lay, dtype)
-    tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
-    full_rc = (lay.recompute == 2).astype(float)
-    dense = attn + (ffn_phase(m, hw, lay, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
-    dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, 2 * tp_ar * full_rc)
-    imb = np.ones(len(lay))
-    a2a_layer = zero
-    if m.moe is not None:
-        p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
-        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, balanced=routing.balanced)
-        moe = attn + moe_phase(m, hw, lay, dtype, imb)
-        a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
-        a2a_layer = a2a_one
-        moe_comm = Phase(tp_ar + 2 * a2a_one, tp_ar + 2 * a2a_one, zero, (tp_ar + 2 * a2a_one) * full_rc)
-    else:
-        moe = Phase(zero, zero, zero, zero)
-        moe_comm = Phase(zero, zero, zero, zero)
+    # ---- per-layer costs: they depend on few columns, so price each distinct one once ----
+    _, first_idx, inv = _distinct(lay.mbs, lay.seq, lay.tp, lay.dp, lay.ep, lay.sp, lay.eager, lay.dropout,
+                                  lay.recompute, lay.act_bytes, lay.a2a, lay.placement)
+    lc = {k: v.take(inv) for k, v in _layer_costs(m, hw, lay.take(first_idx), routing, dtype).items()}
+    dense, dense_comm, moe, moe_comm = lc["dense"], lc["dense_comm"], lc["moe"], lc["moe_comm"]
+    imb, a2a_layer, emb, head, p2p_one = lc["imb"], lc["a2a_layer"], lc["emb"], lc["head"], lc["p2p_one"]
+    a_dense, a_moe = lc["a_dense"], lc["a_moe"]
     n_moe, n_dense = m.num_moe_layers, m.num_dense_layers
     D = m.dense_layers
     moe_frac = n_moe / max(L - D, 1)
 
     # ---- chunks and representative ranks ----------------------------------------------
-    emb = embedding_phase(m, hw, lay)
-    head = lm_head_phase(m, hw, lay, dtype)
-    tot = lambda ph: ph.f + ph.b + ph.w + ph.r  # noqa: E731
+    tot = lambda ph: ph.total  # noqa: E731
     avg_layer = (n_dense * tot(dense + dense_comm) + n_moe * tot(moe + moe_comm)) / L
     chunks = lay.pp * lay.vpp
     cs = chunk_sizes(L, chunks, tot(emb) / avg_layer, tot(head) / avg_layer)
@@ -158,36 +145,35 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     has_emb = {"first": np.ones(len(lay), bool), "mid": np.zeros(len(lay), bool), "last": pp1}
     has_head = {"first": pp1 | v_shape, "mid": np.zeros(len(lay), bool), "last": ~v_shape | pp1}
 
-    # p2p: each chunk boundary sends the activation forward and its gradient back
-    p2p_bytes = t * d * eb / np.where(lay.sp, tp, 1.0)
-    p2p_one = np.where(pp1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp))
     rank_chunks = lay.vpp.astype(float)
 
-    phases, comm_ph = {}, {}
-    for role, (nd, nm) in roles.items():
-        comp = dense.scale(nd) + moe.scale(nm) + emb.scale(has_emb[role]) + head.scale(has_head[role])
-        cm = dense_comm.scale(nd) + moe_comm.scale(nm) + Phase(p2p_one * rank_chunks, p2p_one * rank_chunks, zero, zero)
-        phases[role], comm_ph[role] = comp, cm
-    a2a_per_mb = {r: 4 * a2a_layer * roles[r][1] * (1 + 0.5 * full_rc) for r in roles}
-
-    def rank_total(role):
-        c, k = phases[role], comm_ph[role]
-        plain = tot(c) + tot(k)
+    # per-role totals from per-layer totals (cheap); full phases only for the busiest role
+    Td, Tm, Te, Th = tot(dense), tot(moe), tot(emb), tot(head)
+    Tdc, Tmc = tot(dense_comm), tot(moe_comm)
+    p2p_mb = p2p_one * rank_chunks  # each way, per micro-batch
+    full_rc = (lay.recompute == 2).astype(float)
+    comp_t, comm_t, a2a_per_mb, totals = {}, {}, {}, {}
+    for r, (nd, nm) in roles.items():
+        comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th
+        comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
+        a2a_per_mb[r] = 4 * a2a_layer * nm * (1 + 0.5 * full_rc)
         # dualpipev overlaps the all-to-all with the other micro-batch's compute
-        hidden = np.minimum(a2a_per_mb[role], tot(c))
-        return np.where(lay.sched == 4, plain - hidden, plain)
-
-    totals = {r: rank_total(r) for r in roles}
+        hidden_r = np.minimum(a2a_per_mb[r], comp_t[r])
+        totals[r] = comp_t[r] + comm_t[r] - np.where(lay.sched == 4, hidden_r, 0.0)
     peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
     mids = np.maximum(lay.pp - 2, 0).astype(float)
     mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
     total_sum = np.where(pp1, totals["first"], totals["first"] + totals["last"] + mids * mid_avg_time)
-    busiest = np.select([totals["first"] >= peak_role_time, totals["last"] >= peak_role_time], ["first", "last"], "mid")
-    pick = lambda get: np.select([busiest == "first", busiest == "last"], [get("first"), get("last")], get("mid"))  # noqa: E731
-    F = pick(lambda r: phases[r].f + comm_ph[r].f)
-    B = pick(lambda r: phases[r].b + phases[r].r + comm_ph[r].b + comm_ph[r].r)
-    W = pick(lambda r: phases[r].w)
-    hidden = pick(lambda r: np.minimum(a2a_per_mb[r], tot(phases[r])))
+    busiest = np.select([totals["first"] >= peak_role_time, totals["last"] >= peak_role_time], [0, 1], 2)
+    pick = lambda get: np.choose(busiest, [get("first"), get("last"), get("mid")])  # noqa: E731
+    nd_p, nm_p = pick(lambda r: roles[r][0]), pick(lambda r: roles[r][1])
+    comp = (dense.scale(nd_p) + moe.scale(nm_p) + emb.scale(pick(lambda r: has_emb[r]))
+            + head.scale(pick(lambda r: has_head[r])))
+    cm = dense_comm.scale(nd_p) + moe_comm.scale(nm_p)
+    F = comp.f + cm.f + p2p_mb
+    B = comp.b + comp.r + cm.b + cm.r + p2p_mb
+    W = comp.w
+    hidden = np.minimum(pick(lambda r: a2a_per_mb[r]), comp.total)
     M = lay.m
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, F, B, W, peak_role_time, total_sum, hidden)
 
@@ -219,12 +205,6 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # ---- memory per representative rank ------------------------------------------------
     stage_of = {"first": np.zeros(len(lay), int), "mid": np.where(has_mid, 1, -1),
                 "last": np.where(pp1, 0, lay.pp - 1)}
-    a_attn = sum(act.attention_terms(m, lay).values())
-    a_dense = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
-    a_moe = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
-    a_in = act.layer_input_bytes(m, lay)
-    a_dense = np.where(lay.recompute == 2, a_in, a_dense)
-    a_moe = np.where(lay.recompute == 2, a_in, a_moe)
     mem = {}
     peak = np.zeros(len(lay))
     for r, (nd, nm) in roles.items():
@@ -262,8 +242,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
 
     a2a_step = M * pick(lambda r: a2a_per_mb[r])
     p2p_step = M * p2p_one * rank_chunks * 2
-    tp_step = M * pick(lambda r: tot(comm_ph[r])) - a2a_step - p2p_step
-    compute_step = M * pick(lambda r: tot(phases[r]))
+    tp_step = M * pick(lambda r: comm_t[r]) - a2a_step - p2p_step
+    compute_step = M * comp.total
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
             "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt,
@@ -272,3 +252,57 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
                     mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
                     chunks=cs, imbalance=imb,
                     layer_time_s={"dense": tot(dense + dense_comm), "moe": tot(moe + moe_comm)})
+
+
+def _distinct(*cols):
+    """np.unique over rows of the given columns (first index, inverse), via one int64 key:
+    much faster than np.unique(axis=0) on a 2-D array."""
+    codes, dims = [], []
+    for c in cols:
+        c = np.asarray(c, dtype=np.int64)
+        lo = c.min()
+        codes.append(c - lo)
+        dims.append(int(c.max() - lo) + 1)
+    if np.prod(np.array(dims, dtype=float)) >= 2**62:  # too wide for one key: compress each column first
+        codes = [np.unique(c, return_inverse=True)[1] for c in codes]
+        dims = [int(c.max()) + 1 for c in codes]
+    key = np.ravel_multi_index(codes, dims)
+    return np.unique(key, return_index=True, return_inverse=True)
+
+
+def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
+    """Per-micro-batch phases of one dense and one MoE layer, the embedding and LM head,
+    the stage-boundary P2P, and per-layer activation bytes, for each layout of `lay`.
+    Values are Phases or arrays (both support .take)."""
+    eb = lay.act_bytes.astype(float)
+    tp = lay.tp.astype(float)
+    t = (lay.mbs * lay.seq).astype(float)
+    d = m.hidden_size
+    zero = np.zeros(len(lay))
+    attn = attention_phase(m, hw, lay, dtype)
+    tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
+    full_rc = (lay.recompute == 2).astype(float)
+    dense = attn + (ffn_phase(m, hw, lay, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
+    dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, 2 * tp_ar * full_rc)
+    imb = np.ones(len(lay))
+    a2a_layer = zero
+    if m.moe is not None:
+        p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
+        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, balanced=routing.balanced)
+        moe = attn + moe_phase(m, hw, lay, dtype, imb)
+        a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
+        a2a_layer = a2a_one
+        moe_comm = Phase(tp_ar + 2 * a2a_one, tp_ar + 2 * a2a_one, zero, (tp_ar + 2 * a2a_one) * full_rc)
+    else:
+        moe = Phase(zero, zero, zero, zero)
+        moe_comm = Phase(zero, zero, zero, zero)
+    # p2p: each chunk boundary sends the activation forward and its gradient back
+    p2p_bytes = t * d * eb / np.where(lay.sp, tp, 1.0)
+    p2p_one = np.where(lay.pp == 1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp))
+    a_attn = sum(act.attention_terms(m, lay).values())
+    a_dense = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
+    a_moe = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
+    a_in = act.layer_input_bytes(m, lay)
+    return dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_layer=a2a_layer,
+                emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype), p2p_one=p2p_one,
+                a_dense=np.where(lay.recompute == 2, a_in, a_dense), a_moe=np.where(lay.recompute == 2, a_in, a_moe))

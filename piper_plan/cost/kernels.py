@@ -23,7 +23,7 @@ from ..specs.hardware import HardwareSpec
 
 
 def _ceil_div(a, b):
-    return -(-a // b)
+    return np.ceil(np.true_divide(a, b))
 
 
 def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_bytes=2):
