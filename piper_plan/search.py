@@ -46,6 +46,7 @@ class SearchSpace:
     pps: tuple[int, ...] | None = None
     eps: tuple[int, ...] | None = None
     ep_in_domain: str | None = None  # name of a topology level the EP group must stay inside
+    paper_mesh: bool = False  # Piper's PP × EP mesh: tp = 1 and ep = dp (expert-data parallel)
     attention_kernel: str = "flash"
 
 
@@ -141,6 +142,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
     stride = np.where(pl[pi] == 0, 1, dp * tp // np.maximum(ep, 1))
     spans_nodes = ep * stride > hw.gpus_per_node
     rule("duplicate (halo inside one node equals flat)", (a2[ai] == 1) & ~spans_nodes)
+    if sp.paper_mesh:
+        rule("not the paper's PP x EP mesh (tp=1, ep=dp)", (tp != 1) | (ep != dp))
     if sp.ep_in_domain:
         sizes = {lv.name: lv.size for lv in hw.topology}
         rule(f"EP group leaves the {sp.ep_in_domain} domain", ep * stride > sizes[sp.ep_in_domain])

@@ -5,14 +5,19 @@ source's own FLOP convention:
 - hw_tflops_per_gpu (Narayanan 2021): FLOPs = 96·B·s·l·h²·(1 + s/6h + V/16lh) per step
   (their eq. 3: full recompute, non-causal attention); predicted = that / predicted step time;
 - iteration_time_s: predicted step time;
-- model_tflops_per_gpu: Piper's model FLOPs (causal attention halved, brief §9);
+- model_tflops_per_gpu: Piper's model FLOPs (causal attention halved, brief §9) — except where
+  the row's notes publish tokens/s/GPU (Megatron-Bridge): then throughput is compared in
+  tokens/s, which needs no FLOP convention (theirs differs from ours: e.g. 46 GFLOP/token for
+  Qwen3-30B-A3B where 6·active params + attention gives 23);
 - params_optimizer_gib_per_gpu / activation_gib_per_gpu: the memory model's components on the
   first pipeline stage (Korthikanti 2022 Fig. 1 excludes the embedding from the states).
 Software settings follow each source: Megatron 2021/22 ran eager fused-softmax attention with
 dropout, fp32 gradients, no distributed optimizer and a DP all-reduce after the flush;
 Megatron-Bridge runs flash attention, no dropout, distributed optimizer with overlapped
-reduction. "planner's choice" rows compare with the best layout our search finds; X-MoE
-rows without a published layout use our best layout without pipelining (X-MoE has no PP).
+reduction. "planner's choice" rows compare with the best layout our search finds inside the
+space the measured system can run: Piper's rows with its PP × EP mesh (tp 1, ep = dp) and
+1F1B — the schedules and TP its runtime lacks would credit Piper with speed it never had;
+X-MoE rows without a published layout with our best layout without pipelining (X-MoE has no PP).
 No row was used to fit any parameter: efficiencies come from hardware micro-benchmarks.
 """
 from __future__ import annotations
@@ -89,6 +94,14 @@ def _layout(row) -> Layout:
                   **_settings(row["group"]))
 
 
+def _tokens_per_gpu(row) -> float | None:
+    """tokens/s/GPU published in the notes column, if any."""
+    import re
+
+    hit = re.search(r"([\d.]+) tok/s/GPU", row.get("notes", ""))
+    return float(hit.group(1)) if hit else None
+
+
 def _narayanan_flops(row) -> float:
     B, s, l, h, V = (_i(row[k]) for k in ("gbs", "seq", "layers", "hidden", "vocab"))
     return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
@@ -101,8 +114,11 @@ def predict_row(row) -> tuple[float, str]:
         seq = _i(row["seq"])
         gpus = _i(row["gpus"])
         gbs = round_batch(default_global_batch(seq), gpus)
-        pps = (1,) if row["group"] == "xmoe2025" else None
-        res = search(m, hw, SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=pps))
+        if row["group"] == "xmoe2025":  # X-MoE (DeepSpeed-MoE lineage) has no pipeline parallelism
+            space = SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=(1,))
+        else:  # Piper's runtime: its PP × EP mesh (tp 1, ep = dp) under 1F1B (brief §1, §2)
+            space = SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, paper_mesh=True, schedules=("1f1b",))
+        res = search(m, hw, space)
         if res.best is None:
             return float("nan"), "nothing fits"
         lay = res.batch.layout(res.best)
@@ -117,6 +133,8 @@ def predict_row(row) -> tuple[float, str]:
     if metric == "iteration_time_s":
         return float(est.step_time_s[0]), _desc(lay)
     if metric == "model_tflops_per_gpu":
+        if _tokens_per_gpu(row):
+            return float(est.tokens_per_s[0]) / lay.gpus, _desc(lay)
         return float(est.tflops_per_gpu[0]), _desc(lay)
     first = est.memory["first"]
     if metric == "params_optimizer_gib_per_gpu":
@@ -139,8 +157,11 @@ def run(group: str | None = None, path: Path | None = None) -> list[Result]:
         if group and row["group"] != group:
             continue
         pred, desc = predict_row(row)
-        out.append(Result(row["id"], row["group"], _kind(row), row["metric"], float(row["value"]), pred, desc,
-                          row.get("fit", "no") == "yes"))
+        metric, pub = row["metric"], float(row["value"])
+        tok = _tokens_per_gpu(row)
+        if metric == "model_tflops_per_gpu" and tok and row["recompute"] != "planner's choice":
+            metric, pub = "tokens_per_s_per_gpu", tok
+        out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes"))
     return out
 
 

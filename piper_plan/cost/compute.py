@@ -97,10 +97,10 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
 
     heads = H / tp
     s = lay.seq.astype(float)
-    # core attention
-    core_flops = 2.0 * t * s * heads * (dqk + dv)
+    # core attention: fused kernels skip masked blocks (causal half, sliding windows)
+    core_flops = 2.0 * t * m.attended_keys(s) * heads * (dqk + dv)
     # attention stays in bf16 under fp8 training (Transformer Engine's default recipe)
-    flash_f = flash_attention_time(hw, core_flops * 0.5, "bf16" if dtype == "fp8" else dtype)  # causal: masked blocks skipped
+    flash_f = flash_attention_time(hw, core_flops, "bf16" if dtype == "fp8" else dtype)  # causal: masked blocks skipped
     batch = lay.mbs * heads
     eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=dtype, elt_bytes=eb)
                   + gemm_time(hw, s, dv, s, groups=batch, dtype=dtype, elt_bytes=eb))

@@ -8,19 +8,42 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Accelerator(_Strict):
+class _Optional(_Strict):
+    """A strict model whose `_OMIT_AT_DEFAULT` fields are left out of its dump while they
+    hold their neutral default, so specs written before those fields existed dump (and
+    hash, plan.spec_hash) exactly as they did."""
+
+    _OMIT_AT_DEFAULT: tuple[str, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit(self, handler):
+        d = handler(self)
+        for k in self._OMIT_AT_DEFAULT:
+            if k in d and getattr(self, k) == type(self).model_fields[k].get_default(call_default_factory=True):
+                del d[k]
+        return d
+
+
+class Accelerator(_Optional):
+    _OMIT_AT_DEFAULT = ("ranks_per_core",)
+
     name: str
     memory_gib: float = Field(..., gt=0, description="device memory, GiB")
     peak_tflops: dict[str, float] = Field(..., description="dense peak TFLOP/s by dtype (bf16, fp16, fp8, fp32)")
     memory_bandwidth_gbps: float = Field(..., gt=0, description="HBM bandwidth, GB/s")
     compute_units: int = Field(..., ge=1, description="SMs / CUs: GEMM tiles run in waves of this many")
+    ranks_per_core: float = Field(
+        1.0, ge=1, description="CPU ranks only: local ranks per physical core (ranks / cores) when ranks share "
+        "cores. The rates of such a spec are per rank with every rank busy, so time one rank spends idle (a "
+        "pipeline bubble) runs the others faster; >1 makes the step max(critical path / ranks_per_core, mean "
+        "busy time per rank). 1: a rank owns its device (GPUs)")
     source: str = ""
 
     @model_validator(mode="after")
@@ -33,11 +56,17 @@ class Accelerator(_Strict):
         return self
 
 
-class Efficiency(_Strict):
+class Efficiency(_Optional):
     """Achievable fractions of the peaks. Physical terms (roofline, wave quantisation,
     launch overhead) are modelled separately, so these are the plateau values a large,
     well-shaped kernel reaches — taken from published micro-benchmarks, not fitted to
-    training throughput."""
+    training throughput.
+
+    The three fixed costs below (neutral defaults: 0) are measured by `piper-plan calibrate`
+    on machines where they matter (a CPU running eager torch): they are per call, not per
+    byte, so they dominate small models and vanish for large ones."""
+
+    _OMIT_AT_DEFAULT = ("gemm_overhead_us", "layer_overhead_us", "collective_overhead_us")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
@@ -45,7 +74,25 @@ class Efficiency(_Strict):
     memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     kernel_overhead_us: float = Field(4.0, ge=0, description="fixed cost per kernel launch, us")
     comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
+    gemm_overhead_us: dict[str, float] = Field(
+        default_factory=dict, description="extra fixed cost per GEMM call by dtype, us, on top of "
+        "kernel_overhead_us (a CPU's bf16 GEMM repacks its operands on every call)")
+    layer_overhead_us: dict[str, float] = Field(
+        default_factory=dict, description="host cost of one transformer block's forward + backward per "
+        "micro-batch that the kernel list does not price (Python, autograd bookkeeping, views, casts, "
+        "routing bookkeeping), us, keyed '<dense|moe>_<dtype>' (e.g. 'moe_bf16')")
+    collective_overhead_us: float = Field(
+        0.0, ge=0, description="added wall time per collective call (all-to-all, p2p, all-reduce) while the "
+        "ranks compute between calls, us: on shared cores each call waits for its peers to be scheduled")
     source: str = ""
+
+    @model_validator(mode="after")
+    def _overheads(self):
+        for name in ("gemm_overhead_us", "layer_overhead_us"):
+            for k, v in getattr(self, name).items():
+                if v < 0:
+                    raise ValueError(f"{name}.{k} must be >= 0")
+        return self
 
 
 class Level(_Strict):
@@ -141,6 +188,12 @@ class HardwareSpec(_Strict):
     @property
     def node_level(self) -> int:
         return [lv.size for lv in self.topology].index(self.gpus_per_node)
+
+    @property
+    def scaleup_level(self) -> int:
+        """Largest level reached without the NICs: the node, or a scale-up fabric such as
+        NVL72 that spans nodes. Traffic above it goes through the NICs."""
+        return max(i for i, lv in enumerate(self.topology) if not lv.via_nic)
 
     def nic_of(self, local: int) -> int:
         aff = self.network.nic_affinity

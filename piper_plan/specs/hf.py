@@ -202,10 +202,21 @@ def _llama(c: _Cfg) -> dict:
 
 
 def _gpt_oss(c: _Cfg) -> dict:
-    # Modelled: q/k/v/o biases (attention_bias). Not modelled: expert biases
-    # (3 intermediate_size per expert), router bias, per-head attention sinks, the swiglu clamp,
-    # and the sliding-window layer_types (attention FLOPs only).
+    # Modelled: q/k/v/o biases (attention_bias) and the alternating sliding-window layers
+    # (layer_types; attention FLOPs only). Not modelled: expert biases (3 intermediate_size
+    # per expert), router bias, per-head attention sinks, the swiglu clamp.
     out = _base(c)
+    window = c.get("sliding_window", int, default=None)
+    types = c.data.get("layer_types")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise c._err("layer_types", "expected a list of layer type names")
+    if window and types:
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        every = full[0] + 1 if full else 0
+        if not full or full != list(range(every - 1, len(types), every)):
+            raise c._err("layer_types", "expected full_attention every Nth layer (the only pattern modelled)")
+        out["sliding_window"] = window
+        out["full_attention_every"] = every
     out["moe"] = _moe_block(c, c.first(("num_local_experts", "num_experts")),
                             c.first(("num_experts_per_tok", "experts_per_token")),
                             c.get("intermediate_size"), router="softmax")

@@ -68,6 +68,9 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = False
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     linear_bias: bool = Field(False, description="biases on attention/FFN linears (GPT-2/Megatron GPT)")
+    sliding_window: Optional[int] = Field(None, ge=1, description="attention window, tokens, of the windowed layers")
+    full_attention_every: int = Field(1, ge=1, description="with sliding_window: every Nth layer attends to the "
+                                      "whole sequence, the others within the window (GPT-OSS: 2)")
     learned_positions: bool = Field(False, description="learned absolute position table of seq_len × hidden (Megatron GPT)")
 
     @model_validator(mode="after")
@@ -218,16 +221,32 @@ class ModelSpec(_Strict):
         )
 
     # ---- FLOPs (forward, per token, model FLOPs) -----------------------------------
-    def attn_core_flops(self, seq: int, causal: bool = True) -> float:
-        """Score and value matmuls per token per layer, forward: 2·s·H·(d_qk + d_v),
-        halved for causal masking (brief §9: causal attention counted as half)."""
+    @property
+    def qk_v_dims(self) -> tuple[int, int]:
         if self.mla is not None:
-            m = self.mla
-            dqk, dv = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-        else:
-            dqk = dv = self.hd
-        f = 2.0 * seq * self.num_heads * (dqk + dv)
-        return f * (0.5 if causal else 1.0)
+            return self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim, self.mla.v_head_dim
+        return self.hd, self.hd
+
+    def attended_keys(self, seq):
+        """Keys a query attends to under causal masking, averaged over queries and layers:
+        s/2 for full attention (brief §9: causal counted as half); w·(1 − w/2s) inside a
+        window w < s. Works on numpy arrays of seq."""
+        import numpy as np
+
+        s = np.asarray(seq, dtype=float)
+        if self.sliding_window is None:
+            return 0.5 * s
+        w = np.minimum(float(self.sliding_window), s)
+        windowed = w * (1.0 - w / (2.0 * s))
+        full = self.num_layers // self.full_attention_every / self.num_layers
+        return full * 0.5 * s + (1.0 - full) * windowed
+
+    def attn_core_flops(self, seq: int, causal: bool = True) -> float:
+        """Score and value matmuls per token per layer (average over layers), forward:
+        2·keys·H·(d_qk + d_v) with keys = attended_keys(s) when causal, s when not."""
+        dqk, dv = self.qk_v_dims
+        keys = float(self.attended_keys(seq)) if causal else float(seq)
+        return 2.0 * keys * self.num_heads * (dqk + dv)
 
     def flops_per_token(self, seq: Optional[int] = None, causal: bool = True) -> float:
         """Model FLOPs per token for forward + backward (3× forward): 6·active matmul
