@@ -11,6 +11,7 @@ import numpy as np
 
 from .cost.batch import LayoutBatch
 from .cost.estimate import Estimate, Routing, evaluate
+from .cost.memory import state_lower_bound_gib
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -65,7 +66,8 @@ class SearchResult:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[LayoutBatch, dict[str, int]]:
@@ -108,18 +110,21 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
     a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
     pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
     mb = np.array(sp.mbs)
-    grids = np.meshgrid(np.arange(len(tri)), np.arange(len(sched)), np.arange(len(mb)), np.arange(len(rc)),
-                        np.arange(len(zs)), np.arange(len(a2)), np.arange(len(pl)), indexing="ij")
-    ti, si, mi, ri, zi, ai, pi = (g.ravel() for g in grids)
+    # Stage 1 crosses (tp, pp, ep) × schedule × micro-batch size and applies the rules that
+    # depend on those alone; stage 2 crosses the survivors with recompute × ZeRO × a2a ×
+    # placement. Stage-1 rejections count once per stage-2 combination, as in a full product.
+    grid1 = np.meshgrid(np.arange(len(tri)), np.arange(len(sched)), np.arange(len(mb)), indexing="ij")
+    ti, si, mi = (g.ravel() for g in grid1)
+    per_combo = len(rc) * len(zs) * len(a2) * len(pl)
     tp, pp, dp, ep = tri[ti].T
     s_idx, vpp = sched[si].T
     mbs = mb[mi]
-    total = len(ti)
-    keep = np.ones(total, bool)
+    keep = np.ones(len(ti), bool)
+    weight = per_combo
 
     def rule(name, bad):
         nonlocal keep
-        n = int((keep & bad).sum())
+        n = int((keep & bad).sum()) * weight
         if n:
             rejected[name] = rejected.get(name, 0) + n
         keep &= ~bad
@@ -134,6 +139,14 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
     rule("micro-batches < pp", pipelined & (s_idx >= 1) & (M < pp))
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
+    k1 = np.nonzero(keep)[0]
+    grid2 = np.meshgrid(k1, np.arange(len(rc)), np.arange(len(zs)), np.arange(len(a2)), np.arange(len(pl)),
+                        indexing="ij")
+    j1, ri, zi, ai, pi = (g.ravel() for g in grid2)
+    tp, pp, dp, ep, s_idx, vpp, mbs = (x[j1] for x in (tp, pp, dp, ep, s_idx, vpp, mbs))
+    pipelined = pp > 1
+    keep = np.ones(len(j1), bool)
+    weight = 1
     rule("zero 3 with pp > 1", (zs[zi] == 3) & pipelined)
     moe_ep = (m.moe is not None) & (ep > 1)
     rule("duplicate (a2a choice without expert parallelism)", ~moe_ep & (a2[ai] != 0))
@@ -167,6 +180,15 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     batch, rejected = enumerate_layouts(m, hw, sp)
     if batch is None or len(batch) == 0:
         return SearchResult(batch, None, np.array([], int), rejected, 0)
+    # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
+    lb = state_lower_bound_gib(m, batch, hw.memory_overhead_gib)
+    over = lb + headroom_gib > hw.accelerator.memory_gib
+    n_all = len(batch)
+    if over.any():
+        rejected["parameter + optimizer state alone exceed device memory (bound)"] = int(over.sum())
+        batch = batch.take(np.nonzero(~over)[0])
+    if len(batch) == 0:
+        return SearchResult(batch, None, np.array([], int), rejected, n_all, time.process_time() - t0)
     est = evaluate(m, hw, batch, routing, headroom_gib)
     cpu_s = time.process_time() - t0
     fits = est.fits
@@ -177,7 +199,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     # deterministic: objective, then fewer pipeline stages, then smaller tp
     order = np.lexsort((batch.tp, batch.pp, key))
     order = order[fits[order]]
-    return SearchResult(batch, est, order, rejected, len(batch), cpu_s)
+    return SearchResult(batch, est, order, rejected, n_all, cpu_s)
 
 
 def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult, routing: Routing | None = None,
@@ -186,6 +208,10 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     from dataclasses import replace
 
     lines = []
+    if res.est is None:
+        full, _ = enumerate_layouts(m, hw, sp)
+        if full is not None and len(full):  # every layout was dropped by the state-memory bound: price them all
+            res = SearchResult(full, evaluate(m, hw, full, routing, headroom_gib), np.array([], int), res.rejected)
     if res.est is None:
         top = sorted(res.rejected.items(), key=lambda kv: -kv[1])
         lines.append(f"no layout of {sp.gpus} GPUs satisfies the layout rules; removed by: "

@@ -157,3 +157,19 @@ def test_bundled_specs_found_after_plain_wheel_install(tmp_path):
     n_models = len(list((repo / "models").glob("*.yaml")))
     n_hw = len(list((repo / "hardware").glob("*.yaml")))
     assert out.stdout.split() == [str(n_models), str(n_hw), "deepseek-v3", "frontier"], out.stderr
+
+
+@pytest.mark.parametrize("model,hw,gpus", [("deepseek-v3", "frontier", 256), ("mixtral-8x22b", "dgx-h100", 64),
+                                           ("gpt-175b", "dgx-a100-80gb", 64)])
+def test_state_memory_bound_never_drops_a_fitting_layout(model, hw, gpus):
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.search import SearchSpace, enumerate_layouts, search
+    from piper_plan.specs import load_hardware, load_model
+
+    m, h = load_model(model), load_hardware(hw)
+    sp = SearchSpace(gpus=gpus, global_batch=gpus * 4, seq=4096)
+    full, _ = enumerate_layouts(m, h, sp)
+    est = evaluate(m, h, full)
+    res = search(m, h, sp)
+    assert int(est.fits.sum()) == len(res.order) > 0
+    assert res.est.tokens_per_s[res.best] == est.tokens_per_s[est.fits].max()

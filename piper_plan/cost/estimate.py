@@ -14,10 +14,10 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm
-from .batch import LayoutBatch
+from .batch import LayoutBatch, distinct_rows
 from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
 from .imbalance import expert_popularity, imbalance
-from .memory import GIB, in_flight, layer_params_per_rank, state_bytes
+from .memory import GIB, in_flight, layer_params_per_rank, state_bytes, state_coeffs
 from .schedule import pipeline_time
 from .stages import chunk_sizes
 
@@ -110,11 +110,12 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     zero = np.zeros(len(lay))
 
     # ---- per-layer costs: they depend on few columns, so price each distinct one once ----
-    _, first_idx, inv = _distinct(lay.mbs, lay.seq, lay.tp, lay.dp, lay.ep, lay.sp, lay.eager, lay.dropout,
+    _, first_idx, inv = distinct_rows(lay.mbs, lay.seq, lay.tp, lay.dp, lay.ep, lay.sp, lay.eager, lay.dropout,
                                   lay.recompute, lay.act_bytes, lay.a2a, lay.placement)
     lc = {k: v.take(inv) for k, v in _layer_costs(m, hw, lay.take(first_idx), routing, dtype).items()}
     dense, dense_comm, moe, moe_comm = lc["dense"], lc["dense_comm"], lc["moe"], lc["moe_comm"]
-    imb, a2a_layer, emb, head, p2p_one = lc["imb"], lc["a2a_layer"], lc["emb"], lc["head"], lc["p2p_one"]
+    imb, emb, head, p2p_one = lc["imb"], lc["emb"], lc["head"], lc["p2p_one"]
+    a2a_fwd, a2a_bwd = lc["a2a_fwd"], lc["a2a_bwd"]
     a_dense, a_moe = lc["a_dense"], lc["a_moe"]
     n_moe, n_dense = m.num_moe_layers, m.num_dense_layers
     D = m.dense_layers
@@ -156,7 +157,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     for r, (nd, nm) in roles.items():
         comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
-        a2a_per_mb[r] = 4 * a2a_layer * nm * (1 + 0.5 * full_rc)
+        a2a_per_mb[r] = (a2a_fwd * (1 + full_rc) + a2a_bwd) * nm
         # dualpipev overlaps the all-to-all with the other micro-batch's compute
         hidden_r = np.minimum(a2a_per_mb[r], comp_t[r])
         totals[r] = comp_t[r] + comm_t[r] - np.where(lay.sched == 4, hidden_r, 0.0)
@@ -165,7 +166,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
     total_sum = np.where(pp1, totals["first"], totals["first"] + totals["last"] + mids * mid_avg_time)
     busiest = np.select([totals["first"] >= peak_role_time, totals["last"] >= peak_role_time], [0, 1], 2)
-    pick = lambda get: np.choose(busiest, [get("first"), get("last"), get("mid")])  # noqa: E731
+    pick = lambda get: np.where(busiest == 0, get("first"), np.where(busiest == 1, get("last"), get("mid")))  # noqa: E731
     nd_p, nm_p = pick(lambda r: roles[r][0]), pick(lambda r: roles[r][1])
     comp = (dense.scale(nd_p) + moe.scale(nm_p) + emb.scale(pick(lambda r: has_emb[r]))
             + head.scale(pick(lambda r: has_head[r])))
@@ -195,11 +196,21 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
     t_dp = np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
+    co = hw.efficiency.collective_overhead_us * 1e-6
+    if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
+        # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
+        # piper-train do), and the global gradient norm's all-reduce
+        dpn, edpn = lay.dp.astype(float), lay.edp.astype(float)
+        gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
+        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
     # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
     dpg = np.maximum(lay.dp, 1).astype(float)
     local = rep_pr / np.where(lay.zero >= 1, dpg, 1.0) + exp_pr / np.where(lay.zero >= 1, np.maximum(lay.edp, 1), 1.0)
     t_opt = local * (2 * 12.0 + gb + eb) / (hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory)
 
+    rpc = hw.accelerator.ranks_per_core
+    if rpc > 1:  # ranks share cores: one rank's idle time runs the others (Accelerator.ranks_per_core)
+        t_pipe = np.maximum(t_pipe / rpc, M * total_sum / lay.pp)
     step = t_pipe + t_dp + t_opt
 
     # ---- memory per representative rank ------------------------------------------------
@@ -207,9 +218,10 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
                 "last": np.where(pp1, 0, lay.pp - 1)}
     mem = {}
     peak = np.zeros(len(lay))
+    c_rep, c_exp = state_coeffs(lay.dp, lay), state_coeffs(lay.edp, lay)
     for r, (nd, nm) in roles.items():
-        rep = state_bytes(P_rep[r], lay.dp, lay)
-        ex = state_bytes(P_exp[r], lay.edp, lay)
+        rep = state_bytes(P_rep[r], lay.dp, lay, c_rep)
+        ex = state_bytes(P_exp[r], lay.edp, lay, c_exp)
         comps = {k: (rep[k] + ex[k]) / GIB for k in rep}
         infl = in_flight(lay, np.maximum(stage_of[r], 0))
         comps["activations"] = infl * (nd * a_dense + nm * a_moe) / GIB
@@ -254,20 +266,13 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
                     layer_time_s={"dense": tot(dense + dense_comm), "moe": tot(moe + moe_comm)})
 
 
-def _distinct(*cols):
-    """np.unique over rows of the given columns (first index, inverse), via one int64 key:
-    much faster than np.unique(axis=0) on a 2-D array."""
-    codes, dims = [], []
-    for c in cols:
-        c = np.asarray(c, dtype=np.int64)
-        lo = c.min()
-        codes.append(c - lo)
-        dims.append(int(c.max() - lo) + 1)
-    if np.prod(np.array(dims, dtype=float)) >= 2**62:  # too wide for one key: compress each column first
-        codes = [np.unique(c, return_inverse=True)[1] for c in codes]
-        dims = [int(c.max()) + 1 for c in codes]
-    key = np.ravel_multi_index(codes, dims)
-    return np.unique(key, return_index=True, return_inverse=True)
+def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, full_rc) -> Phase:
+    """Efficiency.layer_overhead_us of one block as a Phase: a third in forward, two thirds
+    in backward (autograd replays about two host operations per forward one); full
+    recompute repeats the forward share."""
+    s = hw.efficiency.layer_overhead_us.get(f"{kind}_{dtype}", 0.0) * 1e-6
+    z = np.zeros_like(full_rc)
+    return Phase(z + s / 3, z + 2 * s / 3, z, full_rc * s / 3)
 
 
 def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
@@ -283,26 +288,33 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
     tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
     full_rc = (lay.recompute == 2).astype(float)
     dense = attn + (ffn_phase(m, hw, lay, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
+    dense = dense + _layer_overhead(hw, "dense", dtype, full_rc)
     dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, 2 * tp_ar * full_rc)
+    co = hw.efficiency.collective_overhead_us * 1e-6  # fixed cost per collective call (0 unless measured)
     imb = np.ones(len(lay))
-    a2a_layer = zero
+    a2a_fwd = a2a_bwd = zero  # all-to-all seconds of one MoE layer per micro-batch, forward / backward
     if m.moe is not None:
         p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, balanced=routing.balanced)
-        moe = attn + moe_phase(m, hw, lay, dtype, imb)
+        moe = attn + moe_phase(m, hw, lay, dtype, imb) + _layer_overhead(hw, "moe", dtype, full_rc)
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
-        a2a_layer = a2a_one
-        moe_comm = Phase(tp_ar + 2 * a2a_one, tp_ar + 2 * a2a_one, zero, (tp_ar + 2 * a2a_one) * full_rc)
+        call = co * (lay.ep > 1)
+        # dispatch + combine each way; forward first exchanges the per-expert row counts
+        # (a few bytes: only the call's fixed cost counts)
+        a2a_fwd = 2 * (a2a_one + call) + call
+        a2a_bwd = 2 * (a2a_one + call)
+        moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, (tp_ar + a2a_fwd) * full_rc)
     else:
         moe = Phase(zero, zero, zero, zero)
         moe_comm = Phase(zero, zero, zero, zero)
     # p2p: each chunk boundary sends the activation forward and its gradient back
     p2p_bytes = t * d * eb / np.where(lay.sp, tp, 1.0)
-    p2p_one = np.where(lay.pp == 1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp))
+    p2p_one = np.where(lay.pp == 1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp) + co)
     a_attn = sum(act.attention_terms(m, lay).values())
     a_dense = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
     a_moe = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
     a_in = act.layer_input_bytes(m, lay)
-    return dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_layer=a2a_layer,
+    return dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
+                a2a_bwd=a2a_bwd,
                 emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype), p2p_one=p2p_one,
                 a_dense=np.where(lay.recompute == 2, a_in, a_dense), a_moe=np.where(lay.recompute == 2, a_in, a_moe))

@@ -16,22 +16,25 @@ from .batch import LayoutBatch
 GIB = float(2**30)
 
 
-def state_bytes(params, group, lay: LayoutBatch) -> dict[str, np.ndarray]:
-    """Weights / grads / master / optimizer bytes for `params` sharded by ZeRO over `group`."""
-    params = np.asarray(params, dtype=float)
+def state_coeffs(group, lay: LayoutBatch) -> dict[str, np.ndarray]:
+    """Bytes per parameter of weights / grads / master / optimizer, ZeRO-sharded over `group`."""
     g = np.maximum(np.asarray(group, dtype=float), 1.0)
     fp32 = lay.act_bytes == 4
-    w = params * lay.act_bytes
-    grad = params * np.where(fp32, 4, lay.grad_bytes)
-    master = params * np.where(fp32, 0.0, 4.0)
-    opt = params * 8.0
     z = lay.zero
     return {
-        "weights": np.where(z >= 3, w / g, w),
-        "grads": np.where(z >= 2, grad / g, grad),
-        "master": np.where(z >= 1, master / g, master),
-        "optimizer": np.where(z >= 1, opt / g, opt),
+        "weights": lay.act_bytes / np.where(z >= 3, g, 1.0),
+        "grads": np.where(fp32, 4.0, lay.grad_bytes) / np.where(z >= 2, g, 1.0),
+        "master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0),
+        "optimizer": 8.0 / np.where(z >= 1, g, 1.0),
     }
+
+
+def state_bytes(params, group, lay: LayoutBatch, coeffs: dict | None = None) -> dict[str, np.ndarray]:
+    """Weights / grads / master / optimizer bytes for `params` sharded by ZeRO over `group`
+    (pass `coeffs` = state_coeffs(group, lay) to reuse them across calls)."""
+    params = np.asarray(params, dtype=float)
+    c = coeffs if coeffs is not None else state_coeffs(group, lay)
+    return {k: params * v for k, v in c.items()}
 
 
 def layer_params_per_rank(m: ModelSpec, lay: LayoutBatch):
@@ -61,3 +64,18 @@ def in_flight(lay: LayoutBatch, stage) -> np.ndarray:
     s = lay.sched
     out = np.select([s == 0, s == 1, s == 2, s == 3, s == 4], [M, one, inter, np.minimum(pp, M), np.minimum(pp + 0.5, M)])
     return np.where(pp == 1, 1.0, out)
+
+
+def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float) -> np.ndarray:
+    """A lower bound on the busiest rank's memory, GiB: the mean rank's parameter, gradient
+    and optimizer state (the busiest rank holds at least the mean) plus the fixed reserve.
+    Cheap, so the search can drop layouts whose states alone overflow before pricing time."""
+    dense, moe_rep, experts = layer_params_per_rank(m, lay)
+    pp = lay.pp.astype(float)
+    tp = lay.tp.astype(float)
+    rep = (m.num_dense_layers * dense + m.num_moe_layers * moe_rep
+           + (m.embedding_params + m.lm_head_params) / tp) / pp
+    exp = m.num_moe_layers * experts / pp
+    c_rep, c_exp = state_coeffs(lay.dp, lay), state_coeffs(lay.edp, lay)
+    tot = rep * sum(c_rep.values()) + exp * sum(c_exp.values())
+    return tot / GIB + overhead_gib
