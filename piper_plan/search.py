@@ -151,10 +151,12 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
     moe_ep = (m.moe is not None) & (ep > 1)
     rule("duplicate (a2a choice without expert parallelism)", ~moe_ep & (a2[ai] != 0))
     rule("duplicate (placement choice when ep == dp*tp or ep == 1)", ((ep == dp * tp) | (ep == 1)) & (pl[pi] != 0))
-    # HALO only differs from flat when the EP group spans nodes
+    # HALO only differs from flat when the EP group spans nodes with several members on each
     stride = np.where(pl[pi] == 0, 1, dp * tp // np.maximum(ep, 1))
     spans_nodes = ep * stride > hw.gpus_per_node
+    per_node = np.minimum(ep, np.maximum(1, hw.gpus_per_node // np.maximum(stride, 1)))
     rule("duplicate (halo inside one node equals flat)", (a2[ai] == 1) & ~spans_nodes)
+    rule("duplicate (halo with one EP member per node equals flat)", (a2[ai] == 1) & (per_node <= 1))
     if sp.paper_mesh:
         rule("not the paper's PP x EP mesh (tp=1, ep=dp)", (tp != 1) | (ep != dp))
     if sp.ep_in_domain:
@@ -196,8 +198,8 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     if n_mem:
         rejected["worst stage exceeds device memory"] = n_mem
     key = {"throughput": -est.tokens_per_s, "mfu": -est.mfu, "memory": est.peak_memory_gib}[objective]
-    # deterministic: objective, then fewer pipeline stages, then smaller tp
-    order = np.lexsort((batch.tp, batch.pp, key))
+    # deterministic: objective, then throughput, fewer pipeline stages, smaller tp
+    order = np.lexsort((batch.tp, batch.pp, -est.tokens_per_s, key))
     order = order[fits[order]]
     return SearchResult(batch, est, order, rejected, n_all, cpu_s)
 
