@@ -173,3 +173,16 @@ def test_state_memory_bound_never_drops_a_fitting_layout(model, hw, gpus):
     res = search(m, h, sp)
     assert int(est.fits.sum()) == len(res.order) > 0
     assert res.est.tokens_per_s[res.best] == est.tokens_per_s[est.fits].max()
+
+
+def test_list_and_show_spec_render_derived_figures():
+    code, out, _ = run("list", "models")
+    assert code == 0 and "deepseek-v3" in out and "671.03B" in out and "37.55B" in out  # total, active (embedding incl.)
+    code, out, _ = run("list", "hardware")
+    assert code == 0 and "frontier" in out and "gcd-pair > node > switch > group > system" in out
+    code, out, _ = run("show-spec", "mixtral-8x7b")
+    assert code == 0 and "routed experts (8, top-2)" in out and "46.70B" in out
+    code, out, _ = run("show-spec", "frontier")
+    assert code == 0 and "12.5 (NIC)" in out  # 4 × 25 GB/s NICs shared by 8 GCDs
+    code, out, _ = run("show-spec", "nope")
+    assert code == 2 and "not a file and not a bundled model" in out
