@@ -22,7 +22,8 @@ import click
 import yaml
 
 from .calibrate_bench import BenchPlan, make_plan, run_benchmarks
-from .calibrate_fit import best_rates, fit_comm, fit_compute, proposals, split_comm, split_compute
+from .calibrate_fit import (best_rates, fit_collective_overhead, fit_comm, fit_compute, fit_layer_overhead,
+                            proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse
@@ -118,14 +119,23 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                          f"(RAM {device['ram_gib']:.1f} GiB − {OS_RESERVE_GIB:g} GiB OS) / {ranks}")
     eff = d["efficiency"]
     eff.update(gemm=round(comp["gemm"], 4), gemm_tile=comp["gemm_tile"], memory=round(comp["memory"], 4),
-               kernel_overhead_us=round(comp["kernel_overhead_us"], 3))
+               kernel_overhead_us=round(comp["kernel_overhead_us"], 3),
+               gemm_overhead_us={k: round(v, 3) for k, v in comp.get("gemm_overhead_us", {}).items()},
+               layer_overhead_us=dict(comp.get("layer_overhead_us", {})),
+               collective_overhead_us=round(comp.get("collective_overhead_us", 0.0), 2))
+    if device["kind"] == "cpu" and ranks > device["cores"]:
+        acc["ranks_per_core"] = round(ranks / device["cores"], 4)
     if "attention" in comp:
         eff["attention"] = round(comp["attention"], 4)
     clip = "; attention rate exceeded the bf16 peak, clipped to 1" if comp.get("attention_clipped") else ""
     eff["source"] = (f"fitted {stamp} by scipy least_squares on log time against piper_plan.cost.kernels "
                      f"(gemm_time, stream_time, flash_attention_time; causal SDPA forward counted as "
                      f"2·b·h·s²·d FLOPs); model error median/max: {_pct(comp_res)}{clip}"
-                     " (grouped_*: grouped GEMMs, held out of the fit)")
+                     " (grouped_*: grouped GEMMs, held out of the fit); gemm_overhead_us: per-dtype extra fixed "
+                     "cost per GEMM call, fitted jointly; layer_overhead_us: a piper-train dense / MoE block "
+                     "(d 32, 16 tokens) forward+backward under full load minus the kernel model's price of it; "
+                     "collective_overhead_us: median added time per small p2p / all-to-all call between GEMM "
+                     "bursts on every rank, minus the α-β time of the call")
     if comm is not None:
         eff["comm"] = round(comm["comm"], 4)
         eff["source"] += f"; comm from the α-β fit of the node level ({_pct(comm_res)})"
@@ -156,7 +166,7 @@ def _device(choice: str) -> dict:
     if choice == "cuda" and not cuda:
         raise PiperError("calibrate: --device cuda: no CUDA device is available")
     kind = "cuda" if (choice == "cuda" or (choice == "auto" and cuda)) else "cpu"
-    info = {"kind": kind, "torch": torch.__version__, "cores": os.cpu_count() or 1, "ram_gib": ram_gib()}
+    info = {"kind": kind, "torch": torch.__version__, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1), "ram_gib": ram_gib()}
     if kind == "cuda":
         p = torch.cuda.get_device_properties(0)
         info.update(name=p.name, accelerator_name=p.name, memory_gib=p.total_memory / 2**30,
@@ -280,7 +290,15 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
     ds = (hw.accelerator.peak_tflops, hw.accelerator.memory_bandwidth_gbps) if datasheet else None
     comp = split_compute(comp_fit.rates, best_rates(meas), ds, plan.attn_dtype)
     comm_fit = fit_comm(meas["comm"]) if meas.get("comm") else None
+    rated = rated_spec(hw, comp_fit.rates, plan.attn_dtype)
+    comp["layer_overhead_us"], layer_detail = fit_layer_overhead(rated, meas.get("layers", []))
+    co_res = {}
+    if comm_fit and meas.get("loaded_comm"):
+        comp["collective_overhead_us"], co_res = fit_collective_overhead(
+            meas["loaded_comm"], comm_fit.latency_us, comm_fit.bandwidth_gbps)
+    comp_fit.residuals.update(co_res)
     prop = proposals(hw, comp_fit, meas, tiles)
+    prop["layer_overhead"] = layer_detail
     if comm_fit:  # one α-β pair per collective, to show what a single pair per level costs
         kinds = sorted({c["kind"] for c in meas["comm"]})
         prop["comm_per_kind"] = {k: asdict(fit_comm([c for c in meas["comm"] if c["kind"] == k])) for k in kinds}

@@ -34,6 +34,8 @@ class BenchPlan:
     attention: list[tuple[int, int, int, int]]
     comm_sizes: list[int]
     comm_kinds: tuple[str, ...] = ("p2p", "allreduce", "alltoall")
+    layers: tuple[str, ...] = ()          # dtypes for the framework-overhead blocks (CPU: fp32, bf16)
+    loaded_comm: bool = False             # measure the per-call collective cost under compute load
     window_s: float = 0.25
     comm_window_s: float = 0.1
     attn_dtype: str = "bf16"
@@ -46,7 +48,20 @@ class BenchPlan:
     def items(self, ranks: int) -> int:
         """Number of progress ticks a run posts."""
         comm = len(self.comm_groups(ranks)) * len(self.comm_kinds) * len(self.comm_sizes)
-        return len(self.gemm) + len(self.stream) + len(self.attention) + comm
+        loaded = len(self.comm_groups(ranks)) * len(LOADED_KINDS) if self.loaded_comm else 0
+        return len(self.gemm) + len(self.stream) + len(self.attention) + comm + 2 * len(self.layers) + loaded
+
+
+# Framework-overhead blocks: one dense and one MoE decoder block of piper-train at a negligible
+# width (shaped like tiny-moe: GQA, SwiGLU, one shared expert, softmax top-2), so their time is
+# almost all per-operation host cost; the fit subtracts the kernel model's own price of them.
+LAYER_SPEC = dict(name="calibrate-block", source="piper-plan calibrate framework-overhead probe", num_layers=2,
+                  hidden_size=32, num_heads=2, num_kv_heads=1, vocab_size=64, seq_len=16, ffn_size=64,
+                  dense_layers=1, moe=dict(num_experts=4, top_k=2, expert_ffn_size=32, shared_experts=1,
+                                           router="softmax"))
+LAYER_SEQ = 16
+LOADED_KINDS = ("p2p", "alltoall")
+LOADED_BURST = 48  # 64×64 fp32 GEMMs between two calls: ~0.5 ms of work a rank, ~2 ms with 8 ranks on 2 cores
 
 
 def _expert_shapes(dtypes, ms, kn):
@@ -60,7 +75,8 @@ def make_plan(kind: str, device: str) -> BenchPlan:
     if kind == "smoke":
         return BenchPlan(gemm=[(dt, m, 64, 64, 1) for dt in dtypes for m in (16, 64, 256)] + [("bf16", 32, 64, 64, 2)],
                          stream=[64, 2**14, 2**18], attention=[(1, 2, 64, 32), (1, 2, 128, 32)],
-                         comm_sizes=[1024, 65536], window_s=0.02, comm_window_s=0.02, meta={"kind": kind})
+                         comm_sizes=[1024, 65536], layers=() if gpu else ("fp32",), loaded_comm=not gpu,
+                         window_s=0.02, comm_window_s=0.02, meta={"kind": kind})
     if gpu:
         # H100-class shapes: expert GEMMs of DeepSeek/Mixtral widths, big squares, long sequences
         kn = [(2048, 4096), (4096, 2816), (7168, 4096)]
@@ -88,7 +104,7 @@ def make_plan(kind: str, device: str) -> BenchPlan:
         sizes = [2**k for k in range(8, 26, 2)]
     gemm = _expert_shapes(dtypes, ms, kn) + [(dt, s, s, s, 1) for dt in dtypes for s in sq]
     gemm += [(dt, 48, 192, 64, 4) for dt in dtypes] + [(dt, 128, 1024, 512, 8) for dt in dtypes]
-    return BenchPlan(gemm, st, attention, sizes, window_s=0.3 if kind == "quick" else 0.5,
+    return BenchPlan(gemm, st, attention, sizes, layers=dtypes, loaded_comm=True, window_s=0.3 if kind == "quick" else 0.5,
                      comm_window_s=0.25 if kind == "quick" else 0.4, meta={"kind": kind})
 
 
@@ -184,8 +200,12 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
     timer = _Timer(torch, dist, dev, plan.window_s)
     try:
         res = _compute(torch, dev, plan, tick, timer)
+        res["layers"] = _layers(torch, dev, plan, tick, timer)
         res["comm"] = []
         _comm(torch, dist, dev, plan, rank, world, res["comm"], tick, timer)
+        res["loaded_comm"] = []
+        if plan.loaded_comm:
+            _loaded_comm(torch, dist, dev, plan, rank, world, res["loaded_comm"], tick)
         q.put(("result", rank, res))
     finally:
         dist.destroy_process_group()
@@ -213,6 +233,74 @@ def _compute(torch, dev, plan, tick, timer) -> dict:
                                  "flops": 2.0 * bs * h * s * s * d, "seconds": t})
         tick(f"attention s={s} d={d}")
     return res
+
+
+def _layers(torch, dev, plan, tick, timer) -> list[dict]:
+    """Forward + backward of one dense and one MoE block of piper-train (LAYER_SPEC, one
+    sequence of LAYER_SEQ tokens, expert parallelism off) per dtype; bf16 as the runtime
+    runs it (autocast over fp32 weights)."""
+    if not plan.layers:
+        return []
+    from piper_runtime.model import Block, BuildCtx  # the runtime measured is the one the plans run
+
+    from .specs.model import ModelSpec
+
+    spec = ModelSpec(**LAYER_SPEC)
+    out = []
+    torch.manual_seed(0)
+    for dt in plan.layers:
+        ctx = BuildCtx(seq=LAYER_SEQ, dtype=dt)
+        for layer, kind in ((0, "dense"), (1, "moe")):
+            blk = Block(spec, layer, ctx).to(dev)
+            x = torch.randn(1, LAYER_SEQ, spec.hidden_size, device=dev, requires_grad=True)
+
+            def fb():
+                with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=dt == "bf16"):
+                    y = blk(x)
+                y.float().sum().backward()
+            out.append({"kind": kind, "dtype": dt, "tokens": LAYER_SEQ, "seconds": timer(fb)})
+            tick(f"{kind} block {dt}")
+    return out
+
+
+def _loaded_comm(torch, dist, dev, plan, rank, world, out, tick):
+    """Per-call cost of a small collective while every rank computes between calls, as in
+    training: each rank loops [LOADED_BURST GEMMs, one call] and [the same GEMMs alone]; the
+    difference per iteration (slowest rank) is the call's cost under load. Both loops run
+    twice, interleaved, and the smaller of each pair is kept (other load on the machine
+    only adds)."""
+    a = torch.randn(64, 64, device=dev)
+    b = torch.randn(64, 64, device=dev)
+
+    def burst():
+        for _ in range(LOADED_BURST):
+            torch.mm(a, b)
+
+    def timed(fn, iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        t = torch.tensor([(time.perf_counter() - t0) / iters], device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    iters = max(10, int(plan.comm_window_s / 2e-3))
+    for n in plan.comm_groups(world):
+        sub, _ = dist.new_subgroups(group_size=n)
+        for kind in LOADED_KINDS:
+            numel = 64 * n  # 256 B per peer: latency-bound, like the count exchange
+            op = _comm_fn(torch, dist, dev, kind, rank, n, sub, numel)
+            op()
+
+            def both():
+                burst()
+                op()
+            pairs = [(timed(burst, iters), timed(both, iters)) for _ in range(2)]
+            alone, with_call = min(p[0] for p in pairs), min(p[1] for p in pairs)
+            out.append({"kind": kind, "n": n, "nbytes": 4 * numel, "seconds": with_call - alone,
+                        "burst_s": alone})
+            tick(f"{kind} n={n} under load")
 
 
 def _comm(torch, dist, dev, plan, rank, world, out, tick, timer):
@@ -255,8 +343,9 @@ def _merge(per_rank: dict[int, dict]) -> dict:
     fair-share rate a rank gets; the spread is kept). Comm: rank 0's, already the slowest
     rank's time (reduced inside the run)."""
     ranks = sorted(per_rank)
-    out: dict[str, list] = {"comm": per_rank[ranks[0]]["comm"]}
-    for fam in ("gemm", "stream", "attention"):
+    out: dict[str, list] = {"comm": per_rank[ranks[0]]["comm"],
+                            "loaded_comm": per_rank[ranks[0]].get("loaded_comm", [])}
+    for fam in ("gemm", "stream", "attention", "layers"):
         rows = []
         for i, row in enumerate(per_rank[ranks[0]][fam]):
             ts = [per_rank[r][fam][i]["seconds"] for r in ranks]

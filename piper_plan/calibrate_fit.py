@@ -61,13 +61,15 @@ def comm_bandwidth(kind: str, n, nbytes, seconds):
 # ---- compute model on raw rates --------------------------------------------------------
 @dataclass(frozen=True)
 class ComputeRates:
-    """Raw fitted rates: TFLOP/s per GEMM dtype, streaming GB/s, overhead us, attention TFLOP/s."""
+    """Raw fitted rates: TFLOP/s per GEMM dtype, streaming GB/s, overhead us, attention TFLOP/s,
+    and the extra fixed cost per GEMM call by dtype, us (Efficiency.gemm_overhead_us)."""
 
     gemm_tflops: dict[str, float]
     stream_gbps: float
     overhead_us: float
     attention_tflops: float | None
     tile: tuple[int, int]
+    gemm_overhead_us: dict[str, float] = field(default_factory=dict)
 
 
 def rated_spec(hw: HardwareSpec, r: ComputeRates, attn_dtype: str = "bf16") -> HardwareSpec:
@@ -77,6 +79,7 @@ def rated_spec(hw: HardwareSpec, r: ComputeRates, attn_dtype: str = "bf16") -> H
     acc = hw.accelerator.model_copy(update={"peak_tflops": peaks, "memory_bandwidth_gbps": r.stream_gbps})
     eff = hw.efficiency.model_copy(update={
         "gemm": 1.0, "memory": 1.0, "kernel_overhead_us": r.overhead_us, "gemm_tile": tuple(r.tile),
+        "gemm_overhead_us": dict(r.gemm_overhead_us),
         "attention": (r.attention_tflops / ref) if r.attention_tflops else hw.efficiency.attention})
     return hw.model_copy(update={"accelerator": acc, "efficiency": eff})
 
@@ -149,7 +152,9 @@ def fit_compute(hw: HardwareSpec, meas: dict, tiles, attn_dtype: str = "bf16") -
     (absent ones stay at `hw`'s values). Each family is weighted 1/sqrt(points) so a family
     with many shapes does not drown one with few. Grouped GEMMs (groups > 1) are held out:
     the model prices a grouped kernel like one large GEMM, so they are reported as their own
-    families ('grouped_<dtype>') to show how far the runtime's grouped kernel is from that."""
+    families ('grouped_<dtype>') to show how far the runtime's grouped kernel is from that.
+    Each GEMM dtype also gets its own extra fixed cost per call (gemm_overhead_us, ≥ 0; values
+    under 0.01 us are reported as 0) on top of the overhead every kernel shares."""
     grouped = [g for g in meas.get("gemm", []) if g.get("groups", 1) > 1]
     meas = {**meas, "gemm": [g for g in meas.get("gemm", []) if g.get("groups", 1) == 1]}
     t_meas = measured(meas)
@@ -165,17 +170,24 @@ def fit_compute(hw: HardwareSpec, meas: dict, tiles, attn_dtype: str = "bf16") -
     x0.append(np.log(max(1e-2, 0.5 * min(float(v.min()) for v in t_meas.values()) * 1e6)))
     if has_attn:
         x0.append(np.log(best["attention_tflops"]))
+    n_base = len(x0)
+    x0 += [x0[len(dts) + has_stream]] * len(dts)  # each dtype's whole fixed cost per GEMM, us
     weights = {f: 1.0 / np.sqrt(v.size) for f, v in t_meas.items()}
     log_meas = {f: np.log(v) for f, v in t_meas.items()}
 
-    def unpack(x, tile) -> ComputeRates:
+    def unpack(x, tile, final: bool = False) -> ComputeRates:
         i = len(dts)
         rates = {d: float(np.exp(x[j])) for j, d in enumerate(dts)}
         bw = float(np.exp(x[i])) if has_stream else hw.accelerator.memory_bandwidth_gbps * hw.efficiency.memory
         i += has_stream
         o = float(np.exp(x[i]))
         pa = float(np.exp(x[i + 1])) if has_attn else None
-        return ComputeRates(rates, bw, o, pa, tuple(tile))
+        # the dtype's fixed cost beyond the shared one (negative while fitting is allowed:
+        # the evaluation copy is unvalidated; the result is floored at 0)
+        g = {d: float(np.exp(x[n_base + j])) - o for j, d in enumerate(dts)}
+        if final:
+            g = {d: (round(v, 3) if v >= 0.01 else 0.0) for d, v in g.items()}
+        return ComputeRates(rates, bw, o, pa, tuple(tile), g)
 
     def resid(x, tile):
         spec = rated_spec(hw, unpack(x, tile), attn_dtype)
@@ -190,7 +202,7 @@ def fit_compute(hw: HardwareSpec, meas: dict, tiles, attn_dtype: str = "bf16") -
     # noise does not flip the tile between runs; candidates come finest first
     low = min(f.cost for f in fits.values())
     tile = next(t for t in fits if fits[t].cost <= 1.02 * low + 1e-12)
-    rates = unpack(fits[tile].x, tile)
+    rates = unpack(fits[tile].x, tile, final=True)
     spec = rated_spec(hw, rates, attn_dtype)
     res = residual_stats(predict(spec, meas), t_meas)
     if grouped:
@@ -256,6 +268,44 @@ def fit_comm(meas: list[dict]) -> CommFit:
     return CommFit(lat, bw, residual_stats(predict_comm(meas, lat, bw), t_meas))
 
 
+# ---- fixed costs the kernel and α-β models do not list ------------------------------------
+def fit_layer_overhead(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, float], dict[str, dict]]:
+    """Efficiency.layer_overhead_us from the framework-overhead blocks (calibrate_bench.LAYER_SPEC):
+    measured forward + backward time minus the kernel model's price of the same block under
+    `hw` (the fitted rates, so only what the kernel list misses remains), floored at 0.
+    Returns ({'<kind>_<dtype>': us}, {'<kind>_<dtype>': {'measured_us', 'kernel_model_us'}})."""
+    from .calibrate_bench import LAYER_SEQ, LAYER_SPEC
+    from .cost.batch import from_layouts
+    from .cost.estimate import Routing, _layer_costs
+    from .layout import Layout
+    from .specs.model import ModelSpec
+
+    spec = ModelSpec(**LAYER_SPEC)
+    out, detail = {}, {}
+    for r in rows:
+        lay = from_layouts([Layout(gpus=1, global_batch=1, seq=LAYER_SEQ, dtype=r["dtype"])])
+        lc = _layer_costs(spec, hw, lay, Routing(), r["dtype"])
+        model = float(lc[r["kind"]].total[0])
+        key = f"{r['kind']}_{r['dtype']}"
+        out[key] = round(max(0.0, r["seconds"] - model) * 1e6, 2)
+        detail[key] = {"measured_us": round(r["seconds"] * 1e6, 2), "kernel_model_us": round(model * 1e6, 2)}
+    return out, detail
+
+
+def fit_collective_overhead(rows: list[dict], latency_us: float, bw_gbps: float) -> tuple[float, dict]:
+    """Efficiency.collective_overhead_us: the median over the loaded measurements of (added
+    time per call − the α-β model's time of that call), floored at 0; the α-β pair is the
+    node level's fit from back-to-back collectives. Returns (us, residual stats of the
+    resulting model against the loaded measurements)."""
+    if not rows:
+        return 0.0, {}
+    ab = np.array([float(comm_time(r["kind"], r["n"], r["nbytes"], latency_us, bw_gbps)) for r in rows])
+    meas = np.array([r["seconds"] for r in rows])
+    co = max(0.0, float(np.median(meas - ab)))
+    stats = residual_stats({"comm_loaded": np.maximum(ab + co, 1e-9)}, {"comm_loaded": np.maximum(meas, 1e-9)})
+    return co * 1e6, stats
+
+
 # ---- rates -> schema fields -------------------------------------------------------------
 def split_compute(rates: ComputeRates, best: dict, datasheet: tuple[dict, float] | None,
                   attn_dtype: str = "bf16") -> dict:
@@ -283,6 +333,7 @@ def split_compute(rates: ComputeRates, best: dict, datasheet: tuple[dict, float]
         hbm = max(datasheet[1], rates.stream_gbps)
     out = {"peak_tflops": {d: float(f"{v:.6g}") for d, v in peaks.items()}, "gemm": gemm,
            "gemm_tile": list(rates.tile), "kernel_overhead_us": rates.overhead_us,
+           "gemm_overhead_us": dict(rates.gemm_overhead_us),
            "memory_bandwidth_gbps": hbm, "memory": rates.stream_gbps / hbm, "attention_clipped": False}
     if rates.attention_tflops is not None:
         a = rates.attention_tflops / peaks[attn_dtype]

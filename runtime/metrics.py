@@ -5,11 +5,19 @@ backward, causal attention counted as half, no recompute) × tokens; TFLOPS are 
 (rank); MFU is that over plan.hardware.accelerator.peak_tflops[plan.layout.dtype].
 Stage forward/backward times are host wall time inside each chunk; under zbv/dualpipev
 the backward figure is the input-gradient pass only (the deferred weight-gradient pass
-is not bracketed). All-to-all time is the row exchanges, forward and backward, per rank."""
+is not bracketed). All-to-all time is the row exchanges, forward and backward, per rank.
+
+Closed loop (issue 8): the end summary sets the measured mean step time (warm-up step
+excluded), all-to-all time per step (slowest rank) and peak resident memory per rank
+(ru_maxrss, GiB: the whole process — interpreter, torch, buffers — against the plan's
+peak_memory_gib, which also counts hardware.memory_overhead_gib) beside plan.predicted, with
+measured/predicted ratios. `saved_tensor_bytes` counts what a forward saves for backward."""
 from __future__ import annotations
 
 import json
+import resource
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -36,6 +44,7 @@ def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], ste
             aux += float(m.aux_total)
     return dict(rank=groups.rank, pp=groups.pp_rank, dp=groups.dp_rank, ep=groups.ep_rank, edp=groups.edp_rank,
                 losses=[float(x) for x in losses], step_s=step_s, grad_norm=grad_norm, a2a_s=a2a, aux=aux,
+                peak_rss_gib=peak_rss_gib(),
                 chunks={c: (m.times.fwd_s, m.times.bwd_s) for c, m in chunks.items()}, moe=moe)
 
 
@@ -77,6 +86,7 @@ def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
                 model_tflops_per_gpu=tflops, mfu=(tflops / peak if peak else None),
                 grad_norm=per_rank[0]["grad_norm"], aux_loss=sum(r["aux"] for r in per_rank if r["dp"] == 0 and r["edp"] == 0),
                 a2a_time_s=max(r["a2a_s"] for r in per_rank),
+                peak_rss_gib=max(r.get("peak_rss_gib", 0.0) for r in per_rank),
                 stage_fwd_s=stage_fwd, stage_bwd_s=stage_bwd,
                 tokens_per_expert=tpe, ep_rank_tokens=loads, ep_max_over_mean=balance)
 
@@ -141,10 +151,20 @@ class Reporter:
         times = [r["step_time_s"] for r in self.records]
         if not times:
             return None
-        meas = statistics.fmean(times[1:] if len(times) > 1 else times)
-        pred = self.plan.predicted.step_time_s if self.plan.predicted else None
+        use = self.records[1:] if len(times) > 1 else self.records
+        meas = statistics.fmean(r["step_time_s"] for r in use)
+        a2a = statistics.fmean(r["a2a_time_s"] for r in use)
+        rss = max(r.get("peak_rss_gib", 0.0) for r in self.records)
+        p = self.plan.predicted
+        pred = p.step_time_s if p else None
+        p_a2a = p.a2a_time_s if p else None
+        p_mem = p.peak_memory_gib if p else None
+        ratio = lambda a, b: (a / b if b else None)  # noqa: E731
         summary = dict(summary=True, steps=len(times), measured_step_time_s=meas,
-                       predicted_step_time_s=pred, measured_over_predicted=(meas / pred if pred else None))
+                       predicted_step_time_s=pred, measured_over_predicted=ratio(meas, pred),
+                       measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),
+                       measured_peak_rss_gib=rss, predicted_peak_memory_gib=p_mem,
+                       memory_measured_over_predicted=ratio(rss, p_mem))
         if self.path:
             self._fh.write(json.dumps(summary) + "\n")
             self._fh.close()
@@ -153,6 +173,11 @@ class Reporter:
         elif pred:
             self.console.print(f"step time: measured {meas * 1e3:.1f} ms, predicted {pred * 1e3:.1f} ms, "
                                f"ratio {meas / pred:.2f}", highlight=False)
+            r_a2a = "-" if summary["a2a_measured_over_predicted"] is None else f"{summary['a2a_measured_over_predicted']:.2f}"
+            self.console.print(f"all-to-all: measured {a2a * 1e3:.1f} ms/step, predicted {(p_a2a or 0) * 1e3:.1f} ms, "
+                               f"ratio {r_a2a}", highlight=False)
+            self.console.print(f"memory: peak RSS {rss:.3f} GiB per rank (whole process), predicted peak "
+                               f"{p_mem:.3f} GiB, ratio {rss / p_mem:.2f}", highlight=False)
         else:
             self.console.print(f"step time: measured {meas * 1e3:.1f} ms; the plan has no prediction "
                                f"(plan.predicted is empty)", highlight=False)
@@ -161,3 +186,29 @@ class Reporter:
 
 def now() -> float:
     return time.perf_counter()
+
+
+def peak_rss_gib() -> float:
+    """Peak resident set size of this process, GiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+def saved_tensor_bytes(fn, exclude: list[torch.Tensor] = ()) -> tuple[object, int, list[tuple]]:
+    """Run fn() recording every tensor autograd saves for backward (saved_tensors_hooks).
+    Bytes count each storage once (views and repeated saves share one), leaving out the
+    storages of `exclude` (parameters, buffers: state, not activations). Returns (fn's
+    result, bytes, [(shape, dtype, storage bytes, creator)] of the counted storages)."""
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, tuple] = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip and st.data_ptr() not in seen:
+            seen[st.data_ptr()] = (tuple(t.shape), str(t.dtype).replace("torch.", ""), st.nbytes(),
+                                   type(t.grad_fn).__name__ if t.grad_fn is not None else "input")
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(v[2] for v in seen.values()), list(seen.values())

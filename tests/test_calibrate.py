@@ -187,3 +187,19 @@ def test_quick_run_under_two_minutes(tmp_path):
     rec = json.loads((tmp_path / "cpu-local.calibration.json").read_text())
     assert rec["wall_s"] < 120
     assert load_hardware(str(out)).gpus_per_node == 8
+
+
+def test_fit_recovers_per_dtype_gemm_overhead():
+    # bf16 GEMMs paying a 60 us fixed cost per call that fp32 GEMMs do not (a CPU repacking bf16 operands)
+    global TRUE
+    saved = TRUE
+    TRUE = ComputeRates(saved.gemm_tflops, saved.stream_gbps, saved.overhead_us, saved.attention_tflops, saved.tile,
+                        {"bf16": 60.0, "fp32": 0.0})
+    try:
+        meas = _synthetic()
+    finally:
+        TRUE = saved
+    r = fit_compute(load_hardware("cpu-local"), meas, CPU_TILES).rates
+    assert r.gemm_overhead_us["bf16"] == pytest.approx(60.0, rel=0.05)
+    assert r.gemm_overhead_us["fp32"] < 1.0
+    assert r.overhead_us == pytest.approx(saved.overhead_us, rel=0.05)

@@ -122,6 +122,16 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
 
 
+def a2a_rounds(hw: HardwareSpec, n, stride, halo) -> np.ndarray:
+    """Dependent communication rounds of one all-to-all: 1 flat; 2 for HALO when it is truly
+    hierarchical (several scale-up domains, several members in each) — Phase III waits on
+    Phase II — so it pays the per-call fixed cost twice."""
+    c = level_counts(hw, n, stride)
+    q = c[hw.scaleup_level]
+    hier = (np.asarray(n) > q) & (q > 1)
+    return np.where(np.asarray(halo, dtype=bool) & hier, 2.0, 1.0)
+
+
 def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0):
     """Ring (or NCCL tree/ring hierarchy) all-reduce of nbytes over n ranks:
     2(n-1)/n·B over the slowest level spanned, 2(n-1) latency steps.

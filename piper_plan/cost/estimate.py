@@ -299,10 +299,12 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
         moe = attn + moe_phase(m, hw, lay, dtype, imb) + _layer_overhead(hw, "moe", dtype, full_rc)
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
+        stride = np.where(lay.placement == 0, 1, lay.edp)
+        rounds = comm.a2a_rounds(hw, lay.ep, stride, lay.a2a == 1)  # HALO: two dependent rounds
         # dispatch + combine each way; forward first exchanges the per-expert row counts
         # (a few bytes: only the call's fixed cost counts)
-        a2a_fwd = 2 * (a2a_one + call) + call
-        a2a_bwd = 2 * (a2a_one + call)
+        a2a_fwd = 2 * (a2a_one + call * rounds) + call
+        a2a_bwd = 2 * (a2a_one + call * rounds)
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, (tp_ar + a2a_fwd) * full_rc)
     else:
         moe = Phase(zero, zero, zero, zero)

@@ -1,0 +1,120 @@
+"""Closed loop (issue 8): predicted vs measured piper-train step time on the calibrated
+cpu-local spec, for tiny-moe and small-moe-cpu under plans that differ in PP, EP, DP,
+micro-batch, schedule and all-to-all algorithm; plus the memory check.
+
+One command:  python benchmarks/closed_loop.py  [--steps 5] [--hardware cpu-local] [--models tiny-moe,small-moe-cpu]
+
+Each plan runs --steps optimizer steps on 8 local gloo ranks (one thread each); the first two
+steps are warm-up and are dropped, the median of the rest is the measured step time. Reported:
+per-plan error (predicted/measured − 1), the median |error|, the Spearman rank correlation
+(scipy) between predicted and measured, and whether the plan the planner ranks first among
+them is within 10% of the fastest measured (acceptance: ≤ 20%, ≥ 0.8, yes). The runtime
+reduces gradients after the pipeline, so plans say overlap_grad_reduce=false."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from piper_plan.evaluate import build_plan, estimate_layout
+from piper_plan.layout import Layout
+from piper_plan.specs.model import ModelSpec
+from piper_plan.specs.registry import load_hardware, load_model
+
+sys.path.insert(0, "benchmarks")
+from runtime_throughput import SMALL  # noqa: E402
+
+# (pp, dp, ep, vpp, schedule, mbs, a2a): distinct in PP, EP, DP, micro-batch, schedule, a2a
+LAYOUTS = [
+    (1, 8, 8, 1, "1f1b", 1, "flat"),
+    (1, 8, 4, 1, "1f1b", 2, "halo"),
+    (2, 4, 4, 1, "1f1b", 1, "flat"),
+    (2, 4, 2, 1, "gpipe", 2, "flat"),
+    (2, 4, 4, 2, "zbv", 1, "flat"),
+    (4, 2, 2, 1, "1f1b", 1, "flat"),
+    (2, 4, 2, 2, "interleaved", 1, "halo"),
+]
+MODELS = {"tiny-moe": (lambda: load_model("tiny-moe"), 64, 16),
+          "small-moe-cpu": (lambda: ModelSpec(**SMALL), 128, 16)}
+
+
+def plans_for(hw, name):
+    make, seq, gb = MODELS[name]
+    spec = make()
+    out = []
+    for pp, dp, ep, vpp, sched, mbs, a2a in LAYOUTS:
+        lay = Layout(gpus=8, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=mbs, global_batch=gb, seq=seq, schedule=sched,
+                     dtype="bf16", zero=1, a2a=a2a, overlap_grad_reduce=False)
+        est = estimate_layout(spec, hw, lay)
+        if est.fits[0]:
+            out.append(build_plan(spec, hw, lay, est))
+    return out
+
+
+def label(lay) -> str:
+    return (f"pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} {lay.schedule}" + (f" v{lay.vpp}" if lay.vpp > 1 else "")
+            + f" {lay.a2a}")
+
+
+def run(hw_name: str, models: list[str], steps: int) -> dict:
+    from piper_runtime.config import TrainConfig
+    from piper_runtime.launch import spawn_jobs
+
+    hw = load_hardware(hw_name)
+    print(f"== closed loop on {hw.name} ({hw.source[:90]}...)\n   {steps} steps per plan, first 2 dropped, "
+          f"median of the rest; bf16; 8 ranks, OMP_NUM_THREADS=1")
+    summary = {}
+    for name in models:
+        plans = plans_for(hw, name)
+        t0 = time.perf_counter()
+        recs = spawn_jobs([(p, TrainConfig(steps=steps, timeout_s=300, log_every=0)) for p in plans])
+        wall = time.perf_counter() - t0
+        pred, meas = [], []
+        print(f"\n{name}: {len(plans)} plans, {wall:.0f} s wall")
+        print(f"   {'layout':<34} {'pred ms':>8} {'meas ms':>8} {'error':>7} {'a2a pred':>9} {'a2a meas':>9}")
+        for p, rr in zip(plans, recs):
+            use = rr[2:] if len(rr) > 2 else rr
+            m = statistics.median(r["step_time_s"] for r in use)
+            a = statistics.median(r["a2a_time_s"] for r in use)
+            pr = p.predicted
+            pred.append(pr.step_time_s)
+            meas.append(m)
+            print(f"   {label(p.layout):<34} {pr.step_time_s * 1e3:8.1f} {m * 1e3:8.1f} "
+                  f"{100 * (pr.step_time_s / m - 1):+6.1f}% {pr.a2a_time_s * 1e3:9.1f} {a * 1e3:9.1f}")
+        pred, meas = np.array(pred), np.array(meas)
+        err = np.abs(pred / meas - 1)
+        rho = float(spearmanr(pred, meas).statistic)
+        top = int(np.argmin(pred))
+        within = meas[top] <= 1.10 * meas.min()
+        print(f"   median |error| {100 * np.median(err):.1f}%  Spearman {rho:.2f}  planner's top plan "
+              f"({label(plans[top].layout)}) measured {meas[top] / meas.min():.2f}× the fastest -> "
+              f"{'within' if within else 'NOT within'} 10%")
+        summary[name] = dict(median_abs_error=float(np.median(err)), spearman=rho, top_within_10pct=bool(within))
+    allerr = [v["median_abs_error"] for v in summary.values()]
+    print(f"\nacceptance (median |error| <= 20%, Spearman >= 0.8, top plan within 10%): "
+          + "; ".join(f"{k}: {100 * v['median_abs_error']:.1f}%, {v['spearman']:.2f}, {v['top_within_10pct']}"
+                      for k, v in summary.items()) + f" (worst median error {100 * max(allerr):.1f}%)")
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--hardware", default="cpu-local")
+    ap.add_argument("--models", default="tiny-moe,small-moe-cpu")
+    ap.add_argument("--skip-memory", action="store_true")
+    a = ap.parse_args(argv)
+    run(a.hardware, a.models.split(","), a.steps)
+    if not a.skip_memory:
+        import memory_check
+        print()
+        memory_check.main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

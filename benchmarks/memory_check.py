@@ -1,0 +1,123 @@
+"""Bytes each decoder block of piper-train saves for backward, and parameter / optimizer bytes
+per rank, against the planner's model (piper_plan.cost.activations, cost.memory.state_bytes).
+
+One command:  python benchmarks/memory_check.py
+
+Runtime side: saved_tensors_hooks around one block's forward (piper_runtime.metrics.
+saved_tensor_bytes: each storage once, parameters and buffers left out), fp32, one rank,
+experts local (ep 1), torch SDPA (the CPU flash kernel: output + fp32 log-sum-exp), so the
+matching model setting is attention_kernel='flash', dtype fp32. The model's named terms
+describe fused kernels (Megatron); the eager runtime saves a few more tensors, listed by
+`eager_extras` term by term (each a real tensor of this implementation), so the check is
+model + extras against the measured bytes."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from piper_plan.cost import activations as act
+from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.memory import layer_params_per_rank, state_bytes
+from piper_plan.layout import Layout
+from piper_plan.specs.model import ModelSpec
+from piper_plan.specs.registry import load_model
+
+
+def eager_extras(m: ModelSpec, kind: str, t: float, eb: float = 4.0) -> dict[str, float]:
+    """Tensors piper-train's eager blocks save beyond the model's fused-kernel list, bytes per
+    micro-batch of t tokens (dropless, top-k, balanced rows t·k):
+    norm_rstd, norm_xhat: torch's unfused RMSNorm keeps its fp32 1/rms per token and x·(1/rms)
+    (for the weight gradient) besides its scaled output (2 norms);
+    attn_out_copy: the [b, h, s, d] -> [b, s, h·d] reshape before the output projection copies;
+    silu_out: unfused SwiGLU keeps silu(gate) for the product besides gate and up;
+    routing: top-k ids (int64), gather and scatter row indices (int64), combine weights (fp32)
+    and the fp32 combine input (expert output · weight)."""
+    dv = m.mla.v_head_dim if m.mla else m.hd
+    out = {"norm_rstd": 2 * 4.0 * t, "norm_xhat": 2 * eb * t * m.hidden_size, "attn_out_copy": eb * t * m.num_heads * dv}
+    if kind == "dense":
+        out["silu_out"] = eb * t * m.ffn_size if m.ffn_gated else 0.0
+        return out
+    mo = m.moe
+    rows = t * mo.top_k
+    out["silu_out"] = eb * (rows * mo.expert_ffn_size + t * mo.shared_experts * mo.shared_ffn) if mo.gated else 0.0
+    out["routing"] = 8.0 * t * mo.top_k + 2 * 8.0 * rows + 4.0 * rows + 4.0 * rows * m.hidden_size + 4.0 * mo.num_experts
+    return out
+
+
+def measure(m: ModelSpec, seq: int, mbs: int) -> dict[str, dict]:
+    """Per block kind: measured saved bytes, the model's terms, the extras."""
+    from piper_runtime.metrics import saved_tensor_bytes
+    from piper_runtime.model import Block, BuildCtx
+
+    torch.manual_seed(0)
+    ctx = BuildCtx(seq=seq, dtype="fp32")
+    lay = from_layouts([Layout(gpus=1, global_batch=mbs, mbs=mbs, seq=seq, dtype="fp32", attention_kernel="flash")])
+    out = {}
+    for layer in (0, m.dense_layers):
+        kind = "moe" if m.layer_is_moe(layer) else "dense"
+        blk = Block(m, layer, ctx)
+        x = torch.randn(mbs, seq, m.hidden_size, requires_grad=True)
+        blk(x).sum().backward()  # warm-up: one-time probes (grouped GEMM support) run outside the count
+        state = list(blk.parameters()) + list(blk.buffers())
+        _, got, items = saved_tensor_bytes(lambda: blk(x), exclude=state)
+        terms = act.attention_terms(m, lay)
+        terms.update(act.moe_terms(m, lay, 1.0) if kind == "moe" else act.ffn_terms(m, lay))
+        model = {k: float(v[0]) for k, v in terms.items() if float(v[0])}
+        extras = eager_extras(m, kind, float(mbs * seq))
+        out[kind] = dict(measured=got, model=sum(model.values()), extras=sum(extras.values()),
+                         terms=model, extra_terms=extras, items=items)
+    return out
+
+
+def state_check(m: ModelSpec, ep: int) -> dict[str, float]:
+    """Parameters of one dense and one MoE block of a rank with `ep` expert ranks: the runtime's
+    count against layer_params_per_rank, and the AdamW state bytes piper-train keeps (fp32
+    weight, fp32 grad, exp_avg, exp_avg_sq) against state_bytes for an fp32 layout."""
+    from piper_runtime.model import Block, BuildCtx
+
+    ctx = BuildCtx(seq=16, ep=ep, dtype="fp32", exchange=object())  # no forward at ep > 1: any exchange
+    lay = from_layouts([Layout(gpus=ep, dp=ep, ep=ep, global_batch=ep, seq=16, dtype="fp32", zero=0)])
+    dense_p, moe_rep, experts = (float(v[0]) for v in layer_params_per_rank(m, lay))
+    blk_d, blk_m = Block(m, 0, ctx), Block(m, m.dense_layers, ctx)
+    n_d = sum(p.numel() for p in blk_d.parameters())
+    n_m = sum(p.numel() for p in blk_m.parameters())
+    model_state = sum(float(v[0]) for v in state_bytes(dense_p + moe_rep + experts, 1, lay).values())
+    # the bytes AdamW really allocates: gradients and one step's state on the blocks' parameters
+    params = list(blk_d.parameters()) + list(blk_m.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.AdamW(params, foreach=False)
+    opt.step()
+    real = sum(p.numel() * p.element_size() + p.grad.numel() * p.grad.element_size() for p in params)
+    real += sum(v.numel() * v.element_size() for st in opt.state.values() for k, v in st.items() if k != "step")
+    return dict(dense_params=n_d, dense_params_model=dense_p, moe_params=n_m, moe_params_model=moe_rep + experts,
+                state_bytes=real, state_bytes_model=model_state)
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    sys.path.insert(0, "benchmarks")
+    from runtime_throughput import SMALL
+
+    worst = 0.0
+    print("== saved-for-backward bytes per block (fp32, SDPA flash, ep 1) vs piper_plan.cost.activations")
+    for m, seq, mbs in ((load_model("tiny-moe"), 64, 2), (ModelSpec(**SMALL), 128, 1)):
+        for kind, r in measure(m, seq, mbs).items():
+            pred = r["model"] + r["extras"]
+            err = pred / r["measured"] - 1
+            worst = max(worst, abs(err))
+            print(f"{m.name:<14} {kind:<5} measured {r['measured']:>9,d} B  model {r['model']:>11,.0f} + eager extras "
+                  f"{r['extras']:>9,.0f} = {pred:>11,.0f}  error {100 * err:+5.1f}%  (model terms alone "
+                  f"{100 * (r['model'] / r['measured'] - 1):+5.1f}%)")
+        for ep in (1, 2):
+            s = state_check(m, ep)
+            print(f"{m.name:<14} ep{ep}: params dense {s['dense_params']:,} (model {s['dense_params_model']:,.0f}), "
+                  f"moe {s['moe_params']:,} (model {s['moe_params_model']:,.0f}); weight+grad+AdamW bytes "
+                  f"{s['state_bytes']:,} (model {s['state_bytes_model']:,.0f})")
+    print(f"worst activation error {100 * worst:.1f}% (acceptance 10%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
