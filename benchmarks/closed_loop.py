@@ -48,7 +48,7 @@ def plans_for(hw, name):
     out = []
     for pp, dp, ep, vpp, sched, mbs, a2a in LAYOUTS:
         lay = Layout(gpus=8, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=mbs, global_batch=gb, seq=seq, schedule=sched,
-                     dtype="bf16", zero=1, a2a=a2a, overlap_grad_reduce=False)
+                     dtype="bf16", zero=1, a2a=a2a, overlap_grad_reduce=False, fused_kernels=False)
         est = estimate_layout(spec, hw, lay)
         if est.fits[0]:
             out.append(build_plan(spec, hw, lay, est))

@@ -51,7 +51,7 @@ def _plans(ranks: int):
     for spec, seq, gb in ((load_model("tiny-moe"), 64, 16), (ModelSpec(**SMALL), 128, 16)):
         for pp, dp, ep, vpp, sched in LAYOUTS[ranks]:
             lay = Layout(gpus=ranks, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=1, global_batch=gb, seq=seq,
-                         schedule=sched, dtype="bf16", zero=1)
+                         schedule=sched, dtype="bf16", zero=1, fused_kernels=False)
             out.append(build_plan(spec, hw, lay, estimate_layout(spec, hw, lay)))
     return out
 

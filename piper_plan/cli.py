@@ -102,6 +102,8 @@ def layout_options(fn):
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train"),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
         click.option("--dropout/--no-dropout", default=False, show_default=True),
+        click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
+                     help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True),
@@ -131,6 +133,7 @@ def _layout_from(kw, model):
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
+                  fused_kernels=kw["kernels"] == "fused",
                   grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
@@ -183,6 +186,8 @@ def search_options(fn):
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
+        click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
+                     help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -197,7 +202,7 @@ def _space(kw, model, gpus):
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
-                       ep_in_domain=kw["ep_in_domain"])
+                       ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused")
 
 
 def _load_for_search(kw):

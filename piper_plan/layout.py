@@ -45,6 +45,8 @@ class Layout(BaseModel):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     attention_kernel: Literal["flash", "eager"] = Field(
         "flash", description="fused flash attention, or eager (materialised scores; Megatron 2021/22)")
+    fused_kernels: bool = Field(True, description="fused norm / SwiGLU / routing kernels (Megatron, TE); false "
+                                "for eager PyTorch modules (piper-train), which save extra tensors")
     dropout: bool = Field(False, description="dropout on (adds masks to memory and elementwise time)")
     overlap_grad_reduce: bool = Field(True, description="data-parallel gradient reduction overlapped with "
                                       "the last micro-batch's backward (Megatron-Core --overlap-grad-reduce)")

@@ -49,6 +49,7 @@ class SearchSpace:
     ep_in_domain: str | None = None  # name of a topology level the EP group must stay inside
     paper_mesh: bool = False  # Piper's PP × EP mesh: tp = 1 and ep = dp (expert-data parallel)
     attention_kernel: str = "flash"
+    fused_kernels: bool = True
 
 
 @dataclass
@@ -169,7 +170,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
         gpus=np.full(n, N), tp=tp[idx], pp=pp[idx], dp=dp[idx], ep=ep[idx], vpp=vpp[idx], mbs=mbs[idx],
         gbs=np.full(n, gbs), seq=np.full(n, sp.seq), sched=s_idx[idx], recompute=rc[ri[idx]],
         sp=tp[idx] > 1, zero=zs[zi[idx]], a2a=a2[ai[idx]], placement=pl[pi[idx]],
-        eager=np.full(n, sp.attention_kernel == "eager"), dropout=np.zeros(n, bool), overlap=np.ones(n, bool),
+        eager=np.full(n, sp.attention_kernel == "eager"), unfused=np.full(n, not sp.fused_kernels), dropout=np.zeros(n, bool), overlap=np.ones(n, bool),
         act_bytes=np.full(n, eb), grad_bytes=np.full(n, 4))
     return batch, rejected
 

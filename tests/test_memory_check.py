@@ -1,6 +1,5 @@
 """Issue 8, memory check: the bytes a piper-train block saves for backward (saved-tensor
-hooks) match the planner's activation terms plus the eager runtime's listed extras within
-10%, and parameter and weight+grad+AdamW bytes per rank match the model exactly."""
+hooks) match the planner's activation terms for unfused (eager) kernels within 10%, and parameter and weight+grad+AdamW bytes per rank match the model exactly."""
 from __future__ import annotations
 
 import sys
@@ -23,9 +22,9 @@ def tiny():
 def test_saved_bytes_per_layer_match_model(tiny):
     for kind, r in measure(tiny, 64, 2).items():
         assert r["measured"] > 0
-        assert (r["model"] + r["extras"]) / r["measured"] == pytest.approx(1.0, abs=0.10), kind
-        # every named model term is a real saved tensor: the model alone never over-counts
-        assert r["model"] <= r["measured"]
+        assert r["model"] / r["measured"] == pytest.approx(1.0, abs=0.10), kind
+        # the fused-kernel terms are a subset of what an eager block saves: never over-counts
+        assert r["model_fused"] < r["measured"]
 
 
 @pytest.mark.parametrize("ep", [1, 2])

@@ -11,6 +11,13 @@ The attention kernel decides the s² terms: `flash` keeps only the output and th
 log-sum-exp; `eager` (Megatron's fused scale-mask-softmax) keeps the softmax output, plus a
 1-byte mask and the dropped-out copy under dropout; `naive` (unfused: scores and
 probabilities both kept) is the assumption behind Piper's 4·H·b·s² term.
+
+Unfused (eager PyTorch) modules, as in piper-train, keep more: an unfused RMSNorm saves its
+fp32 1/rms per token and the normalised x (for the weight gradient) besides its output; the
+[b, h, s, d] -> [b, s, h·d] reshape before the output projection copies; an unfused SwiGLU
+keeps silu(gate) besides gate and up; the dispatcher keeps top-k ids and gather/scatter row
+indices (int64), combine weights and the fp32 combine input. Counted with saved-tensor hooks
+in benchmarks/memory_check.py.
 """
 from __future__ import annotations
 
@@ -55,6 +62,9 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     if m.mla is not None:  # compressed kv latent and q latent are saved too
         a = m.mla
         out["qkv_in"] = out["qkv_in"] + eb * t * (a.kv_lora_rank + (a.q_lora_rank or 0))
+    u = lay.unfused
+    out["attn_norm_unfused"] = np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0)
+    out["attn_out_copy"] = np.where(u, eb * t * heads * dv, 0.0)
     return out
 
 
@@ -62,12 +72,15 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     t, tp, sp_div, eb = _common(lay)
     d, f = m.hidden_size, m.ffn_size
     hid = (2.0 if m.ffn_gated else 1.0) * f
+    u = lay.unfused
     return {
         "ffn_norm_in": eb * t * d / sp_div,
         "ffn_in": eb * t * d / sp_div,
         "ffn_hidden": eb * t * hid / tp,
         "ffn_act": eb * t * f / tp,
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
+        "ffn_norm_unfused": np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0),
+        "ffn_silu_out": np.where(u & m.ffn_gated, eb * t * f / tp, 0.0),
     }
 
 
@@ -90,9 +103,15 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb) -> dict[str, np.ndarray]:
         "expert_out": eb * rows * d,  # needed for the gate-weight gradient of the combine
         "moe_dropout_mask": lay.dropout * tm * d,
     }
+    fs = mo.shared_experts * mo.shared_ffn
     if mo.shared_experts:
-        fs = mo.shared_experts * mo.shared_ffn
         out["shared_hidden"] = eb * tm * (up + 1.0) * fs
+    u = lay.unfused
+    out["moe_norm_unfused"] = np.where(u, 4.0 * tm + eb * tm * d, 0.0)
+    out["expert_silu_out"] = np.where(u & mo.gated, eb * (rows * f + tm * fs), 0.0)
+    # top-k ids, gather and scatter row indices (int64), combine weights and fp32 combine input
+    out["routing_unfused"] = np.where(u, 8.0 * tm * k + 16.0 * rows + 4.0 * rows + 4.0 * rows * d
+                                      + 4.0 * mo.num_experts, 0.0)
     return out
 
 

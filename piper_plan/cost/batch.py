@@ -35,6 +35,7 @@ class LayoutBatch:
     a2a: np.ndarray
     placement: np.ndarray
     eager: np.ndarray
+    unfused: np.ndarray     # bool: eager PyTorch modules instead of fused kernels (Layout.fused_kernels false)
     dropout: np.ndarray
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
     act_bytes: np.ndarray   # bytes per activation element (dtype)
@@ -64,6 +65,7 @@ class LayoutBatch:
                       recompute=RECOMPUTES[g("recompute")], sequence_parallel=bool(self.sp[i]), zero=g("zero"),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=dtype,
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
+                      fused_kernels=not bool(self.unfused[i]),
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
 
 
@@ -76,6 +78,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         sched=col(lambda x: SCHEDULES.index(x.schedule)), recompute=col(lambda x: RECOMPUTES.index(x.recompute)),
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
+        unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
     )

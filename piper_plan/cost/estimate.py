@@ -110,7 +110,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     zero = np.zeros(len(lay))
 
     # ---- per-layer costs: they depend on few columns, so price each distinct one once ----
-    _, first_idx, inv = distinct_rows(lay.mbs, lay.seq, lay.tp, lay.dp, lay.ep, lay.sp, lay.eager, lay.dropout,
+    _, first_idx, inv = distinct_rows(lay.mbs, lay.seq, lay.tp, lay.dp, lay.ep, lay.sp, lay.eager, lay.unfused, lay.dropout,
                                   lay.recompute, lay.act_bytes, lay.a2a, lay.placement)
     lc = {k: v.take(inv) for k, v in _layer_costs(m, hw, lay.take(first_idx), routing, dtype).items()}
     dense, dense_comm, moe, moe_comm = lc["dense"], lc["dense_comm"], lc["moe"], lc["moe_comm"]

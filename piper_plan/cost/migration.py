@@ -1,0 +1,160 @@
+"""Expert migration in the cost model: what re-placing experts buys and what it costs.
+
+- predict_imbalance: max/mean rank load of an EP group for a popularity vector, under the
+  placement the runtime would hold -- contiguous ids without migration, the planner's
+  result (piper_plan.placement: "swap" or "lpt") with it -- beside both lower bounds;
+- bytes per expert = expert parameters × bytes per parameter that travel (weights,
+  gradients, Adam moments, fp32 master where the dtype keeps one; the ZeRO-sharded parts
+  divided over the expert-data-parallel group, as each rank moves only its shard);
+- migration time: one batched P2P exchange inside the EP group per migration, carrying
+  every MoE layer of the stage; the moved bytes spread over the group's peers like an
+  all-to-all (piper_plan.cost.comm.a2a_flat over the EP group's topology levels);
+- amortised over the period: seconds per step = migration time / period_steps.
+
+Volume per migration: the experts the planner moves away from the contiguous placement
+(the first migration; a drifting distribution moves about as many each period). Seconds
+and bytes throughout."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from ..errors import SpecError
+from ..placement import (
+    contiguous_placement, lower_bound, moved_experts, plan_placement, rank_loads, slot_lower_bound,
+)
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from . import comm
+
+
+def predict_imbalance(p: np.ndarray, ep: int, placement_planner: Optional[str] = None,
+                      max_moves: Optional[int] = None) -> dict:
+    """p [E]: share of routed tokens per logical expert (any non-negative unit; normalised
+    here); ep: EP group size; placement_planner: None (no migration: expert e on rank
+    e // (E/ep)) or "swap" / "lpt". Returns max_over_mean (rank load), lower_bound
+    (max(heaviest expert, mean rank) / mean), slot_lower_bound (the same with E/ep slots
+    per rank), moved (experts re-placed), arrivals_max (most experts one rank receives)
+    and placement (ep lists of expert ids)."""
+    p = np.asarray(p, dtype=float)
+    if p.ndim != 1 or p.sum() <= 0:
+        raise ValueError("p must be a 1-D array of non-negative loads with a positive sum")
+    p = p / p.sum()
+    E = len(p)
+    if ep < 1 or E % ep:
+        raise ValueError(f"ep={ep} does not divide {E} experts")
+    base = contiguous_placement(E, ep)
+    pl = base if placement_planner is None else plan_placement(p, base, placement_planner, max_moves)
+    mean = 1.0 / ep
+    arrivals = [sum(1 for e in s if e not in set(b)) for s, b in zip(pl, base)]
+    return dict(max_over_mean=float(rank_loads(p, pl).max() / mean), lower_bound=lower_bound(p, ep) / mean,
+                slot_lower_bound=slot_lower_bound(p, ep) / mean, moved=moved_experts(base, pl),
+                arrivals_max=max(arrivals), placement=pl)
+
+
+def sampling_factor(ep, rows_per_rank) -> np.ndarray:
+    """Expected max/mean of ep multinomial rank loads of mean `rows_per_rank` rows each
+    (≈ 1 + √(2 ln ep)·√((1 - 1/ep)/μ), as piper_plan.cost.imbalance uses)."""
+    ep = np.asarray(ep, dtype=float)
+    mu = np.maximum(np.asarray(rows_per_rank, dtype=float), 1.0)
+    return np.where(ep > 1, 1.0 + np.sqrt(2.0 * np.log(np.maximum(ep, 1.0))) * np.sqrt((1.0 - 1.0 / ep) / mu), 1.0)
+
+
+def bytes_per_param(act_bytes, grad_bytes, zero, edp, move_grads: bool = True) -> np.ndarray:
+    """Bytes of one expert parameter that a migration moves from one rank: weight
+    (act_bytes: 2 for bf16, 4 for fp32), gradient (grad_bytes; 0 with move_grads=False),
+    fp32 master (4, bf16 only), Adam moments (8); ZeRO >= 1 shards master and moments,
+    ZeRO 2 also gradients, over `edp` ranks. bf16 + fp32 grads + ZeRO-0 = 2+4+4+8 = 18;
+    brief §4's 16 B/param is bf16 weights and gradients."""
+    act_bytes, grad_bytes = np.asarray(act_bytes, dtype=float), np.asarray(grad_bytes, dtype=float)
+    zero, edp = np.asarray(zero), np.maximum(np.asarray(edp, dtype=float), 1.0)
+    master = np.where(act_bytes < 4, 4.0, 0.0)
+    opt_share = np.where(zero >= 1, 1.0 / edp, 1.0)
+    grad_share = np.where(zero >= 2, 1.0 / edp, 1.0)
+    g = grad_bytes * grad_share if move_grads else 0.0
+    return act_bytes + g + (master + 8.0) * opt_share
+
+
+def _arrivals(p: Optional[np.ndarray], E: int, ep: int, planner: str, max_moves) -> int:
+    if ep <= 1:
+        return 0
+    if p is None:
+        return E // ep  # worst case: a rank receives a whole new set of experts
+    return predict_imbalance(p, ep, planner, max_moves)["arrivals_max"]
+
+
+def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] = None, planner: str = "lpt",
+                   max_moves: Optional[int] = None, move_grads: bool = True) -> np.ndarray:
+    """Seconds of one migration per layout of `lay` (a LayoutBatch): the busiest rank
+    receives `arrivals` experts of every MoE layer of its stage (from the planner's result
+    for popularity p, or all E/ep without p), as one exchange spread over the EP group."""
+    assert m.moe is not None
+    E = m.moe.num_experts
+    ep = np.asarray(lay.ep)
+    arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in ep], dtype=float)
+    layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
+    per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.edp, move_grads)
+    nbytes = arrivals * layers * m.expert_params * per_param
+    # a2a_flat counts a self share of 1/n: scale so that n-1 peers carry `nbytes`
+    n = np.maximum(ep, 2)
+    return np.where(ep > 1, comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.tp), 0.0)
+
+
+def migration_step_time(m: ModelSpec, hw: HardwareSpec, lay, period_steps: int, p: Optional[np.ndarray] = None,
+                        planner: str = "lpt", max_moves: Optional[int] = None) -> np.ndarray:
+    """Migration seconds per training step (one migration every `period_steps` steps)."""
+    return migration_time(m, hw, lay, p, planner, max_moves) / max(int(period_steps), 1)
+
+
+def migration_overhead(model: ModelSpec, hw: HardwareSpec, layout, period: int, step_time_s: Optional[float] = None,
+                       p: Optional[np.ndarray] = None, planner: str = "lpt", max_moves: Optional[int] = None) -> dict:
+    """One layout (piper_plan.layout.Layout): seconds per migration, amortised seconds per
+    step, and their share of `step_time_s` (the step time without migration) if given."""
+    from .batch import from_layouts
+
+    lay = from_layouts([layout])
+    t = float(migration_time(model, hw, lay, p, planner, max_moves)[0])
+    per_step = t / max(int(period), 1)
+    return dict(seconds_per_migration=t, seconds_per_step=per_step,
+                share=(per_step / (step_time_s + per_step) if step_time_s else None))
+
+
+def predict_moe_layer_time(model: ModelSpec, hw: HardwareSpec, layout, imb: float) -> float:
+    """Forward + backward seconds of one MoE layer's MoE block (router to combine) per
+    micro-batch on the straggler rank, whose routed rows are `imb` × the mean."""
+    from .batch import from_layouts
+    from .compute import moe_phase
+
+    lay = from_layouts([layout])
+    ph = moe_phase(model, hw, lay, layout.dtype, np.array([float(imb)]))
+    return float((ph.f + ph.b + ph.w)[0])
+
+
+def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.ndarray:
+    """Routed tokens per expert [MoE layers, E] summed over the steps of a piper-train
+    metrics JSONL (`tokens_per_expert`: {layer: [E counts]} per step record)."""
+    rows: dict[str, np.ndarray] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise SpecError(str(path), f"line {n}", "expected one JSON object per line") from None
+        tpe = rec.get("tokens_per_expert") if isinstance(rec, dict) else None
+        if not tpe:
+            continue
+        items = tpe.items() if isinstance(tpe, dict) else enumerate(np.atleast_2d(tpe))
+        for layer, counts in items:
+            c = np.asarray(counts, dtype=float)
+            if c.ndim != 1 or (c < 0).any() or (num_experts and len(c) != num_experts):
+                raise SpecError(str(path), f"line {n}: tokens_per_expert[{layer}]",
+                                f"expected {num_experts or 'E'} non-negative counts")
+            key = str(layer)
+            rows[key] = rows[key] + c if key in rows else c
+    if not rows:
+        raise SpecError(str(path), "tokens_per_expert", "no step record carries tokens_per_expert")
+    return np.stack([rows[k] for k in sorted(rows, key=lambda k: int(k) if k.isdigit() else k)])
