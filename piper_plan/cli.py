@@ -78,6 +78,29 @@ def show_spec(name):
 
 
 # ---- one layout ----------------------------------------------------------------------
+MIGRATION_OPTIONS = (
+    click.option("--migration/--no-migration", default=False, show_default=True,
+                 help="expert migration re-places experts to even out per-rank load"),
+    click.option("--migration-period", type=click.IntRange(1), default=50, show_default=True,
+                 help="re-plan every K optimizer steps"),
+    click.option("--migration-threshold", type=click.FloatRange(1.0), default=1.1, show_default=True,
+                 help="... or when max/mean rank load passes this"),
+    click.option("--migration-planner", type=click.Choice(["swap", "lpt"]), default="lpt", show_default=True),
+    click.option("--migration-window", type=click.IntRange(1), default=20, show_default=True,
+                 help="moving-average window of per-expert loads, steps"),
+    click.option("--migration-max-moves", type=click.IntRange(0), default=None, help="cap on experts moved"),
+)
+
+
+def _migration_from(kw):
+    from .plan import Migration
+
+    return Migration(enabled=kw["migration"], period_steps=kw["migration_period"],
+                     threshold=kw["migration_threshold"], planner=kw["migration_planner"],
+                     window=kw["migration_window"], max_moves=kw["migration_max_moves"])
+
+
+
 def layout_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
@@ -107,8 +130,7 @@ def layout_options(fn):
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True),
-        click.option("--migration/--no-migration", default=False, show_default=True,
-                     help="expert migration keeps the placement balanced"),
+        *MIGRATION_OPTIONS,
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -146,13 +168,14 @@ def estimate(as_json, output, **kw):
     """Estimate one layout: memory per stage, time breakdown, throughput."""
     from . import report
     from .evaluate import build_plan, estimate_layout, parse_routing
-    from .plan import Migration, write_plan
+    from .plan import write_plan
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
     lay = _layout_from(kw, model)
     routing = parse_routing(kw["routing"])
-    routing.balanced = kw["migration"]
+    migration = _migration_from(kw)
+    routing.migration = migration if migration.enabled else None
     est = estimate_layout(model, hw, lay, routing)
     if kw["a2a"] == "auto" and model.moe is not None and lay.ep > 1:
         alt_lay = lay.model_copy(update={"a2a": "halo"})
@@ -162,7 +185,7 @@ def estimate(as_json, output, **kw):
     row = est.row(0)
     row["layout"] = lay.model_dump()
     if output:
-        write_plan(build_plan(model, hw, lay, est, 0, routing, Migration(enabled=kw["migration"])), output)
+        write_plan(build_plan(model, hw, lay, est, 0, routing, migration), output)
     if as_json:
         click.echo(json.dumps(row, indent=2))
         return
@@ -180,7 +203,7 @@ def search_options(fn):
         click.option("--seq", type=int, default=None, help="sequence length (default: the model's)"),
         click.option("--routing", default="uniform", show_default=True, help="uniform | zipf[:s] | metrics.jsonl"),
         click.option("--a2a", type=click.Choice(["flat", "halo", "auto"]), default="auto", show_default=True),
-        click.option("--migration/--no-migration", default=False, show_default=True),
+        *MIGRATION_OPTIONS,
         click.option("--headroom-gib", type=float, default=0.0, show_default=True,
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
@@ -218,7 +241,8 @@ def _load_for_search(kw):
     if bad:
         raise SpecError("--schedules", bad[0], "expected gpipe, 1f1b, interleaved, zbv or dualpipev")
     routing = parse_routing(kw["routing"])
-    routing.balanced = kw["migration"]
+    migration = _migration_from(kw)
+    routing.migration = migration if migration.enabled else None
     return model, hw, routing
 
 
@@ -236,7 +260,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
 
     from . import report
     from .evaluate import build_plan
-    from .plan import Migration, write_plan
+    from .plan import write_plan
     from .search import diagnose, search
 
     t0 = time.perf_counter()
@@ -253,8 +277,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     why = [] if rows else diagnose(model, hw, sp, res, routing, kw["headroom_gib"])
     if output and rows:
         i = res.best
-        write_plan(build_plan(model, hw, res.batch.layout(i), res.est, i, routing,
-                              Migration(enabled=kw["migration"])), output)
+        write_plan(build_plan(model, hw, res.batch.layout(i), res.est, i, routing, _migration_from(kw)), output)
     if as_json:
         click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
                                "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why}, indent=2))

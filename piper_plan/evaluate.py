@@ -30,27 +30,18 @@ def parse_routing(text: str | None) -> Routing:
         except ValueError:
             raise SpecError("--routing", "zipf", f"expected zipf:<s> with a number s, got {text!r}") from None
     p = Path(text)
+    if p.suffix == ".jsonl" and not p.is_file():
+        raise SpecError(text, "<file>", "no such metrics file")
     if p.is_file():
         return Routing("histogram", histogram=_histogram_from_metrics(p))
     raise SpecError("--routing", "<value>", f"expected uniform, zipf[:s] or a metrics .jsonl file, got {text!r}")
 
 
 def _histogram_from_metrics(path: Path) -> list:
-    """Mean tokens per expert over the steps of a piper-train metrics file (all MoE layers)."""
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            raise SpecError(str(path), f"line {n}", "expected one JSON object per line") from None
-        tpe = rec.get("tokens_per_expert")
-        if tpe:
-            rows.append(np.asarray(tpe, dtype=float).reshape(-1, np.shape(tpe)[-1]).sum(0))
-    if not rows:
-        raise SpecError(str(path), "tokens_per_expert", "no step record carries tokens_per_expert")
-    return [list(np.mean(rows, 0))]
+    """Routed tokens per expert of a piper-train metrics file, one row per MoE layer."""
+    from .cost.migration import load_histogram
+
+    return load_histogram(path).tolist()
 
 
 def to_plan_routing(r: Routing) -> PlanRouting:
@@ -58,7 +49,7 @@ def to_plan_routing(r: Routing) -> PlanRouting:
 
 
 def from_plan_routing(r: PlanRouting, migration: Migration | None = None) -> Routing:
-    return Routing(r.distribution, r.zipf_s, r.histogram, balanced=bool(migration and migration.enabled))
+    return Routing(r.distribution, r.zipf_s, r.histogram, migration=migration if migration and migration.enabled else None)
 
 
 def estimate_layout(model: ModelSpec, hw: HardwareSpec, layout: Layout, routing: Routing | None = None,

@@ -186,3 +186,35 @@ def test_list_and_show_spec_render_derived_figures():
     assert code == 0 and "12.5 (NIC)" in out  # 4 × 25 GB/s NICs shared by 8 GCDs
     code, out, _ = run("show-spec", "nope")
     assert code == 2 and "not a file and not a bundled model" in out
+
+
+def _imb(*extra):
+    code, text, _ = run("estimate", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "64", "--ep", "8",
+                        "--global-batch", "512", "--json", *extra)
+    assert code == 0, text
+    return json.loads(text)
+
+
+def test_migration_lowers_predicted_imbalance_and_costs_time(tmp_path):
+    skewed = _imb("--routing", "zipf:1.0")
+    migrated = _imb("--routing", "zipf:1.0", "--migration", "--migration-period", "10", "-o", str(tmp_path / "p.json"))
+    assert migrated["imbalance"] < skewed["imbalance"]
+    assert migrated["time_breakdown_s"]["migration"] > 0 == skewed["time_breakdown_s"]["migration"]
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["migration"]["enabled"] and plan["migration"]["period_steps"] == 10
+
+
+def test_routing_histogram_from_runtime_metrics(tmp_path):
+    E = 128
+    counts = [1000.0] * E
+    counts[0] = 20000.0  # one hot expert
+    rows = [{"step": s, "tokens_per_expert": {"0": counts, "1": counts}} for s in range(3)]
+    f = tmp_path / "run.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    hot = _imb("--routing", str(f))
+    assert hot["imbalance"] > _imb()["imbalance"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"tokens_per_expert": {"0": [1.0, 2.0]}}) + "\n")
+    line = err_line(*run("estimate", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "64", "--ep", "8",
+                         "--global-batch", "512", "--routing", str(bad))[:2])
+    assert "tokens_per_expert" in line

@@ -29,7 +29,7 @@ class Routing:
     distribution: str = "uniform"
     zipf_s: float = 1.0
     histogram: list | None = None
-    balanced: bool = False  # expert migration keeps placement balanced
+    migration: object = None  # plan.Migration when expert migration is on (planner, period, max_moves)
 
 
 @dataclass
@@ -211,7 +211,15 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     rpc = hw.accelerator.ranks_per_core
     if rpc > 1:  # ranks share cores: one rank's idle time runs the others (Accelerator.ranks_per_core)
         t_pipe = np.maximum(t_pipe / rpc, M * total_sum / lay.pp)
-    step = t_pipe + t_dp + t_opt
+    # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
+    t_mig = np.zeros(len(lay))
+    mig = routing.migration
+    if mig is not None and m.moe is not None:
+        from .migration import migration_step_time
+
+        p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
+        t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
+    step = t_pipe + t_dp + t_opt + t_mig
 
     # ---- memory per representative rank ------------------------------------------------
     stage_of = {"first": np.zeros(len(lay), int), "mid": np.where(has_mid, 1, -1),
@@ -258,7 +266,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     compute_step = M * comp.total
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
-            "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt,
+            "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt, "migration": t_mig,
             "total": step}
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
                     mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
@@ -295,7 +303,8 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
     a2a_fwd = a2a_bwd = zero  # all-to-all seconds of one MoE layer per micro-batch, forward / backward
     if m.moe is not None:
         p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
-        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, balanced=routing.balanced)
+        mig = routing.migration
+        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, mig.planner if mig else None, mig.max_moves if mig else None)
         moe = attn + moe_phase(m, hw, lay, dtype, imb) + _layer_overhead(hw, "moe", dtype, full_rc)
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)

@@ -4,8 +4,8 @@ Two effects multiply:
 - placement: with expert popularity p (sums to 1) and E/ep experts per rank, the busiest
   rank holds max_r Σ_{e on r} p_e versus the mean 1/ep. Without migration experts sit in
   id order (Megatron's contiguous placement) and popularity is not known to follow ids, so
-  popularity ranks are spread by a fixed pseudo-random permutation; with migration the
-  placement is re-balanced (greedy longest-processing-time packing, see piper_plan.placement);
+  Zipf popularity ranks are spread by a fixed pseudo-random permutation; with migration the
+  placement is the one its planner would install (piper_plan.placement: swap or LPT);
 - sampling: a rank's μ = t·k routed rows per micro-batch are a multinomial draw, whose
   expected maximum over ep ranks is ≈ μ + σ·√(2 ln ep), σ² = μ(1 − 1/ep).
 """
@@ -31,40 +31,46 @@ def expert_popularity(num_experts: int, distribution: str = "uniform", zipf_s: f
         h = np.asarray(histogram, dtype=float)
         h = h.mean(0) if h.ndim == 2 else h
         if h.shape != (num_experts,) or h.sum() <= 0:
-            raise ValueError(f"histogram needs {num_experts} non-negative counts with a positive sum")
+            from ..errors import SpecError
+
+            raise SpecError("--routing", "tokens_per_expert",
+                            f"the histogram has {h.shape[-1] if h.ndim else 0} experts; the model has {num_experts}")
         return h / h.sum()
     raise ValueError(f"unknown routing distribution {distribution!r}")
 
 
-def placement_imbalance(p: np.ndarray, ep: int, balanced: bool) -> float:
-    """max/mean rank load for popularity p over ep ranks (contiguous ids, or balanced)."""
-    E = len(p)
+def placement_imbalance(p: np.ndarray, ep: int, planner: str | None = None, max_moves: int | None = None) -> float:
+    """max/mean rank load for popularity p over ep ranks: contiguous ids (planner None), or
+    the placement migration would install ("swap" or "lpt", piper_plan.placement)."""
+    from ..placement import contiguous_placement, plan_placement, rank_loads
+
     if ep <= 1:
         return 1.0
-    if balanced:
-        from ..placement import lpt_placement
-
-        slots = lpt_placement(p, ep)
-        loads = np.array([p[s].sum() for s in slots])
-    else:
-        loads = p.reshape(ep, E // ep).sum(1)
-    return float(loads.max() * ep)
+    pl = contiguous_placement(len(p), ep)
+    if planner is not None:
+        pl = plan_placement(p, pl, planner, max_moves)
+    return float(rank_loads(p, pl).max() * ep / p.sum())
 
 
 @lru_cache(maxsize=256)
-def _placement_cached(key: tuple, ep: int, balanced: bool) -> float:
-    return placement_imbalance(np.array(key), ep, balanced)
+def _placement_cached(key: tuple, ep: int, planner: str | None, max_moves: int | None) -> float:
+    return placement_imbalance(np.array(key), ep, planner, max_moves)
 
 
-def imbalance(p: np.ndarray, ep, rows_per_rank, balanced: bool = False) -> np.ndarray:
-    """Expected max/mean routed rows per rank, vectorised over (ep, rows_per_rank) arrays."""
-    ep = np.asarray(ep)
+def sampling_factor(ep, rows_per_rank) -> np.ndarray:
+    """Expected max/mean of ep multinomial rank loads of mean `rows_per_rank` rows each:
+    ≈ 1 + √(2 ln ep)·√((1 − 1/ep)/μ)."""
+    ep = np.asarray(ep, dtype=float)
     mu = np.maximum(np.asarray(rows_per_rank, dtype=float), 1.0)
+    return np.where(ep > 1, 1.0 + np.sqrt(2.0 * np.log(np.maximum(ep, 1.0))) * np.sqrt((1.0 - 1.0 / ep) / mu), 1.0)
+
+
+def imbalance(p: np.ndarray, ep, rows_per_rank, planner: str | None = None, max_moves: int | None = None) -> np.ndarray:
+    """Expected max/mean routed rows per rank, vectorised over (ep, rows_per_rank) arrays;
+    `planner` set = expert migration keeps that planner's placement."""
+    ep = np.asarray(ep)
     key = tuple(np.round(p, 12))
-    uniq = np.unique(ep)
     place = np.ones(ep.shape)
-    for e in uniq:
-        place = np.where(ep == e, _placement_cached(key, int(e), balanced), place)
-    epf = ep.astype(float)
-    samp = 1.0 + np.sqrt(2.0 * np.log(np.maximum(epf, 1.0))) * np.sqrt((1.0 - 1.0 / epf) / mu)
-    return np.where(ep > 1, place * samp, 1.0)
+    for e in np.unique(ep):
+        place = np.where(ep == e, _placement_cached(key, int(e), planner, max_moves), place)
+    return np.where(ep > 1, place * sampling_factor(ep, rows_per_rank), 1.0)

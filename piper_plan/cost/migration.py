@@ -27,6 +27,7 @@ from ..placement import (
     contiguous_placement, lower_bound, moved_experts, plan_placement, rank_loads, slot_lower_bound,
 )
 from ..specs.hardware import HardwareSpec
+from .imbalance import sampling_factor  # noqa: F401  (re-exported for benchmarks/migration.py)
 from ..specs.model import ModelSpec
 from . import comm
 
@@ -53,14 +54,6 @@ def predict_imbalance(p: np.ndarray, ep: int, placement_planner: Optional[str] =
     return dict(max_over_mean=float(rank_loads(p, pl).max() / mean), lower_bound=lower_bound(p, ep) / mean,
                 slot_lower_bound=slot_lower_bound(p, ep) / mean, moved=moved_experts(base, pl),
                 arrivals_max=max(arrivals), placement=pl)
-
-
-def sampling_factor(ep, rows_per_rank) -> np.ndarray:
-    """Expected max/mean of ep multinomial rank loads of mean `rows_per_rank` rows each
-    (≈ 1 + √(2 ln ep)·√((1 - 1/ep)/μ), as piper_plan.cost.imbalance uses)."""
-    ep = np.asarray(ep, dtype=float)
-    mu = np.maximum(np.asarray(rows_per_rank, dtype=float), 1.0)
-    return np.where(ep > 1, 1.0 + np.sqrt(2.0 * np.log(np.maximum(ep, 1.0))) * np.sqrt((1.0 - 1.0 / ep) / mu), 1.0)
 
 
 def bytes_per_param(act_bytes, grad_bytes, zero, edp, move_grads: bool = True) -> np.ndarray:
@@ -94,7 +87,8 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     assert m.moe is not None
     E = m.moe.num_experts
     ep = np.asarray(lay.ep)
-    arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in ep], dtype=float)
+    uniq, inv = np.unique(ep, return_inverse=True)  # the planner runs once per distinct ep
+    arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in uniq], dtype=float)[inv]
     layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
     per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.edp, move_grads)
     nbytes = arrivals * layers * m.expert_params * per_param
