@@ -56,7 +56,7 @@ def _timed(fn, dist, torch):
     return float(dt) * 1e3
 
 
-def measure_rows(sizes_kib: list[int], reps: int, node_of: list[int]) -> list[dict]:
+def measure_rows(sizes_kib: list[int], reps: int, node_of: list[int], floor: list[float]) -> list[dict]:
     """Time flat vs HALO over sizes (KiB per peer, uniform splits); ms, median of reps (5x the
     reps below 256 KiB). Collective: every rank calls it; rows are the same on all.
 
@@ -72,6 +72,7 @@ def measure_rows(sizes_kib: list[int], reps: int, node_of: list[int]) -> list[di
     halo, simple = HaloExchange(None, node_of), HaloExchange(None, node_of, overlap=False)
     rows = []
     for kib in sizes_kib:
+        floor += tiny_a2a_ms(7)  # a floor block before this size's rows (never from them)
         n = kib * 1024 // (4 * ROW)
         splits = [n] * w
         x = torch.randn(n * w, ROW)
@@ -116,7 +117,9 @@ def count_exchange_ms(reps: int = 15) -> dict:
 
 
 def p2p_calibration(peers: dict[str, int], small: int = 2**20, big: int = 4 * 2**20) -> dict:
-    """Rank 0 <-> each named peer: one-way latency (half the median 4-byte ping-pong, us) and
+    """Rank 0 <-> each named peer: one-way latency (half the fastest 4-byte ping-pong of 30, us:
+    the link and stack's own per-message cost; the median, also kept, adds the wait for the
+    peer to be scheduled on the shared cores, which the per-call floor already prices) and
     bandwidth (GB/s) from the slope between one-way transfers of `small` and `big` bytes, each
     timed to a 4-byte ack (medians of 3), so fixed costs cancel. Collective."""
     import torch
@@ -143,7 +146,8 @@ def p2p_calibration(peers: dict[str, int], small: int = 2**20, big: int = 4 * 2*
                     ts.append(time.perf_counter() - t)
                 one_way[n] = statistics.median(ts)
             slope = max(one_way[big] - one_way[small], 1e-9) / (big - small)
-            res[name] = {"latency_us": statistics.median(lat) * 1e6, "bandwidth_gbps": 1 / slope / 1e9}
+            res[name] = {"latency_us": min(lat) * 1e6, "latency_median_us": statistics.median(lat) * 1e6,
+                         "bandwidth_gbps": 1 / slope / 1e9}
         elif me == p:
             for _ in range(30):
                 dist.recv(tiny, 0)
@@ -153,6 +157,59 @@ def p2p_calibration(peers: dict[str, int], small: int = 2**20, big: int = 4 * 2*
                     dist.recv(buf, 0)
                     dist.send(tiny, 0)
         dist.barrier()
+    return res
+
+
+def _shift_ms(dst: int, src: int, nbytes: int, reps: int) -> float:
+    """Median ms (slowest rank, from a barrier) of every rank sending one nbytes message to dst
+    while receiving one from src, receive posted first (gloo P2P is a rendezvous). Collective."""
+    import torch
+    import torch.distributed as dist
+
+    out, inp = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
+
+    def go():
+        for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, inp, src), dist.P2POp(dist.isend, out, dst)]):
+            w.wait()
+
+    go()  # warm the connection and the TCP window
+    return statistics.median(_timed(go, dist, torch) for _ in range(reps))
+
+
+def tiny_a2a_ms(reps: int) -> list[float]:
+    """ms of all_to_all_single with 4 bytes per peer over all ranks (slowest rank, from a
+    barrier), `reps` calls: the per-call floor. Collective."""
+    import torch
+    import torch.distributed as dist
+
+    w = dist.get_world_size()
+    one, got = torch.zeros(w), torch.zeros(w)
+    return [_timed(lambda: dist.all_to_all_single(got, one), dist, torch) for _ in range(reps)]
+
+
+def micro_calibration(cross_rail: bool, reps: int = 3, tiny_reps: int = 21, big: int = 4 * 2**20) -> dict:
+    """The model's parameters, measured on this topology apart from the compared rows (and
+    before them). Collective.
+
+    tiny_a2a: all_to_all_single calls of 4 bytes per peer (the per-call floor,
+      collective_overhead_us); measure_rows adds a block before each size, and the floor is
+      the median of all blocks, so drift of the shared cores' load over the run averages out.
+    shift_gbps: per-rank bandwidth reached when EVERY rank streams one `big` message at once to
+      the rank with its local index on the next node (a ring shift across nodes: every shaped
+      NIC / uplink carries TCP flows both ways, as in an exchange, but not the all-to-all
+      itself): bytes / median time. cross_gbps (rail only): the same with a shift to the other
+      local index on the node after next, so every flow crosses the spine."""
+    import torch.distributed as dist
+
+    me, w = dist.get_rank(), dist.get_world_size()
+    res = {"tiny_a2a_ms": tiny_a2a_ms(tiny_reps), "tiny_a2a_bytes_per_peer": 4, "reps": reps, "shift_bytes": big}
+    shifts = {"shift": PER_NODE}
+    if cross_rail:
+        shifts["cross"] = PER_NODE + 1
+    for name, k in shifts.items():
+        t = _shift_ms((me + k) % w, (me - k) % w, big, reps)
+        res[f"{name}_ms"] = t
+        res[f"{name}_gbps"] = big / t * 1e3 / 1e9
     return res
 
 
@@ -168,7 +225,10 @@ def worker(a) -> int:
                             timeout=datetime.timedelta(seconds=180))
     node_of = [k // PER_NODE for k in range(w)]
     calib = p2p_calibration({"intra": 1, "inter": PER_NODE})
-    rows = measure_rows(a.sizes, a.reps, node_of)
+    micro = calib["micro"] = micro_calibration(a.cross_rail)  # before the rows it is compared with
+    floor = micro.pop("tiny_a2a_ms")
+    rows = measure_rows(a.sizes, a.reps, node_of, floor)
+    micro.update(tiny_a2a_ms=statistics.median(floor), tiny_reps=len(floor))
     calib["count_exchange"] = count_exchange_ms()
     if a.rank == 0:
         Path(a.result).write_text(json.dumps({"calibration": calib, "rows": rows}))
@@ -209,7 +269,7 @@ def run_topology(name: str, nic_mbit: float, sizes_kib: list[int], reps: int,
             env = dict(os.environ, GLOO_SOCKET_IFNAME=r.ifname, OMP_NUM_THREADS="1")
             cmd = ["ip", "netns", "exec", r.netns, sys.executable, str(Path(__file__).resolve()), "--worker",
                    "--rank", str(r.rank), "--store", str(tmp / "store"), "--result", str(result),
-                   "--reps", str(reps), "--sizes", *map(str, sizes_kib)]
+                   "--reps", str(reps), "--sizes", *map(str, sizes_kib)] + (["--cross-rail"] if spine is not None else [])
             log = open(tmp / f"rank{r.rank}.log", "w")
             _children.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + timeout_s
@@ -228,24 +288,37 @@ def run_topology(name: str, nic_mbit: float, sizes_kib: list[int], reps: int,
 
 
 def hardware_yaml(name: str, nic_mbit: float, calib: dict) -> dict:
-    """The emulated topology as a HardwareSpec mapping (GB/s = 10^9 B/s; us)."""
+    """The emulated topology as a HardwareSpec mapping (GB/s = 10^9 B/s; us). The comm
+    efficiency, per-call floor and cross-rail taper come from micro_calibration, measured on
+    this topology before the compared rows (never fitted to them); the rates are the tc ones."""
     from piper_plan.specs import load_hardware
 
     base = load_hardware("cpu-local")
     tc = "tc rate set by benchmarks/halo_netns.py"
-    meas = "measured by benchmarks/halo_netns.py (gloo p2p between rank namespaces)"
+    meas = "measured by benchmarks/halo_netns.py (gloo p2p between rank namespaces; latency: half the fastest of 30 ping-pongs)"
     nic = nic_mbit * 1e6 / 8 / 1e9
     spine = TOPOLOGIES[name]
-    inter, intra = calib["inter"], calib["intra"]
+    inter, intra, micro = calib["inter"], calib["intra"], calib["micro"]
+    per_gpu = nic / (PER_NODE if spine is None else 1)  # HardwareSpec.nic_gbps_per_gpu of this spec
+    comm_eff = min(1.0, micro["shift_gbps"] / per_gpu)
     eff = base.efficiency.model_dump()
-    eff.update(comm=round(min(1.0, inter["bandwidth_gbps"] / nic), 3),
-               source=f"{base.efficiency.source}; comm = measured same-rail p2p bandwidth / tc rate ({meas})")
+    eff.update(
+        comm=round(comm_eff, 3), collective_overhead_us=round(micro["tiny_a2a_ms"] * 1e3, 1),
+        source=f"{base.efficiency.source}; {_MICRO_SRC}: comm = per-rank bandwidth of a concurrent ring shift "
+               f"across nodes (every rank streams {micro['shift_bytes'] >> 20} MiB at once to its same-index peer "
+               f"on the next node; bytes / median time of {micro['reps']}) / tc rate per rank; "
+               f"collective_overhead_us = median all_to_all_single of {micro['tiny_a2a_bytes_per_peer']} B per "
+               f"peer over all ranks ({micro['tiny_reps']} calls in blocks before each message size)")
     net = {"nics_per_node": 1 if spine is None else PER_NODE, "nic_gbps": nic,
            "nic_affinity": [0] * PER_NODE if spine is None else list(range(PER_NODE)), "source": tc}
     if spine is not None:
-        # per-GPU share of a NIC's rate across the spine when all NODES ranks of a rail cross it
-        net.update(rail_optimized=True, cross_rail_taper=spine / NODES,
-                   source=f"{tc}: NIC {nic_mbit} Mbit/s, spine {spine:g} x NIC shared by {NODES} ranks per rail")
+        # per-GPU share of the NIC's effective rate across the spine with every rank crossing it
+        # (tc alone says spine / NODES; the measured share also carries the spine's own efficiency)
+        taper = min(1.0, micro["cross_gbps"] / (per_gpu * comm_eff))
+        net.update(rail_optimized=True, cross_rail_taper=round(taper, 4),
+                   source=f"{tc}: NIC {nic_mbit:g} Mbit/s, spine {spine:g} x NIC shared by {NODES} ranks per rail "
+                          f"(nominal cross_rail_taper {spine / NODES:g}); cross_rail_taper {_MICRO_SRC}: per-rank "
+                          f"bandwidth of a ring shift in which every rank crosses the spine / (NIC rate x comm)")
     return {
         "name": f"emu-{name}",
         "source": f"emulated by benchmarks/halo_netns.py: {NODES} nodes x {PER_NODE} ranks in network namespaces, "
@@ -265,11 +338,15 @@ def hardware_yaml(name: str, nic_mbit: float, calib: dict) -> dict:
     }
 
 
+_MICRO_SRC = "measured by benchmarks/halo_netns.py micro_calibration (separate patterns, not the compared exchanges)"
+
+
 def write_hardware(name: str, data: dict, hw_dir: Path) -> Path:
     import yaml
 
     from piper_plan.specs import load_hardware
 
+    hw_dir.mkdir(parents=True, exist_ok=True)
     path = hw_dir / f"emu-{name}.yaml"
     path.write_text(f"# Written by benchmarks/halo_netns.py; rerun it to refresh.\n"
                     + yaml.safe_dump(data, sort_keys=False, width=120))
@@ -278,16 +355,23 @@ def write_hardware(name: str, data: dict, hw_dir: Path) -> Path:
 
 
 def predict(hw_path: Path, bytes_per_peer: int, world: int):
-    """Planner's (flat, halo) seconds for this exchange, or None when the model cannot say."""
+    """Planner's seconds for this exchange, or None when the model cannot say:
+    {flat, halo} from comm.a2a_call (the per-call floor overlapping the first round's wire
+    time, added per dependent round), and {flat_sum, halo_sum}, the additive form
+    wire + collective_overhead_us x a2a_rounds (estimate.py's `co * rounds`), for comparison."""
     try:
         from piper_plan.cost import comm
         from piper_plan.specs import load_hardware
 
         hw = load_hardware(str(hw_path))
-        if hasattr(comm, "a2a_time"):  # the planner's single entry point, when it exists
-            return tuple(float(comm.a2a_time(hw, bytes_per_peer * world, world, 1, algo=a)) for a in ("flat", "halo"))
-        return (float(comm.a2a_flat(hw, bytes_per_peer * world, world, 1)),
-                float(comm.a2a_halo(hw, bytes_per_peer * world, world, 1)))
+        co = hw.efficiency.collective_overhead_us * 1e-6
+        nbytes = bytes_per_peer * world
+        out = {}
+        for algo, is_halo in (("flat", False), ("halo", True)):
+            wire = comm.a2a_halo(hw, nbytes, world, 1) if is_halo else comm.a2a_flat(hw, nbytes, world, 1)
+            out[algo] = float(comm.a2a_call(hw, nbytes, world, 1, is_halo, wire=wire))
+            out[f"{algo}_sum"] = float(wire) + co * float(comm.a2a_rounds(hw, world, 1, is_halo))
+        return out
     except Exception as e:  # a model still being written must not sink the measurement
         print(f"(no prediction: {type(e).__name__}: {e})", file=sys.stderr)
         return None
@@ -304,26 +388,76 @@ def run_benchmark(topologies: list[str], nic_mbit: float, sizes_kib: list[int], 
         for r in res["rows"]:
             r.update(topology=name, nic_mbit=nic_mbit, calibration=res["calibration"])
             pred = predict(hw_path, r["bytes_per_peer"], NODES * PER_NODE) if hw_path else None
-            r.update(pred_flat_ms=pred and pred[0] * 1e3, pred_halo_ms=pred and pred[1] * 1e3)
+            r.update({f"pred_{k}_ms": None if pred is None else pred[k] * 1e3
+                      for k in ("flat", "halo", "flat_sum", "halo_sum")})
             rows.append(r)
         print(f"{name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    f = "{:<8} {:>8} {:>9} {:>9} {:>9} {:>12} {:>9} {:>10} {:>10} {:>10}"
-    print(f.format("topology", "KiB/peer", "flat ms", "HALO ms", "HALO/flat", "HALO+counts", "simple", "pred flat",
-                   "pred HALO", "count xchg"))
+def _err(pred, meas):
+    return None if pred is None else (pred - meas) / meas
+
+
+def compare(rows: list[dict]) -> None:
+    """Adds err_flat, err_halo (relative, signed), auto (the algorithm with the smaller
+    predicted time, flat on ties as `--a2a auto` keeps it), faster (measured) to each row."""
     for r in rows:
-        pf = "-" if r["pred_flat_ms"] is None else f"{r['pred_flat_ms']:.2f}"
-        ph = "-" if r["pred_halo_ms"] is None else f"{r['pred_halo_ms']:.2f}"
+        r.update(err_flat=_err(r["pred_flat_ms"], r["flat_ms"]), err_halo=_err(r["pred_halo_ms"], r["halo_ms"]),
+                 err_flat_sum=_err(r["pred_flat_sum_ms"], r["flat_ms"]),
+                 err_halo_sum=_err(r["pred_halo_sum_ms"], r["halo_ms"]),
+                 faster="halo" if r["halo_ms"] < r["flat_ms"] else "flat",
+                 auto=None if r["pred_flat_ms"] is None else ("halo" if r["pred_halo_ms"] < r["pred_flat_ms"]
+                                                              else "flat"))
+
+
+def print_table(rows: list[dict]) -> None:
+    f = "{:<8} {:>8} {:>9} {:>9} {:>9} {:>12} {:>9} {:>10}"
+    print(f.format("topology", "KiB/peer", "flat ms", "HALO ms", "HALO/flat", "HALO+counts", "simple", "count xchg"))
+    for r in rows:
         ce = r["calibration"]["count_exchange"]
         print(f.format(r["topology"], r["bytes_per_peer"] // 1024, f"{r['flat_ms']:.2f}", f"{r['halo_ms']:.2f}",
                        f"{r['speedup']:.2f}x", f"{r['flat_ms'] / r['halo_counts_ms']:.2f}x",
-                       f"{r['flat_ms'] / r['simple_ms']:.2f}x", pf, ph,
+                       f"{r['flat_ms'] / r['simple_ms']:.2f}x",
                        f"{ce['halo_counts_ms']:.1f}/{ce['flat_recv_splits_ms']:.1f}"))
     print("HALO: counts known (the dispatcher's one count exchange); HALO+counts and simple (no phase overlap)"
-          " as speedups over flat; count xchg: ms of HALO's W^2 count all_to_all / flat's W recv-split all_to_all.")
+          " as speedups over flat; count xchg: ms of HALO's W^2 count all_to_all / flat's W recv-split all_to_all.\n")
+    f = "{:<8} {:>8} {:>9} {:>9} {:>7} {:>9} {:>9} {:>7} {:>6} {:>6} {:>4}"
+    print(f.format("topology", "KiB/peer", "flat ms", "pred flat", "err", "HALO ms", "pred HALO", "err", "faster",
+                   "auto", "ok"))
+    for r in rows:
+        pct = lambda e: "-" if e is None else f"{100 * e:+.0f}%"  # noqa: E731
+        num = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        print(f.format(r["topology"], r["bytes_per_peer"] // 1024, f"{r['flat_ms']:.2f}", num(r["pred_flat_ms"]),
+                       pct(r["err_flat"]), f"{r['halo_ms']:.2f}", num(r["pred_halo_ms"]), pct(r["err_halo"]),
+                       r["faster"], r["auto"] or "-", "-" if r["auto"] is None else "yes" if r["auto"] == r["faster"]
+                       else "NO"))
+    print("pred: piper_plan.cost.comm.a2a_call (a2a_flat / a2a_halo with the per-call floor: max(floor, wire) + "
+          "floor x (a2a_rounds - 1)) on the emitted hardware/emu-<topology>.yaml, whose parameters come from "
+          "micro_calibration, not from these rows; err = pred/meas - 1; auto = the smaller prediction; "
+          "faster = measured.")
+    for name, c in {r["topology"]: r["calibration"]["micro"] for r in rows}.items():
+        extra = f", cross-rail shift {c['cross_gbps'] * 8e3:.0f} Mbit/s per rank" if "cross_gbps" in c else ""
+        print(f"  {name}: floor (tiny all_to_all) {c['tiny_a2a_ms']:.2f} ms, ring shift {c['shift_gbps'] * 8e3:.0f} Mbit/s "
+              f"per rank{extra}")
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Max |error| per algorithm and topology and auto's correct count, for a2a_call and for the
+    additive form (wire + floor x rounds)."""
+    out = {}
+    for name in dict.fromkeys(r["topology"] for r in rows):
+        mine = [r for r in rows if r["topology"] == name and r["auto"] is not None]
+        if mine:
+            out[name] = {k: max(abs(r[f"err_{k}"]) for r in mine) for k in ("flat", "halo", "flat_sum", "halo_sum")}
+            out[name].update(auto_correct=sum(r["auto"] == r["faster"] for r in mine), cases=len(mine),
+                             auto_sum_correct=sum((r["pred_halo_sum_ms"] < r["pred_flat_sum_ms"]) ==
+                                                  (r["faster"] == "halo") for r in mine))
+    for name, s in out.items():
+        print(f"summary {name:<7} max |err| flat {100 * s['flat']:.0f}%  HALO {100 * s['halo']:.0f}%  "
+              f"auto correct {s['auto_correct']}/{s['cases']}   (additive form: flat {100 * s['flat_sum']:.0f}%  "
+              f"HALO {100 * s['halo_sum']:.0f}%  auto {s['auto_sum_correct']}/{s['cases']})")
+    return out
 
 
 def main(argv=None) -> int:
@@ -338,6 +472,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--cross-rail", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
         return worker(a)
@@ -355,10 +490,12 @@ def main(argv=None) -> int:
         return 1
     finally:
         _cleanup()
+    compare(rows)
     print_table(rows)
+    summary = summarize(rows)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
     print(f"wrote {out}")
     return 0
 

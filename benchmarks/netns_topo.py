@@ -21,6 +21,8 @@ from dataclasses import dataclass
 PREFIX = "piper-halo-"
 FABRIC = PREFIX + "fab"
 MTU = 9000  # jumbo frames, as HPC fabrics use; also fewer packets for 2 busy cores
+BURST_PKTS = 2
+QUEUE_MS = 200.0
 
 
 @dataclass(frozen=True)
@@ -64,11 +66,19 @@ def _netns(name: str) -> str:
 
 
 def _shape(ns: str, dev: str, mbit: float) -> None:
-    """tbf on dev's egress: ~2 ms of burst (at least 128 KiB so GSO packets pass whole) and
-    a deep queue so TCP is paced by the bucket rather than by drops."""
-    burst = max(int(mbit * 1e6 / 8 * 0.002), 128 * 1024)
+    """tbf on dev's egress. Burst: BURST_PKTS jumbo frames, so bursts are paced almost at once (a
+    large bucket sends its whole content at memory speed after every idle gap, which made
+    exchanges up to that size look free); tbf segments bigger GSO packets to fit it. Queue:
+    QUEUE_MS of the rate (>= 256 KiB), deep enough that TCP is paced by the bucket, not by drops.
+    PIPER_TBF_BURST_PKTS / PIPER_TBF_QUEUE_MS override them for experiments."""
+    import os
+
+    pkts = int(os.environ.get("PIPER_TBF_BURST_PKTS", BURST_PKTS))
+    qms = float(os.environ.get("PIPER_TBF_QUEUE_MS", QUEUE_MS))
+    burst = pkts * (MTU + 64)
+    limit = max(int(mbit * 1e6 / 8 * qms * 1e-3), 256 * 1024)
     nsx(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
-        "burst", str(burst), "limit", str(8 * 2**20))
+        "burst", str(burst), "limit", str(limit))
 
 
 def _up(ns: str, dev: str, master: str | None = None) -> None:

@@ -309,11 +309,12 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
-        rounds = comm.a2a_rounds(hw, lay.ep, stride, lay.a2a == 1)  # HALO: two dependent rounds
+        # one exchange with its per-call floor (HALO: two dependent rounds), comm.a2a_call
+        a2a_ex = comm.a2a_call(hw, None, lay.ep, stride, lay.a2a == 1, wire=a2a_one)
         # dispatch + combine each way; forward first exchanges the per-expert row counts
         # (a few bytes: only the call's fixed cost counts)
-        a2a_fwd = 2 * (a2a_one + call * rounds) + call
-        a2a_bwd = 2 * (a2a_one + call * rounds)
+        a2a_fwd = 2 * a2a_ex + call
+        a2a_bwd = 2 * a2a_ex
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, (tp_ar + a2a_fwd) * full_rc)
     else:
         moe = Phase(zero, zero, zero, zero)
