@@ -28,6 +28,7 @@ from piper_plan.plan import Plan, atomic_write_text
 
 from .model import EXPERT_TAG, Chunk
 from .optim import DistOptimizer
+from .tp import global_view
 
 KEEP = 2  # checkpoints kept (the newest and one before it)
 
@@ -63,10 +64,10 @@ def _entries(opt: DistOptimizer, chunks: dict[int, Chunk], with_optim_state: boo
         pieces = [(info.name, lambda t: t)] if slots is None else \
             [(_logical(info.name, e), (lambda s: (lambda t: t[s]))(s)) for s, e in enumerate(slots)]
         for key, view in pieces:
-            yield f"model.{key}", view(p.data)
+            yield f"model.{key}", global_view(p, view(p.data))  # tp shards: DTensor of the whole
             if st is not None:
-                yield f"optim.{key}.exp_avg", view(st["exp_avg"])
-                yield f"optim.{key}.exp_avg_sq", view(st["exp_avg_sq"])
+                yield f"optim.{key}.exp_avg", global_view(p, view(st["exp_avg"]))
+                yield f"optim.{key}.exp_avg_sq", global_view(p, view(st["exp_avg_sq"]))
                 yield f"optim.{key}.step", st["step"]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from piper_plan.errors import PiperError
+
 
 @dataclass
 class TrainConfig:
@@ -29,3 +31,27 @@ class TrainConfig:
     log_every: int = 1                 # console line / live-view update every N steps; 0: silent
     timeout_s: float = 120.0
     grouped_mm: Optional[bool] = None
+
+
+def check_tp(plan) -> None:
+    """The even splits tensor parallelism needs (runtime/tp.py), as one-line PiperErrors.
+    tp is the fastest rank dimension; heads and kv heads are the planner's own rules."""
+    lay, m = plan.layout, plan.model
+    tp = lay.tp
+    if tp == 1:
+        return
+    need = [("model.num_heads", m.num_heads), ("model.vocab_size", m.vocab_size)]
+    if not all(m.layer_is_moe(i) for i in range(m.num_layers)):
+        need.append(("model.ffn_size", m.ffn_size))
+    if m.moe is not None and m.moe.shared_experts:
+        need.append(("model.moe shared expert width", m.moe.shared_experts * m.moe.shared_ffn))
+    if lay.sp:
+        need.append(("layout.seq (sequence parallelism)", lay.seq))
+    elif m.moe is not None:
+        need.append(("layout.mbs*seq (tokens split over tp before routing)", lay.mbs * lay.seq))
+    for what, n in need:
+        if n % tp:
+            raise PiperError(f"plan.{what}: {n} is not divisible by tp={tp}")
+    kv = m.kv_heads
+    if m.mla is None and kv % tp and tp % kv:
+        raise PiperError(f"plan.model.num_kv_heads: tp={tp} must divide the {kv} kv heads or be a multiple of them")

@@ -21,6 +21,8 @@ import click
 from piper_plan.errors import PiperError
 from piper_plan.plan import Plan, read_plan
 
+from .config import check_tp
+
 
 def check_supported(plan: Plan, world: int) -> None:
     """What this runtime cannot run, as one-line errors (before any process starts).
@@ -33,8 +35,7 @@ def check_supported(plan: Plan, world: int) -> None:
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
-    if lay.tp != 1:
-        raise PiperError(f"plan.layout.tp: tensor parallelism (tp={lay.tp}) is not implemented by piper-train; use tp=1")
+    check_tp(plan)
     if lay.dtype == "fp16":
         raise PiperError("plan.layout.dtype: fp16 needs loss scaling, which piper-train does not do; use bf16 or fp32")
     if lay.zero > 2:

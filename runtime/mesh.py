@@ -1,11 +1,12 @@
-"""Process groups of one plan: pp, dp, ep, edp (and the tied-embedding pair), built from the
-plan's rank_map -- the planner's placement (packed or spread) is the authority -- every
-group with the collective timeout, and wrapped as a DeviceMesh (pp, edp, ep) for code
-that wants mesh dimensions.
+"""Process groups of one plan: pp, dp, tp, stage, ep, edp (and the tied-embedding pair),
+built from the plan's rank_map -- the planner's placement (packed or spread) is the
+authority -- every group with the collective timeout, and wrapped as a DeviceMesh
+(pp, edp, ep) for code that wants mesh dimensions.
 
 Degree conventions are the planner's (piper_plan/layout.py): dp is the attention
-data-parallel degree, EP is folded over the dp ranks of a stage, edp = dp / ep. Tensor
-parallelism (tp > 1) is not implemented by this runtime (see launch.check_supported)."""
+data-parallel degree, tp the tensor-parallel degree (tp fastest in the rank order), EP is
+folded over the dp·tp ranks of a stage, edp = dp·tp / ep. `stage` is all dp·tp ranks of
+one pipeline stage; `dp` joins the ranks of a stage with the same tp index."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ class Groups:
     emb: Optional[object]          # {first-chunk rank, last-chunk rank} when they differ (tied)
     emb_ranks: list[int]
     mesh: object = None            # DeviceMesh (pp, edp, ep) or None where it does not fit
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp: object = None              # the stage's ranks with this rank's dp index, by tp index
+    stage: object = None           # every rank of this pipeline stage (dp·tp ranks)
 
 
 def _enumerate(plan: Plan, key, order) -> list[list[int]]:
@@ -55,6 +60,8 @@ def group_lists(plan: Plan) -> dict[str, list[list[int]]]:
     out = {
         "pp": _enumerate(plan, lambda c: (c.dp, c.tp), lambda c: c.pp),
         "dp": _enumerate(plan, lambda c: (c.pp, c.tp), lambda c: c.dp),
+        "tp": _enumerate(plan, lambda c: (c.pp, c.dp), lambda c: c.tp),
+        "stage": _enumerate(plan, lambda c: c.pp, lambda c: c.rank),
         "ep": _enumerate(plan, lambda c: (c.pp, c.edp), lambda c: c.ep),
         "edp": _enumerate(plan, lambda c: (c.pp, c.ep), lambda c: c.edp),
     }
@@ -74,7 +81,8 @@ def build_groups(plan: Plan, timeout_s: float) -> Groups:
     emb_ranks = next((v for v in lists.get("emb", []) if me in v), [])
     g = Groups(rank=me, world=dist.get_world_size(), pp_rank=c.pp, dp_rank=c.dp, ep_rank=c.ep,
                edp_rank=c.edp, pp=made["pp"], dp=made["dp"], ep=made["ep"], edp=made["edp"],
-               emb=made.get("emb"), emb_ranks=emb_ranks)
+               emb=made.get("emb"), emb_ranks=emb_ranks, tp_rank=c.tp, tp_size=plan.layout.tp,
+               tp=made["tp"], stage=made["stage"])
     g.mesh = _device_mesh(plan, g)
     return g
 
@@ -84,10 +92,18 @@ def _device_mesh(plan: Plan, g: Groups):
     from torch.distributed.device_mesh import DeviceMesh
 
     lay = plan.layout
-    if lay.tp != 1:
-        return None
     mesh = torch.empty(lay.pp, lay.edp, lay.ep, dtype=torch.int)
     for c in plan.rank_map:
         mesh[c.pp, c.edp, c.ep] = c.rank
     dev = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
     return DeviceMesh.from_group([g.pp, g.edp, g.ep], dev, mesh=mesh, mesh_dim_names=("pp", "edp", "ep"))
+
+
+def tp_of(plan: Plan, groups: Optional[Groups]):
+    """This rank's tensor-parallel context (tp.TP; size 1 without groups or tp)."""
+    from .tp import TP
+
+    lay = plan.layout
+    if groups is None or lay.tp == 1:
+        return TP()
+    return TP(size=lay.tp, rank=groups.tp_rank, group=groups.tp, sp=lay.sp)

@@ -5,7 +5,14 @@ chunk and the final norm + LM head if it is the last. Parameter names are global
 ("layers.7.attn.wq.weight"), and every parameter is initialised from a generator seeded by
 (seed, name), so any layout -- and the single-process reference -- starts from the same
 weights. Routed-expert weights are stacked per local slot; they are initialised (and
-checkpointed) per logical expert id under "layers.<i>.moe.experts.<e>.<w1|w3|w2>"."""
+checkpointed) per logical expert id under "layers.<i>.moe.experts.<e>.<w1|w3|w2>".
+Tensor-parallel shards (tp.py) are initialised as their slice of the logical tensor.
+
+With tp > 1 the embedding and the LM head are split over the vocabulary (Megatron's
+VocabParallelEmbedding and a column-parallel head); the last chunk returns this rank's
+logits slice [B, S, V/tp] and the loss is tp.vocab_parallel_cross_entropy -- three
+all-reduces of B·S values instead of all-gathering B·S·V logits (V/d times more bytes
+than the hidden states; the gather would also hold the full logits on every rank)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,6 +22,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from piper_plan.specs.model import ModelSpec
@@ -26,6 +34,7 @@ from .moe.experts import GroupedExperts
 from .moe.layer import MoELayer
 from .moe.placement import ExpertPlacement
 from .moe.router import TopKRouter
+from .tp import TP, local_slice, logical_shape, mark_partial, mark_shard
 
 EXPERT_TAG = ".moe.experts."
 
@@ -47,6 +56,7 @@ class BuildCtx:
     dtype: str = "fp32"                 # "fp32" | "bf16" (autocast, fp32 master weights)
     recompute: str = "none"             # "none" | "selective" (attention core: softmax(QKᵀ)V) | "full" (block)
     grouped_mm: Optional[bool] = None   # None: when it applies; False: per-expert loop
+    tp: TP = field(default_factory=TP)  # tensor parallelism of the stage (size 1: none)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -61,23 +71,26 @@ class BuildCtx:
 class Block(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int, ctx: BuildCtx):
         super().__init__()
-        d = spec.hidden_size
+        d, tp = spec.hidden_size, ctx.tp
         self.recompute = ctx.recompute
-        self.attn_norm = make_norm(spec.norm, d)
-        self.attn = make_attention(spec, ctx.seq)
+        self.attn_norm = make_norm(spec.norm, d, tp, partial=tp.sp)  # SP: a sequence shard
+        self.attn = make_attention(spec, ctx.seq, tp)
         self.attn.recompute_core = ctx.recompute == "selective"
-        self.ffn_norm = make_norm(spec.norm, d)
+        self.ffn_norm = make_norm(spec.norm, d, tp, partial=tp.sp)
         if spec.layer_is_moe(layer):
             m = spec.moe
             pl = ctx.placement(spec, layer)
-            shared = FFN(d, m.shared_experts * m.shared_ffn, m.gated) if m.shared_experts else None
+            shared = FFN(d, m.shared_experts * m.shared_ffn, m.gated, tp=tp) if m.shared_experts else None
+            # the router sees this rank's t/tp tokens: its balance statistics are summed over tp
             router = TopKRouter(d, m.num_experts, m.top_k, m.router, aux_coef=ctx.aux_coef,
-                                z_coef=ctx.z_coef, capacity_factor=ctx.capacity_factor)
+                                z_coef=ctx.z_coef, capacity_factor=ctx.capacity_factor,
+                                stats_group=tp.group if tp.size > 1 else None)
+            mark_partial(router.gate.weight, tp)
             experts = GroupedExperts(pl.per_rank, d, m.expert_ffn_size, m.gated, grouped=ctx.grouped_mm)
             disp = EPDispatcher(pl, ctx.ep_rank, ctx.ep_group, ctx.exchange)
-            self.moe = MoELayer(router, experts, shared, disp, ctx.aux_scale, ctx.compute_dtype)
+            self.moe = MoELayer(router, experts, shared, disp, ctx.aux_scale, ctx.compute_dtype, tp)
         else:
-            self.ffn = FFN(d, spec.ffn_size, spec.ffn_gated, spec.linear_bias)
+            self.ffn = FFN(d, spec.ffn_size, spec.ffn_gated, spec.linear_bias, tp)
 
     def _body(self, x):
         x = x + self.attn(self.attn_norm(x))
@@ -92,22 +105,41 @@ class Block(nn.Module):
 
 class Chunk(nn.Module):
     """Pipeline chunk: [embedding] -> blocks -> [final norm -> LM head]. Input: token ids
-    [B, S] (first chunk) or hidden [B, S, d] fp32; output: hidden fp32 or logits fp32."""
+    [B, S] (first chunk) or hidden [B, S, d] fp32 ([B, S/tp, d] under sequence
+    parallelism); output: hidden fp32, or logits fp32 [B, S, V] ([B, S, V/tp] with tp)."""
 
     def __init__(self, spec: ModelSpec, layers: list[int], first: bool, last: bool, ctx: BuildCtx,
                  embed: Optional[nn.Embedding] = None):
         super().__init__()
         self.spec, self.layer_ids, self.first, self.last = spec, list(layers), first, last
         self.bf16 = ctx.dtype == "bf16"
+        self.tp = tp = ctx.tp
+        v_local = tp.shard(spec.vocab_size, "vocab_size")
         need_embed = first or (last and spec.tied_embeddings)
         if need_embed:
-            self.embed = embed if embed is not None else nn.Embedding(spec.vocab_size, spec.hidden_size)
+            if embed is None:
+                embed = nn.Embedding(v_local, spec.hidden_size)
+                mark_shard(embed.weight, 0, tp)
+            self.embed = embed
         self.layers = nn.ModuleDict({str(i): Block(spec, i, ctx) for i in layers})
         if last:
-            self.norm = make_norm(spec.norm, spec.hidden_size)
+            self.norm = make_norm(spec.norm, spec.hidden_size, tp, partial=tp.sp)
             if not spec.tied_embeddings:
-                self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+                self.head = nn.Linear(spec.hidden_size, v_local, bias=False)
+                mark_shard(self.head.weight, 0, tp)
         self.times = timing.Acc()
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, S] -> hidden; with tp, rows outside this rank's vocabulary slice
+        are zero and the sum over tp is the residual stream's layout (tp.exit)."""
+        tp = self.tp
+        if tp.size == 1:
+            return self.embed(ids)
+        n = self.embed.weight.shape[0]
+        local = ids - tp.rank * n
+        inside = (local >= 0) & (local < n)
+        x = self.embed(local.clamp(0, n - 1)) * inside.unsqueeze(-1)
+        return tp.exit(x)
 
     def moe_layers(self) -> dict[int, MoELayer]:
         return {int(i): b.moe for i, b in self.layers.items() if hasattr(b, "moe")}
@@ -115,14 +147,14 @@ class Chunk(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             if self.first:
-                x = self.embed(x)
+                x = self._embed(x)
             x = timing.start(x, self.times)
             for blk in self.layers.values():
                 x = blk(x)
             if self.last:
-                h = self.norm(x)
+                h = self.tp.enter(self.norm(x))
                 w = self.embed.weight if self.spec.tied_embeddings else self.head.weight
-                x = nn.functional.linear(h, w)
+                x = F.linear(h, w)
             return timing.end(x.float(), self.times)
 
 
@@ -161,9 +193,9 @@ def init_params(chunk: Chunk, seed: int) -> None:
                 _init_tensor(buf, f"{prefix}{EXPERT_TAG}{e}.{wname}", seed, L)
                 p[slot].copy_(buf)
         else:
-            buf = torch.empty(p.shape)
+            buf = torch.empty(logical_shape(p))
             _init_tensor(buf, name, seed, L)
-            p.copy_(buf)
+            p.copy_(local_slice(buf, p))
 
 
 def build_chunk(spec: ModelSpec, layers: list[int], first: bool, last: bool, ctx: BuildCtx,

@@ -5,6 +5,9 @@ group (edp), everything else the stage's data-parallel group (dp). Gradients are
 over it and divided by dp -- not edp: an expert's local gradient already holds the tokens
 of all ep ranks of its EP group, so the edp sum covers all dp ranks.
 
+With tensor parallelism, parameters marked tp-partial (tp.py) are first summed over the
+stage's tp group, and a tp-replicated parameter enters the global norm from tp rank 0 only.
+
 ZeRO-1/2 is our own rather than torch's ZeroRedundancyOptimizer: that one shards over one
 process group, while expert and dense parameters replicate over different groups, and
 its state_dict must be consolidated on one rank, while checkpoints here are written by
@@ -23,6 +26,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from .mesh import Groups
 from .model import EXPERT_TAG
+from .tp import is_partial, shard_dim
 
 
 @dataclass
@@ -68,6 +72,8 @@ class DistOptimizer:
             for n, p in sorted(items):
                 owner = ranks[part[n]]
                 counts = owner == me and not (last_tied_copy and n == "embed.weight")
+                # a tp-replicated parameter is counted by tp rank 0 only (tp.py)
+                counts = counts and (kind == "edp" or shard_dim(p) is not None or groups.tp_rank == 0)
                 self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts))
         self.owned = [i for i in self.infos if (i.owner == me or not zero)]
         decay = [i.param for i in self.owned if i.param.ndim >= 2]
@@ -87,6 +93,9 @@ class DistOptimizer:
         for i in self.infos:
             if i.param.grad is None:
                 i.param.grad = torch.zeros_like(i.param)
+        partial = [i.param.grad for i in self.infos if is_partial(i.param)]
+        if partial:  # tp-replicated parameters with per-rank partial gradients (tp.py)
+            _allreduce(partial, self.groups.tp)
         if self.groups.emb is not None:  # before the dp sum: ZeRO-2 owners may differ per stage
             emb = [i for i in self.infos if i.name == "embed.weight"]
             _allreduce([emb[0].param.grad], self.groups.emb)

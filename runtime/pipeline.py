@@ -48,11 +48,14 @@ def build_local_chunks(plan: Plan, pp_rank: int, ctx: BuildCtx, seed: int, devic
 
 
 def _stage_meta(plan: Plan, chunk: int, device):
-    """Example input and output of chunk `chunk` (requires_grad marks what carries gradients)."""
+    """Example input and output of chunk `chunk` (requires_grad marks what carries gradients).
+    With tp, hidden states travel as this rank's sequence shard under sequence parallelism
+    (replicated otherwise) and the last chunk's logits are this rank's vocabulary slice."""
     lay, spec = plan.layout, plan.model
-    hid = torch.empty(lay.mbs, lay.seq, spec.hidden_size, device=device, requires_grad=True)
+    seq = lay.seq // lay.tp if lay.sp else lay.seq
+    hid = torch.empty(lay.mbs, seq, spec.hidden_size, device=device, requires_grad=True)
     inp = torch.empty(lay.mbs, lay.seq, dtype=torch.long, device=device) if chunk == 0 else hid
-    out = (torch.empty(lay.mbs, lay.seq, spec.vocab_size, device=device, requires_grad=True)
+    out = (torch.empty(lay.mbs, lay.seq, spec.vocab_size // lay.tp, device=device, requires_grad=True)
            if chunk == lay.stages - 1 else hid)
     return inp, out
 

@@ -15,14 +15,22 @@ from piper_plan.plan import Plan
 from . import checkpoint, metrics
 from .config import TrainConfig
 from .data import make_source, rank_rows
-from .mesh import Groups, build_groups
+from .mesh import Groups, build_groups, tp_of
 from .model import BuildCtx
 from .pipeline import Pipeline, build_local_chunks
+from .tp import TP, vocab_parallel_cross_entropy
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of one micro-batch (fp32)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def loss_for(tp: TP):
+    """lm_loss, or with tp > 1 the vocabulary-parallel one over this rank's logits slice."""
+    if tp.size == 1:
+        return lm_loss
+    return lambda logits, targets: vocab_parallel_cross_entropy(logits.flatten(0, 1), targets.flatten(), tp)
 
 
 def make_exchange(plan: Plan, groups: Groups):
@@ -49,7 +57,7 @@ def build_ctx(plan: Plan, cfg: TrainConfig, groups: Optional[Groups]) -> BuildCt
                     exchange=make_exchange(plan, groups) if groups else None,
                     aux_coef=cfg.aux_coef, z_coef=cfg.z_coef, capacity_factor=cfg.capacity_factor,
                     aux_scale=1.0 / lay.microbatches, dtype=lay.dtype, recompute=lay.recompute,
-                    grouped_mm=cfg.grouped_mm)
+                    grouped_mm=cfg.grouped_mm, tp=tp_of(plan, groups))
 
 
 def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
@@ -59,8 +67,9 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
 
     lay = plan.layout
     groups = build_groups(plan, cfg.timeout_s)
-    chunks = build_local_chunks(plan, groups.pp_rank, build_ctx(plan, cfg, groups), cfg.seed, device)
-    pipe = Pipeline(plan, chunks, groups.pp, device, lm_loss)
+    ctx = build_ctx(plan, cfg, groups)
+    chunks = build_local_chunks(plan, groups.pp_rank, ctx, cfg.seed, device)
+    pipe = Pipeline(plan, chunks, groups.pp, device, loss_for(ctx.tp))
     named, seen = [], set()
     for c in chunks.values():
         for n, p in c.named_parameters():
@@ -71,6 +80,10 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
     start = checkpoint.load(cfg.checkpoint, opt, chunks) if cfg.resume else 0
     source = make_source(plan.model.vocab_size, lay.seq, cfg.seed, cfg.data, cfg.data_dtype)
     rep = metrics.Reporter(plan, cfg.metrics, cfg.log_every)
+    mig = None
+    if plan.migration.enabled and lay.ep > 1:  # expert migration (runtime/migrate.py)
+        from .migrate import Migrator
+        mig = Migrator(plan.migration, groups, chunks, opt)
     for step in range(start, cfg.steps):
         rows = rank_rows(source.batch(step, lay.global_batch), lay.dp, groups.dp_rank)
         tokens, targets = rows[:, :-1].to(device), rows[:, 1:].to(device)
@@ -84,7 +97,11 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         dt = metrics.now() - t0
-        rep.step(step, metrics.rank_stats(groups, chunks, losses, dt, norm))
+        stats = metrics.rank_stats(groups, chunks, losses, dt, norm)
+        event = mig.after_step(step) if mig is not None else None  # step boundary: before stats reset
+        rec = rep.step(step, stats)
+        if rec is not None and event is not None:
+            rec["migration"] = event  # rank 0's stage (returned records only; not in the JSONL)
         done = step + 1
         if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
             checkpoint.save(cfg.checkpoint, done, plan, opt, chunks)

@@ -59,8 +59,8 @@ def test_train_ep2_bf16_from_token_file(tmp_path):
 
 def test_search_then_train(tmp_path):
     plan = tmp_path / "plan.json"
-    s = subprocess.run(_cmd("piper-plan", "piper_plan.cli") + ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "2",
-                                                                "--global-batch", "4", "--seq", "32", "-o", str(plan)],
+    s = subprocess.run(_cmd("piper-plan", "piper_plan.cli") + ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4",
+                                                                "--global-batch", "8", "-o", str(plan)],
                        capture_output=True, text=True, timeout=120)
     assert s.returncode == 0, s.stderr[-2000:]
     r = _run(["--plan", str(plan), "--steps", "3", "--metrics", str(tmp_path / "m.jsonl")])
@@ -94,7 +94,9 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     bad.write_text(json.dumps(doc))
     _one_line_error(run(main, ["--plan", str(bad)]), "schema_version", "99")
 
-    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tp.json", tp=2, dp=1, ep=1))]), "layout.tp")
+    # tensor parallelism runs, but sequence parallelism needs the sequence split evenly
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tp.json", tp=2, dp=1, ep=1, seq=33))]),
+                    "layout.seq", "tp=2")
 
     empty = tmp_path / "nock"
     empty.mkdir()

@@ -1,6 +1,8 @@
 """EP dispatcher on 3 gloo ranks: uneven splits, experts and whole ranks that receive no
 rows, a rank with no tokens at all, dropped assignments, a non-contiguous placement --
-outputs and gradients equal a dense single-process computation of the same experts."""
+outputs and gradients equal a dense single-process computation of the same experts, with
+the flat exchange and with HALO over two virtual nodes, to which the dispatcher hands the
+counts it exchanged (HALO's own count exchange is disabled in that run)."""
 from __future__ import annotations
 
 import os
@@ -59,7 +61,11 @@ def _dense(x, idx, w, ws):
     return out
 
 
-def _worker(rank: int, store: str, grouped) -> None:
+def _no_count_exchange(*_a, **_k):
+    raise AssertionError("HALO exchanged counts itself: the dispatcher should pass them")
+
+
+def _worker(rank: int, store: str, grouped, a2a: str) -> None:
     torch.set_num_threads(1)
     from datetime import timedelta
     dist.init_process_group("gloo", store=dist.FileStore(store, EP), rank=rank, world_size=EP,
@@ -72,7 +78,14 @@ def _worker(rank: int, store: str, grouped) -> None:
         with torch.no_grad():
             for p, w in zip(ours, ws):
                 p.copy_(w[mine])
-        disp = EPDispatcher(PLACE, rank, dist.group.WORLD, FlatExchange(dist.group.WORLD))
+        if a2a == "halo":
+            from piper_runtime.moe.halo import HaloExchange
+
+            ex = HaloExchange(dist.group.WORLD, [0, 0, 1])
+            ex._start_counts = _no_count_exchange  # counts must come from the dispatcher
+        else:
+            ex = FlatExchange(dist.group.WORLD)
+        disp = EPDispatcher(PLACE, rank, dist.group.WORLD, ex)
         x, idx, w, gout = _inputs(rank)
         x.requires_grad_(True)
         y = disp(x, idx, w, experts)
@@ -104,10 +117,11 @@ def _worker(rank: int, store: str, grouped) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("grouped", [None, False], ids=["grouped_mm", "loop"])
-def test_dispatch_zero_and_uneven(tmp_path, grouped):
+@pytest.mark.parametrize("grouped,a2a", [(None, "flat"), (False, "flat"), (None, "halo")],
+                         ids=["grouped_mm", "loop", "halo"])
+def test_dispatch_zero_and_uneven(tmp_path, grouped, a2a):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(str(tmp_path / "store"), grouped), nprocs=EP, join=True)
+    mp.spawn(_worker, args=(str(tmp_path / "store"), grouped, a2a), nprocs=EP, join=True)
 
 
 def test_placement_rejects_bad_maps():

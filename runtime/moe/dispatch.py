@@ -2,10 +2,16 @@
 grouped GEMM -> exchange back -> unpermute -> combine.
 
 The row exchange is pluggable (FlatExchange, HaloExchange: see exchange_flat.py for the
-interface); the count exchange is a small all_to_all_single of int64 counts on the same
-EP group. Rows travel in physical-expert order, so what a peer receives from each source
-is already grouped by its local slot; one more local permutation makes the rows of each
-slot contiguous for the grouped GEMM."""
+interface). Counts cross the network once per layer: one small all_to_all_single of int64
+on the same EP group carries, to each peer, the rows this rank sends to each of that
+peer's slots followed by this rank's whole send-split vector (W values), so every rank
+learns both its (source, slot) receive counts and the full W x W matrix of row counts.
+The matrix (halo.Counts) goes to the dispatch exchange and its transpose to the combine,
+so HALO's relays never exchange counts themselves (the flat exchange ignores them).
+
+Rows travel in physical-expert order, so what a peer receives from each source is already
+grouped by its local slot; one more local permutation makes the rows of each slot
+contiguous for the grouped GEMM."""
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -14,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from .. import timing
+from .halo import Counts
 from .placement import ExpertPlacement
 
 
@@ -96,22 +103,27 @@ class EPDispatcher:
             y = expert_fn(rows, counts)
             slot_counts = counts
         else:
-            recv_counts = torch.empty_like(counts)
-            dist.all_to_all_single(recv_counts, counts, group=self.group)   # [ep·per]: (src, slot)
-            send_splits = counts.view(self.ep, per).sum(1).tolist()
-            recv_mat = recv_counts.view(self.ep, per)
-            recv_splits = recv_mat.sum(1).tolist()
+            W = self.ep
+            send_t = counts.view(W, per).sum(1)
+            # to peer j: my rows for j's slots, then my whole send-split vector
+            msg = torch.cat([counts.view(W, per), send_t.expand(W, W)], dim=1).contiguous()
+            got_msg = torch.empty_like(msg)
+            dist.all_to_all_single(got_msg, msg, group=self.group)          # row s: from source s
+            recv_mat = got_msg[:, :per]                                      # (src, slot)
+            mat = got_msg[:, per:].tolist()                                  # row s: s's send splits
+            full = Counts(tuple(tuple(r) for r in mat))
+            send_splits, recv_splits = full.send(self.ep_rank), full.recv(self.ep_rank)
             rows = timing.start(rows, self.a2a)
-            got = timing.end(self.exchange(rows, send_splits, recv_splits), self.a2a)
+            got = timing.end(self.exchange(rows, send_splits, recv_splits, counts=full), self.a2a)
             # (src, slot) order -> (slot, src) order so each slot's rows are contiguous
-            slot_of_row = torch.arange(per, device=dev).repeat(self.ep).repeat_interleave(recv_mat.reshape(-1))
+            slot_of_row = torch.arange(per, device=dev).repeat(W).repeat_interleave(recv_mat.reshape(-1))
             by_slot = torch.argsort(slot_of_row, stable=True)
             slot_counts = recv_mat.sum(0)
             out_local = expert_fn(got[by_slot], slot_counts)
             back = torch.empty_like(by_slot)
             back[by_slot] = torch.arange(by_slot.numel(), device=dev)
             out_local = timing.start(out_local[back], self.a2a)
-            y = timing.end(self.exchange(out_local, recv_splits, send_splits), self.a2a)
+            y = timing.end(self.exchange(out_local, recv_splits, send_splits, counts=full.transposed()), self.a2a)
         if not timing.in_backward():
             self.tokens_per_slot += slot_counts.cpu()
         contrib = y.float() * w_sorted.unsqueeze(1)  # combine in fp32

@@ -1,10 +1,12 @@
 """Flat expert-parallel exchange: one all_to_all_single over the EP group.
 
 The exchange interface (shared with HALO, moe/halo.py): an object called as
-`exchange(x[N, d], send_splits, recv_splits) -> Tensor[sum(recv_splits), d]` with exactly
-the semantics of dist.all_to_all_single over the EP group (rows for group peer j sent in
-order, received rows ordered by source rank), differentiable: its backward is the same
-exchange with the splits swapped."""
+`exchange(x[N, d], send_splits, recv_splits, counts=None) -> Tensor[sum(recv_splits), d]`
+with exactly the semantics of dist.all_to_all_single over the EP group (rows for group peer
+j sent in order, received rows ordered by source rank), differentiable: its backward is the
+same exchange with the splits swapped. `counts` (halo.Counts, the group's whole W x W row
+count matrix, which the dispatcher already has) spares an exchange that needs more than its
+own splits a count exchange of its own; the flat exchange needs none and ignores it."""
 from __future__ import annotations
 
 import torch
@@ -37,5 +39,5 @@ class FlatExchange:
     def __init__(self, group):
         self.group = group
 
-    def __call__(self, x: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, send_splits: list[int], recv_splits: list[int], counts=None) -> torch.Tensor:
         return _AllToAll.apply(x, list(send_splits), list(recv_splits), self.group)

@@ -53,3 +53,29 @@ class ExpertPlacement:
         """LongTensor [E]: logical id -> rank * per_rank + slot (the order rows are sent in)."""
         return torch.tensor([r * self.per_rank + s for r, s in zip(self.rank_of, self.slot_of)],
                             dtype=torch.long, device=device)
+
+    def as_lists(self) -> list[list[int]]:
+        """Per-rank logical ids ordered by slot (the planners' placement form)."""
+        return [self.local_experts(r) for r in range(self.ep)]
+
+    def rebalanced(self, target: list[list[int]]) -> "ExpertPlacement":
+        """The placement with rank sets `target` (ep lists of logical ids) that disturbs
+        this one least: an expert that stays on its rank keeps its slot; arrivals fill the
+        freed slots of their rank in ascending (logical id, slot) order."""
+        if len(target) != self.ep or sorted(e for s in target for e in s) != list(range(self.num_experts)):
+            raise ValueError("target must split all logical experts over the ep ranks")
+        rank_of, slot_of = list(self.rank_of), list(self.slot_of)
+        for r, ids in enumerate(target):
+            if len(ids) != self.per_rank:
+                raise ValueError(f"target rank {r} holds {len(ids)} experts, expected {self.per_rank}")
+            stay = {e for e in ids if self.rank_of[e] == r}
+            free = sorted(set(range(self.per_rank)) - {self.slot_of[e] for e in stay})
+            for e, s in zip(sorted(set(ids) - stay), free):
+                rank_of[e], slot_of[e] = r, s
+        return ExpertPlacement(self.num_experts, self.ep, rank_of, slot_of)
+
+    def moves_to(self, new: "ExpertPlacement") -> list[tuple[int, int, int, int, int]]:
+        """(logical id, old rank, old slot, new rank, new slot) of every expert that changes
+        rank, ascending by logical id (the order both ends of a transfer agree on)."""
+        return [(e, self.rank_of[e], self.slot_of[e], new.rank_of[e], new.slot_of[e])
+                for e in range(self.num_experts) if self.rank_of[e] != new.rank_of[e]]
