@@ -62,11 +62,13 @@ class Phase:
 
 def _linear(hw, dtype, eb, m, n_out, k_in, groups=1) -> Phase:
     """One linear layer y[m×n] = x[m×k]·W[k×n]: forward, dgrad, wgrad."""
-    f = gemm_time(hw, m, n_out, k_in, groups=groups, dtype=dtype, elt_bytes=eb)
-    b = gemm_time(hw, m, k_in, n_out, groups=groups, dtype=dtype, elt_bytes=eb)
-    w = gemm_time(hw, k_in, n_out, m, groups=groups, dtype=dtype, elt_bytes=eb)
-    z = np.zeros_like(f)
-    return Phase(f, b, w, z)
+    m, n_out, k_in, groups, eb = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (m, n_out, k_in, groups, eb)))
+    # the three GEMMs in one vectorised call: forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m)
+    t = gemm_time(hw, np.concatenate([m, m, k_in]), np.concatenate([n_out, k_in, n_out]),
+                  np.concatenate([k_in, n_out, m]), groups=np.concatenate([groups] * 3), dtype=dtype,
+                  elt_bytes=np.concatenate([eb] * 3))
+    f, b, w = np.split(t, 3)
+    return Phase(f, b, w, np.zeros_like(f))
 
 
 def _elementwise(hw, nbytes, kernels) -> Phase:
