@@ -1,6 +1,6 @@
 """Expert migration under skewed routing on 8 local ranks: what re-placing experts buys.
 
-One command:  python benchmarks/migration.py  [--steps-before 8] [--steps-after 10] [--drift-steps 18]
+One command:  python benchmarks/migration.py  [--steps-before 24] [--steps-after 24] [--drift-steps 18]
 
 One spawn of 8 CPU ranks (gloo, pp1 × dp8 × ep8, ZeRO-1, fp32) trains a 2-layer MoE sized
 so the routed experts dominate (16 experts, d 128, expert width 512, top-2; inline below).
@@ -335,8 +335,8 @@ def report(res: dict, scs) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps-before", type=int, default=8)
-    ap.add_argument("--steps-after", type=int, default=10)
+    ap.add_argument("--steps-before", type=int, default=24)
+    ap.add_argument("--steps-after", type=int, default=24)  # 24+24 steps: the per-step MoE time is noisy on shared cores
     ap.add_argument("--drift-steps", type=int, default=18)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the summary here")
