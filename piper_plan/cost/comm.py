@@ -156,16 +156,24 @@ def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     return np.where(np.asarray(n) > 1, np.maximum(co, wire) + co * (rounds - 1), wire)
 
 
-def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0):
+def group_span(hw: HardwareSpec, n, stride):
+    """(bandwidth B/s, latency s) of the slowest level a group of n ranks `stride` apart spans;
+    pass it to ring_allreduce as `span` when several collectives share one group."""
+    n = np.asarray(n)
+    c = level_counts(hw, n, stride)
+    bw, lat, _ = _levels(hw)
+    top = np.minimum((c < n).sum(0), len(hw.topology) - 1)  # first level holding the whole group
+    return bw[top], lat[top]
+
+
+def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None):
     """Ring (or NCCL tree/ring hierarchy) all-reduce of nbytes over n ranks:
     2(n-1)/n·B over the slowest level spanned, 2(n-1) latency steps.
     fraction=0.5 gives a reduce-scatter or an all-gather."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
-    c = level_counts(hw, n, stride)
-    bw, lat, _ = _levels(hw)
-    top = np.minimum((c < n).sum(0), len(hw.topology) - 1)  # first level holding the whole group
-    t = fraction * (2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw[top] + 2.0 * (n - 1) * lat[top])
+    bw, lat = span if span is not None else group_span(hw, n, stride)
+    t = fraction * (2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw + 2.0 * (n - 1) * lat)
     return np.where(n > 1, t, 0.0)
 
 
