@@ -110,11 +110,17 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     zero = np.zeros(len(lay))
 
     # ---- per-layer costs: they depend on few columns, so price each distinct one once ----
-    _, first_idx, inv = distinct_rows(lay.mbs, lay.seq, lay.tp, lay.dp, lay.ep, lay.sp, lay.eager, lay.unfused, lay.dropout,
-                                  lay.recompute, lay.act_bytes, lay.a2a, lay.placement)
+    # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
+    ep_stride = np.where(lay.placement == 0, 1, lay.edp)
+    _, first_idx, inv = distinct_rows(lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused,
+                                      lay.dropout, lay.recompute, lay.act_bytes, lay.a2a, lay.placement)
     lc = {k: v.take(inv) for k, v in _layer_costs(m, hw, lay.take(first_idx), routing, dtype).items()}
     dense, dense_comm, moe, moe_comm = lc["dense"], lc["dense_comm"], lc["moe"], lc["moe_comm"]
-    imb, emb, head, p2p_one = lc["imb"], lc["emb"], lc["head"], lc["p2p_one"]
+    imb, emb, head = lc["imb"], lc["emb"], lc["head"]
+    # p2p: each chunk boundary sends the activation forward and its gradient back (depends on dp)
+    p2p_bytes = t * d * eb / np.where(lay.sp, tp, 1.0)
+    co = hw.efficiency.collective_overhead_us * 1e-6
+    p2p_one = np.where(lay.pp == 1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp) + co)
     a2a_fwd, a2a_bwd = lc["a2a_fwd"], lc["a2a_bwd"]
     a_dense, a_moe = lc["a_dense"], lc["a_moe"]
     n_moe, n_dense = m.num_moe_layers, m.num_dense_layers
@@ -197,7 +203,6 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
     t_dp = np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
-    co = hw.efficiency.collective_overhead_us * 1e-6
     if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
         # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
         # piper-train do), and the global gradient norm's all-reduce
@@ -320,14 +325,11 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
     else:
         moe = Phase(zero, zero, zero, zero)
         moe_comm = Phase(zero, zero, zero, zero)
-    # p2p: each chunk boundary sends the activation forward and its gradient back
-    p2p_bytes = t * d * eb / np.where(lay.sp, tp, 1.0)
-    p2p_one = np.where(lay.pp == 1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp) + co)
     a_attn = sum(act.attention_terms(m, lay).values())
     a_dense = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
     a_moe = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
     a_in = act.layer_input_bytes(m, lay)
     return dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                 a2a_bwd=a2a_bwd,
-                emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype), p2p_one=p2p_one,
+                emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
                 a_dense=np.where(lay.recompute == 2, a_in, a_dense), a_moe=np.where(lay.recompute == 2, a_in, a_moe))
