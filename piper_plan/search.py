@@ -29,6 +29,7 @@ def round_batch(global_batch: int, gpus: int) -> int:
     return max(global_batch, gpus) // gpus * gpus
 VPP_INTERLEAVED = (2, 4)
 OBJECTIVES = ("throughput", "mfu", "memory")
+STATE_BOUND = "parameter + optimizer state alone exceed device memory (bound)"
 
 
 @dataclass
@@ -71,8 +72,11 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[LayoutBatch, dict[str, int]]:
-    """All candidate layouts as columns, and how many were dropped by each rule."""
+def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
+                      headroom_gib: float | None = None) -> tuple[LayoutBatch, dict[str, int]]:
+    """All candidate layouts as columns, and how many were dropped by each rule. With
+    `headroom_gib`, also drop those whose parameter and optimizer state alone (a lower
+    bound on the worst stage) overflow device memory less that headroom (rule STATE_BOUND)."""
     from .cost.batch import A2AS, PLACEMENTS, DTYPE_BYTES
     from .layout import RECOMPUTES, SCHEDULES
 
@@ -83,12 +87,13 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
     tps = [t for t in tps if m.num_heads % t == 0 and (m.kv_heads % t == 0 or t % m.kv_heads == 0)]
     # (tp, pp, ep) triples
     tri = []
+    eps = sp.eps or _divisors(E)
     for tp in tps:
         for pp in (sp.pps or _divisors(N // tp)):
             if (N // tp) % pp or pp > m.num_layers:
                 continue
             dp = N // (tp * pp)
-            for ep in (sp.eps or _divisors(E)):
+            for ep in eps:
                 if E % ep or (dp * tp) % ep or (m.moe is None and ep > 1):
                     continue
                 tri.append((tp, pp, dp, ep))
@@ -125,7 +130,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
 
     def rule(name, bad):
         nonlocal keep
-        n = int((keep & bad).sum()) * weight
+        n = int(np.count_nonzero(keep & bad)) * weight
         if n:
             rejected[name] = rejected.get(name, 0) + n
         keep &= ~bad
@@ -141,38 +146,52 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> tuple[
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
     k1 = np.nonzero(keep)[0]
-    grid2 = np.meshgrid(k1, np.arange(len(rc)), np.arange(len(zs)), np.arange(len(a2)), np.arange(len(pl)),
-                        indexing="ij")
-    j1, ri, zi, ai, pi = (g.ravel() for g in grid2)
-    tp, pp, dp, ep, s_idx, vpp, mbs = (x[j1] for x in (tp, pp, dp, ep, s_idx, vpp, mbs))
-    pipelined = pp > 1
-    keep = np.ones(len(j1), bool)
+    tp, pp, dp, ep, s_idx, vpp, mbs = (x[k1] for x in (tp, pp, dp, ep, s_idx, vpp, mbs))
+    # stage 2's rules broadcast from the few axes each reads over the grid [recompute, ZeRO,
+    # a2a, placement, stage-1 survivor] (survivors innermost, so numpy's inner loops are long);
+    # the layouts come out in [survivor, recompute, ZeRO, a2a, placement] order
+    shape = (len(rc), len(zs), len(a2), len(pl), len(k1))
+    on = lambda x, axis: np.reshape(x, [-1 if i == axis else 1 for i in range(5)])  # noqa: E731
+    per_pl = lambda x: x.T.reshape(1, 1, 1, len(pl), len(k1))  # noqa: E731  [survivor, placement] terms
+    keep = np.ones(shape, bool)
     weight = 1
-    rule("zero 3 with pp > 1", (zs[zi] == 3) & pipelined)
+    rule("zero 3 with pp > 1", on(zs == 3, 1) & on(pp > 1, 4))
     moe_ep = (m.moe is not None) & (ep > 1)
-    rule("duplicate (a2a choice without expert parallelism)", ~moe_ep & (a2[ai] != 0))
-    rule("duplicate (placement choice when ep == dp*tp or ep == 1)", ((ep == dp * tp) | (ep == 1)) & (pl[pi] != 0))
+    rule("duplicate (a2a choice without expert parallelism)", on(~moe_ep, 4) & on(a2 != 0, 2))
+    rule("duplicate (placement choice when ep == dp*tp or ep == 1)", on((ep == dp * tp) | (ep == 1), 4) & on(pl != 0, 3))
     # HALO only differs from flat when the EP group spans nodes with several members on each
-    stride = np.where(pl[pi] == 0, 1, dp * tp // np.maximum(ep, 1))
-    spans_nodes = ep * stride > hw.gpus_per_node
-    per_node = np.minimum(ep, np.maximum(1, hw.gpus_per_node // np.maximum(stride, 1)))
-    rule("duplicate (halo inside one node equals flat)", (a2[ai] == 1) & ~spans_nodes)
-    rule("duplicate (halo with one EP member per node equals flat)", (a2[ai] == 1) & (per_node <= 1))
+    stride = np.where(pl[None, :] == 0, 1, (dp * tp // np.maximum(ep, 1))[:, None])  # [survivor, placement]
+    spans_nodes = ep[:, None] * stride > hw.gpus_per_node
+    per_node = np.minimum(ep[:, None], np.maximum(1, hw.gpus_per_node // np.maximum(stride, 1)))
+    halo = on(a2 == 1, 2)
+    rule("duplicate (halo inside one node equals flat)", halo & per_pl(~spans_nodes))
+    rule("duplicate (halo with one EP member per node equals flat)", halo & per_pl(per_node <= 1))
     if sp.paper_mesh:
-        rule("not the paper's PP x EP mesh (tp=1, ep=dp)", (tp != 1) | (ep != dp))
+        rule("not the paper's PP x EP mesh (tp=1, ep=dp)", on((tp != 1) | (ep != dp), 4))
     if sp.ep_in_domain:
         sizes = {lv.name: lv.size for lv in hw.topology}
-        rule(f"EP group leaves the {sp.ep_in_domain} domain", ep * stride > sizes[sp.ep_in_domain])
-    idx = np.nonzero(keep)[0]
-    n = len(idx)
-    eb = DTYPE_BYTES[sp.dtype]
-    batch = LayoutBatch(
-        gpus=np.full(n, N), tp=tp[idx], pp=pp[idx], dp=dp[idx], ep=ep[idx], vpp=vpp[idx], mbs=mbs[idx],
-        gbs=np.full(n, gbs), seq=np.full(n, sp.seq), sched=s_idx[idx], recompute=rc[ri[idx]],
-        sp=tp[idx] > 1, zero=zs[zi[idx]], a2a=a2[ai[idx]], placement=pl[pi[idx]],
-        eager=np.full(n, sp.attention_kernel == "eager"), unfused=np.full(n, not sp.fused_kernels), dropout=np.zeros(n, bool), overlap=np.ones(n, bool),
-        act_bytes=np.full(n, eb), grad_bytes=np.full(n, 4))
+        rule(f"EP group leaves the {sp.ep_in_domain} domain", per_pl(ep[:, None] * stride > sizes[sp.ep_in_domain]))
+    cols = dict(gpus=N, tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
+                eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False, overlap=True,
+                act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4)
+    if headroom_gib is not None:
+        # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
+        zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
+        first = np.zeros(len(j), int)
+        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], rc[first], a2[first], pl[first]), hw.memory_overhead_gib)
+        rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
+    j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
+    batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi])
     return batch, rejected
+
+
+def _batch(cols: dict, j, zero, recompute, a2a, placement) -> LayoutBatch:
+    """Layouts from stage-1 survivors `j` (per-survivor arrays in `cols`, or scalars shared
+    by all) and the stage-2 choices."""
+    n = len(j)
+    col = lambda k: cols[k][j] if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
+    return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, recompute=recompute, a2a=a2a,
+                       placement=placement)
 
 
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,
@@ -180,16 +199,11 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     import time
 
     t0 = time.process_time()
-    batch, rejected = enumerate_layouts(m, hw, sp)
-    if batch is None or len(batch) == 0:
-        return SearchResult(batch, None, np.array([], int), rejected, 0)
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
-    lb = state_lower_bound_gib(m, batch, hw.memory_overhead_gib)
-    over = lb + headroom_gib > hw.accelerator.memory_gib
-    n_all = len(batch)
-    if over.any():
-        rejected["parameter + optimizer state alone exceed device memory (bound)"] = int(over.sum())
-        batch = batch.take(np.nonzero(~over)[0])
+    batch, rejected = enumerate_layouts(m, hw, sp, headroom_gib)
+    n_all = 0 if batch is None else len(batch) + rejected.get(STATE_BOUND, 0)
+    if n_all == 0:
+        return SearchResult(batch, None, np.array([], int), rejected, 0)
     if len(batch) == 0:
         return SearchResult(batch, None, np.array([], int), rejected, n_all, time.process_time() - t0)
     est = evaluate(m, hw, batch, routing, headroom_gib)
@@ -199,9 +213,11 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     if n_mem:
         rejected["worst stage exceeds device memory"] = n_mem
     key = {"throughput": -est.tokens_per_s, "mfu": -est.mfu, "memory": est.peak_memory_gib}[objective]
-    # deterministic: objective, then throughput, fewer pipeline stages, smaller tp
-    order = np.lexsort((batch.tp, batch.pp, -est.tokens_per_s, key))
-    order = order[fits[order]]
+    # deterministic: objective, then throughput, fewer pipeline stages, smaller tp (the
+    # sort is stable, so sorting only the fitting layouts gives the same order)
+    keys = (batch.tp, batch.pp, -est.tokens_per_s, key) if objective != "throughput" else (batch.tp, batch.pp, key)
+    ok = np.flatnonzero(fits)
+    order = ok[np.lexsort(tuple(k[ok] for k in keys))]
     return SearchResult(batch, est, order, rejected, n_all, cpu_s)
 
 

@@ -84,17 +84,49 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
     )
 
 
+# a lookup table of this many entries is cheaper than sorting the column(s) it replaces
+_TABLE_MAX = 1 << 20
+
+
+def _codes(c: np.ndarray, span: int):
+    """A non-negative integer column of values below `span` as codes 0..k-1 in value order:
+    (codes, k). Through a table of `span` entries (O(n + span), no sort) when that is small."""
+    if span > _TABLE_MAX:
+        vals, inv = np.unique(c, return_inverse=True)
+        return inv, len(vals)
+    seen = np.zeros(span, bool)
+    seen[c] = True
+    vals = np.flatnonzero(seen)
+    code = np.empty(span, np.intp)  # only the entries at `vals` are ever read
+    code[vals] = np.arange(len(vals))
+    return code[c], len(vals)
+
+
 def distinct_rows(*cols):
-    """np.unique over rows of the given columns (first index, inverse), via one int64 key:
-    much faster than np.unique(axis=0) on a 2-D array."""
-    codes, dims = [], []
+    """Distinct rows of the given integer (or bool) columns: (their codes, the index of one
+    row with each, inverse), like np.unique(axis=0) with return_index and return_inverse.
+    The columns are folded into one integer code through lookup tables rather than sorts:
+    the search calls this on every candidate, and np.unique's sort cost more there than the
+    arithmetic it saves. A constant column adds nothing to the code."""
+    n = len(np.asarray(cols[0]))
+    if n == 0:
+        e = np.zeros(0, np.intp)
+        return e, e, e
+    key, K = np.zeros(n, np.intp), 1
     for c in cols:
-        c = np.asarray(c, dtype=np.int64)
-        lo = c.min()
-        codes.append(c - lo)
-        dims.append(int(c.max() - lo) + 1)
-    if np.prod(np.array(dims, dtype=float)) >= 2**62:  # too wide for one key: compress each column first
-        codes = [np.unique(c, return_inverse=True)[1] for c in codes]
-        dims = [int(c.max()) + 1 for c in codes]
-    key = np.ravel_multi_index(codes, dims)
-    return np.unique(key, return_index=True, return_inverse=True)
+        c = np.asarray(c)
+        lo, hi = int(c.min()), int(c.max())
+        if lo == hi:
+            continue
+        c = np.subtract(c, lo, dtype=np.intp)
+        span = hi - lo + 1
+        if span > 64:  # few distinct values over a wide range (dp, EP strides): compact them
+            c, span = _codes(c, span)
+        if K * span > _TABLE_MAX:  # keep the folded code small enough for a table
+            key, K = _codes(key, K)
+        key = key * span + c
+        K *= span
+    inv, k = _codes(key, K)
+    first = np.empty(k, np.intp)
+    first[inv[::-1]] = np.arange(n - 1, -1, -1)  # any row with the code will do: they are equal
+    return np.arange(k), first, inv

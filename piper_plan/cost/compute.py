@@ -28,7 +28,10 @@ class Phase:
     __slots__ = ("v",)
 
     def __init__(self, f, b, w, r):
-        self.v = np.stack(np.broadcast_arrays(f, b, w, r)).astype(float)
+        parts = (f, b, w, r)
+        self.v = np.empty((4,) + np.broadcast_shapes(*(np.shape(x) for x in parts)))
+        for i, x in enumerate(parts):
+            self.v[i] = x
 
     @classmethod
     def _of(cls, v: np.ndarray) -> "Phase":
@@ -60,15 +63,29 @@ class Phase:
         return self.b + self.w + self.r
 
 
-def _linear(hw, dtype, eb, m, n_out, k_in, groups=1) -> Phase:
-    """One linear layer y[m×n] = x[m×k]·W[k×n]: forward, dgrad, wgrad."""
-    m, n_out, k_in, groups, eb = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (m, n_out, k_in, groups, eb)))
-    # the three GEMMs in one vectorised call: forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m)
-    t = gemm_time(hw, np.concatenate([m, m, k_in]), np.concatenate([n_out, k_in, n_out]),
-                  np.concatenate([k_in, n_out, m]), groups=np.concatenate([groups] * 3), dtype=dtype,
-                  elt_bytes=np.concatenate([eb] * 3))
-    f, b, w = np.split(t, 3)
-    return Phase(f, b, w, np.zeros_like(f))
+def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
+    """Linear layers y[m×n] = x[m×k]·W[k×n], each shape (m, n_out, k_in) or (m, n_out, k_in,
+    groups): one Phase of forward, dgrad and wgrad per layer, all their GEMMs priced in one
+    vectorised gemm_time call (a call per GEMM costs more in numpy overhead than in work)."""
+    dims = []
+    for s in shapes:
+        m, n_out, k_in, groups, e = np.broadcast_arrays(*(np.asarray(x, dtype=float)
+                                                          for x in (*s[:3], s[3] if len(s) > 3 else 1, eb)))
+        # forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m)
+        dims += [(m, n_out, k_in, groups, e), (m, k_in, n_out, groups, e), (k_in, n_out, m, groups, e)]
+    m, n, k, g, e = (np.concatenate([d[i] for d in dims]) for i in range(5))
+    t = gemm_time(hw, m, n, k, groups=g, dtype=dtype, elt_bytes=e).reshape(len(shapes), 3, -1)
+    v = np.zeros((len(shapes), 4, t.shape[-1]))
+    v[:, :3] = t
+    return [Phase._of(x) for x in v]
+
+
+def _sum(phases: list[Phase]) -> Phase:
+    """Phases added in order."""
+    out = phases[0]
+    for p in phases[1:]:
+        out = out + p
+    return out
 
 
 def _elementwise(hw, nbytes, kernels) -> Phase:
@@ -86,17 +103,17 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     if m.mla is not None:
         a = m.mla
         qk, nope = a.qk_nope_head_dim + a.qk_rope_head_dim, a.qk_nope_head_dim
-        ph = _linear(hw, dtype, eb, t, a.kv_lora_rank + a.qk_rope_head_dim, d)  # kv down: replicated
-        ph = ph + _linear(hw, dtype, eb, t, H * (nope + a.v_head_dim) / tp, a.kv_lora_rank)
+        shapes = [(t, a.kv_lora_rank + a.qk_rope_head_dim, d),  # kv down: replicated
+                  (t, H * (nope + a.v_head_dim) / tp, a.kv_lora_rank)]
         if a.q_lora_rank:
-            ph = ph + _linear(hw, dtype, eb, t, a.q_lora_rank, d) + _linear(hw, dtype, eb, t, H * qk / tp, a.q_lora_rank)
+            shapes += [(t, a.q_lora_rank, d), (t, H * qk / tp, a.q_lora_rank)]
         else:
-            ph = ph + _linear(hw, dtype, eb, t, H * qk / tp, d)
+            shapes += [(t, H * qk / tp, d)]
         dqk, dv = qk, a.v_head_dim
     else:
-        ph = _linear(hw, dtype, eb, t, m.qkv_dim / tp, d)
+        shapes = [(t, m.qkv_dim / tp, d)]
         dqk = dv = m.hd
-    ph = ph + _linear(hw, dtype, eb, t, d, m.attn_out_dim / tp)
+    ph = _sum(_linears(hw, dtype, eb, *shapes, (t, d, m.attn_out_dim / tp)))
 
     heads = H / tp
     s = lay.seq.astype(float)
@@ -104,14 +121,17 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     core_flops = 2.0 * t * m.attended_keys(s) * heads * (dqk + dv)
     # attention stays in bf16 under fp8 training (Transformer Engine's default recipe)
     flash_f = flash_attention_time(hw, core_flops, "bf16" if dtype == "fp8" else dtype)  # causal: masked blocks skipped
-    batch = lay.mbs * heads
-    eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=dtype, elt_bytes=eb)
-                  + gemm_time(hw, s, dv, s, groups=batch, dtype=dtype, elt_bytes=eb))
-    # fused scale-mask-softmax reads scores, writes probs; dropout on probs adds a pass + mask
-    soft_bytes = t * s * heads * eb * (2.0 + np.where(lay.dropout, 2.5, 0.0))
-    eager_f = eager_gemm + stream_time(hw, soft_bytes, 1 + lay.dropout)
-    core_f = np.where(lay.eager, eager_f, flash_f)
-    core_b = np.where(lay.eager, 2.0 * eager_f, 2.5 * flash_f)
+    if lay.eager.any():
+        batch = lay.mbs * heads
+        eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=dtype, elt_bytes=eb)
+                      + gemm_time(hw, s, dv, s, groups=batch, dtype=dtype, elt_bytes=eb))
+        # fused scale-mask-softmax reads scores, writes probs; dropout on probs adds a pass + mask
+        soft_bytes = t * s * heads * eb * (2.0 + np.where(lay.dropout, 2.5, 0.0))
+        eager_f = eager_gemm + stream_time(hw, soft_bytes, 1 + lay.dropout)
+        core_f = np.where(lay.eager, eager_f, flash_f)
+        core_b = np.where(lay.eager, 2.0 * eager_f, 2.5 * flash_f)
+    else:  # all fused: skip pricing the eager kernels
+        core_f, core_b = flash_f, 2.5 * flash_f
     z = np.zeros_like(core_f)
     core = Phase(core_f, core_b, z, z)
 
@@ -134,7 +154,7 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     eb = lay.act_bytes
     d, f = m.hidden_size, m.ffn_size
     up = 2 if m.ffn_gated else 1
-    ph = _linear(hw, dtype, eb, t, up * f / tp, d) + _linear(hw, dtype, eb, t, d, f / tp)
+    ph = _sum(_linears(hw, dtype, eb, (t, up * f / tp, d), (t, d, f / tp)))
     sp_div = np.where(lay.sp, tp, 1.0)
     act = (3.0 if m.ffn_gated else 2.0) * f / tp
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + act
@@ -154,11 +174,11 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     local = E / lay.ep
     m_e = t * k * lay.ep / E * imb  # tokens per local expert on the busiest rank
     up = 2 if mo.gated else 1
-    ph = _linear(hw, dtype, eb, t, E, d)  # router
-    ph = ph + _linear(hw, dtype, eb, m_e, up * f, d, groups=local) + _linear(hw, dtype, eb, m_e, d, f, groups=local)
+    shapes = [(t, E, d), (m_e, up * f, d, local), (m_e, d, f, local)]  # router, experts up and down
     if mo.shared_experts:
         fs = mo.shared_experts * mo.shared_ffn
-        ph = ph + _linear(hw, dtype, eb, t, up * fs, d) + _linear(hw, dtype, eb, t, d, fs)
+        shapes += [(t, up * fs, d), (t, d, fs)]
+    ph = _sum(_linears(hw, dtype, eb, *shapes))
     rows = t * k * imb
     act = (3.0 if mo.gated else 2.0) * f * rows
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
@@ -174,7 +194,7 @@ def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) 
     t = (lay.mbs * lay.seq).astype(float)
     tp = lay.tp.astype(float)
     V, d = m.vocab_size, m.hidden_size
-    ph = _linear(hw, dtype, lay.act_bytes, t, V / tp, d)
+    ph, = _linears(hw, dtype, lay.act_bytes, (t, V / tp, d))
     # cross-entropy over fp32 logits: read, exp/normalise, write grad (3 passes of 4 B)
     ce = _elementwise(hw, t * V / tp * 4.0 * 3.0 + t * 2.0 * d * lay.act_bytes, 3)
     return ph + ce

@@ -6,7 +6,7 @@ layout); `Estimate.row(i)` is what `piper-plan estimate --json` prints. The sear
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from . import comm
 from .batch import LayoutBatch, distinct_rows
 from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
 from .imbalance import expert_popularity, imbalance
-from .memory import GIB, in_flight, layer_params_per_rank, state_bytes, state_coeffs
+from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
 from .schedule import pipeline_time
 from .stages import chunk_sizes
 
@@ -102,36 +102,29 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
         dtype = "bf16"
     mfu_dtype = dtype
     dtype = compute_dtype or dtype
+    n = len(lay)
     eb = lay.act_bytes.astype(float)
     tp = lay.tp.astype(float)
     t = (lay.mbs * lay.seq).astype(float)
     d = m.hidden_size
     L = m.num_layers
-    zero = np.zeros(len(lay))
+    zero = np.zeros(n)
+    M = lay.m
 
-    # ---- per-layer costs: they depend on few columns, so price each distinct one once ----
-    # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
-    ep_stride = np.where(lay.placement == 0, 1, lay.edp)
-    _, first_idx, inv = distinct_rows(lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused,
-                                      lay.dropout, lay.recompute, lay.act_bytes, lay.a2a, lay.placement)
-    lc = {k: v.take(inv) for k, v in _layer_costs(m, hw, lay.take(first_idx), routing, dtype).items()}
-    dense, dense_comm, moe, moe_comm = lc["dense"], lc["dense_comm"], lc["moe"], lc["moe_comm"]
-    imb, emb, head = lc["imb"], lc["emb"], lc["head"]
-    # p2p: each chunk boundary sends the activation forward and its gradient back (depends on dp)
-    p2p_bytes = t * d * eb / np.where(lay.sp, tp, 1.0)
-    co = hw.efficiency.collective_overhead_us * 1e-6
-    p2p_one = np.where(lay.pp == 1, 0.0, comm.p2p(hw, p2p_bytes, lay.dp * lay.tp) + co)
-    a2a_fwd, a2a_bwd = lc["a2a_fwd"], lc["a2a_bwd"]
-    a_dense, a_moe = lc["a_dense"], lc["a_moe"]
+    grp = _group_terms(hw, lay, d)
+    edp = grp["edp"]
+    lc, layer_row = _per_layer(m, hw, lay, grp["ep_stride"], routing, dtype)
+    p2p_one = np.where(lay.pp == 1, 0.0, grp["p2p"])
     n_moe, n_dense = m.num_moe_layers, m.num_dense_layers
     D = m.dense_layers
     moe_frac = n_moe / max(L - D, 1)
 
     # ---- chunks and representative ranks ----------------------------------------------
-    tot = lambda ph: ph.total  # noqa: E731
-    avg_layer = (n_dense * tot(dense + dense_comm) + n_moe * tot(moe + moe_comm)) / L
     chunks = lay.pp * lay.vpp
-    cs = chunk_sizes(L, chunks, tot(emb) / avg_layer, tot(head) / avg_layer)
+    # the partition reads only the chunk count and per-layer costs: compute it once per distinct pair
+    _, first, inv = distinct_rows(layer_row, chunks)
+    row = layer_row[first]
+    cs = chunk_sizes(L, chunks[first], lc["x_first"][row], lc["x_last"][row]).take(inv)
     v_shape = lay.sched >= 3
     vm1 = (lay.vpp - 1).astype(float)
     pp1 = lay.pp == 1
@@ -149,39 +142,42 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
              "mid": split(mid_layers, zero), "last": split(last_layers, np.where(pp1, first_dense, 0.0))}
     roles["last"] = (np.where(v_shape & ~pp1, roles["mid"][0], roles["last"][0]),
                      np.where(v_shape & ~pp1, roles["mid"][1], roles["last"][1]))
-    has_emb = {"first": np.ones(len(lay), bool), "mid": np.zeros(len(lay), bool), "last": pp1}
-    has_head = {"first": pp1 | v_shape, "mid": np.zeros(len(lay), bool), "last": ~v_shape | pp1}
+    n_dense_of = {r: nd for r, (nd, _) in roles.items()}
+    n_moe_of = {r: nm for r, (_, nm) in roles.items()}
+    has_emb = {"first": np.ones(n, bool), "mid": np.zeros(n, bool), "last": pp1}
+    has_head = {"first": pp1 | v_shape, "mid": np.zeros(n, bool), "last": ~v_shape | pp1}
 
     rank_chunks = lay.vpp.astype(float)
 
-    # per-role totals from per-layer totals (cheap); full phases only for the busiest role
-    Td, Tm, Te, Th = tot(dense), tot(moe), tot(emb), tot(head)
-    Tdc, Tmc = tot(dense_comm), tot(moe_comm)
+    # per-role totals from per-layer totals (cheap); phases only for the busiest role
+    Td, Tm, Te, Th, Tdc, Tmc = (lc[k] for k in ("Td", "Tm", "Te", "Th", "Tdc", "Tmc"))
     p2p_mb = p2p_one * rank_chunks  # each way, per micro-batch
-    full_rc = (lay.recompute == 2).astype(float)
+    dualpipe = lay.sched == 4
     comp_t, comm_t, a2a_per_mb, totals = {}, {}, {}, {}
     for r, (nd, nm) in roles.items():
         comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
-        a2a_per_mb[r] = (a2a_fwd * (1 + full_rc) + a2a_bwd) * nm
+        a2a_per_mb[r] = lc["a2a_layer"] * nm
         # dualpipev overlaps the all-to-all with the other micro-batch's compute
         hidden_r = np.minimum(a2a_per_mb[r], comp_t[r])
-        totals[r] = comp_t[r] + comm_t[r] - np.where(lay.sched == 4, hidden_r, 0.0)
+        totals[r] = comp_t[r] + comm_t[r] - np.where(dualpipe, hidden_r, 0.0)
     peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
     mids = np.maximum(lay.pp - 2, 0).astype(float)
     mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
     total_sum = np.where(pp1, totals["first"], totals["first"] + totals["last"] + mids * mid_avg_time)
-    busiest = np.select([totals["first"] >= peak_role_time, totals["last"] >= peak_role_time], [0, 1], 2)
-    pick = lambda get: np.where(busiest == 0, get("first"), np.where(busiest == 1, get("last"), get("mid")))  # noqa: E731
-    nd_p, nm_p = pick(lambda r: roles[r][0]), pick(lambda r: roles[r][1])
-    comp = (dense.scale(nd_p) + moe.scale(nm_p) + emb.scale(pick(lambda r: has_emb[r]))
-            + head.scale(pick(lambda r: has_head[r])))
-    cm = dense_comm.scale(nd_p) + moe_comm.scale(nm_p)
-    F = comp.f + cm.f + p2p_mb
-    B = comp.b + comp.r + cm.b + cm.r + p2p_mb
-    W = comp.w
-    hidden = np.minimum(pick(lambda r: a2a_per_mb[r]), comp.total)
-    M = lay.m
+    is_first = totals["first"] >= peak_role_time  # the busiest role: first, else last, else mid
+    is_last = ~is_first & (totals["last"] >= peak_role_time)
+    pick = lambda per_role: np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))  # noqa: E731
+    nd_p, nm_p, emb_p, head_p = pick(n_dense_of), pick(n_moe_of), pick(has_emb), pick(has_head)
+    # the busiest rank's forward / backward-input / backward-weight / recompute seconds
+    comp = {c: nd_p * lc[f"dense_{c}"] + nm_p * lc[f"moe_{c}"] + emb_p * lc[f"emb_{c}"] + head_p * lc[f"head_{c}"]
+            for c in "fbwr"}
+    cm = {c: nd_p * lc[f"dense_comm_{c}"] + nm_p * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
+    comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
+    F = comp["f"] + cm["f"] + p2p_mb
+    B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
+    W = comp["w"]
+    hidden = np.minimum(pick(a2a_per_mb), comp_total)
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, F, B, W, peak_role_time, total_sum, hidden)
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
@@ -190,35 +186,13 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
              + has_emb[r] * m.embedding_params / tp
              + has_head[r] * m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r])) for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
-    gb = np.where(eb == 4, 4.0, lay.grad_bytes)
-    edp_stride = np.where(lay.placement == 0, lay.ep, 1)
-    rep_pr, exp_pr = pick(lambda r: P_rep[r]), pick(lambda r: P_exp[r])
-    zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
-    dp_span, edp_span = comm.group_span(hw, lay.dp, lay.tp), comm.group_span(hw, lay.edp, edp_stride)
-    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dp, lay.tp, zfrac, dp_span)
-            + comm.ring_allreduce(hw, exp_pr * gb, lay.edp, edp_stride, zfrac, edp_span))
-    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dp, lay.tp, 0.5, dp_span)
-                    + comm.ring_allreduce(hw, exp_pr * eb, lay.edp, edp_stride, 0.5, edp_span), 0.0)
-    z3 = np.where(lay.zero >= 3, M * 3.0 * t_ag, 0.0)  # re-gather for fwd and bwd, reduce-scatter per micro-batch
-    window_b = np.where(lay.overlap, B + W, 0.0)
-    window_f = np.where(lay.overlap, F, 0.0)
-    t_dp = np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
-    if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
-        # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
-        # piper-train do), and the global gradient norm's all-reduce
-        dpn, edpn = lay.dp.astype(float), lay.edp.astype(float)
-        gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
-        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
-    # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
-    dpg = np.maximum(lay.dp, 1).astype(float)
-    local = rep_pr / np.where(lay.zero >= 1, dpg, 1.0) + exp_pr / np.where(lay.zero >= 1, np.maximum(lay.edp, 1), 1.0)
-    t_opt = local * (2 * 12.0 + gb + eb) / (hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory)
+    t_dp, t_opt = _dp_time(hw, lay, grp, pick(P_rep), pick(P_exp), eb, F, B, W, M)
 
     rpc = hw.accelerator.ranks_per_core
     if rpc > 1:  # ranks share cores: one rank's idle time runs the others (Accelerator.ranks_per_core)
         t_pipe = np.maximum(t_pipe / rpc, M * total_sum / lay.pp)
     # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
-    t_mig = np.zeros(len(lay))
+    t_mig = np.zeros(n)
     mig = routing.migration
     if mig is not None and m.moe is not None:
         from .migration import migration_step_time
@@ -228,56 +202,173 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     step = t_pipe + t_dp + t_opt + t_mig
 
     # ---- memory per representative rank ------------------------------------------------
-    stage_of = {"first": np.zeros(len(lay), int), "mid": np.where(has_mid, 1, -1),
-                "last": np.where(pp1, 0, lay.pp - 1)}
-    mem = {}
-    peak = np.zeros(len(lay))
-    c_rep, c_exp = state_coeffs(lay.dp, lay), state_coeffs(lay.edp, lay)
-    for r, (nd, nm) in roles.items():
-        rep = state_bytes(P_rep[r], lay.dp, lay, c_rep)
-        ex = state_bytes(P_exp[r], lay.edp, lay, c_exp)
-        comps = {k: (rep[k] + ex[k]) / GIB for k in rep}
-        infl = in_flight(lay, np.maximum(stage_of[r], 0))
-        comps["activations"] = infl * (nd * a_dense + nm * a_moe) / GIB
-        logits = t * m.vocab_size / tp * (4.0 + eb)
-        comps["logits"] = has_head[r] * logits / GIB
-        a2a_buf = np.where(nm > 0, 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * imb, 0.0)
-        comps["a2a_buffers"] = a2a_buf / GIB
-        comps["overhead"] = np.full(len(lay), hw.memory_overhead_gib)
-        comps["total"] = sum(comps.values())
-        mem[r] = comps
-        valid = stage_of[r] >= 0
-        peak = np.maximum(peak, np.where(valid, comps["total"], 0.0))
+    mem, peak, stage_of = _memory(m, hw, lay, roles, has_head, has_mid, P_rep, P_exp, edp, lc, M)
     fits = peak + headroom_gib <= hw.accelerator.memory_gib
 
     # ---- throughput --------------------------------------------------------------------
     tokens = (lay.gbs * lay.seq).astype(float)
-    seqs = np.unique(lay.seq)
-    fpt = np.zeros(len(lay))
-    for s in seqs:
-        fpt = np.where(lay.seq == s, m.flops_per_token(int(s)), fpt)
-    model_flops = fpt * tokens
-    core_fwd = np.zeros(len(lay))
-    for s in seqs:
-        core_fwd = np.where(lay.seq == s, m.num_layers * m.attn_core_flops(int(s)), core_fwd)
-    rc_flops = np.select([lay.recompute == 2, lay.recompute == 1], [model_flops / 3.0, core_fwd * tokens], 0.0)
+    model_flops, rc_flops = _model_flops(m, lay, tokens)
     gpus = lay.gpus.astype(float)
     tflops = model_flops / step / gpus / 1e12
     hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
     mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
 
-    a2a_step = M * pick(lambda r: a2a_per_mb[r])
+    a2a_step = M * pick(a2a_per_mb)
     p2p_step = M * p2p_one * rank_chunks * 2
-    tp_step = M * pick(lambda r: comm_t[r]) - a2a_step - p2p_step
-    compute_step = M * comp.total
+    tp_step = M * pick(comm_t) - a2a_step - p2p_step
+    compute_step = M * comp_total
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
             "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt, "migration": t_mig,
             "total": step}
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
                     mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
-                    chunks=cs, imbalance=imb,
-                    layer_time_s={"dense": tot(dense + dense_comm), "moe": tot(moe + moe_comm)})
+                    chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]})
+
+
+def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, P_rep: dict,
+            P_exp: dict, edp, lc: dict, M):
+    """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
+    dense and MoE layer counts, P_rep / P_exp their replicated and expert parameters),
+    the worst rank's total, and each role's stage (-1: no such rank)."""
+    n = len(lay)
+    t = (lay.mbs * lay.seq).astype(float)
+    tp = lay.tp.astype(float)
+    eb = lay.act_bytes.astype(float)
+    d = m.hidden_size
+    stage_of = {"first": np.zeros(n, int), "mid": np.where(has_mid, 1, -1),
+                "last": np.where(lay.pp == 1, 0, lay.pp - 1)}
+    # micro-batches in flight depend on (pp, vpp, schedule, M) alone: once per distinct one
+    _, first, inv = distinct_rows(lay.pp, lay.vpp, lay.sched, M)
+    stages = np.maximum(np.stack([stage_of[r][first] for r in roles]), 0)
+    infl = dict(zip(roles, in_flight(lay.take(first), stages, M[first]).take(inv, axis=1)))
+    # per layer and micro-batch on a rank: the LM head's fp32 logits and their gradient,
+    # and the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
+    logits = t * m.vocab_size / tp * (4.0 + eb)
+    a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
+    # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
+    c_rep = {k: v / GIB for k, v in state_coeffs(lay.dp, lay).items()}
+    c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
+    mem = {}
+    peak = np.zeros(n)
+    for r, (nd, nm) in roles.items():
+        comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
+        comps["activations"] = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
+        comps["logits"] = has_head[r] * logits / GIB
+        comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
+        comps["overhead"] = np.full(n, hw.memory_overhead_gib)
+        comps["total"] = sum(comps.values())
+        mem[r] = comps
+        peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
+    return mem, peak, stage_of
+
+
+def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, F, B, W, M):
+    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step for
+    the busiest rank's replicated (rep_pr) and expert (exp_pr) parameters."""
+    edp, edp_stride = grp["edp"], grp["edp_stride"]
+    gb = np.where(eb == 4, 4.0, lay.grad_bytes)
+    zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
+    dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
+    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dp, lay.tp, zfrac, dp_span)
+            + comm.ring_allreduce(hw, exp_pr * gb, edp, edp_stride, zfrac, edp_span))
+    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dp, lay.tp, 0.5, dp_span)
+                    + comm.ring_allreduce(hw, exp_pr * eb, edp, edp_stride, 0.5, edp_span), 0.0)
+    z3 = np.where(lay.zero >= 3, M * 3.0 * t_ag, 0.0)  # re-gather for fwd and bwd, reduce-scatter per micro-batch
+    window_b = np.where(lay.overlap, B + W, 0.0)
+    window_f = np.where(lay.overlap, F, 0.0)
+    t_dp = np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
+    co = hw.efficiency.collective_overhead_us * 1e-6
+    if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
+        # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
+        # piper-train do), and the global gradient norm's all-reduce
+        dpn, edpn = lay.dp.astype(float), edp.astype(float)
+        gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
+        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
+    # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
+    dpg = np.maximum(lay.dp, 1).astype(float)
+    local = rep_pr / np.where(lay.zero >= 1, dpg, 1.0) + exp_pr / np.where(lay.zero >= 1, np.maximum(edp, 1), 1.0)
+    t_opt = local * (2 * 12.0 + gb + eb) / (hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory)
+    return t_dp, t_opt
+
+
+def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
+    """(model FLOPs per step, FLOPs recompute adds) per layout."""
+    seq = lay.seq
+    if seq.min() == seq.max():  # one sequence length (as in a search): per-token figures are scalars
+        fpt, core_fwd = m.flops_per_token(int(seq[0])), m.num_layers * m.attn_core_flops(int(seq[0]))
+    else:
+        fpt, core_fwd = np.zeros(len(lay)), np.zeros(len(lay))
+        for s in np.unique(seq):
+            fpt = np.where(seq == s, m.flops_per_token(int(s)), fpt)
+            core_fwd = np.where(seq == s, m.num_layers * m.attn_core_flops(int(s)), core_fwd)
+    model_flops = fpt * tokens
+    rc = lay.recompute
+    rc_flops = np.where(rc == 2, model_flops / 3.0, np.where(rc == 1, core_fwd * tokens, 0.0))
+    return model_flops, rc_flops
+
+
+def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
+    """What a layout's process groups (tp, dp, ep, placement) and its stage-boundary message
+    (mbs, seq, dtype, sp) fix, per layout: expert-DP size and strides, the DP groups' spans,
+    one P2P message's seconds. A search has a few hundred distinct combinations, so each is
+    priced once (comm's level counts are costly on every candidate)."""
+    _, first, inv = distinct_rows(lay.tp, lay.dp, lay.ep, lay.placement, lay.mbs, lay.seq, lay.act_bytes, lay.sp)
+    g = lay.take(first)
+    edp = g.edp
+    packed = g.placement == 0
+    tp = g.tp.astype(float)
+    # p2p: each chunk boundary sends the activation forward and its gradient back
+    p2p_bytes = (g.mbs * g.seq).astype(float) * d * g.act_bytes.astype(float) / np.where(g.sp, tp, 1.0)
+    co = hw.efficiency.collective_overhead_us * 1e-6
+    edp_stride = np.where(packed, g.ep, 1)
+    dp_bw, dp_lat = comm.group_span(hw, g.dp, g.tp)
+    edp_bw, edp_lat = comm.group_span(hw, edp, edp_stride)
+    out = dict(edp=edp, ep_stride=np.where(packed, 1, edp), edp_stride=edp_stride,
+               p2p=comm.p2p(hw, p2p_bytes, g.dp * g.tp) + co,
+               dp_bw=dp_bw, dp_lat=dp_lat, edp_bw=edp_bw, edp_lat=edp_lat)
+    return {k: np.asarray(v).take(inv) for k, v in out.items()}
+
+
+def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, routing: Routing, dtype: str):
+    """(per-layer terms of every layout (_layer_terms; x_first and x_last stay per distinct
+    row), each layout's distinct row). Per-layer costs depend on few columns, so each
+    distinct combination (~1-3 thousand in a search) is priced once; recompute only changes
+    what the backward re-runs and what is saved, so the costs are priced once per combination
+    without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
+    # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
+    key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.dropout, lay.act_bytes,
+           lay.a2a, lay.placement)
+    _, first1, inv1 = distinct_rows(*key, lay.recompute)
+    _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
+    sub = lay.take(first1)
+    base = _layer_base(m, hw, sub.take(first0), routing, dtype)
+    terms = _layer_terms(m, _with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute), sub.recompute)
+    # the stage partition's inputs stay per distinct row (see evaluate)
+    return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
+
+
+def _layer_terms(m: ModelSpec, lc: dict, recompute) -> dict:
+    """What the step model reads from per-layer costs (_layer_costs), as 1-D arrays: phase
+    components `<dense|moe|emb|head>_<f|b|w|r>` and `<dense|moe>_comm_<f|b|r>`, their totals
+    (Td, Tm, Te, Th, Tdc, Tmc), whole-layer seconds, the embedding and head in
+    layer-equivalents (x_first, x_last: the stage partition's input), one MoE layer's
+    all-to-all seconds per micro-batch (a2a_layer), imb and activation bytes."""
+    dense, dense_comm, moe, moe_comm, emb, head = (lc[k] for k in ("dense", "dense_comm", "moe", "moe_comm", "emb",
+                                                                   "head"))
+    dense_layer, moe_layer = (dense + dense_comm).total, (moe + moe_comm).total
+    avg_layer = (m.num_dense_layers * dense_layer + m.num_moe_layers * moe_layer) / m.num_layers
+    full_rc = (recompute == 2).astype(float)
+    Te, Th = emb.total, head.total
+    out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=Th / avg_layer,
+               Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
+               a2a_layer=lc["a2a_fwd"] * (1 + full_rc) + lc["a2a_bwd"],  # full recompute repeats the forward's
+               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"])
+    for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head)):
+        out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr")})
+    for name, ph in (("dense_comm", dense_comm), ("moe_comm", moe_comm)):
+        out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr") if c != "w"})
+    return out
 
 
 def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, full_rc) -> Phase:
@@ -290,20 +381,45 @@ def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, full_rc) -> Phase:
 
 
 def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
-    """Per-micro-batch phases of one dense and one MoE layer, the embedding and LM head,
-    the stage-boundary P2P, and per-layer activation bytes, for each layout of `lay`.
+    """Per-micro-batch phases of one dense and one MoE layer (compute and communication),
+    the embedding and LM head, a MoE layer's all-to-all seconds, the routed-load imbalance
+    and per-layer activation bytes, for each layout of `lay` (its recompute included).
     Values are Phases or arrays (both support .take)."""
+    return _with_recompute(_layer_base(m, hw, lay, routing, dtype), lay.recompute)
+
+
+def _with_recompute(base: dict, recompute) -> dict:
+    """_layer_base's costs under each layout's recompute: full re-runs every forward (r = f;
+    only the layer input is saved), selective the core attention (r as _layer_base priced
+    it; the attention scores are not saved), none nothing."""
+    full, sel = recompute == 2, recompute == 1
+    out = dict(base)
+    for k in ("dense", "moe"):
+        ph = base[k]
+        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, np.where(sel, ph.r, 0.0)))
+        out[f"a_{k}"] = np.where(full, base["a_in"], np.where(sel, base[f"a_{k}_sel"], base[f"a_{k}_none"]))
+    for k in ("dense_comm", "moe_comm"):  # full recompute repeats the forward's collectives
+        ph = base[k]
+        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, 0.0))
+    return out
+
+
+def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
+    """_layer_costs without recompute, whatever `lay` says, except that the dense and MoE
+    phases' r is selective recompute's (the core attention forward) and activations come
+    both ways (a_<dense|moe>_<sel|none>, plus the layer input a_in): _with_recompute
+    derives each layout's recompute from these."""
+    sel = replace(lay, recompute=np.ones(len(lay), int))  # attention_phase prices r = core.f
     eb = lay.act_bytes.astype(float)
     tp = lay.tp.astype(float)
     t = (lay.mbs * lay.seq).astype(float)
     d = m.hidden_size
     zero = np.zeros(len(lay))
-    attn = attention_phase(m, hw, lay, dtype)
+    attn = attention_phase(m, hw, sel, dtype)
     tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
-    full_rc = (lay.recompute == 2).astype(float)
-    dense = attn + (ffn_phase(m, hw, lay, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
-    dense = dense + _layer_overhead(hw, "dense", dtype, full_rc)
-    dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, 2 * tp_ar * full_rc)
+    dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
+    dense = dense + _layer_overhead(hw, "dense", dtype, zero)
+    dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, zero)
     co = hw.efficiency.collective_overhead_us * 1e-6  # fixed cost per collective call (0 unless measured)
     imb = np.ones(len(lay))
     a2a_fwd = a2a_bwd = zero  # all-to-all seconds of one MoE layer per micro-batch, forward / backward
@@ -311,7 +427,7 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
         p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         mig = routing.migration
         imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, mig.planner if mig else None, mig.max_moves if mig else None)
-        moe = attn + moe_phase(m, hw, lay, dtype, imb) + _layer_overhead(hw, "moe", dtype, full_rc)
+        moe = attn + moe_phase(m, hw, sel, dtype, imb) + _layer_overhead(hw, "moe", dtype, zero)
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
@@ -321,15 +437,15 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
         # (a few bytes: only the call's fixed cost counts)
         a2a_fwd = 2 * a2a_ex + call
         a2a_bwd = 2 * a2a_ex
-        moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, (tp_ar + a2a_fwd) * full_rc)
+        moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
     else:
         moe = Phase(zero, zero, zero, zero)
         moe_comm = Phase(zero, zero, zero, zero)
-    a_attn = sum(act.attention_terms(m, lay).values())
-    a_dense = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
-    a_moe = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
-    a_in = act.layer_input_bytes(m, lay)
-    return dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
-                a2a_bwd=a2a_bwd,
-                emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
-                a_dense=np.where(lay.recompute == 2, a_in, a_dense), a_moe=np.where(lay.recompute == 2, a_in, a_moe))
+    out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
+               a2a_bwd=a2a_bwd, emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
+               a_in=act.layer_input_bytes(m, lay))
+    for rc, variant in (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int)))):
+        a_attn = sum(act.attention_terms(m, variant).values())
+        out[f"a_dense_{rc}"] = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
+        out[f"a_moe_{rc}"] = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
+    return out

@@ -71,6 +71,6 @@ def imbalance(p: np.ndarray, ep, rows_per_rank, planner: str | None = None, max_
     ep = np.asarray(ep)
     key = tuple(np.round(p, 12))
     place = np.ones(ep.shape)
-    for e in np.unique(ep):
+    for e in sorted(set(ep.ravel().tolist())):  # np.unique would load numpy.ma on first use (~7 ms)
         place = np.where(ep == e, _placement_cached(key, int(e), planner, max_moves), place)
     return np.where(ep > 1, place * sampling_factor(ep, rows_per_rank), 1.0)

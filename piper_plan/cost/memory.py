@@ -49,20 +49,23 @@ def layer_params_per_rank(m: ModelSpec, lay: LayoutBatch):
     return dense, moe_rep, experts.astype(float)
 
 
-def in_flight(lay: LayoutBatch, stage) -> np.ndarray:
+def in_flight(lay: LayoutBatch, stage, M=None) -> np.ndarray:
     """Micro-batches whose activations a pipeline rank holds at its peak, in units of one
-    micro-batch through all of the rank's layers.
+    micro-batch through all of the rank's layers. `stage` broadcasts against the layouts
+    (e.g. [roles, layouts]); M: micro-batches per step (lay.m, if the caller has it).
 
     gpipe: all M. 1f1b: pp - i (Narayanan 2021). interleaved (v chunks): Megatron's warm-up
     ((pp-i-1)·2 + (v-1)·pp + 1) chunk-micro-batches, / v — rank 0 gives pp + (pp-1)/v
     (Korthikanti 2022 §4.2.3). zbv: pp on every rank (ZB-V, arXiv 2401.10241 §4).
-    dualpipev: 2·pp + 1 chunk-micro-batches = pp + 1/2 (DeepSeek DualPipe README)."""
-    pp, v, M = lay.pp.astype(float), lay.vpp.astype(float), lay.m.astype(float)
+    dualpipev: 2·pp + 1 chunk-micro-batches = pp + 1/2 (DeepSeek DualPipe README).
+    Never more than the M micro-batches of a step."""
+    pp, v = lay.pp.astype(float), lay.vpp.astype(float)
+    M = (lay.m if M is None else np.asarray(M)).astype(float)
     i = np.asarray(stage, dtype=float)
-    one = np.minimum(pp - i, M)
-    inter = np.minimum(((pp - i - 1) * 2 + (v - 1) * pp + 1) / v, M)
     s = lay.sched
-    out = np.select([s == 0, s == 1, s == 2, s == 3, s == 4], [M, one, inter, np.minimum(pp, M), np.minimum(pp + 0.5, M)])
+    warm = np.where(s == 1, pp - i, np.where(s == 2, ((pp - i - 1) * 2 + (v - 1) * pp + 1) / v,
+                                             np.where(s == 3, pp, pp + 0.5)))
+    out = np.where(s == 0, M, np.minimum(warm, M))
     return np.where(pp == 1, 1.0, out)
 
 

@@ -22,11 +22,11 @@ def pipeline_time(sched, pp, M, vpp, F, B, W, peak_sum, total_sum, comm_hidden=N
     pp = pp.astype(float)
     M = M.astype(float)
     v = vpp.astype(float)
-    fb = np.select([sched <= 1, sched == 2], [total_sum + (M - 1) * peak_sum, M * peak_sum + (pp - 1) * peak_sum / v],
-                   M * peak_sum)
-    zb = (pp - 1) * np.maximum(0.0, F + B - 2 * W) / 2
+    Mp = M * peak_sum
+    fb = np.where(sched <= 1, total_sum + (M - 1) * peak_sum, np.where(sched == 2, Mp + (pp - 1) * peak_sum / v, Mp))
     if comm_hidden is None:
         comm_hidden = np.zeros_like(F)
+    zb = (pp - 1) * np.maximum(0.0, F + B - 2 * W) / 2
     dp_b = (pp - 1) * np.maximum(0.0, (F + B - comm_hidden) + B - 3 * W) / 2
-    bubble_extra = np.select([sched == 3, sched == 4], [zb, dp_b], 0.0)
-    return np.where(pp == 1, M * peak_sum, fb + bubble_extra)
+    bubble_extra = np.where(sched == 3, zb, np.where(sched == 4, dp_b, 0.0))
+    return np.where(pp == 1, Mp, fb + bubble_extra)

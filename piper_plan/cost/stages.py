@@ -11,7 +11,7 @@ busiest middle rank (vpp middle chunks of the larger size).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -23,6 +23,9 @@ class ChunkSizes:
     mid_hi: np.ndarray  # layers in the larger middle chunks
     mid_avg: np.ndarray  # mean layers per middle chunk (float)
     n_hi: np.ndarray   # number of middle chunks with mid_hi layers
+
+    def take(self, idx) -> "ChunkSizes":
+        return ChunkSizes(*(np.asarray(getattr(self, f.name)).take(idx) for f in fields(self)))
 
 
 def chunk_sizes(L: int, chunks, x_first, x_last) -> ChunkSizes:
