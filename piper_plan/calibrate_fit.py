@@ -281,6 +281,8 @@ def fit_layer_overhead(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, fl
     from .specs.model import ModelSpec
 
     spec = ModelSpec(**LAYER_SPEC)
+    # price the blocks without any overhead already in `hw` (a calibrated base carries one)
+    hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"layer_overhead_us": {}})})
     out, detail = {}, {}
     for r in rows:
         lay = from_layouts([Layout(gpus=1, global_batch=1, seq=LAYER_SEQ, dtype=r["dtype"])])

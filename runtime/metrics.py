@@ -31,7 +31,7 @@ from .model import Chunk
 
 
 def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], step_s: float,
-               grad_norm: float) -> dict:
+               grad_norm: float, phases: Optional[dict] = None) -> dict:
     """What this rank contributes to one step's record (small, picklable)."""
     moe, a2a, aux = {}, 0.0, 0.0
     for c in chunks.values():
@@ -44,6 +44,7 @@ def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], ste
             aux += float(m.aux_total)
     return dict(rank=groups.rank, pp=groups.pp_rank, dp=groups.dp_rank, ep=groups.ep_rank, edp=groups.edp_rank,
                 losses=[float(x) for x in losses], step_s=step_s, grad_norm=grad_norm, a2a_s=a2a, aux=aux,
+                phases=phases or {},
                 peak_rss_gib=peak_rss_gib(),
                 chunks={c: (m.times.fwd_s, m.times.bwd_s) for c, m in chunks.items()}, moe=moe)
 
@@ -86,6 +87,8 @@ def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
                 model_tflops_per_gpu=tflops, mfu=(tflops / peak if peak else None),
                 grad_norm=per_rank[0]["grad_norm"], aux_loss=sum(r["aux"] for r in per_rank if r["dp"] == 0 and r["edp"] == 0),
                 a2a_time_s=max(r["a2a_s"] for r in per_rank),
+                phase_s=max(per_rank, key=lambda r: r["step_s"])["phases"],  # the slowest rank's
+                cpu_s_all_ranks=sum(v for r in per_rank for k, v in r["phases"].items() if k.endswith("_cpu")),
                 peak_rss_gib=max(r.get("peak_rss_gib", 0.0) for r in per_rank),
                 stage_fwd_s=stage_fwd, stage_bwd_s=stage_bwd,
                 tokens_per_expert=tpe, ep_rank_tokens=loads, ep_max_over_mean=balance)
@@ -186,6 +189,28 @@ class Reporter:
 
 def now() -> float:
     return time.perf_counter()
+
+
+class PhaseClock:
+    """Wall and this process's CPU seconds per named phase of a step. On CUDA the wall times
+    of phases are host-side (only the step total is synchronised by the caller). CPU seconds
+    matter where ranks share cores: a waiting rank costs none, so the step is bounded by
+    the ranks' summed CPU over the cores."""
+
+    def __init__(self):
+        self._t0 = self._t = time.perf_counter()
+        self._c = time.process_time()
+        self.phases: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        self.phases[name] = t - self._t
+        self.phases[f"{name}_cpu"] = c - self._c
+        self._t, self._c = t, c
+
+    @property
+    def total_s(self) -> float:
+        return self._t - self._t0
 
 
 def peak_rss_gib() -> float:

@@ -4,6 +4,7 @@ reduction (dp / edp / tied embedding), global-norm clipping, AdamW (ZeRO-1 or -2
 plan says), metrics, checkpoint."""
 from __future__ import annotations
 
+
 from typing import Optional
 
 import torch
@@ -89,15 +90,19 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         tokens, targets = rows[:, :-1].to(device), rows[:, 1:].to(device)
         metrics.reset(chunks)
         opt.zero_grad()
-        t0 = metrics.now()
+        clock = metrics.PhaseClock()
         losses = pipe.step(tokens, targets)
+        clock.mark("pipeline")
         opt.reduce_grads()
+        clock.mark("grad_reduce")
         norm = opt.clip(cfg.clip)
+        clock.mark("clip")
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        dt = metrics.now() - t0
-        stats = metrics.rank_stats(groups, chunks, losses, dt, norm)
+        clock.mark("optimizer")
+        phases = clock.phases
+        stats = metrics.rank_stats(groups, chunks, losses, clock.total_s, norm, phases)
         event = mig.after_step(step) if mig is not None else None  # step boundary: before stats reset
         rec = rep.step(step, stats)
         if rec is not None and event is not None:

@@ -203,3 +203,19 @@ def test_fit_recovers_per_dtype_gemm_overhead():
     assert r.gemm_overhead_us["bf16"] == pytest.approx(60.0, rel=0.05)
     assert r.gemm_overhead_us["fp32"] < 1.0
     assert r.overhead_us == pytest.approx(saved.overhead_us, rel=0.05)
+
+
+def test_layer_overhead_does_not_depend_on_the_bases_own_overhead():
+    """Re-calibrating from a calibrated base must not subtract the base's overhead again."""
+    from piper_plan.calibrate_fit import fit_layer_overhead
+
+    hw = load_hardware("cpu-local")
+    rows = [{"kind": "dense", "dtype": "fp32", "tokens": 16, "seconds": 0.004},
+            {"kind": "moe", "dtype": "fp32", "tokens": 16, "seconds": 0.008}]
+    bare = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"layer_overhead_us": {}})})
+    loaded = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(
+        update={"layer_overhead_us": {"dense_fp32": 3000.0, "moe_fp32": 6000.0}})})
+    a, _ = fit_layer_overhead(bare, rows)
+    b, detail = fit_layer_overhead(loaded, rows)
+    assert a == b
+    assert detail["moe_fp32"]["kernel_model_us"] < 0.5 * detail["moe_fp32"]["measured_us"]

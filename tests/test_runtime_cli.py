@@ -53,6 +53,11 @@ def test_train_ep2_bf16_from_token_file(tmp_path):
     assert [x["step"] for x in steps] == [0, 1, 2]
     assert all(np.isfinite(x["loss"]) and x["tokens_per_s"] > 0 for x in steps)
     assert steps[-1]["loss"] < steps[0]["loss"]  # a periodic token stream is learnable
+    # each record splits the slowest rank's step into phases (wall and CPU s) that add up to it
+    ph = steps[-1]["phase_s"]
+    walls = [ph[k] for k in ("pipeline", "grad_reduce", "clip", "optimizer")]
+    assert all(w >= 0 for w in walls) and sum(walls) == pytest.approx(steps[-1]["step_time_s"], rel=1e-6)
+    assert 0 < steps[-1]["cpu_s_all_ranks"]
     assert recs[-1]["summary"] and recs[-1]["measured_step_time_s"] > 0
     assert "step time: measured" in r.stdout
 
