@@ -72,7 +72,6 @@ def measure_rows(sizes_kib: list[int], reps: int, node_of: list[int], floor: lis
     halo, simple = HaloExchange(None, node_of), HaloExchange(None, node_of, overlap=False)
     rows = []
     for kib in sizes_kib:
-        floor += tiny_a2a_ms(7)  # a floor block before this size's rows (never from them)
         n = kib * 1024 // (4 * ROW)
         splits = [n] * w
         x = torch.randn(n * w, ROW)
@@ -92,6 +91,9 @@ def measure_rows(sizes_kib: list[int], reps: int, node_of: list[int], floor: lis
         for _ in range(reps if kib >= 256 else 5 * reps):
             for k, fn in runs.items():  # interleaved, so drift hits all alike
                 times[k].append(_timed(fn, dist, torch))
+            # a floor sample (4 B per peer, never a compared row) beside every repetition, so
+            # the floor sees the shared cores' load of the period it is compared in
+            floor += tiny_a2a_ms(1)
         med = {f"{k}_ms": statistics.median(v) for k, v in times.items()}
         rows.append({"bytes_per_peer": kib * 1024, **med, "speedup": med["flat_ms"] / med["halo_ms"],
                      "reps": len(times["flat"])})
@@ -160,19 +162,23 @@ def p2p_calibration(peers: dict[str, int], small: int = 2**20, big: int = 4 * 2*
     return res
 
 
-def _shift_ms(dst: int, src: int, nbytes: int, reps: int) -> float:
-    """Median ms (slowest rank, from a barrier) of every rank sending one nbytes message to dst
-    while receiving one from src, receive posted first (gloo P2P is a rendezvous). Collective."""
+def _streams_ms(peers: list[tuple[int, int]], nbytes: int, reps: int) -> float:
+    """Median ms (slowest rank, from a barrier) of every rank streaming one nbytes message to
+    each dst while receiving one from each src, for all (dst, src) in `peers` at once, receives
+    posted first (gloo P2P is a rendezvous). Collective."""
     import torch
     import torch.distributed as dist
 
-    out, inp = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4)
+    outs = [torch.zeros(nbytes // 4) for _ in peers]
+    ins = [torch.zeros(nbytes // 4) for _ in peers]
 
     def go():
-        for w in dist.batch_isend_irecv([dist.P2POp(dist.irecv, inp, src), dist.P2POp(dist.isend, out, dst)]):
+        ops = [dist.P2POp(dist.irecv, buf, src) for (_, src), buf in zip(peers, ins)]
+        ops += [dist.P2POp(dist.isend, buf, dst) for (dst, _), buf in zip(peers, outs)]
+        for w in dist.batch_isend_irecv(ops):
             w.wait()
 
-    go()  # warm the connection and the TCP window
+    go()  # warm the connections and the TCP windows
     return statistics.median(_timed(go, dist, torch) for _ in range(reps))
 
 
@@ -187,29 +193,48 @@ def tiny_a2a_ms(reps: int) -> list[float]:
     return [_timed(lambda: dist.all_to_all_single(got, one), dist, torch) for _ in range(reps)]
 
 
-def micro_calibration(cross_rail: bool, reps: int = 3, tiny_reps: int = 21, big: int = 4 * 2**20) -> dict:
+def micro_calibration(cross_rail: bool, reps: int = 3, tiny_reps: int = 21, big: int = 4 * 2**20,
+                      intra_sizes: tuple[int, int] = (2**20, 4 * 2**20), intra_reps: int = 5) -> dict:
     """The model's parameters, measured on this topology apart from the compared rows (and
-    before them). Collective.
+    before them), each with every rank active at once, as in an exchange. Collective.
 
     tiny_a2a: all_to_all_single calls of 4 bytes per peer (the per-call floor,
-      collective_overhead_us); measure_rows adds a block before each size, and the floor is
-      the median of all blocks, so drift of the shared cores' load over the run averages out.
-    shift_gbps: per-rank bandwidth reached when EVERY rank streams one `big` message at once to
-      the rank with its local index on the next node (a ring shift across nodes: every shaped
-      NIC / uplink carries TCP flows both ways, as in an exchange, but not the all-to-all
-      itself): bytes / median time. cross_gbps (rail only): the same with a shift to the other
-      local index on the node after next, so every flow crosses the spine."""
+      collective_overhead_us); measure_rows adds one beside every timed repetition, and the
+      floor is the median of all, so it sees the load (8 ranks and other users on 2 cores) of
+      the period it is compared in.
+    fan_gbps: per-rank injection bandwidth when EVERY rank streams one `big` message to its
+      same-index peer on EVERY other node at once: the NODES-1 concurrent flows per rank that
+      any all-to-all puts on a NIC / uplink. (One flow per NIC reached 0.95 of the tc rate on
+      the rails, three flows 0.76: TCP flows sharing one shaped queue lose efficiency, so the
+      fan-out is part of the link's figure.) cross_gbps (rail only): the same to the
+      other-index peer on every other node, so every flow crosses the spine.
+    intra_gbps: per-rank bandwidth of the intra-node link with every rank streaming to a node
+      neighbour at once (8 ranks share 2 cores, so a lone pair's rate is no guide), from the
+      slope between `intra_sizes`, so fixed costs cancel."""
     import torch.distributed as dist
 
     me, w = dist.get_rank(), dist.get_world_size()
-    res = {"tiny_a2a_ms": tiny_a2a_ms(tiny_reps), "tiny_a2a_bytes_per_peer": 4, "reps": reps, "shift_bytes": big}
-    shifts = {"shift": PER_NODE}
+    node, loc = divmod(me, PER_NODE)
+    res = {"tiny_a2a_ms": tiny_a2a_ms(tiny_reps), "tiny_a2a_bytes_per_peer": 4, "reps": reps, "fan_bytes": big,
+           "fan_flows": NODES - 1}
+
+    def rank(n: int, lo: int) -> int:
+        return (n % NODES) * PER_NODE + lo % PER_NODE
+
+    fans = {"fan": 0}
     if cross_rail:
-        shifts["cross"] = PER_NODE + 1
-    for name, k in shifts.items():
-        t = _shift_ms((me + k) % w, (me - k) % w, big, reps)
+        fans["cross"] = 1
+    for name, dl in fans.items():
+        peers = [(rank(node + k, loc + dl), rank(node - k, loc - dl)) for k in range(1, NODES)]
+        t = _streams_ms(peers, big, reps)
         res[f"{name}_ms"] = t
-        res[f"{name}_gbps"] = big / t * 1e3 / 1e9
+        res[f"{name}_gbps"] = len(peers) * big / t * 1e3 / 1e9
+    nb = rank(node, loc + 1)
+    nb_src = rank(node, loc - 1)
+    ti = {n: _streams_ms([(nb, nb_src)], n, intra_reps) for n in intra_sizes}
+    lo, hi = intra_sizes
+    res.update(intra_ms={str(n): t for n, t in ti.items()},
+               intra_gbps=(hi - lo) / max(ti[hi] - ti[lo], 1e-6) * 1e3 / 1e9)
     return res
 
 
@@ -300,15 +325,17 @@ def hardware_yaml(name: str, nic_mbit: float, calib: dict) -> dict:
     spine = TOPOLOGIES[name]
     inter, intra, micro = calib["inter"], calib["intra"], calib["micro"]
     per_gpu = nic / (PER_NODE if spine is None else 1)  # HardwareSpec.nic_gbps_per_gpu of this spec
-    comm_eff = min(1.0, micro["shift_gbps"] / per_gpu)
+    comm_eff = min(1.0, micro["fan_gbps"] / per_gpu)
+    fan = (f"every rank streams {micro['fan_bytes'] >> 20} MiB at once to each of its {micro['fan_flows']} "
+           f"{{}} peers on the other nodes ({micro['fan_flows']} concurrent flows per rank, as in an all-to-all); "
+           f"bytes / median time of {micro['reps']}")
     eff = base.efficiency.model_dump()
     eff.update(
         comm=round(comm_eff, 3), collective_overhead_us=round(micro["tiny_a2a_ms"] * 1e3, 1),
-        source=f"{base.efficiency.source}; {_MICRO_SRC}: comm = per-rank bandwidth of a concurrent ring shift "
-               f"across nodes (every rank streams {micro['shift_bytes'] >> 20} MiB at once to its same-index peer "
-               f"on the next node; bytes / median time of {micro['reps']}) / tc rate per rank; "
+        source=f"{base.efficiency.source}; {_MICRO_SRC}: comm = per-rank bandwidth of a fan-out across nodes "
+               f"({fan.format('same-index')}) / tc rate per rank; "
                f"collective_overhead_us = median all_to_all_single of {micro['tiny_a2a_bytes_per_peer']} B per "
-               f"peer over all ranks ({micro['tiny_reps']} calls in blocks before each message size)")
+               f"peer over all ranks ({micro['tiny_reps']} calls: a block first, then one beside every timed repetition)")
     net = {"nics_per_node": 1 if spine is None else PER_NODE, "nic_gbps": nic,
            "nic_affinity": [0] * PER_NODE if spine is None else list(range(PER_NODE)), "source": tc}
     if spine is not None:
@@ -318,7 +345,11 @@ def hardware_yaml(name: str, nic_mbit: float, calib: dict) -> dict:
         net.update(rail_optimized=True, cross_rail_taper=round(taper, 4),
                    source=f"{tc}: NIC {nic_mbit:g} Mbit/s, spine {spine:g} x NIC shared by {NODES} ranks per rail "
                           f"(nominal cross_rail_taper {spine / NODES:g}); cross_rail_taper {_MICRO_SRC}: per-rank "
-                          f"bandwidth of a ring shift in which every rank crosses the spine / (NIC rate x comm)")
+                          f"bandwidth of a fan-out in which every flow crosses the spine ({fan.format('other-index')}) "
+                          f"/ (NIC rate x comm)")
+    lo, hi = (int(k) for k in micro["intra_ms"])
+    intra_src = (f"unshaped intra-node veth; bandwidth {_MICRO_SRC}: every rank streams to a node neighbour at once, "
+                 f"slope between {lo >> 20} and {hi >> 20} MiB (medians); latency {meas}")
     return {
         "name": f"emu-{name}",
         "source": f"emulated by benchmarks/halo_netns.py: {NODES} nodes x {PER_NODE} ranks in network namespaces, "
@@ -329,8 +360,8 @@ def hardware_yaml(name: str, nic_mbit: float, calib: dict) -> dict:
         "max_gpus": NODES * PER_NODE,
         "network": net,
         "topology": [
-            {"name": "node", "size": PER_NODE, "bandwidth_gbps": round(intra["bandwidth_gbps"], 4),
-             "latency_us": round(intra["latency_us"], 1), "source": f"unshaped intra-node veth, {meas}"},
+            {"name": "node", "size": PER_NODE, "bandwidth_gbps": round(micro["intra_gbps"], 4),
+             "latency_us": round(intra["latency_us"], 1), "source": intra_src},
             {"name": "system", "size": NODES * PER_NODE, "via_nic": True, "taper": 1.0,
              "latency_us": round(inter["latency_us"], 1),
              "source": f"latency {meas}; {'uplink' if spine is None else 'rails + spine'} per network"},
@@ -399,10 +430,15 @@ def _err(pred, meas):
     return None if pred is None else (pred - meas) / meas
 
 
+TIE = 0.05  # measured flat and HALO closer than this are a near-tie: either choice is fine
+
+
 def compare(rows: list[dict]) -> None:
     """Adds err_flat, err_halo (relative, signed), auto (the algorithm with the smaller
-    predicted time, flat on ties as `--a2a auto` keeps it), faster (measured) to each row."""
+    predicted time, flat on ties as `--a2a auto` keeps it), faster (measured) and margin (how
+    much slower the measured slower one is, relative; < TIE is a near-tie) to each row."""
     for r in rows:
+        r["margin"] = max(r["flat_ms"], r["halo_ms"]) / min(r["flat_ms"], r["halo_ms"]) - 1
         r.update(err_flat=_err(r["pred_flat_ms"], r["flat_ms"]), err_halo=_err(r["pred_halo_ms"], r["halo_ms"]),
                  err_flat_sum=_err(r["pred_flat_sum_ms"], r["flat_ms"]),
                  err_halo_sum=_err(r["pred_halo_sum_ms"], r["halo_ms"]),
@@ -431,14 +467,15 @@ def print_table(rows: list[dict]) -> None:
         print(f.format(r["topology"], r["bytes_per_peer"] // 1024, f"{r['flat_ms']:.2f}", num(r["pred_flat_ms"]),
                        pct(r["err_flat"]), f"{r['halo_ms']:.2f}", num(r["pred_halo_ms"]), pct(r["err_halo"]),
                        r["faster"], r["auto"] or "-", "-" if r["auto"] is None else "yes" if r["auto"] == r["faster"]
-                       else "NO"))
+                       else f"tie ({100 * r['margin']:.0f}%)" if r["margin"] < TIE else "NO"))
     print("pred: piper_plan.cost.comm.a2a_call (a2a_flat / a2a_halo with the per-call floor: max(floor, wire) + "
           "floor x (a2a_rounds - 1)) on the emitted hardware/emu-<topology>.yaml, whose parameters come from "
           "micro_calibration, not from these rows; err = pred/meas - 1; auto = the smaller prediction; "
-          "faster = measured.")
+          f"faster = measured; tie: auto picked the slower one, but the two measured within {100 * TIE:.0f}%.")
     for name, c in {r["topology"]: r["calibration"]["micro"] for r in rows}.items():
-        extra = f", cross-rail shift {c['cross_gbps'] * 8e3:.0f} Mbit/s per rank" if "cross_gbps" in c else ""
-        print(f"  {name}: floor (tiny all_to_all) {c['tiny_a2a_ms']:.2f} ms, ring shift {c['shift_gbps'] * 8e3:.0f} Mbit/s "
+        extra = f", cross-rail fan-out {c['cross_gbps'] * 8e3:.0f} Mbit/s per rank" if "cross_gbps" in c else ""
+        print(f"  {name}: floor (tiny all_to_all) {c['tiny_a2a_ms']:.2f} ms, intra {c['intra_gbps']:.2f} GB/s per rank, "
+              f"fan-out {c['fan_gbps'] * 8e3:.0f} Mbit/s "
               f"per rank{extra}")
 
 
@@ -451,11 +488,13 @@ def summarize(rows: list[dict]) -> dict:
         if mine:
             out[name] = {k: max(abs(r[f"err_{k}"]) for r in mine) for k in ("flat", "halo", "flat_sum", "halo_sum")}
             out[name].update(auto_correct=sum(r["auto"] == r["faster"] for r in mine), cases=len(mine),
+                             auto_wrong_beyond_tie=sum(r["auto"] != r["faster"] and r["margin"] >= TIE for r in mine),
                              auto_sum_correct=sum((r["pred_halo_sum_ms"] < r["pred_flat_sum_ms"]) ==
                                                   (r["faster"] == "halo") for r in mine))
     for name, s in out.items():
         print(f"summary {name:<7} max |err| flat {100 * s['flat']:.0f}%  HALO {100 * s['halo']:.0f}%  "
-              f"auto correct {s['auto_correct']}/{s['cases']}   (additive form: flat {100 * s['flat_sum']:.0f}%  "
+              f"auto correct {s['auto_correct']}/{s['cases']} (wrong beyond a {100 * TIE:.0f}% tie: "
+              f"{s['auto_wrong_beyond_tie']})   (additive form: flat {100 * s['flat_sum']:.0f}%  "
               f"HALO {100 * s['halo_sum']:.0f}%  auto {s['auto_sum_correct']}/{s['cases']})")
     return out
 
@@ -465,7 +504,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="out/halo_netns.json", help="results JSON")
     ap.add_argument("--nic-mbit", type=float, default=300, help="shaped NIC (rail) / uplink rate, Mbit/s")
     ap.add_argument("--sizes", type=int, nargs="+", default=SIZES_KIB, help="KiB per peer")
-    ap.add_argument("--reps", type=int, default=3, help="timed repetitions for >= 256 KiB (5x below)")
+    ap.add_argument("--reps", type=int, default=5, help="timed repetitions for >= 256 KiB (5x below)")
     ap.add_argument("--topologies", nargs="+", default=list(TOPOLOGIES), choices=list(TOPOLOGIES))
     ap.add_argument("--hw-dir", default=str(REPO / "hardware"), help="where emu-*.yaml go ('' = none)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -1,0 +1,113 @@
+"""The planner's HALO cost model (piper_plan.cost.comm.a2a_halo), the emulated specs that
+benchmarks/halo_netns.py writes from its micro-calibration, and benchmarks/halo_model.py.
+No torch, no root."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from piper_plan.cost import comm
+from piper_plan.specs import load_hardware
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+
+def _rail(intra_gbps: float = 0.3, comm_eff: float = 0.8, lat_us: float = 50.0):
+    """A 4 nodes x 2 ranks rail spec, one NIC per rank (like hardware/emu-rail-1.yaml)."""
+    hw = load_hardware("emu-rail-1")
+    levels = [hw.topology[0].model_copy(update={"bandwidth_gbps": intra_gbps, "latency_us": lat_us}),
+              hw.topology[1].model_copy(update={"latency_us": lat_us})]
+    eff = hw.efficiency.model_copy(update={"comm": comm_eff, "collective_overhead_us": 0.0})
+    return hw.model_copy(update={"topology": levels, "efficiency": eff})
+
+
+def test_phase3_forwarding_is_exposed_after_phase2():
+    """Packs share the NIC and land together, so every pack's forwarding (not just the last
+    one's) follows Phase II: HALO = T_II + (N-1)·T_fwd when Phase II is the longer phase."""
+    nodes, q, per = 4, 2, 4 * 2**20
+    n = nodes * q
+    hw = _rail(lat_us=0.0)
+    slow = _rail(intra_gbps=0.15, lat_us=0.0)  # half the intra rate
+    fast = _rail(intra_gbps=1e6, lat_us=0.0)
+    t, t_slow, t_fast = (float(comm.a2a_halo(h, per * n, n, 1)) for h in (hw, slow, fast))
+    fwd = (nodes - 1) * (q - 1) * per / (0.3e9 * 0.8)  # Phase III bytes at the intra rate
+    assert t - t_fast == pytest.approx(fwd, rel=1e-3)
+    assert t_slow - t == pytest.approx(fwd, rel=1e-3)
+    # Phase II alone: (N-1) packs of q·per bytes over the rank's own NIC
+    t2 = (nodes - 1) * q * per / (hw.nic_gbps_per_gpu * 1e9 * 0.8)
+    assert t_fast == pytest.approx(t2, rel=1e-3)
+
+
+def test_phase3_pays_one_message_per_pack_and_local_rank():
+    """Alpha terms (bandwidth x1e6): max(Phase I, Phase II) + (N-1)(q-1) intra messages."""
+    from halo_model import alpha_only
+
+    hw = alpha_only(load_hardware("frontier"))  # levels: gcd-pair 2 us, node 3, switch 5, group 6
+    nodes = 16
+    n = 8 * nodes
+    t = float(comm.a2a_halo(hw, 8 * n, n, 1))
+    a_intra = 1 * 2e-6 + 6 * 3e-6  # q-1 = 7 local peers: 1 on the GCD pair, 6 on the node
+    a_packs = 3 * 5e-6 + 12 * 6e-6  # 15 remote nodes: 3 on the switch, 12 in the group
+    assert t == pytest.approx(max(a_intra, a_packs) + (nodes - 1) * a_intra, rel=1e-3)
+    flat = float(comm.a2a_flat(hw, 8 * n, n, 1))
+    assert flat == pytest.approx(2e-6 + 6 * 3e-6 + 24 * 5e-6 + 96 * 6e-6, rel=1e-3)
+
+
+def test_halo_degenerates_to_flat():
+    hw = load_hardware("frontier")
+    for n, stride in ((8, 1), (4, 8)):  # one node; one member per node
+        assert float(comm.a2a_halo(hw, 2**20, n, stride)) == float(comm.a2a_flat(hw, 2**20, n, stride))
+
+
+def test_rail_spine_makes_halo_win_and_vectorises():
+    """On a rail fabric with a quarter-rate spine flat pays the spine, HALO does not; the
+    model is vectorised over message sizes."""
+    hw = load_hardware("emu-rail-q")
+    n = np.full(3, 8)  # one entry per layout, as the search evaluates them
+    sizes = np.array([2**18, 2**20, 2**22]) * 8
+    flat, halo = comm.a2a_flat(hw, sizes, n, 1), comm.a2a_halo(hw, sizes, n, 1)
+    assert flat.shape == halo.shape == (3,)
+    assert np.all(flat / halo > 4)
+    assert np.allclose(halo, [float(comm.a2a_halo(hw, s, 8, 1)) for s in sizes])
+
+
+def test_emulated_spec_from_micro_calibration():
+    """halo_netns.hardware_yaml turns the micro-calibration into the spec's figures."""
+    import halo_netns
+
+    calib = {"intra": {"latency_us": 60.0, "bandwidth_gbps": 9.0},
+             "inter": {"latency_us": 55.0, "bandwidth_gbps": 0.037},
+             "micro": {"tiny_a2a_ms": 6.5, "tiny_a2a_bytes_per_peer": 4, "tiny_reps": 63, "reps": 3,
+                       "fan_bytes": 4 * 2**20, "fan_flows": 3, "fan_gbps": 0.0285, "cross_gbps": 0.0084,
+                       "intra_ms": {str(2**20): 4.0, str(4 * 2**20): 14.0}, "intra_gbps": 0.3146}}
+    d = halo_netns.hardware_yaml("rail-1", 300, calib)
+    assert d["efficiency"]["comm"] == pytest.approx(0.0285 / 0.0375, abs=1e-3)
+    assert d["efficiency"]["collective_overhead_us"] == 6500.0
+    assert d["network"]["cross_rail_taper"] == pytest.approx(0.0084 / (0.0375 * 0.76), abs=1e-3)
+    assert d["topology"][0]["bandwidth_gbps"] == pytest.approx(0.3146)  # loaded, not the lone pair's 9
+    assert "fan-out" in d["efficiency"]["source"] and "slope" in d["topology"][0]["source"]
+    up = halo_netns.hardware_yaml("uplink", 300, calib)  # two ranks share one uplink
+    assert up["efficiency"]["comm"] == pytest.approx(min(1.0, 0.0285 / 0.01875), abs=1e-3)
+
+
+def test_halo_model_report(capsys):
+    import halo_model
+
+    r = halo_model.build("frontier", [16, 512], [4, 16384], "deepseek-v3", [4096])
+    hw = load_hardware("frontier")
+    n = 16 * 8
+    want = float(comm.a2a_call(hw, 4096 * n, n, 1, False) / comm.a2a_call(hw, 4096 * n, n, 1, True))
+    assert r["grid"][16][4] == pytest.approx(want)
+    for N in (16, 512):  # alpha-only speedups do not depend on message size; bandwidth-only ones ~ do not either
+        p = r["parts"][N]
+        assert p[4]["alpha_only"] == pytest.approx(p[16384]["alpha_only"], rel=0.02)
+        assert p[4]["bandwidth_only"] == pytest.approx(p[16384]["bandwidth_only"], rel=1e-6)
+    b = r["layer"][4096][16]["bytes_per_peer"]
+    assert b == 4096 * 8 * 7168 * 2 / 128  # tokens x top_k x hidden x bf16 / group size
+    halo_model.render(r)
+    assert "paper: 1.2-9x" in capsys.readouterr().out
+    assert halo_model.main(["--hardware", "no-such-spec"]) == 2
