@@ -133,7 +133,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                      f"2·b·h·s²·d FLOPs); model error median/max: {_pct(comp_res)}{clip}"
                      " (grouped_*: grouped GEMMs, held out of the fit); gemm_overhead_us: per-dtype extra fixed "
                      "cost per GEMM call, fitted jointly; layer_overhead_us: a piper-train dense / MoE block "
-                     "(d 32, 16 tokens) forward+backward under full load minus the kernel model's price of it; "
+                     "(d 32, 64 tokens, a fresh input each call so expert GEMM shapes vary as in training) forward+backward "
+                     "under full load minus the kernel model's price of it; "
                      "collective_overhead_us: median added time per small p2p / all-to-all call between GEMM "
                      "bursts on every rank, minus the α-β time of the call")
     if comm is not None:
