@@ -189,8 +189,11 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     t_dp, t_opt = _dp_time(hw, lay, grp, pick(P_rep), pick(P_exp), eb, F, B, W, M)
 
     rpc = hw.accelerator.ranks_per_core
-    if rpc > 1:  # ranks share cores: one rank's idle time runs the others (Accelerator.ranks_per_core)
-        t_pipe = np.maximum(t_pipe / rpc, M * total_sum / lay.pp)
+    if rpc > 1:  # ranks share cores (Accelerator.ranks_per_core): the critical path runs at the
+        # spec's full-load rates, since a woken rank competes with the busy ones for a core even
+        # in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x summed CPU / cores), and
+        # the step is at least the mean busy time per rank (summed CPU / cores)
+        t_pipe = np.maximum(t_pipe, M * total_sum / lay.pp)
     # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
     t_mig = np.zeros(n)
     mig = routing.migration

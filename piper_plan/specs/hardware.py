@@ -42,8 +42,8 @@ class Accelerator(_Optional):
     ranks_per_core: float = Field(
         1.0, ge=1, description="CPU ranks only: local ranks per physical core (ranks / cores) when ranks share "
         "cores. The rates of such a spec are per rank with every rank busy, so time one rank spends idle (a "
-        "pipeline bubble) runs the others faster; >1 makes the step max(critical path / ranks_per_core, mean "
-        "busy time per rank). 1: a rank owns its device (GPUs)")
+        "pipeline bubble) can run the others; >1 makes the step max(critical path at these rates, mean busy "
+        "time per rank). 1: a rank owns its device (GPUs)")
     source: str = ""
 
     @model_validator(mode="after")
