@@ -10,8 +10,9 @@ A GEMM C[m×n] = A[m×k]·B[k×n] (`groups` independent ones, as in a grouped ex
   waste the rest (NVIDIA, "Matrix Multiplication Background User's Guide", wave and tile
   quantisation). The tile's m side shrinks to the next power of two ≥ 16 when m is small,
   as GEMM libraries pick narrow tiles for skinny problems;
-- overhead_dtype: efficiency.gemm_overhead_us[dtype] (0 unless measured): a per-call cost
-  some dtypes pay on some machines (a CPU's bf16 GEMM repacks both operands each call);
+- overhead_dtype: efficiency.gemm_overhead_us[dtype] (0 unless measured): a cost per GEMM, so
+  per group of a grouped call, that some dtypes pay on some machines (a CPU's bf16 GEMM
+  repacks both operands of every GEMM);
 - bytes: A, B and C once each (the minimum traffic), so skinny expert GEMMs become
   memory-bound — the physical reason they run below a large square GEMM.
 
@@ -45,8 +46,9 @@ def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_b
     flops = 2.0 * g * m * n * k
     t_flop = flops / (hw.peak_flops(dtype) * eff.gemm * np.maximum(e_wave, 1e-9))
     t_mem = g * (m * k + k * n + m * n) * elt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * eff.memory)
-    # per-call fixed cost: the launch, plus the dtype's own per-GEMM cost where measured
-    fixed = (eff.kernel_overhead_us + eff.gemm_overhead_us.get(dtype, 0.0)) * 1e-6
+    # fixed cost: one launch per call, plus the dtype's own per-GEMM cost where measured (a
+    # CPU's bf16 GEMM repacks each operand pair, so a grouped call pays it once per group)
+    fixed = (eff.kernel_overhead_us + g * eff.gemm_overhead_us.get(dtype, 0.0)) * 1e-6
     t = np.maximum(t_flop, t_mem) + fixed
     return np.where(flops > 0, t, 0.0)
 
