@@ -285,7 +285,8 @@ def fit_layer_overhead(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, fl
     hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"layer_overhead_us": {}})})
     out, detail = {}, {}
     for r in rows:
-        lay = from_layouts([Layout(gpus=1, global_batch=1, seq=LAYER_SEQ, dtype=r["dtype"])])
+        # piper-train's own block: eager modules, autocast over fp32 weights
+        lay = from_layouts([Layout(gpus=1, global_batch=1, seq=LAYER_SEQ, dtype=r["dtype"], fused_kernels=False)])
         lc = _layer_costs(spec, hw, lay, Routing(), r["dtype"])
         model = float(lc[r["kind"]].total[0])
         key = f"{r['kind']}_{r['dtype']}"

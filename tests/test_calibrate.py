@@ -240,3 +240,22 @@ def test_grouped_gemm_pays_the_dtype_overhead_once_per_group():
         model = float(gemm_time(hw, g["m"], g["n"], g["k"], groups=g["groups"], dtype=g["dtype"],
                                 elt_bytes=2 if g["dtype"] == "bf16" else 4))
         assert model == pytest.approx(g["seconds"], rel=0.25)
+
+
+def test_eager_bf16_blocks_pay_their_weight_casts():
+    """piper-train (eager, autocast over fp32 weights) moves 24 B per local weight per micro-batch
+    that a fused runtime with bf16 weights does not; fp32 runs cast nothing."""
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import Routing, _layer_costs
+    from piper_plan.cost.memory import layer_params_per_rank
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_model
+
+    hw, m = load_hardware("cpu-local"), load_model("tiny-moe")
+    lays = from_layouts([Layout(gpus=2, dp=2, ep=2, global_batch=4, seq=64, dtype=dt, fused_kernels=fk)
+                         for dt, fk in (("bf16", True), ("bf16", False), ("fp32", True), ("fp32", False))])
+    moe = _layer_costs(m, hw, lays, Routing(), "bf16")["moe"].total
+    _, rep, exp = layer_params_per_rank(m, lays)
+    cast = float(stream_time(hw, 24.0 * (rep[1] + exp[1]), 0))
+    assert moe[1] - moe[0] == pytest.approx(cast, rel=1e-9)
+    assert moe[3] == pytest.approx(moe[2], rel=1e-12)

@@ -16,6 +16,7 @@ from . import activations as act
 from . import comm
 from .batch import LayoutBatch, distinct_rows
 from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
+from .kernels import stream_time
 from .imbalance import expert_popularity, imbalance
 from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
 from .schedule import pipeline_time
@@ -383,6 +384,17 @@ def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, full_rc) -> Phase:
     return Phase(z + s / 3, z + 2 * s / 3, z, full_rc * s / 3)
 
 
+def _weight_casts(hw: HardwareSpec, lay: LayoutBatch, params) -> Phase:
+    """Eager bf16 under autocast over fp32 weights (piper-train: Layout.fused_kernels false):
+    every micro-batch casts each local weight to bf16 (read 4 B, write 2 B) and, in backward,
+    casts its bf16 gradient back (read 2, write 4) and adds it into the fp32 .grad (read 4 + 4,
+    write 4): 6 and 18 bytes per parameter. Fused-kernel runtimes keep bf16 weights: none."""
+    on = lay.unfused & (lay.act_bytes == 2)
+    p = np.where(on, params, 0.0)
+    z = np.zeros(len(lay))
+    return Phase(stream_time(hw, 6.0 * p, 0), stream_time(hw, 18.0 * p, 0), z, z)
+
+
 def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
     """Per-micro-batch phases of one dense and one MoE layer (compute and communication),
     the embedding and LM head, a MoE layer's all-to-all seconds, the routed-load imbalance
@@ -421,7 +433,8 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     attn = attention_phase(m, hw, sel, dtype)
     tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
     dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
-    dense = dense + _layer_overhead(hw, "dense", dtype, zero)
+    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
+    dense = dense + _layer_overhead(hw, "dense", dtype, zero) + _weight_casts(hw, lay, dense_p)
     dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, zero)
     co = hw.efficiency.collective_overhead_us * 1e-6  # fixed cost per collective call (0 unless measured)
     imb = np.ones(len(lay))
@@ -430,7 +443,8 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         mig = routing.migration
         imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, mig.planner if mig else None, mig.max_moves if mig else None)
-        moe = attn + moe_phase(m, hw, sel, dtype, imb) + _layer_overhead(hw, "moe", dtype, zero)
+        moe = (attn + moe_phase(m, hw, sel, dtype, imb) + _layer_overhead(hw, "moe", dtype, zero)
+               + _weight_casts(hw, lay, moe_rep_p + exp_p))
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
