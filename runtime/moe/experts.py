@@ -29,26 +29,6 @@ class _ContiguousGrad(torch.autograd.Function):
         return g.contiguous()
 
 
-# CPU only: each slot's rows are padded with zero rows to a multiple of this. A CPU GEMM
-# library builds a kernel the first time it meets a shape (~0.6 ms CPU for bf16, measured by
-# benchmarks/closed_loop.py), and routed row counts are new shapes for dozens of steps;
-# padding leaves ~1/16 as many shapes, so the warm-up ends within a few steps. Zero rows add
-# nothing to the real rows' outputs or to the weight gradients.
-CPU_ROW_MULTIPLE = 16
-
-
-def _pad_index(counts: list[int], multiple: int) -> tuple[torch.Tensor, list[int], int]:
-    """Where each row goes when every slot's rows are padded to `multiple`: (index into the
-    padded rows, padded counts, padded total)."""
-    padded = [-(-c // multiple) * multiple for c in counts]
-    pos, start = [], 0
-    for c, p in zip(counts, padded):
-        pos.append(torch.arange(start, start + c))
-        start += p
-    idx = torch.cat(pos) if pos else torch.zeros(0, dtype=torch.long)
-    return idx, padded, start
-
-
 def _aligned(*ts: torch.Tensor) -> bool:
     return all(t.dtype in (torch.float32, torch.bfloat16) and (t.shape[-1] * t.element_size()) % 16 == 0
                for t in ts)
@@ -98,16 +78,8 @@ class GroupedExperts(nn.Module):
         w1, w2 = self.w1.to(x.dtype), self.w2.to(x.dtype)
         w3 = self.w3.to(x.dtype) if self.gated else None
         use = (self.grouped is not False and _aligned(x, w1, w2) and _probe(x.device, x.dtype))
-        idx = None
-        if x.device.type == "cpu" and x.shape[0]:
-            idx, padded, total = _pad_index(counts.tolist(), CPU_ROW_MULTIPLE)
-            x = x.new_zeros(total, x.shape[1]).index_copy(0, idx, x)
-            counts = torch.tensor(padded, dtype=counts.dtype)
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         cl = [] if use else counts.tolist()
         h = grouped_matmul(x, w1, cl, offs, use)
         h = F.silu(h) * grouped_matmul(x, w3, cl, offs, use) if self.gated else F.gelu(h)
-        y = grouped_matmul(h, w2, cl, offs, use)
-        if idx is not None:
-            y = y.index_select(0, idx)
-        return _ContiguousGrad.apply(y)
+        return _ContiguousGrad.apply(grouped_matmul(h, w2, cl, offs, use))
