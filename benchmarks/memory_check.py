@@ -23,13 +23,14 @@ from piper_plan.specs.model import ModelSpec
 from piper_plan.specs.registry import load_model
 
 
-def measure(m: ModelSpec, seq: int, mbs: int) -> dict[str, dict]:
-    """Per block kind: measured saved bytes, the model's (unfused) terms, the fused-kernel total."""
+def measure(m: ModelSpec, seq: int, mbs: int, row_multiple: int = 1) -> dict[str, dict]:
+    """Per block kind: measured saved bytes, the model's (unfused) terms, the fused-kernel total;
+    row_multiple: the experts' row padding (Accelerator.expert_row_multiple; cpu-local: 16)."""
     from piper_runtime.metrics import saved_tensor_bytes
     from piper_runtime.model import Block, BuildCtx
 
     torch.manual_seed(0)
-    ctx = BuildCtx(seq=seq, dtype="fp32")
+    ctx = BuildCtx(seq=seq, dtype="fp32", row_multiple=row_multiple)
     # piper-train runs eager PyTorch modules: the model's unfused-kernel terms apply
     lay = from_layouts([Layout(gpus=1, global_batch=mbs, mbs=mbs, seq=seq, dtype="fp32", attention_kernel="flash",
                                fused_kernels=False)])
@@ -44,7 +45,7 @@ def measure(m: ModelSpec, seq: int, mbs: int) -> dict[str, dict]:
         _, got, items = saved_tensor_bytes(lambda: blk(x), exclude=state)
         def terms_of(b):
             t = act.attention_terms(m, b)
-            t.update(act.moe_terms(m, b, 1.0) if kind == "moe" else act.ffn_terms(m, b))
+            t.update(act.moe_terms(m, b, 1.0, row_multiple) if kind == "moe" else act.ffn_terms(m, b))
             return {k: float(v[0]) for k, v in t.items() if float(v[0])}
 
         model, model_fused = terms_of(lay), terms_of(fused)
@@ -86,12 +87,15 @@ def main() -> int:
     worst = 0.0
     print("== saved-for-backward bytes per block (fp32, SDPA flash, ep 1) vs piper_plan.cost.activations")
     for m, seq, mbs in ((load_model("tiny-moe"), 64, 2), (ModelSpec(**SMALL), 128, 1)):
-        for kind, r in measure(m, seq, mbs).items():
-            err = r["model"] / r["measured"] - 1
-            worst = max(worst, abs(err))
-            print(f"{m.name:<14} {kind:<5} measured {r['measured']:>9,d} B  model (unfused kernels) "
-                  f"{r['model']:>11,.0f}  error {100 * err:+5.1f}%  (fused-kernel model "
-                  f"{100 * (r['model_fused'] / r['measured'] - 1):+5.1f}%)")
+        for rm in (1, 16):  # expert rows unpadded, and padded to 16 as piper-train does on CPU ranks
+            for kind, r in measure(m, seq, mbs, rm).items():
+                if rm > 1 and kind != "moe":
+                    continue
+                err = r["model"] / r["measured"] - 1
+                worst = max(worst, abs(err))
+                print(f"{m.name:<14} {kind:<5} rows×{rm:<2} measured {r['measured']:>9,d} B  model (unfused kernels) "
+                      f"{r['model']:>11,.0f}  error {100 * err:+5.1f}%  (fused-kernel model "
+                      f"{100 * (r['model_fused'] / r['measured'] - 1):+5.1f}%)")
         for ep in (1, 2):
             s = state_check(m, ep)
             print(f"{m.name:<14} ep{ep}: params dense {s['dense_params']:,} (model {s['dense_params_model']:,.0f}), "

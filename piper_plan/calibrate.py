@@ -22,6 +22,7 @@ import click
 import yaml
 
 from .calibrate_bench import BenchPlan, make_plan, run_benchmarks
+from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE
 from .calibrate_fit import (best_rates, fit_collective_overhead, fit_comm, fit_compute, fit_layer_overhead,
                             proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
@@ -125,6 +126,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                collective_overhead_us=round(comp.get("collective_overhead_us", 0.0), 2))
     if device["kind"] == "cpu" and ranks > device["cores"]:
         acc["ranks_per_core"] = round(ranks / device["cores"], 4)
+    if device["kind"] == "cpu":
+        acc["expert_row_multiple"] = CPU_EXPERT_ROW_MULTIPLE
     if "attention" in comp:
         eff["attention"] = round(comp["attention"], 4)
     clip = "; attention rate exceeded the bf16 peak, clipped to 1" if comp.get("attention_clipped") else ""

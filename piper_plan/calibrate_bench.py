@@ -59,6 +59,9 @@ LAYER_SPEC = dict(name="calibrate-block", source="piper-plan calibrate framework
                   hidden_size=32, num_heads=2, num_kv_heads=1, vocab_size=64, seq_len=64, ffn_size=64,
                   dense_layers=1, moe=dict(num_experts=4, top_k=2, expert_ffn_size=32, shared_experts=1,
                                            router="softmax"))
+# piper-train pads each local expert's rows to this multiple on CPU ranks (written to the
+# spec as accelerator.expert_row_multiple; the probe blocks run the same way)
+CPU_EXPERT_ROW_MULTIPLE = 16
 LAYER_SEQ = 64  # tokens: enough that expert row counts vary from call to call
 LOADED_KINDS = ("p2p", "alltoall")
 LOADED_BURST = 48  # 64×64 fp32 GEMMs between two calls: ~0.5 ms of work a rank, ~2 ms with 8 ranks on 2 cores
@@ -249,7 +252,7 @@ def _layers(torch, dev, plan, tick, timer) -> list[dict]:
     out = []
     torch.manual_seed(0)
     for dt in plan.layers:
-        ctx = BuildCtx(seq=LAYER_SEQ, dtype=dt)
+        ctx = BuildCtx(seq=LAYER_SEQ, dtype=dt, row_multiple=CPU_EXPERT_ROW_MULTIPLE if dev.type == "cpu" else 1)
         for layer, kind in ((0, "dense"), (1, "moe")):
             blk = Block(spec, layer, ctx).to(dev)
             x = torch.randn(1, LAYER_SEQ, spec.hidden_size, device=dev, requires_grad=True)

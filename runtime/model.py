@@ -56,6 +56,7 @@ class BuildCtx:
     dtype: str = "fp32"                 # "fp32" | "bf16" (autocast, fp32 master weights)
     recompute: str = "none"             # "none" | "selective" (attention core: softmax(QKᵀ)V) | "full" (block)
     grouped_mm: Optional[bool] = None   # None: when it applies; False: per-expert loop
+    row_multiple: int = 1               # pad each local expert's rows to a multiple (Accelerator.expert_row_multiple)
     tp: TP = field(default_factory=TP)  # tensor parallelism of the stage (size 1: none)
 
     @property
@@ -86,7 +87,8 @@ class Block(nn.Module):
                                 z_coef=ctx.z_coef, capacity_factor=ctx.capacity_factor,
                                 stats_group=tp.group if tp.size > 1 else None)
             mark_partial(router.gate.weight, tp)
-            experts = GroupedExperts(pl.per_rank, d, m.expert_ffn_size, m.gated, grouped=ctx.grouped_mm)
+            experts = GroupedExperts(pl.per_rank, d, m.expert_ffn_size, m.gated, grouped=ctx.grouped_mm,
+                                     row_multiple=ctx.row_multiple)
             disp = EPDispatcher(pl, ctx.ep_rank, ctx.ep_group, ctx.exchange)
             self.moe = MoELayer(router, experts, shared, disp, ctx.aux_scale, ctx.compute_dtype, tp)
         else:

@@ -62,7 +62,8 @@ def build_ctx(plan: Plan, cfg: TrainConfig, groups: Optional[Groups]) -> BuildCt
                     exchange=make_exchange(plan, groups) if groups else None,
                     aux_coef=cfg.aux_coef, z_coef=cfg.z_coef, capacity_factor=cfg.capacity_factor,
                     aux_scale=1.0 / lay.microbatches, dtype=lay.dtype, recompute=lay.recompute,
-                    grouped_mm=cfg.grouped_mm, tp=tp_of(plan, groups))
+                    grouped_mm=cfg.grouped_mm, tp=tp_of(plan, groups),
+                    row_multiple=plan.hardware.accelerator.expert_row_multiple)
 
 
 def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:

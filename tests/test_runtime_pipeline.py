@@ -72,7 +72,8 @@ def reference(plan, cfg: TrainConfig):
     turn (gradient accumulation), grads / dp, torch's clip_grad_norm_, torch AdamW."""
     lay = plan.layout
     M = lay.microbatches
-    ctx = BuildCtx(seq=lay.seq, aux_coef=cfg.aux_coef, z_coef=cfg.z_coef, aux_scale=1.0 / M, dtype=lay.dtype)
+    ctx = BuildCtx(seq=lay.seq, aux_coef=cfg.aux_coef, z_coef=cfg.z_coef, aux_scale=1.0 / M, dtype=lay.dtype,
+                   row_multiple=plan.hardware.accelerator.expert_row_multiple)
     model = build_full(plan.model, ctx, cfg.seed)
     ps = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in ps if p.ndim >= 2], "weight_decay": cfg.weight_decay},

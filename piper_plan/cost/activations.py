@@ -84,22 +84,24 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     }
 
 
-def moe_terms(m: ModelSpec, lay: LayoutBatch, imb) -> dict[str, np.ndarray]:
-    """MoE block on the busiest rank (`imb` × the mean routed rows)."""
+def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dict[str, np.ndarray]:
+    """MoE block on the busiest rank (`imb` × the mean routed rows); the experts' own tensors
+    hold each local expert's rows padded to `row_multiple` (Accelerator.expert_row_multiple)."""
     assert m.moe is not None
     mo = m.moe
     t, tp, sp_div, eb = _common(lay)
     d, f, k = m.hidden_size, mo.expert_ffn_size, mo.top_k
     tm = t / tp  # tokens entering the MoE block on this rank
     rows = tm * k * imb
+    padded = rows + mo.num_experts / lay.ep * (row_multiple - 1) / 2.0  # expected zero rows
     up = 2.0 if mo.gated else 1.0
     out = {
         "moe_norm_in": eb * tm * d,
         "router_in": eb * tm * d,
         "router_probs": 4.0 * tm * mo.num_experts,
-        "expert_in": eb * rows * d,
-        "expert_hidden": eb * rows * up * f,
-        "expert_act": eb * rows * f,
+        "expert_in": eb * padded * d,
+        "expert_hidden": eb * padded * up * f,
+        "expert_act": eb * padded * f,
         "expert_out": eb * rows * d,  # needed for the gate-weight gradient of the combine
         "moe_dropout_mask": lay.dropout * tm * d,
     }
@@ -108,7 +110,9 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb) -> dict[str, np.ndarray]:
         out["shared_hidden"] = eb * tm * (up + 1.0) * fs
     u = lay.unfused
     out["moe_norm_unfused"] = np.where(u, 4.0 * tm + eb * tm * d, 0.0)
-    out["expert_silu_out"] = np.where(u & mo.gated, eb * (rows * f + tm * fs), 0.0)
+    out["expert_silu_out"] = np.where(u & mo.gated, eb * (padded * f + tm * fs), 0.0)
+    if row_multiple > 1:  # the padded-row index (int64), kept to scatter and gather back
+        out["expert_pad_index"] = 8.0 * rows
     # top-k ids, gather and scatter row indices (int64), combine weights and fp32 combine input
     out["routing_unfused"] = np.where(u, 8.0 * tm * k + 16.0 * rows + 4.0 * rows + 4.0 * rows * d
                                       + 4.0 * mo.num_experts, 0.0)

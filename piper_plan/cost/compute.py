@@ -163,16 +163,24 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     return Phase(total.f, total.b, total.w, r)
 
 
+def expected_pad(row_multiple: int) -> float:
+    """Mean zero rows added to one expert's rows padded to a multiple of `row_multiple`
+    (remainders spread evenly): (r - 1) / 2."""
+    return (row_multiple - 1) / 2.0
+
+
 def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb) -> Phase:
     """MoE block on the straggler rank: router, permute, grouped expert GEMMs on
-    `imb` × the mean tokens, shared experts, unpermute and weighted combine."""
+    `imb` × the mean tokens (plus the runtime's row padding, Accelerator.expert_row_multiple),
+    shared experts, unpermute and weighted combine."""
     assert m.moe is not None
     mo = m.moe
     t = (lay.mbs * lay.seq).astype(float) / lay.tp
     eb = lay.act_bytes
     d, f, E, k = m.hidden_size, mo.expert_ffn_size, mo.num_experts, mo.top_k
     local = E / lay.ep
-    m_e = t * k * lay.ep / E * imb  # tokens per local expert on the busiest rank
+    pad = expected_pad(hw.accelerator.expert_row_multiple)
+    m_e = t * k * lay.ep / E * imb + pad  # rows per local expert on the busiest rank
     up = 2 if mo.gated else 1
     shapes = [(t, E, d), (m_e, up * f, d, local), (m_e, d, f, local)]  # router, experts up and down
     if mo.shared_experts:
@@ -180,7 +188,7 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
         shapes += [(t, up * fs, d), (t, d, fs)]
     ph = _sum(_linears(hw, dtype, eb, *shapes))
     rows = t * k * imb
-    act = (3.0 if mo.gated else 2.0) * f * rows
+    act = (3.0 if mo.gated else 2.0) * f * (rows + local * pad)
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act

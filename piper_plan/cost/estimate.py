@@ -464,5 +464,6 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     for rc, variant in (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int)))):
         a_attn = sum(act.attention_terms(m, variant).values())
         out[f"a_dense_{rc}"] = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
-        out[f"a_moe_{rc}"] = (a_attn + sum(act.moe_terms(m, lay, imb).values())) if m.moe else zero
+        out[f"a_moe_{rc}"] = ((a_attn + sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()))
+                              if m.moe else zero)
     return out

@@ -32,7 +32,7 @@ class _Optional(_Strict):
 
 
 class Accelerator(_Optional):
-    _OMIT_AT_DEFAULT = ("ranks_per_core",)
+    _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple")
 
     name: str
     memory_gib: float = Field(..., gt=0, description="device memory, GiB")
@@ -44,6 +44,10 @@ class Accelerator(_Optional):
         "cores. The rates of such a spec are per rank with every rank busy, so time one rank spends idle (a "
         "pipeline bubble) can run the others; >1 makes the step max(critical path at these rates, mean busy "
         "time per rank). 1: a rank owns its device (GPUs)")
+    expert_row_multiple: int = Field(
+        1, ge=1, description="the runtime pads each local expert's routed rows with zero rows to a multiple of "
+        "this before its GEMMs (piper-train on CPU ranks: 16, so the CPU GEMM library, which builds a kernel "
+        "per new shape, meets few shapes); the planner prices the expected padding. 1: no padding")
     source: str = ""
 
     @model_validator(mode="after")

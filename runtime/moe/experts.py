@@ -29,6 +29,22 @@ class _ContiguousGrad(torch.autograd.Function):
         return g.contiguous()
 
 
+def _pad_index(counts: list[int], multiple: int) -> tuple[torch.Tensor, list[int], int]:
+    """Where each row goes when every slot's rows are padded with zero rows to a multiple of
+    `multiple`: (index into the padded rows, padded counts, padded total). A CPU GEMM library
+    builds a kernel the first time it meets a shape (~0.6 ms CPU for bf16, measured by
+    benchmarks/closed_loop.py) and routed row counts are new shapes for dozens of steps;
+    padding leaves 1/multiple as many. Zero rows change neither the real rows' outputs nor
+    the weight gradients."""
+    padded = [-(-c // multiple) * multiple for c in counts]
+    pos, start = [], 0
+    for c, p in zip(counts, padded):
+        pos.append(torch.arange(start, start + c))
+        start += p
+    idx = torch.cat(pos) if pos else torch.zeros(0, dtype=torch.long)
+    return idx, padded, start
+
+
 def _aligned(*ts: torch.Tensor) -> bool:
     return all(t.dtype in (torch.float32, torch.bfloat16) and (t.shape[-1] * t.element_size()) % 16 == 0
                for t in ts)
@@ -65,8 +81,10 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, counts: list[int], offs: to
 class GroupedExperts(nn.Module):
     """`n_local` routed experts (SwiGLU when gated, else GELU 2-matrix)."""
 
-    def __init__(self, n_local: int, d: int, f: int, gated: bool = True, grouped: bool | None = None):
+    def __init__(self, n_local: int, d: int, f: int, gated: bool = True, grouped: bool | None = None,
+                 row_multiple: int = 1):
         super().__init__()
+        self.row_multiple = row_multiple  # pad each slot's rows to a multiple of this (1: none)
         self.n_local, self.d, self.f, self.gated = n_local, d, f, gated
         self.w1 = nn.Parameter(torch.empty(n_local, d, f))
         self.w3 = nn.Parameter(torch.empty(n_local, d, f)) if gated else None
@@ -78,8 +96,16 @@ class GroupedExperts(nn.Module):
         w1, w2 = self.w1.to(x.dtype), self.w2.to(x.dtype)
         w3 = self.w3.to(x.dtype) if self.gated else None
         use = (self.grouped is not False and _aligned(x, w1, w2) and _probe(x.device, x.dtype))
+        idx = None
+        if self.row_multiple > 1 and x.shape[0]:
+            idx, padded, total = _pad_index(counts.tolist(), self.row_multiple)
+            x = x.new_zeros(total, x.shape[1]).index_copy(0, idx.to(x.device), x)
+            counts = torch.tensor(padded, dtype=counts.dtype, device=counts.device)
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         cl = [] if use else counts.tolist()
         h = grouped_matmul(x, w1, cl, offs, use)
         h = F.silu(h) * grouped_matmul(x, w3, cl, offs, use) if self.gated else F.gelu(h)
-        return _ContiguousGrad.apply(grouped_matmul(h, w2, cl, offs, use))
+        y = grouped_matmul(h, w2, cl, offs, use)
+        if idx is not None:
+            y = y.index_select(0, idx.to(y.device))
+        return _ContiguousGrad.apply(y)
