@@ -21,8 +21,7 @@ from pathlib import Path
 import click
 import yaml
 
-from .calibrate_bench import BenchPlan, make_plan, run_benchmarks
-from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE
+from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, run_benchmarks
 from .calibrate_fit import (best_rates, fit_collective_overhead, fit_comm, fit_compute, fit_layer_overhead,
                             proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError

@@ -187,10 +187,6 @@ class Reporter:
         return summary
 
 
-def now() -> float:
-    return time.perf_counter()
-
-
 class PhaseClock:
     """Wall and this process's CPU seconds per named phase of a step. On CUDA the wall times
     of phases are host-side (only the step total is synchronised by the caller). CPU seconds

@@ -4,7 +4,6 @@ reduction (dp / edp / tied embedding), global-norm clipping, AdamW (ZeRO-1 or -2
 plan says), metrics, checkpoint."""
 from __future__ import annotations
 
-
 from typing import Optional
 
 import torch
@@ -106,8 +105,7 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         clock.mark("optimizer")
-        phases = clock.phases
-        stats = metrics.rank_stats(groups, chunks, losses, clock.total_s, norm, phases)
+        stats = metrics.rank_stats(groups, chunks, losses, clock.total_s, norm, clock.phases)
         event = mig.after_step(step) if mig is not None else None  # step boundary: before stats reset
         rec = rep.step(step, stats)
         if rec is not None and event is not None:

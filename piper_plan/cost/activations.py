@@ -84,6 +84,12 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     }
 
 
+def expected_pad(row_multiple: int) -> float:
+    """Mean zero rows added to one expert's rows padded to a multiple of `row_multiple`
+    (remainders spread evenly): (r - 1) / 2."""
+    return (row_multiple - 1) / 2.0
+
+
 def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dict[str, np.ndarray]:
     """MoE block on the busiest rank (`imb` × the mean routed rows); the experts' own tensors
     hold each local expert's rows padded to `row_multiple` (Accelerator.expert_row_multiple)."""
@@ -93,7 +99,7 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     d, f, k = m.hidden_size, mo.expert_ffn_size, mo.top_k
     tm = t / tp  # tokens entering the MoE block on this rank
     rows = tm * k * imb
-    padded = rows + mo.num_experts / lay.ep * (row_multiple - 1) / 2.0  # expected zero rows
+    padded = rows + mo.num_experts / lay.ep * expected_pad(row_multiple)
     up = 2.0 if mo.gated else 1.0
     out = {
         "moe_norm_in": eb * tm * d,

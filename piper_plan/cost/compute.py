@@ -17,6 +17,7 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
+from .activations import expected_pad
 from .batch import LayoutBatch
 from .kernels import flash_attention_time, gemm_time, stream_time
 
@@ -161,12 +162,6 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     total = ph + _elementwise(hw, t * elems * eb, 4)
     r = np.where(lay.recompute == 2, total.f, 0.0)
     return Phase(total.f, total.b, total.w, r)
-
-
-def expected_pad(row_multiple: int) -> float:
-    """Mean zero rows added to one expert's rows padded to a multiple of `row_multiple`
-    (remainders spread evenly): (r - 1) / 2."""
-    return (row_multiple - 1) / 2.0
 
 
 def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb) -> Phase:

@@ -16,8 +16,8 @@ from . import activations as act
 from . import comm
 from .batch import LayoutBatch, distinct_rows
 from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
-from .kernels import stream_time
 from .imbalance import expert_popularity, imbalance
+from .kernels import stream_time
 from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
 from .schedule import pipeline_time
 from .stages import chunk_sizes
@@ -375,13 +375,13 @@ def _layer_terms(m: ModelSpec, lc: dict, recompute) -> dict:
     return out
 
 
-def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, full_rc) -> Phase:
-    """Efficiency.layer_overhead_us of one block as a Phase: a third in forward, two thirds
-    in backward (autograd replays about two host operations per forward one); full
-    recompute repeats the forward share."""
+def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, n: int) -> Phase:
+    """Efficiency.layer_overhead_us of one block as a Phase for n layouts: a third in forward,
+    two thirds in backward (autograd replays about two host operations per forward one);
+    recompute repeats the forward share (_with_recompute)."""
     s = hw.efficiency.layer_overhead_us.get(f"{kind}_{dtype}", 0.0) * 1e-6
-    z = np.zeros_like(full_rc)
-    return Phase(z + s / 3, z + 2 * s / 3, z, full_rc * s / 3)
+    z = np.zeros(n)
+    return Phase(z + s / 3, z + 2 * s / 3, z, z)
 
 
 def _weight_casts(hw: HardwareSpec, lay: LayoutBatch, params) -> Phase:
@@ -434,7 +434,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
     dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
-    dense = dense + _layer_overhead(hw, "dense", dtype, zero) + _weight_casts(hw, lay, dense_p)
+    dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
     dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, zero)
     co = hw.efficiency.collective_overhead_us * 1e-6  # fixed cost per collective call (0 unless measured)
     imb = np.ones(len(lay))
@@ -443,7 +443,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         mig = routing.migration
         imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, mig.planner if mig else None, mig.max_moves if mig else None)
-        moe = (attn + moe_phase(m, hw, sel, dtype, imb) + _layer_overhead(hw, "moe", dtype, zero)
+        moe = (attn + moe_phase(m, hw, sel, dtype, imb) + _layer_overhead(hw, "moe", dtype, len(lay))
                + _weight_casts(hw, lay, moe_rep_p + exp_p))
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
@@ -461,9 +461,11 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                a2a_bwd=a2a_bwd, emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
                a_in=act.layer_input_bytes(m, lay))
+    # only the attention's saved tensors depend on recompute
+    a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
+    a_experts = sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else None
     for rc, variant in (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int)))):
         a_attn = sum(act.attention_terms(m, variant).values())
-        out[f"a_dense_{rc}"] = a_attn + (sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0)
-        out[f"a_moe_{rc}"] = ((a_attn + sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()))
-                              if m.moe else zero)
+        out[f"a_dense_{rc}"] = a_attn + a_ffn
+        out[f"a_moe_{rc}"] = a_attn + a_experts if m.moe else zero
     return out

@@ -99,7 +99,8 @@ class GroupedExperts(nn.Module):
         idx = None
         if self.row_multiple > 1 and x.shape[0]:
             idx, padded, total = _pad_index(counts.tolist(), self.row_multiple)
-            x = x.new_zeros(total, x.shape[1]).index_copy(0, idx.to(x.device), x)
+            idx = idx.to(x.device)
+            x = x.new_zeros(total, x.shape[1]).index_copy(0, idx, x)
             counts = torch.tensor(padded, dtype=counts.dtype, device=counts.device)
         offs = torch.cumsum(counts, 0, dtype=torch.int32)
         cl = [] if use else counts.tolist()
@@ -107,5 +108,5 @@ class GroupedExperts(nn.Module):
         h = F.silu(h) * grouped_matmul(x, w3, cl, offs, use) if self.gated else F.gelu(h)
         y = grouped_matmul(h, w2, cl, offs, use)
         if idx is not None:
-            y = y.index_select(0, idx.to(y.device))
+            y = y.index_select(0, idx)
         return _ContiguousGrad.apply(y)
