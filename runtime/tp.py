@@ -116,69 +116,25 @@ def _seq_reduce_scatter(x, tp):
     return _reduce_scatter0(x.transpose(0, 1), tp).transpose(0, 1).contiguous()
 
 
-class _CopyIn(torch.autograd.Function):
-    @staticmethod
+def _conjugate(name: str, fwd, bwd) -> type:
+    """An autograd Function whose forward is fwd(x, tp) and whose backward is bwd(g, tp):
+    each tensor-parallel collective below is paired with its conjugate."""
     def forward(ctx, x, tp):
         ctx.tp = tp
-        return x.view_as(x)
+        return fwd(x, tp)
 
-    @staticmethod
     def backward(ctx, g):
-        return _all_reduce(g, ctx.tp), None
+        return bwd(g, ctx.tp), None
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-class _ReduceOut(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        return _all_reduce(x, tp)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
-
-
-class _GatherSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _seq_gather(x, tp)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_reduce_scatter(g, ctx.tp), None
-
-
-class _ReduceScatterSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _seq_reduce_scatter(x, tp)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _seq_gather(g, ctx.tp), None
-
-
-class _SplitRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _rows(x, tp)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _all_gather0(g, ctx.tp), None
-
-
-class _GatherRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return _all_gather0(x, tp)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _rows(g, ctx.tp), None
+# identity forward / all-reduce backward (the input is used replicated), and the converse
+_CopyIn = _conjugate("_CopyIn", lambda x, tp: x.view_as(x), _all_reduce)
+_ReduceOut = _conjugate("_ReduceOut", _all_reduce, lambda g, tp: g)
+_GatherSeq = _conjugate("_GatherSeq", _seq_gather, _seq_reduce_scatter)
+_ReduceScatterSeq = _conjugate("_ReduceScatterSeq", _seq_reduce_scatter, _seq_gather)
+_SplitRows = _conjugate("_SplitRows", _rows, _all_gather0)
+_GatherRows = _conjugate("_GatherRows", _all_gather0, _rows)
 
 
 # ---- parameters ---------------------------------------------------------------------------

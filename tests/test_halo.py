@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import datetime
 import os
-import traceback
 import zlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+
+from runtime_test_support import report_failures, spawn_and_check  # noqa: E402
 
 WORLD = 8
 # name -> (group's global ranks, node of each group rank)
@@ -56,57 +56,50 @@ def _worker(rank: int, store_path: str, errfile: str):
     store = dist.FileStore(store_path, WORLD)
     timeout = datetime.timedelta(seconds=int(os.environ.get("HALO_TEST_TIMEOUT", 60)))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timeout)
-    failures = []
-    try:
-        for name, (ranks, node_of) in MAPS.items():
-            group = dist.new_group(ranks, timeout=timeout) if len(ranks) < WORLD else None
-            if rank not in ranks:
-                continue
-            halos = [HaloExchange(group, node_of), HaloExchange(group, node_of, overlap=False)]
-            halo = halos[0]
-            me, w = dist.get_rank(group), len(ranks)
-            gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # same on every rank
-            for trial in range(TRIALS):
-                c = _matrix(gen, w, trial)
-                send, recv = c[me].tolist(), c[:, me].tolist()
-                shape = (sum(send), 3) if trial != 2 else (sum(send), 2, 4)  # trailing dims too
-                # Rows carry (source, row index) so order errors show, plus noise for bits.
-                x = torch.randn(shape, generator=torch.Generator().manual_seed(100 * me + trial))
-                x.select(-1, 0).reshape(-1)[: shape[0]] = me * 1000 + torch.arange(shape[0], dtype=x.dtype)
-                x.requires_grad_(True)
-                counts = halo.exchange_counts(send) if trial == 1 else None  # both count paths
-                y = halos[trial == 2](x, send, recv, counts=counts)  # trial 2: simple HALO
-                ref = _flat(x.detach(), send, recv, group)
-                if not torch.equal(y.detach(), ref):
-                    failures.append(f"{name} trial {trial} rank {me}: forward differs")
-                if counts is not None:  # dispatcher use: the combine reuses the transposed counts
-                    back = halo(y.detach(), recv, send, counts=counts.transposed())
-                    if not torch.equal(back, x.detach()):
-                        failures.append(f"{name} rank {me}: combine with transposed counts differs")
-                gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7 + me + trial))
-                y.backward(gy)
-                gref = _flat(gy, recv, send, group)  # flat backward: the reverse exchange
-                if not torch.equal(x.grad, gref):
-                    failures.append(f"{name} trial {trial} rank {me}: gradient differs")
-            if w > 1:  # a bf16 exchange (gloo moves bytes; still bit-identical)
-                c = _matrix(gen, w, 0)
-                send, recv = c[me].tolist(), c[:, me].tolist()
-                xb = torch.randn(sum(send), 5).to(torch.bfloat16)
-                if not torch.equal(halo(xb, send, recv), _flat(xb, send, recv, group)):
-                    failures.append(f"{name} bf16 rank {me}: forward differs")
-    except Exception:
-        failures.append(traceback.format_exc())
-    finally:
-        if failures:
-            with open(errfile, "a") as f:
-                f.write("\n".join(failures) + "\n")
-        dist.destroy_process_group()
+    with report_failures(errfile) as failures:
+        try:
+            for name, (ranks, node_of) in MAPS.items():
+                group = dist.new_group(ranks, timeout=timeout) if len(ranks) < WORLD else None
+                if rank not in ranks:
+                    continue
+                halos = [HaloExchange(group, node_of), HaloExchange(group, node_of, overlap=False)]
+                halo = halos[0]
+                me, w = dist.get_rank(group), len(ranks)
+                gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # same on every rank
+                for trial in range(TRIALS):
+                    c = _matrix(gen, w, trial)
+                    send, recv = c[me].tolist(), c[:, me].tolist()
+                    shape = (sum(send), 3) if trial != 2 else (sum(send), 2, 4)  # trailing dims too
+                    # Rows carry (source, row index) so order errors show, plus noise for bits.
+                    x = torch.randn(shape, generator=torch.Generator().manual_seed(100 * me + trial))
+                    x.select(-1, 0).reshape(-1)[: shape[0]] = me * 1000 + torch.arange(shape[0], dtype=x.dtype)
+                    x.requires_grad_(True)
+                    counts = halo.exchange_counts(send) if trial == 1 else None  # both count paths
+                    y = halos[trial == 2](x, send, recv, counts=counts)  # trial 2: simple HALO
+                    ref = _flat(x.detach(), send, recv, group)
+                    if not torch.equal(y.detach(), ref):
+                        failures.append(f"{name} trial {trial} rank {me}: forward differs")
+                    if counts is not None:  # dispatcher use: the combine reuses the transposed counts
+                        back = halo(y.detach(), recv, send, counts=counts.transposed())
+                        if not torch.equal(back, x.detach()):
+                            failures.append(f"{name} rank {me}: combine with transposed counts differs")
+                    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7 + me + trial))
+                    y.backward(gy)
+                    gref = _flat(gy, recv, send, group)  # flat backward: the reverse exchange
+                    if not torch.equal(x.grad, gref):
+                        failures.append(f"{name} trial {trial} rank {me}: gradient differs")
+                if w > 1:  # a bf16 exchange (gloo moves bytes; still bit-identical)
+                    c = _matrix(gen, w, 0)
+                    send, recv = c[me].tolist(), c[:, me].tolist()
+                    xb = torch.randn(sum(send), 5).to(torch.bfloat16)
+                    if not torch.equal(halo(xb, send, recv), _flat(xb, send, recv, group)):
+                        failures.append(f"{name} bf16 rank {me}: forward differs")
+        finally:
+            dist.destroy_process_group()
 
 
 def test_halo_bit_identical_to_flat(tmp_path):
-    err = tmp_path / "errors.txt"
-    mp.spawn(_worker, args=(str(tmp_path / "store"), str(err)), nprocs=WORLD, join=True)
-    assert not err.exists(), err.read_text()
+    spawn_and_check(_worker, tmp_path, WORLD)
 
 
 def test_node_map_length_checked():

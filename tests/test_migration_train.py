@@ -16,6 +16,7 @@ from piper_plan.plan import Migration, make_plan  # noqa: E402
 from piper_plan.specs.registry import load_hardware, load_model  # noqa: E402
 from piper_runtime.config import TrainConfig  # noqa: E402
 from piper_runtime.launch import spawn_jobs  # noqa: E402
+from runtime_test_support import read_checkpoint  # noqa: E402
 
 REL = 1e-6
 
@@ -29,14 +30,6 @@ def _plan(pp, dp, zero, migration=None, schedule="1f1b"):
 def _mig(planner):
     # threshold 1.0 and period 1: re-plan after every step; a layer moves when it gains >= 1 %
     return Migration(enabled=True, period_steps=1, threshold=1.0, planner=planner, window=2)
-
-
-def _ckpt(path):
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = path.parent / (path.name + ".pt")
-    dcp_to_torch_save(str(path), str(out))
-    return torch.load(out)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +62,7 @@ def test_migration_changes_where_not_what(runs, base, mig):
     n = len(recs[mig])
     assert [r["loss"] for r in recs[mig]] == pytest.approx([r["loss"] for r in recs[base][:n]], rel=REL)
     assert [r["grad_norm"] for r in recs[mig]] == pytest.approx([r["grad_norm"] for r in recs[base][:n]], rel=REL)
-    ref, got = _ckpt(tmp / base / "step_00000003"), _ckpt(tmp / mig / "step_00000003")
+    ref, got = read_checkpoint(tmp / base / "step_00000003"), read_checkpoint(tmp / mig / "step_00000003")
     assert set(ref) == set(got)
     experts = [k for k in ref if ".moe.experts." in k and k.startswith(("model.", "optim."))]
     assert any(k.startswith("optim.") for k in experts)  # Adam moments per logical expert too
@@ -82,6 +75,6 @@ def test_checkpoint_from_one_placement_loads_under_another(runs):
     # a_mig saved step 3 under a migrated placement; a_resumed loads it into the contiguous one
     assert [r["step"] for r in recs["a_resumed"]] == [3, 4]
     assert [r["loss"] for r in recs["a_resumed"]] == pytest.approx([r["loss"] for r in recs["a"][3:]], rel=REL)
-    ref, got = _ckpt(tmp / "a" / "step_00000005"), _ckpt(tmp / "a_mig" / "step_00000005")
+    ref, got = read_checkpoint(tmp / "a" / "step_00000005"), read_checkpoint(tmp / "a_mig" / "step_00000005")
     bad = [k for k in ref if torch.is_tensor(ref[k]) and not _close(got[k], ref[k])]
     assert not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}"

@@ -9,20 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from piper_plan.specs.model import ModelSpec  # noqa: E402
 from piper_plan.specs.registry import load_model  # noqa: E402
 from piper_runtime.data import DataError, SyntheticTokens, open_tokens  # noqa: E402
 from piper_runtime.model import BuildCtx, build_full  # noqa: E402
 from piper_runtime.moe.experts import GroupedExperts  # noqa: E402
 from piper_runtime.moe.router import TopKRouter  # noqa: E402
-
-MLA = ModelSpec(name="mla-toy", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128, seq_len=16, ffn_size=96,
-                dense_layers=1, mla=dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
-                                         v_head_dim=16),
-                moe=dict(num_experts=4, top_k=2, expert_ffn_size=32, shared_experts=2, router="sigmoid"))
-GELU2 = ModelSpec(name="gelu2", num_layers=3, hidden_size=32, num_heads=2, vocab_size=64, seq_len=16, ffn_size=64,
-                  ffn_gated=False, linear_bias=True, norm="layernorm", tied_embeddings=True,
-                  moe=dict(num_experts=4, top_k=1, expert_ffn_size=16, gated=False, every=2))
+from runtime_test_support import GELU2, MLA  # noqa: E402
 
 
 @pytest.mark.parametrize("spec", [load_model("tiny-moe"), load_model("tiny-dense"), MLA, GELU2],

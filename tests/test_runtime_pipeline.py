@@ -21,6 +21,7 @@ from piper_runtime.data import make_source, rank_rows  # noqa: E402
 from piper_runtime.launch import spawn_jobs  # noqa: E402
 from piper_runtime.model import EXPERT_TAG, BuildCtx, build_full  # noqa: E402
 from piper_runtime.train import lm_loss  # noqa: E402
+from runtime_test_support import read_checkpoint  # noqa: E402
 
 STEPS = 3
 REL = 1e-5
@@ -106,14 +107,6 @@ def reference(plan, cfg: TrainConfig):
     return losses, params, norms
 
 
-def _load_ckpt(path) -> dict:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = path.parent / (path.name + ".pt")
-    dcp_to_torch_save(str(path), str(out))
-    return torch.load(out)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One 4-rank spawn runs every distributed job; returns records and checkpoint dirs."""
@@ -159,7 +152,7 @@ def test_schedule_matches_reference(runs, name):
     # AdamW would otherwise hide (its update is invariant to a constant gradient factor)
     assert [r["grad_norm"] for r in recs[name]] == pytest.approx(ref_norms, rel=REL)
     assert got[-1] != pytest.approx(got[0], rel=1e-4)  # the runs really trained
-    ck = _load_ckpt(tmp / name / f"step_{STEPS:08d}")
+    ck = read_checkpoint(tmp / name / f"step_{STEPS:08d}")
     model_keys = {k for k in ck if k.startswith("model.")}
     assert model_keys == set(ref_params)  # experts saved per logical id, nothing missing
     for k, v in ref_params.items():

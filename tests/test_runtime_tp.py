@@ -7,26 +7,17 @@ from __future__ import annotations
 
 import datetime
 import os
-import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from piper_plan.specs.model import ModelSpec  # noqa: E402
 from piper_plan.specs.registry import load_model  # noqa: E402
+from runtime_test_support import GELU2, MLA, report_failures, spawn_and_check  # noqa: E402
 
 WORLD, SEQ, B = 4, 16, 2
-MLA = ModelSpec(name="mla-toy", num_layers=2, hidden_size=64, num_heads=4, vocab_size=128, seq_len=16, ffn_size=96,
-                dense_layers=1, mla=dict(q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
-                                         v_head_dim=16),
-                moe=dict(num_experts=4, top_k=2, expert_ffn_size=32, shared_experts=2, router="sigmoid"))
-GELU2 = ModelSpec(name="gelu2", num_layers=3, hidden_size=32, num_heads=2, vocab_size=64, seq_len=16, ffn_size=64,
-                  ffn_gated=False, linear_bias=True, norm="layernorm", tied_embeddings=True,
-                  moe=dict(num_experts=4, top_k=1, expert_ffn_size=16, gated=False, every=2))
 # (spec, tp, sequence parallel)
 CASES = [("tiny-moe", 2, True), ("tiny-moe", 4, True), ("tiny-moe", 4, False), ("mla", 4, True),
          ("mla", 2, False), ("gelu2", 2, True), ("gelu2", 2, False)]
@@ -89,26 +80,19 @@ def _worker(rank: int, store: str, errfile: str):
 
     dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
-    failures = []
-    try:
-        pairs, _ = dist.new_subgroups_by_enumeration([[0, 1], [2, 3]])
-        for name, size, sp in CASES:
-            group = dist.group.WORLD if size == WORLD else pairs
-            tp = TP(size=size, rank=dist.get_rank(group), group=group, sp=sp)
-            _check(_spec(name), tp, dict(aux_coef=0.01, z_coef=1e-3), failures, f"{name} tp{size} sp={sp}")
-    except Exception:
-        failures.append(traceback.format_exc())
-    finally:
-        if failures:
-            with open(errfile, "a") as f:
-                f.write("\n".join(failures) + "\n")
-        dist.destroy_process_group()
+    with report_failures(errfile) as failures:
+        try:
+            pairs, _ = dist.new_subgroups_by_enumeration([[0, 1], [2, 3]])
+            for name, size, sp in CASES:
+                group = dist.group.WORLD if size == WORLD else pairs
+                tp = TP(size=size, rank=dist.get_rank(group), group=group, sp=sp)
+                _check(_spec(name), tp, dict(aux_coef=0.01, z_coef=1e-3), failures, f"{name} tp{size} sp={sp}")
+        finally:
+            dist.destroy_process_group()
 
 
 def test_tp_chunks_equal_single_process(tmp_path):
-    err = tmp_path / "errors.txt"
-    mp.spawn(_worker, args=(str(tmp_path / "store"), str(err)), nprocs=WORLD, join=True)
-    assert not err.exists(), err.read_text()
+    spawn_and_check(_worker, tmp_path, WORLD)
 
 
 
