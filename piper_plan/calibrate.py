@@ -22,8 +22,8 @@ import click
 import yaml
 
 from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, run_benchmarks
-from .calibrate_fit import (best_rates, fit_collective_overhead, fit_comm, fit_compute, fit_layer_overhead,
-                            proposals, rated_spec, split_comm, split_compute)
+from .calibrate_fit import (best_rates, fit_attention_bwd, fit_collective_overhead, fit_comm, fit_compute,
+                            fit_layer_overhead, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse
@@ -129,10 +129,15 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
         acc["expert_row_multiple"] = CPU_EXPERT_ROW_MULTIPLE
     if "attention" in comp:
         eff["attention"] = round(comp["attention"], 4)
+    if "attention_bwd" in comp:
+        eff["attention_bwd"] = round(comp["attention_bwd"], 4)
+        eff["attention_bwd_row_us"] = round(comp["attention_bwd_row_us"], 4)
     clip = "; attention rate exceeded the bf16 peak, clipped to 1" if comp.get("attention_clipped") else ""
     eff["source"] = (f"fitted {stamp} by scipy least_squares on log time against piper_plan.cost.kernels "
                      f"(gemm_time, stream_time, flash_attention_time; causal SDPA forward counted as "
-                     f"2·b·h·s²·d FLOPs); model error median/max: {_pct(comp_res)}{clip}"
+                     f"2·b·h·s²·d FLOPs; its backward timed alone and fitted by scipy nnls to "
+                     f"flash_attention_bwd_time: 2.5× those FLOPs at attention_bwd plus attention_bwd_row_us per "
+                     f"query row and head); model error median/max: {_pct(comp_res)}{clip}"
                      " (grouped_*: grouped GEMMs, held out of the fit); gemm_overhead_us: per-dtype extra fixed "
                      "cost per GEMM call, fitted jointly; layer_overhead_us: a piper-train dense / MoE block "
                      "(d 32, 64 tokens, a fresh input each call so expert GEMM shapes vary as in training) forward+backward "
@@ -294,6 +299,15 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
     comp = split_compute(comp_fit.rates, best_rates(meas), ds, plan.attn_dtype)
     comm_fit = fit_comm(meas["comm"]) if meas.get("comm") else None
     rated = rated_spec(hw, comp_fit.rates, plan.attn_dtype)
+    bwd, bwd_res = fit_attention_bwd(comp["peak_tflops"][plan.attn_dtype], comp["kernel_overhead_us"],
+                                     meas.get("attention", []))
+    comp.update(bwd)
+    comp_fit.residuals.update(bwd_res)
+    if bwd:  # the rated copy's peak is the raw GEMM rate: the same backward rate, rescaled
+        peak = comp["peak_tflops"][plan.attn_dtype]
+        raw = rated.peak_flops(plan.attn_dtype) / 1e12
+        rated = rated.model_copy(update={"efficiency": rated.efficiency.model_copy(update={
+            "attention_bwd": bwd["attention_bwd"] * peak / raw, "attention_bwd_row_us": bwd["attention_bwd_row_us"]})})
     comp["layer_overhead_us"], layer_detail = fit_layer_overhead(rated, meas.get("layers", []))
     co_res = {}
     if comm_fit and meas.get("loaded_comm"):

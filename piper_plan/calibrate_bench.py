@@ -97,13 +97,15 @@ def make_plan(kind: str, device: str) -> BenchPlan:
     kn = [(64, 192), (512, 1024)]
     if kind == "quick":
         ms, sq, st = (16, 48, 96, 128, 384, 1024, 4096), (256, 512, 1024), [1, 64, 2**16, 2**20, 2**22, 2**24]
-        attention = [(1, 4, 256, 64), (1, 4, 1024, 64), (1, 4, 512, 32), (1, 4, 512, 128)]
+        attention = [(1, 4, 64, 16), (2, 8, 128, 32), (1, 4, 256, 64), (1, 4, 1024, 64), (1, 4, 512, 32),
+                     (1, 4, 512, 128)]
         sizes = [2**10, 2**16, 2**20, 2**22]
     else:
         ms = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
         sq, st = (128, 256, 512, 1024, 2048), [1, 16, 256, 2**12, 2**16, 2**20, 2**22, 2**24]
         kn = kn + [(1024, 2048)]
-        attention = [(1, 4, s, d) for s in (256, 512, 1024, 2048) for d in (32, 64, 128)]
+        attention = [(1, 4, 64, 16), (2, 8, 128, 32)] + [(1, 4, s, d) for s in (256, 512, 1024, 2048)
+                                                          for d in (32, 64, 128)]
         sizes = [2**k for k in range(8, 26, 2)]
     gemm = _expert_shapes(dtypes, ms, kn) + [(dt, s, s, s, 1) for dt in dtypes for s in sq]
     gemm += [(dt, 48, 192, 64, 4) for dt in dtypes] + [(dt, 128, 1024, 512, 8) for dt in dtypes]
@@ -230,10 +232,16 @@ def _compute(torch, dev, plan, tick, timer) -> dict:
         tick(f"stream {12 * numel} B")
     sdpa = torch.nn.functional.scaled_dot_product_attention
     for bs, h, s, d in plan.attention:
-        qkv = [torch.randn(bs, h, s, d, device=dev).to(_dtype(torch, plan.attn_dtype)) for _ in range(3)]
-        t = timer(lambda: sdpa(*qkv, is_causal=True))
+        qkv = [torch.randn(bs, h, s, d, device=dev).to(_dtype(torch, plan.attn_dtype)).requires_grad_()
+               for _ in range(3)]
+        with torch.no_grad():
+            t = timer(lambda: sdpa(*qkv, is_causal=True))
+        grad = torch.ones(bs, h, s, d, device=dev, dtype=qkv[0].dtype)
+        t_fb = timer(lambda: sdpa(*qkv, is_causal=True).backward(grad))
+        # the backward alone: forward + backward less the forward (floored: noise on tiny shapes)
         res["attention"].append({"dtype": plan.attn_dtype, "batch": bs, "heads": h, "seq": s, "head_dim": d,
-                                 "flops": 2.0 * bs * h * s * s * d, "seconds": t})
+                                 "flops": 2.0 * bs * h * s * s * d, "seconds": t,
+                                 "seconds_bwd": max(t_fb - t, 0.1 * t), "rows": bs * h * s})
         tick(f"attention s={s} d={d}")
     return res
 

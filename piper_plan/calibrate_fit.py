@@ -5,7 +5,8 @@ Measurements are plain JSON-able dicts, times in seconds:
 - gemm:      {dtype, m, n, k, groups, seconds}     C[m×n] = A[m×k]·B[k×n], `groups` of them
 - stream:    {nbytes, seconds}                      one elementwise kernel moving nbytes
 - attention: {dtype, flops, seconds, ...}          causal SDPA forward; flops = 2·b·h·s²·d
-                                                    (causal counted as half of full, brief §9)
+                                                    (causal counted as half of full, brief §9);
+             optional seconds_bwd, rows (b·h·s)     its backward alone (fit_attention_bwd)
 - comm:      {kind: p2p|allreduce|alltoall, n, nbytes, seconds}; nbytes is the per-rank buffer
 
 The compute model is piper_plan.cost.kernels itself (gemm_time, stream_time,
@@ -23,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, nnls
 
-from .cost.kernels import flash_attention_time, gemm_time, stream_time
+from .cost.kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
 from .specs.hardware import HardwareSpec
 
 ELT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -269,6 +270,27 @@ def fit_comm(meas: list[dict]) -> CommFit:
 
 
 # ---- fixed costs the kernel and α-β models do not list ------------------------------------
+def fit_attention_bwd(peak_tflops: float, overhead_us: float, rows: list[dict]) -> tuple[dict, dict]:
+    """Efficiency.attention_bwd and attention_bwd_row_us from the attention points' backward
+    times: t_bwd = overhead + 2.5·flops / (peak·e_bwd) + rows·row_us (flash_attention_bwd_time),
+    linear in (1/(peak·e_bwd), row_us), so non-negative least squares (scipy nnls) on
+    relative error (each row divided by its measured time). `peak_tflops`: the spec's peak of
+    the attention dtype. Returns ({attention_bwd, attention_bwd_row_us} or {} without backward
+    points, residual stats 'attention_bwd')."""
+    pts = [r for r in rows if r.get("seconds_bwd")]
+    if len(pts) < 2:
+        return {}, {}
+    t = np.array([p["seconds_bwd"] for p in pts])
+    a = np.stack([2.5 * np.array([p["flops"] for p in pts]), np.array([p["rows"] for p in pts], dtype=float)], 1)
+    y = np.maximum(t - overhead_us * 1e-6, 0.0)
+    x, _ = nnls(a / t[:, None], y / t)
+    peak = peak_tflops * 1e12
+    e_bwd = 1.0 if x[0] <= 0 else min(1.0, 1.0 / (x[0] * peak))
+    out = {"attention_bwd": e_bwd, "attention_bwd_row_us": float(x[1] * 1e6)}
+    model = a[:, 0] / (peak * e_bwd) + a[:, 1] * x[1] + overhead_us * 1e-6
+    return out, residual_stats({"attention_bwd": model}, {"attention_bwd": t})
+
+
 def fit_layer_overhead(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, float], dict[str, dict]]:
     """Efficiency.layer_overhead_us from the framework-overhead blocks (calibrate_bench.LAYER_SPEC):
     measured forward + backward time minus the kernel model's price of the same block under

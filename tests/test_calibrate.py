@@ -259,3 +259,58 @@ def test_eager_bf16_blocks_pay_their_weight_casts():
     cast = float(stream_time(hw, 24.0 * (rep[1] + exp[1]), 0))
     assert moe[1] - moe[0] == pytest.approx(cast, rel=1e-9)
     assert moe[3] == pytest.approx(moe[2], rel=1e-12)
+
+
+def test_attention_backward_fit_recovers_its_rate_and_per_row_cost():
+    """Backward times made by flash_attention_bwd_time with a known efficiency and per-row
+    cost (3% noise) come back from fit_attention_bwd within 10%."""
+    from piper_plan.calibrate_fit import fit_attention_bwd
+    from piper_plan.cost.kernels import flash_attention_bwd_time
+
+    hw = load_hardware("cpu-local")
+    eff = hw.efficiency.model_copy(update={"attention_bwd": 0.3, "attention_bwd_row_us": 2.5})
+    hw = hw.model_copy(update={"efficiency": eff})
+    rng = np.random.default_rng(3)
+    rows = []
+    for b, h, s, d in make_plan("full", "cpu").attention:
+        fl = 2.0 * b * h * s * s * d
+        t = float(flash_attention_bwd_time(hw, fl, b * h * s)) * float(np.exp(0.03 * rng.standard_normal()))
+        rows.append({"flops": fl, "rows": b * h * s, "seconds": 1.0, "seconds_bwd": t})
+    got, res = fit_attention_bwd(hw.accelerator.peak_tflops["bf16"], eff.kernel_overhead_us, rows)
+    assert got["attention_bwd"] == pytest.approx(0.3, rel=0.1)
+    assert got["attention_bwd_row_us"] == pytest.approx(2.5, rel=0.1)
+    assert res["attention_bwd"]["median_abs_pct"] < 5
+
+
+def test_attention_backward_defaults_to_flash_attention_2_flops_at_the_forward_rate():
+    """Without a measured backward (every bundled GPU spec), the backward is 2.5x the
+    forward's FLOPs at the forward's efficiency: one kernel launch, no per-row cost."""
+    from piper_plan.cost.kernels import flash_attention_bwd_time
+
+    hw = load_hardware("dgx-h100")
+    assert hw.efficiency.attention_bwd is None and hw.efficiency.attention_bwd_row_us == 0
+    fl = 3e12
+    launch = hw.efficiency.kernel_overhead_us * 1e-6
+    bwd = float(flash_attention_bwd_time(hw, fl, 10**6))
+    assert bwd - launch == pytest.approx(2.5 * (float(flash_attention_time(hw, fl)) - launch), rel=1e-12)
+
+
+def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
+    """The step's optimizer term streams AdamW's state, clipping's 3 passes over each local
+    gradient, and, for piper-train (eager), the flatten/unflatten copies of the gradient
+    reduction (+ the ÷dp) and of the ZeRO gather: 24 + 16 B per replicated parameter."""
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_model
+
+    hw, m = load_hardware("cpu-local"), load_model("tiny-moe")
+    lays = [Layout(gpus=8, dp=8, ep=8, global_batch=16, seq=64, dtype="bf16", zero=1, fused_kernels=fk)
+            for fk in (True, False)]
+    opt = [estimate_layout(m, hw, lay).time["optimizer"][0] for lay in lays]
+    # pp 1, dp 8, ep 8: the rank holds every non-expert parameter (replicated over dp: reduced,
+    # gathered, 40 B) and an eighth of the experts (expert-dp 1: only divided by dp, 8 B)
+    experts = m.moe_layer_expert_params * m.num_moe_layers
+    rep, own = m.total_params - experts, experts / 8
+    bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
+    # (within 0.1%: the planner's per-rank count leaves out the final norm's 64 weights)
+    assert opt[1] - opt[0] == pytest.approx((40.0 * rep + 8.0 * own) / bw, rel=1e-3)

@@ -19,7 +19,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .activations import expected_pad
 from .batch import LayoutBatch
-from .kernels import flash_attention_time, gemm_time, stream_time
+from .kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
 
 
 class Phase:
@@ -121,7 +121,9 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     # core attention: fused kernels skip masked blocks (causal half, sliding windows)
     core_flops = 2.0 * t * m.attended_keys(s) * heads * (dqk + dv)
     # attention stays in bf16 under fp8 training (Transformer Engine's default recipe)
-    flash_f = flash_attention_time(hw, core_flops, "bf16" if dtype == "fp8" else dtype)  # causal: masked blocks skipped
+    adt = "bf16" if dtype == "fp8" else dtype
+    flash_f = flash_attention_time(hw, core_flops, adt)  # causal: masked blocks skipped
+    flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt)
     if lay.eager.any():
         batch = lay.mbs * heads
         eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=dtype, elt_bytes=eb)
@@ -130,9 +132,9 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
         soft_bytes = t * s * heads * eb * (2.0 + np.where(lay.dropout, 2.5, 0.0))
         eager_f = eager_gemm + stream_time(hw, soft_bytes, 1 + lay.dropout)
         core_f = np.where(lay.eager, eager_f, flash_f)
-        core_b = np.where(lay.eager, 2.0 * eager_f, 2.5 * flash_f)
+        core_b = np.where(lay.eager, 2.0 * eager_f, flash_b)
     else:  # all fused: skip pricing the eager kernels
-        core_f, core_b = flash_f, 2.5 * flash_f
+        core_f, core_b = flash_f, flash_b
     z = np.zeros_like(core_f)
     core = Phase(core_f, core_b, z, z)
 

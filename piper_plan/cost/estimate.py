@@ -291,8 +291,21 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
         t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
     # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
     dpg = np.maximum(lay.dp, 1).astype(float)
-    local = rep_pr / np.where(lay.zero >= 1, dpg, 1.0) + exp_pr / np.where(lay.zero >= 1, np.maximum(edp, 1), 1.0)
-    t_opt = local * (2 * 12.0 + gb + eb) / (hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory)
+    edpg = np.maximum(edp, 1).astype(float)
+    local = rep_pr / np.where(lay.zero >= 1, dpg, 1.0) + exp_pr / np.where(lay.zero >= 1, edpg, 1.0)
+    # global-norm clipping: read each gradient for its norm, then scale it (read + write);
+    # ZeRO-2 ranks hold only their share of the gradients
+    grads = np.where(lay.zero >= 2, local, rep_pr + exp_pr)
+    opt_bytes = local * (2 * 12.0 + gb + eb) + 3.0 * gb * grads
+    # eager runtimes without contiguous gradient/parameter buffers (piper-train) also copy
+    # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
+    # 2 for the division), and with ZeRO copy each gathered parameter out of its broadcast
+    # buffer (read + write) after the owner packed it (read + write)
+    replicated = rep_pr * (lay.dp > 1) + exp_pr * (edp > 1)  # params with a replication group
+    red = 16.0 * replicated + np.where(lay.dp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
+    gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
+    opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
+    t_opt = opt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory)
     return t_dp, t_opt
 
 

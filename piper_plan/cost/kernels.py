@@ -64,3 +64,17 @@ def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16"):
     """Fused attention forward: FLOPs at the attention plateau efficiency (one kernel)."""
     flops = np.asarray(flops, dtype=float)
     return flops / (hw.peak_flops(dtype) * hw.efficiency.attention) + hw.efficiency.kernel_overhead_us * 1e-6
+
+
+def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16"):
+    """Fused attention backward for a forward of `flops` over `rows` query rows × heads:
+    2.5× the forward's FLOPs (FlashAttention-2 runs five GEMMs to the forward's two) at
+    efficiency.attention_bwd (default: the forward's plateau), plus
+    efficiency.attention_bwd_row_us per query row per head — a fixed cost that a CPU's
+    backward kernel pays whatever the sequence length (measured by calibrate: 2.2 µs per row
+    on this repository's 2-core machine, 12× the forward's time at 64 tokens, 2× at 1,024)."""
+    eff = hw.efficiency
+    e = eff.attention_bwd if eff.attention_bwd is not None else eff.attention
+    flops = np.asarray(flops, dtype=float)
+    return (2.5 * flops / (hw.peak_flops(dtype) * e) + np.asarray(rows, dtype=float) * eff.attention_bwd_row_us * 1e-6
+            + eff.kernel_overhead_us * 1e-6)

@@ -70,11 +70,18 @@ class Efficiency(_Optional):
     on machines where they matter (a CPU running eager torch): they are per call, not per
     byte, so they dominate small models and vanish for large ones."""
 
-    _OMIT_AT_DEFAULT = ("gemm_overhead_us", "layer_overhead_us", "collective_overhead_us")
+    _OMIT_AT_DEFAULT = ("gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
+                        "attention_bwd_row_us")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
     attention: float = Field(..., gt=0, le=1, description="fused (flash) attention fraction of dense peak")
+    attention_bwd: Optional[float] = Field(
+        None, gt=0, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
+        "forward's FLOPs (FlashAttention-2's five GEMMs to the forward's two); None: as `attention`")
+    attention_bwd_row_us: float = Field(
+        0.0, ge=0, description="fixed cost of the attention backward per query row per head, us (a CPU "
+        "kernel pays it whatever the sequence length: measured by calibrate)")
     memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     kernel_overhead_us: float = Field(4.0, ge=0, description="fixed cost per kernel launch, us")
     comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
