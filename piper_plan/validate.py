@@ -7,8 +7,9 @@ source's own FLOP convention:
 - iteration_time_s: predicted step time;
 - model_tflops_per_gpu: Piper's model FLOPs (causal attention halved, brief §9) — except where
   the row's notes publish tokens/s/GPU (Megatron-Bridge): then throughput is compared in
-  tokens/s, which needs no FLOP convention (theirs differs from ours: e.g. 46 GFLOP/token for
-  Qwen3-30B-A3B where 6·active params + attention gives 23);
+  tokens/s, which needs no FLOP convention (theirs differs from ours for some models: gpt-oss-120b
+  27.2 GFLOP/token against our 32.7 with its sliding windows; Qwen3-30B-A3B 118 TFLOPS at
+  5113 tok/s is 23.1, as ours);
 - params_optimizer_gib_per_gpu / activation_gib_per_gpu: the memory model's components on the
   first pipeline stage (Korthikanti 2022 Fig. 1 excludes the embedding from the states).
 Software settings follow each source: Megatron 2021/22 ran eager fused-softmax attention with
@@ -17,12 +18,14 @@ Megatron-Bridge runs flash attention, no dropout, distributed optimizer with ove
 reduction. "planner's choice" rows compare with the best layout our search finds inside the
 space the measured system can run: Piper's rows with its PP × EP mesh (tp 1, ep = dp) and
 1F1B — the schedules and TP its runtime lacks would credit Piper with speed it never had;
-X-MoE rows without a published layout with our best layout without pipelining (X-MoE has no PP).
+X-MoE rows without a published layout with our best layout without pipelining (X-MoE has no PP);
+X-MoE rows with one run it under ZeRO-<n> as its launch script (quoted in the notes) sets.
 No row was used to fit any parameter: efficiencies come from hardware micro-benchmarks.
 """
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -96,8 +99,6 @@ def _layout(row) -> Layout:
 
 def _tokens_per_gpu(row) -> float | None:
     """tokens/s/GPU published in the notes column, if any."""
-    import re
-
     hit = re.search(r"([\d.]+) tok/s/GPU", row.get("notes", ""))
     return float(hit.group(1)) if hit else None
 
@@ -125,7 +126,8 @@ def predict_row(row) -> tuple[float, str]:
         return float(res.est.tflops_per_gpu[res.best]), _desc(lay)
     lay = _layout(row)
     if row["group"] == "xmoe2025":  # X-MoE recipe with a published layout (ZeRO, no PP)
-        lay = lay.model_copy(update=dict(zero=2 if "ZeRO" in row["notes"] else 1, pp=1))
+        z = re.search(r"ZeRO-(\d)", row["notes"])  # the script's --zero-stage, quoted in the notes
+        lay = lay.model_copy(update=dict(zero=int(z.group(1)) if z else 1, pp=1))
     cd = "fp8" if row["precision"] == "fp8" else None
     est = evaluate(m, hw, from_layouts([lay]), compute_dtype=cd)
     if metric == "hw_tflops_per_gpu":

@@ -23,7 +23,7 @@ def test_moe_rows_do_not_regress(results):
     # The MoE target (MAPE <= 20 %, max 35 %) is NOT met yet (issue 4 stays open); this guard
     # pins today's level so a change that makes the MoE model worse fails.
     k = summary(results)["kinds"]["moe"]
-    assert k["rows"] == 17 and k["mape"] <= 70.0
+    assert k["rows"] == 17 and k["mape"] <= 50.0  # 47.0 % with the rows checked against their sources
 
 
 def test_dense_ranking_follows_measurement(results):
