@@ -7,6 +7,15 @@ die with their namespace). Addresses are 10.77.0.0/24, inside those namespaces o
 Bandwidth is shaped with tbf on both ends of a veth (one qdisc per direction); this kernel has
 no netem, so latency is not emulated. Rates are Mbit/s (10^6 bit/s).
 
+The shaped links are lossless, as HPC fabrics are (InfiniBand and Slingshot use link-level
+credit flow control; a switch never drops a packet for want of buffer): every tbf queue holds
+the most bytes TCP can ever have in flight through it, so TCP is paced by the token bucket and
+never by a drop (see ``lossless_limit``). A drop costs TCP a retransmit timeout of >= 200 ms
+(TCP_RTO_MIN), which on a queue sized by time alone (first version: 200 ms of the rate) made
+the 256 KiB flat exchange on the quarter-rate spine bimodal (12 flows x 256 KiB = 3 MiB
+against a 1.9 MB queue). ``qdisc_stats`` reads the drop counters back, so a run can show it
+had none.
+
 - *uplink*: rank namespaces hang off an unshaped node bridge; each node bridge reaches the
   switch bridge through one shaped uplink.
 - *rail*: each rank has its own shaped NIC on the bridge of rail = its local index; the rail
@@ -22,7 +31,7 @@ PREFIX = "piper-halo-"
 FABRIC = PREFIX + "fab"
 MTU = 9000  # jumbo frames, as HPC fabrics use; also fewer packets for 2 busy cores
 BURST_PKTS = 2
-QUEUE_MS = 200.0
+BURST_MS = 1.0
 
 
 @dataclass(frozen=True)
@@ -65,20 +74,46 @@ def _netns(name: str) -> str:
     return ns
 
 
-def _shape(ns: str, dev: str, mbit: float) -> None:
-    """tbf on dev's egress. Burst: BURST_PKTS jumbo frames, so bursts are paced almost at once (a
-    large bucket sends its whole content at memory speed after every idle gap, which made
-    exchanges up to that size look free); tbf segments bigger GSO packets to fit it. Queue:
-    QUEUE_MS of the rate (>= 256 KiB), deep enough that TCP is paced by the bucket, not by drops.
-    PIPER_TBF_BURST_PKTS / PIPER_TBF_QUEUE_MS override them for experiments."""
+def lossless_limit(flows: int) -> int:
+    """Bytes a tbf queue needs so that `flows` TCP flows through it are never dropped: TCP has
+    at most a socket send buffer of unacknowledged bytes in flight per flow, and gloo sets
+    SO_SNDBUF to the message size, which the kernel caps at net.core.wmem_max and doubles
+    (socket(7)). So flows x 2 x wmem_max bounds what can ever sit in the queue."""
+    wmem_max = int(open("/proc/sys/net/core/wmem_max").read())
+    return flows * 2 * wmem_max
+
+
+def _shape(ns: str, dev: str, mbit: float, flows: int) -> None:
+    """tbf on dev's egress. Burst: BURST_MS of the rate, at least BURST_PKTS jumbo frames. tbf
+    keeps at most `burst` tokens, so when its dequeue timer fires late (8 ranks on 2 shared
+    cores delay softirqs by a fraction of a millisecond) the tokens of the delay beyond the
+    bucket are lost and the link runs below its rate; a bucket of 1 ms of the rate absorbs
+    such delays. A much larger one would let the first `burst` bytes after every idle gap out
+    at memory speed, which made small exchanges look free (the first version's reason for 2
+    frames). Queue: ``lossless_limit(flows)``. PIPER_TBF_BURST_MS / PIPER_TBF_LIMIT_BYTES
+    override them for experiments."""
     import os
 
-    pkts = int(os.environ.get("PIPER_TBF_BURST_PKTS", BURST_PKTS))
-    qms = float(os.environ.get("PIPER_TBF_QUEUE_MS", QUEUE_MS))
-    burst = pkts * (MTU + 64)
-    limit = max(int(mbit * 1e6 / 8 * qms * 1e-3), 256 * 1024)
+    burst_ms = float(os.environ.get("PIPER_TBF_BURST_MS", BURST_MS))
+    burst = max(BURST_PKTS * (MTU + 64), int(mbit * 1e6 / 8 * burst_ms * 1e-3))
+    limit = int(os.environ.get("PIPER_TBF_LIMIT_BYTES", 0)) or lossless_limit(flows)
     nsx(ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
         "burst", str(burst), "limit", str(limit))
+
+
+def qdisc_stats() -> dict[str, dict[str, int]]:
+    """Per shaped device ("<namespace>/<dev>"): packets sent, dropped and overlimit (delayed by
+    the bucket) since the topology was built, from `tc -s -j qdisc`."""
+    import json
+
+    out = {}
+    for ns in existing():
+        r = subprocess.run(["ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show"],
+                           capture_output=True, text=True)
+        for q in json.loads(r.stdout or "[]"):
+            if q.get("kind") == "tbf":
+                out[f"{ns[len(PREFIX):]}/{q['dev']}"] = {k: int(q.get(k, 0)) for k in ("packets", "drops", "overlimits")}
+    return out
 
 
 def _up(ns: str, dev: str, master: str | None = None) -> None:
@@ -97,7 +132,7 @@ def _veth(ns_a: str, a: str, ns_b: str, b: str) -> None:
     sh("ip", "link", "add", a, "netns", ns_a, "type", "veth", "peer", "name", b, "netns", ns_b)
 
 
-def _rank_ns(k: int, bridge: str, nic_mbit: float | None) -> RankNet:
+def _rank_ns(k: int, bridge: str, nic_mbit: float | None, flows: int = 0) -> RankNet:
     ns = _netns(f"r{k}")
     addr = f"10.77.0.{10 + k}"
     _veth(ns, "nic", FABRIC, f"r{k}")
@@ -105,13 +140,15 @@ def _rank_ns(k: int, bridge: str, nic_mbit: float | None) -> RankNet:
     _up(FABRIC, f"r{k}", master=bridge)
     nsx(ns, "ip", "addr", "add", f"{addr}/24", "dev", "nic")
     if nic_mbit:
-        _shape(ns, "nic", nic_mbit)           # rank -> fabric
-        _shape(FABRIC, f"r{k}", nic_mbit)     # fabric -> rank
+        _shape(ns, "nic", nic_mbit, flows)           # rank -> fabric
+        _shape(FABRIC, f"r{k}", nic_mbit, flows)     # fabric -> rank
     return RankNet(k, ns, "nic", addr)
 
 
 def build_uplink(nodes: int, per_node: int, uplink_mbit: float) -> list[RankNet]:
     teardown()
+    w = nodes * per_node
+    flows = per_node * (w - per_node)  # a node's ranks to (or from) every rank off the node
     _netns("fab")
     _bridge(FABRIC, "sw")
     ranks = []
@@ -120,14 +157,17 @@ def build_uplink(nodes: int, per_node: int, uplink_mbit: float) -> list[RankNet]
         _veth(FABRIC, f"up{n}a", FABRIC, f"up{n}b")
         _up(FABRIC, f"up{n}a", master=f"nb{n}")
         _up(FABRIC, f"up{n}b", master="sw")
-        _shape(FABRIC, f"up{n}a", uplink_mbit)  # switch -> node (egress into the node bridge)
-        _shape(FABRIC, f"up{n}b", uplink_mbit)  # node -> switch
+        _shape(FABRIC, f"up{n}a", uplink_mbit, flows)  # switch -> node (egress into the node bridge)
+        _shape(FABRIC, f"up{n}b", uplink_mbit, flows)  # node -> switch
         ranks += [_rank_ns(n * per_node + l, f"nb{n}", None) for l in range(per_node)]
     return ranks
 
 
 def build_rail(nodes: int, per_node: int, nic_mbit: float, spine_mbit: float) -> list[RankNet]:
     teardown()
+    w = nodes * per_node
+    nic_flows = w - per_node  # a rank's flows off its node (intra-node peers use their own link)
+    spine_flows = w * (w - per_node)  # an upper bound: every off-node flow of every rank
     _netns("fab")
     for l in range(per_node):
         _bridge(FABRIC, f"rail{l}")
@@ -136,11 +176,11 @@ def build_rail(nodes: int, per_node: int, nic_mbit: float, spine_mbit: float) ->
         _veth(FABRIC, f"sp{l}a", FABRIC, f"sp{l}b")
         _up(FABRIC, f"sp{l}a", master=f"rail{l}")
         _up(FABRIC, f"sp{l}b", master=f"rail{l + 1}")
-        _shape(FABRIC, f"sp{l}a", spine_mbit)
-        _shape(FABRIC, f"sp{l}b", spine_mbit)
+        _shape(FABRIC, f"sp{l}a", spine_mbit, spine_flows)
+        _shape(FABRIC, f"sp{l}b", spine_mbit, spine_flows)
     ranks = []
     for n in range(nodes):
-        mine = [_rank_ns(n * per_node + l, f"rail{l}", nic_mbit) for l in range(per_node)]
+        mine = [_rank_ns(n * per_node + l, f"rail{l}", nic_mbit, nic_flows) for l in range(per_node)]
         for i, a in enumerate(mine):  # unshaped intra-node links with host routes
             for b in mine[i + 1:]:
                 _veth(a.netns, f"in{b.rank}", b.netns, f"in{a.rank}")

@@ -28,6 +28,7 @@ MAPS = {
     "one rank per node": ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4]),
 }
 TRIALS = 4
+MAPS_ORDER = {name: i for i, name in enumerate(MAPS)}
 
 
 def _matrix(gen, w: int, trial: int):
@@ -62,8 +63,8 @@ def _worker(rank: int, store_path: str, errfile: str):
                 group = dist.new_group(ranks, timeout=timeout) if len(ranks) < WORLD else None
                 if rank not in ranks:
                     continue
-                halos = [HaloExchange(group, node_of), HaloExchange(group, node_of, overlap=False)]
-                halo = halos[0]
+                halos = {m: HaloExchange(group, node_of, mode=m) for m in HaloExchange.MODES}
+                halo = halos["coalesced"]
                 me, w = dist.get_rank(group), len(ranks)
                 gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # same on every rank
                 for trial in range(TRIALS):
@@ -75,10 +76,12 @@ def _worker(rank: int, store_path: str, errfile: str):
                     x.select(-1, 0).reshape(-1)[: shape[0]] = me * 1000 + torch.arange(shape[0], dtype=x.dtype)
                     x.requires_grad_(True)
                     counts = halo.exchange_counts(send) if trial == 1 else None  # both count paths
-                    y = halos[trial == 2](x, send, recv, counts=counts)  # trial 2: simple HALO
+                    # modes cycle with the trial (offset per map): trials 0-2 give each mode a non-empty run
+                    mode = HaloExchange.MODES[(trial + MAPS_ORDER[name]) % len(HaloExchange.MODES)]
+                    y = halos[mode](x, send, recv, counts=counts)
                     ref = _flat(x.detach(), send, recv, group)
                     if not torch.equal(y.detach(), ref):
-                        failures.append(f"{name} trial {trial} rank {me}: forward differs")
+                        failures.append(f"{name} trial {trial} ({mode}) rank {me}: forward differs")
                     if counts is not None:  # dispatcher use: the combine reuses the transposed counts
                         back = halo(y.detach(), recv, send, counts=counts.transposed())
                         if not torch.equal(back, x.detach()):
@@ -87,7 +90,7 @@ def _worker(rank: int, store_path: str, errfile: str):
                     y.backward(gy)
                     gref = _flat(gy, recv, send, group)  # flat backward: the reverse exchange
                     if not torch.equal(x.grad, gref):
-                        failures.append(f"{name} trial {trial} rank {me}: gradient differs")
+                        failures.append(f"{name} trial {trial} ({mode}) rank {me}: gradient differs")
                 if w > 1:  # a bf16 exchange (gloo moves bytes; still bit-identical)
                     c = _matrix(gen, w, 0)
                     send, recv = c[me].tolist(), c[:, me].tolist()

@@ -42,8 +42,9 @@ def test_phase3_forwarding_is_exposed_after_phase2():
     assert t_fast == pytest.approx(t2, rel=1e-3)
 
 
-def test_phase3_pays_one_message_per_pack_and_local_rank():
-    """Alpha terms (bandwidth x1e6): max(Phase I, Phase II) + (N-1)(q-1) intra messages."""
+def test_phase3_pays_one_message_per_local_rank():
+    """Alpha terms (bandwidth x1e6): max(Phase I, Phase II) + (q-1) intra messages: the relay
+    coalesces every pack's rows for a local rank into one message."""
     from halo_model import alpha_only
 
     hw = alpha_only(load_hardware("frontier"))  # levels: gcd-pair 2 us, node 3, switch 5, group 6
@@ -52,9 +53,32 @@ def test_phase3_pays_one_message_per_pack_and_local_rank():
     t = float(comm.a2a_halo(hw, 8 * n, n, 1))
     a_intra = 1 * 2e-6 + 6 * 3e-6  # q-1 = 7 local peers: 1 on the GCD pair, 6 on the node
     a_packs = 3 * 5e-6 + 12 * 6e-6  # 15 remote nodes: 3 on the switch, 12 in the group
-    assert t == pytest.approx(max(a_intra, a_packs) + (nodes - 1) * a_intra, rel=1e-3)
+    assert t == pytest.approx(max(a_intra, a_packs) + a_intra, rel=1e-3)
     flat = float(comm.a2a_flat(hw, 8 * n, n, 1))
     assert flat == pytest.approx(2e-6 + 6 * 3e-6 + 24 * 5e-6 + 96 * 6e-6, rel=1e-3)
+
+
+def test_call_floor_hides_first_round_not_phase3():
+    """a2a_call: the per-call floor co (a small call's cost beyond its α-β set-ups, so a whole
+    small flat call is co + the flat set-ups) overlaps the first round; HALO's dependent
+    Phase III set-up (q-1 node-level latencies) adds on top; each pays
+    max(co + flat set-ups, wire - its first-round set-ups)."""
+    hw = load_hardware("emu-rail-1")
+    co, hop, inter = 6e-3, 2.5e-3, hw.topology[1].latency_us * 1e-6
+    lv = [hw.topology[0].model_copy(update={"latency_us": hop * 1e6}), hw.topology[1]]
+    hw = hw.model_copy(update={"topology": lv, "efficiency": hw.efficiency.model_copy(
+        update={"collective_overhead_us": co * 1e6})})
+    n, small, big = 8, 8 * 4096, 8 * 4 * 2**20
+    a_flat = hop + 6 * inter  # 1 node neighbour, 6 peers on other nodes
+    a_first = max(hop, 3 * inter)  # Phase I's one intra message vs Phase II's 3 packs
+    assert float(comm.a2a_call(hw, small, n, 1, False)) == pytest.approx(co + a_flat)
+    assert float(comm.a2a_call(hw, small, n, 1, True)) == pytest.approx(co + a_flat + hop)
+    halo, flat = float(comm.a2a_halo(hw, big, n, 1)), float(comm.a2a_flat(hw, big, n, 1))
+    assert halo > co + a_flat + 2 * hop
+    assert float(comm.a2a_call(hw, big, n, 1, True)) == pytest.approx(halo - a_first)
+    assert float(comm.a2a_call(hw, big, n, 1, False)) == pytest.approx(flat - a_flat)
+    zero = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"collective_overhead_us": 0.0})})
+    assert float(comm.a2a_call(zero, big, n, 1, True)) == pytest.approx(halo)  # no floor: the wire time
 
 
 def test_halo_degenerates_to_flat():
@@ -83,12 +107,16 @@ def test_emulated_spec_from_micro_calibration():
              "inter": {"latency_us": 55.0, "bandwidth_gbps": 0.037},
              "micro": {"tiny_a2a_ms": 6.5, "tiny_a2a_bytes_per_peer": 4, "tiny_reps": 63, "reps": 3,
                        "fan_bytes": 4 * 2**20, "fan_flows": 3, "fan_gbps": 0.0285, "cross_gbps": 0.0084,
-                       "intra_ms": {str(2**20): 4.0, str(4 * 2**20): 14.0}, "intra_gbps": 0.3146}}
+                       "intra_ms": {str(2**20): 4.0, str(4 * 2**20): 14.0}, "intra_gbps": 0.3146,
+                       "round_ms": 2.4, "hop_ms": 1.4}}
     d = halo_netns.hardware_yaml("rail-1", 300, calib)
     assert d["efficiency"]["comm"] == pytest.approx(0.0285 / 0.0375, abs=1e-3)
-    assert d["efficiency"]["collective_overhead_us"] == 6500.0
+    # the floor beyond the 4-byte call's own set-ups: 1 node neighbour (2,400 us) + 6 remote (55 us)
+    assert d["efficiency"]["collective_overhead_us"] == pytest.approx(6500.0 - 2400.0 - 6 * 55.0)
     assert d["network"]["cross_rail_taper"] == pytest.approx(0.0084 / (0.0375 * 0.76), abs=1e-3)
     assert d["topology"][0]["bandwidth_gbps"] == pytest.approx(0.3146)  # loaded, not the lone pair's 9
+    assert d["topology"][0]["latency_us"] == 2400.0  # HALO's dependent round under load, not the idle 60 us
+    assert d["topology"][1]["latency_us"] == 55.0
     assert "fan-out" in d["efficiency"]["source"] and "slope" in d["topology"][0]["source"]
     up = halo_netns.hardware_yaml("uplink", 300, calib)  # two ranks share one uplink
     assert up["efficiency"]["comm"] == pytest.approx(min(1.0, 0.0285 / 0.01875), abs=1e-3)

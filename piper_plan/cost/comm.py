@@ -97,13 +97,13 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     - T_I: intra-node exchange, (q-1) messages of `per` bytes over the node's links;
     - T_II: one pack of q·per bytes to the same-index peer of each of the N-1 remote nodes
       (its own rail: no cross-rail share), N-1 messages;
-    - T_III: the relay forwards each pack's rows to the other q-1 local ranks, one message per
-      (pack, local rank): (N-1)·(q-1) messages and (N-1)·(q-1)·per bytes on the intra links.
-    Phase III is not hidden behind Phase II although the runtime forwards each pack as soon as
-    it lands: the N-1 packs share the rank's NIC fairly, so they land together at the end of
-    Phase II (on the emulated rails of benchmarks/halo_netns.py, forwarding as they land ran
-    within ~10 % of forwarding after all of Phase II, either way round). Phase III
-    also waits for Phase I, which holds the same intra links."""
+    - T_III: the relay forwards the packs' rows to the other q-1 local ranks, ONE message per
+      local rank holding its rows of all N-1 packs (runtime/moe/halo.py's coalesced mode):
+      q-1 messages and (N-1)·(q-1)·per bytes on the intra links.
+    Phase III follows all of Phase II: the N-1 packs share the rank's NIC fairly, so they land
+    together at its end (on the emulated rails of benchmarks/halo_netns.py, forwarding each
+    pack as it landed ran within ~10 % of forwarding after all of them, and cost more
+    messages). Phase III also waits for Phase I, which holds the same intra links."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
     c, peers = _split(hw, n, stride)
@@ -121,8 +121,8 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     t1 = _bw_time(hw, intra * per) + lat_intra
     # Phase II: per remote node one pack of q·per bytes (inter_peers/q packs per level)
     t2 = _bw_time(hw, inter_peers * per) + (inter_peers / np.maximum(q, 1) * latx).sum(0)
-    # Phase III: (nodes-1) packs, each with `per` bytes for every other local member
-    t3 = (_bw_time(hw, intra * per) + lat_intra) * (nodes - 1)
+    # Phase III: one message per other local member, its `per` bytes of each of nodes-1 packs
+    t3 = _bw_time(hw, intra * per) * (nodes - 1) + lat_intra
     t = np.maximum(t1, t2) + t3
     if flat is None:
         flat = a2a_flat(hw, nbytes, n, stride)
@@ -140,28 +140,57 @@ def a2a_rounds(hw: HardwareSpec, n, stride, halo) -> np.ndarray:
     return np.where(np.asarray(halo, dtype=bool) & hier, 2.0, 1.0)
 
 
-def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
-    """Wall time of one all-to-all call with the per-call floor `collective_overhead_us` (co):
-    max(co, wire) + co · (rounds − 1), where wire = a2a_flat / a2a_halo (pass it as `wire` if
-    the caller has it) and rounds = a2a_rounds.
+def _alphas(hw: HardwareSpec, n, stride):
+    """Message set-up times (s) of one all-to-all: (flat: one message per peer at its level's
+    latency; HALO's first round: the larger of Phase I's q-1 intra-node and Phase II's packs;
+    HALO's Phase III: q-1 intra-node messages, one per other local member)."""
+    c, peers = _split(hw, n, stride)
+    _, lat, _ = _levels(hw)
+    node = hw.scaleup_level
+    latx = _expand(lat, peers.ndim - 1)
+    q = np.maximum(c[node], 1)
+    intra, inter = peers.copy(), peers.copy()
+    intra[node + 1:] = 0.0
+    inter[: node + 1] = 0.0
+    a_intra = (intra * latx).sum(0)
+    return (peers * latx).sum(0), np.maximum(a_intra, (inter / q * latx).sum(0)), a_intra
 
-    Physics: co is time a call waits for its peers to be scheduled (ranks sharing cores). The
-    bytes of the ranks already running move meanwhile — the kernel's socket buffers take them
-    whether or not the receiving process runs — so the first round costs the larger of the two,
-    not their sum. A dependent round (HALO's Phase III: a relay forwards only once its pack has
-    landed) starts after the first round's bytes have arrived, so its wait adds. Measured on
-    the emulated networks of `sudo python benchmarks/halo_netns.py` (4 nodes x 2 ranks on 2
-    shared cores, co 6-8 ms; it prints both forms): the sum over-predicted flat at 4-64 KiB per
-    peer by up to 87-127 %, this form by <= 32 %. With co = 0 (the bundled GPU specs) this is
-    the wire time exactly."""
+
+def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
+    """Wall time of one all-to-all call on ranks that pay a per-call floor
+    (efficiency.collective_overhead_us, co: what a small call costs beyond its α-β time):
+
+        max(co + α_flat, wire − α_1 − α_III) + α_III
+
+    where wire = a2a_flat / a2a_halo (pass it as `wire` if the caller has it), α_flat the flat
+    exchange's message set-ups (so co + α_flat is a whole small flat call, as measured), α_1
+    the first round's set-ups (flat: α_flat; HALO: the larger of Phase I's and Phase II's) and
+    α_III Phase III's (HALO when truly hierarchical, a2a_rounds = 2; else 0) — see _alphas.
+
+    Physics: the floor is time a call waits for its peers to be scheduled (ranks sharing
+    cores), and a small call holds its message set-ups. The bytes of the ranks already running
+    move meanwhile — the kernel's socket buffers take them whether or not the receiving
+    process runs — so the first round costs the larger of floor and transfer, not their sum.
+    HALO's Phase III is a dependent round: a relay forwards only once its packs have landed,
+    so its set-up cannot hide under the floor and adds. On a machine whose ranks share cores
+    that set-up is the wait for relay and receiver to run again (and HALO's P2P ops' CPU),
+    which benchmarks/halo_netns.py measures as the node level's latency: a 4-byte HALO call
+    minus a 4-byte all_to_all_single, 3.1-4.8 ms there against a ~70 us idle ping-pong.
+    Measured on its emulated networks (4 nodes x 2 ranks on 2 shared cores): adding the whole
+    floor again per dependent round over-predicted HALO at <= 16 KiB per peer by 37-64 %, and
+    the additive form wire + floor over-predicted flat at 4-64 KiB by up to 87-147 %. With
+    co = 0 (the bundled GPU specs) this is the wire time exactly."""
     co = hw.efficiency.collective_overhead_us * 1e-6
     if wire is None:
         wire = np.where(np.asarray(halo, dtype=bool), a2a_halo(hw, nbytes, n, stride), a2a_flat(hw, nbytes, n, stride))
     wire = np.asarray(wire, dtype=float)
     if co == 0:
         return wire
-    rounds = a2a_rounds(hw, n, stride, halo)
-    return np.where(np.asarray(n) > 1, np.maximum(co, wire) + co * (rounds - 1), wire)
+    dependent = a2a_rounds(hw, n, stride, halo) > 1
+    a_flat, a_first, a_intra = _alphas(hw, n, stride)
+    a1 = np.where(dependent, a_first, a_flat)
+    a3 = np.where(dependent, a_intra, 0.0)
+    return np.where(np.asarray(n) > 1, np.maximum(co + a_flat, wire - a1 - a3) + a3, wire)
 
 
 def group_span(hw: HardwareSpec, n, stride):

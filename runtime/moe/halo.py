@@ -8,14 +8,25 @@ Data flow (brief §3; the code is our reconstruction):
 - Phase II (concurrent with I): for each remote node, one pack of every row bound for any rank
   of that node, sent to its *peer* there: the rank with my local index (local index modulo the
   node's size when that node has fewer ranks), i.e. the rank on my rail / NIC.
-- Phase III: the peer forwards each pack's rows to their final local rank. Each pack is
-  forwarded as soon as it arrives (receives are waited on one by one), so Phase III of an
-  early pack overlaps Phase II of later ones.
+- Phase III: the peer forwards the packs' rows to their final local rank. By default
+  (``mode="coalesced"``) it sends ONE message per local rank, holding that rank's rows of
+  every pack (sources ascending), once all its packs have landed: (q-1) messages per relay
+  instead of (N-1)(q-1). On gloo each message is a P2P op whose posting, rendezvous
+  notifications (gloo/transport/tcp/pair.cc: a send waits for the receiver's recv-ready note)
+  and completion cost CPU on every rank, and where ranks share cores that CPU is the fixed
+  cost of a small exchange (8 ranks on 2 cores, 4 KiB per peer: ~1 ms of CPU per rank per flat
+  call, ~2 per per-pack HALO call, wall ~ ranks x CPU / cores). ``mode="per_pack"`` forwards
+  each pack as soon as it lands instead (Phase III
+  of an early pack overlaps Phase II of later ones; the packs share the NIC, so they land
+  together and there is little to overlap); ``mode="simple"`` is the first version (counts
+  first, all of Phase II, then per-pack Phase III), kept as a benchmark baseline.
 
 All messages are batched asynchronous P2P (``dist.batch_isend_irecv``); zero-row messages are
 never posted (both ends know the counts, so they skip the same ones). Receives land directly in
-their slice of the output, so the only copies are the relay's own rows of each pack and, when a
-node's ranks are not consecutive in the group, the packing gather.
+their slice of the output where it is one slice; the copies are the packing gather when a
+node's ranks are not consecutive in the group, the relay's own rows of each pack, and in the
+coalesced mode the relay's concatenation of each local rank's rows and, when that rank's
+sources via one relay are not adjacent in its output, the scatter of the received message.
 
 Counts: the relay must know how each incoming pack splits over its node's ranks, i.e. the
 per-(source, destination) row counts. ``exchange_counts`` gets the whole W x W matrix with one
@@ -90,12 +101,17 @@ class HaloExchange:
     ``node_of[i]`` is the node of the i-th rank of the group (from a plan's rank map). Calling
     it is a drop-in for the flat exchange: ``out = halo(x, send_splits, recv_splits)``;
     autograd-aware (backward is the reverse exchange). Pass ``counts`` from
-    ``exchange_counts`` to skip the internal count exchange. ``overlap=False`` is the simple
-    HALO (counts first, all of Phase II, then all of Phase III), kept as a benchmark baseline."""
+    ``exchange_counts`` to skip the internal count exchange. ``mode``: "coalesced" (default),
+    "per_pack" or "simple" (see the module docstring); all give the same result."""
 
-    def __init__(self, group: Optional[dist.ProcessGroup], node_of: Sequence[int], overlap: bool = True):
+    MODES = ("coalesced", "per_pack", "simple")
+
+    def __init__(self, group: Optional[dist.ProcessGroup], node_of: Sequence[int], mode: str = "coalesced"):
+        if mode not in self.MODES:
+            raise ValueError(f"HALO mode {mode!r}: expected one of {', '.join(self.MODES)}")
         self.group = group
-        self.overlap = overlap
+        self.mode = mode
+        self.overlap = mode != "simple"
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if len(node_of) != self.world:
@@ -134,6 +150,8 @@ class HaloExchange:
             counts: Optional[Counts]) -> tuple[torch.Tensor, Counts]:
         """One exchange without autograd; returns the output and the counts it used."""
         x = x.contiguous()
+        if self.mode == "coalesced":
+            return self._run_coalesced(x, send, recv, counts)
         me = self.rank
         pending = None if counts is not None else self._start_counts(send)
         if pending is not None and not self.overlap:
@@ -173,6 +191,82 @@ class HaloExchange:
             w.wait()
         del keep
         return out, counts
+
+    def _run_coalesced(self, x: torch.Tensor, send: list[int], recv: list[int],
+                       counts: Optional[Counts]) -> tuple[torch.Tensor, Counts]:
+        """Phase I ‖ Phase II, then one Phase III message per (relay, local rank)."""
+        me = self.rank
+        pending = None if counts is not None else self._start_counts(send)
+        out = x.new_empty((sum(recv), *x.shape[1:]))
+        cur = _Call(x, out, _offsets(send), _offsets(recv))
+        keep = []
+        # Everything that needs no counts first, receives before sends (gloo P2P rendezvous):
+        # Phase I both ways, and the Phase III receives, whose sizes are my own recv splits.
+        relayed, ops = self._coalesced_recvs(cur, recv)
+        ops = self._phase1(cur, send, recv, dist.irecv) + ops + self._phase1(cur, send, recv, dist.isend)
+        works = _post(ops)
+        if send[me]:
+            out.narrow(0, cur.roff[me], recv[me]).copy_(x.narrow(0, cur.soff[me], send[me]))
+        if pending is not None:  # the counts travelled while Phase I ran
+            counts = self._checked(pending, recv)
+        packs, ops = self._pack_recvs(cur, counts)
+        pack_works = _post(ops + self._pack_sends(cur, send, keep))
+        pack_works, works = pack_works[:len(packs)], works + pack_works[len(packs):]
+        for w in pack_works:  # Phase III needs every pack (they share the NIC: they land together)
+            w.wait()
+        works += _post(self._coalesced_sends(cur, packs, counts, keep))
+        for w in works:
+            w.wait()
+        for buf, parts in relayed:  # messages whose sources are not adjacent in `out`
+            off = 0
+            for s, n in parts:
+                out.narrow(0, cur.roff[s], n).copy_(buf.narrow(0, off, n))
+                off += n
+        del keep
+        return out, counts
+
+    def _coalesced_recvs(self, cur: "_Call", recv: list[int]):
+        """Phase III receives: one message from each other rank p of my node holding, sources
+        ascending, the rows of every remote source whose peer on my node is p. Lands in `out`
+        when those sources' slices are adjacent there, else in a buffer scattered afterwards."""
+        by_relay: dict[int, list[int]] = {}
+        for s, node in enumerate(self.nodes.node_of):
+            if node != self.my_node and recv[s]:
+                by_relay.setdefault(self.nodes.peer(s, self.my_node), []).append(s)
+        relayed, ops = [], []
+        for p, srcs in sorted(by_relay.items()):
+            if p == self.rank:
+                continue
+            n = sum(recv[s] for s in srcs)
+            if all(cur.roff[b] == cur.roff[a] + recv[a] for a, b in zip(srcs, srcs[1:])):
+                buf = cur.out.narrow(0, cur.roff[srcs[0]], n)
+            else:
+                buf = cur.out.new_empty((n, *cur.out.shape[1:]))
+                relayed.append((buf, [(s, recv[s]) for s in srcs]))
+            ops.append(self._op(dist.irecv, buf, p, _TAG_III))
+        return relayed, ops
+
+    def _coalesced_sends(self, cur: "_Call", packs: list, counts: Counts, keep: list) -> list:
+        """Phase III sends: for each local rank, its rows of every pack (sources ascending, as
+        `packs` is) in one message; my own rows go straight into `out`."""
+        mine, c = self.nodes.members[self.my_node], counts.matrix
+        parts: dict[int, list[torch.Tensor]] = {d: [] for d in mine}
+        for s, buf in packs:
+            off = 0
+            for d in mine:
+                n = c[s][d]
+                if n and d == self.rank:
+                    cur.out.narrow(0, cur.roff[s], n).copy_(buf.narrow(0, off, n))
+                elif n:
+                    parts[d].append(buf.narrow(0, off, n))
+                off += n
+        ops = []
+        for d, ts in parts.items():
+            if ts:
+                msg = ts[0] if len(ts) == 1 else torch.cat(ts)
+                keep.append(msg)
+                ops.append(self._op(dist.isend, msg, d, _TAG_III))
+        return ops
 
     def _checked(self, pending, recv: list[int]) -> Counts:
         counts = self._finish_counts(pending)
