@@ -152,7 +152,6 @@ class HaloExchange:
         x = x.contiguous()
         if self.mode == "coalesced":
             return self._run_coalesced(x, send, recv, counts)
-        me = self.rank
         pending = None if counts is not None else self._start_counts(send)
         if pending is not None and not self.overlap:
             counts, pending = self._checked(pending, recv), None
@@ -162,20 +161,10 @@ class HaloExchange:
         # Receives go first, so each peer's send finds its receive posted and goes out at once
         # (gloo's P2P is a rendezvous: a send posted before its receive waits a round trip and
         # is then written by gloo's single I/O thread, which measured ~1.5x slower Phase II).
-        # Phase II sends wait for the counts, so their relays have posted by then.
-        ops = self._phase1(cur, send, recv, dist.irecv)
-        if self.overlap:  # relayed rows land straight in `out`; the relay knows nothing else
-            ops += self._relay_recvs(cur, recv)
-        ops += self._phase1(cur, send, recv, dist.isend)
-        works = _post(ops)
-        if send[me]:
-            out.narrow(0, cur.roff[me], recv[me]).copy_(x.narrow(0, cur.soff[me], send[me]))
-        if pending is not None:  # the counts travelled while Phase I ran
-            counts = self._checked(pending, recv)
-        packs, ops = self._pack_recvs(cur, counts)
-        pack_works = _post(ops + self._pack_sends(cur, send, keep))
-        # Wait on each work once: a gloo send work counts completions, a second wait hangs.
-        pack_works, works = pack_works[:len(packs)], works + pack_works[len(packs):]
+        # Phase II sends wait for the counts, so their relays have posted by then. Relayed
+        # rows land straight in `out`; the relay knows nothing else.
+        extra = self._relay_recvs(cur, recv) if self.overlap else []
+        counts, packs, pack_works, works = self._phases_1_2(cur, send, recv, counts, pending, extra, keep)
         if self.overlap:  # Phase III: forward each pack as soon as it lands
             for (s, buf), w in zip(packs, pack_works):
                 w.wait()
@@ -195,23 +184,14 @@ class HaloExchange:
     def _run_coalesced(self, x: torch.Tensor, send: list[int], recv: list[int],
                        counts: Optional[Counts]) -> tuple[torch.Tensor, Counts]:
         """Phase I ‖ Phase II, then one Phase III message per (relay, local rank)."""
-        me = self.rank
         pending = None if counts is not None else self._start_counts(send)
         out = x.new_empty((sum(recv), *x.shape[1:]))
         cur = _Call(x, out, _offsets(send), _offsets(recv))
         keep = []
         # Everything that needs no counts first, receives before sends (gloo P2P rendezvous):
         # Phase I both ways, and the Phase III receives, whose sizes are my own recv splits.
-        relayed, ops = self._coalesced_recvs(cur, recv)
-        ops = self._phase1(cur, send, recv, dist.irecv) + ops + self._phase1(cur, send, recv, dist.isend)
-        works = _post(ops)
-        if send[me]:
-            out.narrow(0, cur.roff[me], recv[me]).copy_(x.narrow(0, cur.soff[me], send[me]))
-        if pending is not None:  # the counts travelled while Phase I ran
-            counts = self._checked(pending, recv)
-        packs, ops = self._pack_recvs(cur, counts)
-        pack_works = _post(ops + self._pack_sends(cur, send, keep))
-        pack_works, works = pack_works[:len(packs)], works + pack_works[len(packs):]
+        relayed, extra = self._coalesced_recvs(cur, recv)
+        counts, packs, pack_works, works = self._phases_1_2(cur, send, recv, counts, pending, extra, keep)
         for w in pack_works:  # Phase III needs every pack (they share the NIC: they land together)
             w.wait()
         works += _post(self._coalesced_sends(cur, packs, counts, keep))
@@ -224,6 +204,22 @@ class HaloExchange:
                 off += n
         del keep
         return out, counts
+
+    def _phases_1_2(self, cur: "_Call", send: list[int], recv: list[int], counts, pending, extra: list,
+                    keep: list):
+        """Post Phase I both ways (receives first, then `extra` receives, then sends: gloo's
+        P2P is a rendezvous), copy my own rows, finish the counts, post Phase II. Returns
+        (counts, packs, the packs' receive works, every other work)."""
+        me = self.rank
+        works = _post(self._phase1(cur, send, recv, dist.irecv) + extra + self._phase1(cur, send, recv, dist.isend))
+        if send[me]:
+            cur.out.narrow(0, cur.roff[me], recv[me]).copy_(cur.x.narrow(0, cur.soff[me], send[me]))
+        if pending is not None:  # the counts travelled while Phase I ran
+            counts = self._checked(pending, recv)
+        packs, ops = self._pack_recvs(cur, counts)
+        pack_works = _post(ops + self._pack_sends(cur, send, keep))
+        # Wait on each work once: a gloo send work counts completions, a second wait hangs.
+        return counts, packs, pack_works[:len(packs)], works + pack_works[len(packs):]
 
     def _coalesced_recvs(self, cur: "_Call", recv: list[int]):
         """Phase III receives: one message from each other rank p of my node holding, sources
