@@ -464,8 +464,8 @@ def write_hardware(name: str, data: dict, hw_dir: Path) -> Path:
 
 def predict(hw_path: Path, bytes_per_peer: int, world: int):
     """Planner's seconds for this exchange, or None when the model cannot say:
-    {flat, halo} from comm.a2a_call (the per-call floor overlapping the first round's wire
-    time, added per dependent round), and {flat_sum, halo_sum}, the additive form
+    {flat, halo} from comm.a2a_call (flat: the per-call floor overlapping the transfer; HALO:
+    floor, then its rendezvous phases' wire time), and {flat_sum, halo_sum}, the additive form
     wire + collective_overhead_us x a2a_rounds (estimate.py's `co * rounds`), for comparison."""
     try:
         from piper_plan.cost import comm

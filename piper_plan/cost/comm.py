@@ -142,8 +142,7 @@ def a2a_rounds(hw: HardwareSpec, n, stride, halo) -> np.ndarray:
 
 def _alphas(hw: HardwareSpec, n, stride):
     """Message set-up times (s) of one all-to-all: (flat: one message per peer at its level's
-    latency; HALO's first round: the larger of Phase I's q-1 intra-node and Phase II's packs;
-    HALO's Phase III: q-1 intra-node messages, one per other local member)."""
+    latency; HALO's first round: the larger of Phase I's q-1 intra-node and Phase II's packs)."""
     c, peers = _split(hw, n, stride)
     _, lat, _ = _levels(hw)
     node = hw.scaleup_level
@@ -152,34 +151,34 @@ def _alphas(hw: HardwareSpec, n, stride):
     intra, inter = peers.copy(), peers.copy()
     intra[node + 1:] = 0.0
     inter[: node + 1] = 0.0
-    a_intra = (intra * latx).sum(0)
-    return (peers * latx).sum(0), np.maximum(a_intra, (inter / q * latx).sum(0)), a_intra
+    return (peers * latx).sum(0), np.maximum((intra * latx).sum(0), (inter / q * latx).sum(0))
 
 
 def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     """Wall time of one all-to-all call on ranks that pay a per-call floor
     (efficiency.collective_overhead_us, co: what a small call costs beyond its α-β time):
 
-        max(co + α_flat, wire − α_1 − α_III) + α_III
+        flat:                   max(co + α_flat, wire − α_flat)
+        HALO, truly hierarchical (a2a_rounds = 2):  co + α_flat + wire − α_1
 
     where wire = a2a_flat / a2a_halo (pass it as `wire` if the caller has it), α_flat the flat
-    exchange's message set-ups (so co + α_flat is a whole small flat call, as measured), α_1
-    the first round's set-ups (flat: α_flat; HALO: the larger of Phase I's and Phase II's) and
-    α_III Phase III's (HALO when truly hierarchical, a2a_rounds = 2; else 0) — see _alphas.
+    exchange's message set-ups (co + α_flat is a whole small flat call, as measured) and α_1
+    HALO's first-round set-ups (the larger of Phase I's and Phase II's, see _alphas), which the
+    floor already holds; Phase III's set-up stays in `wire`.
 
     Physics: the floor is time a call waits for its peers to be scheduled (ranks sharing
-    cores), and a small call holds its message set-ups. The bytes of the ranks already running
-    move meanwhile — the kernel's socket buffers take them whether or not the receiving
-    process runs — so the first round costs the larger of floor and transfer, not their sum.
-    HALO's Phase III is a dependent round: a relay forwards only once its packs have landed,
-    so its set-up cannot hide under the floor and adds. On a machine whose ranks share cores
-    that set-up is the wait for relay and receiver to run again (and HALO's P2P ops' CPU),
-    which benchmarks/halo_netns.py measures as the node level's latency: a 4-byte HALO call
-    minus a 4-byte all_to_all_single, 3.1-4.8 ms there against a ~70 us idle ping-pong.
-    Measured on its emulated networks (4 nodes x 2 ranks on 2 shared cores): adding the whole
-    floor again per dependent round over-predicted HALO at <= 16 KiB per peer by 37-64 %, and
-    the additive form wire + floor over-predicted flat at 4-64 KiB by up to 87-147 %. With
-    co = 0 (the bundled GPU specs) this is the wire time exactly."""
+    cores). In a flat all_to_all_single every rank posts to all peers at once, and bytes
+    between the pairs already running move meanwhile (the kernel's socket buffers take them
+    whether or not the receiving process runs), so the call costs the larger of floor and
+    transfer. HALO's phases are rendezvous P2P between fixed pairs: a pack leaves once its one
+    relay is running and has posted, and Phase III once every pack has landed, so the waits
+    and the transfers follow one another and add. Measured on the emulated networks of
+    benchmarks/halo_netns.py (4 nodes x 2 ranks on 2 shared cores, floor 5.4-6.8 ms): the
+    overlapped form under-predicted HALO at 64 KiB per peer by 28-31 % in both runs on the
+    rails (Phase II's wire, ~14 ms there, plus the floor was measured), the sum by <= 10 % in
+    one run and <= 13 % in the other except one cell whose measurement swung 30 % between runs;
+    for flat the sum over-predicted 4-64 KiB by up to 87-147 %. With co = 0 (the bundled GPU
+    specs) both are the wire time exactly."""
     co = hw.efficiency.collective_overhead_us * 1e-6
     if wire is None:
         wire = np.where(np.asarray(halo, dtype=bool), a2a_halo(hw, nbytes, n, stride), a2a_flat(hw, nbytes, n, stride))
@@ -187,10 +186,10 @@ def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     if co == 0:
         return wire
     dependent = a2a_rounds(hw, n, stride, halo) > 1
-    a_flat, a_first, a_intra = _alphas(hw, n, stride)
-    a1 = np.where(dependent, a_first, a_flat)
-    a3 = np.where(dependent, a_intra, 0.0)
-    return np.where(np.asarray(n) > 1, np.maximum(co + a_flat, wire - a1 - a3) + a3, wire)
+    a_flat, a_first = _alphas(hw, n, stride)
+    floor = co + a_flat
+    t = np.where(dependent, floor + wire - a_first, np.maximum(floor, wire - a_flat))
+    return np.where(np.asarray(n) > 1, t, wire)
 
 
 def group_span(hw: HardwareSpec, n, stride):
