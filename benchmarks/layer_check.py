@@ -10,7 +10,11 @@ tiny-moe's (d 64, expert f 96, 64 tokens) and small-moe-cpu's (d 256, f 512, 128
 8 experts top-2. Reported per (width, ep): the slowest rank's wall time per call (all ranks
 busy, so the spec's full-load rates apply), the mean CPU per rank, and the planner's MoE layer
 time for the same layout (estimate's layer_time_s['moe']: compute, row padding, weight casts,
-layer overhead and the all-to-all calls), with measured / model."""
+layer overhead and the all-to-all calls), with measured / model. Then, to show one term the
+model misses, the per-rank rates (all ranks at once) of the streaming kernels a block runs on
+DRAM-sized tensors (c = a + b, the weight casts and the fp32 += bf16 gradient accumulation)
+beside the spec's single streaming rate (memory_bandwidth_gbps x memory), which calibrate fits
+mostly on cache-resident sizes."""
 from __future__ import annotations
 
 import argparse
@@ -74,6 +78,38 @@ def _run(rank, n, path, ep, width, row_multiple, iters, out_path):
     dist.destroy_process_group()
 
 
+def _streams(rank, n, path, out_path):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(path, n), rank=rank, world_size=n)
+    rates = {}
+    for numel in (2**20, 2**22):
+        ws = [torch.randn(numel) for _ in range(6)]  # rotate buffers: no call finds its data cached
+        hs = [w.to(torch.bfloat16) for w in ws]
+        c, h = torch.empty(numel), torch.empty(numel, dtype=torch.bfloat16)
+        kernels = {"c = a + b": (12, lambda i: torch.add(ws[i], ws[(i + 1) % 6], out=c)),
+                   "fp32 -> bf16": (6, lambda i: h.copy_(ws[i])),
+                   "bf16 -> fp32": (6, lambda i: c.copy_(hs[i])),
+                   "fp32 += bf16": (10, lambda i: ws[i].add_(hs[i]))}
+        for name, (bpe, fn) in kernels.items():
+            fn(0)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for i in range(20):
+                fn(i % 6)
+            rates[f"{name} ({numel * 4 >> 20} MiB fp32)"] = bpe * numel * 20 / (time.perf_counter() - t0) / 1e9
+    out = [None] * n
+    dist.all_gather_object(out, rates)
+    if rank == 0:
+        with open(out_path, "w") as fh:
+            for k in rates:
+                fh.write(f"{k}\t{statistics.fmean(o[k] for o in out)}\n")
+    dist.destroy_process_group()
+
+
 def model_ms(hw, width, ep: int, ranks: int) -> float:
     from piper_plan.evaluate import estimate_layout
     from piper_plan.layout import Layout
@@ -109,6 +145,14 @@ def main(argv=None) -> int:
             m = model_ms(hw, width, ep, a.ranks)
             print(f"{width[0]:>4} {width[2]:>6} {ep:>3} {wall * 1e3:8.2f} {cpu * 1e3:12.2f} {m:9.2f} {wall * 1e3 / m:11.2f}",
                   flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "res")
+        mp.spawn(_streams, args=(a.ranks, os.path.join(tmp, "store"), out), nprocs=a.ranks)
+        rows = [ln.split("\t") for ln in open(out).read().splitlines()]
+    spec_rate = hw.accelerator.memory_bandwidth_gbps * hw.efficiency.memory
+    print(f"\nstreaming kernels, GB/s per rank with {a.ranks} ranks at once (the spec prices all at {spec_rate:.1f}):")
+    for name, rate in rows:
+        print(f"   {name:<28} {float(rate):6.2f}")
     return 0
 
 
