@@ -23,7 +23,7 @@ import yaml
 
 from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, run_benchmarks
 from .calibrate_fit import (best_rates, fit_attention_bwd, fit_collective_overhead, fit_comm, fit_compute,
-                            fit_layer_overhead, proposals, rated_spec, split_comm, split_compute)
+                            fit_layer_overhead, fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse
@@ -129,6 +129,9 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
         acc["expert_row_multiple"] = CPU_EXPERT_ROW_MULTIPLE
     if "attention" in comp:
         eff["attention"] = round(comp["attention"], 4)
+    if "cache_mib" in comp:
+        acc["cache_mib"] = round(comp["cache_mib"], 3)
+        eff["memory_dram"] = round(comp["memory_dram"], 4)
     if "attention_bwd" in comp:
         eff["attention_bwd"] = round(comp["attention_bwd"], 4)
         eff["attention_bwd_row_us"] = round(comp["attention_bwd_row_us"], 4)
@@ -137,7 +140,9 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                      f"(gemm_time, stream_time, flash_attention_time; causal SDPA forward counted as "
                      f"2·b·h·s²·d FLOPs; its backward timed alone and fitted by scipy nnls to "
                      f"flash_attention_bwd_time: 2.5× those FLOPs at attention_bwd plus attention_bwd_row_us per "
-                     f"query row and head); model error median/max: {_pct(comp_res)}{clip}"
+                     f"query row and head; streams: memory up to accelerator.cache_mib of working set, "
+                     f"memory_dram beyond it, fitted by scipy least_squares to the stream points with the cache rate "
+                     f"the highest measured); model error median/max: {_pct(comp_res)}{clip}"
                      " (grouped_*: grouped GEMMs, held out of the fit); gemm_overhead_us: per-dtype extra fixed "
                      "cost per GEMM call, fitted jointly; layer_overhead_us: a piper-train dense / MoE block "
                      "(d 32, 64 tokens, a fresh input each call so expert GEMM shapes vary as in training) forward+backward "
@@ -308,6 +313,18 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
         raw = rated.peak_flops(plan.attn_dtype) / 1e12
         rated = rated.model_copy(update={"efficiency": rated.efficiency.model_copy(update={
             "attention_bwd": bwd["attention_bwd"] * peak / raw, "attention_bwd_row_us": bwd["attention_bwd_row_us"]})})
+    cache, cache_res = (fit_stream_cache(meas.get("stream", []), comp["kernel_overhead_us"])
+                        if dev["kind"] == "cpu" else ({}, {}))
+    if cache:  # a CPU rank's cache share streams faster than DRAM: two rates, one knee
+        hbm = max(comp["memory_bandwidth_gbps"], cache["cache_gbps"])
+        comp.update(memory_bandwidth_gbps=hbm, memory=cache["cache_gbps"] / hbm,
+                    memory_dram=cache["dram_gbps"] / hbm, cache_mib=cache["cache_mib"])
+        comp_fit.residuals.update(cache_res)
+        rated = rated.model_copy(update={
+            "accelerator": rated.accelerator.model_copy(update={"memory_bandwidth_gbps": cache["cache_gbps"],
+                                                                "cache_mib": cache["cache_mib"]}),
+            "efficiency": rated.efficiency.model_copy(update={
+                "memory": 1.0, "memory_dram": cache["dram_gbps"] / cache["cache_gbps"]})})
     comp["layer_overhead_us"], layer_detail = fit_layer_overhead(rated, meas.get("layers", []))
     co_res = {}
     if comm_fit and meas.get("loaded_comm"):

@@ -270,6 +270,40 @@ def fit_comm(meas: list[dict]) -> CommFit:
 
 
 # ---- fixed costs the kernel and α-β models do not list ------------------------------------
+def fit_stream_cache(rows: list[dict], overhead_us: float) -> tuple[dict, dict]:
+    """A two-rate streaming model from the stream points ({nbytes, seconds}): t = overhead +
+    min(n, C)/B_c + max(0, n − C)/B_d. B_c is the highest rate measured (a cache-resident
+    stream); C (bounded to the measured sizes) and the DRAM rate B_d are fitted by
+    least_squares on log time (scipy). Returns ({cache_gbps, cache_mib, dram_gbps}, residual
+    stats 'stream_cache'), or ({}, {}) when the points cannot say (fewer than 4, or no rate
+    drop of a quarter or more beyond the cache)."""
+    pts = sorted((float(p["nbytes"]), float(p["seconds"])) for p in rows)
+    if len(pts) < 4:
+        return {}, {}
+    n, t = (np.array(v) for v in zip(*pts))
+    o = overhead_us * 1e-6
+    timed = t > 2.0 * o  # points the fixed cost dominates say nothing about a rate
+    if timed.sum() < 3:
+        return {}, {}
+    bc = float((n[timed] / (t[timed] - o)).max())
+    big = n[n > 0]
+    lo, hi = np.log(big.min()), np.log(big.max())
+
+    def model(x):
+        c, bd = np.exp(x)
+        cached = np.minimum(n, c)
+        return o + cached / bc + (n - cached) / bd
+
+    x0 = [0.5 * (lo + hi), np.log(0.5 * bc)]
+    fit = least_squares(lambda x: np.log(model(x)) - np.log(t), x0, method="trf",
+                        bounds=([lo, -np.inf], [hi, np.log(bc)]))
+    c, bd = np.exp(fit.x)
+    if bd >= 0.75 * bc or c >= 0.99 * big.max():  # no clear drop: one rate (noise makes small ones)
+        return {}, {}
+    out = {"cache_gbps": bc / 1e9, "cache_mib": c / 2**20, "dram_gbps": bd / 1e9}
+    return out, residual_stats({"stream_cache": model(fit.x)}, {"stream_cache": t})
+
+
 def fit_attention_bwd(peak_tflops: float, overhead_us: float, rows: list[dict]) -> tuple[dict, dict]:
     """Efficiency.attention_bwd and attention_bwd_row_us from the attention points' backward
     times: t_bwd = overhead + 2.5·flops / (peak·e_bwd) + rows·row_us (flash_attention_bwd_time),

@@ -304,6 +304,8 @@ def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
     from piper_plan.specs import load_model
 
     hw, m = load_hardware("cpu-local"), load_model("tiny-moe")
+    # one streaming rate (no cache knee), so byte differences are time differences
+    hw = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"cache_mib": None})})
     lays = [Layout(gpus=8, dp=8, ep=8, global_batch=16, seq=64, dtype="bf16", zero=1, fused_kernels=fk)
             for fk in (True, False)]
     opt = [estimate_layout(m, hw, lay).time["optimizer"][0] for lay in lays]
@@ -314,3 +316,36 @@ def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
     bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
     # (within 0.1%: the planner's per-rank count leaves out the final norm's 64 weights)
     assert opt[1] - opt[0] == pytest.approx((40.0 * rep + 8.0 * own) / bw, rel=1e-3)
+
+
+def test_stream_fit_recovers_cache_size_and_dram_rate():
+    """Stream times made by the two-rate model (cache rate 24 GB/s up to 10 MiB, 7 GB/s
+    beyond, 5 us per call, 3% noise) come back from fit_stream_cache; a machine with one
+    rate (no drop beyond any size) gets no cache."""
+    from piper_plan.calibrate_fit import fit_stream_cache
+
+    rng = np.random.default_rng(4)
+    sizes = [12 * e for e in (1, 16, 256, 4096, 2**16, 2**18, 2**20, 2**22, 2**24)]
+
+    def rows(bc, c, bd):
+        return [{"nbytes": n, "seconds": (5e-6 + min(n, c) / bc + max(0, n - c) / bd)
+                 * float(np.exp(0.03 * rng.standard_normal()))} for n in sizes]
+    got, res = fit_stream_cache(rows(24e9, 10 * 2**20, 7e9), 5.0)
+    assert got["cache_mib"] == pytest.approx(10, rel=0.15)
+    assert got["dram_gbps"] == pytest.approx(7, rel=0.1)
+    assert got["cache_gbps"] == pytest.approx(24, rel=0.1)
+    assert res["stream_cache"]["median_abs_pct"] < 5
+    assert fit_stream_cache(rows(20e9, 1e12, 20e9), 5.0) == ({}, {})
+
+
+def test_streams_beyond_the_cache_run_at_the_dram_rate():
+    from piper_plan.cost.kernels import stream_time
+
+    hw = load_hardware("cpu-local")
+    acc = hw.accelerator.model_copy(update={"memory_bandwidth_gbps": 20.0, "cache_mib": 1.0})
+    eff = hw.efficiency.model_copy(update={"memory": 1.0, "memory_dram": 0.25, "kernel_overhead_us": 0.0})
+    hw = hw.model_copy(update={"accelerator": acc, "efficiency": eff})
+    mib = 2.0**20
+    assert float(stream_time(hw, 0.5 * mib)) == pytest.approx(0.5 * mib / 20e9)
+    assert float(stream_time(hw, 3 * mib)) == pytest.approx(mib / 20e9 + 2 * mib / 5e9)
+    assert load_hardware("dgx-h100").accelerator.cache_mib is None  # GPU specs: one HBM rate

@@ -305,7 +305,7 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
     red = 16.0 * replicated + np.where(lay.dp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
     gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
     opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
-    t_opt = opt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory)
+    t_opt = stream_time(hw, opt_bytes, 0)
     return t_dp, t_opt
 
 

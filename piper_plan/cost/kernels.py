@@ -54,10 +54,19 @@ def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_b
 
 
 def stream_time(hw: HardwareSpec, nbytes, kernels=1):
-    """Seconds for memory-bound kernels moving `nbytes` through HBM in total."""
+    """Seconds for memory-bound kernels moving `nbytes` through memory in total. Where the
+    spec has a cache (accelerator.cache_mib, measured on CPUs by calibrate), the call's bytes
+    are its working set: up to the cache they stream at efficiency.memory, beyond it at
+    efficiency.memory_dram (a layer's weight casts outgrow a CPU rank's cache share; its
+    activations of a small model do not)."""
     nbytes = np.asarray(nbytes, dtype=float)
-    bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
-    return nbytes / bw + np.asarray(kernels) * hw.efficiency.kernel_overhead_us * 1e-6
+    acc, eff = hw.accelerator, hw.efficiency
+    bw = acc.memory_bandwidth_gbps * 1e9 * eff.memory
+    fixed = np.asarray(kernels) * eff.kernel_overhead_us * 1e-6
+    if acc.cache_mib is None or eff.memory_dram is None:
+        return nbytes / bw + fixed
+    cached = np.minimum(nbytes, acc.cache_mib * 2.0**20)
+    return cached / bw + (nbytes - cached) / (acc.memory_bandwidth_gbps * 1e9 * eff.memory_dram) + fixed
 
 
 def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16"):

@@ -32,12 +32,15 @@ class _Optional(_Strict):
 
 
 class Accelerator(_Optional):
-    _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple")
+    _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib")
 
     name: str
     memory_gib: float = Field(..., gt=0, description="device memory, GiB")
     peak_tflops: dict[str, float] = Field(..., description="dense peak TFLOP/s by dtype (bf16, fp16, fp8, fp32)")
     memory_bandwidth_gbps: float = Field(..., gt=0, description="HBM bandwidth, GB/s")
+    cache_mib: Optional[float] = Field(
+        None, gt=0, description="working set (MiB) that streams at efficiency.memory; bytes beyond it go at "
+        "efficiency.memory_dram (a CPU rank's cache share, measured by calibrate; None: one rate)")
     compute_units: int = Field(..., ge=1, description="SMs / CUs: GEMM tiles run in waves of this many")
     ranks_per_core: float = Field(
         1.0, ge=1, description="CPU ranks only: local ranks per physical core (ranks / cores) when ranks share "
@@ -71,7 +74,7 @@ class Efficiency(_Optional):
     byte, so they dominate small models and vanish for large ones."""
 
     _OMIT_AT_DEFAULT = ("gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
-                        "attention_bwd_row_us")
+                        "attention_bwd_row_us", "memory_dram")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
@@ -83,6 +86,9 @@ class Efficiency(_Optional):
         0.0, ge=0, description="fixed cost of the attention backward per query row per head, us (a CPU "
         "kernel pays it whatever the sequence length: measured by calibrate)")
     memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
+    memory_dram: Optional[float] = Field(
+        None, gt=0, le=1, description="fraction of memory_bandwidth_gbps for the bytes of a working set beyond "
+        "accelerator.cache_mib (None: as `memory`)")
     kernel_overhead_us: float = Field(4.0, ge=0, description="fixed cost per kernel launch, us")
     comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
     gemm_overhead_us: dict[str, float] = Field(
