@@ -466,7 +466,7 @@ def predict(hw_path: Path, bytes_per_peer: int, world: int):
     """Planner's seconds for this exchange, or None when the model cannot say:
     {flat, halo} from comm.a2a_call (flat: the per-call floor overlapping the transfer; HALO:
     floor, then its rendezvous phases' wire time), and {flat_sum, halo_sum}, the additive form
-    wire + collective_overhead_us x a2a_rounds (estimate.py's `co * rounds`), for comparison."""
+    wire + collective_overhead_us x a2a_rounds (the form a2a_call replaced), for comparison."""
     try:
         from piper_plan.cost import comm
         from piper_plan.specs import load_hardware

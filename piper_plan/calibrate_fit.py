@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from .cost.kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
+from .cost.kernels import flash_attention_time, gemm_time, stream_time
 from .specs.hardware import HardwareSpec
 
 ELT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

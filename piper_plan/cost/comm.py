@@ -106,17 +106,9 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     messages). Phase III also waits for Phase I, which holds the same intra links."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
-    c, peers = _split(hw, n, stride)
-    _, lat, _ = _levels(hw)
-    node = hw.scaleup_level
-    q = c[node]  # group members per node (per scale-up domain)
+    q, _, intra, inter_peers, latx = _node_split(hw, n, stride)
     nodes = np.maximum(n / np.maximum(q, 1), 1.0)
     per = nbytes / np.maximum(n, 1)
-    intra = peers.copy()
-    intra[node + 1:] = 0.0
-    inter_peers = peers.copy()
-    inter_peers[: node + 1] = 0.0
-    latx = _expand(lat, intra.ndim - 1)
     lat_intra = (intra * latx).sum(0)  # q-1 messages inside the node
     t1 = _bw_time(hw, intra * per) + lat_intra
     # Phase II: per remote node one pack of q·per bytes (inter_peers/q packs per level)
@@ -130,28 +122,38 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
 
 
+def _node_split(hw: HardwareSpec, n, stride):
+    """A group of n ranks `stride` apart, split at the scale-up domain (node): (members per
+    node q, peers first met at each level, those inside the node, those outside it, each
+    level's latency broadcast to their shape)."""
+    c, peers = _split(hw, n, stride)
+    _, lat, _ = _levels(hw)
+    node = hw.scaleup_level
+    intra, inter = peers.copy(), peers.copy()
+    intra[node + 1:] = 0.0
+    inter[: node + 1] = 0.0
+    return c[node], peers, intra, inter, _expand(lat, peers.ndim - 1)
+
+
+def _dependent(n, q, halo) -> np.ndarray:
+    """HALO that is truly hierarchical (several scale-up domains, several members in each):
+    its Phase III waits on Phase II."""
+    return np.asarray(halo, dtype=bool) & (np.asarray(n) > q) & (q > 1)
+
+
 def a2a_rounds(hw: HardwareSpec, n, stride, halo) -> np.ndarray:
-    """Dependent communication rounds of one all-to-all: 1 flat; 2 for HALO when it is truly
-    hierarchical (several scale-up domains, several members in each) — Phase III waits on
-    Phase II — so it pays the per-call fixed cost twice."""
-    c = level_counts(hw, n, stride)
-    q = c[hw.scaleup_level]
-    hier = (np.asarray(n) > q) & (q > 1)
-    return np.where(np.asarray(halo, dtype=bool) & hier, 2.0, 1.0)
+    """Dependent communication rounds of one all-to-all: 1 flat; 2 for truly hierarchical
+    HALO (Phase III waits on Phase II)."""
+    return np.where(_dependent(n, level_counts(hw, n, stride)[hw.scaleup_level], halo), 2.0, 1.0)
 
 
 def _alphas(hw: HardwareSpec, n, stride):
     """Message set-up times (s) of one all-to-all: (flat: one message per peer at its level's
-    latency; HALO's first round: the larger of Phase I's q-1 intra-node and Phase II's packs)."""
-    c, peers = _split(hw, n, stride)
-    _, lat, _ = _levels(hw)
-    node = hw.scaleup_level
-    latx = _expand(lat, peers.ndim - 1)
-    q = np.maximum(c[node], 1)
-    intra, inter = peers.copy(), peers.copy()
-    intra[node + 1:] = 0.0
-    inter[: node + 1] = 0.0
-    return (peers * latx).sum(0), np.maximum((intra * latx).sum(0), (inter / q * latx).sum(0))
+    latency; HALO's first round: the larger of Phase I's q-1 intra-node and Phase II's packs;
+    and q, the members per node)."""
+    q, peers, intra, inter, latx = _node_split(hw, n, stride)
+    first = np.maximum((intra * latx).sum(0), (inter / np.maximum(q, 1) * latx).sum(0))
+    return (peers * latx).sum(0), first, q
 
 
 def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
@@ -185,8 +187,8 @@ def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     wire = np.asarray(wire, dtype=float)
     if co == 0:
         return wire
-    dependent = a2a_rounds(hw, n, stride, halo) > 1
-    a_flat, a_first = _alphas(hw, n, stride)
+    a_flat, a_first, q = _alphas(hw, n, stride)
+    dependent = _dependent(n, q, halo)
     floor = co + a_flat
     t = np.where(dependent, floor + wire - a_first, np.maximum(floor, wire - a_flat))
     return np.where(np.asarray(n) > 1, t, wire)

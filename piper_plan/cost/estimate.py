@@ -461,7 +461,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
-        # one exchange with its per-call floor (HALO: two dependent rounds), comm.a2a_call
+        # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call
         a2a_ex = comm.a2a_call(hw, None, lay.ep, stride, lay.a2a == 1, wire=a2a_one)
         # dispatch + combine each way; forward first exchanges the per-expert row counts
         # (a few bytes: only the call's fixed cost counts)
