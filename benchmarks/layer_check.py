@@ -46,6 +46,9 @@ def _run(rank, n, path, ep, width, row_multiple, iters, out_path):
     from piper_runtime.model import Block, BuildCtx
     from piper_runtime.moe.exchange_flat import FlatExchange
 
+    from piper_runtime.host import keep_freed_pages
+
+    keep_freed_pages()  # as piper-train's CPU ranks
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(path, n), rank=rank, world_size=n,
                             timeout=timedelta(seconds=60))

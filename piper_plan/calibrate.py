@@ -21,9 +21,9 @@ from pathlib import Path
 import click
 import yaml
 
-from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, run_benchmarks
+from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, pipeline_probes, run_benchmarks
 from .calibrate_fit import (best_rates, fit_attention_bwd, fit_collective_overhead, fit_comm, fit_compute,
-                            fit_layer_overhead, fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
+                            fit_layer_overhead, fit_pipeline_chunk, fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse
@@ -122,6 +122,7 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                kernel_overhead_us=round(comp["kernel_overhead_us"], 3),
                gemm_overhead_us={k: round(v, 3) for k, v in comp.get("gemm_overhead_us", {}).items()},
                layer_overhead_us=dict(comp.get("layer_overhead_us", {})),
+               pipeline_chunk_us={},  # measured against this spec's own prediction: with_pipeline_chunk
                collective_overhead_us=round(comp.get("collective_overhead_us", 0.0), 2))
     if device["kind"] == "cpu" and ranks > device["cores"]:
         acc["ranks_per_core"] = round(ranks / device["cores"], 4)
@@ -163,6 +164,19 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                     f"groups of n | {ranks} ranks, all groups at once; bandwidth = highest per-rank rate measured, "
                     f"comm = fitted/that; message model t = steps·(α + B/n/(bw·comm))"))
     return parse(HardwareSpec, d, f"calibrated spec {name}")
+
+
+def with_pipeline_chunk(spec: HardwareSpec, chunk_us: dict[str, float], stamp: str) -> HardwareSpec:
+    """`spec` with efficiency.pipeline_chunk_us set and its source saying how it was measured."""
+    from .calibrate_bench import PIPE_MICROBATCHES
+
+    src = spec.efficiency.source + (
+        f"; pipeline_chunk_us: piper-train on a 4-layer model of the probe blocks, pp 2 on every pair of ranks, "
+        f"{PIPE_MICROBATCHES} micro-batches, under 1f1b (a chunk of 2 layers a rank) and each multi-chunk schedule "
+        f"(2 chunks of 1 layer): (measured − predicted step difference from 1f1b) per extra chunk and micro-batch, "
+        f"{stamp}")
+    return spec.model_copy(update={"efficiency": spec.efficiency.model_copy(update={
+        "pipeline_chunk_us": chunk_us, "source": src})})
 
 
 def to_yaml(spec: HardwareSpec, header: list[str]) -> str:
@@ -239,6 +253,8 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
     datasheet = dev["kind"] == "cuda" and base != "cpu-local" and bool(_model_tokens(dev["name"])
                                                                        & _model_tokens(hw.accelerator.name))
     plan = plan or make_plan(kind, dev["kind"])
+    if plan.pipeline_schedules and not plan.pipelines:
+        plan.pipelines = pipeline_probes(hw, ranks, plan.pipeline_schedules)
     out = Path(output) if output else None
     name = name or (out.stem if out else hw.name)
 
@@ -265,6 +281,9 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
     spec = build_spec(hw, name=name, ranks=ranks, device=dev, comp=fit["comp"], comp_res=fit["compute"].residuals,
                       comm=fit["comm_split"], comm_res=fit["comm"].residuals if fit["comm"] else None,
                       stamp=stamp, record=record, datasheet=datasheet)
+    if meas.get("pipelines"):  # what the model does not explain of a multi-chunk schedule's step
+        chunk_us, fit["proposals"]["pipeline_chunk"] = fit_pipeline_chunk(spec, plan.pipelines, meas["pipelines"])
+        spec = with_pipeline_chunk(spec, chunk_us, stamp)
     wall = time.monotonic() - t0
     header = [f"{name}: calibrated by `piper-plan calibrate{'' if kind == 'full' else ' --' + kind}` at {stamp} "
               f"in {wall:.0f} s ({ranks} rank(s), {dev['kind']}, base '{hw.name}')",

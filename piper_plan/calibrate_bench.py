@@ -40,6 +40,11 @@ class BenchPlan:
     comm_window_s: float = 0.1
     attn_dtype: str = "bf16"
     meta: dict = field(default_factory=dict)
+    # piper-train runs of PIPE_SPEC, one per schedule: [(schedule, plan JSON)] (calibrate fills
+    # them in from pipeline_schedules: a plan needs the hardware spec, which make_plan lacks)
+    pipeline_schedules: tuple[str, ...] = ()
+    pipelines: list = field(default_factory=list)
+    pipeline_steps: int = 16
 
     def comm_groups(self, ranks: int) -> list[int]:
         """Group sizes measured: every n ≥ 2 that divides the rank count."""
@@ -49,7 +54,8 @@ class BenchPlan:
         """Number of progress ticks a run posts."""
         comm = len(self.comm_groups(ranks)) * len(self.comm_kinds) * len(self.comm_sizes)
         loaded = len(self.comm_groups(ranks)) * len(LOADED_KINDS) if self.loaded_comm else 0
-        return len(self.gemm) + len(self.stream) + len(self.attention) + comm + 2 * len(self.layers) + loaded
+        return (len(self.gemm) + len(self.stream) + len(self.attention) + comm + 2 * len(self.layers) + loaded
+                + len(self.pipelines))
 
 
 # Framework-overhead blocks: one dense and one MoE decoder block of piper-train at a negligible
@@ -63,8 +69,33 @@ LAYER_SPEC = dict(name="calibrate-block", source="piper-plan calibrate framework
 # spec as accelerator.expert_row_multiple; the probe blocks run the same way)
 CPU_EXPERT_ROW_MULTIPLE = 16
 LAYER_SEQ = 64  # tokens: enough that expert row counts vary from call to call
+# Pipeline-executor probe: piper-train itself on a 4-layer model of LAYER_SPEC's blocks, pp 2 over
+# pairs of ranks (all ranks busy), PIPE_MICROBATCHES micro-batches of LAYER_SEQ tokens, under 1f1b
+# (one chunk of two layers a rank) and each multi-chunk schedule (two chunks of one layer): the
+# same layers and messages, so the step time the model does not explain is the executor's own
+PIPE_SPEC = dict(LAYER_SPEC, name="calibrate-pipeline", num_layers=4)
+PIPE_SCHEDULES = ("1f1b", "interleaved", "zbv")
+PIPE_MICROBATCHES = 4
 LOADED_KINDS = ("p2p", "alltoall")
 LOADED_BURST = 48  # 64×64 fp32 GEMMs between two calls: ~0.5 ms of work a rank, ~2 ms with 8 ranks on 2 cores
+
+
+def pipeline_probes(hw, ranks: int, schedules) -> list[tuple[str, str]]:
+    """[(schedule, plan JSON)] of the pipeline-executor probe on `ranks` ranks (none if odd)."""
+    if ranks < 2 or ranks % 2 or not schedules:
+        return []
+    from .layout import Layout
+    from .plan import make_plan as make_train_plan
+    from .specs.model import ModelSpec
+
+    spec, dp = ModelSpec(**PIPE_SPEC), ranks // 2
+    out = []
+    for s in schedules:
+        lay = Layout(gpus=ranks, pp=2, dp=dp, ep=1, vpp=1 if s in ("gpipe", "1f1b") else 2, mbs=1,
+                     global_batch=dp * PIPE_MICROBATCHES, seq=LAYER_SEQ, schedule=s, dtype="bf16", zero=1,
+                     overlap_grad_reduce=False, fused_kernels=False)
+        out.append((s, make_train_plan(spec, hw, lay).model_dump_json()))
+    return out
 
 
 def _expert_shapes(dtypes, ms, kn):
@@ -79,7 +110,8 @@ def make_plan(kind: str, device: str) -> BenchPlan:
         return BenchPlan(gemm=[(dt, m, 64, 64, 1) for dt in dtypes for m in (16, 64, 256)] + [("bf16", 32, 64, 64, 2)],
                          stream=[64, 2**14, 2**18], attention=[(1, 2, 64, 32), (1, 2, 128, 32)],
                          comm_sizes=[1024, 65536], layers=() if gpu else ("fp32",), loaded_comm=not gpu,
-                         window_s=0.02, comm_window_s=0.02, meta={"kind": kind})
+                         window_s=0.02, comm_window_s=0.02, meta={"kind": kind},
+                         pipeline_schedules=() if gpu else PIPE_SCHEDULES, pipeline_steps=4)
     if gpu:
         # H100-class shapes: expert GEMMs of DeepSeek/Mixtral widths, big squares, long sequences
         kn = [(2048, 4096), (4096, 2816), (7168, 4096)]
@@ -109,7 +141,8 @@ def make_plan(kind: str, device: str) -> BenchPlan:
         sizes = [2**k for k in range(8, 26, 2)]
     gemm = _expert_shapes(dtypes, ms, kn) + [(dt, s, s, s, 1) for dt in dtypes for s in sq]
     gemm += [(dt, 48, 192, 64, 4) for dt in dtypes] + [(dt, 128, 1024, 512, 8) for dt in dtypes]
-    return BenchPlan(gemm, st, attention, sizes, layers=dtypes, loaded_comm=True, window_s=0.3 if kind == "quick" else 0.5,
+    return BenchPlan(gemm, st, attention, sizes, layers=dtypes, loaded_comm=True, pipeline_schedules=PIPE_SCHEDULES,
+                     window_s=0.3 if kind == "quick" else 0.5,
                      comm_window_s=0.25 if kind == "quick" else 0.4, meta={"kind": kind})
 
 
@@ -196,6 +229,10 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
     torch.set_num_threads(1)
     plan = BenchPlan(**plan_d)
     cuda = device == "cuda"
+    if not cuda:  # the allocator piper-train's CPU ranks run with (piper_runtime.host)
+        from piper_runtime.host import keep_freed_pages
+
+        keep_freed_pages()
     if cuda:
         torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -206,6 +243,7 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
     try:
         res = _compute(torch, dev, plan, tick, timer)
         res["layers"] = _layers(torch, dev, plan, tick, timer)
+        res["pipelines"] = _pipelines(dev, plan, rank, tick)
         res["comm"] = []
         _comm(torch, dist, dev, plan, rank, world, res["comm"], tick, timer)
         res["loaded_comm"] = []
@@ -275,6 +313,27 @@ def _layers(torch, dev, plan, tick, timer) -> list[dict]:
                 y.float().sum().backward()
             out.append({"kind": kind, "dtype": dt, "tokens": LAYER_SEQ, "seconds": timer(fb)})
             tick(f"{kind} block {dt}")
+    return out
+
+
+def _pipelines(dev, plan, rank, tick) -> list[dict]:
+    """piper-train under each probe plan: the median step wall time of the last half of
+    plan.pipeline_steps steps (the first half builds GEMM kernels for new expert row counts)."""
+    if not plan.pipelines:
+        return []
+    from piper_runtime.config import TrainConfig
+    from piper_runtime.train import train
+
+    from .plan import Plan
+
+    out = []
+    for sched, pj in plan.pipelines:
+        p = Plan.model_validate_json(pj)
+        recs = train(p, TrainConfig(steps=plan.pipeline_steps, log_every=0), dev)
+        if rank == 0:  # rank 0 returns the records (each step's time: the slowest rank's)
+            out.append({"schedule": sched, "seconds": _median([r["step_time_s"] for r in recs[len(recs) // 2:]]),
+                        "microbatches": p.layout.microbatches, "vpp": p.layout.vpp})
+        tick(f"pipeline {sched}")
     return out
 
 
@@ -359,7 +418,8 @@ def _merge(per_rank: dict[int, dict]) -> dict:
     rank's time (reduced inside the run)."""
     ranks = sorted(per_rank)
     out: dict[str, list] = {"comm": per_rank[ranks[0]]["comm"],
-                            "loaded_comm": per_rank[ranks[0]].get("loaded_comm", [])}
+                            "loaded_comm": per_rank[ranks[0]].get("loaded_comm", []),
+                            "pipelines": per_rank[ranks[0]].get("pipelines", [])}
     for fam in ("gemm", "stream", "attention", "layers"):
         rows = []
         for i, row in enumerate(per_rank[ranks[0]][fam]):

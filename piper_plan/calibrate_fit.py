@@ -351,6 +351,34 @@ def fit_layer_overhead(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, fl
     return out, detail
 
 
+def fit_pipeline_chunk(hw: HardwareSpec, probes: list, rows: list[dict]) -> tuple[dict[str, float], dict]:
+    """Efficiency.pipeline_chunk_us from the pipeline-executor probe (calibrate_bench.PIPE_SPEC):
+    for each multi-chunk schedule s, ((T_s − T_1f1b) measured − (T_s − T_1f1b) predicted by
+    `hw` without any chunk cost) / (micro-batches × extra chunks a rank), floored at 0. The
+    layers, messages and bubbles of both runs are the model's to price; what remains is the
+    executor's per-chunk work. Returns ({schedule: us}, {schedule: detail})."""
+    from .cost.estimate import evaluate
+    from .cost.batch import from_layouts
+    from .plan import Plan
+
+    hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"pipeline_chunk_us": {}})})
+    plans = {s: Plan.model_validate_json(pj) for s, pj in probes}
+    pred = {s: float(evaluate(p.model, hw, from_layouts([p.layout])).step_time_s[0]) for s, p in plans.items()}
+    meas = {r["schedule"]: r for r in rows}
+    if "1f1b" not in meas:
+        return {}, {}
+    base = meas["1f1b"]
+    out, detail = {}, {}
+    for s, r in meas.items():
+        if s == "1f1b" or r["vpp"] < 2:
+            continue
+        extra = (r["seconds"] - base["seconds"]) - (pred[s] - pred["1f1b"])
+        out[s] = round(max(0.0, extra) / (r["microbatches"] * (r["vpp"] - 1)) * 1e6, 2)
+        detail[s] = {"measured_ms": round(r["seconds"] * 1e3, 3), "predicted_ms": round(pred[s] * 1e3, 3),
+                     "measured_1f1b_ms": round(base["seconds"] * 1e3, 3), "predicted_1f1b_ms": round(pred["1f1b"] * 1e3, 3)}
+    return out, detail
+
+
 def fit_collective_overhead(rows: list[dict], latency_us: float, bw_gbps: float) -> tuple[float, dict]:
     """Efficiency.collective_overhead_us: the median over the loaded measurements of (added
     time per call − the α-β model's time of that call), floored at 0; the α-β pair is the

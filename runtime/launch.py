@@ -22,6 +22,7 @@ from piper_plan.errors import PiperError
 from piper_plan.plan import Plan, read_plan
 
 from .config import check_tp
+from .host import keep_freed_pages
 
 
 def check_supported(plan: Plan, world: int) -> None:
@@ -77,6 +78,7 @@ def _init(rank: int, world: int, timeout_s: float, store_path: Optional[str]):
         device = torch.device("cuda", local)
     else:
         device = torch.device("cpu")
+        keep_freed_pages()  # a CPU step re-allocates its large tensors every micro-batch (host.py)
     backend = "nccl" if cuda else "gloo"
     kw = dict(backend=backend, timeout=timedelta(seconds=timeout_s))
     if store_path is not None:

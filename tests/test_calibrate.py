@@ -177,6 +177,10 @@ def test_smoke_run_on_two_ranks_writes_loadable_yaml(tmp_path):
     assert {c["n"] for c in m["comm"]} == {2}
     assert all(p["seconds"] > 0 for f in m for p in m[f])
     assert rec["timestamp"] and rec["residuals"]["gemm_fp32"]["points"] == 3
+    # piper-train ran the pipeline probe under every schedule; the multi-chunk ones got a cost
+    assert [p["schedule"] for p in m["pipelines"]] == ["1f1b", "interleaved", "zbv"]
+    assert [p["vpp"] for p in m["pipelines"]] == [1, 2, 2]
+    assert set(hw.efficiency.pipeline_chunk_us) == {"interleaved", "zbv"}
 
 
 @pytest.mark.slow
@@ -349,3 +353,29 @@ def test_streams_beyond_the_cache_run_at_the_dram_rate():
     assert float(stream_time(hw, 0.5 * mib)) == pytest.approx(0.5 * mib / 20e9)
     assert float(stream_time(hw, 3 * mib)) == pytest.approx(mib / 20e9 + 2 * mib / 5e9)
     assert load_hardware("dgx-h100").accelerator.cache_mib is None  # GPU specs: one HBM rate
+
+
+def test_pipeline_chunk_cost_is_what_the_model_leaves_unexplained_per_extra_chunk():
+    from piper_plan.calibrate_bench import pipeline_probes
+    from piper_plan.calibrate_fit import fit_pipeline_chunk
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.plan import Plan
+
+    hw = load_hardware("cpu-local").model_copy()
+    hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"pipeline_chunk_us": {}})})
+    probes = pipeline_probes(hw, 8, ("1f1b", "interleaved", "zbv"))
+    pred = {}
+    for s, pj in probes:
+        p = Plan.model_validate_json(pj)
+        pred[s] = (float(evaluate(p.model, hw, from_layouts([p.layout])).step_time_s[0]), p.layout)
+    # measured = predicted + 4 micro-batches x 1 extra chunk x (3 ms interleaved, 7 ms zbv) + 20 ms both
+    extra = {"1f1b": 0.0, "interleaved": 4 * 3e-3, "zbv": 4 * 7e-3}
+    rows = [{"schedule": s, "seconds": t + extra[s] + 0.02, "microbatches": lay.microbatches, "vpp": lay.vpp}
+            for s, (t, lay) in pred.items()]
+    us, detail = fit_pipeline_chunk(hw, probes, rows)
+    assert us == pytest.approx({"interleaved": 3000.0, "zbv": 7000.0}, abs=0.01)
+    assert set(detail) == {"interleaved", "zbv"}
+    # a schedule measured faster than predicted costs nothing, not a negative time
+    rows[1]["seconds"] = pred["interleaved"][0] - 0.05
+    assert fit_pipeline_chunk(hw, probes, rows)[0]["interleaved"] == 0.0

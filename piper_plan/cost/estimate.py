@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
@@ -153,10 +154,11 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # per-role totals from per-layer totals (cheap); phases only for the busiest role
     Td, Tm, Te, Th, Tdc, Tmc = (lc[k] for k in ("Td", "Tm", "Te", "Th", "Tdc", "Tmc"))
     p2p_mb = p2p_one * rank_chunks  # each way, per micro-batch
+    chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
     dualpipe = lay.sched == 4
     comp_t, comm_t, a2a_per_mb, totals = {}, {}, {}, {}
     for r, (nd, nm) in roles.items():
-        comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th
+        comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
         a2a_per_mb[r] = lc["a2a_layer"] * nm
         # dualpipev overlaps the all-to-all with the other micro-batch's compute
@@ -173,6 +175,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
     comp = {c: nd_p * lc[f"dense_{c}"] + nm_p * lc[f"moe_{c}"] + emb_p * lc[f"emb_{c}"] + head_p * lc[f"head_{c}"]
             for c in "fbwr"}
+    comp["f"], comp["b"] = comp["f"] + chunk_mb / 3, comp["b"] + 2 * chunk_mb / 3  # as _layer_overhead
     cm = {c: nd_p * lc[f"dense_comm_{c}"] + nm_p * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     F = comp["f"] + cm["f"] + p2p_mb
@@ -395,6 +398,16 @@ def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, n: int) -> Phase:
     s = hw.efficiency.layer_overhead_us.get(f"{kind}_{dtype}", 0.0) * 1e-6
     z = np.zeros(n)
     return Phase(z + s / 3, z + 2 * s / 3, z, z)
+
+
+def _chunk_overhead(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
+    """Seconds per micro-batch a rank's extra chunks cost under a multi-chunk schedule:
+    (vpp − 1) × efficiency.pipeline_chunk_us[schedule] (0 where not measured)."""
+    out = np.zeros(len(lay))
+    for name, us in hw.efficiency.pipeline_chunk_us.items():
+        if name in SCHEDULES:
+            out = np.where(lay.sched == SCHEDULES.index(name), (lay.vpp - 1) * us * 1e-6, out)
+    return out
 
 
 def _weight_casts(hw: HardwareSpec, lay: LayoutBatch, params) -> Phase:

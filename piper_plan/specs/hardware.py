@@ -74,7 +74,7 @@ class Efficiency(_Optional):
     byte, so they dominate small models and vanish for large ones."""
 
     _OMIT_AT_DEFAULT = ("gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
-                        "attention_bwd_row_us", "memory_dram")
+                        "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
@@ -98,6 +98,11 @@ class Efficiency(_Optional):
         default_factory=dict, description="host cost of one transformer block's forward + backward per "
         "micro-batch that the kernel list does not price (Python, autograd bookkeeping, views, casts, "
         "routing bookkeeping), us, keyed '<dense|moe>_<dtype>' (e.g. 'moe_bf16')")
+    pipeline_chunk_us: dict[str, float] = Field(
+        default_factory=dict, description="added wall time per extra model chunk a rank runs per micro-batch "
+        "under a multi-chunk schedule, beyond the chunk's layers and messages (the schedule executor's "
+        "per-action work: stage bookkeeping, split input/weight backward passes), us, keyed by schedule "
+        "('interleaved', 'zbv', 'dualpipev'); measured by calibrate against 1f1b on the same layers")
     collective_overhead_us: float = Field(
         0.0, ge=0, description="added wall time per collective call (all-to-all, p2p, all-reduce) while the "
         "ranks compute between calls, us: on shared cores each call waits for its peers to be scheduled")
@@ -105,7 +110,7 @@ class Efficiency(_Optional):
 
     @model_validator(mode="after")
     def _overheads(self):
-        for name in ("gemm_overhead_us", "layer_overhead_us"):
+        for name in ("gemm_overhead_us", "layer_overhead_us", "pipeline_chunk_us"):
             for k, v in getattr(self, name).items():
                 if v < 0:
                     raise ValueError(f"{name}.{k} must be >= 0")
