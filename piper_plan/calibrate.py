@@ -23,7 +23,7 @@ import yaml
 
 from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, pipeline_probes, run_benchmarks
 from .calibrate_fit import (best_rates, fit_attention_bwd, fit_collective_overhead, fit_comm, fit_compute,
-                            fit_layer_overhead, fit_pipeline_chunk, fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
+                            fit_cast, fit_layer_overhead, fit_pipeline_chunk, fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse
@@ -123,7 +123,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                gemm_overhead_us={k: round(v, 3) for k, v in comp.get("gemm_overhead_us", {}).items()},
                layer_overhead_us=dict(comp.get("layer_overhead_us", {})),
                pipeline_chunk_us={},  # measured against this spec's own prediction: with_pipeline_chunk
-               collective_overhead_us=round(comp.get("collective_overhead_us", 0.0), 2))
+               collective_overhead_us=round(comp.get("collective_overhead_us", 0.0), 2),
+               collective_step_us=round(comp.get("collective_step_us", 0.0), 2))
     if device["kind"] == "cpu" and ranks > device["cores"]:
         acc["ranks_per_core"] = round(ranks / device["cores"], 4)
     if device["kind"] == "cpu":
@@ -133,6 +134,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
     if "cache_mib" in comp:
         acc["cache_mib"] = round(comp["cache_mib"], 3)
         eff["memory_dram"] = round(comp["memory_dram"], 4)
+    if "cast" in comp:
+        eff["cast"] = round(comp["cast"], 4)
     if "attention_bwd" in comp:
         eff["attention_bwd"] = round(comp["attention_bwd"], 4)
         eff["attention_bwd_row_us"] = round(comp["attention_bwd_row_us"], 4)
@@ -148,8 +151,11 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                      "cost per GEMM call, fitted jointly; layer_overhead_us: a piper-train dense / MoE block "
                      "(d 32, 64 tokens, a fresh input each call so expert GEMM shapes vary as in training) forward+backward "
                      "under full load minus the kernel model's price of it; "
+                     "cast: fp32->bf16 and bf16->fp32 copies into fresh tensors, cycling six sources, "
+                     "against the stream model for the same bytes (median ratio); "
                      "collective_overhead_us: median added time per small p2p / all-to-all call between GEMM "
-                     "bursts on every rank, minus the α-β time of the call")
+                     "bursts on every rank, minus the α-β time of the call; collective_step_us: the same for "
+                     "small all-reduces, less that floor, per ring step (2(n−1) a call)")
     if comm is not None:
         eff["comm"] = round(comm["comm"], 4)
         eff["source"] += f"; comm from the α-β fit of the node level ({_pct(comm_res)})"
@@ -344,10 +350,15 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
                                                                 "cache_mib": cache["cache_mib"]}),
             "efficiency": rated.efficiency.model_copy(update={
                 "memory": 1.0, "memory_dram": cache["dram_gbps"] / cache["cache_gbps"]})})
+    cast, cast_res = fit_cast(rated, meas.get("casts", []))
+    if cast:  # the blocks' price below must see the casts at their measured rate
+        comp.update(cast)
+        comp_fit.residuals.update(cast_res)
+        rated = rated.model_copy(update={"efficiency": rated.efficiency.model_copy(update=cast)})
     comp["layer_overhead_us"], layer_detail = fit_layer_overhead(rated, meas.get("layers", []))
     co_res = {}
     if comm_fit and meas.get("loaded_comm"):
-        comp["collective_overhead_us"], co_res = fit_collective_overhead(
+        comp["collective_overhead_us"], comp["collective_step_us"], co_res = fit_collective_overhead(
             meas["loaded_comm"], comm_fit.latency_us, comm_fit.bandwidth_gbps)
     comp_fit.residuals.update(co_res)
     prop = proposals(hw, comp_fit, meas, tiles)

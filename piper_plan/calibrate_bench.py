@@ -42,6 +42,7 @@ class BenchPlan:
     meta: dict = field(default_factory=dict)
     # piper-train runs of PIPE_SPEC, one per schedule: [(schedule, plan JSON)] (calibrate fills
     # them in from pipeline_schedules: a plan needs the hardware spec, which make_plan lacks)
+    casts: list = field(default_factory=list)  # fp32 element counts of weight-cast pairs (CPU)
     pipeline_schedules: tuple[str, ...] = ()
     pipelines: list = field(default_factory=list)
     pipeline_steps: int = 16
@@ -55,7 +56,7 @@ class BenchPlan:
         comm = len(self.comm_groups(ranks)) * len(self.comm_kinds) * len(self.comm_sizes)
         loaded = len(self.comm_groups(ranks)) * len(LOADED_KINDS) if self.loaded_comm else 0
         return (len(self.gemm) + len(self.stream) + len(self.attention) + comm + 2 * len(self.layers) + loaded
-                + len(self.pipelines))
+                + len(self.pipelines) + len(self.casts))
 
 
 # Framework-overhead blocks: one dense and one MoE decoder block of piper-train at a negligible
@@ -74,9 +75,9 @@ LAYER_SEQ = 64  # tokens: enough that expert row counts vary from call to call
 # (one chunk of two layers a rank) and each multi-chunk schedule (two chunks of one layer): the
 # same layers and messages, so the step time the model does not explain is the executor's own
 PIPE_SPEC = dict(LAYER_SPEC, name="calibrate-pipeline", num_layers=4)
-PIPE_SCHEDULES = ("1f1b", "interleaved", "zbv")
+PIPE_SCHEDULES = ("1f1b", "interleaved", "zbv", "dualpipev")
 PIPE_MICROBATCHES = 4
-LOADED_KINDS = ("p2p", "alltoall")
+LOADED_KINDS = ("p2p", "alltoall", "allreduce")
 LOADED_BURST = 48  # 64×64 fp32 GEMMs between two calls: ~0.5 ms of work a rank, ~2 ms with 8 ranks on 2 cores
 
 
@@ -110,7 +111,7 @@ def make_plan(kind: str, device: str) -> BenchPlan:
         return BenchPlan(gemm=[(dt, m, 64, 64, 1) for dt in dtypes for m in (16, 64, 256)] + [("bf16", 32, 64, 64, 2)],
                          stream=[64, 2**14, 2**18], attention=[(1, 2, 64, 32), (1, 2, 128, 32)],
                          comm_sizes=[1024, 65536], layers=() if gpu else ("fp32",), loaded_comm=not gpu,
-                         window_s=0.02, comm_window_s=0.02, meta={"kind": kind},
+                         window_s=0.02, comm_window_s=0.02, meta={"kind": kind}, casts=[] if gpu else [2**12, 2**16],
                          pipeline_schedules=() if gpu else PIPE_SCHEDULES, pipeline_steps=4)
     if gpu:
         # H100-class shapes: expert GEMMs of DeepSeek/Mixtral widths, big squares, long sequences
@@ -142,6 +143,7 @@ def make_plan(kind: str, device: str) -> BenchPlan:
     gemm = _expert_shapes(dtypes, ms, kn) + [(dt, s, s, s, 1) for dt in dtypes for s in sq]
     gemm += [(dt, 48, 192, 64, 4) for dt in dtypes] + [(dt, 128, 1024, 512, 8) for dt in dtypes]
     return BenchPlan(gemm, st, attention, sizes, layers=dtypes, loaded_comm=True, pipeline_schedules=PIPE_SCHEDULES,
+                     casts=[2**16, 2**20, 2**22],
                      window_s=0.3 if kind == "quick" else 0.5,
                      comm_window_s=0.25 if kind == "quick" else 0.4, meta={"kind": kind})
 
@@ -243,7 +245,8 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
     try:
         res = _compute(torch, dev, plan, tick, timer)
         res["layers"] = _layers(torch, dev, plan, tick, timer)
-        res["pipelines"] = _pipelines(dev, plan, rank, tick)
+        res["casts"] = _casts(torch, dev, plan, tick, timer)
+        res["pipelines"] = _pipelines(dev, plan, rank, tick, timeout_s)
         res["comm"] = []
         _comm(torch, dist, dev, plan, rank, world, res["comm"], tick, timer)
         res["loaded_comm"] = []
@@ -316,7 +319,26 @@ def _layers(torch, dev, plan, tick, timer) -> list[dict]:
     return out
 
 
-def _pipelines(dev, plan, rank, tick) -> list[dict]:
+def _casts(torch, dev, plan, tick, timer) -> list[dict]:
+    """Autocast's weight casts as piper-train runs them: an fp32 weight to a fresh bf16 copy
+    (forward) and a bf16 gradient to a fresh fp32 one (backward), 12 B per element a pair,
+    over six tensors in turn so no call finds its source cached."""
+    out = []
+    for numel in plan.casts:
+        ws = [torch.randn(numel, device=dev) for _ in range(6)]
+        hs = [w.to(torch.bfloat16) for w in ws]
+        turn = [0]
+
+        def pair():
+            i = turn[0] = (turn[0] + 1) % 6
+            ws[i].to(torch.bfloat16)
+            hs[i].float()
+        out.append({"nbytes": 12 * numel, "seconds": timer(pair)})
+        tick(f"weight casts {4 * numel} B")
+    return out
+
+
+def _pipelines(dev, plan, rank, tick, timeout_s: float) -> list[dict]:
     """piper-train under each probe plan: the median step wall time of the last half of
     plan.pipeline_steps steps (the first half builds GEMM kernels for new expert row counts)."""
     if not plan.pipelines:
@@ -329,7 +351,7 @@ def _pipelines(dev, plan, rank, tick) -> list[dict]:
     out = []
     for sched, pj in plan.pipelines:
         p = Plan.model_validate_json(pj)
-        recs = train(p, TrainConfig(steps=plan.pipeline_steps, log_every=0), dev)
+        recs = train(p, TrainConfig(steps=plan.pipeline_steps, log_every=0, timeout_s=timeout_s), dev)
         if rank == 0:  # rank 0 returns the records (each step's time: the slowest rank's)
             out.append({"schedule": sched, "seconds": _median([r["step_time_s"] for r in recs[len(recs) // 2:]]),
                         "microbatches": p.layout.microbatches, "vpp": p.layout.vpp})
@@ -420,7 +442,7 @@ def _merge(per_rank: dict[int, dict]) -> dict:
     out: dict[str, list] = {"comm": per_rank[ranks[0]]["comm"],
                             "loaded_comm": per_rank[ranks[0]].get("loaded_comm", []),
                             "pipelines": per_rank[ranks[0]].get("pipelines", [])}
-    for fam in ("gemm", "stream", "attention", "layers"):
+    for fam in ("gemm", "stream", "attention", "layers", "casts"):
         rows = []
         for i, row in enumerate(per_rank[ranks[0]][fam]):
             ts = [per_rank[r][fam][i]["seconds"] for r in ranks]

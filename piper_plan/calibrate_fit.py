@@ -304,6 +304,20 @@ def fit_stream_cache(rows: list[dict], overhead_us: float) -> tuple[dict, dict]:
     return out, residual_stats({"stream_cache": model(fit.x)}, {"stream_cache": t})
 
 
+def fit_cast(hw: HardwareSpec, rows: list[dict]) -> tuple[dict, dict]:
+    """Efficiency.cast from the weight-cast pairs ({nbytes, seconds}, calibrate_bench._casts):
+    the median over the points of (stream_time of the same bytes, two kernels, under `hw`'s
+    fitted streaming rates) / measured, capped at 1. Returns ({'cast': f} or {}, residual
+    stats 'cast' of the resulting model)."""
+    if not rows:
+        return {}, {}
+    n = np.array([float(r["nbytes"]) for r in rows])
+    t = np.array([float(r["seconds"]) for r in rows])
+    model = stream_time(hw, n, 2)
+    f = float(min(1.0, np.median(model / t)))
+    return {"cast": f}, residual_stats({"cast": model / f}, {"cast": t})
+
+
 def fit_attention_bwd(peak_tflops: float, overhead_us: float, rows: list[dict]) -> tuple[dict, dict]:
     """Efficiency.attention_bwd and attention_bwd_row_us from the attention points' backward
     times: t_bwd = overhead + 2.5·flops / (peak·e_bwd) + rows·row_us (flash_attention_bwd_time),
@@ -379,18 +393,25 @@ def fit_pipeline_chunk(hw: HardwareSpec, probes: list, rows: list[dict]) -> tupl
     return out, detail
 
 
-def fit_collective_overhead(rows: list[dict], latency_us: float, bw_gbps: float) -> tuple[float, dict]:
-    """Efficiency.collective_overhead_us: the median over the loaded measurements of (added
-    time per call − the α-β model's time of that call), floored at 0; the α-β pair is the
-    node level's fit from back-to-back collectives. Returns (us, residual stats of the
-    resulting model against the loaded measurements)."""
+def fit_collective_overhead(rows: list[dict], latency_us: float, bw_gbps: float) -> tuple[float, float, dict]:
+    """Efficiency.collective_overhead_us and collective_step_us from the loaded measurements
+    (added time per call while every rank computes between calls): co, the median over the
+    one-round calls (p2p, all-to-all) of (added time − their α-β time); co_step, the median
+    over the all-reduces of (added time − α-β − co) / their 2(n−1) dependent steps. Both
+    floored at 0; the α-β pair is the node level's fit from back-to-back collectives.
+    Returns (co us, co_step us, residual stats of the resulting model against the rows)."""
     if not rows:
-        return 0.0, {}
+        return 0.0, 0.0, {}
     ab = np.array([float(comm_time(r["kind"], r["n"], r["nbytes"], latency_us, bw_gbps)) for r in rows])
     meas = np.array([r["seconds"] for r in rows])
-    co = max(0.0, float(np.median(meas - ab)))
-    stats = residual_stats({"comm_loaded": np.maximum(ab + co, 1e-9)}, {"comm_loaded": np.maximum(meas, 1e-9)})
-    return co * 1e6, stats
+    ring = np.array([r["kind"] == "allreduce" for r in rows])
+    steps = np.array([2.0 * (r["n"] - 1) for r in rows])
+    one = ~ring if (~ring).any() else ring
+    co = max(0.0, float(np.median((meas - ab)[one])))
+    co_step = max(0.0, float(np.median(((meas - ab - co) / steps)[ring]))) if ring.any() else 0.0
+    model = ab + co + np.where(ring, steps * co_step, 0.0)
+    stats = residual_stats({"comm_loaded": np.maximum(model, 1e-9)}, {"comm_loaded": np.maximum(meas, 1e-9)})
+    return co * 1e6, co_step * 1e6, stats
 
 
 # ---- rates -> schema fields -------------------------------------------------------------

@@ -178,9 +178,9 @@ def test_smoke_run_on_two_ranks_writes_loadable_yaml(tmp_path):
     assert all(p["seconds"] > 0 for f in m for p in m[f])
     assert rec["timestamp"] and rec["residuals"]["gemm_fp32"]["points"] == 3
     # piper-train ran the pipeline probe under every schedule; the multi-chunk ones got a cost
-    assert [p["schedule"] for p in m["pipelines"]] == ["1f1b", "interleaved", "zbv"]
-    assert [p["vpp"] for p in m["pipelines"]] == [1, 2, 2]
-    assert set(hw.efficiency.pipeline_chunk_us) == {"interleaved", "zbv"}
+    assert [p["schedule"] for p in m["pipelines"]] == ["1f1b", "interleaved", "zbv", "dualpipev"]
+    assert [p["vpp"] for p in m["pipelines"]] == [1, 2, 2, 2]
+    assert set(hw.efficiency.pipeline_chunk_us) == {"interleaved", "zbv", "dualpipev"}
 
 
 @pytest.mark.slow
@@ -248,7 +248,8 @@ def test_grouped_gemm_pays_the_dtype_overhead_once_per_group():
 
 def test_eager_bf16_blocks_pay_their_weight_casts():
     """piper-train (eager, autocast over fp32 weights) moves 24 B per local weight per micro-batch
-    that a fused runtime with bf16 weights does not; fp32 runs cast nothing."""
+    that a fused runtime with bf16 weights does not: two 6 B casts at the measured cast rate and
+    the 12 B gradient accumulation at the streaming rate; fp32 runs cast nothing."""
     from piper_plan.cost.batch import from_layouts
     from piper_plan.cost.estimate import Routing, _layer_costs
     from piper_plan.cost.memory import layer_params_per_rank
@@ -260,7 +261,8 @@ def test_eager_bf16_blocks_pay_their_weight_casts():
                          for dt, fk in (("bf16", True), ("bf16", False), ("fp32", True), ("fp32", False))])
     moe = _layer_costs(m, hw, lays, Routing(), "bf16")["moe"].total
     _, rep, exp = layer_params_per_rank(m, lays)
-    cast = float(stream_time(hw, 24.0 * (rep[1] + exp[1]), 0))
+    p = rep[1] + exp[1]
+    cast = float(2 * stream_time(hw, 6.0 * p, 0) / hw.efficiency.cast + stream_time(hw, 12.0 * p, 0))
     assert moe[1] - moe[0] == pytest.approx(cast, rel=1e-9)
     assert moe[3] == pytest.approx(moe[2], rel=1e-12)
 
@@ -302,7 +304,8 @@ def test_attention_backward_defaults_to_flash_attention_2_flops_at_the_forward_r
 def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
     """The step's optimizer term streams AdamW's state, clipping's 3 passes over each local
     gradient, and, for piper-train (eager), the flatten/unflatten copies of the gradient
-    reduction (+ the ÷dp) and of the ZeRO gather: 24 + 16 B per replicated parameter."""
+    reduction (+ the ÷dp) and of the ZeRO gather: 24 + 16 B per replicated parameter, and
+    torch's single-tensor AdamW: 80 B per owned parameter against a fused Adam's 30."""
     from piper_plan.evaluate import estimate_layout
     from piper_plan.layout import Layout
     from piper_plan.specs import load_model
@@ -319,7 +322,9 @@ def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
     rep, own = m.total_params - experts, experts / 8
     bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
     # (within 0.1%: the planner's per-rank count leaves out the final norm's 64 weights)
-    assert opt[1] - opt[0] == pytest.approx((40.0 * rep + 8.0 * own) / bw, rel=1e-3)
+    local = rep / 8 + own  # ZeRO-1: a dp-eighth of the replicated state; experts have expert-dp 1
+    adam = (80.0 - (2 * 12 + 4 + 2)) * local  # eager 8 passes vs fused (fp32 grad, bf16 weight)
+    assert opt[1] - opt[0] == pytest.approx((40.0 * rep + 8.0 * own + adam) / bw, rel=1e-3)
 
 
 def test_stream_fit_recovers_cache_size_and_dram_rate():
@@ -379,3 +384,56 @@ def test_pipeline_chunk_cost_is_what_the_model_leaves_unexplained_per_extra_chun
     # a schedule measured faster than predicted costs nothing, not a negative time
     rows[1]["seconds"] = pred["interleaved"][0] - 0.05
     assert fit_pipeline_chunk(hw, probes, rows)[0]["interleaved"] == 0.0
+
+
+def test_loaded_allreduce_pays_a_floor_per_ring_step():
+    """Loaded calls made by the model (floor 500 us a call, and 700 us more per ring step of an
+    all-reduce) come back from fit_collective_overhead, and ring_allreduce then charges the
+    step cost 2(n-1) times."""
+    from piper_plan.calibrate_fit import comm_time, fit_collective_overhead
+    from piper_plan.cost.comm import ring_allreduce
+
+    lat, bw = 740.0, 0.5
+    rows = []
+    for kind in ("p2p", "alltoall", "allreduce"):
+        for n in (2, 4, 8):
+            nb = 256 * n
+            t = float(comm_time(kind, n, nb, lat, bw)) + 500e-6 + (2 * (n - 1) * 700e-6 if kind == "allreduce" else 0)
+            rows.append({"kind": kind, "n": n, "nbytes": nb, "seconds": t})
+    co, step, res = fit_collective_overhead(rows, lat, bw)
+    assert co == pytest.approx(500.0, abs=1e-6) and step == pytest.approx(700.0, abs=1e-6)
+    assert res["comm_loaded"]["max_abs_pct"] < 1e-6
+    hw = load_hardware("cpu-local")
+    e0 = hw.efficiency.model_copy(update={"collective_step_us": 0.0})
+    e1 = hw.efficiency.model_copy(update={"collective_step_us": 700.0})
+    t0 = ring_allreduce(hw.model_copy(update={"efficiency": e0}), 4096.0, 8, 1)
+    t1 = ring_allreduce(hw.model_copy(update={"efficiency": e1}), 4096.0, 8, 1)
+    assert float(t1 - t0) == pytest.approx(14 * 700e-6)
+    # without steps measured (GPU specs) the loaded one-round calls alone give the floor
+    assert fit_collective_overhead([r for r in rows if r["kind"] != "allreduce"], lat, bw)[:2] == \
+        pytest.approx((500.0, 0.0), abs=1e-6)
+
+
+def test_weight_casts_run_at_the_measured_cast_rate():
+    """Cast pairs measured 2.5x slower than the stream model for their bytes give cast = 0.4,
+    and the planner then prices autocast's weight casts (6 B forward, 6 B backward per
+    parameter) 2.5x slower while the gradient accumulation (12 B) keeps the streaming rate."""
+    from piper_plan.calibrate_fit import fit_cast
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import _weight_casts
+    from piper_plan.cost.kernels import stream_time
+    from piper_plan.layout import Layout
+
+    hw = load_hardware("cpu-local")
+    hw = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"cache_mib": None}),
+                               "efficiency": hw.efficiency.model_copy(update={"cast": None})})
+    rows = [{"nbytes": 12 * n, "seconds": 2.5 * float(stream_time(hw, 12 * n, 2))} for n in (2**16, 2**20, 2**22)]
+    got, res = fit_cast(hw, rows)
+    assert got["cast"] == pytest.approx(0.4) and res["cast"]["max_abs_pct"] < 1e-6
+    lay = from_layouts([Layout(gpus=8, dp=8, global_batch=8, seq=64, dtype="bf16", fused_kernels=False)])
+    p = np.array([1e6])
+    plain = _weight_casts(hw, lay, p)
+    slow = _weight_casts(hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update=got)}), lay, p)
+    bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
+    assert slow.f[0] == pytest.approx(2.5 * plain.f[0]) and plain.f[0] == pytest.approx(6e6 / bw)
+    assert slow.b[0] - plain.b[0] == pytest.approx(1.5 * 6e6 / bw)

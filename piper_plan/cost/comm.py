@@ -206,11 +206,13 @@ def group_span(hw: HardwareSpec, n, stride):
 
 def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None):
     """Ring (or NCCL tree/ring hierarchy) all-reduce of nbytes over n ranks:
-    2(n-1)/n·B over the slowest level spanned, 2(n-1) latency steps.
+    2(n-1)/n·B over the slowest level spanned, 2(n-1) latency steps (each plus
+    efficiency.collective_step_us, 0 unless measured on shared cores).
     fraction=0.5 gives a reduce-scatter or an all-gather."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
     bw, lat = span if span is not None else group_span(hw, n, stride)
+    lat = lat + hw.efficiency.collective_step_us * 1e-6  # each step waits for its sender (shared cores)
     t = fraction * (2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw + 2.0 * (n - 1) * lat)
     return np.where(n > 1, t, 0.0)
 

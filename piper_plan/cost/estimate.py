@@ -24,6 +24,7 @@ from .schedule import pipeline_time
 from .stages import chunk_sizes
 
 DTYPE_NAME = {2: "bf16", 4: "fp32"}
+ADAMW_EAGER_BYTES = 80.0  # per parameter, torch single-tensor AdamW (_dp_time)
 
 
 @dataclass
@@ -299,7 +300,12 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
     # global-norm clipping: read each gradient for its norm, then scale it (read + write);
     # ZeRO-2 ranks hold only their share of the gradients
     grads = np.where(lay.zero >= 2, local, rep_pr + exp_pr)
-    opt_bytes = local * (2 * 12.0 + gb + eb) + 3.0 * gb * grads
+    # a fused Adam reads p, m, v, g and writes p, m, v (+ the low-precision weight); eager
+    # runtimes (piper-train: torch.optim.AdamW(foreach=False), torch/optim/adam.py
+    # _single_tensor_adam over fp32 p, g, m, v) run 8 passes: decay p (r+w 8 B), m.lerp_(g) 12,
+    # v.mul_ 8, v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, + eps 8, p.addcdiv_ 16
+    per_param = np.where(lay.unfused, ADAMW_EAGER_BYTES, 2 * 12.0 + gb + eb)
+    opt_bytes = local * per_param + 3.0 * gb * grads
     # eager runtimes without contiguous gradient/parameter buffers (piper-train) also copy
     # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
     # 2 for the division), and with ZeRO copy each gathered parameter out of its broadcast
@@ -418,7 +424,9 @@ def _weight_casts(hw: HardwareSpec, lay: LayoutBatch, params) -> Phase:
     on = lay.unfused & (lay.act_bytes == 2)
     p = np.where(on, params, 0.0)
     z = np.zeros(len(lay))
-    return Phase(stream_time(hw, 6.0 * p, 0), stream_time(hw, 18.0 * p, 0), z, z)
+    c = hw.efficiency.cast or 1.0  # a CPU's conversion kernel runs below its streaming rate (calibrate)
+    cast = stream_time(hw, 6.0 * p, 0) / c
+    return Phase(cast, cast + stream_time(hw, 12.0 * p, 0), z, z)
 
 
 def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:

@@ -74,7 +74,7 @@ class Efficiency(_Optional):
     byte, so they dominate small models and vanish for large ones."""
 
     _OMIT_AT_DEFAULT = ("gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
-                        "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us")
+                        "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
@@ -89,6 +89,10 @@ class Efficiency(_Optional):
     memory_dram: Optional[float] = Field(
         None, gt=0, le=1, description="fraction of memory_bandwidth_gbps for the bytes of a working set beyond "
         "accelerator.cache_mib (None: as `memory`)")
+    cast: Optional[float] = Field(
+        None, gt=0, le=1, description="dtype casts of weights and gradients (fp32 <-> bf16 into fresh tensors) "
+        "as a fraction of the streaming model's rate for the same bytes (None: at that rate); measured by "
+        "calibrate on CPUs, where the conversion kernel, not memory, sets the pace")
     kernel_overhead_us: float = Field(4.0, ge=0, description="fixed cost per kernel launch, us")
     comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
     gemm_overhead_us: dict[str, float] = Field(
@@ -103,6 +107,10 @@ class Efficiency(_Optional):
         "under a multi-chunk schedule, beyond the chunk's layers and messages (the schedule executor's "
         "per-action work: stage bookkeeping, split input/weight backward passes), us, keyed by schedule "
         "('interleaved', 'zbv', 'dualpipev'); measured by calibrate against 1f1b on the same layers")
+    collective_step_us: float = Field(
+        0.0, ge=0, description="added wall time per dependent step of a ring all-reduce (2(n−1) steps, each "
+        "waiting for one peer's message) while the ranks compute between calls, us, beyond the call's "
+        "collective_overhead_us: on shared cores every step waits for its sender to be scheduled")
     collective_overhead_us: float = Field(
         0.0, ge=0, description="added wall time per collective call (all-to-all, p2p, all-reduce) while the "
         "ranks compute between calls, us: on shared cores each call waits for its peers to be scheduled")
