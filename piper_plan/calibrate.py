@@ -22,8 +22,9 @@ import click
 import yaml
 
 from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, pipeline_probes, run_benchmarks
-from .calibrate_fit import (best_rates, fit_attention_bwd, fit_collective_overhead, fit_comm, fit_compute,
-                            fit_cast, fit_layer_overhead, fit_pipeline_chunk, fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
+from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collective_overhead, fit_comm, fit_compute,
+                            fit_layer_overhead, fit_pipeline_chunk, fit_stream_cache, proposals, rated_spec,
+                            split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse

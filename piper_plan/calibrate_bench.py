@@ -13,6 +13,7 @@ Times in seconds, sizes in bytes.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import queue as _queue
 import tempfile
@@ -40,9 +41,9 @@ class BenchPlan:
     comm_window_s: float = 0.1
     attn_dtype: str = "bf16"
     meta: dict = field(default_factory=dict)
+    casts: list = field(default_factory=list)  # fp32 element counts of weight-cast pairs (CPU)
     # piper-train runs of PIPE_SPEC, one per schedule: [(schedule, plan JSON)] (calibrate fills
     # them in from pipeline_schedules: a plan needs the hardware spec, which make_plan lacks)
-    casts: list = field(default_factory=list)  # fp32 element counts of weight-cast pairs (CPU)
     pipeline_schedules: tuple[str, ...] = ()
     pipelines: list = field(default_factory=list)
     pipeline_steps: int = 16
@@ -327,10 +328,10 @@ def _casts(torch, dev, plan, tick, timer) -> list[dict]:
     for numel in plan.casts:
         ws = [torch.randn(numel, device=dev) for _ in range(6)]
         hs = [w.to(torch.bfloat16) for w in ws]
-        turn = [0]
+        turn = itertools.cycle(range(6))
 
         def pair():
-            i = turn[0] = (turn[0] + 1) % 6
+            i = next(turn)
             ws[i].to(torch.bfloat16)
             hs[i].float()
         out.append({"nbytes": 12 * numel, "seconds": timer(pair)})

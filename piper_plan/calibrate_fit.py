@@ -389,7 +389,8 @@ def fit_pipeline_chunk(hw: HardwareSpec, probes: list, rows: list[dict]) -> tupl
         extra = (r["seconds"] - base["seconds"]) - (pred[s] - pred["1f1b"])
         out[s] = round(max(0.0, extra) / (r["microbatches"] * (r["vpp"] - 1)) * 1e6, 2)
         detail[s] = {"measured_ms": round(r["seconds"] * 1e3, 3), "predicted_ms": round(pred[s] * 1e3, 3),
-                     "measured_1f1b_ms": round(base["seconds"] * 1e3, 3), "predicted_1f1b_ms": round(pred["1f1b"] * 1e3, 3)}
+                     "measured_1f1b_ms": round(base["seconds"] * 1e3, 3),
+                     "predicted_1f1b_ms": round(pred["1f1b"] * 1e3, 3)}
     return out, detail
 
 
