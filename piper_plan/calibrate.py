@@ -21,10 +21,11 @@ from pathlib import Path
 import click
 import yaml
 
-from .calibrate_bench import CPU_EXPERT_ROW_MULTIPLE, BenchPlan, make_plan, pipeline_probes, run_benchmarks
-from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collective_overhead, fit_comm, fit_compute,
-                            fit_layer_overhead, fit_pipeline_chunk, fit_stream_cache, proposals, rated_spec,
-                            split_comm, split_compute)
+from .calibrate_bench import (CPU_EXPERT_ROW_MULTIPLE, OPT_TENSORS, BenchPlan, make_plan, pipeline_probes,
+                              run_benchmarks)
+from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collective_overhead, fit_collective_skew,
+                            fit_comm, fit_compute, fit_layer_overhead, fit_optimizer_tensor, fit_pipeline_chunk,
+                            fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
 from .specs.registry import bundled_names, load_hardware, parse
@@ -123,9 +124,12 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                kernel_overhead_us=round(comp["kernel_overhead_us"], 3),
                gemm_overhead_us={k: round(v, 3) for k, v in comp.get("gemm_overhead_us", {}).items()},
                layer_overhead_us=dict(comp.get("layer_overhead_us", {})),
+               optimizer_tensor_us=dict(comp.get("optimizer_tensor_us", {})),
                pipeline_chunk_us={},  # measured against this spec's own prediction: with_pipeline_chunk
                collective_overhead_us=round(comp.get("collective_overhead_us", 0.0), 2),
-               collective_step_us=round(comp.get("collective_step_us", 0.0), 2))
+               collective_step_us=round(comp.get("collective_step_us", 0.0), 2),
+               collective_skew_us=round(comp.get("collective_skew_us", 0.0), 2),
+               collective_skew_base_ms=round(comp.get("collective_skew_base_ms", 0.0), 3))
     if device["kind"] == "cpu" and ranks > device["cores"]:
         acc["ranks_per_core"] = round(ranks / device["cores"], 4)
     if device["kind"] == "cpu":
@@ -154,9 +158,14 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                      "under full load minus the kernel model's price of it; "
                      "cast: fp32->bf16 and bf16->fp32 copies into fresh tensors, cycling six sources, "
                      "against the stream model for the same bytes (median ratio); "
+                     "optimizer_tensor_us: piper-train's eager optimizer functions (piper_runtime.optim) over "
+                     f"{OPT_TENSORS} small tensors under full load, less the stream model's price of their bytes, "
+                     "per tensor; "
                      "collective_overhead_us: median added time per small p2p / all-to-all call between GEMM "
                      "bursts on every rank, minus the α-β time of the call; collective_step_us: the same for "
-                     "small all-reduces, less that floor, per ring step (2(n−1) a call)")
+                     "small all-reduces, less that floor, per ring step (2(n−1) a call); collective_skew_us: "
+                     "the same all-to-all over every rank after bursts 16-64× longer, least squares of the added "
+                     "time on √(burst ms) through the short burst (collective_skew_base_ms)")
     if comm is not None:
         eff["comm"] = round(comm["comm"], 4)
         eff["source"] += f"; comm from the α-β fit of the node level ({_pct(comm_res)})"
@@ -357,13 +366,18 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
         comp_fit.residuals.update(cast_res)
         rated = rated.model_copy(update={"efficiency": rated.efficiency.model_copy(update=cast)})
     comp["layer_overhead_us"], layer_detail = fit_layer_overhead(rated, meas.get("layers", []))
+    comp["optimizer_tensor_us"], opt_detail = fit_optimizer_tensor(rated, meas.get("optimizer", []))
     co_res = {}
     if comm_fit and meas.get("loaded_comm"):
         comp["collective_overhead_us"], comp["collective_step_us"], co_res = fit_collective_overhead(
             meas["loaded_comm"], comm_fit.latency_us, comm_fit.bandwidth_gbps)
+        comp["collective_skew_us"], comp["collective_skew_base_ms"], skew_res = fit_collective_skew(
+            meas["loaded_comm"])
+        co_res.update(skew_res)
     comp_fit.residuals.update(co_res)
     prop = proposals(hw, comp_fit, meas, tiles)
     prop["layer_overhead"] = layer_detail
+    prop["optimizer_tensor"] = opt_detail
     if comm_fit:  # one α-β pair per collective, to show what a single pair per level costs
         kinds = sorted({c["kind"] for c in meas["comm"]})
         prop["comm_per_kind"] = {k: asdict(fit_comm([c for c in meas["comm"] if c["kind"] == k])) for k in kinds}

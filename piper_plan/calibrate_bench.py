@@ -37,6 +37,7 @@ class BenchPlan:
     comm_kinds: tuple[str, ...] = ("p2p", "allreduce", "alltoall")
     layers: tuple[str, ...] = ()          # dtypes for the framework-overhead blocks (CPU: fp32, bf16)
     loaded_comm: bool = False             # measure the per-call collective cost under compute load
+    skew_bursts: tuple[int, ...] = ()     # longer bursts (× LOADED_BURST) for the arrival-skew probe
     window_s: float = 0.25
     comm_window_s: float = 0.1
     attn_dtype: str = "bf16"
@@ -47,6 +48,7 @@ class BenchPlan:
     pipeline_schedules: tuple[str, ...] = ()
     pipelines: list = field(default_factory=list)
     pipeline_steps: int = 16
+    optimizer_tensors: int = 0  # parameter tensors of the eager-optimizer probe (0: skip)
 
     def comm_groups(self, ranks: int) -> list[int]:
         """Group sizes measured: every n ≥ 2 that divides the rank count."""
@@ -55,9 +57,9 @@ class BenchPlan:
     def items(self, ranks: int) -> int:
         """Number of progress ticks a run posts."""
         comm = len(self.comm_groups(ranks)) * len(self.comm_kinds) * len(self.comm_sizes)
-        loaded = len(self.comm_groups(ranks)) * len(LOADED_KINDS) if self.loaded_comm else 0
+        loaded = (len(self.comm_groups(ranks)) * len(LOADED_KINDS) + len(self.skew_bursts)) if self.loaded_comm else 0
         return (len(self.gemm) + len(self.stream) + len(self.attention) + comm + 2 * len(self.layers) + loaded
-                + len(self.pipelines) + len(self.casts))
+                + len(self.pipelines) + len(self.casts) + (len(OPT_PARTS) if self.optimizer_tensors else 0))
 
 
 # Framework-overhead blocks: one dense and one MoE decoder block of piper-train at a negligible
@@ -78,6 +80,14 @@ LAYER_SEQ = 64  # tokens: enough that expert row counts vary from call to call
 PIPE_SPEC = dict(LAYER_SPEC, name="calibrate-pipeline", num_layers=4)
 PIPE_SCHEDULES = ("1f1b", "interleaved", "zbv", "dualpipev")
 PIPE_MICROBATCHES = 4
+# Eager-optimizer probe: piper-train's per-tensor host work (piper_runtime.optim) over small
+# tensors (every 4th a 1-D norm-like one, as in a decoder block), so bytes cost nothing and the
+# time is what each parameter tensor costs: 'adamw' the single-tensor AdamW step and the
+# gradient's norm (per owned tensor), 'grad' the clip scale and ÷dp (per held gradient), 'copy'
+# a flat collective buffer unpacked back into its tensors (per tensor reduced or gathered)
+OPT_PARTS = ("adamw", "grad", "copy")
+OPT_TENSORS = 64
+OPT_TENSOR_SHAPE = (16, 16)
 LOADED_KINDS = ("p2p", "alltoall", "allreduce")
 LOADED_BURST = 48  # 64×64 fp32 GEMMs between two calls: ~0.5 ms of work a rank, ~2 ms with 8 ranks on 2 cores
 
@@ -112,8 +122,10 @@ def make_plan(kind: str, device: str) -> BenchPlan:
         return BenchPlan(gemm=[(dt, m, 64, 64, 1) for dt in dtypes for m in (16, 64, 256)] + [("bf16", 32, 64, 64, 2)],
                          stream=[64, 2**14, 2**18], attention=[(1, 2, 64, 32), (1, 2, 128, 32)],
                          comm_sizes=[1024, 65536], layers=() if gpu else ("fp32",), loaded_comm=not gpu,
+                         skew_bursts=() if gpu else (4,),
                          window_s=0.02, comm_window_s=0.02, meta={"kind": kind}, casts=[] if gpu else [2**12, 2**16],
-                         pipeline_schedules=() if gpu else PIPE_SCHEDULES, pipeline_steps=4)
+                         pipeline_schedules=() if gpu else PIPE_SCHEDULES, pipeline_steps=4,
+                         optimizer_tensors=8)
     if gpu:
         # H100-class shapes: expert GEMMs of DeepSeek/Mixtral widths, big squares, long sequences
         kn = [(2048, 4096), (4096, 2816), (7168, 4096)]
@@ -126,7 +138,8 @@ def make_plan(kind: str, device: str) -> BenchPlan:
         attention = [(4, 16, 2048, 64), (4, 16, 2048, 128), (1, 16, 8192, 128), (8, 32, 1024, 128)]
         sizes = [2**k for k in ((10, 16, 20, 24, 28) if kind == "quick" else range(10, 30, 2))]
         return BenchPlan(gemm, stream, attention, sizes, window_s=0.1 if kind == "quick" else 0.3,
-                         comm_window_s=0.05 if kind == "quick" else 0.2, meta={"kind": kind})
+                         comm_window_s=0.05 if kind == "quick" else 0.2, meta={"kind": kind},
+                         optimizer_tensors=OPT_TENSORS)
     # CPU: tiny-moe's expert GEMM (hidden 64 × 2·96 gated), a CPU-sized one (512 × 1024), squares
     kn = [(64, 192), (512, 1024)]
     if kind == "quick":
@@ -144,7 +157,8 @@ def make_plan(kind: str, device: str) -> BenchPlan:
     gemm = _expert_shapes(dtypes, ms, kn) + [(dt, s, s, s, 1) for dt in dtypes for s in sq]
     gemm += [(dt, 48, 192, 64, 4) for dt in dtypes] + [(dt, 128, 1024, 512, 8) for dt in dtypes]
     return BenchPlan(gemm, st, attention, sizes, layers=dtypes, loaded_comm=True, pipeline_schedules=PIPE_SCHEDULES,
-                     casts=[2**16, 2**20, 2**22],
+                     skew_bursts=(16, 64) if kind == "quick" else (4, 16, 64),
+                     casts=[2**16, 2**20, 2**22], optimizer_tensors=OPT_TENSORS,
                      window_s=0.3 if kind == "quick" else 0.5,
                      comm_window_s=0.25 if kind == "quick" else 0.4, meta={"kind": kind})
 
@@ -247,6 +261,7 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
         res = _compute(torch, dev, plan, tick, timer)
         res["layers"] = _layers(torch, dev, plan, tick, timer)
         res["casts"] = _casts(torch, dev, plan, tick, timer)
+        res["optimizer"] = _optimizer(torch, dev, plan, tick, timer)
         res["pipelines"] = _pipelines(dev, plan, rank, tick, timeout_s)
         res["comm"] = []
         _comm(torch, dist, dev, plan, rank, world, res["comm"], tick, timer)
@@ -339,6 +354,44 @@ def _casts(torch, dev, plan, tick, timer) -> list[dict]:
     return out
 
 
+def _optimizer(torch, dev, plan, tick, timer) -> list[dict]:
+    """piper-train's eager optimizer work per parameter tensor (OPT_PARTS), timed on
+    plan.optimizer_tensors tensors with piper_runtime.optim's own functions. The clip's norm
+    is kept below max_norm so its scale is 1 and values stay normal from call to call."""
+    n = plan.optimizer_tensors
+    if not n:
+        return []
+    from torch._utils import _flatten_dense_tensors
+
+    from piper_runtime.optim import copy_back, make_adamw, sum_squares
+
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(*(OPT_TENSOR_SHAPE if i % 4 else OPT_TENSOR_SHAPE[:1]), device=dev))
+          for i in range(n)]
+    for p in ps:
+        p.grad = torch.randn_like(p) * 1e-3
+    grads = [p.grad for p in ps]
+    opt = make_adamw(ps, 1e-4, 0.1)
+    norm = torch.tensor(0.5, device=dev)
+
+    def adamw():
+        opt.step()
+        sum_squares(grads, dev)
+
+    def grad():
+        torch.nn.utils.clip_grads_with_norm_(ps, 1.0, norm)
+        for g in grads:
+            g.div_(1.0)
+
+    fns = {"adamw": adamw, "grad": grad, "copy": lambda: copy_back(grads, _flatten_dense_tensors(grads))}
+    numel = sum(p.numel() for p in ps)
+    out = []
+    for part in OPT_PARTS:
+        out.append({"part": part, "tensors": n, "numel": numel, "seconds": timer(fns[part])})
+        tick(f"optimizer {part}")
+    return out
+
+
 def _pipelines(dev, plan, rank, tick, timeout_s: float) -> list[dict]:
     """piper-train under each probe plan: the median step wall time of the last half of
     plan.pipeline_steps steps (the first half builds GEMM kernels for new expert row counts)."""
@@ -369,8 +422,8 @@ def _loaded_comm(torch, dist, dev, plan, rank, world, out, tick):
     a = torch.randn(64, 64, device=dev)
     b = torch.randn(64, 64, device=dev)
 
-    def burst():
-        for _ in range(LOADED_BURST):
+    def burst(times=1):
+        for _ in range(LOADED_BURST * times):
             torch.mm(a, b)
 
     def timed(fn, iters):
@@ -398,6 +451,20 @@ def _loaded_comm(torch, dist, dev, plan, rank, world, out, tick):
             out.append({"kind": kind, "n": n, "nbytes": 4 * numel, "seconds": with_call - alone,
                         "burst_s": alone})
             tick(f"{kind} n={n} under load")
+    # arrival skew: the same all-to-all on every rank after longer bursts (training computes far
+    # longer than LOADED_BURST between its exchanges; what a call adds grows with it)
+    numel = 64 * world
+    op = _comm_fn(torch, dist, dev, "alltoall", rank, world, None, numel)
+    for times in plan.skew_bursts if world > 1 else ():
+        def both_long():
+            burst(times)
+            op()
+        reps = max(4, iters // times)
+        pairs = [(timed(lambda: burst(times), reps), timed(both_long, reps)) for _ in range(2)]
+        alone, with_call = min(p[0] for p in pairs), min(p[1] for p in pairs)
+        out.append({"kind": "alltoall", "n": world, "nbytes": 4 * numel, "seconds": with_call - alone,
+                    "burst_s": alone, "skew": True})
+        tick(f"alltoall after {times}× burst")
 
 
 def _comm(torch, dist, dev, plan, rank, world, out, tick, timer):
@@ -443,9 +510,9 @@ def _merge(per_rank: dict[int, dict]) -> dict:
     out: dict[str, list] = {"comm": per_rank[ranks[0]]["comm"],
                             "loaded_comm": per_rank[ranks[0]].get("loaded_comm", []),
                             "pipelines": per_rank[ranks[0]].get("pipelines", [])}
-    for fam in ("gemm", "stream", "attention", "layers", "casts"):
+    for fam in ("gemm", "stream", "attention", "layers", "casts", "optimizer"):
         rows = []
-        for i, row in enumerate(per_rank[ranks[0]][fam]):
+        for i, row in enumerate(per_rank[ranks[0]].get(fam, [])):
             ts = [per_rank[r][fam][i]["seconds"] for r in ranks]
             rows.append({**row, "seconds": len(ts) / sum(1.0 / t for t in ts),
                          "seconds_min": min(ts), "seconds_max": max(ts)})

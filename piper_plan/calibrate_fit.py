@@ -339,6 +339,26 @@ def fit_attention_bwd(peak_tflops: float, overhead_us: float, rows: list[dict]) 
     return out, residual_stats({"attention_bwd": model}, {"attention_bwd": t})
 
 
+# bytes per element each optimizer-probe part streams (calibrate_bench._optimizer): eager AdamW's
+# 80 (cost/estimate.ADAMW_EAGER_BYTES) + the norm's read; clip scale and ÷dp, read + write each;
+# flatten into a buffer and copy back, read + write each
+OPT_PART_BYTES = {"adamw": 84.0, "grad": 16.0, "copy": 16.0}
+
+
+def fit_optimizer_tensor(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, float], dict]:
+    """Efficiency.optimizer_tensor_us from the eager-optimizer probe ({part, tensors, numel,
+    seconds}): per part, (measured − stream_time of the bytes it moves under `hw`) / tensors,
+    in us, floored at 0 -- the host cost each parameter tensor adds beyond its bytes.
+    Returns ({part: us}, {part: detail})."""
+    out, detail = {}, {}
+    for r in rows:
+        streamed = float(stream_time(hw, OPT_PART_BYTES[r["part"]] * r["numel"], 0))
+        out[r["part"]] = round(max(0.0, r["seconds"] - streamed) / r["tensors"] * 1e6, 2)
+        detail[r["part"]] = {"measured_ms": round(r["seconds"] * 1e3, 4), "streamed_ms": round(streamed * 1e3, 4),
+                             "tensors": r["tensors"]}
+    return out, detail
+
+
 def fit_layer_overhead(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, float], dict[str, dict]]:
     """Efficiency.layer_overhead_us from the framework-overhead blocks (calibrate_bench.LAYER_SPEC):
     measured forward + backward time minus the kernel model's price of the same block under
@@ -401,6 +421,7 @@ def fit_collective_overhead(rows: list[dict], latency_us: float, bw_gbps: float)
     over the all-reduces of (added time − α-β − co) / their 2(n−1) dependent steps. Both
     floored at 0; the α-β pair is the node level's fit from back-to-back collectives.
     Returns (co us, co_step us, residual stats of the resulting model against the rows)."""
+    rows = [r for r in rows if not r.get("skew")]  # the long-burst rows are fit_collective_skew's
     if not rows:
         return 0.0, 0.0, {}
     ab = np.array([float(comm_time(r["kind"], r["n"], r["nbytes"], latency_us, bw_gbps)) for r in rows])
@@ -413,6 +434,27 @@ def fit_collective_overhead(rows: list[dict], latency_us: float, bw_gbps: float)
     model = ab + co + np.where(ring, steps * co_step, 0.0)
     stats = residual_stats({"comm_loaded": np.maximum(model, 1e-9)}, {"comm_loaded": np.maximum(meas, 1e-9)})
     return co * 1e6, co_step * 1e6, stats
+
+
+def fit_collective_skew(rows: list[dict]) -> tuple[float, float, dict]:
+    """Efficiency.collective_skew_us and collective_skew_base_ms from the loaded all-to-alls
+    over every rank: the short-burst row (burst W0, added time e0) and the long-burst rows
+    (calibrate_bench skew_bursts): e(W) = e0 + k·(√W − √W0), W in ms, k by least squares
+    through the short point, floored at 0. Returns (k us/√ms, W0 ms, residual stats)."""
+    longs = [r for r in rows if r.get("skew")]
+    if not longs:
+        return 0.0, 0.0, {}
+    n = longs[0]["n"]
+    short = [r for r in rows if not r.get("skew") and r["kind"] == "alltoall" and r["n"] == n]
+    if not short:
+        return 0.0, 0.0, {}
+    w0, e0 = short[0]["burst_s"] * 1e3, short[0]["seconds"]
+    x = np.sqrt([r["burst_s"] * 1e3 for r in longs]) - np.sqrt(w0)
+    y = np.array([r["seconds"] for r in longs]) - e0
+    k = max(0.0, float((x * y).sum() / max((x * x).sum(), 1e-12)))
+    model = e0 + k * x
+    stats = residual_stats({"comm_skew": np.maximum(model, 1e-9)}, {"comm_skew": np.maximum(y + e0, 1e-9)})
+    return k * 1e6, w0, stats
 
 
 # ---- rates -> schema fields -------------------------------------------------------------

@@ -76,11 +76,7 @@ class DistOptimizer:
                 counts = counts and (kind == "edp" or shard_dim(p) is not None or groups.tp_rank == 0)
                 self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts))
         self.owned = [i for i in self.infos if (i.owner == me or not zero)]
-        decay = [i.param for i in self.owned if i.param.ndim >= 2]
-        no_decay = [i.param for i in self.owned if i.param.ndim < 2]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                                      {"params": no_decay, "weight_decay": 0.0}],
-                                     lr=lr, betas=betas, eps=eps, foreach=False)
+        self.opt = make_adamw([i.param for i in self.owned], lr, weight_decay, betas, eps)
 
     # ---- gradients -----------------------------------------------------------------------
     def zero_grad(self) -> None:
@@ -121,11 +117,7 @@ class DistOptimizer:
     def clip(self, max_norm: float) -> float:
         """Global L2 norm over all ranks and stages (each parameter counted once), clipped
         in place like torch.nn.utils.clip_grad_norm_. Returns the norm before clipping."""
-        grads = [i.param.grad for i in self.infos if i.counts_norm]
-        sq = torch.zeros((), dtype=torch.float64, device=self.infos[0].param.device)
-        for g in grads:  # per-tensor norm in the gradient's dtype (one read, as torch's
-            # clip_grad_norm_), the sum of squares in fp64: 2.7x less CPU than an fp64 copy
-            sq += torch.linalg.vector_norm(g.detach()).double().square()
+        sq = sum_squares([i.param.grad for i in self.infos if i.counts_norm], self.infos[0].param.device)
         dist.all_reduce(sq)
         total = sq.sqrt().to(torch.float32)
         if max_norm and max_norm > 0:
@@ -149,8 +141,7 @@ class DistOptimizer:
                     continue
                 flat = _flatten_dense_tensors([p.data for p in mine])
                 dist.broadcast(flat, src=owner, group=infos[0].group)
-                for p, v in zip(mine, _unflatten_dense_tensors(flat, [p.data for p in mine])):
-                    p.copy_(v)
+                copy_back([p.data for p in mine], flat)
 
     def state_of(self, p: torch.Tensor) -> dict:
         """AdamW state of an owned parameter (created as zeros at step 0 when absent)."""
@@ -162,16 +153,39 @@ class DistOptimizer:
         return st
 
 
+# ---- per-tensor host work, shared with piper-plan calibrate's optimizer probe ------------
+def make_adamw(params: list[torch.Tensor], lr: float, weight_decay: float, betas=(0.9, 0.95),
+               eps: float = 1e-8) -> torch.optim.AdamW:
+    """torch's single-tensor AdamW (foreach=False: one fused-per-tensor kernel sequence, no
+    multi-tensor copies), decay on matrices only."""
+    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                             lr=lr, betas=betas, eps=eps, foreach=False)
+
+
+def sum_squares(grads: list[torch.Tensor], device) -> torch.Tensor:
+    """Σ‖g‖² in fp64: per-tensor norm in the gradient's dtype (one read, as torch's
+    clip_grad_norm_), squared in fp64 -- 2.7x less CPU than an fp64 copy of each gradient."""
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        sq += torch.linalg.vector_norm(g.detach()).double().square()
+    return sq
+
+
+def copy_back(tensors: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy a collective's flat buffer back into the tensors it was packed from."""
+    for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        t.copy_(v)
+
+
 def _reduce(tensors: list[torch.Tensor], dst: int, group) -> None:
     flat = _flatten_dense_tensors(tensors)
     dist.reduce(flat, dst=dst, group=group)
     if dist.get_rank() == dst:
-        for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
-            t.copy_(v)
+        copy_back(tensors, flat)
 
 
 def _allreduce(tensors: list[torch.Tensor], group) -> None:
     flat = _flatten_dense_tensors(tensors)
     dist.all_reduce(flat, group=group)
-    for t, v in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
-        t.copy_(v)
+    copy_back(tensors, flat)

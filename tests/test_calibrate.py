@@ -181,6 +181,13 @@ def test_smoke_run_on_two_ranks_writes_loadable_yaml(tmp_path):
     assert [p["schedule"] for p in m["pipelines"]] == ["1f1b", "interleaved", "zbv", "dualpipev"]
     assert [p["vpp"] for p in m["pipelines"]] == [1, 2, 2, 2]
     assert set(hw.efficiency.pipeline_chunk_us) == {"interleaved", "zbv", "dualpipev"}
+    # the eager optimizer's per-tensor host work: every part measured, each tensor costs time
+    assert [p["part"] for p in m["optimizer"]] == ["adamw", "grad", "copy"]
+    assert set(hw.efficiency.optimizer_tensor_us) == {"adamw", "grad", "copy"}
+    assert all(v > 0 for v in hw.efficiency.optimizer_tensor_us.values())
+    # arrival skew: one all-to-all over every rank after a 4× longer burst, and the base it adds from
+    assert [r["burst_s"] > 0 for r in m["loaded_comm"] if r.get("skew")] == [True]
+    assert hw.efficiency.collective_skew_base_ms > 0
 
 
 @pytest.mark.slow
@@ -312,7 +319,8 @@ def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
 
     hw, m = load_hardware("cpu-local"), load_model("tiny-moe")
     # one streaming rate (no cache knee), so byte differences are time differences
-    hw = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"cache_mib": None})})
+    hw = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"cache_mib": None}),
+                               "efficiency": hw.efficiency.model_copy(update={"optimizer_tensor_us": {}})})
     lays = [Layout(gpus=8, dp=8, ep=8, global_batch=16, seq=64, dtype="bf16", zero=1, fused_kernels=fk)
             for fk in (True, False)]
     opt = [estimate_layout(m, hw, lay).time["optimizer"][0] for lay in lays]
@@ -325,6 +333,74 @@ def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
     local = rep / 8 + own  # ZeRO-1: a dp-eighth of the replicated state; experts have expert-dp 1
     adam = (80.0 - (2 * 12 + 4 + 2)) * local  # eager 8 passes vs fused (fp32 grad, bf16 weight)
     assert opt[1] - opt[0] == pytest.approx((40.0 * rep + 8.0 * own + adam) / bw, rel=1e-3)
+
+
+def test_eager_adamw_streams_from_cache_when_a_tensor_state_fits():
+    """Single-tensor AdamW whose mean owned tensor's 24 B/param state fits the cache share:
+    28 B a parameter from DRAM (first reads, write-backs), the other 52 of its 80 B at the
+    cache rate. A bigger tensor, a fused layout or a spec without a cache knee: not priced
+    this way (all bytes stream as one call)."""
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import _eager_adam_in_cache
+    from piper_plan.layout import Layout
+
+    hw = load_hardware("cpu-local")
+    acc, eff = hw.accelerator, hw.efficiency
+    lays = from_layouts([Layout(gpus=8, dp=8, global_batch=16, seq=64, dtype="bf16", fused_kernels=fk)
+                         for fk in (False, False, True)])
+    cache = acc.cache_mib * 2**20
+    local = np.array([1e6, 1e6, 1e6])
+    tensors = np.array([24e6 / cache * 1.01, 24e6 / cache * 0.99, 100.0])  # fits; just too big; fused
+    t, fits = _eager_adam_in_cache(hw, lays, local, tensors)
+    bw = acc.memory_bandwidth_gbps * 1e9
+    assert fits.tolist() == [True, False, False]
+    assert t[0] == pytest.approx(1e6 * (28 / (bw * eff.memory_dram) + 52 / (bw * eff.memory)))
+    assert t[1] == t[2] == 0.0
+    flat = hw.model_copy(update={"accelerator": acc.model_copy(update={"cache_mib": None})})
+    assert not _eager_adam_in_cache(flat, lays, local, tensors)[1].any()
+
+
+def test_eager_optimizer_pays_its_measured_cost_per_parameter_tensor():
+    """Efficiency.optimizer_tensor_us, counted by hand for tiny-moe at pp 1, dp 8, ep 8,
+    ZeRO-1: AdamW (+ norm) on the owned tensors (a dp-eighth of the replicated ones, every
+    expert tensor: expert-dp 1), clip scale on every held gradient, and one copy per
+    replicated tensor out of the reduction's buffer and again out of the ZeRO gather's.
+    Fused layouts pay nothing."""
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_model
+
+    hw, m = load_hardware("cpu-local"), load_model("tiny-moe")
+    us = {"adamw": 100.0, "grad": 10.0, "copy": 1.0}
+    hws = [hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"optimizer_tensor_us": u})})
+           for u in ({}, us)]
+    nt = m.param_tensors
+    rep = (m.num_dense_layers * nt["dense_layer"] + m.num_moe_layers * nt["moe_replicated"]
+           + nt["embedding"] + nt["head"] + nt["final_norm"])
+    exp = m.num_moe_layers * nt["moe_experts"]
+    for fused in (False, True):
+        lay = Layout(gpus=8, dp=8, ep=8, global_batch=16, seq=64, dtype="bf16", zero=1, fused_kernels=fused)
+        before, after = (estimate_layout(m, h, lay).time for h in hws)
+        d_opt = after["optimizer"][0] - before["optimizer"][0]
+        d_dp = after["dp_comm"][0] - before["dp_comm"][0]
+        if fused:
+            assert d_opt == 0 and d_dp == 0
+            continue
+        assert d_dp == pytest.approx(rep * 1e-6)
+        assert d_opt == pytest.approx(((rep / 8 + exp) * 100 + (rep + exp) * 10 + rep * 1) * 1e-6)
+
+
+def test_optimizer_tensor_fit_is_the_time_beyond_the_bytes_per_tensor():
+    from piper_plan.calibrate_fit import OPT_PART_BYTES, fit_optimizer_tensor
+    from piper_plan.cost.kernels import stream_time
+
+    hw = load_hardware("cpu-local")
+    rows = [{"part": p, "tensors": 64, "numel": 12544,
+             "seconds": float(stream_time(hw, OPT_PART_BYTES[p] * 12544, 0)) + 64 * us * 1e-6}
+            for p, us in (("adamw", 250.0), ("grad", 40.0), ("copy", 12.5))]
+    got, detail = fit_optimizer_tensor(hw, rows)
+    assert got == pytest.approx({"adamw": 250.0, "grad": 40.0, "copy": 12.5}, abs=0.01)
+    assert set(detail) == {"adamw", "grad", "copy"}
 
 
 def test_stream_fit_recovers_cache_size_and_dram_rate():
@@ -437,3 +513,40 @@ def test_weight_casts_run_at_the_measured_cast_rate():
     bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
     assert slow.f[0] == pytest.approx(2.5 * plain.f[0]) and plain.f[0] == pytest.approx(6e6 / bw)
     assert slow.b[0] - plain.b[0] == pytest.approx(1.5 * 6e6 / bw)
+
+
+def test_collective_skew_fit_recovers_the_square_root_law():
+    """All-to-alls after bursts of 1.5, 22 and 88 ms that add 3.5 ms + 0.47 ms·(√W − √1.5)
+    give k = 470 us/√ms from the 1.5 ms base; the short rows stay the floor's."""
+    from piper_plan.calibrate_fit import fit_collective_skew
+
+    k, base = 0.47e-3, 1.5
+    rows = [{"kind": "alltoall", "n": 8, "nbytes": 2048, "seconds": 3.5e-3, "burst_s": base * 1e-3},
+            {"kind": "alltoall", "n": 4, "nbytes": 1024, "seconds": 2.0e-3, "burst_s": base * 1e-3}]
+    rows += [{"kind": "alltoall", "n": 8, "nbytes": 2048, "skew": True, "burst_s": w * 1e-3,
+              "seconds": 3.5e-3 + k * (np.sqrt(w) - np.sqrt(base))} for w in (22.0, 88.0)]
+    got_k, got_base, stats = fit_collective_skew(rows)
+    assert got_k == pytest.approx(470.0, rel=1e-6) and got_base == pytest.approx(base)
+    assert fit_collective_skew(rows[:2])[:2] == (0.0, 0.0)  # no long bursts measured: no term
+
+
+def test_skew_adds_to_a_layouts_all_to_alls_only_with_expert_parallelism():
+    """comm.skew is 0 up to the calibration burst, k·(√W − √base) beyond it; an EP layout's
+    all-to-all time grows with it, an ep 1 layout's step does not change."""
+    from piper_plan.cost import comm
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_model
+
+    hw, m = load_hardware("cpu-local"), load_model("tiny-moe")
+    eff = {"collective_skew_us": 500.0, "collective_skew_base_ms": 4.0}
+    on = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update=eff)})
+    off = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"collective_skew_us": 0.0})})
+    assert float(comm.skew(on, 3e-3)) == 0.0
+    assert float(comm.skew(on, 16e-3)) == pytest.approx(500e-6 * (4.0 - 2.0))
+    ep = Layout(gpus=8, dp=8, ep=8, global_batch=16, seq=64, dtype="bf16", fused_kernels=False)
+    dense = Layout(gpus=8, dp=8, ep=1, global_batch=16, seq=64, dtype="bf16", fused_kernels=False)
+    a, b = estimate_layout(m, off, ep), estimate_layout(m, on, ep)
+    assert b.time["a2a"][0] > a.time["a2a"][0] and b.step_time_s[0] > a.step_time_s[0]
+    a, b = estimate_layout(m, off, dense), estimate_layout(m, on, dense)
+    assert b.time["a2a"][0] == a.time["a2a"][0] == 0.0

@@ -34,6 +34,18 @@ def test_parameter_count_and_causality(spec):
     assert not torch.allclose(y2[:, 10:], y[:, 10:])
 
 
+@pytest.mark.parametrize("spec", [load_model("tiny-moe"), load_model("tiny-dense"), MLA, GELU2],
+                         ids=lambda s: s.name)
+def test_planner_counts_the_runtime_parameter_tensors(spec):
+    """The eager optimizer's per-tensor cost needs the tensor count the runtime really holds."""
+    m = build_full(spec, BuildCtx(seq=16), seed=0)
+    nt = spec.param_tensors
+    expected = (spec.num_dense_layers * nt["dense_layer"]
+                + spec.num_moe_layers * (nt["moe_replicated"] + nt["moe_experts"])
+                + nt["embedding"] + nt["head"] + nt["final_norm"])
+    assert len(list(m.parameters())) == expected
+
+
 def test_same_seed_same_weights_any_layout():
     spec = load_model("tiny-moe")
     a = dict(build_full(spec, BuildCtx(seq=16), seed=3).named_parameters())

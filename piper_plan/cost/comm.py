@@ -194,6 +194,17 @@ def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     return np.where(np.asarray(n) > 1, t, wire)
 
 
+def skew(hw: HardwareSpec, compute_s):
+    """Seconds the last rank arrives late at a collective after `compute_s` seconds of work
+    since the previous one, beyond what efficiency.collective_overhead_us already holds
+    (efficiency.collective_skew_us: independent progress jitter grows like √W)."""
+    eff = hw.efficiency
+    if not eff.collective_skew_us:
+        return np.zeros_like(np.asarray(compute_s, dtype=float))
+    root_ms = np.sqrt(np.maximum(np.asarray(compute_s, dtype=float), 0.0) * 1e3)
+    return eff.collective_skew_us * 1e-6 * np.maximum(root_ms - np.sqrt(eff.collective_skew_base_ms), 0.0)
+
+
 def group_span(hw: HardwareSpec, n, stride):
     """(bandwidth B/s, latency s) of the slowest level a group of n ranks `stride` apart spans;
     pass it to ring_allreduce as `span` when several collectives share one group."""

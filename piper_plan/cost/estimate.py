@@ -191,7 +191,14 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
              + has_emb[r] * m.embedding_params / tp
              + has_head[r] * m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r])) for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
-    t_dp, t_opt = _dp_time(hw, lay, grp, pick(P_rep), pick(P_exp), eb, F, B, W, M)
+    nt = m.param_tensors  # the same rank's parameter tensors, for an eager optimizer's per-tensor costs
+    T_rep = (nd_p * nt["dense_layer"] + nm_p * nt["moe_replicated"] + emb_p * nt["embedding"]
+             + head_p * (nt["final_norm"] + 1 - m.tied_embeddings * emb_p))
+    T_exp = nm_p * nt["moe_experts"]
+    t_dp, t_opt = _dp_time(hw, lay, grp, pick(P_rep), pick(P_exp), eb, F, B, W, M,
+                           owned_tensors=_owned(lay, grp["edp"], T_rep, T_exp))
+    host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp)
+    t_dp, t_opt = t_dp + host_dp, t_opt + host_opt
 
     rpc = hw.accelerator.ranks_per_core
     if rpc > 1:  # ranks share cores (Accelerator.ranks_per_core): the critical path runs at the
@@ -207,6 +214,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
 
         p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
+    # the first reduction after the pipeline waits for the rank the whole pipeline left last
+    t_dp = t_dp + np.where((lay.dp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
     step = t_pipe + t_dp + t_opt + t_mig
 
     # ---- memory per representative rank ------------------------------------------------
@@ -271,9 +280,34 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     return mem, peak, stage_of
 
 
-def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, F, B, W, M):
+def _owned(lay: LayoutBatch, edp, rep, exp):
+    """What a rank's optimizer steps of `rep` replicated and `exp` expert parameters (or
+    tensors): all of them, or with ZeRO its share of each replication group."""
+    sharded = lay.zero >= 1
+    return np.where(sharded, rep / np.maximum(lay.dp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
+
+
+def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t):
+    """(reduction, optimizer) seconds per step of an eager optimizer's per-tensor host work
+    (Efficiency.optimizer_tensor_us) on a rank holding rep_t replicated and exp_t expert
+    parameter tensors: AdamW and the norm per owned tensor (its ZeRO share of each group),
+    clip scale and ÷dp per held gradient, and a copy out of the flat buffer per tensor of a
+    group of two or more, once for the reduction and, with ZeRO, once for the gather. Fused
+    layouts (multi-tensor kernels): zero."""
+    us = hw.efficiency.optimizer_tensor_us
+    dp, edp, sharded = lay.dp.astype(float), np.asarray(edp, float), lay.zero >= 1
+    owned = _owned(lay, edp, rep_t, exp_t)
+    copied = rep_t * (dp > 1) + exp_t * (edp > 1)
+    t_red = copied * us.get("copy", 0.0) * 1e-6
+    t_opt = (owned * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)
+             + np.where(sharded, t_red * 1e6, 0.0)) * 1e-6
+    return np.where(lay.unfused, t_red, 0.0), np.where(lay.unfused, t_opt, 0.0)
+
+
+def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, F, B, W, M, owned_tensors):
     """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step for
-    the busiest rank's replicated (rep_pr) and expert (exp_pr) parameters."""
+    the busiest rank's replicated (rep_pr) and expert (exp_pr) parameters, of which its
+    optimizer steps `owned_tensors` tensors."""
     edp, edp_stride = grp["edp"], grp["edp_stride"]
     gb = np.where(eb == 4, 4.0, lay.grad_bytes)
     zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
@@ -286,6 +320,11 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
     t_dp = np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
+    # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
+    # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
+    # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
+    # fixed cost below
+    t_dp = t_dp + np.where(lay.unfused, comm.ring_allreduce(hw, 8.0, lay.gpus, 1), 0.0)
     co = hw.efficiency.collective_overhead_us * 1e-6
     if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
         # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
@@ -294,9 +333,7 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
         gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
         t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
     # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
-    dpg = np.maximum(lay.dp, 1).astype(float)
-    edpg = np.maximum(edp, 1).astype(float)
-    local = rep_pr / np.where(lay.zero >= 1, dpg, 1.0) + exp_pr / np.where(lay.zero >= 1, edpg, 1.0)
+    local = _owned(lay, edp, rep_pr, exp_pr)
     # global-norm clipping: read each gradient for its norm, then scale it (read + write);
     # ZeRO-2 ranks hold only their share of the gradients
     grads = np.where(lay.zero >= 2, local, rep_pr + exp_pr)
@@ -305,7 +342,8 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
     # _single_tensor_adam over fp32 p, g, m, v) run 8 passes: decay p (r+w 8 B), m.lerp_(g) 12,
     # v.mul_ 8, v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, + eps 8, p.addcdiv_ 16
     per_param = np.where(lay.unfused, ADAMW_EAGER_BYTES, 2 * 12.0 + gb + eb)
-    opt_bytes = local * per_param + 3.0 * gb * grads
+    t_cached, cached = _eager_adam_in_cache(hw, lay, local, owned_tensors)
+    opt_bytes = np.where(cached, 0.0, local * per_param) + 3.0 * gb * grads
     # eager runtimes without contiguous gradient/parameter buffers (piper-train) also copy
     # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
     # 2 for the division), and with ZeRO copy each gathered parameter out of its broadcast
@@ -314,8 +352,24 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
     red = 16.0 * replicated + np.where(lay.dp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
     gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
     opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
-    t_opt = stream_time(hw, opt_bytes, 0)
+    t_opt = stream_time(hw, opt_bytes, 0) + t_cached
     return t_dp, t_opt
+
+
+def _eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):
+    """Eager single-tensor AdamW runs its 8 passes one tensor at a time: where a tensor's fp32
+    p, g, m, v and the two temporaries (sqrt, denominator: 24 B a parameter, for the mean
+    owned tensor of local/tensors parameters) fit in the rank's cache share
+    (accelerator.cache_mib), only the first reads of p, g, m, v and the write-backs of p, m, v
+    (28 B) reach DRAM, and the other 52 of its 80 B stream at the cache rate. Returns
+    (seconds where that holds, mask); specs without a cache knee stream all 80 B as one call."""
+    acc, eff = hw.accelerator, hw.efficiency
+    if acc.cache_mib is None or eff.memory_dram is None:
+        return np.zeros(len(lay)), np.zeros(len(lay), bool)
+    fits = lay.unfused & (24.0 * local / np.maximum(tensors, 1.0) <= acc.cache_mib * 2.0**20)
+    bw = acc.memory_bandwidth_gbps * 1e9
+    t = local * (28.0 / (bw * eff.memory_dram) + (ADAMW_EAGER_BYTES - 28.0) / (bw * eff.memory))
+    return np.where(fits, t, 0.0), fits
 
 
 def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
@@ -477,8 +531,9 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         mig = routing.migration
         imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, mig.planner if mig else None, mig.max_moves if mig else None)
-        moe = (attn + moe_phase(m, hw, sel, dtype, imb) + _layer_overhead(hw, "moe", dtype, len(lay))
-               + _weight_casts(hw, lay, moe_rep_p + exp_p))
+        experts = moe_phase(m, hw, sel, dtype, imb)
+        ovh = _layer_overhead(hw, "moe", dtype, len(lay))
+        moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
         a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
@@ -486,8 +541,13 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_ex = comm.a2a_call(hw, None, lay.ep, stride, lay.a2a == 1, wire=a2a_one)
         # dispatch + combine each way; forward first exchanges the per-expert row counts
         # (a few bytes: only the call's fixed cost counts)
-        a2a_fwd = 2 * a2a_ex + call
-        a2a_bwd = 2 * a2a_ex
+        # arrival skew (comm.skew): the forward's count exchange follows the attention, its combine
+        # the experts; the backward's exchanges follow the layer above's and the experts' backward
+        # (the host overhead split between the two stretches)
+        on = lay.ep > 1
+        a2a_fwd = 2 * a2a_ex + call + on * (comm.skew(hw, attn.f + ovh.f / 2) + comm.skew(hw, experts.f + ovh.f / 2))
+        a2a_bwd = 2 * a2a_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
+                                     + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
     else:
         moe = Phase(zero, zero, zero, zero)

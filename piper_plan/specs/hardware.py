@@ -107,6 +107,12 @@ class Efficiency(_Optional):
         "under a multi-chunk schedule, beyond the chunk's layers and messages (the schedule executor's "
         "per-action work: stage bookkeeping, split input/weight backward passes), us, keyed by schedule "
         "('interleaved', 'zbv', 'dualpipev'); measured by calibrate against 1f1b on the same layers")
+    optimizer_tensor_us: dict[str, float] = Field(
+        default_factory=dict, description="host cost per parameter tensor of an eager (unfused) optimizer "
+        "path beyond the bytes it streams, us, keyed 'adamw' (single-tensor AdamW step and the gradient's "
+        "norm, per owned tensor), 'grad' (clip scale and ÷dp, per held gradient) and 'copy' (unpacking a "
+        "flat collective buffer, per tensor reduced or gathered); measured by calibrate on piper-train's "
+        "own functions (fused multi-tensor optimizers pay none of it)")
     collective_step_us: float = Field(
         0.0, ge=0, description="added wall time per dependent step of a ring all-reduce (2(n−1) steps, each "
         "waiting for one peer's message) while the ranks compute between calls, us, beyond the call's "
@@ -114,14 +120,25 @@ class Efficiency(_Optional):
     collective_overhead_us: float = Field(
         0.0, ge=0, description="added wall time per collective call (all-to-all, p2p, all-reduce) while the "
         "ranks compute between calls, us: on shared cores each call waits for its peers to be scheduled")
+    collective_skew_us: float = Field(
+        0.0, ge=0, description="arrival skew: added wait per collective call per √ms of compute since the "
+        "ranks last synchronised, beyond what collective_overhead_us holds at collective_skew_base_ms, "
+        "us/√ms. Ranks whose progress jitters independently drift apart like a random walk, so the "
+        "last one arrives σ·√W late (measured by calibrate on shared cores; 0: not measured)")
+    collective_skew_base_ms: float = Field(
+        0.0, ge=0, description="compute between calls at which collective_overhead_us was measured, ms: "
+        "a call after W ms of compute adds collective_skew_us·(√W − √base) when W > base")
     source: str = ""
 
     @model_validator(mode="after")
     def _overheads(self):
-        for name in ("gemm_overhead_us", "layer_overhead_us", "pipeline_chunk_us"):
+        for name in ("gemm_overhead_us", "layer_overhead_us", "pipeline_chunk_us", "optimizer_tensor_us"):
             for k, v in getattr(self, name).items():
                 if v < 0:
                     raise ValueError(f"{name}.{k} must be >= 0")
+        unknown = set(self.optimizer_tensor_us) - {"adamw", "grad", "copy"}
+        if unknown:
+            raise ValueError(f"optimizer_tensor_us keys must be adamw, grad or copy, not {sorted(unknown)}")
         return self
 
 

@@ -202,6 +202,29 @@ class ModelSpec(_Strict):
         return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
 
     @property
+    def param_tensors(self) -> dict[str, int]:
+        """Parameter tensors (not elements) per part, as a PyTorch runtime holds them: one per
+        weight and bias, each norm 1 (RMSNorm) or 2 (LayerNorm), a layer's routed experts as
+        one stacked tensor per matrix (2 or 3, however many experts a rank holds). Eager
+        optimizers pay a host cost per tensor (Efficiency.optimizer_tensor_us). Keys:
+        dense_layer, moe_replicated (attention, norms, router, shared experts), moe_experts,
+        embedding, head (0 when tied), final_norm."""
+        b = 2 if self.linear_bias else 1
+        norm = 2 if self.norm == "layernorm" else 1
+        if self.mla is not None:  # q (down, norm, up or one matrix), kv down, kv norm, kv up, out
+            attn = (3 if self.mla.q_lora_rank else 1) + 4
+        else:
+            attn = 4 * b
+        ffn = (3 if self.ffn_gated else 2) * b if self.ffn_size else 0
+        moe = self.moe
+        shared = moe.matrices if moe is not None and moe.shared_experts else 0
+        return {"dense_layer": attn + 2 * norm + ffn,
+                "moe_replicated": attn + 2 * norm + 1 + shared if moe is not None else 0,
+                "moe_experts": moe.matrices if moe is not None else 0,
+                "embedding": 1 + int(self.learned_positions), "head": 0 if self.tied_embeddings else 1,
+                "final_norm": norm}
+
+    @property
     def total_params(self) -> int:
         return (
             self.num_dense_layers * self.dense_layer_params
