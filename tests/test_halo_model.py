@@ -81,6 +81,30 @@ def test_call_floor_overlaps_flat_transfer_but_adds_to_halo():
     assert float(comm.a2a_call(zero, big, n, 1, True)) == pytest.approx(halo)  # no floor: the wire time
 
 
+def test_shared_nic_carries_early_packs_during_the_floor():
+    """Two ranks per NIC (the emulated uplink): HALO's dependent call is the floor plus its
+    wire less min(co, half the NIC's Phase II time) -- the early rank's packs go out while the
+    late one waits -- and never below floor + wire − the NIC time's other half; with a NIC per
+    rank (the rails) nothing is hidden."""
+    from piper_plan.cost.comm import _alphas, _halo_phases
+
+    n = 8
+    for name, share in (("emu-uplink", 2), ("emu-rail-1", 1)):
+        hw = load_hardware(name)
+        co = hw.efficiency.collective_overhead_us * 1e-6
+        a_flat, a_first, _ = _alphas(hw, n, 1)
+        for size in (8 * 4096, 8 * 16384, 8 * 2**20):
+            t2 = float(_halo_phases(hw, size, n, 1)[1])
+            halo = float(comm.a2a_halo(hw, size, n, 1))
+            hide = min(co, t2 * (1 - 1 / share))
+            assert float(comm.a2a_call(hw, size, n, 1, True)) == pytest.approx(co + a_flat + halo - a_first - hide)
+            if share == 1:
+                assert hide == 0.0
+    up = load_hardware("emu-uplink")
+    t2 = float(_halo_phases(up, 8 * 2**20, n, 1)[1])
+    assert t2 / 2 > up.efficiency.collective_overhead_us * 1e-6  # big packs: the whole floor is used
+
+
 def test_halo_degenerates_to_flat():
     hw = load_hardware("frontier")
     for n, stride in ((8, 1), (4, 8)):  # one node; one member per node

@@ -534,11 +534,12 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         experts = moe_phase(m, hw, sel, dtype, imb)
         ovh = _layer_overhead(hw, "moe", dtype, len(lay))
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
-        a2a_one = _a2a(hw, lay, t / tp * m.moe.top_k * d * eb) * imb  # the busiest rank receives imb×
+        a2a_bytes = t / tp * m.moe.top_k * d * eb
+        a2a_one = _a2a(hw, lay, a2a_bytes) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
         # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call
-        a2a_ex = comm.a2a_call(hw, None, lay.ep, stride, lay.a2a == 1, wire=a2a_one)
+        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a == 1, wire=a2a_one)
         # dispatch + combine each way; forward first exchanges the per-expert row counts
         # (a few bytes: only the call's fixed cost counts)
         # arrival skew (comm.skew): the forward's count exchange follows the attention, its combine
