@@ -295,13 +295,11 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t):
     group of two or more, once for the reduction and, with ZeRO, once for the gather. Fused
     layouts (multi-tensor kernels): zero."""
     us = hw.efficiency.optimizer_tensor_us
-    dp, edp, sharded = lay.dp.astype(float), np.asarray(edp, float), lay.zero >= 1
-    owned = _owned(lay, edp, rep_t, exp_t)
-    copied = rep_t * (dp > 1) + exp_t * (edp > 1)
-    t_red = copied * us.get("copy", 0.0) * 1e-6
-    t_opt = (owned * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)
-             + np.where(sharded, t_red * 1e6, 0.0)) * 1e-6
-    return np.where(lay.unfused, t_red, 0.0), np.where(lay.unfused, t_opt, 0.0)
+    edp = np.asarray(edp, float)
+    copies = (rep_t * (lay.dp > 1) + exp_t * (edp > 1)) * us.get("copy", 0.0) * 1e-6
+    t_opt = (_owned(lay, edp, rep_t, exp_t) * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)) * 1e-6
+    t_opt = t_opt + np.where(lay.zero >= 1, copies, 0.0)  # the ZeRO gather's copies
+    return np.where(lay.unfused, copies, 0.0), np.where(lay.unfused, t_opt, 0.0)
 
 
 def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, F, B, W, M, owned_tensors):
