@@ -435,6 +435,16 @@ def _loaded_comm(torch, dist, dev, plan, rank, world, out, tick):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t)
 
+    def added(op, times, iters):
+        """(what `op` adds per iteration after `times` bursts, the bursts' own time): both
+        loops twice, interleaved, the smaller of each kept."""
+        def both():
+            burst(times)
+            op()
+        pairs = [(timed(lambda: burst(times), iters), timed(both, iters)) for _ in range(2)]
+        alone = min(p[0] for p in pairs)
+        return min(p[1] for p in pairs) - alone, alone
+
     iters = max(10, int(plan.comm_window_s / 2e-3))
     for n in plan.comm_groups(world):
         sub, _ = dist.new_subgroups(group_size=n)
@@ -442,28 +452,17 @@ def _loaded_comm(torch, dist, dev, plan, rank, world, out, tick):
             numel = 64 * n  # 256 B per peer: latency-bound, like the count exchange
             op = _comm_fn(torch, dist, dev, kind, rank, n, sub, numel)
             op()
-
-            def both():
-                burst()
-                op()
-            pairs = [(timed(burst, iters), timed(both, iters)) for _ in range(2)]
-            alone, with_call = min(p[0] for p in pairs), min(p[1] for p in pairs)
-            out.append({"kind": kind, "n": n, "nbytes": 4 * numel, "seconds": with_call - alone,
-                        "burst_s": alone})
+            extra, alone = added(op, 1, iters)
+            out.append({"kind": kind, "n": n, "nbytes": 4 * numel, "seconds": extra, "burst_s": alone})
             tick(f"{kind} n={n} under load")
     # arrival skew: the same all-to-all on every rank after longer bursts (training computes far
     # longer than LOADED_BURST between its exchanges; what a call adds grows with it)
     numel = 64 * world
     op = _comm_fn(torch, dist, dev, "alltoall", rank, world, None, numel)
     for times in plan.skew_bursts if world > 1 else ():
-        def both_long():
-            burst(times)
-            op()
-        reps = max(4, iters // times)
-        pairs = [(timed(lambda: burst(times), reps), timed(both_long, reps)) for _ in range(2)]
-        alone, with_call = min(p[0] for p in pairs), min(p[1] for p in pairs)
-        out.append({"kind": "alltoall", "n": world, "nbytes": 4 * numel, "seconds": with_call - alone,
-                    "burst_s": alone, "skew": True})
+        extra, alone = added(op, times, max(4, iters // times))
+        out.append({"kind": "alltoall", "n": world, "nbytes": 4 * numel, "seconds": extra, "burst_s": alone,
+                    "skew": True})
         tick(f"alltoall after {times}× burst")
 
 

@@ -206,8 +206,10 @@ def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     # (benchmarks/halo_netns.py, 2 ranks a NIC): HALO at 16 KiB per peer ran floor + 4.0 ms
     # where the NIC's Phase II alone takes 5.1 ms
     share = max(1.0, hw.gpus_per_node / max(hw.network.nics_per_node, 1))
-    t2_wire = _halo_phases(hw, nbytes, n, stride)[1] if nbytes is not None else 0.0
-    hide = np.where(dependent, np.minimum(co, t2_wire * (1.0 - 1.0 / share)), 0.0)
+    hide = 0.0
+    if share > 1:
+        t2_wire = _halo_phases(hw, nbytes, n, stride)[1]
+        hide = np.where(dependent, np.minimum(co, t2_wire * (1.0 - 1.0 / share)), 0.0)
     t = np.where(dependent, floor + wire - a_first - hide, np.maximum(floor, wire - a_flat))
     return np.where(np.asarray(n) > 1, t, wire)
 
