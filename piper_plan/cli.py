@@ -127,6 +127,12 @@ def layout_options(fn):
         click.option("--dropout/--no-dropout", default=False, show_default=True),
         click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
                      help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
+        click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
+                     show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
+                     "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
+        click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
+                     help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
+                     "--overlap-moe-expert-parallel-comm)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True),
@@ -155,8 +161,8 @@ def _layout_from(kw, model):
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
-                  fused_kernels=kw["kernels"] == "fused",
-                  grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
+                  fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
+                  a2a_overlap=kw["a2a_overlap"], grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
 @main.command()
@@ -208,6 +214,12 @@ def search_options(fn):
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
+        click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
+                     show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
+                     "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
+        click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
+                     help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
+                     "--overlap-moe-expert-parallel-comm)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
                      help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
@@ -225,7 +237,8 @@ def _space(kw, model, gpus):
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
-                       ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused")
+                       ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
+                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"])
 
 
 def _load_for_search(kw):

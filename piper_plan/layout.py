@@ -18,6 +18,7 @@ from .errors import LayoutError
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
+ExpertGemm = Literal["grouped", "multistream", "loop"]
 A2A = Literal["flat", "halo"]
 Placement = Literal["packed", "spread"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
@@ -47,6 +48,14 @@ class Layout(BaseModel):
         "flash", description="fused flash attention, or eager (materialised scores; Megatron 2021/22)")
     fused_kernels: bool = Field(True, description="fused norm / SwiGLU / routing kernels (Megatron, TE); false "
                                 "for eager PyTorch modules (piper-train), which save extra tensors")
+    expert_gemm: ExpertGemm = Field(
+        "grouped", description="how the local experts' GEMMs launch: one grouped kernel (piper-train's batched "
+        "matmul, CUTLASS grouped GEMM); multistream, one GEMM per expert on Transformer Engine's 4 compute streams "
+        "(TE GroupedLinear's default cuBLAS path); loop, one GEMM per expert in turn (a Python loop, X-MoE)")
+    a2a_overlap: bool = Field(
+        False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
+        "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "
+        "overlaps)")
     dropout: bool = Field(False, description="dropout on (adds masks to memory and elementwise time)")
     overlap_grad_reduce: bool = Field(True, description="data-parallel gradient reduction overlapped with "
                                       "the last micro-batch's backward (Megatron-Core --overlap-grad-reduce)")

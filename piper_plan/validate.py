@@ -79,10 +79,19 @@ def _kind(row) -> str:
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
-def _settings(group: str) -> dict:
+def _settings(row) -> dict:
+    """What each source's software runs beyond the published layout. Megatron-Bridge: Megatron-Core's
+    TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per local expert on Transformer
+    Engine's compute streams unless NVTE_USE_CUTLASS_GROUPED_GEMM is set (TE docs, "Mixture of
+    Experts": "one cuBLAS GEMM per expert is launched on a pool of CUDA streams"; the recipes do
+    not set it); rows whose recipe sets moe_a2a_overlap=True (quoted in the notes) hide the
+    all-to-all behind another micro-batch's compute (Layout.a2a_overlap)."""
+    group = row["group"]
     if group.startswith(("narayanan", "korthikanti")):
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
-    return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True)
+    egemm = "multistream" if group == "megatron-bridge-moe" else "grouped"
+    return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True, expert_gemm=egemm,
+                a2a_overlap="moe_a2a_overlap=True" in row.get("notes", ""))
 
 
 def _layout(row) -> Layout:
@@ -97,7 +106,7 @@ def _layout(row) -> Layout:
     gbs = _i(row["gbs"], dp * mbs)
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
                   seq=_i(row["seq"]), schedule=sched, recompute=recompute, sequence_parallel=sp,
-                  **_settings(row["group"]))
+                  **_settings(row))
 
 
 def _tokens_per_gpu(row) -> float | None:
@@ -119,10 +128,13 @@ def _xmoe_settings(row) -> dict:
     fp16 (--fp16) with 16-bit gradients reduced as they are (DeepSpeed's fp16 ZeRO
     optimizer); dropout on (no --hidden-dropout / --attention-dropout flag: Megatron's
     arguments.py defaults both to 0.1); no Megatron --sequence-parallel flag (X-MoE shards the
-    sequence only inside the MoE block, which the cost model does for every tp > 1)."""
+    sequence only inside the MoE block, which the cost model does for every tp > 1); the local
+    experts' GEMMs one after another (deepspeed/moe/experts.py Experts.forward: `for expert in
+    self.deepspeed_experts: out = expert(chunk)` on the uneven-token path --use-pft takes)."""
     z = re.search(r"ZeRO-(\d)", row["notes"])  # the script's --zero-stage, quoted in the notes
     return dict(zero=int(z.group(1)) if z else 1, pp=1, overlap_grad_reduce=False, dtype="fp16",
-                grad_dtype="bf16", dropout=True, sequence_parallel=False)
+                grad_dtype="bf16", dropout=True, sequence_parallel=False,
+                expert_gemm="loop")
 
 
 def _xmoe_flops_per_token(m, seq: int) -> float:

@@ -32,7 +32,9 @@ def check_supported(plan: Plan, world: int) -> None:
     attention_kernel (torch's scaled_dot_product_attention picks the kernel),
     overlap_grad_reduce (gradients are reduced after the pipeline step, not overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
-    plan.rank_map as written)."""
+    plan.rank_map as written). Runtime features of other stacks that the planner can price
+    (expert_gemm other than grouped, a2a_overlap) are refused: the comparison with the
+    prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
@@ -43,6 +45,12 @@ def check_supported(plan: Plan, world: int) -> None:
         raise PiperError(f"plan.layout.zero: ZeRO-{lay.zero} is not implemented by piper-train; use zero 0, 1 or 2")
     if lay.dropout:
         raise PiperError("plan.layout.dropout: dropout is not implemented by piper-train; use dropout false")
+    if lay.expert_gemm != "grouped":
+        raise PiperError(f"plan.layout.expert_gemm: piper-train runs the local experts as one batched matmul, "
+                         f"not {lay.expert_gemm!r}; use expert_gemm grouped")
+    if lay.a2a_overlap:
+        raise PiperError("plan.layout.a2a_overlap: piper-train does not overlap the all-to-all with another "
+                         "micro-batch's compute; use a2a_overlap false")
 
 
 def preflight(plan: Plan, cfg, world: int) -> None:

@@ -99,6 +99,12 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     bad.write_text(json.dumps(doc))
     _one_line_error(run(main, ["--plan", str(bad)]), "schema_version", "99")
 
+    # features of other runtimes the planner prices but piper-train does not run
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "ov.json", a2a_overlap=True))]),
+                    "layout.a2a_overlap", "does not overlap")
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "ms.json", expert_gemm="multistream"))]),
+                    "layout.expert_gemm", "multistream")
+
     # tensor parallelism runs, but sequence parallelism needs the sequence split evenly
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tp.json", tp=2, dp=1, ep=1, seq=33))]),
                     "layout.seq", "tp=2")

@@ -32,6 +32,7 @@ def test_xmoe_settings_follow_the_scripts(rows):
     for s in (sup, small):  # DeepSpeed overlap_comm default off below stage 3; --fp16; dropout 0.1
         assert s["overlap_grad_reduce"] is False and s["dtype"] == "fp16" and s["dropout"] is True
         assert s["pp"] == 1 and s["sequence_parallel"] is False
+        assert s["expert_gemm"] == "loop"  # Experts.forward: one expert(chunk) after another
 
 
 def test_xmoe_row_is_reported_in_xmoe_flops(rows):

@@ -9,6 +9,11 @@ from ..layout import SCHEDULES, RECOMPUTES, Layout
 
 A2AS = ("flat", "halo")
 PLACEMENTS = ("packed", "spread")
+EXPERT_GEMMS = ("grouped", "multistream", "loop")
+# local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
+# multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
+# multi_stream.cpp, num_compute_streams = 4)
+EXPERT_GEMM_STREAMS = np.array([0, 4, 1])
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -37,6 +42,8 @@ class LayoutBatch:
     eager: np.ndarray
     unfused: np.ndarray     # bool: eager PyTorch modules instead of fused kernels (Layout.fused_kernels false)
     dropout: np.ndarray
+    egemm: np.ndarray       # index into EXPERT_GEMMS (how the local experts' GEMMs launch)
+    a2a_overlap: np.ndarray  # bool: all-to-all hidden behind another micro-batch's compute (Layout.a2a_overlap)
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
     act_bytes: np.ndarray   # bytes per activation element (dtype)
     grad_bytes: np.ndarray  # bytes per gradient element
@@ -65,7 +72,8 @@ class LayoutBatch:
                       recompute=RECOMPUTES[g("recompute")], sequence_parallel=bool(self.sp[i]), zero=g("zero"),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=dtype,
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
-                      fused_kernels=not bool(self.unfused[i]),
+                      fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
+                      a2a_overlap=bool(self.a2a_overlap[i]),
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
 
 
@@ -79,7 +87,8 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
         unfused=col(lambda x: not x.fused_kernels),
-        dropout=col(lambda x: x.dropout), overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
+        dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
+        a2a_overlap=col(lambda x: x.a2a_overlap), overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
     )
 

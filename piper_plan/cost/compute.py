@@ -18,7 +18,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .activations import expected_pad
-from .batch import LayoutBatch
+from .batch import EXPERT_GEMM_STREAMS, LayoutBatch
 from .kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
 
 
@@ -65,19 +65,33 @@ class Phase:
 
 
 def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
-    """Linear layers y[m×n] = x[m×k]·W[k×n], each shape (m, n_out, k_in) or (m, n_out, k_in,
-    groups): one Phase of forward, dgrad and wgrad per layer, all their GEMMs priced in one
-    vectorised gemm_time call (a call per GEMM costs more in numpy overhead than in work)."""
+    """Linear layers y[m×n] = x[m×k]·W[k×n], each shape (m, n_out, k_in), (m, n_out, k_in,
+    groups) or (m, n_out, k_in, groups, streams) (gemm_time's streams: 0 = one grouped kernel):
+    one Phase of forward, dgrad and wgrad per layer, all their GEMMs priced in one vectorised
+    gemm_time call (a call per GEMM costs more in numpy overhead than in work)."""
     dims = []
     for s in shapes:
-        m, n_out, k_in, groups, e = np.broadcast_arrays(*(np.asarray(x, dtype=float)
-                                                          for x in (*s[:3], s[3] if len(s) > 3 else 1, eb)))
-        # forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m)
-        dims += [(m, n_out, k_in, groups, e), (m, k_in, n_out, groups, e), (k_in, n_out, m, groups, e)]
-    m, n, k, g, e = (np.concatenate([d[i] for d in dims]) for i in range(5))
-    t = gemm_time(hw, m, n, k, groups=g, dtype=dtype, elt_bytes=e).reshape(len(shapes), 3, -1)
+        extra = (s[3] if len(s) > 3 else 1, s[4] if len(s) > 4 else 0)
+        m, n_out, k_in, groups, st, e = np.broadcast_arrays(*(np.asarray(x, dtype=float)
+                                                              for x in (*s[:3], *extra, eb)))
+        # forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m): the backward launches as the forward does
+        dims += [(m, n_out, k_in, groups, st, e), (m, k_in, n_out, groups, st, e), (k_in, n_out, m, groups, st, e)]
+    m, n, k, g, st, e = (np.concatenate([d[i] for d in dims]) for i in range(6))
+    t = gemm_time(hw, m, n, k, groups=g, dtype=dtype, elt_bytes=e, streams=st).reshape(len(shapes), 3, -1)
     v = np.zeros((len(shapes), 4, t.shape[-1]))
     v[:, :3] = t
+    if dtype == "fp8":
+        # Transformer Engine's current-scaling FP8 quantises each GEMM's bf16 input in the
+        # forward and its output gradient in the backward: an amax pass (read 2 B), then a cast
+        # that reads 2 B and writes the fp8 copy and its transpose (1 + 1 B): 6 B per element.
+        # Weights are quantised once per step and cached across micro-batches: not counted.
+        # Separately launched expert GEMMs quantise each expert's rows with its own scale
+        # (GroupedLinear keeps a quantizer per GEMM): two kernels per expert, not per call.
+        fwd = lambda x: x.reshape(len(shapes), 3, -1)[:, 0]  # noqa: E731  (the forward GEMMs' rows)
+        fwd_in, grad_out = fwd(m * k * g), fwd(m * n * g)  # inputs m x k_in; output gradients m x n_out
+        kernels = 2.0 * fwd(np.where(st > 0, g, 1.0))
+        v[:, 0] += stream_time(hw, 6.0 * fwd_in, kernels)
+        v[:, 1] += stream_time(hw, 6.0 * grad_out, kernels)
     return [Phase._of(x) for x in v]
 
 
@@ -179,7 +193,8 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     pad = expected_pad(hw.accelerator.expert_row_multiple)
     m_e = t * k * lay.ep / E * imb + pad  # rows per local expert on the busiest rank
     up = 2 if mo.gated else 1
-    shapes = [(t, E, d), (m_e, up * f, d, local), (m_e, d, f, local)]  # router, experts up and down
+    streams = EXPERT_GEMM_STREAMS[lay.egemm]  # how the runtime launches the local experts' GEMMs
+    shapes = [(t, E, d), (m_e, up * f, d, local, streams), (m_e, d, f, local, streams)]  # router, experts up/down
     if mo.shared_experts:
         fs = mo.shared_experts * mo.shared_ffn
         shapes += [(t, up * fs, d), (t, d, fs)]

@@ -157,14 +157,16 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     p2p_mb = p2p_one * rank_chunks  # each way, per micro-batch
     chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
     dualpipe = lay.sched == 4
-    comp_t, comm_t, a2a_per_mb, totals = {}, {}, {}, {}
+    # dualpipev, and Megatron-Core's EP overlap (Layout.a2a_overlap: a micro-batch's forward runs
+    # beside another's backward), hide the all-to-all behind the other micro-batch's compute
+    overlapped = dualpipe | lay.a2a_overlap
+    comp_t, comm_t, a2a_per_mb, hidden_of, totals = {}, {}, {}, {}, {}
     for r, (nd, nm) in roles.items():
         comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
         a2a_per_mb[r] = lc["a2a_layer"] * nm
-        # dualpipev overlaps the all-to-all with the other micro-batch's compute
-        hidden_r = np.minimum(a2a_per_mb[r], comp_t[r])
-        totals[r] = comp_t[r] + comm_t[r] - np.where(dualpipe, hidden_r, 0.0)
+        hidden_of[r] = np.where(overlapped, np.minimum(a2a_per_mb[r], comp_t[r]), 0.0)
+        totals[r] = comp_t[r] + comm_t[r] - hidden_of[r]
     peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
     mids = np.maximum(lay.pp - 2, 0).astype(float)
     mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
@@ -233,6 +235,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     a2a_step = M * pick(a2a_per_mb)
     p2p_step = M * p2p_one * rank_chunks * 2
     tp_step = M * pick(comm_t) - a2a_step - p2p_step
+    a2a_step = a2a_step - M * pick(hidden_of)  # what stays exposed: the components add up to the step
     compute_step = M * comp_total
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
@@ -415,7 +418,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     what the backward re-runs and what is saved, so the costs are priced once per combination
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
-    key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.dropout, lay.act_bytes,
+    key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout, lay.act_bytes,
            lay.a2a, lay.placement)
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))

@@ -14,7 +14,11 @@ A GEMM C[m×n] = A[m×k]·B[k×n] (`groups` independent ones, as in a grouped ex
   per group of a grouped call, that some dtypes pay on some machines (a CPU's bf16 GEMM
   repacks both operands of every GEMM);
 - bytes: A, B and C once each (the minimum traffic), so skinny expert GEMMs become
-  memory-bound — the physical reason they run below a large square GEMM.
+  memory-bound — the physical reason they run below a large square GEMM;
+- streams: how many of the `groups` GEMMs are in flight at once when they launch as separate
+  kernels (0: all, one grouped kernel). Separate kernels quantise into waves on their own: a
+  batch of `streams` GEMMs shares waves, the batches run one after another, and each batch
+  pays a launch (Transformer Engine's per-expert cuBLAS GEMMs on 4 streams; a Python loop: 1).
 
 All arguments broadcast as numpy arrays; times in seconds.
 """
@@ -29,8 +33,9 @@ def _ceil_div(a, b):
     return np.ceil(np.true_divide(a, b))
 
 
-def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_bytes=2):
-    """Seconds for `groups` GEMMs of output m×n and reduction k (arrays broadcast)."""
+def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_bytes=2, streams=0):
+    """Seconds for `groups` GEMMs of output m×n and reduction k (arrays broadcast), launched as
+    one grouped kernel (streams 0) or as separate kernels, `streams` in flight at once."""
     m = np.maximum(np.asarray(m, dtype=float), 0.0)
     n = np.asarray(n, dtype=float)
     k = np.asarray(k, dtype=float)
@@ -38,17 +43,23 @@ def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_b
     eff = hw.efficiency
     tm0, tn = eff.gemm_tile
     tm = np.clip(2.0 ** np.ceil(np.log2(np.maximum(m, 1.0))), 16.0, tm0)
-    tiles = g * _ceil_div(np.ceil(m), tm) * _ceil_div(n, tn)
+    per = _ceil_div(np.ceil(m), tm) * _ceil_div(n, tn)  # output tiles of one GEMM
     cu = hw.accelerator.compute_units
-    waves = np.maximum(_ceil_div(tiles, cu), 1.0)
+    s = np.asarray(streams, dtype=float)
+    conc = np.where(s > 0, np.minimum(s, g), g)  # GEMMs sharing waves
+    full = np.floor(g / np.maximum(conc, 1.0))   # batches of `conc` GEMMs, then a partial one
+    rest = g - full * conc
+    waves = np.maximum(full * _ceil_div(conc * per, cu) + _ceil_div(rest * per, cu), 1.0)
+    launches = np.where(s > 0, full + (rest > 0), 1.0)
     useful = g * m * n
     e_wave = np.where(useful > 0, useful / (waves * cu * tm * tn), 1.0)
     flops = 2.0 * g * m * n * k
     t_flop = flops / (hw.peak_flops(dtype) * eff.gemm * np.maximum(e_wave, 1e-9))
     t_mem = g * (m * k + k * n + m * n) * elt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * eff.memory)
-    # fixed cost: one launch per call, plus the dtype's own per-GEMM cost where measured (a
-    # CPU's bf16 GEMM repacks each operand pair, so a grouped call pays it once per group)
-    fixed = (eff.kernel_overhead_us + g * eff.gemm_overhead_us.get(dtype, 0.0)) * 1e-6
+    # fixed cost: one launch per grouped call or per batch of concurrent kernels (their launches
+    # overlap), plus the dtype's own per-GEMM cost where measured (a CPU's bf16 GEMM repacks
+    # each operand pair, so a grouped call pays it once per group)
+    fixed = (launches * eff.kernel_overhead_us + g * eff.gemm_overhead_us.get(dtype, 0.0)) * 1e-6
     t = np.maximum(t_flop, t_mem) + fixed
     return np.where(flops > 0, t, 0.0)
 

@@ -1,0 +1,63 @@
+"""Kernel-time model: how expert GEMMs launch (one grouped kernel, streams, a loop) and what
+FP8 quantisation adds to a linear layer."""
+import numpy as np
+import pytest
+
+from piper_plan.cost.compute import _linears
+from piper_plan.cost.kernels import gemm_time, stream_time
+from piper_plan.specs import load_hardware
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_hardware("dgx-h100")
+
+
+def test_a_loop_of_expert_gemms_costs_each_gemm_in_turn(h100):
+    # one kernel per expert, one at a time (X-MoE's Python loop): waves and launches do not
+    # pool, so 8 GEMMs cost exactly 8 times one
+    for m, n, k in ((1024, 5760, 2880), (96, 1536, 2048), (20000, 4096, 4096)):
+        one = gemm_time(h100, m, n, k)
+        assert gemm_time(h100, m, n, k, groups=8, streams=1) == pytest.approx(8 * one, rel=1e-12)
+
+
+def test_concurrent_streams_share_waves_but_launch_per_batch(h100):
+    # 1024 x 1024 outputs in 128 x 256 tiles: 32 tiles, so four GEMMs on four streams fill one
+    # wave of 132 SMs together; 16 experts take 4 waves either way, and 4 launches instead of 1
+    m = n = k = 1024
+    grouped = gemm_time(h100, m, n, k, groups=16)
+    streams = gemm_time(h100, m, n, k, groups=16, streams=4)
+    assert streams - grouped == pytest.approx(3 * h100.efficiency.kernel_overhead_us * 1e-6, rel=1e-9)
+    # one at a time each GEMM is a quarter-full wave: four times the grouped kernel's waves
+    loop = gemm_time(h100, m, n, k, groups=16, streams=1)
+    assert loop > 3.5 * grouped
+
+
+def test_a_partial_last_batch_of_streams_runs_its_own_waves(h100):
+    # 6 GEMMs on 4 streams: a batch of 4, then a batch of 2 (each of 40 tiles: 160 > 132 SMs
+    # takes 2 waves for the four, 1 for the two)
+    m, n, k = 1280, 1024, 1024  # 10 x 4 = 40 tiles each
+    t = gemm_time(h100, m, n, k, groups=6, streams=4)
+    g = 6 * m * n
+    e_wave = g / ((2 + 1) * 132 * 128 * 256)
+    flop = 2.0 * g * k / (h100.peak_flops("bf16") * h100.efficiency.gemm * e_wave)
+    assert t == pytest.approx(flop + 2 * h100.efficiency.kernel_overhead_us * 1e-6, rel=1e-9)
+
+
+def test_fp8_linears_pay_the_quantisation_passes(h100):
+    # Transformer Engine current scaling: forward quantises the input (m x k_in), backward the
+    # output gradient (m x n_out), 6 B per element each (amax read 2, cast read 2, write 1 + 1)
+    m = np.array([4096.0, 16384.0])  # two layouts: the per-layout columns must stay apart
+    n, k = 1536.0, 2048.0
+    ph8, = _linears(h100, "fp8", 2.0, (m, n, k))
+    f_gemm = gemm_time(h100, m, n, k, dtype="fp8")
+    dgrad = gemm_time(h100, m, k, n, dtype="fp8")
+    np.testing.assert_allclose(ph8.f - f_gemm, stream_time(h100, 6.0 * m * k, 2), rtol=1e-12)
+    np.testing.assert_allclose(ph8.b - dgrad, stream_time(h100, 6.0 * m * n, 2), rtol=1e-12)
+    # experts launched one by one quantise each expert's rows apart: two kernels an expert
+    ex8, = _linears(h100, "fp8", 2.0, (m, n, k, 16, 4))
+    np.testing.assert_allclose(ex8.f - gemm_time(h100, m, n, k, groups=16, dtype="fp8", streams=4),
+                               stream_time(h100, 6.0 * m * k * 16, 32), rtol=1e-12)
+    # bf16 layers pay none of it
+    ph16, = _linears(h100, "bf16", 2.0, (m, n, k))
+    np.testing.assert_allclose(ph16.f, gemm_time(h100, m, n, k), rtol=1e-12)
