@@ -61,3 +61,20 @@ def test_fp8_linears_pay_the_quantisation_passes(h100):
     # bf16 layers pay none of it
     ph16, = _linears(h100, "bf16", 2.0, (m, n, k))
     np.testing.assert_allclose(ph16.f, gemm_time(h100, m, n, k), rtol=1e-12)
+
+
+def test_fp8_gemms_run_at_their_own_measured_plateau(h100):
+    # ml-engineering MAMF: H100 bf16 794.5 of 989 TFLOPS, fp8 1402.6 of 1979 (efficiency.gemm_dtype)
+    m = n = k = 16384  # compute-bound, whole waves
+    ratio = gemm_time(h100, m, n, k, dtype="bf16") / gemm_time(h100, m, n, k, dtype="fp8")
+    fixed = h100.efficiency.kernel_overhead_us * 1e-6
+    flop = 2.0 * m * n * k / (8192 / (63 * 132))  # 8192 tiles of 128 x 256 in 63 waves of 132 SMs
+    assert ratio == pytest.approx((flop / (989e12 * 0.80) + fixed) / (flop / (1979e12 * 0.709) + fixed), rel=1e-9)
+    assert 1.7 < ratio < 1.8  # not the 2x the peaks alone would promise
+
+
+def test_gemm_dtype_outside_0_1_is_rejected(h100):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="gemm_dtype.fp8"):
+        type(h100.efficiency).model_validate({**h100.efficiency.model_dump(), "gemm_dtype": {"fp8": 1.5}})

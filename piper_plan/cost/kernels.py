@@ -5,7 +5,7 @@ A GEMM C[m×n] = A[m×k]·B[k×n] (`groups` independent ones, as in a grouped ex
     t = max(FLOPs / (peak · e_gemm · e_wave),  bytes / (HBM · e_mem)) + overhead + overhead_dtype
 
 - e_gemm: the plateau fraction of peak large GEMMs reach (hardware YAML, from published
-  micro-benchmarks);
+  micro-benchmarks; efficiency.gemm_dtype where a dtype's differs);
 - e_wave: output tiles run in waves of `compute_units`; a partial last wave and tile padding
   waste the rest (NVIDIA, "Matrix Multiplication Background User's Guide", wave and tile
   quantisation). The tile's m side shrinks to the next power of two ≥ 16 when m is small,
@@ -54,7 +54,7 @@ def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_b
     useful = g * m * n
     e_wave = np.where(useful > 0, useful / (waves * cu * tm * tn), 1.0)
     flops = 2.0 * g * m * n * k
-    t_flop = flops / (hw.peak_flops(dtype) * eff.gemm * np.maximum(e_wave, 1e-9))
+    t_flop = flops / (hw.peak_flops(dtype) * eff.gemm_dtype.get(dtype, eff.gemm) * np.maximum(e_wave, 1e-9))
     t_mem = g * (m * k + k * n + m * n) * elt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * eff.memory)
     # fixed cost: one launch per grouped call or per batch of concurrent kernels (their launches
     # overlap), plus the dtype's own per-GEMM cost where measured (a CPU's bf16 GEMM repacks

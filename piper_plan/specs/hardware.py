@@ -73,10 +73,13 @@ class Efficiency(_Optional):
     on machines where they matter (a CPU running eager torch): they are per call, not per
     byte, so they dominate small models and vanish for large ones."""
 
-    _OMIT_AT_DEFAULT = ("gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
+    _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
+    gemm_dtype: dict[str, float] = Field(
+        default_factory=dict, description="large-GEMM fraction of that dtype's dense peak where it differs from "
+        "`gemm` (e.g. fp8 on Hopper reaches a smaller share of its doubled peak), keyed by dtype")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
     attention: float = Field(..., gt=0, le=1, description="fused (flash) attention fraction of dense peak")
     attention_bwd: Optional[float] = Field(
@@ -136,6 +139,9 @@ class Efficiency(_Optional):
             for k, v in getattr(self, name).items():
                 if v < 0:
                     raise ValueError(f"{name}.{k} must be >= 0")
+        for k, v in self.gemm_dtype.items():
+            if not 0 < v <= 1:
+                raise ValueError(f"gemm_dtype.{k} must be in (0, 1]")
         unknown = set(self.optimizer_tensor_us) - {"adamw", "grad", "copy"}
         if unknown:
             raise ValueError(f"optimizer_tensor_us keys must be adamw, grad or copy, not {sorted(unknown)}")
