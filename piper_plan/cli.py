@@ -130,6 +130,9 @@ def layout_options(fn):
         click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
                      show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
                      "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
+        click.option("--fp8", type=click.Choice(["none", "current", "mxfp8"]), default="none", show_default=True,
+                     help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor current scaling, or "
+                     "MXFP8 block scaling (Blackwell); attention, router and LM head stay bf16"),
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),
@@ -162,7 +165,7 @@ def _layout_from(kw, model):
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
-                  a2a_overlap=kw["a2a_overlap"], grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
+                  a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
 @main.command()
@@ -217,6 +220,9 @@ def search_options(fn):
         click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
                      show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
                      "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
+        click.option("--fp8", type=click.Choice(["none", "current", "mxfp8"]), default="none", show_default=True,
+                     help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor current scaling, or "
+                     "MXFP8 block scaling (Blackwell); attention, router and LM head stay bf16"),
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),
@@ -238,7 +244,7 @@ def _space(kw, model, gpus):
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"])
+                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"])
 
 
 def _load_for_search(kw):

@@ -18,6 +18,7 @@ from .errors import LayoutError
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
+Fp8 = Literal["none", "current", "mxfp8"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
 A2A = Literal["flat", "halo"]
 Placement = Literal["packed", "spread"]
@@ -52,6 +53,10 @@ class Layout(BaseModel):
         "grouped", description="how the local experts' GEMMs launch: one grouped kernel (piper-train's batched "
         "matmul, CUTLASS grouped GEMM); multistream, one GEMM per expert on Transformer Engine's 4 compute streams "
         "(TE GroupedLinear's default cuBLAS path); loop, one GEMM per expert in turn (a Python loop, X-MoE)")
+    fp8: Fp8 = Field(
+        "none", description="GEMMs in FP8 with bf16 activations (Transformer Engine): 'current' per-tensor "
+        "current scaling (Hopper and later), 'mxfp8' 1x32 block scaling (Blackwell); attention, router and LM "
+        "head stay in `dtype`")
     a2a_overlap: bool = Field(
         False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
         "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "

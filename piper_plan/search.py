@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost.batch import EXPERT_GEMMS, LayoutBatch
+from .cost.batch import EXPERT_GEMMS, FP8S, LayoutBatch
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .specs.hardware import HardwareSpec
@@ -53,6 +53,7 @@ class SearchSpace:
     fused_kernels: bool = True
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
+    fp8: str = "none"             # Layout.fp8: FP8 GEMMs (Transformer Engine recipes)
 
 
 @dataclass
@@ -175,7 +176,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         rule(f"EP group leaves the {sp.ep_in_domain} domain", per_pl(ep[:, None] * stride > sizes[sp.ep_in_domain]))
     cols = dict(gpus=N, tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
-                egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, overlap=True,
+                egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap,
+                fp8=FP8S.index(sp.fp8), overlap=True,
                 act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4)
     if headroom_gib is not None:
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor

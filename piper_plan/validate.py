@@ -106,6 +106,7 @@ def _layout(row) -> Layout:
     gbs = _i(row["gbs"], dp * mbs)
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
                   seq=_i(row["seq"]), schedule=sched, recompute=recompute, sequence_parallel=sp,
+                  fp8={"fp8": "current", "mxfp8": "mxfp8"}.get(row["precision"], "none"),
                   **_settings(row))
 
 
@@ -169,8 +170,7 @@ def predict_row(row) -> tuple[float, str]:
     lay = _layout(row)
     if row["group"] == "xmoe2025":  # X-MoE recipe with a published layout (ZeRO, no PP)
         lay = lay.model_copy(update=_xmoe_settings(row))
-    cd = "fp8" if row["precision"] == "fp8" else None
-    est = evaluate(m, hw, from_layouts([lay]), compute_dtype=cd)
+    est = evaluate(m, hw, from_layouts([lay]))
     if metric == "hw_tflops_per_gpu":
         return _narayanan_flops(row) / float(est.step_time_s[0]) / lay.gpus / 1e12, _desc(lay)
     if metric == "iteration_time_s":

@@ -78,3 +78,26 @@ def test_gemm_dtype_outside_0_1_is_rejected(h100):
 
     with pytest.raises(ValidationError, match="gemm_dtype.fp8"):
         type(h100.efficiency).model_validate({**h100.efficiency.model_dump(), "gemm_dtype": {"fp8": 1.5}})
+
+
+def test_mxfp8_quantises_in_one_pass_with_block_scales(h100):
+    # MXFP8: one kernel reads 2 B and writes row- and column-wise fp8 copies plus a 1-byte scale
+    # per 32 elements each: 4.0625 B an element (no separate amax pass)
+    m, n, k = np.array([8192.0]), 4096.0, 4096.0
+    mx, = _linears(h100, "mxfp8", 2.0, (m, n, k))
+    np.testing.assert_allclose(mx.f - gemm_time(h100, m, n, k, dtype="fp8"),
+                               stream_time(h100, 4.0625 * m * k, 1), rtol=1e-12)
+
+
+def test_one_fp8_recipe_per_evaluated_batch():
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_model
+
+    m, hw = load_model("qwen3-30b-a3b"), load_hardware("dgx-h100")
+    lays = [Layout(gpus=8, ep=8, global_batch=64, seq=4096, fp8=f) for f in ("none", "current")]
+    one = [float(evaluate(m, hw, from_layouts([x])).step_time_s[0]) for x in lays]
+    assert one[1] < one[0]  # fp8 GEMMs outrun their quantisation passes at this size
+    with pytest.raises(ValueError, match="one FP8 recipe"):
+        evaluate(m, hw, from_layouts(lays))

@@ -10,6 +10,8 @@ from ..layout import SCHEDULES, RECOMPUTES, Layout
 A2AS = ("flat", "halo")
 PLACEMENTS = ("packed", "spread")
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
+FP8S = ("none", "current", "mxfp8")
+FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8"}  # Layout.fp8 -> cost model compute dtype
 # local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
 # multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
 # multi_stream.cpp, num_compute_streams = 4)
@@ -43,6 +45,7 @@ class LayoutBatch:
     unfused: np.ndarray     # bool: eager PyTorch modules instead of fused kernels (Layout.fused_kernels false)
     dropout: np.ndarray
     egemm: np.ndarray       # index into EXPERT_GEMMS (how the local experts' GEMMs launch)
+    fp8: np.ndarray          # index into FP8S (Layout.fp8)
     a2a_overlap: np.ndarray  # bool: all-to-all hidden behind another micro-batch's compute (Layout.a2a_overlap)
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
     act_bytes: np.ndarray   # bytes per activation element (dtype)
@@ -73,7 +76,7 @@ class LayoutBatch:
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=dtype,
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
-                      a2a_overlap=bool(self.a2a_overlap[i]),
+                      a2a_overlap=bool(self.a2a_overlap[i]), fp8=FP8S[g("fp8")],
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
 
 
@@ -88,7 +91,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
         unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
-        a2a_overlap=col(lambda x: x.a2a_overlap), overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
+        a2a_overlap=col(lambda x: x.a2a_overlap), fp8=col(lambda x: FP8S.index(x.fp8)), overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
     )
 

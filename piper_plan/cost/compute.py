@@ -64,6 +64,23 @@ class Phase:
         return self.b + self.w + self.r
 
 
+# FP8 recipes (Transformer Engine): bytes moved per quantised element and kernels per quantised
+# tensor. Current scaling: an amax pass (read 2 B), then a cast that reads 2 B and writes the
+# fp8 copy and its transpose (1 + 1 B). MXFP8: one pass computes the 1x32 block scales as it
+# casts, writing row- and column-wise copies (1 + 1 B) and their E8M0 scales (2 x 1/32 B).
+FP8_QUANT = {"fp8": (6.0, 2.0), "mxfp8": (2.0 + 2.0 + 2.0 / 32.0, 1.0)}
+
+
+def gemm_dtype(dtype: str) -> str:
+    """The peak a GEMM of the compute dtype runs at (MXFP8 uses the fp8 tensor cores)."""
+    return "fp8" if dtype in FP8_QUANT else dtype
+
+
+def base_dtype(dtype: str) -> str:
+    """Where an FP8 recipe keeps the attention core, router and LM head: bf16."""
+    return "bf16" if dtype in FP8_QUANT else dtype
+
+
 def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
     """Linear layers y[m×n] = x[m×k]·W[k×n], each shape (m, n_out, k_in), (m, n_out, k_in,
     groups) or (m, n_out, k_in, groups, streams) (gemm_time's streams: 0 = one grouped kernel):
@@ -77,21 +94,20 @@ def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
         # forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m): the backward launches as the forward does
         dims += [(m, n_out, k_in, groups, st, e), (m, k_in, n_out, groups, st, e), (k_in, n_out, m, groups, st, e)]
     m, n, k, g, st, e = (np.concatenate([d[i] for d in dims]) for i in range(6))
-    t = gemm_time(hw, m, n, k, groups=g, dtype=dtype, elt_bytes=e, streams=st).reshape(len(shapes), 3, -1)
+    t = gemm_time(hw, m, n, k, groups=g, dtype=gemm_dtype(dtype), elt_bytes=e, streams=st).reshape(len(shapes), 3, -1)
     v = np.zeros((len(shapes), 4, t.shape[-1]))
     v[:, :3] = t
-    if dtype == "fp8":
-        # Transformer Engine's current-scaling FP8 quantises each GEMM's bf16 input in the
-        # forward and its output gradient in the backward: an amax pass (read 2 B), then a cast
-        # that reads 2 B and writes the fp8 copy and its transpose (1 + 1 B): 6 B per element.
-        # Weights are quantised once per step and cached across micro-batches: not counted.
-        # Separately launched expert GEMMs quantise each expert's rows with its own scale
-        # (GroupedLinear keeps a quantizer per GEMM): two kernels per expert, not per call.
+    if dtype in FP8_QUANT:
+        # an FP8 recipe quantises each GEMM's bf16 input in the forward and its output gradient
+        # in the backward (FP8_QUANT). Weights are quantised once per step and cached across
+        # micro-batches: not counted. Separately launched expert GEMMs quantise each expert's
+        # rows apart (GroupedLinear keeps a quantizer per GEMM): kernels per expert, not per call.
+        qbytes, qkernels = FP8_QUANT[dtype]
         fwd = lambda x: x.reshape(len(shapes), 3, -1)[:, 0]  # noqa: E731  (the forward GEMMs' rows)
         fwd_in, grad_out = fwd(m * k * g), fwd(m * n * g)  # inputs m x k_in; output gradients m x n_out
-        kernels = 2.0 * fwd(np.where(st > 0, g, 1.0))
-        v[:, 0] += stream_time(hw, 6.0 * fwd_in, kernels)
-        v[:, 1] += stream_time(hw, 6.0 * grad_out, kernels)
+        kernels = qkernels * fwd(np.where(st > 0, g, 1.0))
+        v[:, 0] += stream_time(hw, qbytes * fwd_in, kernels)
+        v[:, 1] += stream_time(hw, qbytes * grad_out, kernels)
     return [Phase._of(x) for x in v]
 
 
@@ -135,13 +151,13 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     # core attention: fused kernels skip masked blocks (causal half, sliding windows)
     core_flops = 2.0 * t * m.attended_keys(s) * heads * (dqk + dv)
     # attention stays in bf16 under fp8 training (Transformer Engine's default recipe)
-    adt = "bf16" if dtype == "fp8" else dtype
+    adt = base_dtype(dtype)
     flash_f = flash_attention_time(hw, core_flops, adt)  # causal: masked blocks skipped
     flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt)
     if lay.eager.any():
         batch = lay.mbs * heads
-        eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=dtype, elt_bytes=eb)
-                      + gemm_time(hw, s, dv, s, groups=batch, dtype=dtype, elt_bytes=eb))
+        eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=adt, elt_bytes=eb)
+                      + gemm_time(hw, s, dv, s, groups=batch, dtype=adt, elt_bytes=eb))
         # fused scale-mask-softmax reads scores, writes probs; dropout on probs adds a pass + mask
         soft_bytes = t * s * heads * eb * (2.0 + np.where(lay.dropout, 2.5, 0.0))
         eager_f = eager_gemm + stream_time(hw, soft_bytes, 1 + lay.dropout)
@@ -194,11 +210,12 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     m_e = t * k * lay.ep / E * imb + pad  # rows per local expert on the busiest rank
     up = 2 if mo.gated else 1
     streams = EXPERT_GEMM_STREAMS[lay.egemm]  # how the runtime launches the local experts' GEMMs
-    shapes = [(t, E, d), (m_e, up * f, d, local, streams), (m_e, d, f, local, streams)]  # router, experts up/down
+    shapes = [(m_e, up * f, d, local, streams), (m_e, d, f, local, streams)]  # experts up and down
     if mo.shared_experts:
         fs = mo.shared_experts * mo.shared_ffn
         shapes += [(t, up * fs, d), (t, d, fs)]
-    ph = _sum(_linears(hw, dtype, eb, *shapes))
+    router, = _linears(hw, base_dtype(dtype), eb, (t, E, d))  # the router stays out of FP8 recipes
+    ph = _sum(_linears(hw, dtype, eb, *shapes)) + router
     rows = t * k * imb
     act = (3.0 if mo.gated else 2.0) * f * (rows + local * pad)
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
@@ -214,7 +231,7 @@ def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) 
     t = (lay.mbs * lay.seq).astype(float)
     tp = lay.tp.astype(float)
     V, d = m.vocab_size, m.hidden_size
-    ph, = _linears(hw, dtype, lay.act_bytes, (t, V / tp, d))
+    ph, = _linears(hw, base_dtype(dtype), lay.act_bytes, (t, V / tp, d))  # FP8 recipes keep the head in bf16
     # cross-entropy over fp32 logits: read, exp/normalise, write grad (3 passes of 4 B)
     ce = _elementwise(hw, t * V / tp * 4.0 * 3.0 + t * 2.0 * d * lay.act_bytes, 3)
     return ph + ce

@@ -15,7 +15,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm
-from .batch import LayoutBatch, distinct_rows
+from .batch import FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows
 from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
@@ -96,14 +96,20 @@ def _a2a(hw, lay, nbytes):
 
 def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing | None = None,
              headroom_gib: float = 0.0, compute_dtype: str | None = None) -> Estimate:
-    """compute_dtype: GEMM precision (default from the activation bytes: fp32 or bf16; 'fp8'
-    runs GEMMs at the fp8 peak with bf16 activations). MFU is always against the bf16 peak
-    (or fp32 for fp32 runs)."""
+    """compute_dtype: GEMM precision (default: the layouts' Layout.fp8 recipe, else from the
+    activation bytes, fp32 or bf16; 'fp8' (current scaling) and 'mxfp8' run GEMMs at the fp8
+    peak with bf16 activations). MFU is always against the bf16 peak (or fp32 for fp32 runs).
+    One batch holds one FP8 recipe (the cost model's dtype is per call)."""
     routing = routing or Routing()
     dtype = "fp32" if int(lay.act_bytes.max()) == 4 else "bf16"
     if dtype == "fp32" and "fp32" not in hw.accelerator.peak_tflops:
         dtype = "bf16"
     mfu_dtype = dtype
+    fp8 = np.unique(lay.fp8)
+    if len(fp8) > 1:
+        raise ValueError("evaluate: one FP8 recipe per batch (Layout.fp8 differs between layouts)")
+    if compute_dtype is None and len(fp8) and fp8[0]:
+        compute_dtype = FP8_COMPUTE[FP8S[int(fp8[0])]]
     dtype = compute_dtype or dtype
     n = len(lay)
     eb = lay.act_bytes.astype(float)
