@@ -117,6 +117,9 @@ def layout_options(fn):
                      show_default=True),
         click.option("--vpp", type=int, default=None, help="chunks per rank (interleaved; zbv/dualpipev use 2)"),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True),
+        click.option("--recompute-modules", default="core_attn", show_default=True,
+                     help="what selective recompute re-runs, comma-separated (Megatron-Core --recompute-modules): "
+                     "core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts"),
         click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True),
         click.option("--zero", type=click.IntRange(0, 3), default=1, show_default=True),
         click.option("--a2a", type=click.Choice(["flat", "halo", "auto"]), default="auto", show_default=True),
@@ -162,6 +165,7 @@ def _layout_from(kw, model):
     vpp = kw["vpp"] or (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1)
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=kw["ep"], vpp=vpp, mbs=kw["mbs"], global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
+                  recompute_modules=tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip()),
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],

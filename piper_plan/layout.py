@@ -19,6 +19,8 @@ from .errors import LayoutError
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
 Fp8 = Literal["none", "current", "mxfp8"]
+# Megatron-Core --recompute-modules (selective recompute): what each re-runs in the backward
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
 A2A = Literal["flat", "halo"]
 Placement = Literal["packed", "spread"]
@@ -40,6 +42,12 @@ class Layout(BaseModel):
     seq: int = Field(..., ge=1, description="sequence length, tokens")
     schedule: Schedule = "1f1b"
     recompute: Recompute = "none"
+    recompute_modules: tuple[RecomputeModule, ...] = Field(
+        ("core_attn",), description="what selective recompute re-runs in the backward (Megatron-Core "
+        "--recompute-modules): core_attn (softmax(QK^T)V), layernorm (the pre-attention and pre-MLP norms), "
+        "mla_up_proj (MLA's q/kv up-projections), mlp (a dense MLP), moe_act (the experts' activation), "
+        "moe (the whole MoE block, its all-to-all included), shared_experts; read only when recompute is "
+        "selective")
     sequence_parallel: bool = True
     zero: int = Field(1, ge=0, le=3)
     a2a: A2A = "flat"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost.batch import EXPERT_GEMMS, FP8S, LayoutBatch
+from .cost.batch import EXPERT_GEMMS, FP8S, LayoutBatch, rc_bits
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .specs.hardware import HardwareSpec
@@ -196,7 +196,7 @@ def _batch(cols: dict, j, zero, recompute, a2a, placement) -> LayoutBatch:
     n = len(j)
     col = lambda k: cols[k][j] if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
     return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, recompute=recompute, a2a=a2a,
-                       placement=placement)
+                       placement=placement, rc_mods=np.full(n, rc_bits(("core_attn",))))
 
 
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,

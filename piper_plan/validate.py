@@ -100,12 +100,18 @@ def _layout(row) -> Layout:
     dp = _i(row["dp"], gpus // (tp * pp))
     rc = row["recompute"]
     recompute = "full" if rc == "full" else "selective" if rc.startswith("selective") else "none"
+    modules = ("core_attn",)
+    hit = re.search(r"recompute_modules=\[([^\]]*)\]", row.get("notes", ""))
+    if rc == "per recipe" and hit:  # the recipe's Megatron-Core --recompute-modules, quoted in the notes
+        modules = tuple(x.strip() for x in hit.group(1).split(",") if x.strip())
+        recompute = "selective" if modules else "none"
     sp = "seqpar" in rc or not row["group"].startswith(("narayanan", "korthikanti"))
     sched = "interleaved" if vpp > 1 else "1f1b"
     mbs = _i(row["mbs"], 1)
     gbs = _i(row["gbs"], dp * mbs)
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
-                  seq=_i(row["seq"]), schedule=sched, recompute=recompute, sequence_parallel=sp,
+                  seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
+                  sequence_parallel=sp,
                   fp8={"fp8": "current", "mxfp8": "mxfp8"}.get(row["precision"], "none"),
                   **_settings(row))
 
@@ -193,7 +199,9 @@ def predict_row(row) -> tuple[float, str]:
 
 def _desc(lay: Layout) -> str:
     return (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} {lay.schedule}"
-            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={lay.recompute}")
+            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={lay.recompute}"
+            + (f"[{','.join(lay.recompute_modules)}]" if lay.recompute == "selective"
+               and tuple(lay.recompute_modules) != ("core_attn",) else ""))
 
 
 def run(group: str | None = None, path: Path | None = None) -> list[Result]:

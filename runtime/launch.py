@@ -48,6 +48,9 @@ def check_supported(plan: Plan, world: int) -> None:
     if lay.expert_gemm != "grouped":
         raise PiperError(f"plan.layout.expert_gemm: piper-train runs the local experts as one batched matmul, "
                          f"not {lay.expert_gemm!r}; use expert_gemm grouped")
+    if lay.recompute == "selective" and tuple(lay.recompute_modules) != ("core_attn",):
+        raise PiperError(f"plan.layout.recompute_modules: piper-train's selective recompute re-runs the attention "
+                         f"core only, not {list(lay.recompute_modules)}; use ['core_attn']")
     if lay.fp8 != "none":
         raise PiperError(f"plan.layout.fp8: piper-train runs its GEMMs in layout.dtype, not FP8 ({lay.fp8!r}); "
                          "use fp8 none")

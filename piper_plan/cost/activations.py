@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.model import ModelSpec
-from .batch import LayoutBatch
+from .batch import LayoutBatch, recomputes
 
 # Tensors Piper's equation (brief §2) counts: 12bsd + 4Hbs² + 2bsk(3f + d).
 PAPER_TERMS = ("attn_norm_in", "qkv_in", "qkv", "scores", "probs", "attn_out",
@@ -44,14 +44,15 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     d, s = m.hidden_size, lay.seq.astype(float)
     heads = m.num_heads / tp
     drop = lay.dropout.astype(float)
-    sel = lay.recompute == 1
+    sel = recomputes(lay, "core_attn")
     eager = lay.eager | naive
     dv = m.mla.v_head_dim if m.mla else m.hd
     sq = t * s * heads  # score elements per rank
+    ln, up = recomputes(lay, "layernorm"), recomputes(lay, "mla_up_proj")
     out = {
         "attn_norm_in": eb * t * d / sp_div,
-        "qkv_in": eb * t * d / sp_div,
-        "qkv": eb * t * m.qkv_dim / tp,
+        "qkv_in": np.where(ln, 0.0, eb * t * d / sp_div),  # the norm's output: re-made under layernorm recompute
+        "qkv": np.where(up & (m.mla is not None), 0.0, eb * t * m.qkv_dim / tp),  # MLA's up-projected q, k, v
         "scores": np.where(naive & ~sel, eb * sq, 0.0),
         "probs": np.where(eager & ~sel, eb * sq, 0.0),
         "probs_dropout": np.where(eager & ~sel, drop * 3.0 * sq, 0.0),  # 1-byte mask + 2-byte output
@@ -73,11 +74,12 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     d, f = m.hidden_size, m.ffn_size
     hid = (2.0 if m.ffn_gated else 1.0) * f
     u = lay.unfused
+    mlp, ln = recomputes(lay, "mlp"), recomputes(lay, "layernorm")
     return {
         "ffn_norm_in": eb * t * d / sp_div,
-        "ffn_in": eb * t * d / sp_div,
-        "ffn_hidden": eb * t * hid / tp,
-        "ffn_act": eb * t * f / tp,
+        "ffn_in": np.where(ln | mlp, 0.0, eb * t * d / sp_div),
+        "ffn_hidden": np.where(mlp, 0.0, eb * t * hid / tp),
+        "ffn_act": np.where(mlp, 0.0, eb * t * f / tp),
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
         "ffn_norm_unfused": np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0),
         "ffn_silu_out": np.where(u & m.ffn_gated, eb * t * f / tp, 0.0),
@@ -101,19 +103,23 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     rows = tm * k * imb
     padded = rows + mo.num_experts / lay.ep * expected_pad(row_multiple)
     up = 2.0 if mo.gated else 1.0
+    # selective recompute: moe keeps only the block's input; moe_act re-makes the activation
+    # fed to the down projection; layernorm the norm's output (router and dispatch input)
+    whole, act, ln = recomputes(lay, "moe"), recomputes(lay, "moe_act"), recomputes(lay, "layernorm")
+    keep = lambda x, drop=False: np.where(whole | drop, 0.0, x)  # noqa: E731
     out = {
         "moe_norm_in": eb * tm * d,
-        "router_in": eb * tm * d,
-        "router_probs": 4.0 * tm * mo.num_experts,
-        "expert_in": eb * padded * d,
-        "expert_hidden": eb * padded * up * f,
-        "expert_act": eb * padded * f,
-        "expert_out": eb * rows * d,  # needed for the gate-weight gradient of the combine
+        "router_in": keep(eb * tm * d, ln),
+        "router_probs": keep(4.0 * tm * mo.num_experts),
+        "expert_in": keep(eb * padded * d),
+        "expert_hidden": keep(eb * padded * up * f),
+        "expert_act": keep(eb * padded * f, act),
+        "expert_out": keep(eb * rows * d),  # needed for the gate-weight gradient of the combine
         "moe_dropout_mask": lay.dropout * tm * d,
     }
     fs = mo.shared_experts * mo.shared_ffn
     if mo.shared_experts:
-        out["shared_hidden"] = eb * tm * (up + 1.0) * fs
+        out["shared_hidden"] = keep(eb * tm * (up + 1.0) * fs, recomputes(lay, "shared_experts"))
     u = lay.unfused
     out["moe_norm_unfused"] = np.where(u, 4.0 * tm + eb * tm * d, 0.0)
     out["expert_silu_out"] = np.where(u & mo.gated, eb * (padded * f + tm * fs), 0.0)

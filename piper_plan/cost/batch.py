@@ -11,6 +11,17 @@ A2AS = ("flat", "halo")
 PLACEMENTS = ("packed", "spread")
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8")
+# Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
+RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+
+
+def rc_bits(modules) -> int:
+    return sum(1 << RC_MODULES.index(x) for x in set(modules))
+
+
+def recomputes(lay: "LayoutBatch", module: str) -> np.ndarray:
+    """Whether each layout's backward re-runs `module` (selective recompute with it listed)."""
+    return (lay.recompute == 1) & ((lay.rc_mods >> RC_MODULES.index(module)) & 1).astype(bool)
 FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8"}  # Layout.fp8 -> cost model compute dtype
 # local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
 # multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
@@ -37,6 +48,7 @@ class LayoutBatch:
     seq: np.ndarray
     sched: np.ndarray
     recompute: np.ndarray
+    rc_mods: np.ndarray     # Layout.recompute_modules as bits of RC_MODULES (read when recompute is selective)
     sp: np.ndarray
     zero: np.ndarray
     a2a: np.ndarray
@@ -72,7 +84,9 @@ class LayoutBatch:
         dtype = {4: "fp32"}.get(g("act_bytes"), "bf16")
         return Layout(gpus=g("gpus"), tp=g("tp"), pp=g("pp"), dp=g("dp"), ep=g("ep"), vpp=g("vpp"), mbs=g("mbs"),
                       global_batch=g("gbs"), seq=g("seq"), schedule=SCHEDULES[g("sched")],
-                      recompute=RECOMPUTES[g("recompute")], sequence_parallel=bool(self.sp[i]), zero=g("zero"),
+                      recompute=RECOMPUTES[g("recompute")],
+                      recompute_modules=tuple(x for i, x in enumerate(RC_MODULES) if g("rc_mods") >> i & 1),
+                      sequence_parallel=bool(self.sp[i]), zero=g("zero"),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=dtype,
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
@@ -87,6 +101,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         ep=col(lambda x: x.ep), vpp=col(lambda x: x.vpp), mbs=col(lambda x: x.mbs),
         gbs=col(lambda x: x.global_batch), seq=col(lambda x: x.seq),
         sched=col(lambda x: SCHEDULES.index(x.schedule)), recompute=col(lambda x: RECOMPUTES.index(x.recompute)),
+        rc_mods=col(lambda x: rc_bits(x.recompute_modules)),
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
         unfused=col(lambda x: not x.fused_kernels),

@@ -18,7 +18,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .activations import expected_pad
-from .batch import EXPERT_GEMM_STREAMS, LayoutBatch
+from .batch import EXPERT_GEMM_STREAMS, LayoutBatch, recomputes
 from .kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
 
 
@@ -131,6 +131,7 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     tp = lay.tp.astype(float)
     eb = lay.act_bytes
     d, H = m.hidden_size, m.num_heads
+    up_proj = None  # MLA's up-projections (what mla_up_proj recompute re-runs)
     if m.mla is not None:
         a = m.mla
         qk, nope = a.qk_nope_head_dim + a.qk_rope_head_dim, a.qk_nope_head_dim
@@ -144,7 +145,10 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     else:
         shapes = [(t, m.qkv_dim / tp, d)]
         dqk = dv = m.hd
-    ph = _sum(_linears(hw, dtype, eb, *shapes, (t, d, m.attn_out_dim / tp)))
+    lin = _linears(hw, dtype, eb, *shapes, (t, d, m.attn_out_dim / tp))
+    ph = _sum(lin)
+    if m.mla is not None:
+        up_proj = lin[1] + lin[3] if m.mla.q_lora_rank else lin[1]
 
     heads = H / tp
     s = lay.seq.astype(float)
@@ -174,9 +178,12 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     rope = 0.0 if m.mla is not None else 2.0 * (m.num_heads + m.kv_heads) * m.hd
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + rope / tp
     ew = _elementwise(hw, t * elems * eb, 4)
-    # recompute: selective re-runs the core attention; full re-runs the whole forward
+    # recompute: full re-runs the whole forward; selective what Layout.recompute_modules lists
     total = ph + core + ew
-    r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, core.f, 0.0))
+    norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-attention norm: read and write d
+    sel = (np.where(recomputes(lay, "core_attn"), core.f, 0.0) + np.where(recomputes(lay, "layernorm"), norm_f, 0.0)
+           + (np.where(recomputes(lay, "mla_up_proj"), up_proj.f, 0.0) if up_proj is not None else 0.0))
+    r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
 
 
@@ -192,7 +199,9 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     act = (3.0 if m.ffn_gated else 2.0) * f / tp
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + act
     total = ph + _elementwise(hw, t * elems * eb, 4)
-    r = np.where(lay.recompute == 2, total.f, 0.0)
+    norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-MLP norm
+    sel = np.where(recomputes(lay, "mlp"), total.f - norm_f, 0.0) + np.where(recomputes(lay, "layernorm"), norm_f, 0.0)
+    r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
 
 
@@ -215,14 +224,21 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
         fs = mo.shared_experts * mo.shared_ffn
         shapes += [(t, up * fs, d), (t, d, fs)]
     router, = _linears(hw, base_dtype(dtype), eb, (t, E, d))  # the router stays out of FP8 recipes
-    ph = _sum(_linears(hw, dtype, eb, *shapes)) + router
+    lin = _linears(hw, dtype, eb, *shapes)
+    ph = _sum(lin) + router
     rows = t * k * imb
     act = (3.0 if mo.gated else 2.0) * f * (rows + local * pad)
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
     total = ph + _elementwise(hw, elems * eb, 8)
-    r = np.where(lay.recompute == 2, total.f, 0.0)
+    norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
+    sel = (np.where(recomputes(lay, "moe"), total.f - norm_f, 0.0)
+           + np.where(recomputes(lay, "moe_act") & ~recomputes(lay, "moe"), stream_time(hw, act * eb, 1), 0.0)
+           + np.where(recomputes(lay, "layernorm"), norm_f, 0.0))
+    if mo.shared_experts:
+        sel = sel + np.where(recomputes(lay, "shared_experts") & ~recomputes(lay, "moe"), (lin[2] + lin[3]).f, 0.0)
+    r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
 
 

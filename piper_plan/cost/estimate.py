@@ -15,7 +15,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm
-from .batch import FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows
+from .batch import FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
 from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
@@ -391,7 +391,10 @@ def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
             core_fwd = np.where(seq == s, m.num_layers * m.attn_core_flops(int(s)), core_fwd)
     model_flops = fpt * tokens
     rc = lay.recompute
-    rc_flops = np.where(rc == 2, model_flops / 3.0, np.where(rc == 1, core_fwd * tokens, 0.0))
+    # hardware FLOPs of recompute: full re-runs the forward; selective counts the core attention
+    # (its other modules, norms and activations, are memory-bound passes; MLA up-projection and
+    # MLP / MoE GEMMs re-run under those modules are left out of this count)
+    rc_flops = np.where(rc == 2, model_flops / 3.0, np.where(recomputes(lay, "core_attn"), core_fwd * tokens, 0.0))
     return model_flops, rc_flops
 
 
@@ -425,17 +428,18 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
     key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout, lay.act_bytes,
-           lay.a2a, lay.placement)
+           lay.a2a, lay.placement, lay.rc_mods)
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
     sub = lay.take(first1)
     base = _layer_base(m, hw, sub.take(first0), routing, dtype)
-    terms = _layer_terms(m, _with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute), sub.recompute)
+    again = (sub.recompute == 2) | recomputes(sub, "moe")  # the forward's all-to-all runs again in backward
+    terms = _layer_terms(m, _with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute), again)
     # the stage partition's inputs stay per distinct row (see evaluate)
     return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
 
 
-def _layer_terms(m: ModelSpec, lc: dict, recompute) -> dict:
+def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
     """What the step model reads from per-layer costs (_layer_costs), as 1-D arrays: phase
     components `<dense|moe|emb|head>_<f|b|w|r>` and `<dense|moe>_comm_<f|b|r>`, their totals
     (Td, Tm, Te, Th, Tdc, Tmc), whole-layer seconds, the embedding and head in
@@ -445,11 +449,11 @@ def _layer_terms(m: ModelSpec, lc: dict, recompute) -> dict:
                                                                    "head"))
     dense_layer, moe_layer = (dense + dense_comm).total, (moe + moe_comm).total
     avg_layer = (m.num_dense_layers * dense_layer + m.num_moe_layers * moe_layer) / m.num_layers
-    full_rc = (recompute == 2).astype(float)
+    again = np.asarray(a2a_again, dtype=float)
     Te, Th = emb.total, head.total
     out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=Th / avg_layer,
                Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
-               a2a_layer=lc["a2a_fwd"] * (1 + full_rc) + lc["a2a_bwd"],  # full recompute repeats the forward's
+               a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"])
     for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head)):
         out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr")})
