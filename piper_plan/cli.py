@@ -101,6 +101,22 @@ def _migration_from(kw):
 
 
 
+# how the training stack runs its kernels: the planner prices each (estimate and search alike)
+STACK_OPTIONS = [
+        click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
+                     help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
+        click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
+                     show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
+                     "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
+        click.option("--fp8", type=click.Choice(["none", "current", "mxfp8"]), default="none", show_default=True,
+                     help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor current scaling, or "
+                     "MXFP8 block scaling (Blackwell); attention, router and LM head stay bf16"),
+        click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
+                     help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
+                     "--overlap-moe-expert-parallel-comm)"),
+]
+
+
 def layout_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
@@ -128,17 +144,7 @@ def layout_options(fn):
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train"),
         click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
         click.option("--dropout/--no-dropout", default=False, show_default=True),
-        click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
-                     help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
-        click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
-                     show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
-                     "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
-        click.option("--fp8", type=click.Choice(["none", "current", "mxfp8"]), default="none", show_default=True,
-                     help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor current scaling, or "
-                     "MXFP8 block scaling (Blackwell); attention, router and LM head stay bf16"),
-        click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
-                     help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
-                     "--overlap-moe-expert-parallel-comm)"),
+        *STACK_OPTIONS,
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True),
@@ -221,18 +227,8 @@ def search_options(fn):
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
-        click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
-                     show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
-                     "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
-        click.option("--fp8", type=click.Choice(["none", "current", "mxfp8"]), default="none", show_default=True,
-                     help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor current scaling, or "
-                     "MXFP8 block scaling (Blackwell); attention, router and LM head stay bf16"),
-        click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
-                     help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
-                     "--overlap-moe-expert-parallel-comm)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
-        click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
-                     help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
+        *STACK_OPTIONS,
     ]
     for o in reversed(opts):
         fn = o(fn)
