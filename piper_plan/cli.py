@@ -169,9 +169,16 @@ def _layout_from(kw, model):
     seq = kw["seq"] or model.seq_len
     gbs = kw["global_batch"] or default_global_batch(seq)
     vpp = kw["vpp"] or (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1)
+    from .cost.batch import RC_MODULES
+
+    modules = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
+    bad = [x for x in modules if x not in RC_MODULES]
+    if bad or not modules:
+        raise LayoutError("--recompute-modules", f"got {kw['recompute_modules']!r}; expected a comma-separated "
+                          f"list of {', '.join(RC_MODULES)}")
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=kw["ep"], vpp=vpp, mbs=kw["mbs"], global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
-                  recompute_modules=tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip()),
+                  recompute_modules=modules,
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],

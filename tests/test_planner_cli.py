@@ -218,3 +218,11 @@ def test_routing_histogram_from_runtime_metrics(tmp_path):
     line = err_line(*run("estimate", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "64", "--ep", "8",
                          "--global-batch", "512", "--routing", str(bad))[:2])
     assert "tokens_per_expert" in line
+
+
+def test_unknown_recompute_module_and_missing_fp8_peak_are_one_line():
+    line = err_line(*run("estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "8", "--recompute", "selective",
+                         "--recompute-modules", "core_attn,bogus")[:2])
+    assert "--recompute-modules" in line and "moe_act" in line
+    line = err_line(*run("estimate", "-m", "tiny-moe", "-H", "frontier", "-n", "8", "--fp8", "mxfp8")[:2])
+    assert "frontier" in line and "fp8" in line
