@@ -393,14 +393,36 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @main.command("validate")
 @click.option("--group", default=None, help="only this group (e.g. narayanan2021-table1)")
 @click.option("--json", "as_json", is_flag=True)
+@click.option("--explain", "explain_id", default=None, help="one row in full: its settings, predicted breakdown "
+              "and what the model misses per layer and micro-batch")
 @one_line_errors
-def validate_cmd(group, as_json):
+def validate_cmd(group, as_json, explain_id):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
     from . import report
-    from .validate import run, summary
+    from .validate import explain, run, summary
     from .validate_kernels import gemm_check
+
+    if explain_id:
+        d = explain(explain_id)
+        if as_json:
+            click.echo(json.dumps(d, indent=2))
+            return
+        t = Table(title=f"{explain_id}: {d['metric']} published {d['published']:g}, predicted {d['predicted']:.4g}")
+        t.add_column("item")
+        t.add_column("value")
+        for k, v in d.get("layout", {}).items():
+            t.add_row(f"layout.{k}", str(v))
+        for k, v in d.get("time_breakdown_s", {}).items():
+            t.add_row(f"time.{k} (s)", f"{v:.4g}")
+        for k in ("measured_step_time_s", "predicted_ms_per_layer_microbatch", "missing_ms_per_layer_microbatch"):
+            if k in d:
+                t.add_row(k, f"{d[k]:.4g}")
+        t.add_row("source", d["source"])
+        report.show([t])
+        click.echo(f"notes: {d['notes']}")
+        return
 
     res = run(group)
     summ = summary(res)

@@ -38,6 +38,7 @@ from scipy.stats import kendalltau
 
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
+from .errors import PiperError
 from .layout import Layout
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs import load_hardware, load_model
@@ -157,9 +158,10 @@ def _xmoe_flops_per_token(m, seq: int) -> float:
     return 6.0 * macs
 
 
-def predict_row(row) -> tuple[float, str]:
-    m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
-    metric = row["metric"]
+def _row_estimate(row, m, hw):
+    """(layout, Estimate, index) a row is predicted under: the published layout run as its
+    source's software runs it, or for "planner's choice" rows the best plan the search finds
+    (layout None when nothing fits)."""
     if row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"]):
         seq = _i(row["seq"])
         gpus = _i(row["gpus"])
@@ -170,31 +172,70 @@ def predict_row(row) -> tuple[float, str]:
             space = SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, paper_mesh=True, schedules=("1f1b",))
         res = search(m, hw, space)
         if res.best is None:
-            return float("nan"), "nothing fits"
-        lay = res.batch.layout(res.best)
-        return float(res.est.tflops_per_gpu[res.best]), _desc(lay)
+            return None, res.est, -1
+        return res.batch.layout(res.best), res.est, res.best
     lay = _layout(row)
     if row["group"] == "xmoe2025":  # X-MoE recipe with a published layout (ZeRO, no PP)
         lay = lay.model_copy(update=_xmoe_settings(row))
-    est = evaluate(m, hw, from_layouts([lay]))
+    return lay, evaluate(m, hw, from_layouts([lay])), 0
+
+
+def predict_row(row) -> tuple[float, str]:
+    m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
+    metric = row["metric"]
+    lay, est, i = _row_estimate(row, m, hw)
+    if lay is None:
+        return float("nan"), "nothing fits"
+    step = float(est.step_time_s[i])
+    if row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"]):
+        return float(est.tflops_per_gpu[i]), _desc(lay)  # the searched plan's own model TFLOPS
     if metric == "hw_tflops_per_gpu":
-        return _narayanan_flops(row) / float(est.step_time_s[0]) / lay.gpus / 1e12, _desc(lay)
+        return _narayanan_flops(row) / step / lay.gpus / 1e12, _desc(lay)
     if metric == "iteration_time_s":
-        return float(est.step_time_s[0]), _desc(lay)
+        return step, _desc(lay)
     if metric == "model_tflops_per_gpu":
         if _tokens_per_gpu(row):
-            return float(est.tokens_per_s[0]) / lay.gpus, _desc(lay)
+            return float(est.tokens_per_s[i]) / lay.gpus, _desc(lay)
         if row["group"] == "xmoe2025":  # X-MoE's own FLOP count (_xmoe_flops_per_token)
             tokens = lay.global_batch * lay.seq
-            return _xmoe_flops_per_token(m, lay.seq) * tokens / float(est.step_time_s[0]) / lay.gpus / 1e12, _desc(lay)
-        return float(est.tflops_per_gpu[0]), _desc(lay)
+            return _xmoe_flops_per_token(m, lay.seq) * tokens / step / lay.gpus / 1e12, _desc(lay)
+        return float(est.tflops_per_gpu[i]), _desc(lay)
     first = est.memory["first"]
     if metric == "params_optimizer_gib_per_gpu":
         emb = m.embedding_params / lay.tp * 18 / 2**30
-        return float(sum(first[k][0] for k in ("weights", "grads", "master", "optimizer")) - emb), _desc(lay)
+        return float(sum(first[k][i] for k in ("weights", "grads", "master", "optimizer")) - emb), _desc(lay)
     if metric == "activation_gib_per_gpu":
-        return float(first["activations"][0]), _desc(lay)
+        return float(first["activations"][i]), _desc(lay)
     raise ValueError(f"unknown metric {metric}")
+
+
+def explain(row_id: str, path: Path | None = None) -> dict:
+    """One row in full: the layout and settings it is priced under, the predicted step and its
+    breakdown, and (where the published figure gives a step time: tokens/s, iteration time) the
+    measured step time and what the model misses per transformer layer and micro-batch on a rank."""
+    rows = [r for r in csv.DictReader(open(path or data_path())) if r["id"] == row_id]
+    if not rows:
+        raise PiperError(f"{path or data_path()}: id: no row {row_id!r}")
+    row = rows[0]
+    m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
+    lay, est, i = _row_estimate(row, m, hw)
+    pred, _ = predict_row(row)
+    out = {"id": row_id, "metric": row["metric"], "published": float(row["value"]), "predicted": pred,
+           "source": row["source"], "notes": row["notes"]}
+    if lay is None:
+        return out
+    step = float(est.step_time_s[i])
+    out.update(layout=lay.model_dump(mode="json"), step_time_s=step,
+               time_breakdown_s={k: float(v[i]) for k, v in est.time.items()})
+    tok = _tokens_per_gpu(row)
+    measured = (lay.global_batch * lay.seq / (tok * lay.gpus) if tok
+                else float(row["value"]) if row["metric"] == "iteration_time_s" else None)
+    per = lay.microbatches * m.num_layers / lay.pp  # layer passes a rank runs per step
+    out["predicted_ms_per_layer_microbatch"] = 1e3 * step / per
+    if measured:
+        out["measured_step_time_s"] = measured
+        out["missing_ms_per_layer_microbatch"] = 1e3 * (measured - step) / per
+    return out
 
 
 def _desc(lay: Layout) -> str:

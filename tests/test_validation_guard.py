@@ -29,3 +29,16 @@ def test_moe_rows_do_not_regress(results):
 def test_dense_ranking_follows_measurement(results):
     g = summary(results)["groups"]["narayanan2021-table1"]
     assert g["kendall_tau"]["hw_tflops_per_gpu"] > 0.5
+
+
+def test_explain_gives_the_measured_step_and_the_per_layer_gap():
+    from piper_plan.validate import explain
+
+    d = explain("kor22-t5-22b-full")  # iteration_time_s: the published value is the step time
+    assert d["measured_step_time_s"] == 1.42
+    lay = d["layout"]
+    passes = lay["global_batch"] // (lay["dp"] * lay["mbs"]) * 48 / lay["pp"]  # gpt-22b: 48 layers
+    assert d["missing_ms_per_layer_microbatch"] == pytest.approx(1e3 * (1.42 - d["step_time_s"]) / passes)
+    assert sum(v for k, v in d["time_breakdown_s"].items() if k != "total") == pytest.approx(d["step_time_s"])
+    tok = explain("mb-dsv3-gb300-bf16")  # tokens/s rows: GBS x seq / (tok/s/GPU x GPUs)
+    assert tok["measured_step_time_s"] == pytest.approx(4096 * 4096 / (3848 * 256))
