@@ -22,7 +22,7 @@ Fp8 = Literal["none", "current", "mxfp8"]
 # Megatron-Core --recompute-modules (selective recompute): what each re-runs in the backward
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
-A2A = Literal["flat", "halo"]
+A2A = Literal["flat", "halo", "dedup"]
 Placement = Literal["packed", "spread"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
@@ -50,7 +50,9 @@ class Layout(BaseModel):
         "selective")
     sequence_parallel: bool = True
     zero: int = Field(1, ge=0, le=3)
-    a2a: A2A = "flat"
+    a2a: A2A = Field("flat", description="flat all-to-all; halo (piper-train's hierarchical exchange); dedup "
+                     "(DeepEP / HybridEP: each token crosses to a remote node once, then is forwarded to that "
+                     "node's experts over the scale-up links)")
     placement: Placement = "packed"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     attention_kernel: Literal["flash", "eager"] = Field(

@@ -86,13 +86,17 @@ def _settings(row) -> dict:
     Engine's compute streams unless NVTE_USE_CUTLASS_GROUPED_GEMM is set (TE docs, "Mixture of
     Experts": "one cuBLAS GEMM per expert is launched on a pool of CUDA streams"; the recipes do
     not set it); rows whose recipe sets moe_a2a_overlap=True (quoted in the notes) hide the
-    all-to-all behind another micro-batch's compute (Layout.a2a_overlap)."""
+    all-to-all behind another micro-batch's compute (Layout.a2a_overlap); rows run with the flex
+    dispatcher's DeepEP or HybridEP backend exchange tokens once per node (Layout.a2a dedup)."""
     group = row["group"]
     if group.startswith(("narayanan", "korthikanti")):
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
     egemm = "multistream" if group == "megatron-bridge-moe" else "grouped"
+    notes = row.get("notes", "")
+    # Megatron's flex dispatcher with DeepEP or HybridEP: token-level exchange (Layout.a2a dedup)
+    a2a = "dedup" if re.search(r"hybridep|deepep", notes, re.IGNORECASE) else "flat"
     return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True, expert_gemm=egemm,
-                a2a_overlap="moe_a2a_overlap=True" in row.get("notes", ""))
+                a2a_overlap="moe_a2a_overlap=True" in notes, a2a=a2a)
 
 
 def _layout(row) -> Layout:

@@ -51,6 +51,9 @@ def check_supported(plan: Plan, world: int) -> None:
     if lay.recompute == "selective" and tuple(lay.recompute_modules) != ("core_attn",):
         raise PiperError(f"plan.layout.recompute_modules: piper-train's selective recompute re-runs the attention "
                          f"core only, not {list(lay.recompute_modules)}; use ['core_attn']")
+    if lay.a2a == "dedup":
+        raise PiperError("plan.layout.a2a: piper-train runs the flat or HALO all-to-all, not DeepEP / HybridEP's "
+                         "'dedup'; use a2a flat or halo")
     if lay.fp8 != "none":
         raise PiperError(f"plan.layout.fp8: piper-train runs its GEMMs in layout.dtype, not FP8 ({lay.fp8!r}); "
                          "use fp8 none")

@@ -163,3 +163,25 @@ def test_halo_model_report(capsys):
     halo_model.render(r)
     assert "paper: 1.2-9x" in capsys.readouterr().out
     assert halo_model.main(["--hardware", "no-such-spec"]) == 2
+
+
+def test_token_level_exchange_sends_each_token_once_per_node():
+    """DeepEP / HybridEP (Layout.a2a dedup): a token crosses to a remote node once if any of its
+    top-k experts lives there: 1 - C(E - E/N, k)/C(E, k) per node, against k/N copies."""
+    from math import comb
+
+    from piper_plan.cost import comm
+    from piper_plan.specs.registry import load_hardware
+
+    E, k = 128, 8
+    for N in (2, 4, 8):
+        hit = 1 - comb(E - E // N, k) / comb(E, k)
+        assert comm.dedup_fraction(E, k, N) == pytest.approx(N * hit / k, rel=1e-12)
+    assert comm.dedup_fraction(E, k, 1) == 1.0
+    hw = load_hardware("dgx-h100")
+    nbytes = 4096 * k * 2048 * 2.0  # one rank's dispatch: tokens x top-k x hidden x bf16
+    halo = comm.a2a_halo(hw, nbytes, 16, 1)
+    dedup = comm.a2a_dedup(hw, nbytes, 16, 1, E, k)
+    assert dedup < 0.5 * halo  # 2 nodes: about a quarter of Phase II's bytes cross
+    # inside one node there is nothing to de-duplicate: the same as HALO (which is flat there)
+    assert comm.a2a_dedup(hw, nbytes, 8, 1, E, k) == pytest.approx(comm.a2a_halo(hw, nbytes, 8, 1))

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..layout import SCHEDULES, RECOMPUTES, Layout
 
-A2AS = ("flat", "halo")
+A2AS = ("flat", "halo", "dedup")
 PLACEMENTS = ("packed", "spread")
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8")
@@ -35,7 +35,7 @@ class LayoutBatch:
     """Column arrays, one entry per candidate layout (int64 unless noted).
 
     sched: index into layout.SCHEDULES; recompute: index into RECOMPUTES (0 none, 1 selective,
-    2 full); a2a: 0 flat, 1 halo; placement: 0 packed, 1 spread; sp, eager, dropout: bool."""
+    2 full); a2a: 0 flat, 1 halo, 2 dedup; placement: 0 packed, 1 spread; sp, eager, dropout: bool."""
 
     gpus: np.ndarray
     tp: np.ndarray

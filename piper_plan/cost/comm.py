@@ -89,7 +89,7 @@ def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
     return np.where(n > 1, t, 0.0)
 
 
-def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
+def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None, inter_scale=1.0):
     """HALO all-to-all time (see module docstring). `flat`: a2a_flat of the same arguments,
     if the caller has it already (HALO falls back to it when it cannot help).
 
@@ -103,14 +103,42 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     Phase III follows all of Phase II: the N-1 packs share the rank's NIC fairly, so they land
     together at its end (on the emulated rails of benchmarks/halo_netns.py, forwarding each
     pack as it landed ran within ~10 % of forwarding after all of them, and cost more
-    messages). Phase III also waits for Phase I, which holds the same intra links."""
+    messages). Phase III also waits for Phase I, which holds the same intra links.
+
+    inter_scale (<= 1): the share of Phase II's bytes that cross; a token-level exchange that
+    sends each token once per destination node (DeepEP, HybridEP: dedup_fraction) moves less
+    than the rank-level packs (piper-train's HALO keeps a row per destination rank)."""
     n = np.asarray(n)
     t1, t2_wire, t2_lat, t3, q, nodes = _halo_phases(hw, nbytes, n, stride)
-    t = np.maximum(t1, t2_wire + t2_lat) + t3
+    t = np.maximum(t1, t2_wire * inter_scale + t2_lat) + t3
     if flat is None:
         flat = a2a_flat(hw, nbytes, n, stride)
     # one node, or one member per node: HALO degenerates to the flat exchange
     return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
+
+
+def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int, flat=None):
+    """Token-level hierarchical all-to-all (DeepEP normal kernels, HybridEP): HALO's phases with
+    each token crossing once to every remote node that holds one of its experts (the DeepEP
+    README's NVLink-to-RDMA forwarding), so Phase II carries dedup_fraction of its bytes."""
+    n = np.asarray(n)
+    q = level_counts(hw, n, stride)[hw.scaleup_level].astype(float)
+    nodes = np.maximum(n / np.maximum(q, 1.0), 1.0)
+    return a2a_halo(hw, nbytes, n, stride, flat=flat, inter_scale=dedup_fraction(experts, top_k, nodes))
+
+
+def dedup_fraction(experts: int, top_k: int, nodes) -> np.ndarray:
+    """Bytes a token-level exchange sends to a remote node over those of a rank-level one, for
+    `experts` spread evenly over `nodes` and `top_k` distinct experts drawn uniformly per token:
+    a node receives the token once if any of its experts is picked, with probability
+    1 - C(E - E/N, k) / C(E, k), against k/N copies on average. 1 within one node."""
+    nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+    per_node = experts / nodes
+    i = np.arange(top_k, dtype=float)[:, None] if np.ndim(nodes) else np.arange(top_k, dtype=float)
+    # C(E - E/N, k) / C(E, k) = prod_i (E - E/N - i) / (E - i)
+    miss = np.prod(np.clip((experts - per_node - i) / (experts - i), 0.0, None), axis=0)
+    frac = nodes * (1.0 - miss) / top_k
+    return np.where(nodes > 1, np.minimum(frac, 1.0), 1.0)
 
 
 def _halo_phases(hw: HardwareSpec, nbytes, n, stride):

@@ -87,11 +87,15 @@ def _tp_allreduce(hw, lay, nbytes):
     return comm.ring_allreduce(hw, nbytes, lay.tp, 1)
 
 
-def _a2a(hw, lay, nbytes):
+def _a2a(hw, lay, nbytes, m: ModelSpec):
     stride = np.where(lay.placement == 0, 1, lay.edp)
     flat = comm.a2a_flat(hw, nbytes, lay.ep, stride)
     halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat)
-    return np.where(lay.a2a == 1, halo, flat)
+    out = np.where(lay.a2a == 1, halo, flat)
+    if (lay.a2a == 2).any():  # token-level (DeepEP / HybridEP)
+        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, m.moe.num_experts, m.moe.top_k, flat=flat)
+        out = np.where(lay.a2a == 2, dedup, out)
+    return out
 
 
 def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing | None = None,
@@ -546,11 +550,11 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         ovh = _layer_overhead(hw, "moe", dtype, len(lay))
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
         a2a_bytes = t / tp * m.moe.top_k * d * eb
-        a2a_one = _a2a(hw, lay, a2a_bytes) * imb  # the busiest rank receives imb×
+        a2a_one = _a2a(hw, lay, a2a_bytes, m) * imb  # the busiest rank receives imb×
         call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
         # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call
-        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a == 1, wire=a2a_one)
+        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one)
         # dispatch + combine each way; forward first exchanges the per-expert row counts
         # (a few bytes: only the call's fixed cost counts)
         # arrival skew (comm.skew): the forward's count exchange follows the attention, its combine
