@@ -183,5 +183,7 @@ def test_token_level_exchange_sends_each_token_once_per_node():
     halo = comm.a2a_halo(hw, nbytes, 16, 1)
     dedup = comm.a2a_dedup(hw, nbytes, 16, 1, E, k)
     assert dedup < 0.5 * halo  # 2 nodes: about a quarter of Phase II's bytes cross
-    # inside one node there is nothing to de-duplicate: the same as HALO (which is flat there)
-    assert comm.a2a_dedup(hw, nbytes, 8, 1, E, k) == pytest.approx(comm.a2a_halo(hw, nbytes, 8, 1))
+    # inside one node a token still goes once to each rank holding one of its experts
+    r = comm.dedup_fraction(E, k, 8)
+    assert r == pytest.approx(8 * (1 - comb(E - E // 8, k) / comb(E, k)) / k, rel=1e-12)
+    assert comm.a2a_dedup(hw, nbytes, 8, 1, E, k) == pytest.approx(float(comm.a2a_flat(hw, nbytes * r, 8, 1)))

@@ -117,21 +117,30 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None, inter_scale=1.0):
     return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
 
 
-def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int, flat=None):
-    """Token-level hierarchical all-to-all (DeepEP normal kernels, HybridEP): HALO's phases with
-    each token crossing once to every remote node that holds one of its experts (the DeepEP
-    README's NVLink-to-RDMA forwarding), so Phase II carries dedup_fraction of its bytes."""
+def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int):
+    """Token-level all-to-all (DeepEP normal kernels, HybridEP): a token goes once to each rank
+    holding one of its experts, not once per expert (dedup_fraction over the n ranks), and across
+    nodes once per destination node, forwarded inside it over the scale-up links (the DeepEP
+    README's NVLink-to-RDMA forwarding): HALO's phases with Phase II carrying the node-level
+    fraction and Phases I and III the rank-level one; inside one scale-up domain, the flat
+    exchange of the rank-level bytes. `nbytes` counts top-k copies, as for a2a_flat."""
     n = np.asarray(n)
     q = level_counts(hw, n, stride)[hw.scaleup_level].astype(float)
     nodes = np.maximum(n / np.maximum(q, 1.0), 1.0)
-    return a2a_halo(hw, nbytes, n, stride, flat=flat, inter_scale=dedup_fraction(experts, top_k, nodes))
+    per_rank = np.asarray(nbytes, dtype=float) * dedup_fraction(experts, top_k, n)
+    one_domain = (nodes <= 1) | (q <= 1)
+    t1, _, _, t3, _, _ = _halo_phases(hw, per_rank, n, stride)
+    _, t2_wire, t2_lat, _, _, _ = _halo_phases(hw, nbytes, n, stride)
+    t = np.maximum(t1, t2_wire * dedup_fraction(experts, top_k, nodes) + t2_lat) + t3
+    return np.where(one_domain, a2a_flat(hw, per_rank, n, stride), np.where(n > 1, t, 0.0))
 
 
 def dedup_fraction(experts: int, top_k: int, nodes) -> np.ndarray:
-    """Bytes a token-level exchange sends to a remote node over those of a rank-level one, for
-    `experts` spread evenly over `nodes` and `top_k` distinct experts drawn uniformly per token:
-    a node receives the token once if any of its experts is picked, with probability
-    1 - C(E - E/N, k) / C(E, k), against k/N copies on average. 1 within one node."""
+    """Bytes a token-level exchange sends to a destination (a node, or a rank) over those of an
+    expert-level one, for `experts` spread evenly over `nodes` destinations and `top_k` distinct
+    experts drawn uniformly per token: a destination receives the token once if any of its
+    experts is picked, with probability 1 - C(E - E/N, k) / C(E, k), against k/N copies on
+    average. 1 for a single destination."""
     nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
     per_node = experts / nodes
     i = np.arange(top_k, dtype=float)[:, None] if np.ndim(nodes) else np.arange(top_k, dtype=float)

@@ -93,7 +93,7 @@ def _a2a(hw, lay, nbytes, m: ModelSpec):
     halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat)
     out = np.where(lay.a2a == 1, halo, flat)
     if (lay.a2a == 2).any():  # token-level (DeepEP / HybridEP)
-        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, m.moe.num_experts, m.moe.top_k, flat=flat)
+        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, m.moe.num_experts, m.moe.top_k)
         out = np.where(lay.a2a == 2, dedup, out)
     return out
 
