@@ -207,8 +207,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     T_rep = (nd_p * nt["dense_layer"] + nm_p * nt["moe_replicated"] + emb_p * nt["embedding"]
              + head_p * (nt["final_norm"] + 1 - m.tied_embeddings * emb_p))
     T_exp = nm_p * nt["moe_experts"]
-    t_dp, t_opt = _dp_time(hw, lay, grp, pick(P_rep), pick(P_exp), eb, F, B, W, M,
-                           owned_tensors=_owned(lay, grp["edp"], T_rep, T_exp))
+    params = RankParams(pick(P_rep), pick(P_exp), _owned(lay, grp["edp"], T_rep, T_exp))
+    t_dp, t_opt = _dp_time(hw, lay, grp, params, eb, PipeWindow(F, B, W, M))
     host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp)
     t_dp, t_opt = t_dp + host_dp, t_opt + host_opt
 
@@ -315,10 +315,35 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t):
     return np.where(lay.unfused, copies, 0.0), np.where(lay.unfused, t_opt, 0.0)
 
 
-def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, F, B, W, M, owned_tensors):
-    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step for
-    the busiest rank's replicated (rep_pr) and expert (exp_pr) parameters, of which its
-    optimizer steps `owned_tensors` tensors."""
+@dataclass
+class RankParams:
+    """The busiest rank's parameters: replicated over dp (rep), expert ones replicated over the
+    expert-data-parallel group (exp), and the parameter tensors its optimizer steps (owned)."""
+    rep: np.ndarray
+    exp: np.ndarray
+    owned_tensors: np.ndarray
+
+
+@dataclass
+class PipeWindow:
+    """What the step overlaps the reduction with: the last micro-batch's forward, backward-input
+    and backward-weight seconds (F, B, W), and the micro-batches per step (M, for ZeRO-3)."""
+    F: np.ndarray
+    B: np.ndarray
+    W: np.ndarray
+    M: np.ndarray
+
+
+def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
+    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step."""
+    return _dp_comm_time(hw, lay, grp, p, eb, win), _optimizer_time(hw, lay, grp["edp"], p, eb)
+
+
+def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
+    """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
+    pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
+    rep_pr, exp_pr = p.rep, p.exp
+    F, B, W, M = win.F, win.B, win.W, win.M
     edp, edp_stride = grp["edp"], grp["edp_stride"]
     gb = np.where(eb == 4, 4.0, lay.grad_bytes)
     zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
@@ -343,6 +368,14 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
         dpn, edpn = lay.dp.astype(float), edp.astype(float)
         gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
         t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
+    return t_dp
+
+
+def _optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
+    """The optimizer step: clipping and AdamW over the rank's own parameters, plus an eager
+    runtime's flat-buffer copies."""
+    rep_pr, exp_pr = p.rep, p.exp
+    gb = np.where(eb == 4, 4.0, lay.grad_bytes)
     # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
     local = _owned(lay, edp, rep_pr, exp_pr)
     # global-norm clipping: read each gradient for its norm, then scale it (read + write);
@@ -353,7 +386,7 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
     # _single_tensor_adam over fp32 p, g, m, v) run 8 passes: decay p (r+w 8 B), m.lerp_(g) 12,
     # v.mul_ 8, v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, + eps 8, p.addcdiv_ 16
     per_param = np.where(lay.unfused, ADAMW_EAGER_BYTES, 2 * 12.0 + gb + eb)
-    t_cached, cached = _eager_adam_in_cache(hw, lay, local, owned_tensors)
+    t_cached, cached = _eager_adam_in_cache(hw, lay, local, p.owned_tensors)
     opt_bytes = np.where(cached, 0.0, local * per_param) + 3.0 * gb * grads
     # eager runtimes without contiguous gradient/parameter buffers (piper-train) also copy
     # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
@@ -363,8 +396,7 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep_pr, exp_pr, eb, 
     red = 16.0 * replicated + np.where(lay.dp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
     gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
     opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
-    t_opt = stream_time(hw, opt_bytes, 0) + t_cached
-    return t_dp, t_opt
+    return stream_time(hw, opt_bytes, 0) + t_cached
 
 
 def _eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):
