@@ -13,6 +13,12 @@ EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8")
 # Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
 RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8"}  # Layout.fp8 -> cost model compute dtype
+# local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
+# multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
+# multi_stream.cpp, num_compute_streams = 4)
+EXPERT_GEMM_STREAMS = np.array([0, 4, 1])
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def rc_bits(modules) -> int:
@@ -22,12 +28,6 @@ def rc_bits(modules) -> int:
 def recomputes(lay: "LayoutBatch", module: str) -> np.ndarray:
     """Whether each layout's backward re-runs `module` (selective recompute with it listed)."""
     return (lay.recompute == 1) & ((lay.rc_mods >> RC_MODULES.index(module)) & 1).astype(bool)
-FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8"}  # Layout.fp8 -> cost model compute dtype
-# local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
-# multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
-# multi_stream.cpp, num_compute_streams = 4)
-EXPERT_GEMM_STREAMS = np.array([0, 4, 1])
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 @dataclass
@@ -106,7 +106,8 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
         unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
-        a2a_overlap=col(lambda x: x.a2a_overlap), fp8=col(lambda x: FP8S.index(x.fp8)), overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
+        a2a_overlap=col(lambda x: x.a2a_overlap), fp8=col(lambda x: FP8S.index(x.fp8)),
+        overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
     )
 

@@ -89,7 +89,7 @@ def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
     return np.where(n > 1, t, 0.0)
 
 
-def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None, inter_scale=1.0):
+def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     """HALO all-to-all time (see module docstring). `flat`: a2a_flat of the same arguments,
     if the caller has it already (HALO falls back to it when it cannot help).
 
@@ -103,14 +103,10 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None, inter_scale=1.0):
     Phase III follows all of Phase II: the N-1 packs share the rank's NIC fairly, so they land
     together at its end (on the emulated rails of benchmarks/halo_netns.py, forwarding each
     pack as it landed ran within ~10 % of forwarding after all of them, and cost more
-    messages). Phase III also waits for Phase I, which holds the same intra links.
-
-    inter_scale (<= 1): the share of Phase II's bytes that cross; a token-level exchange that
-    sends each token once per destination node (DeepEP, HybridEP: dedup_fraction) moves less
-    than the rank-level packs (piper-train's HALO keeps a row per destination rank)."""
+    messages). Phase III also waits for Phase I, which holds the same intra links."""
     n = np.asarray(n)
     t1, t2_wire, t2_lat, t3, q, nodes = _halo_phases(hw, nbytes, n, stride)
-    t = np.maximum(t1, t2_wire * inter_scale + t2_lat) + t3
+    t = np.maximum(t1, t2_wire + t2_lat) + t3
     if flat is None:
         flat = a2a_flat(hw, nbytes, n, stride)
     # one node, or one member per node: HALO degenerates to the flat exchange

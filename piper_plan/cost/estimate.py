@@ -109,11 +109,11 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     if dtype == "fp32" and "fp32" not in hw.accelerator.peak_tflops:
         dtype = "bf16"
     mfu_dtype = dtype
-    fp8 = np.unique(lay.fp8)
-    if len(fp8) > 1:
+    fp8 = int(lay.fp8.max()) if len(lay) else 0
+    if len(lay) and int(lay.fp8.min()) != fp8:
         raise ValueError("evaluate: one FP8 recipe per batch (Layout.fp8 differs between layouts)")
-    if compute_dtype is None and len(fp8) and fp8[0]:
-        compute_dtype = FP8_COMPUTE[FP8S[int(fp8[0])]]
+    if compute_dtype is None and fp8:
+        compute_dtype = FP8_COMPUTE[FP8S[fp8]]
     dtype = compute_dtype or dtype
     n = len(lay)
     eb = lay.act_bytes.astype(float)
@@ -339,13 +339,18 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, w
     return _dp_comm_time(hw, lay, grp, p, eb, win), _optimizer_time(hw, lay, grp["edp"], p, eb)
 
 
+def _grad_bytes(lay: LayoutBatch, eb):
+    """Bytes per gradient element: fp32 runs keep fp32 gradients, others Layout.grad_dtype."""
+    return np.where(eb == 4, 4.0, lay.grad_bytes)
+
+
 def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
     """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
     pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
     rep_pr, exp_pr = p.rep, p.exp
     F, B, W, M = win.F, win.B, win.W, win.M
     edp, edp_stride = grp["edp"], grp["edp_stride"]
-    gb = np.where(eb == 4, 4.0, lay.grad_bytes)
+    gb = _grad_bytes(lay, eb)
     zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
     dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
     t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dp, lay.tp, zfrac, dp_span)
@@ -375,7 +380,7 @@ def _optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     """The optimizer step: clipping and AdamW over the rank's own parameters, plus an eager
     runtime's flat-buffer copies."""
     rep_pr, exp_pr = p.rep, p.exp
-    gb = np.where(eb == 4, 4.0, lay.grad_bytes)
+    gb = _grad_bytes(lay, eb)
     # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
     local = _owned(lay, edp, rep_pr, exp_pr)
     # global-norm clipping: read each gradient for its norm, then scale it (read + write);
