@@ -186,8 +186,12 @@ def _row_estimate(row, m, hw):
 
 def predict_row(row) -> tuple[float, str]:
     m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
+    return _row_value(row, m, *_row_estimate(row, m, hw))
+
+
+def _row_value(row, m, lay, est, i) -> tuple[float, str]:
+    """The row's metric from the estimate it is priced under (_row_estimate), and the layout."""
     metric = row["metric"]
-    lay, est, i = _row_estimate(row, m, hw)
     if lay is None:
         return float("nan"), "nothing fits"
     step = float(est.step_time_s[i])
@@ -223,7 +227,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     row = rows[0]
     m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
     lay, est, i = _row_estimate(row, m, hw)
-    pred, _ = predict_row(row)
+    pred, _ = _row_value(row, m, lay, est, i)
     out = {"id": row_id, "metric": row["metric"], "published": float(row["value"]), "predicted": pred,
            "source": row["source"], "notes": row["notes"]}
     if lay is None:
