@@ -25,6 +25,13 @@ from runtime_test_support import read_checkpoint  # noqa: E402
 
 STEPS = 3
 REL = 1e-5
+# weights after STEPS AdamW updates: Adam divides each gradient entry by its own running RMS, so
+# the rounding of reductions summed in another order than the reference's (tp2 without sequence
+# parallelism all-reduces row-parallel partial outputs) is not damped by the gradient's size.
+# Measured relative errors: <= 1.7e-6 in every case but tp2_dp2_ep4, whose worst weight is 1.02e-5
+# on this 2-core Xeon (the next worst 8.5e-6). An entry whose gradient is wrong moves by up to lr (3e-4) a
+# step, far above this bound; losses and gradient norms stay held to REL
+WEIGHT_REL = 3e-5
 
 
 def _hardware(gpus_per_node: int):
@@ -157,7 +164,7 @@ def test_schedule_matches_reference(runs, name):
     assert model_keys == set(ref_params)  # experts saved per logical id, nothing missing
     for k, v in ref_params.items():
         err = torch.linalg.vector_norm(ck[k] - v) / torch.linalg.vector_norm(v)
-        assert err < REL, f"{name}: {k} differs (relative {err:.2e})"
+        assert err < WEIGHT_REL, f"{name}: {k} differs (relative {err:.2e})"
 
 
 def test_tp_checkpoint_resumes_in_another_layout(runs):

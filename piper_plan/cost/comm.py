@@ -9,7 +9,9 @@ level; on a rail-optimised fabric traffic between different NIC indices also cro
 spine of `cross_rail_taper` × the NIC rate.
 
 Flat all-to-all: every byte goes straight to its destination; links of different levels
-run concurrently (time = the slowest), message set-up is paid per peer.
+run concurrently (time = the slowest), message set-up is paid per peer. Its bytes through the
+NICs move at efficiency.a2a_fanout of the NIC rate where a spec measures that the library's
+fan-out (a message to every remote peer at once) falls short of `comm` (RCCL on Slingshot).
 HALO (brief §3): Phase I intra-node exchange ‖ Phase II one pack per remote node to the
 same-index peer (stays on its rail), then Phase III forwards inside the node (a2a_halo).
 Times in seconds, bytes in bytes.
@@ -80,11 +82,16 @@ def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
     c, peers = _split(hw, n, stride)
     per = nbytes / np.maximum(n, 1)
     B = peers * per
-    _, lat, _ = _levels(hw)
+    _, lat, nic = _levels(hw)
     node = hw.scaleup_level  # NVL72-style fabrics span nodes without the NICs
     per_node = c[node]
     inter = B[node + 1:].sum(0) if node + 1 < len(hw.topology) else np.zeros_like(per)
     cross = inter * (1.0 - _same_rail_fraction(hw, per_node))
+    fan = hw.efficiency.a2a_fanout
+    if fan is not None:  # network bytes of a fan-out move at a2a_fanout, not comm, of the NIC rate
+        slow = hw.efficiency.comm / fan
+        B = B * np.where(_expand(nic, B.ndim - 1), slow, 1.0)
+        cross = cross * slow
     t = _bw_time(hw, B, cross) + (peers * _expand(lat, peers.ndim - 1)).sum(0)
     return np.where(n > 1, t, 0.0)
 

@@ -74,7 +74,8 @@ class Efficiency(_Optional):
     byte, so they dominate small models and vanish for large ones."""
 
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
-                        "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast")
+                        "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
+                        "a2a_fanout")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -98,6 +99,11 @@ class Efficiency(_Optional):
         "calibrate on CPUs, where the conversion kernel, not memory, sets the pace")
     kernel_overhead_us: float = Field(4.0, ge=0, description="fixed cost per kernel launch, us")
     comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
+    a2a_fanout: Optional[float] = Field(
+        None, gt=0, le=1, description="fraction of the NIC rate that the library's all-to-all reaches across "
+        "nodes when every rank posts a message to each of its remote peers at once (the fan-out of "
+        "NCCL/RCCL all_to_all; HALO's Phase II instead sends one pack to each remote node's same-index peer "
+        "and runs at `comm`); None: as `comm`")
     gemm_overhead_us: dict[str, float] = Field(
         default_factory=dict, description="extra fixed cost per GEMM call by dtype, us, on top of "
         "kernel_overhead_us (a CPU's bf16 GEMM repacks its operands on every call)")
