@@ -404,7 +404,7 @@ def validate_cmd(group, as_json, explain_id):
 
     from . import report
     from .validate import explain, run, summary
-    from .validate_kernels import gemm_check
+    from .validate_kernels import a2a_check, gemm_check
 
     if explain_id:
         d = explain(explain_id)
@@ -428,10 +428,10 @@ def validate_cmd(group, as_json, explain_id):
 
     res = run(group)
     summ = summary(res)
-    gemm = gemm_check()
+    gemm, a2a = gemm_check(), a2a_check()
     if as_json:
         click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
-                               "gemm_h100_xla": gemm}, indent=2))
+                               "gemm_h100_xla": gemm, "a2a_mcore_table7": a2a}, indent=2))
         return
     t = Table(title="predicted vs published")
     for c in ("id", "metric", "published", "predicted", "error", "layout"):
@@ -455,7 +455,15 @@ def validate_cmd(group, as_json, explain_id):
         x.add_column(c)
     for label, d in gemm.items():
         x.add_row(label, str(d["shapes"]), f"{d['median']:.2f}", f"{d['p10']:.2f}-{d['p90']:.2f}", f"{d['sum_ratio']:.2f}")
-    report.show([t, g, k, x])
+    a = Table(title="all-to-all model vs Megatron-Core's measured dispatch (MoE report Table 7: DeepSeek-V3 "
+                    "shapes, 4096 bf16 tokens a rank assumed)")
+    for c in ("hardware", "dispatcher", "EP", "scale-up domains", "measured dispatch us", "predicted us", "error"):
+        a.add_column(c)
+    for r in a2a:
+        a.add_row(r["hardware"], "NCCL all-to-all (flat)" if r["backend"] == "nccl" else "HybridEP (token-level)",
+                  str(r["ep"]), f"{r['domains']:g}", f"{r['dispatch_us']:g}", f"{r['predicted_us']:.0f}",
+                  f"{100 * (r['predicted_us'] / r['dispatch_us'] - 1):+.0f}%")
+    report.show([t, g, k, x, a])
     for size, d in summ["fig13_ratio"].items():
         click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
 

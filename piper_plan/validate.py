@@ -80,6 +80,9 @@ def _kind(row) -> str:
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
+MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report")  # Megatron-Core with Transformer Engine
+
+
 def _settings(row) -> dict:
     """What each source's software runs beyond the published layout. Megatron-Bridge: Megatron-Core's
     TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per local expert on Transformer
@@ -87,11 +90,12 @@ def _settings(row) -> dict:
     Experts": "one cuBLAS GEMM per expert is launched on a pool of CUDA streams"; the recipes do
     not set it); rows whose recipe sets moe_a2a_overlap=True (quoted in the notes) hide the
     all-to-all behind another micro-batch's compute (Layout.a2a_overlap); rows run with the flex
-    dispatcher's DeepEP or HybridEP backend exchange tokens once per node (Layout.a2a dedup)."""
+    dispatcher's DeepEP or HybridEP backend exchange tokens once per node (Layout.a2a dedup). The
+    Megatron-Core MoE report's rows run the same stack."""
     group = row["group"]
     if group.startswith(("narayanan", "korthikanti")):
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
-    egemm = "multistream" if group == "megatron-bridge-moe" else "grouped"
+    egemm = "multistream" if group in MEGATRON_GROUPS else "grouped"
     notes = row.get("notes", "")
     # Megatron's flex dispatcher with DeepEP or HybridEP: token-level exchange (Layout.a2a dedup)
     a2a = "dedup" if re.search(r"hybridep|deepep", notes, re.IGNORECASE) else "flat"

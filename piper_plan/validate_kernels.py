@@ -7,6 +7,13 @@ table XLA's GPU cost model interpolates). `gemm_check` prices each shape with
 kernels.gemm_time on the bundled dgx-h100 spec and reports predicted / measured time, by the
 shape's measured time: what the step model sees of large GEMMs (tens of µs and more) and
 where the roofline is known to miss (a few µs: split-K on few output tiles, short K loops).
+
+validation/a2a_mcore_table7.csv: dispatch and combine latencies of Megatron-Core's NCCL
+all-to-all dispatcher and of HybridEP on H100 and GB200 at EP 8-64 (the Megatron-Core MoE
+report's Table 7: hidden 7168, sequence 4096, 256 experts). `a2a_check` prices one dispatch
+with comm.a2a_flat / comm.a2a_dedup for DeepSeek-V3's routing (the bundled spec: top-8,
+group-limited to 4 of 8 groups) and one sequence of 4096 bf16 tokens per rank; the report
+states neither tokens per rank, top-k nor dtype, so those are the case study's (§4.2.2).
 """
 from __future__ import annotations
 
@@ -15,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .cost import comm
 from .cost.kernels import gemm_time
-from .specs.registry import load_hardware
+from .specs.registry import load_hardware, load_model
 
 TIME_CLASSES_US = ((0.0, 20.0), (20.0, 100.0), (100.0, float("inf")))
 
@@ -42,4 +50,30 @@ def gemm_check(path: Path | None = None, hardware: str = "dgx-h100") -> dict:
             out[label] = {"shapes": int(sel.sum()), "median": float(np.median(ratio[sel])),
                           "p10": float(np.percentile(ratio[sel], 10)), "p90": float(np.percentile(ratio[sel], 90)),
                           "sum_ratio": float(predicted[sel].sum() / measured[sel].sum())}
+    return out
+
+
+def a2a_table_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "validation" / "a2a_mcore_table7.csv"
+
+
+def a2a_check(path: Path | None = None, tokens: int = 4096, elt_bytes: float = 2.0) -> list[dict]:
+    """One row per (hardware, backend, EP): measured dispatch / combine µs and the model's
+    one-dispatch µs (combine moves the same bf16 bytes back). NCCL rows are priced as the flat
+    exchange, HybridEP rows as the token-level one (Layout.a2a dedup)."""
+    m = load_model("deepseek-v3")
+    mo = m.moe
+    groups = (mo.route_groups, mo.route_group_limit) if mo.group_limited else (1, 1)
+    nbytes = tokens * mo.top_k * m.hidden_size * elt_bytes
+    out = []
+    for r in csv.DictReader(open(path or a2a_table_path())):
+        hw, ep = load_hardware(r["hardware_spec"]), int(r["ep"])
+        if r["backend"] == "nccl":
+            t = comm.a2a_flat(hw, nbytes, ep, 1)
+        else:
+            t = comm.a2a_dedup(hw, nbytes, ep, 1, mo.num_experts, mo.top_k, *groups)
+        nodes = ep / max(1, min(ep, hw.topology[hw.scaleup_level].size))
+        out.append({"hardware": r["hardware_spec"], "backend": r["backend"], "ep": ep, "domains": nodes,
+                    "dispatch_us": float(r["dispatch_us"]), "combine_us": float(r["combine_us"]),
+                    "predicted_us": float(t) * 1e6})
     return out

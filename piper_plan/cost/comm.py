@@ -22,6 +22,7 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from .batch import distinct_rows
+from .routing import dedup_fraction  # noqa: F401  (comm.dedup_fraction: the token-level byte share)
 
 
 def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
@@ -52,6 +53,12 @@ def _bw_time(hw: HardwareSpec, per_level_bytes: np.ndarray, cross_rail_bytes=0.0
     """Bandwidth time when each level carries per_level_bytes[j] (from one rank) concurrently."""
     bw, _, nic = _levels(hw)
     nd = per_level_bytes.ndim - 1
+    if any(lv.shared_links for lv in hw.topology):  # a level riding the next one's links adds to its bytes
+        per_level_bytes = np.array(per_level_bytes, dtype=float)
+        for j, lv in enumerate(hw.topology):
+            if lv.shared_links:
+                per_level_bytes[j + 1] += per_level_bytes[j]
+                per_level_bytes[j] = 0.0
     bwx, nicx = _expand(bw, nd), _expand(nic, nd)
     # NIC-carried bytes at level j and above all pass level j's (tapered) NIC bottleneck
     above = np.flip(np.cumsum(np.flip(per_level_bytes * nicx, 0), 0), 0)
@@ -120,37 +127,24 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
 
 
-def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int):
+def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int, groups: int = 1, limit: int = 1):
     """Token-level all-to-all (DeepEP normal kernels, HybridEP): a token goes once to each rank
     holding one of its experts, not once per expert (dedup_fraction over the n ranks), and across
     nodes once per destination node, forwarded inside it over the scale-up links (the DeepEP
     README's NVLink-to-RDMA forwarding): HALO's phases with Phase II carrying the node-level
     fraction and Phases I and III the rank-level one; inside one scale-up domain, the flat
-    exchange of the rank-level bytes. `nbytes` counts top-k copies, as for a2a_flat."""
+    exchange of the rank-level bytes. `nbytes` counts top-k copies, as for a2a_flat; `groups`,
+    `limit`: group-limited routing (ModelSpec.moe.route_groups / route_group_limit), which
+    confines a token to fewer ranks and nodes."""
     n = np.asarray(n)
     q = level_counts(hw, n, stride)[hw.scaleup_level].astype(float)
     nodes = np.maximum(n / np.maximum(q, 1.0), 1.0)
-    per_rank = np.asarray(nbytes, dtype=float) * dedup_fraction(experts, top_k, n)
+    per_rank = np.asarray(nbytes, dtype=float) * dedup_fraction(experts, top_k, n, groups, limit)
     one_domain = (nodes <= 1) | (q <= 1)
     t1, _, _, t3, _, _ = _halo_phases(hw, per_rank, n, stride)
     _, t2_wire, t2_lat, _, _, _ = _halo_phases(hw, nbytes, n, stride)
-    t = np.maximum(t1, t2_wire * dedup_fraction(experts, top_k, nodes) + t2_lat) + t3
+    t = np.maximum(t1, t2_wire * dedup_fraction(experts, top_k, nodes, groups, limit) + t2_lat) + t3
     return np.where(one_domain, a2a_flat(hw, per_rank, n, stride), np.where(n > 1, t, 0.0))
-
-
-def dedup_fraction(experts: int, top_k: int, nodes) -> np.ndarray:
-    """Bytes a token-level exchange sends to a destination (a node, or a rank) over those of an
-    expert-level one, for `experts` spread evenly over `nodes` destinations and `top_k` distinct
-    experts drawn uniformly per token: a destination receives the token once if any of its
-    experts is picked, with probability 1 - C(E - E/N, k) / C(E, k), against k/N copies on
-    average. 1 for a single destination."""
-    nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
-    per_node = experts / nodes
-    i = np.arange(top_k, dtype=float)[:, None] if np.ndim(nodes) else np.arange(top_k, dtype=float)
-    # C(E - E/N, k) / C(E, k) = prod_i (E - E/N - i) / (E - i)
-    miss = np.prod(np.clip((experts - per_node - i) / (experts - i), 0.0, None), axis=0)
-    frac = nodes * (1.0 - miss) / top_k
-    return np.where(nodes > 1, np.minimum(frac, 1.0), 1.0)
 
 
 def _halo_phases(hw: HardwareSpec, nbytes, n, stride):

@@ -93,7 +93,9 @@ def _a2a(hw, lay, nbytes, m: ModelSpec):
     halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat)
     out = np.where(lay.a2a == 1, halo, flat)
     if (lay.a2a == 2).any():  # token-level (DeepEP / HybridEP)
-        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, m.moe.num_experts, m.moe.top_k)
+        mo = m.moe
+        groups = (mo.route_groups, mo.route_group_limit) if mo.group_limited else (1, 1)
+        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, mo.num_experts, mo.top_k, *groups)
         out = np.where(lay.a2a == 2, dedup, out)
     return out
 
@@ -170,13 +172,17 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # dualpipev, and Megatron-Core's EP overlap (Layout.a2a_overlap: a micro-batch's forward runs
     # beside another's backward), hide the all-to-all behind the other micro-batch's compute
     overlapped = dualpipe | lay.a2a_overlap
-    comp_t, comm_t, a2a_per_mb, hidden_of, totals = {}, {}, {}, {}, {}
+    # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
+    # compute beside it runs on the rest, which costs `held` of its speed for that long
+    held = hw.efficiency.overlap_comm_units / hw.accelerator.compute_units
+    comp_t, comm_t, a2a_per_mb, hidden_of, slow_of, totals = {}, {}, {}, {}, {}, {}
     for r, (nd, nm) in roles.items():
         comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
         a2a_per_mb[r] = lc["a2a_layer"] * nm
         hidden_of[r] = np.where(overlapped, np.minimum(a2a_per_mb[r], comp_t[r]), 0.0)
-        totals[r] = comp_t[r] + comm_t[r] - hidden_of[r]
+        slow_of[r] = held * hidden_of[r]
+        totals[r] = comp_t[r] + comm_t[r] - hidden_of[r] + slow_of[r]
     peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
     mids = np.maximum(lay.pp - 2, 0).astype(float)
     mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
@@ -246,7 +252,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     p2p_step = M * p2p_one * rank_chunks * 2
     tp_step = M * pick(comm_t) - a2a_step - p2p_step
     a2a_step = a2a_step - M * pick(hidden_of)  # what stays exposed: the components add up to the step
-    compute_step = M * comp_total
+    compute_step = M * (comp_total + pick(slow_of))
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
             "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt, "migration": t_mig,

@@ -8,27 +8,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import Field, model_validator
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Optional(_Strict):
-    """A strict model whose `_OMIT_AT_DEFAULT` fields are left out of its dump while they
-    hold their neutral default, so specs written before those fields existed dump (and
-    hash, plan.spec_hash) exactly as they did."""
-
-    _OMIT_AT_DEFAULT: tuple[str, ...] = ()
-
-    @model_serializer(mode="wrap")
-    def _omit(self, handler):
-        d = handler(self)
-        for k in self._OMIT_AT_DEFAULT:
-            if k in d and getattr(self, k) == type(self).model_fields[k].get_default(call_default_factory=True):
-                del d[k]
-        return d
+from .base import _Optional, _Strict
 
 
 class Accelerator(_Optional):
@@ -75,7 +57,7 @@ class Efficiency(_Optional):
 
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
-                        "a2a_fanout")
+                        "a2a_fanout", "overlap_comm_units")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -104,6 +86,10 @@ class Efficiency(_Optional):
         "nodes when every rank posts a message to each of its remote peers at once (the fan-out of "
         "NCCL/RCCL all_to_all; HALO's Phase II instead sends one pack to each remote node's same-index peer "
         "and runs at `comm`); None: as `comm`")
+    overlap_comm_units: int = Field(
+        0, ge=0, description="compute units (SMs) the communication kernels of an all-to-all hold while it runs "
+        "beside compute (Layout.a2a_overlap, dualpipev): that compute runs on the other units, so each second "
+        "of hidden all-to-all costs units_held / compute_units seconds of compute. 0: not measured")
     gemm_overhead_us: dict[str, float] = Field(
         default_factory=dict, description="extra fixed cost per GEMM call by dtype, us, on top of "
         "kernel_overhead_us (a CPU's bf16 GEMM repacks its operands on every call)")
@@ -154,16 +140,22 @@ class Efficiency(_Optional):
         return self
 
 
-class Level(_Strict):
+class Level(_Optional):
     """One topology level: a domain of `size` GPUs. Traffic between two GPUs is carried by
     the smallest level containing both. Intra-node levels give their own per-GPU link
-    bandwidth; levels above the node go through the NICs (`via_nic`), possibly tapered."""
+    bandwidth (unless `shared_links`); levels above the node go through the NICs (`via_nic`),
+    possibly tapered."""
+
+    _OMIT_AT_DEFAULT = ("shared_links",)
 
     name: str
     size: int = Field(..., ge=1, description="GPUs in one domain of this level")
     bandwidth_gbps: Optional[float] = Field(None, gt=0, description="per-GPU, per-direction GB/s (levels not via_nic: "
                                             "inside a node, or a scale-up fabric such as NVL72)")
     via_nic: bool = Field(False, description="traffic leaves the node through the NICs")
+    shared_links: bool = Field(False, description="this level's traffic crosses the same per-GPU links as the "
+                               "next level's (GB200 NVL72: the GPUs of one compute tray reach each other "
+                               "through the NVLink switches too), so the two share one bandwidth budget")
     taper: float = Field(1.0, gt=0, le=1, description="fraction of NIC injection bandwidth available at this level")
     latency_us: float = Field(..., ge=0, description="one-message latency, us")
     source: str = ""
@@ -207,7 +199,9 @@ class HardwareSpec(_Strict):
         if self.gpus_per_node not in sizes:
             raise ValueError(f"one topology level must be the node (size {self.gpus_per_node}); sizes are {sizes}")
         seen_nic = False
-        for lv in self.topology:
+        for i, lv in enumerate(self.topology):
+            if lv.shared_links and (lv.via_nic or i + 1 == len(self.topology) or self.topology[i + 1].via_nic):
+                raise ValueError(f"level {lv.name!r}: shared_links needs a next level that is not via_nic")
             inter = lv.size > self.gpus_per_node
             if not inter and lv.via_nic:
                 raise ValueError(f"level {lv.name!r} is inside a node and cannot be via_nic")

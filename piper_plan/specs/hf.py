@@ -184,10 +184,29 @@ def _deepseek(c: _Cfg) -> dict:
         raise c._err("scoring_func", f"expected softmax or sigmoid, got {scoring!r}")
     shared = c.get("n_shared_experts", default=0, min_value=0)
     moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
-                     every, router=scoring, **({"shared_experts": shared} if shared else {}))
+                     every, router=scoring, **({"shared_experts": shared} if shared else {}), **_route_groups(c))
     out = _with_layers(out, moe, dense, c, "intermediate_size")
     out["tied_embeddings"] = _tied(c, False)
     return out
+
+
+def _route_groups(c: _Cfg) -> dict:
+    """DeepSeek's group-limited routing (modelling code: topk_method group_limited_greedy in V2,
+    noaux_tc in V3): the routed experts form n_group groups of consecutive ids and a token picks
+    its experts inside its topk_group best groups. "greedy" (V2-Lite) routes over all experts."""
+    method = c.get("topk_method", str, default="greedy")
+    if method not in ("group_limited_greedy", "noaux_tc"):
+        return {}
+    groups, limit = c.get("n_group", default=1), c.get("topk_group", default=1)
+    experts, k = c.get("n_routed_experts"), c.get("num_experts_per_tok")
+    if experts % groups:
+        raise c._err("n_group", f"must divide n_routed_experts ({experts}), got {groups}")
+    if limit > groups:
+        raise c._err("topk_group", f"must not exceed n_group ({groups}), got {limit}")
+    if limit * experts // groups < k:
+        raise c._err("topk_group", f"{limit} groups of {experts // groups} experts hold fewer than "
+                                   f"num_experts_per_tok ({k})")
+    return dict(route_groups=groups, route_group_limit=limit) if limit < groups else {}
 
 
 def _llama(c: _Cfg) -> dict:

@@ -8,11 +8,9 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from .base import _Optional, _Strict
 
 
 class MLASpec(_Strict):
@@ -25,7 +23,9 @@ class MLASpec(_Strict):
     v_head_dim: int = Field(..., ge=1)
 
 
-class MoESpec(_Strict):
+class MoESpec(_Optional):
+    _OMIT_AT_DEFAULT = ("route_groups", "route_group_limit")
+
     num_experts: int = Field(..., ge=1, description="routed experts per MoE layer")
     top_k: int = Field(..., ge=1)
     expert_ffn_size: int = Field(..., ge=1, description="hidden width of one routed expert")
@@ -34,12 +34,32 @@ class MoESpec(_Strict):
     gated: bool = Field(True, description="3-matrix SwiGLU expert (true) or 2-matrix up/down expert (false)")
     router: Literal["softmax", "sigmoid"] = "softmax"
     every: int = Field(1, ge=1, description="an MoE layer every N layers after the leading dense ones (Llama 4 Maverick: 2)")
+    route_groups: Optional[int] = Field(
+        None, ge=1, description="group-limited routing (DeepSeek-V2/V3 n_group): the experts form this many "
+        "groups of consecutive ids, and a token's top-k experts come from route_group_limit of them")
+    route_group_limit: Optional[int] = Field(None, ge=1, description="groups a token may route to (topk_group)")
 
     @model_validator(mode="after")
     def _k(self):
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
+        if (self.route_groups is None) != (self.route_group_limit is None):
+            raise ValueError("route_groups and route_group_limit go together")
+        if self.route_groups is not None:
+            if self.num_experts % self.route_groups:
+                raise ValueError(f"route_groups ({self.route_groups}) must divide num_experts ({self.num_experts})")
+            if self.route_group_limit > self.route_groups:
+                raise ValueError(f"route_group_limit ({self.route_group_limit}) exceeds route_groups "
+                                 f"({self.route_groups})")
+            if self.route_group_limit * self.num_experts // self.route_groups < self.top_k:
+                raise ValueError(f"route_group_limit ({self.route_group_limit}) groups hold fewer than top_k "
+                                 f"({self.top_k}) experts")
         return self
+
+    @property
+    def group_limited(self) -> bool:
+        """Routing confines a token to fewer groups than there are."""
+        return self.route_groups is not None and self.route_group_limit < self.route_groups
 
     @property
     def shared_ffn(self) -> int:

@@ -1,0 +1,25 @@
+"""Base classes of the spec models: strict (unknown keys are errors, instances frozen), and
+strict with fields left out of the dump while they hold their neutral default."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, model_serializer
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Optional(_Strict):
+    """A strict model whose `_OMIT_AT_DEFAULT` fields are left out of its dump while they
+    hold their neutral default, so specs written before those fields existed dump (and
+    hash, plan.spec_hash) exactly as they did."""
+
+    _OMIT_AT_DEFAULT: tuple[str, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit(self, handler):
+        d = handler(self)
+        for k in self._OMIT_AT_DEFAULT:
+            if k in d and getattr(self, k) == type(self).model_fields[k].get_default(call_default_factory=True):
+                del d[k]
+        return d
