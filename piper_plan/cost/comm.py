@@ -22,7 +22,7 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from .batch import distinct_rows
-from .routing import dedup_fraction  # noqa: F401  (comm.dedup_fraction: the token-level byte share)
+from .routing import dedup_fraction
 
 
 def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
