@@ -76,6 +76,9 @@ def hardware_detail(h: HardwareSpec) -> list[Table]:
                  ("peak TFLOP/s", ", ".join(f"{k}={v:g}" for k, v in a.peak_tflops.items())),
                  ("HBM", f"{a.memory_bandwidth_gbps:g} GB/s"), ("compute units", str(a.compute_units)),
                  ("efficiency gemm/attention/memory/comm", f"{e.gemm} / {e.attention} / {e.memory} / {e.comm}"),
+                 ("other efficiency figures", ", ".join(f"{k}={v}" for k, v in e.model_dump(mode="json").items()
+                                                         if k not in ("gemm", "attention", "memory", "comm", "source")
+                                                         and v not in ({}, 0, None))),
                  ("efficiency source", e.source),
                  ("NICs", f"{h.network.nics_per_node} × {h.network.nic_gbps:g} GB/s per node "
                           f"({h.nic_gbps_per_gpu:g} GB/s per GPU)")]:
@@ -84,7 +87,8 @@ def hardware_detail(h: HardwareSpec) -> list[Table]:
     for c in ("level", "GPUs", "GB/s per GPU", "latency us", "source"):
         lv.add_column(c)
     for i, L in enumerate(h.topology):
-        lv.add_row(L.name, str(L.size), f"{h.level_bandwidth_gbps(i):g}" + (" (NIC)" if L.via_nic else ""),
+        shared = f" (links shared with {h.topology[i + 1].name})" if L.shared_links else ""
+        lv.add_row(L.name, str(L.size), f"{h.level_bandwidth_gbps(i):g}" + (" (NIC)" if L.via_nic else "") + shared,
                    f"{L.latency_us:g}", L.source)
     return [t, lv]
 

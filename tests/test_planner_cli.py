@@ -184,6 +184,9 @@ def test_list_and_show_spec_render_derived_figures():
     assert code == 0 and "routed experts (8, top-2)" in out and "46.70B" in out
     code, out, _ = run("show-spec", "frontier")
     assert code == 0 and "12.5 (NIC)" in out  # 4 × 25 GB/s NICs shared by 8 GCDs
+    assert "a2a_fanout=0.26" in out  # every figure the model prices is on show
+    code, out, _ = run("show-spec", "gb200-nvl72")
+    assert code == 0 and "links shared with nvl72" in out and "overlap_comm_units=20" in out
     code, out, _ = run("show-spec", "nope")
     assert code == 2 and "not a file and not a bundled model" in out
 
