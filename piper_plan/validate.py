@@ -95,8 +95,10 @@ def _settings(row) -> dict:
     group = row["group"]
     if group.startswith(("narayanan", "korthikanti")):
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
-    egemm = "multistream" if group in MEGATRON_GROUPS else "grouped"
     notes = row.get("notes", "")
+    # TE's fused grouped MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, Blackwell) is one grouped kernel
+    fused = "CUTEDSL_FUSED_GROUPED_MLP=1" in notes
+    egemm = "multistream" if group in MEGATRON_GROUPS and not fused else "grouped"
     # Megatron's flex dispatcher with DeepEP or HybridEP: token-level exchange (Layout.a2a dedup)
     a2a = "dedup" if re.search(r"hybridep|deepep", notes, re.IGNORECASE) else "flat"
     return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True, expert_gemm=egemm,
