@@ -63,16 +63,17 @@ def a2a_check(path: Path | None = None, tokens: int = 4096, elt_bytes: float = 2
     exchange, HybridEP rows as the token-level one (Layout.a2a dedup)."""
     m = load_model("deepseek-v3")
     mo = m.moe
-    groups = (mo.route_groups, mo.route_group_limit) if mo.group_limited else (1, 1)
     nbytes = tokens * mo.top_k * m.hidden_size * elt_bytes
+    rows = list(csv.DictReader(open(path or a2a_table_path())))
+    specs = {name: load_hardware(name) for name in {r["hardware_spec"] for r in rows}}
     out = []
-    for r in csv.DictReader(open(path or a2a_table_path())):
-        hw, ep = load_hardware(r["hardware_spec"]), int(r["ep"])
+    for r in rows:
+        hw, ep = specs[r["hardware_spec"]], int(r["ep"])
         if r["backend"] == "nccl":
             t = comm.a2a_flat(hw, nbytes, ep, 1)
         else:
-            t = comm.a2a_dedup(hw, nbytes, ep, 1, mo.num_experts, mo.top_k, *groups)
-        nodes = ep / max(1, min(ep, hw.topology[hw.scaleup_level].size))
+            t = comm.a2a_dedup(hw, nbytes, ep, 1, mo.num_experts, mo.top_k, *mo.routing_groups)
+        nodes = ep / float(comm.level_counts(hw, ep, 1)[hw.scaleup_level])  # scale-up domains the group spans
         out.append({"hardware": r["hardware_spec"], "backend": r["backend"], "ep": ep, "domains": nodes,
                     "dispatch_us": float(r["dispatch_us"]), "combine_us": float(r["combine_us"]),
                     "predicted_us": float(t) * 1e6})

@@ -94,8 +94,7 @@ def _a2a(hw, lay, nbytes, m: ModelSpec):
     out = np.where(lay.a2a == 1, halo, flat)
     if (lay.a2a == 2).any():  # token-level (DeepEP / HybridEP)
         mo = m.moe
-        groups = (mo.route_groups, mo.route_group_limit) if mo.group_limited else (1, 1)
-        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, mo.num_experts, mo.top_k, *groups)
+        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, mo.num_experts, mo.top_k, *mo.routing_groups)
         out = np.where(lay.a2a == 2, dedup, out)
     return out
 

@@ -62,6 +62,12 @@ class MoESpec(_Optional):
         return self.route_groups is not None and self.route_group_limit < self.route_groups
 
     @property
+    def routing_groups(self) -> tuple[int, int]:
+        """(groups, groups a token may use) as the routing cost functions take them (cost.routing):
+        (1, 1) when routing is not group-limited."""
+        return (self.route_groups, self.route_group_limit) if self.group_limited else (1, 1)
+
+    @property
     def shared_ffn(self) -> int:
         return self.shared_expert_ffn_size or self.expert_ffn_size
 
