@@ -397,8 +397,11 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--explain", "explain_id", default=None, help="one row in full: its settings, predicted breakdown "
               "and what the model misses per layer and micro-batch")
+@click.option("--sensitivity", is_flag=True, help="the errors per kind again with each family of hardware "
+              "efficiencies scaled (x0.8, x1.25) and with all compute efficiencies scaled together (about 20 "
+              "passes over the rows)")
 @one_line_errors
-def validate_cmd(group, as_json, explain_id):
+def validate_cmd(group, as_json, explain_id, sensitivity):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
@@ -406,6 +409,9 @@ def validate_cmd(group, as_json, explain_id):
     from .validate import explain, run, summary
     from .validate_kernels import a2a_check, gemm_check
 
+    if sensitivity:
+        _show_sensitivity(group, as_json)
+        return
     if explain_id:
         d = explain(explain_id)
         if as_json:
@@ -434,10 +440,12 @@ def validate_cmd(group, as_json, explain_id):
                                "gemm_h100_xla": gemm, "a2a_mcore_table7": a2a}, indent=2))
         return
     t = Table(title="predicted vs published")
-    for c in ("id", "metric", "published", "predicted", "error", "layout"):
+    for c in ("id", "metric", "published", "predicted", "error", "missed ms/layer·µb", "layout"):
         t.add_column(c)
     for r in res:
-        t.add_row(r.id, r.metric, f"{r.published:g}", f"{r.predicted:.4g}", f"{r.error_pct:+.1f}%", r.layout)
+        gap = r.missing_ms_per_layer_microbatch
+        t.add_row(r.id, r.metric, f"{r.published:g}", f"{r.predicted:.4g}", f"{r.error_pct:+.1f}%",
+                  "" if gap is None else f"{gap:+.2f}", r.layout)
     g = Table(title="per group (out-of-sample)")
     for c in ("group", "rows", "MAPE", "max |err|", "Kendall tau"):
         g.add_column(c)
@@ -466,6 +474,26 @@ def validate_cmd(group, as_json, explain_id):
     report.show([t, g, k, x, a])
     for size, d in summ["fig13_ratio"].items():
         click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
+
+
+def _show_sensitivity(group, as_json):
+    from rich.table import Table
+
+    from . import report
+    from .validate_sensitivity import compute_scan, sensitivity
+
+    rows = sensitivity(group=group) + compute_scan(group=group)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    kinds = [k for k in ("dense", "memory", "moe") if k in rows[0]]
+    t = Table(title="errors with the hardware efficiencies scaled (factor > 1: faster kernels / links)")
+    for c in ("efficiencies", "factor", *(f"{k} MAPE / max / within" for k in kinds)):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["family"], f"{r['factor']:g}", *(f"{r[k]['mape']:.1f}% / {r[k]['max_abs_pct']:.1f}% / "
+                                                     f"{r[k]['within_target_max']} of {r[k]['rows']}" for k in kinds))
+    report.show([t])
 
 
 def _register_optional():

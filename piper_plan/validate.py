@@ -64,6 +64,9 @@ class Result:
     predicted: float
     layout: str
     fit: bool
+    # what the model misses per transformer layer and micro-batch on a rank, in ms, where the
+    # published figure fixes a step time (tokens/s, iteration time); None otherwise (_step_gap)
+    missing_ms_per_layer_microbatch: float | None = None
 
     @property
     def error_pct(self) -> float:
@@ -168,11 +171,17 @@ def _xmoe_flops_per_token(m, seq: int) -> float:
     return 6.0 * macs
 
 
+def _searched(row) -> bool:
+    """Whether a row compares the best layout the search finds (planner's choice; X-MoE rows
+    without a published layout) rather than a published layout."""
+    return row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"])
+
+
 def _row_estimate(row, m, hw):
     """(layout, Estimate, index) a row is predicted under: the published layout run as its
     source's software runs it, or for "planner's choice" rows the best plan the search finds
     (layout None when nothing fits)."""
-    if row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"]):
+    if _searched(row):
         seq = _i(row["seq"])
         gpus = _i(row["gpus"])
         gbs = round_batch(default_global_batch(seq), gpus)
@@ -195,13 +204,48 @@ def predict_row(row) -> tuple[float, str]:
     return _row_value(row, m, *_row_estimate(row, m, hw))
 
 
+def _measured_step(row, m, lay: Layout) -> float | None:
+    """The step time (s) a published figure fixes: tokens/s/GPU in the notes, an iteration
+    time, or a TFLOPS figure under its source's own FLOP count (Narayanan's eq. 3, X-MoE's
+    calculator); None for memory rows and TFLOPS under our count."""
+    tok = _tokens_per_gpu(row)
+    value, metric = float(row["value"]), row["metric"]
+    tokens = lay.global_batch * lay.seq
+    if tok:
+        return tokens / (tok * lay.gpus)
+    if metric == "iteration_time_s":
+        return value
+    if metric == "hw_tflops_per_gpu":
+        return _narayanan_flops(row) / (value * 1e12 * lay.gpus)
+    if metric == "model_tflops_per_gpu" and row["group"] == "xmoe2025":
+        return _xmoe_flops_per_token(m, lay.seq) * tokens / (value * 1e12 * lay.gpus)
+    return None
+
+
+def _step_gap(row, m, lay, est, i) -> dict:
+    """Where the published figure fixes a step time (_measured_step): the measured step (s), and the predicted and missing (measured −
+    predicted) ms per transformer layer and micro-batch on a rank — the unit in which a
+    per-layer cost the model lacks (host launches, a kernel it does not price) shows up
+    whatever the batch. Planner's-choice rows compare a searched layout: no gap."""
+    if lay is None or _searched(row):
+        return {}
+    step = float(est.step_time_s[i])
+    per = lay.microbatches * m.num_layers / lay.pp  # layer passes a rank runs per step
+    out = {"predicted_ms_per_layer_microbatch": 1e3 * step / per}
+    measured = _measured_step(row, m, lay)
+    if measured:
+        out["measured_step_time_s"] = measured
+        out["missing_ms_per_layer_microbatch"] = 1e3 * (measured - step) / per
+    return out
+
+
 def _row_value(row, m, lay, est, i) -> tuple[float, str]:
     """The row's metric from the estimate it is priced under (_row_estimate), and the layout."""
     metric = row["metric"]
     if lay is None:
         return float("nan"), "nothing fits"
     step = float(est.step_time_s[i])
-    if row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"]):
+    if _searched(row):
         return float(est.tflops_per_gpu[i]), _desc(lay)  # the searched plan's own model TFLOPS
     if metric == "hw_tflops_per_gpu":
         return _narayanan_flops(row) / step / lay.gpus / 1e12, _desc(lay)
@@ -238,17 +282,9 @@ def explain(row_id: str, path: Path | None = None) -> dict:
            "source": row["source"], "notes": row["notes"]}
     if lay is None:
         return out
-    step = float(est.step_time_s[i])
-    out.update(layout=lay.model_dump(mode="json"), step_time_s=step,
+    out.update(layout=lay.model_dump(mode="json"), step_time_s=float(est.step_time_s[i]),
                time_breakdown_s={k: float(v[i]) for k, v in est.time.items()})
-    tok = _tokens_per_gpu(row)
-    measured = (lay.global_batch * lay.seq / (tok * lay.gpus) if tok
-                else float(row["value"]) if row["metric"] == "iteration_time_s" else None)
-    per = lay.microbatches * m.num_layers / lay.pp  # layer passes a rank runs per step
-    out["predicted_ms_per_layer_microbatch"] = 1e3 * step / per
-    if measured:
-        out["measured_step_time_s"] = measured
-        out["missing_ms_per_layer_microbatch"] = 1e3 * (measured - step) / per
+    out.update(_step_gap(row, m, lay, est, i))
     return out
 
 
@@ -259,18 +295,26 @@ def _desc(lay: Layout) -> str:
                and tuple(lay.recompute_modules) != ("core_attn",) else ""))
 
 
-def run(group: str | None = None, path: Path | None = None) -> list[Result]:
+def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> list[Result]:
+    """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
+    to the one it is priced on (validate_sensitivity scales efficiencies with it)."""
     rows = list(csv.DictReader(open(path or data_path())))
     out = []
     for row in rows:
         if group and row["group"] != group:
             continue
-        pred, desc = predict_row(row)
+        m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
+        if hw_edit is not None:
+            hw = hw_edit(hw)
+        priced = _row_estimate(row, m, hw)
+        pred, desc = _row_value(row, m, *priced)
         metric, pub = row["metric"], float(row["value"])
         tok = _tokens_per_gpu(row)
         if metric == "model_tflops_per_gpu" and tok and row["recompute"] != "planner's choice":
             metric, pub = "tokens_per_s_per_gpu", tok
-        out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes"))
+        gap = _step_gap(row, m, *priced).get("missing_ms_per_layer_microbatch")
+        out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
+                          gap))
     return out
 
 

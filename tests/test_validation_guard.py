@@ -42,3 +42,20 @@ def test_explain_gives_the_measured_step_and_the_per_layer_gap():
     assert sum(v for k, v in d["time_breakdown_s"].items() if k != "total") == pytest.approx(d["step_time_s"])
     tok = explain("mb-dsv3-gb300-bf16")  # tokens/s rows: GBS x seq / (tok/s/GPU x GPUs)
     assert tok["measured_step_time_s"] == pytest.approx(4096 * 4096 / (3848 * 256))
+
+
+def test_every_row_with_a_measured_step_reports_its_per_layer_gap(results):
+    from piper_plan.validate import explain
+
+    by_id = {r.id: r for r in results}
+    assert by_id["mb-qwen3-30b-h100-bf16-card"].missing_ms_per_layer_microbatch == pytest.approx(
+        explain("mb-qwen3-30b-h100-bf16-card")["missing_ms_per_layer_microbatch"])
+    # memory rows and planner's-choice rows fix no step time of a known layout: no gap
+    assert by_id["piper-f13-small"].missing_ms_per_layer_microbatch is None
+    assert all(r.missing_ms_per_layer_microbatch is None for r in results if r.kind == "memory")
+    # TFLOPS under the source's own FLOP count fix the step too (Narayanan's eq. 3 here)
+    assert by_id["nar21-t1-7.5b"].missing_ms_per_layer_microbatch is not None
+    # a row the model prices too fast misses time; one it prices too slow has a negative gap
+    assert all((r.missing_ms_per_layer_microbatch > 0) == (r.error_pct < 0 if r.metric == "iteration_time_s"
+                                                             else r.error_pct > 0)
+               for r in results if r.missing_ms_per_layer_microbatch is not None)

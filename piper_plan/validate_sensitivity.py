@@ -1,0 +1,70 @@
+"""How the validation errors move when the hardware efficiencies move.
+
+Every efficiency in the bundled specs comes from a published micro-benchmark, not from the
+validation rows. This asks the converse question a user should ask of such a table: would a
+different (mis-measured) efficiency have explained the misses? Each family of efficiencies is
+scaled by one factor on every spec at once (fractions of a peak capped at 1), every row is
+priced again, and the errors per kind are reported. `compute_scan` scales all compute and
+memory efficiencies together: the one knob that could trade dense accuracy for MoE accuracy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .specs.hardware import HardwareSpec
+from .validate import run, summary
+
+# each family: the efficiency fields it scales (fractions of a peak, capped at 1) and whether
+# the field is a time (scaled the other way: a slower kernel launch is a larger overhead)
+FAMILIES = {
+    "gemm": ("gemm", "gemm_dtype"),
+    "attention": ("attention", "attention_bwd"),
+    "memory": ("memory", "memory_dram"),
+    "comm": ("comm", "a2a_fanout"),
+    "kernel_overhead_us": ("kernel_overhead_us",),
+}
+COMPUTE = ("gemm", "attention", "memory")
+
+
+def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
+    """hw with every efficiency of `families` (FAMILIES keys) made `factor` times faster:
+    fractions of a peak × factor (capped at 1), per-kernel overheads ÷ factor."""
+    eff = hw.efficiency
+    upd = {}
+    for fam in families:
+        for field in FAMILIES[fam]:
+            v = getattr(eff, field)
+            if v is None:
+                continue
+            if field == "kernel_overhead_us":
+                upd[field] = v / factor
+            elif isinstance(v, dict):
+                upd[field] = {k: min(1.0, x * factor) for k, x in v.items()}
+            else:
+                upd[field] = min(1.0, v * factor)
+    return hw.model_copy(update={"efficiency": eff.model_copy(update=upd)})
+
+
+def _kinds(results) -> dict:
+    out = {}
+    for kind, d in summary(results)["kinds"].items():
+        errs = np.array([abs(r.error_pct) for r in results if r.kind == kind and not r.fit])
+        out[kind] = {"mape": d["mape"], "max_abs_pct": d["max_abs_pct"],
+                     "within_target_max": int((errs <= d["target_max"]).sum()), "rows": d["rows"]}
+    return out
+
+
+def sensitivity(factors=(0.8, 1.25), families=tuple(FAMILIES), group: str | None = None) -> list[dict]:
+    """[{family, factor, <kind>: {mape, max_abs_pct, within_target_max, rows}}], the unscaled
+    specs first (family 'none', factor 1)."""
+    out = [{"family": "none", "factor": 1.0, **_kinds(run(group))}]
+    for fam in families:
+        for f in factors:
+            out.append({"family": fam, "factor": f, **_kinds(run(group, hw_edit=lambda hw: scaled(hw, (fam,), f)))})
+    return out
+
+
+def compute_scan(factors=(0.6, 0.7, 0.8, 0.9, 1.0), group: str | None = None) -> list[dict]:
+    """Every compute and memory efficiency (gemm, attention, memory) scaled together."""
+    return [{"family": "+".join(COMPUTE), "factor": f,
+             **_kinds(run(group, hw_edit=lambda hw: scaled(hw, COMPUTE, f)))} for f in factors]
