@@ -114,7 +114,24 @@ STACK_OPTIONS = [
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),
+        click.option("--cuda-graphs", default="none", show_default=True,
+                     help="what the runtime replays as CUDA graphs, comma-separated (Megatron-Core "
+                     "--cuda-graph-scope): attn, mlp, moe, moe_router, moe_preprocess, full_iteration; none: eager. "
+                     "Priced on specs that give efficiency.host_op_us"),
 ]
+
+
+def _graph_scopes(kw) -> tuple[str, ...]:
+    from .cost.batch import GRAPH_SCOPES
+    from .errors import LayoutError
+
+    text = kw["cuda_graphs"].strip()
+    scopes = () if text in ("", "none") else tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in scopes if x not in GRAPH_SCOPES]
+    if bad:
+        raise LayoutError("--cuda-graphs", f"got {bad[0]!r}; expected none or a comma-separated list of "
+                          f"{', '.join(GRAPH_SCOPES)}")
+    return scopes
 
 
 def layout_options(fn):
@@ -183,7 +200,8 @@ def _layout_from(kw, model):
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
-                  a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
+                  a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw), grad_dtype=kw["grad_dtype"],
+                  overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
 @main.command()
@@ -253,7 +271,8 @@ def _space(kw, model, gpus):
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"])
+                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"],
+                       cuda_graphs=_graph_scopes(kw))
 
 
 def _load_for_search(kw):
@@ -398,7 +417,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @click.option("--explain", "explain_id", default=None, help="one row in full: its settings, predicted breakdown "
               "and what the model misses per layer and micro-batch")
 @click.option("--sensitivity", is_flag=True, help="the errors per kind again with each family of hardware "
-              "efficiencies scaled (x0.8, x1.25) and with all compute efficiencies scaled together (about 20 "
+              "efficiencies (and host and launch costs) scaled (x0.8, x1.25) and with all compute efficiencies scaled together (about 20 "
               "passes over the rows)")
 @one_line_errors
 def validate_cmd(group, as_json, explain_id, sensitivity):

@@ -23,6 +23,8 @@ Fp8 = Literal["none", "current", "mxfp8"]
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
 A2A = Literal["flat", "halo", "dedup"]
+# Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
+CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
 Placement = Literal["packed", "spread"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
@@ -67,6 +69,11 @@ class Layout(BaseModel):
         "none", description="GEMMs in FP8 with bf16 activations (Transformer Engine): 'current' per-tensor "
         "current scaling (Hopper and later), 'mxfp8' 1x32 block scaling (Blackwell); attention, router and LM "
         "head stay in `dtype`")
+    cuda_graphs: tuple[CudaGraphScope, ...] = Field(
+        (), description="what the runtime captures as CUDA graphs (Megatron-Core --cuda-graph-scope): attn, mlp "
+        "(a dense MLP), moe (a whole MoE layer; token-dropping runs only), moe_router, moe_preprocess, "
+        "full_iteration; a captured scope costs the host one launch instead of one issue per operation "
+        "(cost/host.py); empty: eager")
     a2a_overlap: bool = Field(
         False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
         "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost.batch import EXPERT_GEMMS, FP8S, LayoutBatch, rc_bits
+from .cost.batch import EXPERT_GEMMS, FP8S, LayoutBatch, graph_bits, rc_bits
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .specs.hardware import HardwareSpec
@@ -54,6 +54,7 @@ class SearchSpace:
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     fp8: str = "none"             # Layout.fp8: FP8 GEMMs (Transformer Engine recipes)
+    cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
 
 
 @dataclass
@@ -177,7 +178,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     cols = dict(gpus=N, tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap,
-                fp8=FP8S.index(sp.fp8), overlap=True,
+                fp8=FP8S.index(sp.fp8), graphs=graph_bits(sp.cuda_graphs), overlap=True,
                 act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4)
     if headroom_gib is not None:
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor

@@ -93,8 +93,9 @@ def _settings(row) -> dict:
     Experts": "one cuBLAS GEMM per expert is launched on a pool of CUDA streams"; the recipes do
     not set it); rows whose recipe sets moe_a2a_overlap=True (quoted in the notes) hide the
     all-to-all behind another micro-batch's compute (Layout.a2a_overlap); rows run with the flex
-    dispatcher's DeepEP or HybridEP backend exchange tokens once per node (Layout.a2a dedup). The
-    Megatron-Core MoE report's rows run the same stack."""
+    dispatcher's DeepEP or HybridEP backend exchange tokens once per node (Layout.a2a dedup); the
+    csv's cuda_graphs column holds the scopes the recipe replays as CUDA graphs (Layout.cuda_graphs:
+    the host issues the rest, cost/host.py). The Megatron-Core MoE report's rows run the same stack."""
     group = row["group"]
     if group.startswith(("narayanan", "korthikanti")):
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
@@ -104,8 +105,10 @@ def _settings(row) -> dict:
     egemm = "multistream" if group in MEGATRON_GROUPS and not fused else "grouped"
     # Megatron's flex dispatcher with DeepEP or HybridEP: token-level exchange (Layout.a2a dedup)
     a2a = "dedup" if re.search(r"hybridep|deepep", notes, re.IGNORECASE) else "flat"
+    graphs = row.get("cuda_graphs", "")  # the recipe's CUDA-graph scopes (validation/README.md)
     return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True, expert_gemm=egemm,
-                a2a_overlap="moe_a2a_overlap=True" in notes, a2a=a2a)
+                a2a_overlap="moe_a2a_overlap=True" in notes, a2a=a2a,
+                cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
 
 
 def _layout(row) -> Layout:

@@ -14,21 +14,23 @@ import numpy as np
 from .specs.hardware import HardwareSpec
 from .validate import run, summary
 
-# each family: the efficiency fields it scales (fractions of a peak, capped at 1) and whether
-# the field is a time (scaled the other way: a slower kernel launch is a larger overhead)
+# each family: the efficiency fields it scales (fractions of a peak, capped at 1, or per-call
+# times, TIMES, scaled the other way: a slower launch is a larger overhead)
 FAMILIES = {
     "gemm": ("gemm", "gemm_dtype"),
     "attention": ("attention", "attention_bwd"),
     "memory": ("memory", "memory_dram"),
     "comm": ("comm", "a2a_fanout"),
     "kernel_overhead_us": ("kernel_overhead_us",),
+    "host_op_us": ("host_op_us",),
 }
+TIMES = ("kernel_overhead_us", "host_op_us")  # per-call costs: faster means smaller
 COMPUTE = ("gemm", "attention", "memory")
 
 
 def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
     """hw with every efficiency of `families` (FAMILIES keys) made `factor` times faster:
-    fractions of a peak × factor (capped at 1), per-kernel overheads ÷ factor."""
+    fractions of a peak × factor (capped at 1), per-call host and kernel costs ÷ factor."""
     eff = hw.efficiency
     upd = {}
     for fam in families:
@@ -36,7 +38,7 @@ def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
             v = getattr(eff, field)
             if v is None:
                 continue
-            if field == "kernel_overhead_us":
+            if field in TIMES:
                 upd[field] = v / factor
             elif isinstance(v, dict):
                 upd[field] = {k: min(1.0, x * factor) for k, x in v.items()}

@@ -33,7 +33,7 @@ def check_supported(plan: Plan, world: int) -> None:
     overlap_grad_reduce (gradients are reduced after the pipeline step, not overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). Runtime features of other stacks that the planner can price
-    (expert_gemm other than grouped, a2a_overlap, fp8) are refused: the comparison with the
+    (expert_gemm other than grouped, a2a_overlap, fp8, cuda_graphs) are refused: the comparison with the
     prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
@@ -60,6 +60,9 @@ def check_supported(plan: Plan, world: int) -> None:
     if lay.a2a_overlap:
         raise PiperError("plan.layout.a2a_overlap: piper-train does not overlap the all-to-all with another "
                          "micro-batch's compute; use a2a_overlap false")
+    if lay.cuda_graphs:
+        raise PiperError(f"plan.layout.cuda_graphs: piper-train runs eagerly and captures no CUDA graphs "
+                         f"({list(lay.cuda_graphs)}); use cuda_graphs []")
 
 
 def preflight(plan: Plan, cfg, world: int) -> None:

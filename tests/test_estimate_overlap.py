@@ -8,7 +8,7 @@ from piper_plan.cost.estimate import evaluate
 from piper_plan.layout import Layout
 from piper_plan.specs.registry import load_hardware, load_model
 
-PARTS = ("compute", "a2a", "tp_comm", "p2p", "bubble", "dp_comm", "optimizer", "migration")
+PARTS = ("compute", "host", "a2a", "tp_comm", "p2p", "bubble", "dp_comm", "optimizer", "migration")
 
 
 @pytest.fixture(scope="module")

@@ -229,3 +229,16 @@ def test_unknown_recompute_module_and_missing_fp8_peak_are_one_line():
     assert "--recompute-modules" in line and "moe_act" in line
     line = err_line(*run("estimate", "-m", "tiny-moe", "-H", "frontier", "-n", "8", "--fp8", "mxfp8")[:2])
     assert "frontier" in line and "fp8" in line
+
+
+def test_cuda_graph_scopes_are_a_stack_option_the_estimate_prices():
+    eager = ("estimate", "-m", "qwen3-30b-a3b", "-H", "dgx-b200", "-n", "8", "--ep", "8", "--global-batch", "64",
+             "--expert-gemm", "multistream", "--fp8", "mxfp8", "--json")
+    code, text, _ = run(*eager)
+    assert code == 0, text
+    code2, text2, _ = run(*eager, "--cuda-graphs", "attn,moe_router,moe_preprocess")
+    assert code2 == 0, text2
+    host, graphed = (json.loads(t)["time_breakdown_s"]["host"] for t in (text, text2))
+    assert host > graphed > 0
+    code, out, _ = run(*eager, "--cuda-graphs", "attn,everything")
+    assert "--cuda-graphs" in err_line(code, out) and "everything" in out

@@ -8,11 +8,12 @@ from piper_plan.validate_sensitivity import compute_scan, scaled, sensitivity
 
 def test_scaling_makes_kernels_faster_and_caps_fractions_of_a_peak_at_one():
     hw = load_hardware("dgx-h100")
-    fast = scaled(hw, ("gemm", "comm", "kernel_overhead_us"), 1.25)
+    fast = scaled(hw, ("gemm", "comm", "kernel_overhead_us", "host_op_us"), 1.25)
     assert fast.efficiency.gemm == pytest.approx(hw.efficiency.gemm * 1.25)
     assert fast.efficiency.gemm_dtype["fp8"] == pytest.approx(hw.efficiency.gemm_dtype["fp8"] * 1.25)
     assert fast.efficiency.comm == 1.0  # 0.8 x 1.25 is the whole link, and no more
     assert fast.efficiency.kernel_overhead_us == pytest.approx(hw.efficiency.kernel_overhead_us / 1.25)
+    assert fast.efficiency.host_op_us == pytest.approx(hw.efficiency.host_op_us / 1.25)
     assert fast.efficiency.attention == hw.efficiency.attention  # families not named stay as measured
     assert hw.efficiency.gemm == 0.80  # the loaded spec is not touched
 
@@ -42,5 +43,6 @@ def test_cli_prints_the_scaled_errors_as_json():
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
     families = {r["family"] for r in rows}
-    assert {"none", "gemm", "attention", "memory", "comm", "kernel_overhead_us", "gemm+attention+memory"} == families
+    assert {"none", "gemm", "attention", "memory", "comm", "kernel_overhead_us", "host_op_us",
+            "gemm+attention+memory"} == families
     assert all(r["dense"]["rows"] == 10 for r in rows)

@@ -13,6 +13,8 @@ EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8")
 # Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
 RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+# Layout.cuda_graphs as a bitmask column (LayoutBatch.graphs)
+GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8"}  # Layout.fp8 -> cost model compute dtype
 # local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
 # multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
@@ -23,6 +25,15 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 def rc_bits(modules) -> int:
     return sum(1 << RC_MODULES.index(x) for x in set(modules))
+
+
+def graph_bits(scopes) -> int:
+    return sum(1 << GRAPH_SCOPES.index(x) for x in set(scopes))
+
+
+def graphed(lay: "LayoutBatch", scope: str) -> np.ndarray:
+    """Whether each layout captures `scope` (Layout.cuda_graphs) as a CUDA graph."""
+    return ((lay.graphs >> GRAPH_SCOPES.index(scope)) & 1).astype(bool)
 
 
 def recomputes(lay: "LayoutBatch", module: str) -> np.ndarray:
@@ -59,6 +70,7 @@ class LayoutBatch:
     egemm: np.ndarray       # index into EXPERT_GEMMS (how the local experts' GEMMs launch)
     fp8: np.ndarray          # index into FP8S (Layout.fp8)
     a2a_overlap: np.ndarray  # bool: all-to-all hidden behind another micro-batch's compute (Layout.a2a_overlap)
+    graphs: np.ndarray      # Layout.cuda_graphs as bits of GRAPH_SCOPES
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
     act_bytes: np.ndarray   # bytes per activation element (dtype)
     grad_bytes: np.ndarray  # bytes per gradient element
@@ -91,6 +103,7 @@ class LayoutBatch:
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
                       a2a_overlap=bool(self.a2a_overlap[i]), fp8=FP8S[g("fp8")],
+                      cuda_graphs=tuple(x for i, x in enumerate(GRAPH_SCOPES) if g("graphs") >> i & 1),
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
 
 
@@ -107,6 +120,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
         a2a_overlap=col(lambda x: x.a2a_overlap), fp8=col(lambda x: FP8S.index(x.fp8)),
+        graphs=col(lambda x: graph_bits(x.cuda_graphs)),
         overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
     )

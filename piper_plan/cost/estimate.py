@@ -14,7 +14,7 @@ from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
-from . import comm
+from . import comm, host
 from .batch import FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
 from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
 from .imbalance import expert_popularity, imbalance
@@ -119,7 +119,6 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     n = len(lay)
     eb = lay.act_bytes.astype(float)
     tp = lay.tp.astype(float)
-    t = (lay.mbs * lay.seq).astype(float)
     d = m.hidden_size
     L = m.num_layers
     zero = np.zeros(n)
@@ -129,7 +128,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     edp = grp["edp"]
     lc, layer_row = _per_layer(m, hw, lay, grp["ep_stride"], routing, dtype)
     p2p_one = np.where(lay.pp == 1, 0.0, grp["p2p"])
-    n_moe, n_dense = m.num_moe_layers, m.num_dense_layers
+    n_moe = m.num_moe_layers
     D = m.dense_layers
     moe_frac = n_moe / max(L - D, 1)
 
@@ -251,9 +250,12 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     p2p_step = M * p2p_one * rank_chunks * 2
     tp_step = M * pick(comm_t) - a2a_step - p2p_step
     a2a_step = a2a_step - M * pick(hidden_of)  # what stays exposed: the components add up to the step
-    compute_step = M * (comp_total + pick(slow_of))
+    # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
+    # the layers' phases, reported apart from the kernels' own time
+    host_step = M * (nd_p * lc["dense_host"] + nm_p * lc["moe_host"])
+    compute_step = M * (comp_total + pick(slow_of)) - host_step
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
-    time = {"compute": compute_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
+    time = {"compute": compute_step, "host": host_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
             "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt, "migration": t_mig,
             "total": step}
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
@@ -474,7 +476,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
     key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout, lay.act_bytes,
-           lay.a2a, lay.placement, lay.rc_mods)
+           lay.a2a, lay.placement, lay.rc_mods, lay.graphs)
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
     sub = lay.take(first1)
@@ -500,7 +502,8 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
     out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=Th / avg_layer,
                Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
-               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"])
+               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"],
+               dense_host=lc["dense_host"], moe_host=lc["moe_host"])
     for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head)):
         out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr")})
     for name, ph in (("dense_comm", dense_comm), ("moe_comm", moe_comm)):
@@ -558,6 +561,8 @@ def _with_recompute(base: dict, recompute) -> dict:
         ph = base[k]
         out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, np.where(sel, ph.r, 0.0)))
         out[f"a_{k}"] = np.where(full, base["a_in"], np.where(sel, base[f"a_{k}_sel"], base[f"a_{k}_none"]))
+        # full recompute re-issues the forward: its host gap (in ph.f, so in r) again
+        out[f"{k}_host"] = base[f"{k}_host"] + np.where(full, base[f"{k}_host_f"], 0.0)
     for k in ("dense_comm", "moe_comm"):  # full recompute repeats the forward's collectives
         ph = base[k]
         out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, 0.0))
@@ -581,6 +586,9 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
     dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, zero)
+    host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
+    dense_host = host.host_gap(host.host_time(hw, host_dense), dense, dense_comm)
+    dense = dense + dense_host
     co = hw.efficiency.collective_overhead_us * 1e-6  # fixed cost per collective call (0 unless measured)
     imb = np.ones(len(lay))
     a2a_fwd = a2a_bwd = zero  # all-to-all seconds of one MoE layer per micro-batch, forward / backward
@@ -607,10 +615,17 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_bwd = 2 * a2a_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
                                      + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
+        # an overlapped all-to-all runs beside another micro-batch's compute, not in this layer's stream
+        ovl = lay.a2a_overlap | (lay.sched == SCHEDULES.index("dualpipev"))
+        stream = Phase(tp_ar + np.where(ovl, 0.0, a2a_fwd), tp_ar + np.where(ovl, 0.0, a2a_bwd), zero, zero)
+        moe_host = host.host_gap(host.host_time(hw, host_moe), moe, stream)
+        moe = moe + moe_host
     else:
         moe = Phase(zero, zero, zero, zero)
         moe_comm = Phase(zero, zero, zero, zero)
+        moe_host = moe
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
+               dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
                a2a_bwd=a2a_bwd, emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
                a_in=act.layer_input_bytes(m, lay))
     # only the attention's saved tensors depend on recompute

@@ -57,7 +57,7 @@ class Efficiency(_Optional):
 
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
-                        "a2a_fanout", "overlap_comm_units")
+                        "a2a_fanout", "overlap_comm_units", "host_op_us")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -90,6 +90,11 @@ class Efficiency(_Optional):
         0, ge=0, description="compute units (SMs) the communication kernels of an all-to-all hold while it runs "
         "beside compute (Layout.a2a_overlap, dualpipev): that compute runs on the other units, so each second "
         "of hidden all-to-all costs units_held / compute_units seconds of compute. 0: not measured")
+    host_op_us: float = Field(
+        0.0, ge=0, description="CPU time the host spends issuing one operation of an eager training step (a "
+        "Transformer Engine / Megatron-Core module call: Python, autograd, allocation, launch), us: a layer pass "
+        "lasts at least its operations x this (cost/host.py). 0: not measured, no host floor (CPU specs: the "
+        "host is the device, and calibrate's layer_overhead_us holds that cost)")
     gemm_overhead_us: dict[str, float] = Field(
         default_factory=dict, description="extra fixed cost per GEMM call by dtype, us, on top of "
         "kernel_overhead_us (a CPU's bf16 GEMM repacks its operands on every call)")

@@ -1,0 +1,86 @@
+"""The host's side of an eager training step: operations issued per layer, and the GPU time
+the layer loses when issuing them takes longer than running them.
+
+An eager step (PyTorch + Transformer Engine + Megatron-Core) issues every kernel from Python;
+each issue costs the host CPU `efficiency.host_op_us` (module call, autograd bookkeeping,
+allocations, launch). A layer pass cannot finish before its operations are issued: where
+their host time exceeds the GPU's time for the layer, the GPU idles for the difference (the
+"CPU overhead" / host-boundedness of fine-grained MoE, Megatron-Core MoE report, arXiv
+2603.07685 §4.3.1, §4.3.6). The dropless dispatcher's host sync in every MoE layer keeps the
+host from running ahead into the next layer, so the comparison is made per layer pass.
+
+Operations per layer forward, from Megatron-Core's modules on Transformer Engine:
+- attention: fused norm + QKV projection, RoPE on q and on k, fused attention, output
+  projection, residual: 5 + the projections (2; MLA 5, plus its two latent norms);
+- dense MLP: fused norm + fc1, activation, fc2, residual: 4;
+- MoE: router and dispatch preprocess, 31 + 1 kernels after router fusion or 17 with the
+  DeepEP/HybridEP dispatcher's fused preprocess (Megatron-LM docs/discussions/
+  deepseek-v3-gb200-optimization: "from 72 to 31", "to 17"); pre-MLP norm, router GEMM,
+  permute, dispatch, sort by expert, activation, unsort, combine, unpermute, residual: 10;
+  the expert GEMMs: 2 a local expert where they launch one per expert (Transformer Engine's
+  multi-stream GroupedLinear, a Python loop), 2 when grouped; shared experts 4;
+- FP8: the quantisation kernels of each GEMM's input (cost/compute.FP8_QUANT), per expert
+  where the GEMMs launch per expert;
+- tensor parallelism with sequence parallelism: an all-gather and a reduce-scatter per block.
+A scope captured as a CUDA graph (Layout.cuda_graphs) costs one launch; full_iteration none.
+The backward issues twice the forward's operations (a GEMM's dgrad and wgrad; about two
+kernels per elementwise backward); full recompute issues the forward again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from .batch import EXPERT_GEMM_STREAMS, FP8S, LayoutBatch, graphed
+from .compute import FP8_QUANT, Phase
+
+ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
+
+
+def _quant(lay: LayoutBatch) -> np.ndarray:
+    """Quantisation kernels per quantised GEMM input (0 without an FP8 recipe)."""
+    return np.array([FP8_QUANT[FP8S[i]][1] if FP8S[i] in FP8_QUANT else 0.0 for i in range(len(FP8S))])[lay.fp8]
+
+
+def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(dense layer, MoE layer) operations the host issues in one layer's forward for one
+    micro-batch, per layout."""
+    q = _quant(lay)
+    tp_comm = np.where(lay.tp > 1, 2.0, 0.0)
+    gemms = 5.0 if (m.mla is not None and m.mla.q_lora_rank) else 4.0 if m.mla is not None else 2.0
+    attn_ops = 5.0 + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm
+    attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)
+    mlp = np.where(graphed(lay, "mlp"), 1.0, 4.0 + 2.0 * q + tp_comm) if m.ffn_size else 0.0
+    dense = attn + mlp
+    moe = np.zeros(len(lay))
+    if m.moe is not None:
+        mo = m.moe
+        per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0  # one launch per local expert
+        launches = np.where(per_expert, mo.num_experts / lay.ep, 1.0)
+        router_all = np.where(lay.a2a == 2, ROUTER_OPS["dedup"], ROUTER_OPS["flat"])
+        # moe_router replays the router (all but the preprocess's one kernel), moe_preprocess the rest
+        router = np.where(graphed(lay, "moe_router"), 1.0, router_all - 1.0)
+        preprocess = 1.0
+        shared = (4.0 + 2.0 * q) if mo.shared_experts else 0.0
+        block = router + preprocess + 10.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm
+        moe = attn + np.where(graphed(lay, "moe"), 1.0, block)
+    full = graphed(lay, "full_iteration")
+    return np.where(full, 0.0, dense), np.where(full, 0.0, moe)
+
+
+def host_time(hw: HardwareSpec, ops) -> Phase:
+    """Host seconds of a layer issuing `ops` forward operations: forward, backward (twice the
+    forward's; full recompute's re-issue is added by the caller)."""
+    s = np.asarray(ops, dtype=float) * hw.efficiency.host_op_us * 1e-6
+    z = np.zeros_like(s)
+    return Phase(s, 2.0 * s, z, z)
+
+
+def host_gap(host: Phase, gpu: Phase, comm: Phase) -> Phase:
+    """The GPU's idle seconds per micro-batch while the host issues a layer: the host time
+    beyond the layer's GPU time (compute and its communication), forward and backward apart."""
+    f = np.maximum(host.f - (gpu.f + comm.f), 0.0)
+    b = np.maximum(host.b - (gpu.b + gpu.w + comm.b), 0.0)
+    z = np.zeros_like(f)
+    return Phase(f, b, z, z)

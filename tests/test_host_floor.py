@@ -1,0 +1,79 @@
+"""The host's side of an eager step (cost/host.py): a layer pass lasts at least the time the host
+takes to issue its operations; CUDA graphs replace a scope's issues with one launch."""
+import numpy as np
+import pytest
+
+from piper_plan.cost import host
+from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.estimate import evaluate
+from piper_plan.layout import Layout
+from piper_plan.specs import load_hardware, load_model
+
+EAGER_MOE = dict(gpus=8, tp=1, pp=1, dp=8, ep=8, mbs=1, global_batch=64, seq=4096, a2a="flat",
+                 expert_gemm="multistream", fp8="mxfp8")
+PARTS = ("compute", "host", "a2a", "tp_comm", "p2p", "bubble", "dp_comm", "optimizer", "migration")
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model("qwen3-30b-a3b"), load_hardware("dgx-b200")
+
+
+def _est(m, hw, *layouts):
+    return evaluate(m, hw, from_layouts(list(layouts)))
+
+
+def test_a_host_bound_layer_pass_lasts_its_issue_time(qwen):
+    m, hw = qwen
+    lay = Layout(**EAGER_MOE)
+    est = _est(m, hw, lay)
+    _, moe_ops = host.layer_ops(m, from_layouts([lay]))
+    # attention (5 + 2 projections and their MXFP8 quantisations), router + preprocess (31 + 1),
+    # 10 more, 16 local experts at 2 GEMMs + 2 quantisations each; the backward issues twice that
+    assert moe_ops[0] == (5 + 2 * 2) + (31 + 1) + 10 + 16 * 2 * 2
+    issue = 3 * moe_ops[0] * hw.efficiency.host_op_us * 1e-6
+    assert est.layer_time_s["moe"][0] == pytest.approx(issue, rel=1e-9)
+    assert est.time["host"][0] > 0
+    assert sum(est.time[k][0] for k in PARTS) == pytest.approx(est.step_time_s[0], rel=1e-9)
+
+
+def test_no_measured_host_cost_no_floor(qwen):
+    m, hw = qwen
+    unmeasured = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"host_op_us": 0.0})})
+    est = _est(m, unmeasured, Layout(**EAGER_MOE))
+    assert est.time["host"][0] == 0
+    assert est.layer_time_s["moe"][0] < _est(m, hw, Layout(**EAGER_MOE)).layer_time_s["moe"][0]
+    assert load_hardware("frontier").efficiency.host_op_us == 0  # no published figure: no floor
+
+
+def test_cuda_graphs_cut_the_issue_time_and_a_full_iteration_graph_removes_it(qwen):
+    m, hw = qwen
+    scopes = [(), ("moe_router", "moe_preprocess"), ("attn", "moe_router", "moe_preprocess"), ("full_iteration",)]
+    est = _est(m, hw, *(Layout(**EAGER_MOE, cuda_graphs=s) for s in scopes))
+    h = est.time["host"]
+    assert h[0] > h[1] > h[2] > h[3] == 0
+    assert np.all(np.diff(est.step_time_s) <= 0)
+
+
+def test_bigger_micro_batches_hide_the_host_behind_gpu_work(qwen):
+    m, hw = qwen
+    est = _est(m, hw, *(Layout(**{**EAGER_MOE, "mbs": b}) for b in (1, 2, 4, 8)))
+    per_pass = est.time["host"] / (64 / (8 * np.array([1, 2, 4, 8])) * m.num_layers)  # idle s per layer pass
+    assert np.all(np.diff(per_pass) < 0)
+
+
+def test_per_expert_launches_scale_with_local_experts_a_grouped_kernel_does_not(qwen):
+    m, _ = qwen
+    lays = [Layout(**{**EAGER_MOE, "gpus": g, "dp": g, "ep": g, "global_batch": 8 * g, "expert_gemm": e})
+            for e in ("multistream", "grouped") for g in (8, 16)]
+    _, ops = host.layer_ops(m, from_layouts(lays))
+    assert ops[0] - ops[1] == 8 * 2 * 2  # EP8 -> EP16: 8 fewer local experts, 4 issues each
+    assert ops[2] == ops[3]
+
+
+def test_overlapped_all_to_all_does_not_hide_the_host(qwen):
+    """An overlapped all-to-all runs beside another micro-batch's compute: the layer's own
+    stream is shorter, so more of the issue time shows."""
+    m, hw = qwen
+    est = _est(m, hw, Layout(**{**EAGER_MOE, "mbs": 4}), Layout(**{**EAGER_MOE, "mbs": 4, "a2a_overlap": True}))
+    assert est.time["host"][1] >= est.time["host"][0]
