@@ -1,7 +1,7 @@
 """What-if sweeps: vary numeric hardware fields (dotted paths) and GPU counts, best plan each.
 
 `--vary network.nic_gbps=12.5,25,50` sets that field of the hardware spec; short aliases
-cover the common ones (nic_gbps, hbm_gib, peak_bf16, hbm_gbps). Every scenario re-runs
+cover the common ones (nic_gbps, hbm_gib, peak_bf16, hbm_gbps, host_op_us). Every scenario re-runs
 the full search, so the table shows the best layout under that hardware."""
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ ALIASES = {
     "hbm_gbps": "accelerator.memory_bandwidth_gbps",
     "peak_bf16": "accelerator.peak_tflops.bf16",
     "gemm_eff": "efficiency.gemm",
+    "host_op_us": "efficiency.host_op_us",  # a faster (or slower) host CPU issuing an eager step
 }
 
 

@@ -77,3 +77,19 @@ def test_overlapped_all_to_all_does_not_hide_the_host(qwen):
     m, hw = qwen
     est = _est(m, hw, Layout(**{**EAGER_MOE, "mbs": 4}), Layout(**{**EAGER_MOE, "mbs": 4, "a2a_overlap": True}))
     assert est.time["host"][1] >= est.time["host"][0]
+
+
+def test_a_slower_host_makes_the_planner_batch_more_per_issue(qwen):
+    """What-if sweep over the host's per-operation cost: with the host free the best plan keeps
+    small micro-batches; at Grace's measured cost it moves to larger ones, which hide the issue
+    time behind more GPU work per layer pass."""
+    from piper_plan.search import SearchSpace
+    from piper_plan.sweep import parse_vary, run_sweep
+
+    m, _ = qwen
+    hw = load_hardware("gb200-nvl72")
+    space = SearchSpace(gpus=8, global_batch=512, seq=4096, expert_gemm="multistream", fp8="mxfp8")
+    rows = run_sweep(m, hw, [8], parse_vary(["host_op_us=0,99.66"]), space)
+    free, grace = (int(r["layout"].split(" mbs")[1].split()[0]) for r in rows)  # "... mbs16 1f1b ..."
+    assert free < grace
+    assert rows[0]["tokens_per_s"] > rows[1]["tokens_per_s"]
