@@ -25,6 +25,9 @@ Operations per layer forward, from Megatron-Core's modules on Transformer Engine
 A scope captured as a CUDA graph (Layout.cuda_graphs) costs one launch; full_iteration none.
 The backward issues twice the forward's operations (a GEMM's dgrad and wgrad; about two
 kernels per elementwise backward); full recompute issues the forward again.
+These are the fused stack's counts: piper-train's eager modules (Layout.fused_kernels false)
+issue more, which only its calibrated CPU specs price (efficiency.layer_overhead_us; their
+host_op_us is 0, the host being the device).
 """
 from __future__ import annotations
 
