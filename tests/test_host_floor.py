@@ -93,3 +93,15 @@ def test_a_slower_host_makes_the_planner_batch_more_per_issue(qwen):
     free, grace = (int(r["layout"].split(" mbs")[1].split()[0]) for r in rows)  # "... mbs16 1f1b ..."
     assert free < grace
     assert rows[0]["tokens_per_s"] > rows[1]["tokens_per_s"]
+
+
+def test_layouts_priced_together_get_their_own_host_floor(qwen):
+    """The per-layer costs are shared between layouts that agree on the columns they read: a
+    dualpipev layout in the same batch as a 1f1b one still has its all-to-all off the stream."""
+    m, hw = qwen
+    base = {**EAGER_MOE, "gpus": 16, "dp": 8, "pp": 2, "mbs": 4, "global_batch": 512}
+    one = Layout(**base, schedule="1f1b")
+    dual = Layout(**base, schedule="dualpipev", vpp=2)
+    together = _est(m, hw, one, dual)
+    assert together.time["host"][1] == pytest.approx(_est(m, hw, dual).time["host"][0], rel=1e-12)
+    assert together.time["host"][0] == pytest.approx(_est(m, hw, one).time["host"][0], rel=1e-12)

@@ -476,7 +476,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
     key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout, lay.act_bytes,
-           lay.a2a, lay.placement, lay.rc_mods, lay.graphs)
+           lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay))
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
     sub = lay.take(first1)
@@ -485,6 +485,13 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     terms = _layer_terms(m, _with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute), again)
     # the stage partition's inputs stay per distinct row (see evaluate)
     return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
+
+
+def _a2a_off_stream(lay: LayoutBatch) -> np.ndarray:
+    """Whether a layout's all-to-all runs beside another micro-batch's compute rather than in
+    its own layer's stream (Layout.a2a_overlap, dualpipev): the host floor compares the host's
+    issue time with the stream without it (cost/host.py)."""
+    return lay.a2a_overlap | (lay.sched == SCHEDULES.index("dualpipev"))
 
 
 def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
@@ -615,8 +622,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_bwd = 2 * a2a_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
                                      + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
-        # an overlapped all-to-all runs beside another micro-batch's compute, not in this layer's stream
-        ovl = lay.a2a_overlap | (lay.sched == SCHEDULES.index("dualpipev"))
+        ovl = _a2a_off_stream(lay)
         stream = Phase(tp_ar + np.where(ovl, 0.0, a2a_fwd), tp_ar + np.where(ovl, 0.0, a2a_bwd), zero, zero)
         moe_host = host.host_gap(host.host_time(hw, host_moe), moe, stream)
         moe = moe + moe_host
