@@ -108,9 +108,10 @@ STACK_OPTIONS = [
         click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
                      show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
                      "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
-        click.option("--fp8", type=click.Choice(["none", "current", "mxfp8"]), default="none", show_default=True,
-                     help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor current scaling, or "
-                     "MXFP8 block scaling (Blackwell); attention, router and LM head stay bf16"),
+        click.option("--fp8", type=click.Choice(["none", "current", "mxfp8", "blockwise"]), default="none",
+                     show_default=True, help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor "
+                     "current scaling, MXFP8 block scaling (Blackwell), or DeepSeek-V3's 1x128 / 128x128 blockwise "
+                     "scaling; attention, router and LM head stay bf16"),
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),

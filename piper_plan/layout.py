@@ -18,7 +18,7 @@ from .errors import LayoutError
 
 Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
-Fp8 = Literal["none", "current", "mxfp8"]
+Fp8 = Literal["none", "current", "mxfp8", "blockwise"]
 # Megatron-Core --recompute-modules (selective recompute): what each re-runs in the backward
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
@@ -67,7 +67,8 @@ class Layout(BaseModel):
         "(TE GroupedLinear's default cuBLAS path); loop, one GEMM per expert in turn (a Python loop, X-MoE)")
     fp8: Fp8 = Field(
         "none", description="GEMMs in FP8 with bf16 activations (Transformer Engine): 'current' per-tensor "
-        "current scaling (Hopper and later), 'mxfp8' 1x32 block scaling (Blackwell); attention, router and LM "
+        "current scaling (Hopper and later), 'mxfp8' 1x32 block scaling (Blackwell), 'blockwise' 1x128 "
+        "activation / 128x128 weight blocks (DeepSeek-V3's recipe; Hopper and later); attention, router and LM "
         "head stay in `dtype`")
     cuda_graphs: tuple[CudaGraphScope, ...] = Field(
         (), description="what the runtime captures as CUDA graphs (Megatron-Core --cuda-graph-scope): attn, mlp "

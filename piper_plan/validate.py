@@ -83,7 +83,7 @@ def _kind(row) -> str:
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
-MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report")  # Megatron-Core with Transformer Engine
+MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes")  # Megatron-Core with Transformer Engine
 
 
 def _settings(row) -> dict:
@@ -129,7 +129,7 @@ def _layout(row) -> Layout:
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
                   seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp,
-                  fp8={"fp8": "current", "mxfp8": "mxfp8"}.get(row["precision"], "none"),
+                  fp8={"fp8": "current", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}.get(row["precision"], "none"),
                   **_settings(row))
 
 
@@ -210,7 +210,8 @@ def predict_row(row) -> tuple[float, str]:
 def _measured_step(row, m, lay: Layout) -> float | None:
     """The step time (s) a published figure fixes: tokens/s/GPU in the notes, an iteration
     time, or a TFLOPS figure under its source's own FLOP count (Narayanan's eq. 3, X-MoE's
-    calculator); None for memory rows and TFLOPS under our count."""
+    calculator, Megatron's, which is ours for the models it publishes); None for memory rows and
+    the Piper paper's TFLOPS (planner's choice)."""
     tok = _tokens_per_gpu(row)
     value, metric = float(row["value"]), row["metric"]
     tokens = lay.global_batch * lay.seq
@@ -222,6 +223,11 @@ def _measured_step(row, m, lay: Layout) -> float | None:
         return _narayanan_flops(row) / (value * 1e12 * lay.gpus)
     if metric == "model_tflops_per_gpu" and row["group"] == "xmoe2025":
         return _xmoe_flops_per_token(m, lay.seq) * tokens / (value * 1e12 * lay.gpus)
+    if metric == "model_tflops_per_gpu" and row["group"] in MEGATRON_GROUPS:
+        # Megatron's model FLOPs per token equal ours for these models: the tables' TFLOPS over
+        # tokens/s give 23.08 GFLOP (Qwen3-30B-A3B), 148.0 (Qwen3-235B-A22B), 32.63 (GPT-OSS-120B,
+        # 2026 card) against our 23.08, 148.3, 32.71 (validation/README.md)
+        return m.flops_per_token(lay.seq) * tokens / (value * 1e12 * lay.gpus)
     return None
 
 

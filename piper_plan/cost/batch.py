@@ -10,12 +10,12 @@ from ..layout import SCHEDULES, RECOMPUTES, Layout
 A2AS = ("flat", "halo", "dedup")
 PLACEMENTS = ("packed", "spread")
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
-FP8S = ("none", "current", "mxfp8")
+FP8S = ("none", "current", "mxfp8", "blockwise")
 # Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
 RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 # Layout.cuda_graphs as a bitmask column (LayoutBatch.graphs)
 GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
-FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8"}  # Layout.fp8 -> cost model compute dtype
+FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8", "blockwise": "fp8_blockwise"}  # Layout.fp8 -> cost model compute dtype
 # local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
 # multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
 # multi_stream.cpp, num_compute_streams = 4)

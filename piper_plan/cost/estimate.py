@@ -102,7 +102,7 @@ def _a2a(hw, lay, nbytes, m: ModelSpec):
 def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing | None = None,
              headroom_gib: float = 0.0, compute_dtype: str | None = None) -> Estimate:
     """compute_dtype: GEMM precision (default: the layouts' Layout.fp8 recipe, else from the
-    activation bytes, fp32 or bf16; 'fp8' (current scaling) and 'mxfp8' run GEMMs at the fp8
+    activation bytes, fp32 or bf16; 'fp8' (current scaling), 'mxfp8' and 'fp8_blockwise' run GEMMs at the fp8
     peak with bf16 activations). MFU is always against the bf16 peak (or fp32 for fp32 runs).
     One batch holds one FP8 recipe (the cost model's dtype is per call)."""
     routing = routing or Routing()

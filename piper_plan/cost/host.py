@@ -35,7 +35,7 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
-from .batch import EXPERT_GEMM_STREAMS, FP8S, LayoutBatch, graphed
+from .batch import EXPERT_GEMM_STREAMS, FP8_COMPUTE, FP8S, LayoutBatch, graphed
 from .compute import FP8_QUANT, Phase
 
 ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
@@ -43,7 +43,7 @@ ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forw
 
 def _quant(lay: LayoutBatch) -> np.ndarray:
     """Quantisation kernels per quantised GEMM input (0 without an FP8 recipe)."""
-    return np.array([FP8_QUANT[FP8S[i]][1] if FP8S[i] in FP8_QUANT else 0.0 for i in range(len(FP8S))])[lay.fp8]
+    return np.array([FP8_QUANT[FP8_COMPUTE[f]][1] if f in FP8_COMPUTE else 0.0 for f in FP8S])[lay.fp8]
 
 
 def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
