@@ -4,10 +4,7 @@ Both `estimate` and `search` go through here, so a plan written by the search re
 under `estimate` exactly."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import numpy as np
 
 from .cost.batch import from_layouts
 from .cost.estimate import Estimate, Routing, evaluate
