@@ -201,8 +201,8 @@ def _layout_from(kw, model):
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
-                  a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw), grad_dtype=kw["grad_dtype"],
-                  overlap_grad_reduce=kw["overlap_grad_reduce"])
+                  a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
+                  grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
 @main.command()
@@ -418,8 +418,8 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @click.option("--explain", "explain_id", default=None, help="one row in full: its settings, predicted breakdown "
               "and what the model misses per layer and micro-batch")
 @click.option("--sensitivity", is_flag=True, help="the errors per kind again with each family of hardware "
-              "efficiencies (and host and launch costs) scaled (x0.8, x1.25) and with all compute efficiencies scaled together (about 20 "
-              "passes over the rows)")
+              "efficiencies (and host and launch costs) scaled x0.8 and x1.25, and with all compute efficiencies "
+              "scaled together (about 16 passes over the rows)")
 @one_line_errors
 def validate_cmd(group, as_json, explain_id, sensitivity):
     """Predicted vs published measurements, with errors per group."""
@@ -500,9 +500,11 @@ def _show_sensitivity(group, as_json):
     from rich.table import Table
 
     from . import report
-    from .validate_sensitivity import compute_scan, sensitivity
+    from .validate_sensitivity import COMPUTE, compute_scan, sensitivity
 
-    rows = sensitivity(group=group) + compute_scan(group=group)
+    rows = sensitivity(group=group)
+    # the scan's x1 is the unscaled specs, priced already as the first row
+    rows += compute_scan(factors=(0.6, 0.7, 0.8, 0.9), group=group) + [{**rows[0], "family": "+".join(COMPUTE)}]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -83,7 +83,8 @@ def _kind(row) -> str:
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
-MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes")  # Megatron-Core with Transformer Engine
+# Megatron-Core with Transformer Engine
+MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes")
 
 
 def _settings(row) -> dict:
@@ -202,9 +203,18 @@ def _row_estimate(row, m, hw):
     return lay, evaluate(m, hw, from_layouts([lay])), 0
 
 
-def predict_row(row) -> tuple[float, str]:
+def _priced(row, hw_edit=None):
+    """(model, layout, Estimate, index) a row is priced under (_row_estimate) on its bundled
+    specs; hw_edit, if given, maps the hardware spec first (validate_sensitivity)."""
     m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
-    return _row_value(row, m, *_row_estimate(row, m, hw))
+    if hw_edit is not None:
+        hw = hw_edit(hw)
+    return (m, *_row_estimate(row, m, hw))
+
+
+def predict_row(row) -> tuple[float, str]:
+    m, *priced = _priced(row)
+    return _row_value(row, m, *priced)
 
 
 def _measured_step(row, m, lay: Layout) -> float | None:
@@ -232,8 +242,9 @@ def _measured_step(row, m, lay: Layout) -> float | None:
 
 
 def _step_gap(row, m, lay, est, i) -> dict:
-    """Where the published figure fixes a step time (_measured_step): the measured step (s), and the predicted and missing (measured −
-    predicted) ms per transformer layer and micro-batch on a rank — the unit in which a
+    """Where the published figure fixes a step time (_measured_step): the measured step (s),
+    and the predicted and missing (measured − predicted) ms per transformer layer and
+    micro-batch on a rank — the unit in which a
     per-layer cost the model lacks (host launches, a kernel it does not price) shows up
     whatever the batch. Planner's-choice rows compare a searched layout: no gap."""
     if lay is None or _searched(row):
@@ -284,8 +295,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     if not rows:
         raise PiperError(f"{path or data_path()}: id: no row {row_id!r}")
     row = rows[0]
-    m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
-    lay, est, i = _row_estimate(row, m, hw)
+    m, lay, est, i = _priced(row)
     pred, _ = _row_value(row, m, lay, est, i)
     out = {"id": row_id, "metric": row["metric"], "published": float(row["value"]), "predicted": pred,
            "source": row["source"], "notes": row["notes"]}
@@ -312,10 +322,7 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
     for row in rows:
         if group and row["group"] != group:
             continue
-        m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
-        if hw_edit is not None:
-            hw = hw_edit(hw)
-        priced = _row_estimate(row, m, hw)
+        m, *priced = _priced(row, hw_edit)
         pred, desc = _row_value(row, m, *priced)
         metric, pub = row["metric"], float(row["value"])
         tok = _tokens_per_gpu(row)

@@ -15,7 +15,8 @@ FP8S = ("none", "current", "mxfp8", "blockwise")
 RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 # Layout.cuda_graphs as a bitmask column (LayoutBatch.graphs)
 GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
-FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8", "blockwise": "fp8_blockwise"}  # Layout.fp8 -> cost model compute dtype
+# Layout.fp8 -> cost model compute dtype
+FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8", "blockwise": "fp8_blockwise"}
 # local-expert GEMMs in flight at once per EXPERT_GEMMS entry (0: all, one grouped kernel);
 # multistream: Transformer Engine's pool of compute streams (transformer_engine/common/util/
 # multi_stream.cpp, num_compute_streams = 4)

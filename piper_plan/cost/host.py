@@ -39,17 +39,14 @@ from .batch import EXPERT_GEMM_STREAMS, FP8_COMPUTE, FP8S, LayoutBatch, graphed
 from .compute import FP8_QUANT, Phase
 
 ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
-
-
-def _quant(lay: LayoutBatch) -> np.ndarray:
-    """Quantisation kernels per quantised GEMM input (0 without an FP8 recipe)."""
-    return np.array([FP8_QUANT[FP8_COMPUTE[f]][1] if f in FP8_COMPUTE else 0.0 for f in FP8S])[lay.fp8]
+# quantisation kernels per quantised GEMM input, indexed by LayoutBatch.fp8 (0 without an FP8 recipe)
+QUANT_KERNELS = np.array([FP8_QUANT[FP8_COMPUTE[f]][1] if f in FP8_COMPUTE else 0.0 for f in FP8S])
 
 
 def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     """(dense layer, MoE layer) operations the host issues in one layer's forward for one
     micro-batch, per layout."""
-    q = _quant(lay)
+    q = QUANT_KERNELS[lay.fp8]
     tp_comm = np.where(lay.tp > 1, 2.0, 0.0)
     gemms = 5.0 if (m.mla is not None and m.mla.q_lora_rank) else 4.0 if m.mla is not None else 2.0
     attn_ops = 5.0 + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm
