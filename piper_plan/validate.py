@@ -181,6 +181,15 @@ def _searched(row) -> bool:
     return row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"])
 
 
+def _compared(row) -> tuple[str, float]:
+    """(metric, published value) a row is compared in: a TFLOPS row whose notes also publish
+    tokens/s/GPU is compared in tokens/s (no FLOP convention needed); others as published."""
+    tok = _tokens_per_gpu(row)
+    if row["metric"] == "model_tflops_per_gpu" and tok and not _searched(row):
+        return "tokens_per_s_per_gpu", tok
+    return row["metric"], float(row["value"])
+
+
 def _row_estimate(row, m, hw):
     """(layout, Estimate, index) a row is predicted under: the published layout run as its
     source's software runs it, or for "planner's choice" rows the best plan the search finds
@@ -297,7 +306,8 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     row = rows[0]
     m, lay, est, i = _priced(row)
     pred, _ = _row_value(row, m, lay, est, i)
-    out = {"id": row_id, "metric": row["metric"], "published": float(row["value"]), "predicted": pred,
+    metric, pub = _compared(row)
+    out = {"id": row_id, "metric": metric, "published": pub, "predicted": pred,
            "source": row["source"], "notes": row["notes"]}
     if lay is None:
         return out
@@ -324,10 +334,7 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
             continue
         m, *priced = _priced(row, hw_edit)
         pred, desc = _row_value(row, m, *priced)
-        metric, pub = row["metric"], float(row["value"])
-        tok = _tokens_per_gpu(row)
-        if metric == "model_tflops_per_gpu" and tok and row["recompute"] != "planner's choice":
-            metric, pub = "tokens_per_s_per_gpu", tok
+        metric, pub = _compared(row)
         gap = _step_gap(row, m, *priced).get("missing_ms_per_layer_microbatch")
         out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
                           gap))

@@ -105,3 +105,30 @@ def test_layouts_priced_together_get_their_own_host_floor(qwen):
     together = _est(m, hw, one, dual)
     assert together.time["host"][1] == pytest.approx(_est(m, hw, dual).time["host"][0], rel=1e-12)
     assert together.time["host"][0] == pytest.approx(_est(m, hw, one).time["host"][0], rel=1e-12)
+
+
+def test_gpt_oss_expert_bias_and_clamp_cost_where_experts_launch_one_by_one():
+    """Megatron-Core adds GPT-OSS's fc2 bias per local expert outside the GEMM and clamps the GLU
+    input with separate kernels (cost.compute._expert_extras): they add host operations and
+    memory passes on per-expert GEMMs, and nothing where one fused grouped kernel runs the experts."""
+    m, hw = load_model("gpt-oss-120b"), load_hardware("dgx-h100")
+    plain = m.model_copy(update={"moe": m.moe.model_copy(update={"expert_bias": False, "glu_clamp": None})})
+    base = dict(gpus=8, tp=1, pp=1, dp=8, ep=8, mbs=1, global_batch=64, seq=4096, a2a="flat")
+    lays = [Layout(**base, expert_gemm=g) for g in ("multistream", "grouped")]
+    _, ops = host.layer_ops(m, from_layouts(lays))
+    _, plain_ops = host.layer_ops(plain, from_layouts(lays))
+    local = 128 // 8
+    assert ops[0] - plain_ops[0] == 3 + 2 * local + 4  # clamp kernels; 2 ops an expert + split, cat, cast
+    assert ops[1] == plain_ops[1]
+    est, est_plain = _est(m, hw, *lays), _est(plain, hw, *lays)
+    assert est.step_time_s[0] > est_plain.step_time_s[0]
+    assert est.step_time_s[1] == pytest.approx(est_plain.step_time_s[1], rel=1e-12)
+
+
+def test_moe_act_recompute_reruns_the_clamp():
+    m, hw = load_model("gpt-oss-120b"), load_hardware("dgx-b200")
+    plain = m.model_copy(update={"moe": m.moe.model_copy(update={"glu_clamp": None})})
+    lays = [Layout(gpus=8, tp=1, pp=1, dp=8, ep=8, mbs=1, global_batch=64, seq=4096, expert_gemm="multistream",
+                   recompute="selective", recompute_modules=mods) for mods in (("moe_act",), ("layernorm",))]
+    clamp_cost = _est(m, hw, *lays).step_time_s - _est(plain, hw, *lays).step_time_s
+    assert clamp_cost[0] > clamp_cost[1] > 0  # the clamp runs again when the activation is recomputed

@@ -258,6 +258,9 @@ BAD = [
     ("scoring", _bad(lambda c: c.update(scoring_func="tanh"),
                      lambda: json.loads((HF / "deepseek-v3.json").read_text())), "scoring_func", "softmax or sigmoid"),
     ("text_config", {"model_type": "llama4", "text_config": [1]}, "text_config", "expected an object"),
+    ("swiglu_limit", _bad(lambda c: c.update(swiglu_limit="seven"),
+                          lambda: json.loads((HF / "gpt-oss-120b.json").read_text())), "swiglu_limit",
+     "expected a positive number"),
     ("root", [1, 2], "<root>", "expected a JSON object"),
 ]
 
@@ -285,3 +288,12 @@ def test_config_json_named_after_its_folder(tmp_path):
     d.mkdir()
     (d / "config.json").write_text((HF / "mixtral-8x7b.json").read_text())
     assert load_model(str(d / "config.json")).name == "Mixtral-8x7B-v0.1"
+
+
+def test_gpt_oss_import_carries_its_expert_biases_and_clamp():
+    m = load_model(str(HF / "gpt-oss-120b.json"))
+    assert m.moe.expert_bias and m.moe.glu_clamp == 7.0
+    # families without them keep the defaults, which a dumped spec leaves out
+    q = load_model("qwen3-30b-a3b")
+    assert not q.moe.expert_bias and q.moe.glu_clamp is None
+    assert "expert_bias" not in q.model_dump()["moe"]

@@ -233,15 +233,49 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
-    total = ph + _elementwise(hw, elems * eb, 8)
+    extra, clamp_f = _expert_extras(m, hw, lay, rows + local * pad, eb)
+    total = ph + _elementwise(hw, elems * eb, 8) + extra
     norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
+    act_f = stream_time(hw, act * eb, 1) + clamp_f  # what moe_act recompute re-runs
     sel = (np.where(recomputes(lay, "moe"), total.f - norm_f, 0.0)
-           + np.where(recomputes(lay, "moe_act") & ~recomputes(lay, "moe"), stream_time(hw, act * eb, 1), 0.0)
+           + np.where(recomputes(lay, "moe_act") & ~recomputes(lay, "moe"), act_f, 0.0)
            + np.where(recomputes(lay, "layernorm"), norm_f, 0.0))
     if mo.shared_experts:
         sel = sel + np.where(recomputes(lay, "shared_experts") & ~recomputes(lay, "moe"), (lin[2] + lin[3]).f, 0.0)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
+
+
+def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> tuple[Phase, np.ndarray]:
+    """(Phase, clamp forward seconds) of what GPT-OSS-style experts add to `n` routed rows where
+    their GEMMs launch per expert (Megatron-Core's TEGroupedMLP on TE GroupedLinear; a fused
+    grouped MLP kernel is taken to absorb both):
+    - glu_clamp: fused_bias_geglu.weighted_bias_quick_geglu_impl clamps the two halves of the
+      2f-wide input with separate kernels and concatenates them (read 2f, write 2f, then read
+      and write 2f again); backward, each clamp reads its gradient and saved input and writes a
+      gradient, and the chunk's backward concatenates them: 8f and 10f elements a row;
+    - expert_bias: fc2's bias is added outside the GEMM, one expert at a time, scaled by the
+      fp32 routing probability (TEGroupedMLP._apply_bias: `t + b * p` per expert, then cat
+      and cast back): b·p written in fp32, the sum read (t, b·p) and written in fp32, the cat
+      read and written, the cast read and written, d·(24 + 2·eb) bytes a row; backward, the
+      casts back, bias and probability gradients (a product and a reduction each) and the split's
+      cat, d·(32 + 4·eb); 2 kernels an expert forward, 6 backward. fc1's bias rides the GEMM
+      epilogue (cuBLASLt bias / bgrad): free."""
+    mo = m.moe
+    z = np.zeros(len(lay))
+    if not (mo.glu_clamp or mo.expert_bias):
+        return Phase(z, z, z, z), z
+    f, d = mo.expert_ffn_size, m.hidden_size
+    per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0
+    local = mo.num_experts / lay.ep
+    cf, cb = (8.0 * f * n * eb, 10.0 * f * n * eb) if mo.glu_clamp else (z, z)
+    bf, bb = (d * (24.0 + 2.0 * eb) * n, d * (32.0 + 4.0 * eb) * n) if mo.expert_bias else (z, z)
+    kf = (3.0 if mo.glu_clamp else 0.0) + (2.0 * local + 2.0 if mo.expert_bias else 0.0)
+    kb = (4.0 if mo.glu_clamp else 0.0) + (6.0 * local + 2.0 if mo.expert_bias else 0.0)
+    fwd = np.where(per_expert, stream_time(hw, cf + bf, kf), 0.0)
+    bwd = np.where(per_expert, stream_time(hw, cb + bb, kb), 0.0)
+    clamp_f = np.where(per_expert & bool(mo.glu_clamp), stream_time(hw, cf, 3.0), 0.0)
+    return Phase(fwd, bwd, z, z), clamp_f
 
 
 def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:

@@ -52,6 +52,10 @@ class _Cfg:
         elif kind is bool:
             if not isinstance(v, bool):
                 raise self._err(key, f"expected true or false, got {_short(v)}")
+        elif kind is float:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise self._err(key, f"expected a positive number, got {_short(v)}")
+            v = float(v)
         elif kind is str:
             if not isinstance(v, str):
                 raise self._err(key, f"expected a string, got {_short(v)}")
@@ -221,9 +225,10 @@ def _llama(c: _Cfg) -> dict:
 
 
 def _gpt_oss(c: _Cfg) -> dict:
-    # Modelled: q/k/v/o biases (attention_bias) and the alternating sliding-window layers
-    # (layer_types; attention FLOPs only). Not modelled: expert biases (3 intermediate_size
-    # per expert), router bias, per-head attention sinks, the swiglu clamp.
+    # Modelled: q/k/v/o biases (attention_bias), the alternating sliding-window layers
+    # (layer_types; attention FLOPs only), the expert biases (gate_up_proj_bias, down_proj_bias:
+    # their unfused adds, not their 0.03% of the parameters) and the swiglu clamp (swiglu_limit).
+    # Not modelled: the router bias and the per-head attention sinks.
     out = _base(c)
     window = c.get("sliding_window", int, default=None)
     types = c.data.get("layer_types")
@@ -238,7 +243,10 @@ def _gpt_oss(c: _Cfg) -> dict:
         out["full_attention_every"] = every
     out["moe"] = _moe_block(c, c.first(("num_local_experts", "num_experts")),
                             c.first(("num_experts_per_tok", "experts_per_token")),
-                            c.get("intermediate_size"), router="softmax")
+                            c.get("intermediate_size"), router="softmax", expert_bias=True)
+    clamp = c.get("swiglu_limit", float, default=None)
+    if clamp is not None:
+        out["moe"]["glu_clamp"] = clamp
     out["tied_embeddings"] = _tied(c, False)
     if c.get("attention_bias", bool, default=True):
         out["linear_bias"] = True

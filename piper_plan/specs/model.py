@@ -24,7 +24,7 @@ class MLASpec(_Strict):
 
 
 class MoESpec(_Optional):
-    _OMIT_AT_DEFAULT = ("route_groups", "route_group_limit")
+    _OMIT_AT_DEFAULT = ("route_groups", "route_group_limit", "expert_bias", "glu_clamp")
 
     num_experts: int = Field(..., ge=1, description="routed experts per MoE layer")
     top_k: int = Field(..., ge=1)
@@ -38,6 +38,11 @@ class MoESpec(_Optional):
         None, ge=1, description="group-limited routing (DeepSeek-V2/V3 n_group): the experts form this many "
         "groups of consecutive ids, and a token's top-k experts come from route_group_limit of them")
     route_group_limit: Optional[int] = Field(None, ge=1, description="groups a token may route to (topk_group)")
+    expert_bias: bool = Field(False, description="routed experts' linears carry biases (GPT-OSS); priced as "
+                              "Megatron-Core adds fc2's: per local expert, in fp32, outside the GEMM (cost.compute)")
+    glu_clamp: Optional[float] = Field(None, gt=0, description="the gated expert's input is clamped to this "
+                                       "magnitude before its activation (GPT-OSS swiglu_limit 7.0): separate "
+                                       "clamp and concatenate kernels in Megatron-Core")
 
     @model_validator(mode="after")
     def _k(self):
