@@ -119,6 +119,10 @@ STACK_OPTIONS = [
                      help="what the runtime replays as CUDA graphs, comma-separated (Megatron-Core "
                      "--cuda-graph-scope): attn, mlp, moe, moe_router, moe_preprocess, full_iteration; none: eager. "
                      "Priced on specs that give efficiency.host_op_us"),
+        click.option("--pipeline-split", type=click.Choice(["balanced", "even", "account"]), default="balanced",
+                     show_default=True, help="how layers split into pipeline chunks: by cost (piper), evenly "
+                     "(Megatron-Core's default), or with the embedding and loss counted as one layer each "
+                     "(Megatron-Core --account-for-embedding/loss-in-pipeline-split)"),
 ]
 
 
@@ -202,7 +206,7 @@ def _layout_from(kw, model):
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
                   a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
-                  grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
+                  pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
 @main.command()
@@ -273,7 +277,7 @@ def _space(kw, model, gpus):
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
                        expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"],
-                       cuda_graphs=_graph_scopes(kw))
+                       cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
 
 
 def _load_for_search(kw):

@@ -26,6 +26,7 @@ A2A = Literal["flat", "halo", "dedup"]
 # Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
 CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
 Placement = Literal["packed", "spread"]
+PipelineSplit = Literal["balanced", "even", "account"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -75,6 +76,11 @@ class Layout(BaseModel):
         "(a dense MLP), moe (a whole MoE layer; token-dropping runs only), moe_router, moe_preprocess, "
         "full_iteration; a captured scope costs the host one launch instead of one issue per operation "
         "(cost/host.py); empty: eager")
+    pipeline_split: PipelineSplit = Field(
+        "balanced", description="how layers split into the pipeline's chunks: balanced, the embedding and the LM "
+        "head and loss counted at their cost in layers (piper's rule); even, layers / chunks each, as Megatron-Core "
+        "splits by default (the last chunk also runs the LM head and loss); account, Megatron-Core's "
+        "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split: each counts as one layer")
     a2a_overlap: bool = Field(
         False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
         "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost.batch import EXPERT_GEMMS, FP8S, LayoutBatch, graph_bits, rc_bits
+from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, graph_bits, rc_bits
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .specs.hardware import HardwareSpec
@@ -55,6 +55,7 @@ class SearchSpace:
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     fp8: str = "none"             # Layout.fp8: FP8 GEMMs (Transformer Engine recipes)
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
+    pipeline_split: str = "balanced"  # Layout.pipeline_split: how the runtime splits layers into chunks
 
 
 @dataclass
@@ -179,6 +180,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap,
                 fp8=FP8S.index(sp.fp8), graphs=graph_bits(sp.cuda_graphs), overlap=True,
+                split=SPLITS.index(sp.pipeline_split),
                 act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4)
     if headroom_gib is not None:
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor

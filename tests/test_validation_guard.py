@@ -23,7 +23,7 @@ def test_moe_rows_do_not_regress(results):
     # The MoE target (MAPE <= 20 %, max 35 %) is NOT met yet (issue 4 stays open); this guard
     # pins today's level so a change that makes the MoE model worse fails.
     k = summary(results)["kinds"]["moe"]
-    assert k["rows"] == 66 and k["mape"] <= 28.0  # 26.7 % over the 66 rows (20.8 % over the first 18)
+    assert k["rows"] == 66 and k["mape"] <= 27.0  # 25.6 % over the 66 rows (18.7 % over the first 18)
 
 
 def test_dense_ranking_follows_measurement(results):
@@ -72,3 +72,12 @@ def test_every_megatron_row_names_the_cuda_graph_scopes_its_recipe_replays():
     for r in rows:
         scopes = r["cuda_graphs"].split("+")
         assert scopes == ["none"] or all(s in GRAPH_SCOPES for s in scopes), (r["id"], r["cuda_graphs"])
+
+
+def test_every_pipelined_megatron_row_says_how_its_layers_were_split():
+    import csv
+
+    from piper_plan.validate import MEGATRON_GROUPS, data_path
+    rows = [r for r in csv.DictReader(open(data_path())) if r["pp"] not in ("", "1")]
+    assert rows and all(r["pipeline_split"] in ("even", "account", "layout") for r in rows
+                        if r["group"] in MEGATRON_GROUPS or r["group"].startswith(("narayanan", "korthikanti")))

@@ -11,6 +11,7 @@ A2AS = ("flat", "halo", "dedup")
 PLACEMENTS = ("packed", "spread")
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8", "blockwise")
+SPLITS = ("balanced", "even", "account")  # Layout.pipeline_split
 # Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
 RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
 # Layout.cuda_graphs as a bitmask column (LayoutBatch.graphs)
@@ -72,6 +73,7 @@ class LayoutBatch:
     fp8: np.ndarray          # index into FP8S (Layout.fp8)
     a2a_overlap: np.ndarray  # bool: all-to-all hidden behind another micro-batch's compute (Layout.a2a_overlap)
     graphs: np.ndarray      # Layout.cuda_graphs as bits of GRAPH_SCOPES
+    split: np.ndarray       # index into SPLITS (Layout.pipeline_split)
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
     act_bytes: np.ndarray   # bytes per activation element (dtype)
     grad_bytes: np.ndarray  # bytes per gradient element
@@ -105,6 +107,7 @@ class LayoutBatch:
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
                       a2a_overlap=bool(self.a2a_overlap[i]), fp8=FP8S[g("fp8")],
                       cuda_graphs=tuple(x for i, x in enumerate(GRAPH_SCOPES) if g("graphs") >> i & 1),
+                      pipeline_split=SPLITS[g("split")],
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
 
 
@@ -121,7 +124,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
         a2a_overlap=col(lambda x: x.a2a_overlap), fp8=col(lambda x: FP8S.index(x.fp8)),
-        graphs=col(lambda x: graph_bits(x.cuda_graphs)),
+        graphs=col(lambda x: graph_bits(x.cuda_graphs)), split=col(lambda x: SPLITS.index(x.pipeline_split)),
         overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
     )

@@ -135,9 +135,9 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # ---- chunks and representative ranks ----------------------------------------------
     chunks = lay.pp * lay.vpp
     # the partition reads only the chunk count and per-layer costs: compute it once per distinct pair
-    _, first, inv = distinct_rows(layer_row, chunks)
+    _, first, inv = distinct_rows(layer_row, chunks, lay.split)
     row = layer_row[first]
-    cs = chunk_sizes(L, chunks[first], lc["x_first"][row], lc["x_last"][row]).take(inv)
+    cs = chunk_sizes(L, chunks[first], *_split_extras(lay.split[first], lc["x_first"][row], lc["x_last"][row])).take(inv)
     v_shape = lay.sched >= 3
     vm1 = (lay.vpp - 1).astype(float)
     pp1 = lay.pp == 1
@@ -298,6 +298,14 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
         mem[r] = comps
         peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
     return mem, peak, stage_of
+
+
+def _split_extras(split, x_first, x_last):
+    """What the partition counts the embedding and the LM head as, in layers (Layout.pipeline_split):
+    their cost (balanced), nothing (even: Megatron-Core's default), one layer each (account)."""
+    one = np.ones_like(x_first)
+    return (np.select([split == 1, split == 2], [0.0 * one, one], x_first),
+            np.select([split == 1, split == 2], [0.0 * one, one], x_last))
 
 
 def _owned(lay: LayoutBatch, edp, rep, exp):

@@ -1,0 +1,44 @@
+"""Layout.pipeline_split: how layers fall into pipeline chunks. Megatron-Core splits evenly unless
+told to count the embedding and the loss as a layer each; piper balances by cost. A big LM head
+(GPT-OSS: 201k vocabulary) makes the even split's last stage the pipeline's straggler."""
+import pytest
+
+from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.estimate import evaluate
+from piper_plan.cost.stages import materialise
+from piper_plan.layout import Layout
+from piper_plan.specs.registry import load_hardware, load_model
+
+
+def _run(m, hw, **kw):
+    splits = ("balanced", "even", "account")
+    lays = [Layout(**kw, pipeline_split=s) for s in splits]
+    est = evaluate(m, hw, from_layouts(lays))
+    parts = {s: materialise(m.num_layers, lays[i].stages, est.chunks, i) for i, s in enumerate(splits)}
+    return est, parts
+
+
+def test_megatron_splits_put_whole_layers_where_its_rules_do():
+    m, hw = load_model("gpt-oss-120b"), load_hardware("dgx-h100")
+    est, parts = _run(m, hw, gpus=64, pp=4, ep=8, dp=16, mbs=1, global_batch=256, seq=4096)
+    assert [len(c) for c in parts["even"]] == [9, 9, 9, 9]  # 36 layers / 4
+    # balanced by cost: the LM head's stage holds fewer layers than the others
+    bal = [len(c) for c in parts["balanced"]]
+    assert bal[-1] < 9 and sum(bal) == 36
+    # the even split's last stage runs 9 layers and the head: the slowest step of the three
+    assert est.step_time_s[1] > est.step_time_s[2] >= est.step_time_s[0]
+
+
+def test_account_counts_the_embedding_and_loss_as_one_layer_each():
+    m, hw = load_model("qwen3-235b-a22b"), load_hardware("dgx-h100")
+    _, parts = _run(m, hw, gpus=256, pp=8, vpp=4, schedule="interleaved", ep=8, dp=32, mbs=1, global_batch=512,
+                    seq=4096)
+    sizes = [len(c) for c in parts["account"]]
+    # 94 layers + 2 slots over 32 chunks: 3 slots each, the first and last give one up
+    assert sizes[0] == 2 and sizes[-1] == 2 and set(sizes[1:-1]) == {3} and sum(sizes) == 94
+
+
+def test_one_stage_ignores_the_split():
+    m, hw = load_model("gpt-oss-120b"), load_hardware("dgx-h100")
+    est, _ = _run(m, hw, gpus=8, pp=1, ep=8, dp=8, mbs=1, global_batch=64, seq=4096)
+    assert est.step_time_s[0] == pytest.approx(est.step_time_s[1]) == pytest.approx(est.step_time_s[2])
