@@ -206,7 +206,8 @@ def _layout_from(kw, model):
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
                   a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
-                  pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"], overlap_grad_reduce=kw["overlap_grad_reduce"])
+                  pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
+                  overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
 @main.command()

@@ -17,9 +17,10 @@ source's own FLOP convention:
 Software settings follow each source: Megatron 2021/22 ran eager fused-softmax attention with
 dropout, fp32 gradients, no distributed optimizer and a DP all-reduce after the flush;
 Megatron-Bridge runs flash attention, no dropout, distributed optimizer with overlapped
-reduction, and splits layers over pipeline chunks as each recipe says (the csv's pipeline_split:
-Megatron's even default or its embedding/loss accounting). "planner's choice" rows compare with the best layout our search finds inside the
-space the measured system can run: Piper's rows with its PP × EP mesh (tp 1, ep = dp) and
+reduction. Pipelined runs split layers over chunks as each recipe says (the csv's
+pipeline_split: Megatron's even default or its embedding/loss accounting). "planner's choice"
+rows compare with the best layout our search finds inside the space the measured system can
+run: Piper's rows with its PP × EP mesh (tp 1, ep = dp) and
 1F1B — the schedules and TP its runtime lacks would credit Piper with speed it never had;
 X-MoE rows without a published layout with our best layout without pipelining (X-MoE has no PP);
 X-MoE rows with one run it as its launch script (quoted in the notes) and DeepSpeed's defaults
@@ -100,8 +101,7 @@ def _settings(row) -> dict:
     the host issues the rest, cost/host.py). The Megatron-Core MoE report's rows run the same stack."""
     group = row["group"]
     if group.startswith(("narayanan", "korthikanti")):
-        return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False,
-                    pipeline_split="even" if row.get("pipeline_split") == "even" else "balanced")
+        return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
     notes = row.get("notes", "")
     # TE's fused grouped MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, Blackwell) is one grouped kernel
     fused = "CUTEDSL_FUSED_GROUPED_MLP=1" in notes
@@ -109,10 +109,7 @@ def _settings(row) -> dict:
     # Megatron's flex dispatcher with DeepEP or HybridEP: token-level exchange (Layout.a2a dedup)
     a2a = "dedup" if re.search(r"hybridep|deepep", notes, re.IGNORECASE) else "flat"
     graphs = row.get("cuda_graphs", "")  # the recipe's CUDA-graph scopes (validation/README.md)
-    # how the recipe splits layers over pipeline chunks (validation/README.md): Megatron's default
-    # even split, or its embedding/loss accounting; a hand-written layout string is priced by cost
-    split = {"even": "even", "account": "account"}.get(row.get("pipeline_split", ""), "balanced")
-    return dict(pipeline_split=split, attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True, expert_gemm=egemm,
+    return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True, expert_gemm=egemm,
                 a2a_overlap="moe_a2a_overlap=True" in notes, a2a=a2a,
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
 
@@ -132,9 +129,12 @@ def _layout(row) -> Layout:
     sched = "interleaved" if vpp > 1 else "1f1b"
     mbs = _i(row["mbs"], 1)
     gbs = _i(row["gbs"], dp * mbs)
+    # how the run split layers over pipeline chunks (validation/README.md): Megatron's default even
+    # split, or its embedding/loss accounting; a hand-written layout string is priced by cost
+    split = row.get("pipeline_split", "")
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
                   seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
-                  sequence_parallel=sp,
+                  sequence_parallel=sp, pipeline_split=split if split in ("even", "account") else "balanced",
                   fp8={"fp8": "current", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}.get(row["precision"], "none"),
                   **_settings(row))
 

@@ -137,7 +137,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # the partition reads only the chunk count and per-layer costs: compute it once per distinct pair
     _, first, inv = distinct_rows(layer_row, chunks, lay.split)
     row = layer_row[first]
-    cs = chunk_sizes(L, chunks[first], *_split_extras(lay.split[first], lc["x_first"][row], lc["x_last"][row])).take(inv)
+    x_first, x_last = _split_extras(lay.split[first], lc["x_first"][row], lc["x_last"][row])
+    cs = chunk_sizes(L, chunks[first], x_first, x_last).take(inv)
     v_shape = lay.sched >= 3
     vm1 = (lay.vpp - 1).astype(float)
     pp1 = lay.pp == 1
@@ -303,9 +304,8 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
 def _split_extras(split, x_first, x_last):
     """What the partition counts the embedding and the LM head as, in layers (Layout.pipeline_split):
     their cost (balanced), nothing (even: Megatron-Core's default), one layer each (account)."""
-    one = np.ones_like(x_first)
-    return (np.select([split == 1, split == 2], [0.0 * one, one], x_first),
-            np.select([split == 1, split == 2], [0.0 * one, one], x_last))
+    fixed = np.where(split == 2, 1.0, 0.0)
+    return np.where(split == 0, x_first, fixed), np.where(split == 0, x_last, fixed)
 
 
 def _owned(lay: LayoutBatch, edp, rep, exp):

@@ -65,7 +65,7 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
         shared = (4.0 + 2.0 * q) if mo.shared_experts else 0.0
         # GPT-OSS-style experts on per-expert GEMMs (cost.compute._expert_extras): the clamp's
         # 3 kernels; fc2's bias, 2 ops an expert plus the splits, cat and cast
-        extras = (3.0 if mo.glu_clamp else 0.0) + (2.0 * mo.num_experts / lay.ep + 4.0 if mo.expert_bias else 0.0)
+        extras = (3.0 if mo.glu_clamp else 0.0) + (2.0 * launches + 4.0 if mo.expert_bias else 0.0)
         block = (router + preprocess + 10.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm
                  + np.where(per_expert, extras, 0.0))
         moe = attn + np.where(graphed(lay, "moe"), 1.0, block)
