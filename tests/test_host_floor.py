@@ -132,3 +132,31 @@ def test_moe_act_recompute_reruns_the_clamp():
                    recompute="selective", recompute_modules=mods) for mods in (("moe_act",), ("layernorm",))]
     clamp_cost = _est(m, hw, *lays).step_time_s - _est(plain, hw, *lays).step_time_s
     assert clamp_cost[0] > clamp_cost[1] > 0  # the clamp runs again when the activation is recomputed
+
+
+def test_the_dispatchers_host_sync_splits_a_forward_into_two_stretches():
+    """After the sync the GPU queue is empty: the expert issue cannot overlap the GPU work that
+    follows it up to the next sync, so a forward lasts at least their sum (host.host_gap)."""
+    z = np.zeros(1)
+    gpu = host.Phase(np.array([5.0]), z, z, z)
+    issue = host.Phase(np.array([3.0]), z, z, z)  # fewer seconds of issue than of GPU work
+    assert host.host_gap(issue, gpu, host.Phase(z, z, z, z)).f[0] == 0.0
+    assert host.host_gap(issue, gpu, host.Phase(z, z, z, z), after_sync=2.5, before_sync=4.0).f[0] == 1.5
+
+
+def test_a_gpu_bound_eager_moe_layer_still_waits_for_its_expert_issue(qwen, monkeypatch):
+    m, hw = qwen
+    lay = Layout(**{**EAGER_MOE, "mbs": 4, "cuda_graphs": ("attn", "moe_router", "moe_preprocess")})
+    lb = from_layouts([lay])
+    _, moe_ops = host.layer_ops(m, lb)
+    after = host.post_sync_ops(m, lb)
+    # dispatch, sort, activation, unsort, combine, unpermute, residual; 16 experts' GEMMs + quantisations
+    assert after[0] == 7 + 16 * 2 * 2
+    assert after[0] < moe_ops[0]
+    synced = _est(m, hw, lay)
+    monkeypatch.setattr(host, "post_sync_ops", lambda m, lay: np.zeros(len(lay)))
+    unsynced = _est(m, hw, lay)
+    assert unsynced.time["host"][0] == 0  # by totals the GPU work hides the whole issue
+    assert synced.time["host"][0] > 0
+    graphed = Layout(**{**EAGER_MOE, "mbs": 4, "cuda_graphs": ("attn", "moe_router", "moe_preprocess", "moe")})
+    assert host.post_sync_ops(m, from_layouts([graphed]))[0] == 0  # a captured MoE block has static shapes

@@ -632,7 +632,12 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
         ovl = _a2a_off_stream(lay)
         stream = Phase(tp_ar + np.where(ovl, 0.0, a2a_fwd), tp_ar + np.where(ovl, 0.0, a2a_bwd), zero, zero)
-        moe_host = host.host_gap(host.host_time(hw, host_moe), moe, stream)
+        # the dropless dispatcher's host sync: the GPU work after the layer's last expert issue
+        # up to the next sync (the combine, unless overlapped, and the next layer's attention)
+        # waits for that issue (host.host_gap)
+        after = host.post_sync_ops(m, lay) * hw.efficiency.host_op_us * 1e-6
+        tail = attn.f + np.where(ovl, 0.0, a2a_ex)
+        moe_host = host.host_gap(host.host_time(hw, host_moe), moe, stream, after, tail)
         moe = moe + moe_host
     else:
         moe = Phase(zero, zero, zero, zero)

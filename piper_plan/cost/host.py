@@ -7,7 +7,9 @@ allocations, launch). A layer pass cannot finish before its operations are issue
 their host time exceeds the GPU's time for the layer, the GPU idles for the difference (the
 "CPU overhead" / host-boundedness of fine-grained MoE, Megatron-Core MoE report, arXiv
 2603.07685 §4.3.1, §4.3.6). The dropless dispatcher's host sync in every MoE layer keeps the
-host from running ahead into the next layer, so the comparison is made per layer pass.
+host from running ahead into the next layer, so the comparison is made per layer pass; and
+since the GPU's queue is empty after it, the forward's expert issue cannot hide behind the
+combine and the next layer's attention either (post_sync_ops, host_gap).
 
 Operations per layer forward, from Megatron-Core's modules on Transformer Engine:
 - attention: fused norm + QKV projection, RoPE on q and on k, fused attention, output
@@ -73,6 +75,32 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     return np.where(full, 0.0, dense), np.where(full, 0.0, moe)
 
 
+def post_sync_ops(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
+    """Operations a MoE layer's forward issues after the dropless dispatcher's host sync, per
+    layout (0 where nothing syncs: no MoE, the MoE block or the whole iteration captured as a
+    CUDA graph, whose shapes are static).
+
+    A dropless layer must know on the host how many rows each expert receives: the all-to-all
+    dispatcher copies the counts and synchronises before the expert-parallel all-to-all
+    (Megatron-Core token_dispatcher.py, cuda_sync_point "before_ep_alltoall"; "before_finish"
+    without EP), DeepEP/HybridEP inside the dispatch once the counts are exchanged, and
+    Transformer Engine's GroupedLinear takes the per-expert row counts as a host list. What
+    follows the sync is issued with the GPU's queue empty: the dispatch and combine, sort and
+    unsort, activation, unpermute and residual (7), the expert and shared-expert GEMMs with
+    their quantisation, GPT-OSS's extras and the TP collectives."""
+    if m.moe is None:
+        return np.zeros(len(lay))
+    mo = m.moe
+    q = QUANT_KERNELS[lay.fp8]
+    per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0
+    launches = np.where(per_expert, mo.num_experts / lay.ep, 1.0)
+    shared = (4.0 + 2.0 * q) if mo.shared_experts else 0.0
+    extras = (3.0 if mo.glu_clamp else 0.0) + (2.0 * launches + 4.0 if mo.expert_bias else 0.0)
+    tp_comm = np.where(lay.tp > 1, 2.0, 0.0)
+    post = 7.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm + np.where(per_expert, extras, 0.0)
+    return np.where(graphed(lay, "moe") | graphed(lay, "full_iteration"), 0.0, post)
+
+
 def host_time(hw: HardwareSpec, ops) -> Phase:
     """Host seconds of a layer issuing `ops` forward operations: forward, backward (twice the
     forward's; full recompute's re-issue is added by the caller)."""
@@ -81,10 +109,19 @@ def host_time(hw: HardwareSpec, ops) -> Phase:
     return Phase(s, 2.0 * s, z, z)
 
 
-def host_gap(host: Phase, gpu: Phase, comm: Phase) -> Phase:
+def host_gap(host: Phase, gpu: Phase, comm: Phase, after_sync=0.0, before_sync=0.0) -> Phase:
     """The GPU's idle seconds per micro-batch while the host issues a layer: the host time
-    beyond the layer's GPU time (compute and its communication), forward and backward apart."""
-    f = np.maximum(host.f - (gpu.f + comm.f), 0.0)
+    beyond the layer's GPU time (compute and its communication), forward and backward apart.
+
+    A forward with a host sync (post_sync_ops) is a two-stage flow shop between consecutive
+    syncs: the host issues the `after_sync` seconds of this layer's operations, then the next
+    layer's; the GPU cannot start the next layer's work before it is issued, and that work up to
+    the next sync (`before_sync` GPU seconds: the attention block) cannot overlap this layer's
+    issue. So the forward lasts at least after_sync + before_sync, beside the host's and the GPU's
+    totals. The backward has no sync (its all-to-all splits and GEMM row counts are already on
+    the host), so the host runs ahead and only the totals bound it."""
+    busy = gpu.f + comm.f
+    f = np.maximum(np.maximum(host.f, after_sync + before_sync) - busy, 0.0)
     b = np.maximum(host.b - (gpu.b + gpu.w + comm.b), 0.0)
     z = np.zeros_like(f)
     return Phase(f, b, z, z)
