@@ -8,6 +8,14 @@ kernels.gemm_time on the bundled dgx-h100 spec and reports predicted / measured 
 shape's measured time: what the step model sees of large GEMMs (tens of µs and more) and
 where the roofline is known to miss (a few µs: split-K on few output tiles, short K loops).
 
+validation/gemm_te_b300.csv: Transformer Engine's own GEMM benchmark on B300 (its GEMM
+profiling tutorial: the 12 GEMMs of a hidden-4096 / FFN-16384 layer at 15,872 tokens, BF16,
+FP8 current scaling and MXFP8, with the dynamic quantisation (autocast) and without it
+(pre-quantised)). The Blackwell specs' GEMM plateaus come from its kernel-only layer totals
+(hardware/dgx-b300.yaml); `te_gemm_check` prices every row that times GEMM kernels alone (BF16,
+and the pre-quantised FP8 rows) on dgx-b300, so the per-pass and per-shape spread is what the
+wave and tile model adds around that fit.
+
 validation/a2a_mcore_table7.csv: dispatch and combine latencies of Megatron-Core's NCCL
 all-to-all dispatcher and of HybridEP on H100 and GB200 at EP 8-64 (the Megatron-Core MoE
 report's Table 7: hidden 7168, sequence 4096, 256 experts). `a2a_check` prices one dispatch
@@ -50,6 +58,34 @@ def gemm_check(path: Path | None = None, hardware: str = "dgx-h100") -> dict:
             out[label] = {"shapes": int(sel.sum()), "median": float(np.median(ratio[sel])),
                           "p10": float(np.percentile(ratio[sel], 10)), "p90": float(np.percentile(ratio[sel], 90)),
                           "sum_ratio": float(predicted[sel].sum() / measured[sel].sum())}
+    return out
+
+
+def te_gemm_table_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "validation" / "gemm_te_b300.csv"
+
+
+def te_gemm_check(path: Path | None = None, hardware: str = "dgx-b300") -> list[dict]:
+    """Predicted vs measured ms for the rows of gemm_te_b300.csv that time GEMM kernels alone:
+    one forward GEMM (op named, TE's M x K x N) or a layer's forward, dgrad or wgrad sum over its
+    four GEMMs (op 'layer'). Autocast FP8 rows also time the benchmark's quantisation of both
+    operands of every GEMM, which training does not repeat: they are not priced."""
+    hw = load_hardware(hardware)
+    rows = list(csv.DictReader(open(path or te_gemm_table_path())))
+    by_op = {r["op"]: (int(r["k"]), int(r["n"])) for r in rows if r["op"] != "layer"}
+    out = []
+    for r in rows:
+        if r["recipe"] != "bf16" and r["mode"] != "prequant":
+            continue
+        m, recipe = int(r["m"]), r["recipe"]
+        dtype = "bf16" if recipe == "bf16" else "fp8"
+        shapes = [by_op[r["op"]]] if r["op"] != "layer" else list(by_op.values())
+        t = 0.0
+        for k, n in shapes:
+            dims = {"fprop": (m, n, k), "dgrad": (m, k, n), "wgrad": (k, n, m)}[r["passes"]]
+            t += float(gemm_time(hw, *dims, dtype=dtype, recipe=recipe))
+        out.append({"op": r["op"], "pass": r["passes"], "mode": r["mode"], "recipe": recipe,
+                    "measured_ms": float(r["ms"]), "predicted_ms": 1e3 * t, "ratio": 1e3 * t / float(r["ms"])})
     return out
 
 

@@ -19,7 +19,7 @@ from .validate import run, summary
 FAMILIES = {
     "gemm": ("gemm", "gemm_dtype"),
     "attention": ("attention", "attention_bwd"),
-    "memory": ("memory", "memory_dram"),
+    "memory": ("memory", "memory_dram", "quant_memory"),
     "comm": ("comm", "a2a_fanout"),
     "kernel_overhead_us": ("kernel_overhead_us",),
     "host_op_us": ("host_op_us",),

@@ -1,5 +1,4 @@
 """The memory model against the paper's equations and Korthikanti 2022 Fig. 1."""
-import numpy as np
 import pytest
 
 from piper_plan.cost import activations as act

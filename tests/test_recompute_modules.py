@@ -55,7 +55,7 @@ def test_moe_recompute_keeps_only_the_block_input_and_repeats_its_all_to_all(qwe
 
 
 def test_without_core_attn_the_attention_scores_are_not_recomputed():
-    m, hw = load_model("gpt-22b"), load_hardware("dgx-a100-80gb")
+    m = load_model("gpt-22b")
     lays = [Layout(gpus=8, tp=8, global_batch=4, mbs=4, seq=2048, attention_kernel="eager", recompute="selective",
                    recompute_modules=x) for x in (("core_attn",), ("layernorm",))]
     a = act.attention_terms(m, from_layouts(lays))

@@ -96,7 +96,8 @@ def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
         # forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m): the backward launches as the forward does
         dims += [(m, n_out, k_in, groups, st, e), (m, k_in, n_out, groups, st, e), (k_in, n_out, m, groups, st, e)]
     m, n, k, g, st, e = (np.concatenate([d[i] for d in dims]) for i in range(6))
-    t = gemm_time(hw, m, n, k, groups=g, dtype=gemm_dtype(dtype), elt_bytes=e, streams=st).reshape(len(shapes), 3, -1)
+    t = gemm_time(hw, m, n, k, groups=g, dtype=gemm_dtype(dtype), elt_bytes=e, streams=st,
+                  recipe=dtype).reshape(len(shapes), 3, -1)
     v = np.zeros((len(shapes), 4, t.shape[-1]))
     v[:, :3] = t
     if dtype in FP8_QUANT:
@@ -105,6 +106,8 @@ def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
         # micro-batches: not counted. Separately launched expert GEMMs quantise each expert's
         # rows apart (GroupedLinear keeps a quantizer per GEMM): kernels per expert, not per call.
         qbytes, qkernels = FP8_QUANT[dtype]
+        eff = hw.efficiency
+        qbytes *= eff.memory / (eff.quant_memory or eff.memory)  # streamed below the copy rate where measured
         fwd = lambda x: x.reshape(len(shapes), 3, -1)[:, 0]  # noqa: E731  (the forward GEMMs' rows)
         fwd_in, grad_out = fwd(m * k * g), fwd(m * n * g)  # inputs m x k_in; output gradients m x n_out
         kernels = qkernels * fwd(np.where(st > 0, g, 1.0))

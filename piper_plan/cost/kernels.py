@@ -5,7 +5,7 @@ A GEMM C[m×n] = A[m×k]·B[k×n] (`groups` independent ones, as in a grouped ex
     t = max(FLOPs / (peak · e_gemm · e_wave),  bytes / (HBM · e_mem)) + overhead + overhead_dtype
 
 - e_gemm: the plateau fraction of peak large GEMMs reach (hardware YAML, from published
-  micro-benchmarks; efficiency.gemm_dtype where a dtype's differs);
+  micro-benchmarks; efficiency.gemm_dtype where a dtype's or an FP8 recipe's differs);
 - e_wave: output tiles run in waves of `compute_units`; a partial last wave and tile padding
   waste the rest (NVIDIA, "Matrix Multiplication Background User's Guide", wave and tile
   quantisation). The tile's m side shrinks to the next power of two ≥ 16 when m is small,
@@ -33,9 +33,12 @@ def _ceil_div(a, b):
     return np.ceil(np.true_divide(a, b))
 
 
-def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_bytes=2, streams=0):
+def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_bytes=2, streams=0,
+              recipe: str | None = None):
     """Seconds for `groups` GEMMs of output m×n and reduction k (arrays broadcast), launched as
-    one grouped kernel (streams 0) or as separate kernels, `streams` in flight at once."""
+    one grouped kernel (streams 0) or as separate kernels, `streams` in flight at once. `dtype`
+    names the peak; `recipe` (an FP8 recipe: mxfp8, fp8_blockwise) the plateau where the spec
+    measures one apart (block-scaled GEMMs run below per-tensor FP8 on the same tensor cores)."""
     m = np.maximum(np.asarray(m, dtype=float), 0.0)
     n = np.asarray(n, dtype=float)
     k = np.asarray(k, dtype=float)
@@ -54,7 +57,8 @@ def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_b
     useful = g * m * n
     e_wave = np.where(useful > 0, useful / (waves * cu * tm * tn), 1.0)
     flops = 2.0 * g * m * n * k
-    t_flop = flops / (hw.peak_flops(dtype) * eff.gemm_dtype.get(dtype, eff.gemm) * np.maximum(e_wave, 1e-9))
+    plateau = eff.gemm_dtype.get(recipe, eff.gemm_dtype.get(dtype, eff.gemm))
+    t_flop = flops / (hw.peak_flops(dtype) * plateau * np.maximum(e_wave, 1e-9))
     t_mem = g * (m * k + k * n + m * n) * elt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * eff.memory)
     # fixed cost: one launch per grouped call or per batch of concurrent kernels (their launches
     # overlap), plus the dtype's own per-GEMM cost where measured (a CPU's bf16 GEMM repacks

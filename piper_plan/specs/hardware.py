@@ -57,12 +57,13 @@ class Efficiency(_Optional):
 
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
-                        "a2a_fanout", "overlap_comm_units", "host_op_us")
+                        "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
         default_factory=dict, description="large-GEMM fraction of that dtype's dense peak where it differs from "
-        "`gemm` (e.g. fp8 on Hopper reaches a smaller share of its doubled peak), keyed by dtype")
+        "`gemm` (e.g. fp8 on Hopper reaches a smaller share of its doubled peak), keyed by dtype, or by FP8 recipe "
+        "(mxfp8, fp8_blockwise) where its block-scaled GEMMs run below the dtype's")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
     attention: float = Field(..., gt=0, le=1, description="fused (flash) attention fraction of dense peak")
     attention_bwd: Optional[float] = Field(
@@ -72,6 +73,9 @@ class Efficiency(_Optional):
         0.0, ge=0, description="fixed cost of the attention backward per query row per head, us (a CPU "
         "kernel pays it whatever the sequence length: measured by calibrate)")
     memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
+    quant_memory: Optional[float] = Field(
+        None, gt=0, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
+        "scales, row- and column-wise) reaches, where measured below `memory` (None: as `memory`)")
     memory_dram: Optional[float] = Field(
         None, gt=0, le=1, description="fraction of memory_bandwidth_gbps for the bytes of a working set beyond "
         "accelerator.cache_mib (None: as `memory`)")
