@@ -44,7 +44,10 @@ def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
                 upd[field] = {k: min(1.0, x * factor) for k, x in v.items()}
             else:
                 upd[field] = min(1.0, v * factor)
-    return hw.model_copy(update={"efficiency": eff.model_copy(update=upd)})
+    topo = hw.topology
+    if "comm" in families:  # a level's own measured fraction (Level.comm) moves with the family
+        topo = [lv.model_copy(update={"comm": min(1.0, lv.comm * factor)}) if lv.comm else lv for lv in topo]
+    return hw.model_copy(update={"efficiency": eff.model_copy(update=upd), "topology": topo})
 
 
 def _kinds(results) -> dict:

@@ -18,6 +18,13 @@ def test_scaling_makes_kernels_faster_and_caps_fractions_of_a_peak_at_one():
     assert hw.efficiency.gemm == 0.80  # the loaded spec is not touched
 
 
+def test_the_comm_family_moves_a_levels_own_measured_efficiency_too():
+    hw = load_hardware("gb200-nvl72")
+    slow = scaled(hw, ("comm",), 0.8)
+    assert [lv.comm for lv in slow.topology] == [pytest.approx(lv.comm * 0.8) if lv.comm else None
+                                                 for lv in hw.topology]
+
+
 def test_slower_gemms_lower_every_dense_throughput_prediction():
     base = {r.id: r.predicted for r in run("narayanan2021-table1")}
     slow = run("narayanan2021-table1", hw_edit=lambda hw: scaled(hw, ("gemm",), 0.8))

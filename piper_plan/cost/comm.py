@@ -39,7 +39,8 @@ def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
 
 
 def _levels(hw: HardwareSpec):
-    bw = np.array([hw.level_bandwidth_gbps(i) for i in range(len(hw.topology))]) * 1e9 * hw.efficiency.comm
+    eff = [lv.comm or hw.efficiency.comm for lv in hw.topology]  # a level's own measured fraction, if any
+    bw = np.array([hw.level_bandwidth_gbps(i) * e for i, e in enumerate(eff)]) * 1e9
     lat = np.array([lv.latency_us for lv in hw.topology]) * 1e-6
     nic = np.array([lv.via_nic for lv in hw.topology])
     return bw, lat, nic

@@ -155,7 +155,7 @@ class Level(_Optional):
     bandwidth (unless `shared_links`); levels above the node go through the NICs (`via_nic`),
     possibly tapered."""
 
-    _OMIT_AT_DEFAULT = ("shared_links",)
+    _OMIT_AT_DEFAULT = ("shared_links", "comm")
 
     name: str
     size: int = Field(..., ge=1, description="GPUs in one domain of this level")
@@ -167,6 +167,8 @@ class Level(_Optional):
                                "through the NVLink switches too), so the two share one bandwidth budget")
     taper: float = Field(1.0, gt=0, le=1, description="fraction of NIC injection bandwidth available at this level")
     latency_us: float = Field(..., ge=0, description="one-message latency, us")
+    comm: Optional[float] = Field(None, gt=0, le=1, description="fraction of this level's bandwidth collectives "
+                                  "reach where measured on the level itself (None: efficiency.comm)")
     source: str = ""
 
     @model_validator(mode="after")
