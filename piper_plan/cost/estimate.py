@@ -179,7 +179,11 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
         comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
         a2a_per_mb[r] = lc["a2a_layer"] * nm
-        hidden_of[r] = np.where(overlapped, np.minimum(a2a_per_mb[r], comp_t[r]), 0.0)
+        # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
+        # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide)
+        paired = np.minimum(a2a_per_mb[r], nm * lc["a2a_hide"])
+        hidden_of[r] = np.where(dualpipe, np.minimum(a2a_per_mb[r], comp_t[r]),
+                                np.where(lay.a2a_overlap, np.minimum(paired, comp_t[r]), 0.0))
         slow_of[r] = held * hidden_of[r]
         totals[r] = comp_t[r] + comm_t[r] - hidden_of[r] + slow_of[r]
     peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
@@ -518,7 +522,7 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
                Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"],
-               dense_host=lc["dense_host"], moe_host=lc["moe_host"])
+               dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"])
     for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head)):
         out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr")})
     for name, ph in (("dense_comm", dense_comm), ("moe_comm", moe_comm)):
@@ -630,6 +634,17 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_bwd = 2 * a2a_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
                                      + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
+        # Megatron-Core's 1F1B EP overlap (combined_1f1b schedule_layer_1f1b) runs one layer's
+        # forward beside another micro-batch's backward as four pairs: the backward combine with
+        # the forward attention, the forward dispatch with the backward experts, the backward
+        # dispatch with the forward experts, the forward combine with the backward attention.
+        # Each exchange hides only behind its partner (recompute, re-run inside a backward node,
+        # is left out of the partner: conservative)
+        e_f, e_b = a2a_fwd / 2, a2a_bwd / 2
+        f_attn, f_moe = attn.f + ovh.f / 2, experts.f + ovh.f / 2
+        b_attn, b_moe = attn.b + attn.w + ovh.b / 2, experts.b + experts.w + ovh.b / 2
+        a2a_hide = (np.minimum(e_b, f_attn) + np.minimum(e_f, b_moe) + np.minimum(e_b, f_moe)
+                    + np.minimum(e_f, b_attn))
         ovl = _a2a_off_stream(lay)
         stream = Phase(tp_ar + np.where(ovl, 0.0, a2a_fwd), tp_ar + np.where(ovl, 0.0, a2a_bwd), zero, zero)
         # the dropless dispatcher's host sync: the GPU work after the layer's last expert issue
@@ -643,9 +658,10 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         moe = Phase(zero, zero, zero, zero)
         moe_comm = Phase(zero, zero, zero, zero)
         moe_host = moe
+        a2a_hide = zero
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
-               a2a_bwd=a2a_bwd, emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
+               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
                a_in=act.layer_input_bytes(m, lay))
     # only the attention's saved tensors depend on recompute
     a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
