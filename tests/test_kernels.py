@@ -167,3 +167,16 @@ def test_quantisation_streams_at_its_measured_bandwidth():
     slow, fast = (_linears(h, "mxfp8", 2.0, shape)[0] for h in (hw, at_copy_rate))
     assert slow.f[0] > fast.f[0] and slow.b[0] > fast.b[0] and slow.w[0] == fast.w[0]
     assert _linears(hw, "bf16", 2.0, shape)[0].f[0] == _linears(at_copy_rate, "bf16", 2.0, shape)[0].f[0]
+
+
+def test_narrow_attention_heads_run_slower_per_flop(h100):
+    """FlashAttention-3's paper measures cuDNN at 408 TFLOPS with head dim 64 against 609 at 128
+    (H100, seq 4k): the spec's softmax share reproduces that ratio; wider heads than the plateau's
+    are not credited, and a spec without a measured head dim has no term."""
+    from piper_plan.cost.kernels import flash_attention_time, head_dim_slowdown
+
+    assert head_dim_slowdown(h100, 64, 64) == pytest.approx(609 / 408, rel=0.01)
+    assert head_dim_slowdown(h100, 192, 128) == 1.0  # MLA's wider heads: no speed-up claimed
+    flops = 1e12
+    assert flash_attention_time(h100, flops, "bf16", 64, 64) > flash_attention_time(h100, flops, "bf16", 128, 128)
+    assert head_dim_slowdown(load_hardware("frontier"), 40, 40) == 1.0  # its figure spans head dims

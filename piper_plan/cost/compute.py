@@ -161,8 +161,8 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     core_flops = 2.0 * t * m.attended_keys(s) * heads * (dqk + dv)
     # attention stays in bf16 under fp8 training (Transformer Engine's default recipe)
     adt = base_dtype(dtype)
-    flash_f = flash_attention_time(hw, core_flops, adt)  # causal: masked blocks skipped
-    flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt)
+    flash_f = flash_attention_time(hw, core_flops, adt, dqk, dv)  # causal: masked blocks skipped
+    flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv)
     if lay.eager.any():
         batch = lay.mbs * heads
         eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=adt, elt_bytes=eb)

@@ -84,21 +84,39 @@ def stream_time(hw: HardwareSpec, nbytes, kernels=1):
     return cached / bw + (nbytes - cached) / (acc.memory_bandwidth_gbps * 1e9 * eff.memory_dram) + fixed
 
 
-def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16"):
-    """Fused attention forward: FLOPs at the attention plateau efficiency (one kernel)."""
+def head_dim_slowdown(hw: HardwareSpec, dqk=None, dv=None):
+    """How much slower than its plateau a fused attention kernel runs per FLOP with heads of
+    query-key width dqk and value width dv, below the head dimension the spec measured its
+    plateau at (efficiency.attention_head_dim): each score element costs its softmax work
+    whatever the head, and 2·(dqk + dv) matmul FLOPs, so the softmax's share of the time grows as
+    heads narrow: 1 + share·(2·ref / (dqk + dv) − 1) (efficiency.attention_softmax_share). Wider
+    heads than measured are not credited (kernels change tiles there)."""
+    eff = hw.efficiency
+    if dqk is None or eff.attention_head_dim is None:
+        return 1.0
+    width = (np.asarray(dqk, dtype=float) + np.asarray(dv if dv is not None else dqk, dtype=float)) / 2.0
+    return 1.0 + eff.attention_softmax_share * np.maximum(eff.attention_head_dim / width - 1.0, 0.0)
+
+
+def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16", dqk=None, dv=None):
+    """Fused attention forward: FLOPs at the attention plateau efficiency (one kernel), slower
+    for narrow heads (head_dim_slowdown)."""
     flops = np.asarray(flops, dtype=float)
-    return flops / (hw.peak_flops(dtype) * hw.efficiency.attention) + hw.efficiency.kernel_overhead_us * 1e-6
+    return (flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * hw.efficiency.attention)
+            + hw.efficiency.kernel_overhead_us * 1e-6)
 
 
-def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16"):
+def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16", dqk=None, dv=None):
     """Fused attention backward for a forward of `flops` over `rows` query rows × heads:
     2.5× the forward's FLOPs (FlashAttention-2 runs five GEMMs to the forward's two) at
     efficiency.attention_bwd (default: the forward's plateau), plus
     efficiency.attention_bwd_row_us per query row per head — a fixed cost that a CPU's
     backward kernel pays whatever the sequence length (measured by calibrate: 2.2 µs per row
-    on this repository's 2-core machine, 12× the forward's time at 64 tokens, 2× at 1,024)."""
+    on this repository's 2-core machine, 12× the forward's time at 64 tokens, 2× at 1,024).
+    Narrow heads slow it as they slow the forward (head_dim_slowdown)."""
     eff = hw.efficiency
     e = eff.attention_bwd if eff.attention_bwd is not None else eff.attention
     flops = np.asarray(flops, dtype=float)
-    return (2.5 * flops / (hw.peak_flops(dtype) * e) + np.asarray(rows, dtype=float) * eff.attention_bwd_row_us * 1e-6
+    return (2.5 * flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * e)
+            + np.asarray(rows, dtype=float) * eff.attention_bwd_row_us * 1e-6
             + eff.kernel_overhead_us * 1e-6)

@@ -57,7 +57,8 @@ class Efficiency(_Optional):
 
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
-                        "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory")
+                        "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory", "attention_head_dim",
+                        "attention_softmax_share")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -69,6 +70,12 @@ class Efficiency(_Optional):
     attention_bwd: Optional[float] = Field(
         None, gt=0, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
         "forward's FLOPs (FlashAttention-2's five GEMMs to the forward's two); None: as `attention`")
+    attention_head_dim: Optional[int] = Field(
+        None, gt=0, description="head dimension the attention plateaus were measured at; narrower heads run "
+        "slower per FLOP (cost.kernels.head_dim_slowdown). None: not known, no head-dim term")
+    attention_softmax_share: float = Field(
+        0.0, ge=0, description="share of a fused attention kernel's time at attention_head_dim spent on the "
+        "softmax work of its score elements (which does not shrink with the head)")
     attention_bwd_row_us: float = Field(
         0.0, ge=0, description="fixed cost of the attention backward per query row per head, us (a CPU "
         "kernel pays it whatever the sequence length: measured by calibrate)")
