@@ -57,20 +57,8 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     dense = attn + mlp
     moe = np.zeros(len(lay))
     if m.moe is not None:
-        mo = m.moe
-        per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0  # one launch per local expert
-        launches = np.where(per_expert, mo.num_experts / lay.ep, 1.0)
-        router_all = np.where(lay.a2a == 2, ROUTER_OPS["dedup"], ROUTER_OPS["flat"])
-        # moe_router replays the router (all but the preprocess's one kernel), moe_preprocess the rest
-        router = np.where(graphed(lay, "moe_router"), 1.0, router_all - 1.0)
-        preprocess = 1.0
-        shared = (4.0 + 2.0 * q) if mo.shared_experts else 0.0
-        # GPT-OSS-style experts on per-expert GEMMs (cost.compute._expert_extras): the clamp's
-        # 3 kernels; fc2's bias, 2 ops an expert plus the splits, cat and cast
-        extras = (3.0 if mo.glu_clamp else 0.0) + (2.0 * launches + 4.0 if mo.expert_bias else 0.0)
-        block = (router + preprocess + 10.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm
-                 + np.where(per_expert, extras, 0.0))
-        moe = attn + np.where(graphed(lay, "moe"), 1.0, block)
+        before, after = _moe_block_ops(m, lay)
+        moe = attn + np.where(graphed(lay, "moe"), 1.0, before + after)
     full = graphed(lay, "full_iteration")
     return np.where(full, 0.0, dense), np.where(full, 0.0, moe)
 
@@ -85,20 +73,36 @@ def post_sync_ops(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
     (Megatron-Core token_dispatcher.py, cuda_sync_point "before_ep_alltoall"; "before_finish"
     without EP), DeepEP/HybridEP inside the dispatch once the counts are exchanged, and
     Transformer Engine's GroupedLinear takes the per-expert row counts as a host list. What
-    follows the sync is issued with the GPU's queue empty: the dispatch and combine, sort and
-    unsort, activation, unpermute and residual (7), the expert and shared-expert GEMMs with
-    their quantisation, GPT-OSS's extras and the TP collectives."""
+    follows the sync is issued with the GPU's queue empty (_moe_block_ops)."""
     if m.moe is None:
         return np.zeros(len(lay))
+    _, after = _moe_block_ops(m, lay)
+    return np.where(graphed(lay, "moe") | graphed(lay, "full_iteration"), 0.0, after)
+
+
+def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(before, after the dispatcher's host sync) operations of an eager MoE block's forward:
+    - before: the router and dispatch preprocess (31 + 1, or 17 with DeepEP/HybridEP; one launch
+      each where moe_router is graphed), the pre-MLP norm, the router GEMM and the permute;
+    - after: dispatch, sort, activation, unsort, combine, unpermute and residual (7); the
+      experts' GEMMs, 2 a local expert where they launch one per expert (Transformer Engine's
+      multi-stream GroupedLinear, a Python loop), 2 when grouped, each with its quantisation
+      kernels; shared experts 4; GPT-OSS-style extras on per-expert GEMMs
+      (cost.compute._expert_extras: the clamp's 3 kernels, fc2's bias 2 an expert plus the
+      splits, cat and cast); an all-gather and a reduce-scatter under TP."""
     mo = m.moe
     q = QUANT_KERNELS[lay.fp8]
-    per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0
+    per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0  # one launch per local expert
     launches = np.where(per_expert, mo.num_experts / lay.ep, 1.0)
+    router_all = np.where(lay.a2a == 2, ROUTER_OPS["dedup"], ROUTER_OPS["flat"])
+    # moe_router replays the router (all but the preprocess's one kernel), moe_preprocess the rest
+    router = np.where(graphed(lay, "moe_router"), 1.0, router_all - 1.0)
+    before = router + 1.0 + 3.0
     shared = (4.0 + 2.0 * q) if mo.shared_experts else 0.0
     extras = (3.0 if mo.glu_clamp else 0.0) + (2.0 * launches + 4.0 if mo.expert_bias else 0.0)
     tp_comm = np.where(lay.tp > 1, 2.0, 0.0)
-    post = 7.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm + np.where(per_expert, extras, 0.0)
-    return np.where(graphed(lay, "moe") | graphed(lay, "full_iteration"), 0.0, post)
+    after = 7.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm + np.where(per_expert, extras, 0.0)
+    return before, after
 
 
 def host_time(hw: HardwareSpec, ops) -> Phase:
