@@ -73,3 +73,19 @@ def test_breakdown_adds_up_with_and_without_overlap(pair):
     est, _ = pair
     total = sum(est.time[k] for k in PARTS)
     np.testing.assert_allclose(total, est.step_time_s, rtol=1e-9)
+
+
+def test_an_exchange_also_hides_behind_its_partners_issue_time():
+    """Where the host issues a node slower than the GPU runs it, the node lasts its issue time,
+    and the other micro-batch's exchange on the communication stream runs inside it: the slower
+    the host, the less all-to-all stays exposed (none once the host bounds every node)."""
+    m, hw = load_model("qwen3-235b-a22b"), load_hardware("dgx-h100")
+    base = dict(gpus=256, tp=2, pp=1, dp=128, ep=32, global_batch=1024, seq=4096, a2a_overlap=True, fp8="current")
+    exposed, idle = [], []
+    for us in (0.0, 36.2, 100.0):
+        h = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"host_op_us": us})})
+        est = evaluate(m, h, from_layouts([Layout(**base)]))
+        exposed.append(est.time["a2a"][0])
+        idle.append(est.time["host"][0])
+    assert exposed[0] > exposed[1] > exposed[2] == 0.0
+    assert idle[0] == 0.0 < idle[1] < idle[2]

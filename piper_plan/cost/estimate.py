@@ -634,17 +634,6 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_bwd = 2 * a2a_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
                                      + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
         moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
-        # Megatron-Core's 1F1B EP overlap (combined_1f1b schedule_layer_1f1b) runs one layer's
-        # forward beside another micro-batch's backward as four pairs: the backward combine with
-        # the forward attention, the forward dispatch with the backward experts, the backward
-        # dispatch with the forward experts, the forward combine with the backward attention.
-        # Each exchange hides only behind its partner (recompute, re-run inside a backward node,
-        # is left out of the partner: conservative)
-        e_f, e_b = a2a_fwd / 2, a2a_bwd / 2
-        f_attn, f_moe = attn.f + ovh.f / 2, experts.f + ovh.f / 2
-        b_attn, b_moe = attn.b + attn.w + ovh.b / 2, experts.b + experts.w + ovh.b / 2
-        a2a_hide = (np.minimum(e_b, f_attn) + np.minimum(e_f, b_moe) + np.minimum(e_b, f_moe)
-                    + np.minimum(e_f, b_attn))
         ovl = _a2a_off_stream(lay)
         stream = Phase(tp_ar + np.where(ovl, 0.0, a2a_fwd), tp_ar + np.where(ovl, 0.0, a2a_bwd), zero, zero)
         # the dropless dispatcher's host sync: the GPU work after the layer's last expert issue
@@ -654,6 +643,18 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         tail = attn.f + np.where(ovl, 0.0, a2a_ex)
         moe_host = host.host_gap(host.host_time(hw, host_moe), moe, stream, after, tail)
         moe = moe + moe_host
+        # Megatron-Core's 1F1B EP overlap (combined_1f1b schedule_layer_1f1b) runs one layer's
+        # forward beside another micro-batch's backward as four pairs: the backward combine with
+        # the forward attention, the forward dispatch with the backward experts, the backward
+        # dispatch with the forward experts, the forward combine with the backward attention.
+        # Each exchange hides only behind its partner node, which lasts its compute or, where the
+        # host issues slower, its share of the issue time (recompute, re-run inside a backward
+        # node, is left out of the partner: conservative)
+        e_f, e_b = a2a_fwd / 2, a2a_bwd / 2
+        f_attn, f_moe = (x.f + (ovh.f + moe_host.f) / 2 for x in (attn, experts))
+        b_attn, b_moe = (x.b + x.w + (ovh.b + moe_host.b) / 2 for x in (attn, experts))
+        a2a_hide = (np.minimum(e_b, f_attn) + np.minimum(e_f, b_moe) + np.minimum(e_b, f_moe)
+                    + np.minimum(e_f, b_attn))
     else:
         moe = Phase(zero, zero, zero, zero)
         moe_comm = Phase(zero, zero, zero, zero)
