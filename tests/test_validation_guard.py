@@ -19,11 +19,12 @@ def test_memory_rows_each_within_10_percent(results):
     assert len(mem) == 12 and all(abs(r.error_pct) <= 10 for r in mem)
 
 
-def test_moe_rows_do_not_regress(results):
-    # The MoE target (MAPE <= 20 %, max 35 %) is NOT met yet (issue 4 stays open); this guard
-    # pins today's level so a change that makes the MoE model worse fails.
+def test_moe_rows_meet_the_mean_target(results):
+    # MAPE <= 20 % over the 66 MoE rows (19.7 % now; 17.7 % over the first 18). The issue's other
+    # MoE target, no row worse than 35 %, is NOT met yet (10 rows are; issue 4 stays open): this
+    # guard fails a change that takes the mean back above its target.
     k = summary(results)["kinds"]["moe"]
-    assert k["rows"] == 66 and k["mape"] <= 21.0  # 19.7 % over the 66 rows (17.7 % over the first 18)
+    assert k["rows"] == 66 and k["mape"] <= TARGETS["moe"][0]
 
 
 def test_dense_ranking_follows_measurement(results):
