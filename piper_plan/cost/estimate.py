@@ -662,8 +662,8 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_hide = zero
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
-               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay), head=lm_head_phase(m, hw, lay, dtype),
-               a_in=act.layer_input_bytes(m, lay))
+               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay),
+               head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
     # only the attention's saved tensors depend on recompute
     a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
     a_experts = sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else None
