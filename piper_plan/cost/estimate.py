@@ -169,8 +169,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
     dualpipe = lay.sched == 4
     # dualpipev, and Megatron-Core's EP overlap (Layout.a2a_overlap: a micro-batch's forward runs
-    # beside another's backward), hide the all-to-all behind the other micro-batch's compute
-    overlapped = dualpipe | lay.a2a_overlap
+    # beside another's backward), hide the all-to-all behind the other micro-batch's compute;
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
     # compute beside it runs on the rest, which costs `held` of its speed for that long
     held = hw.efficiency.overlap_comm_units / hw.accelerator.compute_units
