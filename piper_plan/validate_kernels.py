@@ -31,20 +31,18 @@ from pathlib import Path
 import numpy as np
 
 from .cost import comm
+from .cost.compute import gemm_dtype
 from .cost.kernels import gemm_time
 from .specs.registry import load_hardware, load_model
 
+TABLES = Path(__file__).resolve().parent.parent / "validation"  # the measured tables this module reads
 TIME_CLASSES_US = ((0.0, 20.0), (20.0, 100.0), (100.0, float("inf")))
-
-
-def gemm_table_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "validation" / "gemm_h100_xla.csv"
 
 
 def gemm_check(path: Path | None = None, hardware: str = "dgx-h100") -> dict:
     """Predicted / measured GEMM time per measured-time class: {label: {shapes, median,
     p10, p90, sum_ratio}} (sum_ratio: Σ predicted / Σ measured seconds)."""
-    rows = list(csv.DictReader(open(path or gemm_table_path())))
+    rows = list(csv.DictReader(open(path or TABLES / "gemm_h100_xla.csv")))
     b, m, n, k, fps = (np.array([float(r[c]) for r in rows]) for c in ("b", "m", "n", "k", "flops_per_s"))
     flops = 2.0 * b * m * n * k
     measured = flops / fps
@@ -61,24 +59,20 @@ def gemm_check(path: Path | None = None, hardware: str = "dgx-h100") -> dict:
     return out
 
 
-def te_gemm_table_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "validation" / "gemm_te_b300.csv"
-
-
 def te_gemm_check(path: Path | None = None, hardware: str = "dgx-b300") -> list[dict]:
     """Predicted vs measured ms for the rows of gemm_te_b300.csv that time GEMM kernels alone:
     one forward GEMM (op named, TE's M x K x N) or a layer's forward, dgrad or wgrad sum over its
     four GEMMs (op 'layer'). Autocast FP8 rows also time the benchmark's quantisation of both
     operands of every GEMM, which training does not repeat: they are not priced."""
     hw = load_hardware(hardware)
-    rows = list(csv.DictReader(open(path or te_gemm_table_path())))
+    rows = list(csv.DictReader(open(path or TABLES / "gemm_te_b300.csv")))
     by_op = {r["op"]: (int(r["k"]), int(r["n"])) for r in rows if r["op"] != "layer"}
     out = []
     for r in rows:
         if r["recipe"] != "bf16" and r["mode"] != "prequant":
             continue
         m, recipe = int(r["m"]), r["recipe"]
-        dtype = "bf16" if recipe == "bf16" else "fp8"
+        dtype = gemm_dtype(recipe)
         shapes = [by_op[r["op"]]] if r["op"] != "layer" else list(by_op.values())
         t = 0.0
         for k, n in shapes:
@@ -89,10 +83,6 @@ def te_gemm_check(path: Path | None = None, hardware: str = "dgx-b300") -> list[
     return out
 
 
-def a2a_table_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "validation" / "a2a_mcore_table7.csv"
-
-
 def a2a_check(path: Path | None = None, tokens: int = 4096, elt_bytes: float = 2.0) -> list[dict]:
     """One row per (hardware, backend, EP): measured dispatch / combine µs and the model's
     one-dispatch µs (combine moves the same bf16 bytes back). NCCL rows are priced as the flat
@@ -100,7 +90,7 @@ def a2a_check(path: Path | None = None, tokens: int = 4096, elt_bytes: float = 2
     m = load_model("deepseek-v3")
     mo = m.moe
     nbytes = tokens * mo.top_k * m.hidden_size * elt_bytes
-    rows = list(csv.DictReader(open(path or a2a_table_path())))
+    rows = list(csv.DictReader(open(path or TABLES / "a2a_mcore_table7.csv")))
     specs = {name: load_hardware(name) for name in {r["hardware_spec"] for r in rows}}
     out = []
     for r in rows:
