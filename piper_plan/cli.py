@@ -480,8 +480,9 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     k = Table(title="against the targets")
     for c in ("kind", "rows", "MAPE", "target", "max |err|", "target"):
         k.add_column(c)
+    labels = {"moe": "moe (all rows)", "moe_named_sources": "moe: Megatron-Bridge, X-MoE, Piper"}
     for name, d in summ["kinds"].items():
-        k.add_row(name, str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%", f"{d['max_abs_pct']:.1f}%",
+        k.add_row(labels.get(name, name), str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%", f"{d['max_abs_pct']:.1f}%",
                   f"≤{d['target_max']:g}%")
     x = Table(title="GEMM kernel model vs measured H100 bf16 GEMMs (OpenXLA's matmul table, 375 shapes)")
     for c in ("measured time", "shapes", "predicted/measured median", "10-90%", "sum predicted/sum measured"):
@@ -520,7 +521,7 @@ def _show_sensitivity(group, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    kinds = [k for k in ("dense", "memory", "moe") if k in rows[0]]
+    kinds = [k for k in ("dense", "memory", "moe", "moe_named_sources") if k in rows[0]]
     t = Table(title="errors with the hardware efficiencies scaled (factor > 1: faster kernels / links)")
     for c in ("efficiencies", "factor", *(f"{k} MAPE / max / within" for k in kinds)):
         t.add_column(c)

@@ -47,6 +47,9 @@ from .specs import load_hardware, load_model
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
+# the MoE sources issue 4's acceptance names (Megatron-Bridge, X-MoE, Piper's Fig. 13 and weak
+# scaling): summary() also reports their rows alone, against the MoE targets, beside all MoE rows
+MOE_ACCEPTANCE_GROUPS = ("megatron-bridge-moe", "xmoe2025", "piper2026-fig13", "piper2026-weak-scaling")
 
 
 def data_path() -> Path:
@@ -347,8 +350,9 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
 
 
 def summary(results: list[Result]) -> dict:
-    """MAPE per group and per kind (out-of-sample rows only), Kendall τ where a group has
-    several rows of one metric, and the Piper/X-MoE ratios of Fig. 13."""
+    """MAPE per group and per kind (out-of-sample rows only; "moe_named_sources" is the MoE
+    rows of MOE_ACCEPTANCE_GROUPS alone), Kendall τ where a group has several rows of one
+    metric, and the Piper/X-MoE ratios of Fig. 13."""
     groups = {}
     for g in sorted({r.group for r in results}):
         rs = [r for r in results if r.group == g and not r.fit]
@@ -364,11 +368,14 @@ def summary(results: list[Result]) -> dict:
             d["kendall_tau"] = taus
         groups[g] = d
     kinds = {}
-    for k in ("dense", "memory", "moe"):
-        errs = np.array([abs(r.error_pct) for r in results if r.kind == k and not r.fit])
+    subsets = {k: (k, lambda r: True) for k in ("dense", "memory", "moe")}
+    subsets["moe_named_sources"] = ("moe", lambda r: r.group in MOE_ACCEPTANCE_GROUPS)
+    for name, (k, keep) in subsets.items():
+        errs = np.array([abs(r.error_pct) for r in results if r.kind == k and not r.fit and keep(r)])
         if len(errs):
-            kinds[k] = {"rows": int(len(errs)), "mape": float(errs.mean()), "max_abs_pct": float(errs.max()),
-                        "target_mape": TARGETS[k][0], "target_max": TARGETS[k][1]}
+            kinds[name] = {"rows": int(len(errs)), "mape": float(errs.mean()), "max_abs_pct": float(errs.max()),
+                           "within_target_max": int((errs <= TARGETS[k][1]).sum()),
+                           "target_mape": TARGETS[k][0], "target_max": TARGETS[k][1]}
     ratios = {}
     by_id = {r.id: r for r in results}
     for size, paper in (("small", 2.06), ("medium", 2.39), ("large", 1.95), ("super", 3.62)):

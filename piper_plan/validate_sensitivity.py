@@ -9,8 +9,6 @@ memory efficiencies together: the one knob that could trade dense accuracy for M
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .specs.hardware import HardwareSpec
 from .validate import run, summary
 
@@ -51,12 +49,8 @@ def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
 
 
 def _kinds(results) -> dict:
-    out = {}
-    for kind, d in summary(results)["kinds"].items():
-        errs = np.array([abs(r.error_pct) for r in results if r.kind == kind and not r.fit])
-        out[kind] = {"mape": d["mape"], "max_abs_pct": d["max_abs_pct"],
-                     "within_target_max": int((errs <= d["target_max"]).sum()), "rows": d["rows"]}
-    return out
+    keep = ("mape", "max_abs_pct", "within_target_max", "rows")
+    return {kind: {k: d[k] for k in keep} for kind, d in summary(results)["kinds"].items()}
 
 
 def sensitivity(factors=(0.8, 1.25), families=tuple(FAMILIES), group: str | None = None) -> list[dict]:

@@ -27,6 +27,20 @@ def test_moe_rows_meet_the_mean_target(results):
     assert k["rows"] == 66 and k["mape"] <= TARGETS["moe"][0]
 
 
+def test_the_issue_s_named_moe_sources_are_reported_alone(results):
+    # the acceptance names Megatron-Bridge, X-MoE and Piper's Fig. 13 and weak scaling: their 54
+    # rows get their own line. 21.3 % now, above the 20 % target (issue 4 stays open); this pin
+    # fails a change that takes them further from it.
+    from piper_plan.validate import MOE_ACCEPTANCE_GROUPS
+
+    named = [r for r in results if r.group in MOE_ACCEPTANCE_GROUPS]
+    k = summary(results)["kinds"]["moe_named_sources"]
+    assert k["rows"] == len(named) == 54 and all(r.kind == "moe" for r in named)
+    assert k["mape"] == pytest.approx(sum(abs(r.error_pct) for r in named) / 54)
+    assert k["within_target_max"] == sum(abs(r.error_pct) <= TARGETS["moe"][1] for r in named)
+    assert k["mape"] <= 22.0
+
+
 def test_dense_ranking_follows_measurement(results):
     g = summary(results)["groups"]["narayanan2021-table1"]
     assert g["kendall_tau"]["hw_tflops_per_gpu"] > 0.5
