@@ -92,28 +92,29 @@ def _kind(row) -> str:
 MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes")
 
 
+# the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
+# copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
+DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
+
+
 def _settings(row) -> dict:
-    """What each source's software runs beyond the published layout. Megatron-Bridge: Megatron-Core's
-    TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM per local expert on Transformer
-    Engine's compute streams unless NVTE_USE_CUTLASS_GROUPED_GEMM is set (TE docs, "Mixture of
-    Experts": "one cuBLAS GEMM per expert is launched on a pool of CUDA streams"; the recipes do
-    not set it); rows whose recipe sets moe_a2a_overlap=True (quoted in the notes) hide the
-    all-to-all behind another micro-batch's compute (Layout.a2a_overlap); rows run with the flex
-    dispatcher's DeepEP or HybridEP backend exchange tokens once per node (Layout.a2a dedup); the
-    csv's cuda_graphs column holds the scopes the recipe replays as CUDA graphs (Layout.cuda_graphs:
-    the host issues the rest, cost/host.py). The Megatron-Core MoE report's rows run the same stack."""
-    group = row["group"]
-    if group.startswith(("narayanan", "korthikanti")):
+    """What each source's software runs beyond the published layout, from the csv's columns
+    (validation/README.md; each row's notes quote the recipe they were read from).
+    Megatron-Bridge: Megatron-Core's TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM
+    per local expert on Transformer Engine's compute streams unless NVTE_USE_CUTLASS_GROUPED_GEMM
+    is set (TE docs, "Mixture of Experts": "one cuBLAS GEMM per expert is launched on a pool of
+    CUDA streams"; the recipes do not set it): expert_gemm multistream, or grouped where the
+    recipe runs TE's fused grouped MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); a2a_overlap yes where
+    the recipe sets moe_a2a_overlap=True (the all-to-all hidden behind another micro-batch's
+    compute, Layout.a2a_overlap); dispatcher (DISPATCHER_A2A); cuda_graphs, the scopes the
+    recipe replays as CUDA graphs (Layout.cuda_graphs: the host issues the rest, cost/host.py).
+    The Megatron-Core MoE report's and Megatron-LM's rows run the same stack."""
+    if row["group"].startswith(("narayanan", "korthikanti")):
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
-    notes = row.get("notes", "")
-    # TE's fused grouped MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, Blackwell) is one grouped kernel
-    fused = "CUTEDSL_FUSED_GROUPED_MLP=1" in notes
-    egemm = "multistream" if group in MEGATRON_GROUPS and not fused else "grouped"
-    # Megatron's flex dispatcher with DeepEP or HybridEP: token-level exchange (Layout.a2a dedup)
-    a2a = "dedup" if re.search(r"hybridep|deepep", notes, re.IGNORECASE) else "flat"
-    graphs = row.get("cuda_graphs", "")  # the recipe's CUDA-graph scopes (validation/README.md)
-    return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True, expert_gemm=egemm,
-                a2a_overlap="moe_a2a_overlap=True" in notes, a2a=a2a,
+    graphs = row.get("cuda_graphs", "")
+    return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True,
+                expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
+                a2a=DISPATCHER_A2A[row.get("dispatcher", "")],
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
 
 
@@ -124,9 +125,8 @@ def _layout(row) -> Layout:
     rc = row["recompute"]
     recompute = "full" if rc == "full" else "selective" if rc.startswith("selective") else "none"
     modules = ("core_attn",)
-    hit = re.search(r"recompute_modules=\[([^\]]*)\]", row.get("notes", ""))
-    if rc == "per recipe" and hit:  # the recipe's Megatron-Core --recompute-modules, quoted in the notes
-        modules = tuple(x.strip() for x in hit.group(1).split(",") if x.strip())
+    if rc == "per recipe":  # the recipe's Megatron-Core --recompute-modules (the csv's recompute_modules)
+        modules = tuple(x for x in row["recompute_modules"].split("+") if x and x != "none")
         recompute = "selective" if modules else "none"
     sp = "seqpar" in rc or not row["group"].startswith(("narayanan", "korthikanti"))
     sched = "interleaved" if vpp > 1 else "1f1b"

@@ -89,6 +89,26 @@ def test_every_megatron_row_names_the_cuda_graph_scopes_its_recipe_replays():
         assert scopes == ["none"] or all(s in GRAPH_SCOPES for s in scopes), (r["id"], r["cuda_graphs"])
 
 
+def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recompute():
+    import csv
+
+    from piper_plan.cost.batch import RC_MODULES
+    from piper_plan.validate import DISPATCHER_A2A, MEGATRON_GROUPS, data_path
+
+    rows = list(csv.DictReader(open(data_path())))
+    megatron = [r for r in rows if r["group"] in MEGATRON_GROUPS]
+    for r in megatron:
+        assert r["dispatcher"] in DISPATCHER_A2A and r["dispatcher"], (r["id"], r["dispatcher"])
+        assert r["a2a_overlap"] in ("yes", "no"), (r["id"], r["a2a_overlap"])
+        assert r["expert_gemm"] in ("multistream", "grouped"), (r["id"], r["expert_gemm"])
+    # the columns carry what the notes quote of each recipe
+    assert all((r["dispatcher"] in r["notes"].lower() or r["dispatcher"] == "alltoall") for r in megatron)
+    assert all((r["a2a_overlap"] == "yes") == ("moe_a2a_overlap=True" in r["notes"]) for r in megatron)
+    for r in (r for r in rows if r["recompute"] == "per recipe"):
+        mods = r["recompute_modules"].split("+")
+        assert mods == ["none"] or all(m in RC_MODULES for m in mods), (r["id"], r["recompute_modules"])
+
+
 def test_every_pipelined_megatron_row_says_how_its_layers_were_split():
     import csv
 
