@@ -29,6 +29,12 @@ def rc_bits(modules) -> int:
     return sum(1 << RC_MODULES.index(x) for x in set(modules))
 
 
+def per_expert_launch(lay: "LayoutBatch") -> np.ndarray:
+    """Whether each layout launches its local experts' GEMMs one kernel per expert (Transformer
+    Engine's multi-stream GroupedLinear, a Python loop) rather than as one grouped kernel."""
+    return EXPERT_GEMM_STREAMS[lay.egemm] > 0
+
+
 def graph_bits(scopes) -> int:
     return sum(1 << GRAPH_SCOPES.index(x) for x in set(scopes))
 

@@ -18,7 +18,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .activations import expected_pad
-from .batch import EXPERT_GEMM_STREAMS, LayoutBatch, recomputes
+from .batch import EXPERT_GEMM_STREAMS, LayoutBatch, per_expert_launch, recomputes
 from .kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
 
 
@@ -269,7 +269,7 @@ def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> t
     if not (mo.glu_clamp or mo.expert_bias):
         return Phase(z, z, z, z), z
     f, d = mo.expert_ffn_size, m.hidden_size
-    per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0
+    per_expert = per_expert_launch(lay)
     local = mo.num_experts / lay.ep
     cf, cb = (8.0 * f * n * eb, 10.0 * f * n * eb) if mo.glu_clamp else (z, z)
     bf, bb = (d * (24.0 + 2.0 * eb) * n, d * (32.0 + 4.0 * eb) * n) if mo.expert_bias else (z, z)

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
-from .batch import EXPERT_GEMM_STREAMS, FP8_COMPUTE, FP8S, LayoutBatch, graphed
+from .batch import FP8_COMPUTE, FP8S, LayoutBatch, graphed, per_expert_launch
 from .compute import FP8_QUANT, Phase
 
 ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
@@ -92,7 +92,7 @@ def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarr
       splits, cat and cast); an all-gather and a reduce-scatter under TP."""
     mo = m.moe
     q = QUANT_KERNELS[lay.fp8]
-    per_expert = EXPERT_GEMM_STREAMS[lay.egemm] > 0  # one launch per local expert
+    per_expert = per_expert_launch(lay)
     launches = np.where(per_expert, mo.num_experts / lay.ep, 1.0)
     router_all = np.where(lay.a2a == 2, ROUTER_OPS["dedup"], ROUTER_OPS["flat"])
     # moe_router replays the router (all but the preprocess's one kernel), moe_preprocess the rest
