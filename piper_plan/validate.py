@@ -30,7 +30,6 @@ No row was used to fit any parameter: efficiencies come from hardware micro-benc
 from __future__ import annotations
 
 import csv
-import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -143,9 +142,10 @@ def _layout(row) -> Layout:
 
 
 def _tokens_per_gpu(row) -> float | None:
-    """tokens/s/GPU published in the notes column, if any."""
-    hit = re.search(r"([\d.]+) tok/s/GPU", row.get("notes", ""))
-    return float(hit.group(1)) if hit else None
+    """tokens/s/GPU the source publishes beside the row's metric (the csv's
+    tokens_per_s_per_gpu; its notes quote it), if any."""
+    tok = row.get("tokens_per_s_per_gpu", "")
+    return float(tok) if tok else None
 
 
 def _narayanan_flops(row) -> float:
@@ -155,17 +155,17 @@ def _narayanan_flops(row) -> float:
 
 def _xmoe_settings(row) -> dict:
     """What X-MoE's launch scripts (quoted in the notes) and their defaults run, beyond the
-    published layout: no pipeline; ZeRO stage from the script's --zero-stage; DeepSpeed's
-    ZeRO-1/2 reduce gradients after the backward, not overlapped (the scripts' ds_config sets
-    only "stage", and DeepSpeed's DeepSpeedZeroConfig defaults overlap_comm to stage == 3);
+    published layout: no pipeline; ZeRO stage from the script's --zero-stage (the csv's
+    zero_stage); DeepSpeed's ZeRO-1/2 reduce gradients after the backward, not overlapped (the
+    scripts' ds_config sets only "stage", and DeepSpeed's DeepSpeedZeroConfig defaults
+    overlap_comm to stage == 3);
     fp16 (--fp16) with 16-bit gradients reduced as they are (DeepSpeed's fp16 ZeRO
     optimizer); dropout on (no --hidden-dropout / --attention-dropout flag: Megatron's
     arguments.py defaults both to 0.1); no Megatron --sequence-parallel flag (X-MoE shards the
     sequence only inside the MoE block, which the cost model does for every tp > 1); the local
     experts' GEMMs one after another (deepspeed/moe/experts.py Experts.forward: `for expert in
     self.deepspeed_experts: out = expert(chunk)` on the uneven-token path --use-pft takes)."""
-    z = re.search(r"ZeRO-(\d)", row["notes"])  # the script's --zero-stage, quoted in the notes
-    return dict(zero=int(z.group(1)) if z else 1, pp=1, overlap_grad_reduce=False, dtype="fp16",
+    return dict(zero=_i(row.get("zero_stage"), 1), pp=1, overlap_grad_reduce=False, dtype="fp16",
                 grad_dtype="bf16", dropout=True, sequence_parallel=False,
                 expert_gemm="loop")
 

@@ -109,6 +109,33 @@ def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recomp
         assert mods == ["none"] or all(m in RC_MODULES for m in mods), (r["id"], r["recompute_modules"])
 
 
+def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with_the_notes():
+    import csv
+    import re
+
+    from piper_plan import validate as V
+
+    rows = list(csv.DictReader(open(V.data_path())))
+    with_tok = [r for r in rows if r["tokens_per_s_per_gpu"]]
+    # the Megatron-Bridge tables and the Megatron-Core report publish tokens/s beside TFLOP/s
+    tables = [r for r in rows if r["group"] in ("megatron-bridge-moe", "mcore2026-moe-report")
+              and r["metric"] == "model_tflops_per_gpu"]
+    assert with_tok == tables and len(tables) == 75
+    for r in with_tok:
+        quoted = re.search(r"([\d.]+) tok/s/GPU", r["notes"])  # the notes quote the row's own figure first
+        assert quoted and float(quoted.group(1)) == float(r["tokens_per_s_per_gpu"]), r["id"]
+        assert V._compared(r) == ("tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]))
+    # a note that quotes another table's figure after its own does not change what is compared
+    twin = next(r for r in rows if r["id"] == "mb-qwen3-235b-b300-mxfp8-2604")
+    assert "5,984" in twin["notes"] or "5984" in twin["notes"]
+    assert V._tokens_per_gpu(twin) == 4865.0
+    xmoe = [r for r in rows if r["group"] == "xmoe2025" and r["tp"]]
+    assert xmoe and all(r["zero_stage"] in ("1", "2", "3") for r in xmoe)
+    assert all(f"ZeRO-{r['zero_stage']}" in r["notes"] for r in xmoe)
+    assert V._xmoe_settings(next(r for r in xmoe if r["id"] == "xmoe-f13-super"))["zero"] == 2
+    assert not any(r["zero_stage"] for r in rows if r["group"] != "xmoe2025")
+
+
 def test_every_pipelined_megatron_row_says_how_its_layers_were_split():
     import csv
 
