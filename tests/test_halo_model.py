@@ -206,6 +206,29 @@ def test_fanout_efficiency_slows_only_the_flat_exchanges_network_bytes():
         assert float(comm.a2a_halo(hw, nbytes, n, 1)) == float(comm.a2a_halo(at_comm, nbytes, n, 1))
 
 
+def test_a_planar_nic_carries_an_all_to_all_on_one_plane_and_a_ring_on_all():
+    """network.planes (DGX B300 on Spectrum-X: each ConnectX-8 is 2 x 400GbE on two networks): an
+    all-to-all's per-peer connections use one port, so its NIC-bound time doubles, flat and HALO's
+    packs alike; inside a node nothing changes, and a ring all-reduce stripes its channels over both
+    ports and keeps the whole NIC rate."""
+    hw = load_hardware("dgx-b300")
+    assert hw.network.planes == 2
+    one = hw.model_copy(update={"network": hw.network.model_copy(update={"planes": 1})})
+    no_lat = [lv.model_copy(update={"latency_us": 0.0}) for lv in hw.topology]
+    hw0, one0 = (h.model_copy(update={"topology": no_lat}) for h in (hw, one))
+    nbytes = 256 * 2**20
+    assert float(comm.a2a_flat(hw, nbytes, 8, 1)) == float(comm.a2a_flat(one, nbytes, 8, 1))  # one node: NVLink
+    for n in (64, 256):  # 8 and 32 nodes: the NIC is the bottleneck
+        assert float(comm.a2a_flat(hw0, nbytes, n, 1)) == pytest.approx(2 * float(comm.a2a_flat(one0, nbytes, n, 1)))
+        t2, t2_one = comm._halo_phases(hw, nbytes, n, 1)[1], comm._halo_phases(one, nbytes, n, 1)[1]
+        assert float(t2) == pytest.approx(2 * float(t2_one))
+        assert float(comm.ring_allreduce(hw, nbytes, n, 1)) == float(comm.ring_allreduce(one, nbytes, n, 1))
+    d = hw.model_dump()
+    d["network"]["planes"] = 0
+    with pytest.raises(ValueError, match="planes"):
+        type(hw).model_validate(d)
+
+
 def test_frontier_halo_speedup_falls_in_the_papers_range():
     """The Piper paper measures HALO at 1.2-9x the bandwidth of RCCL's all-to-all on 16-512 Frontier
     nodes (brief §1). With a2a_fanout the model predicts inside that range at every node count and

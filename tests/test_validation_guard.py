@@ -20,17 +20,17 @@ def test_memory_rows_each_within_10_percent(results):
 
 
 def test_moe_rows_meet_the_mean_target(results):
-    # MAPE <= 20 % over the 101 MoE rows (19.4 % now; 17.7 % over the first 18). The issue's other
-    # MoE target, no row worse than 35 %, is NOT met yet (16 rows are; issue 4 stays open): this
-    # guard fails a change that takes the mean back above its target.
+    # MAPE <= 20 % over the 101 MoE rows (19.1 % now). The issue's other MoE target, no row worse
+    # than 35 %, is NOT met yet (15 rows are; issue 4 stays open): this guard fails a change that
+    # takes the mean back above its target.
     k = summary(results)["kinds"]["moe"]
     assert k["rows"] == 101 and k["mape"] <= TARGETS["moe"][0]
 
 
 def test_the_issue_s_named_moe_sources_are_reported_alone(results):
     # the acceptance names Megatron-Bridge, X-MoE and Piper's Fig. 13 and weak scaling: their 89
-    # rows get their own line. 20.4 % now, above the 20 % target (issue 4 stays open); this pin
-    # fails a change that takes them further from it.
+    # rows get their own line, held to the mean target (19.9 % now: a thin margin; their max target
+    # is not met, issue 4 stays open).
     from piper_plan.validate import MOE_ACCEPTANCE_GROUPS
 
     named = [r for r in results if r.group in MOE_ACCEPTANCE_GROUPS]
@@ -38,7 +38,7 @@ def test_the_issue_s_named_moe_sources_are_reported_alone(results):
     assert k["rows"] == len(named) == 89 and all(r.kind == "moe" for r in named)
     assert k["mape"] == pytest.approx(sum(abs(r.error_pct) for r in named) / 89)
     assert k["within_target_max"] == sum(abs(r.error_pct) <= TARGETS["moe"][1] for r in named)
-    assert k["mape"] <= 22.0
+    assert k["mape"] <= TARGETS["moe"][0]
 
 
 def test_dense_ranking_follows_measurement(results):

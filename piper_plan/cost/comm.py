@@ -12,6 +12,14 @@ Flat all-to-all: every byte goes straight to its destination; links of different
 run concurrently (time = the slowest), message set-up is paid per peer. Its bytes through the
 NICs move at efficiency.a2a_fanout of the NIC rate where a spec measures that the library's
 fan-out (a message to every remote peer at once) falls short of `comm` (RCCL on Slingshot).
+On a planar fabric (network.planes > 1: each NIC's ports on separate networks) an all-to-all's
+NIC bytes, flat or HALO's packs, move over one plane: each peer is one connection, and NCCL's
+default single queue pair per connection uses one port ("if you use a single QP (the default),
+only one port will be used", NCCL maintainer, NVIDIA/nccl#1015; "Alltoall cannot aggregate the
+bandwidth of multiple NICs", NVIDIA/nccl-tests#267); DeepEP's and HybridEP's kernels used only
+the first plane of a dual-plane ConnectX-8 on DGX B300 (deepseek-ai/DeepEP #566, PR #650).
+Ring collectives spread their channels over the ports and keep the whole NIC rate (NCCL's ring
+all-reduce reached 760 GB/s bus bandwidth on 16 B300 nodes of 2 x 400GbE planes, NVIDIA/nccl#2035).
 HALO (brief §3): Phase I intra-node exchange ‖ Phase II one pack per remote node to the
 same-index peer (stays on its rail), then Phase III forwards inside the node (a2a_halo).
 Times in seconds, bytes in bytes.
@@ -95,13 +103,19 @@ def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
     per_node = c[node]
     inter = B[node + 1:].sum(0) if node + 1 < len(hw.topology) else np.zeros_like(per)
     cross = inter * (1.0 - _same_rail_fraction(hw, per_node))
-    fan = hw.efficiency.a2a_fanout
-    if fan is not None:  # network bytes of a fan-out move at a2a_fanout, not comm, of the NIC rate
-        slow = hw.efficiency.comm / fan
+    slow = _a2a_nic_slowdown(hw)
+    if slow != 1.0:  # network bytes of a fan-out: at a2a_fanout, not comm, of one plane's rate
         B = B * np.where(_expand(nic, B.ndim - 1), slow, 1.0)
         cross = cross * slow
     t = _bw_time(hw, B, cross) + (peers * _expand(lat, peers.ndim - 1)).sum(0)
     return np.where(n > 1, t, 0.0)
+
+
+def _a2a_nic_slowdown(hw: HardwareSpec) -> float:
+    """How much longer an all-to-all's fan-out keeps the NIC than `comm` of its rate implies:
+    one plane of network.planes, at efficiency.a2a_fanout where measured (module docstring)."""
+    fan = hw.efficiency.a2a_fanout
+    return hw.network.planes * (hw.efficiency.comm / fan if fan is not None else 1.0)
 
 
 def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
@@ -157,8 +171,9 @@ def _halo_phases(hw: HardwareSpec, nbytes, n, stride):
     per = nbytes / np.maximum(n, 1)
     lat_intra = (intra * latx).sum(0)  # q-1 messages inside the node
     t1 = _bw_time(hw, intra * per) + lat_intra
-    # Phase II: per remote node one pack of q·per bytes (inter_peers/q packs per level)
-    t2_wire = _bw_time(hw, inter_peers * per)
+    # Phase II: per remote node one pack of q·per bytes (inter_peers/q packs per level); each
+    # pack is one connection, so one plane of a planar NIC carries it
+    t2_wire = _bw_time(hw, inter_peers * per) * hw.network.planes
     t2_lat = (inter_peers / np.maximum(q, 1) * latx).sum(0)
     # Phase III: one message per other local member, its `per` bytes of each of nodes-1 packs
     t3 = _bw_time(hw, intra * per) * (nodes - 1) + lat_intra

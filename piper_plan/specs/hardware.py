@@ -193,6 +193,10 @@ class Network(_Strict):
                                  "different NIC indices crosses a shared spine")
     cross_rail_taper: float = Field(1.0, gt=0, le=1, description="per-GPU share of NIC rate left for cross-rail "
                                     "traffic when every GPU sends across the spine at once")
+    planes: int = Field(1, ge=1, description="separate networks (planes) each NIC's nic_gbps is split over, "
+                        "one port on each (a ConnectX-8 on Spectrum-X: 2 x 400GbE); collectives that stripe "
+                        "their channels over the ports (ring) reach nic_gbps, an all-to-all's per-peer "
+                        "connections one plane's share (cost/comm.py)")
     source: str = ""
 
 
