@@ -99,7 +99,6 @@ def machine_speed(hw_name: str) -> float | None:
     DRAM stream; 8 ranks at once) re-run now, geometric mean of now / then over the probes.
     None when the spec has no calibration record beside it."""
     import json
-    from pathlib import Path
 
     from piper_plan.calibrate_bench import BenchPlan, run_benchmarks
     from piper_plan.specs.registry import _resolve
@@ -164,7 +163,7 @@ def run(hw_name: str, models: list[str], steps: int, warmup: int = 14, rounds: i
               f"{'within' if within else 'NOT within'} 10%")
         summary[name] = dict(median_abs_error=float(np.median(err)), spearman=rho, top_within_10pct=bool(within),
                              machine_speed=speeds)
-    print(f"\nacceptance (median |error| <= 20%, Spearman >= 0.8, top plan within 10%): "
+    print("\nacceptance (median |error| <= 20%, Spearman >= 0.8, top plan within 10%): "
           + "; ".join(f"{k}: {100 * v['median_abs_error']:.1f}%, {v['spearman']:.2f}, {v['top_within_10pct']}"
                       for k, v in summary.items()))
     return summary

@@ -272,7 +272,7 @@ def micro_calibration(cross_rail: bool, reps: int = 3, tiny_reps: int = 21, big:
       slope between `intra_sizes`, so fixed costs cancel."""
     import torch.distributed as dist
 
-    me, w = dist.get_rank(), dist.get_world_size()
+    me = dist.get_rank()
     node, loc = divmod(me, PER_NODE)
     samples: dict[str, list[float]] = {}
     fixed_cost_samples(samples, tiny_reps)
@@ -456,7 +456,7 @@ def write_hardware(name: str, data: dict, hw_dir: Path) -> Path:
 
     hw_dir.mkdir(parents=True, exist_ok=True)
     path = hw_dir / f"emu-{name}.yaml"
-    path.write_text(f"# Written by benchmarks/halo_netns.py; rerun it to refresh.\n"
+    path.write_text("# Written by benchmarks/halo_netns.py; rerun it to refresh.\n"
                     + yaml.safe_dump(data, sort_keys=False, width=120))
     load_hardware(str(path))  # must load as a HardwareSpec
     return path

@@ -42,10 +42,8 @@ import time
 
 import numpy as np
 
-from piper_plan.cost.imbalance import expert_popularity
-from piper_plan.cost.migration import (
-    migration_overhead, predict_imbalance, predict_moe_layer_time, sampling_factor,
-)
+from piper_plan.cost.imbalance import expert_popularity, sampling_factor
+from piper_plan.cost.migration import migration_overhead, predict_imbalance, predict_moe_layer_time
 from piper_plan.layout import Layout
 from piper_plan.plan import Migration, make_plan
 from piper_plan.specs.model import ModelSpec

@@ -27,7 +27,6 @@ from ..placement import (
     contiguous_placement, lower_bound, moved_experts, plan_placement, rank_loads, slot_lower_bound,
 )
 from ..specs.hardware import HardwareSpec
-from .imbalance import sampling_factor  # noqa: F401  (re-exported for benchmarks/migration.py)
 from ..specs.model import ModelSpec
 from . import comm
 
