@@ -220,10 +220,21 @@ def _row_estimate(row, m, hw):
     return lay, evaluate(m, hw, from_layouts([lay])), 0
 
 
-def _priced(row, hw_edit=None):
+def _spec(specs: dict, load, name: str):
+    """The spec `load` reads for `name`, read once per `specs` memo."""
+    key = (load.__name__, name)
+    if key not in specs:
+        specs[key] = load(name)
+    return specs[key]
+
+
+def _priced(row, hw_edit=None, specs: dict | None = None):
     """(model, layout, Estimate, index) a row is priced under (_row_estimate) on its bundled
-    specs; hw_edit, if given, maps the hardware spec first (validate_sensitivity)."""
-    m, hw = load_model(row["model_spec"]), load_hardware(row["hardware_spec"])
+    specs; hw_edit, if given, maps the hardware spec first (validate_sensitivity). `specs`, if
+    given, holds the specs already read, by (loader, name): rows share a few dozen files, and
+    parsing their YAML again for every row was most of a pass's time."""
+    specs = {} if specs is None else specs
+    m, hw = _spec(specs, load_model, row["model_spec"]), _spec(specs, load_hardware, row["hardware_spec"])
     if hw_edit is not None:
         hw = hw_edit(hw)
     return (m, *_row_estimate(row, m, hw))
@@ -336,11 +347,11 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
     """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
     to the one it is priced on (validate_sensitivity scales efficiencies with it)."""
     rows = list(csv.DictReader(open(path or data_path())))
-    out = []
+    out, specs = [], {}
     for row in rows:
         if group and row["group"] != group:
             continue
-        m, *priced = _priced(row, hw_edit)
+        m, *priced = _priced(row, hw_edit, specs)
         pred, desc = _row_value(row, m, *priced)
         metric, pub = _compared(row)
         gap = _step_gap(row, m, *priced).get("missing_ms_per_layer_microbatch")
