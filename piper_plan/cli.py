@@ -432,7 +432,7 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
 
     from . import report
     from .validate import explain, run, summary
-    from .validate_kernels import a2a_check, gemm_check, te_gemm_check
+    from .validate_kernels import TABLES, a2a_check, gemm_check, te_gemm_check
 
     if sensitivity:
         _show_sensitivity(group, as_json)
@@ -460,9 +460,11 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     res = run(group)
     summ = summary(res)
     gemm, te_gemm, a2a = gemm_check(), te_gemm_check(), a2a_check()
+    b200 = {dt: gemm_check(TABLES / "gemm_b200_xla.csv", "dgx-b200", dt) for dt in ("bf16", "fp8")}
     if as_json:
         click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
-                               "gemm_h100_xla": gemm, "gemm_te_b300": te_gemm, "a2a_mcore_table7": a2a}, indent=2))
+                               "gemm_h100_xla": gemm, "gemm_b200_xla": b200, "gemm_te_b300": te_gemm,
+                               "a2a_mcore_table7": a2a}, indent=2))
         return
     t = Table(title="predicted vs published")
     for c in ("id", "metric", "published", "predicted", "error", "missed ms/layer·µb", "layout"):
@@ -484,11 +486,15 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     for name, d in summ["kinds"].items():
         k.add_row(labels.get(name, name), str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%",
                   f"{d['max_abs_pct']:.1f}%", f"≤{d['target_max']:g}%")
-    x = Table(title="GEMM kernel model vs measured H100 bf16 GEMMs (OpenXLA's matmul table, 375 shapes)")
-    for c in ("measured time", "shapes", "predicted/measured median", "10-90%", "sum predicted/sum measured"):
+    x = Table(title="GEMM kernel model vs measured GEMMs (OpenXLA's matmul tables, 375 shapes each: "
+                    "H100 bf16; B200 bf16 and FP8)")
+    for c in ("GPU", "dtype", "measured time", "shapes", "predicted/measured median", "10-90%",
+              "sum predicted/sum measured"):
         x.add_column(c)
-    for label, d in gemm.items():
-        x.add_row(label, str(d["shapes"]), f"{d['median']:.2f}", f"{d['p10']:.2f}-{d['p90']:.2f}", f"{d['sum_ratio']:.2f}")
+    for gpu, dt, table in (("H100", "bf16", gemm), ("B200", "bf16", b200["bf16"]), ("B200", "fp8", b200["fp8"])):
+        for label, d in table.items():
+            x.add_row(gpu, dt, label, str(d["shapes"]), f"{d['median']:.2f}", f"{d['p10']:.2f}-{d['p90']:.2f}",
+                      f"{d['sum_ratio']:.2f}")
     b = Table(title="GEMM kernel model vs Transformer Engine's B300 GEMM benchmark (hidden 4096, FFN 16384, "
                     "15,872 tokens; the Blackwell plateaus are set from its kernel-only layer totals)")
     for c in ("GEMM", "pass", "recipe", "timed", "measured ms", "predicted ms", "error"):

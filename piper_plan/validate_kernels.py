@@ -8,6 +8,11 @@ kernels.gemm_time on the bundled dgx-h100 spec and reports predicted / measured 
 shape's measured time: what the step model sees of large GEMMs (tens of µs and more) and
 where the roofline is known to miss (a few µs: split-K on few output tiles, short K loops).
 
+validation/gemm_b200_xla.csv: the same 375 shapes measured on B200 (sm_100), bf16 and FP8
+(e4m3 × e4m3 → bf16), from the table's later version (tensorflow/tensorflow third_party/xla/xla/
+backends/gpu/cost_model/matmul_interpolator_data.h @a305421); `gemm_check(..., "dgx-b200",
+dtype)` prices them on the bundled dgx-b200 spec. The Blackwell plateaus were not set from it.
+
 validation/gemm_te_b300.csv: Transformer Engine's own GEMM benchmark on B300 (its GEMM
 profiling tutorial: the 12 GEMMs of a hidden-4096 / FFN-16384 layer at 15,872 tokens, BF16,
 FP8 current scaling and MXFP8, with the dynamic quantisation (autocast) and without it
@@ -39,14 +44,15 @@ TABLES = Path(__file__).resolve().parent.parent / "validation"  # the measured t
 TIME_CLASSES_US = ((0.0, 20.0), (20.0, 100.0), (100.0, float("inf")))
 
 
-def gemm_check(path: Path | None = None, hardware: str = "dgx-h100") -> dict:
+def gemm_check(path: Path | None = None, hardware: str = "dgx-h100", dtype: str = "bf16") -> dict:
     """Predicted / measured GEMM time per measured-time class: {label: {shapes, median,
-    p10, p90, sum_ratio}} (sum_ratio: Σ predicted / Σ measured seconds)."""
-    rows = list(csv.DictReader(open(path or TABLES / "gemm_h100_xla.csv")))
+    p10, p90, sum_ratio}} (sum_ratio: Σ predicted / Σ measured seconds). A table with a dtype
+    column (gemm_b200_xla.csv) is read for `dtype` alone; one without holds bf16 only."""
+    rows = [r for r in csv.DictReader(open(path or TABLES / "gemm_h100_xla.csv")) if r.get("dtype", "bf16") == dtype]
     b, m, n, k, fps = (np.array([float(r[c]) for r in rows]) for c in ("b", "m", "n", "k", "flops_per_s"))
     flops = 2.0 * b * m * n * k
     measured = flops / fps
-    predicted = gemm_time(load_hardware(hardware), m, n, k, groups=b)
+    predicted = gemm_time(load_hardware(hardware), m, n, k, groups=b, dtype=dtype)
     ratio = predicted / measured
     out = {}
     for lo, hi in TIME_CLASSES_US:
