@@ -106,12 +106,17 @@ def _settings(row) -> dict:
     recipe runs TE's fused grouped MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); a2a_overlap yes where
     the recipe sets moe_a2a_overlap=True (the all-to-all hidden behind another micro-batch's
     compute, Layout.a2a_overlap); dispatcher (DISPATCHER_A2A); cuda_graphs, the scopes the
-    recipe replays as CUDA graphs (Layout.cuda_graphs: the host issues the rest, cost/host.py).
+    recipe replays as CUDA graphs (Layout.cuda_graphs: the host issues the rest, cost/host.py);
+    grad_reduce, the dtype of the gradient buffers and their data-parallel reduction
+    (Megatron-Bridge's performance recipes: bf16; Megatron-LM with --bf16: fp32 unless
+    --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
+    run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to).
     The Megatron-Core MoE report's and Megatron-LM's rows run the same stack."""
     if row["group"].startswith(("narayanan", "korthikanti")):
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
     graphs = row.get("cuda_graphs", "")
-    return dict(attention_kernel="flash", dropout=False, zero=1, overlap_grad_reduce=True,
+    return dict(attention_kernel="flash", dropout=False, zero=1,
+                grad_dtype=row.get("grad_reduce") or "fp32", overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")],
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
