@@ -17,7 +17,7 @@ source's own FLOP convention:
 Software settings follow each source: Megatron 2021/22 ran eager fused-softmax attention with
 dropout, fp32 gradients, no distributed optimizer and a DP all-reduce after the flush;
 Megatron-Bridge runs flash attention, no dropout, distributed optimizer with overlapped
-reduction. Pipelined runs split layers over chunks as each recipe says (the csv's
+reduction in bf16 (the csv's grad_reduce and overlap_grad_reduce, per row). Pipelined runs split layers over chunks as each recipe says (the csv's
 pipeline_split: Megatron's even default or its embedding/loss accounting). "planner's choice"
 rows compare with the best layout our search finds inside the space the measured system can
 run: Piper's rows with its PP × EP mesh (tp 1, ep = dp) and
