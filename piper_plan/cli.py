@@ -432,7 +432,7 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
 
     from . import report
     from .validate import explain, run, summary
-    from .validate_kernels import TABLES, a2a_check, gemm_check, te_gemm_check
+    from .validate_kernels import a2a_check, b200_gemm_checks, gemm_check, te_gemm_check
 
     if sensitivity:
         _show_sensitivity(group, as_json)
@@ -460,7 +460,7 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     res = run(group)
     summ = summary(res)
     gemm, te_gemm, a2a = gemm_check(), te_gemm_check(), a2a_check()
-    b200 = {dt: gemm_check(TABLES / "gemm_b200_xla.csv", "dgx-b200", dt) for dt in ("bf16", "fp8")}
+    b200 = b200_gemm_checks()
     if as_json:
         click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
                                "gemm_h100_xla": gemm, "gemm_b200_xla": b200, "gemm_te_b300": te_gemm,

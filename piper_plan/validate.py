@@ -17,11 +17,11 @@ source's own FLOP convention:
 Software settings follow each source: Megatron 2021/22 ran eager fused-softmax attention with
 dropout, fp32 gradients, no distributed optimizer and a DP all-reduce after the flush;
 Megatron-Bridge runs flash attention, no dropout, distributed optimizer with overlapped
-reduction in bf16 (the csv's grad_reduce and overlap_grad_reduce, per row). Pipelined runs split layers over chunks as each recipe says (the csv's
-pipeline_split: Megatron's even default or its embedding/loss accounting). "planner's choice"
-rows compare with the best layout our search finds inside the space the measured system can
-run: Piper's rows with its PP × EP mesh (tp 1, ep = dp) and
-1F1B — the schedules and TP its runtime lacks would credit Piper with speed it never had;
+reduction in bf16 (the csv's grad_reduce and overlap_grad_reduce, per row). Pipelined runs
+split layers over chunks as each recipe says (the csv's pipeline_split: Megatron's even default
+or its embedding/loss accounting). "planner's choice" rows compare with the best layout our
+search finds inside the space the measured system can run: Piper's rows with its PP × EP mesh
+(tp 1, ep = dp) and 1F1B — the schedules and TP its runtime lacks would credit Piper with speed it never had;
 X-MoE rows without a published layout with our best layout without pipelining (X-MoE has no PP);
 X-MoE rows with one run it as its launch script (quoted in the notes) and DeepSpeed's defaults
 set it: ZeRO-<n>, fp16, dropout, gradient reduction after the backward (_xmoe_settings).
@@ -116,7 +116,8 @@ def _settings(row) -> dict:
         return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
     graphs = row.get("cuda_graphs", "")
     return dict(attention_kernel="flash", dropout=False, zero=1,
-                grad_dtype=row.get("grad_reduce") or "fp32", overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
+                grad_dtype=row.get("grad_reduce") or "fp32",
+                overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")],
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))

@@ -48,7 +48,18 @@ def gemm_check(path: Path | None = None, hardware: str = "dgx-h100", dtype: str 
     """Predicted / measured GEMM time per measured-time class: {label: {shapes, median,
     p10, p90, sum_ratio}} (sum_ratio: Σ predicted / Σ measured seconds). A table with a dtype
     column (gemm_b200_xla.csv) is read for `dtype` alone; one without holds bf16 only."""
-    rows = [r for r in csv.DictReader(open(path or TABLES / "gemm_h100_xla.csv")) if r.get("dtype", "bf16") == dtype]
+    return _gemm_ratios(list(csv.DictReader(open(path or TABLES / "gemm_h100_xla.csv"))), hardware, dtype)
+
+
+def b200_gemm_checks(path: Path | None = None) -> dict:
+    """gemm_check of gemm_b200_xla.csv on dgx-b200, per dtype it holds: {"bf16": .., "fp8": ..}
+    (the table read once)."""
+    rows = list(csv.DictReader(open(path or TABLES / "gemm_b200_xla.csv")))
+    return {dt: _gemm_ratios(rows, "dgx-b200", dt) for dt in ("bf16", "fp8")}
+
+
+def _gemm_ratios(rows: list[dict], hardware: str, dtype: str) -> dict:
+    rows = [r for r in rows if r.get("dtype", "bf16") == dtype]
     b, m, n, k, fps = (np.array([float(r[c]) for r in rows]) for c in ("b", "m", "n", "k", "flops_per_s"))
     flops = 2.0 * b * m * n * k
     measured = flops / fps

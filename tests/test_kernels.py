@@ -136,10 +136,10 @@ def test_gemm_model_prices_measured_b200_gemms_that_last_no_faster_than_they_ran
     # not used to set the Blackwell plateaus: GEMMs of 20 us and more are priced within about 10 %
     # and on the slow side in sum, so the Blackwell MoE rows' lean to the fast side
     # (validation/README.md) is not the GEMM kernel model's
-    from piper_plan.validate_kernels import TABLES, gemm_check
+    from piper_plan.validate_kernels import b200_gemm_checks
 
-    bf16 = gemm_check(TABLES / "gemm_b200_xla.csv", "dgx-b200", "bf16")
-    fp8 = gemm_check(TABLES / "gemm_b200_xla.csv", "dgx-b200", "fp8")
+    got = b200_gemm_checks()
+    bf16, fp8 = got["bf16"], got["fp8"]
     assert sum(d["shapes"] for d in bf16.values()) == sum(d["shapes"] for d in fp8.values()) == 375
     assert 1.0 <= bf16[">= 100 us"]["median"] < 1.12 and 1.0 <= bf16[">= 100 us"]["sum_ratio"] < 1.12
     assert 0.9 < bf16["20-100 us"]["median"] < 1.1 and 1.0 <= bf16["20-100 us"]["sum_ratio"] < 1.15
