@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from piper_plan.cost.batch import from_layouts
-from piper_plan.cost.estimate import _ep_overlap_paired_share, evaluate
+from piper_plan.cost.estimate import _paired_share, evaluate
 from piper_plan.layout import Layout
 from piper_plan.specs.registry import load_hardware, load_model
 
@@ -115,5 +115,30 @@ def test_the_first_forward_and_last_backward_run_alone():
     # the last rank 0 + 4 + 1 = 5, a middle rank (1) 2*2 + 4 + 1 = 9
     lay = from_layouts([Layout(gpus=512, tp=2, pp=4, vpp=2, dp=64, ep=32, global_batch=512, seq=4096,
                                schedule="interleaved", a2a_overlap=True)])
-    share = _ep_overlap_paired_share(lay)
+    share = _paired_share(lay)
     assert [float(share[r][0]) for r in ("first", "mid", "last")] == pytest.approx([5 / 16, 7 / 16, 11 / 16])
+
+
+def _dualpipev_counts(M, pp, rank):
+    """(chunk forwards, forwards paired with a backward) on one rank, walking DualPipeV's steps
+    as deepseek-ai/DualPipe's dualpipev.py runs them."""
+    forwards = 2 * (pp - rank - 1)          # step 1: F0 alone
+    forwards += 2 * (rank + 1)              # step 2: F0 F1, alone
+    forwards += pp - rank - 1               # step 3: B1 W1 F1, in turn
+    main = M - 2 * pp + rank + 1            # step 4: F0&B1, F1&B0
+    paired = 2 * main - (1 if rank == pp - 1 else 0)  # the last rank runs its first pair apart
+    forwards += 2 * main
+    forwards += pp - rank - 1               # step 5: B1, F1&B0
+    paired += pp - rank - 1
+    return forwards, paired
+
+
+@pytest.mark.parametrize("pp,M", [(4, 8), (4, 20), (8, 16), (8, 64)])
+def test_dualpipev_hides_only_its_paired_chunks(pp, M):
+    lay = from_layouts([Layout(gpus=pp * 32, tp=1, pp=pp, dp=32, ep=32, global_batch=32 * M, seq=4096,
+                               schedule="dualpipev", vpp=2)])
+    share = _paired_share(lay)
+    for role, rank in (("first", 0), ("mid", (pp - 1) // 2), ("last", pp - 1)):
+        forwards, paired = _dualpipev_counts(M, pp, rank)
+        assert forwards == 2 * M
+        assert float(share[role][0]) == pytest.approx(paired / forwards)

@@ -173,18 +173,18 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
     # compute beside it runs on the rest, which costs `held` of its speed for that long
     held = hw.efficiency.overlap_comm_units / hw.accelerator.compute_units
-    paired_share = _ep_overlap_paired_share(lay)
+    paired_share = _paired_share(lay)
     comp_t, comm_t, a2a_per_mb, hidden_of, slow_of, totals = {}, {}, {}, {}, {}, {}
     for r, (nd, nm) in roles.items():
         comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
         a2a_per_mb[r] = lc["a2a_layer"] * nm
         # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
-        # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide), in
-        # its steady state's paired steps only (_ep_overlap_paired_share)
-        paired = np.minimum(a2a_per_mb[r], nm * lc["a2a_hide"]) * paired_share[r]
-        hidden_of[r] = np.where(dualpipe, np.minimum(a2a_per_mb[r], comp_t[r]),
-                                np.where(lay.a2a_overlap, np.minimum(paired, comp_t[r]), 0.0))
+        # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide); both
+        # in their steady state's paired steps only (_paired_share)
+        paired = np.minimum(a2a_per_mb[r], nm * lc["a2a_hide"])
+        hidden_of[r] = paired_share[r] * np.where(dualpipe, np.minimum(a2a_per_mb[r], comp_t[r]),
+                                                  np.where(lay.a2a_overlap, np.minimum(paired, comp_t[r]), 0.0))
         slow_of[r] = held * hidden_of[r]
         totals[r] = comp_t[r] + comm_t[r] - hidden_of[r] + slow_of[r]
     peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
@@ -500,22 +500,30 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
 
 
-def _ep_overlap_paired_share(lay: LayoutBatch) -> dict:
-    """Share of a rank's (virtual) micro-batches whose all-to-all Megatron-Core's EP overlap can
-    hide, per role (first, mid, last pipeline rank): it only pairs a forward with another
-    micro-batch's backward in the 1F1B steady state. Without pipelining the first forward and
-    the last backward run alone (combined_1f1b_schedule_for_no_pipelining: "executed alone, no
-    a2a overlapping"): (M - 1) / M. Interleaved, a rank's W = 2(pp - rank - 1) + (vpp - 1)·pp + 1
-    warm-up forwards and as many cool-down backwards run alone, of M·vpp
-    (schedules.get_pp_rank_microbatches: one extra warm-up micro-batch under the overlap;
-    microbatch_group_size_per_vp_stage at its default, pp)."""
-    mv = (lay.m * lay.vpp).astype(float)
+def _paired_share(lay: LayoutBatch) -> dict:
+    """Share of a rank's micro-batch chunks whose all-to-all can hide behind another
+    micro-batch's compute, per role (first, mid, last pipeline rank): both overlapping
+    schedules pair a forward with a backward only in their steady state.
+    - Megatron-Core's EP overlap (Layout.a2a_overlap): without pipelining the first forward and
+      the last backward run alone (combined_1f1b_schedule_for_no_pipelining: "executed alone,
+      no a2a overlapping"): (M - 1) / M. Interleaved, a rank's W = 2(pp - rank - 1) +
+      (vpp - 1)·pp + 1 warm-up forwards and as many cool-down backwards run alone, of M·vpp
+      (schedules.get_pp_rank_microbatches: one extra warm-up micro-batch under the overlap;
+      microbatch_group_size_per_vp_stage at its default, pp).
+    - dualpipev: of a rank's 2M chunk forwards, DualPipeV's main step pairs
+      2(M - 2pp + rank + 1) with a backward and its step 5 another pp - rank - 1; the last rank
+      leaves its main step's first pair apart (deepseek-ai/DualPipe dualpipev.py, steps 1-8)."""
+    M = lay.m.astype(float)
+    mv = M * lay.vpp
     pp = lay.pp.astype(float)
     base = (lay.vpp - 1) * pp + 1.0
+    dualpipe = lay.sched == SCHEDULES.index("dualpipev")
     share = {}
     for role, rank in (("first", 0.0), ("mid", np.floor((pp - 1) / 2)), ("last", pp - 1)):
         warm = np.where(lay.pp == 1, 1.0, 2.0 * (pp - rank - 1) + base)
-        share[role] = np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0)
+        megatron = np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0)
+        pairs = 2.0 * M - 3.0 * pp + rank + 1.0 - (rank == pp - 1)
+        share[role] = np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0), megatron)
     return share
 
 
