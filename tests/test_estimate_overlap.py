@@ -142,3 +142,18 @@ def test_dualpipev_hides_only_its_paired_chunks(pp, M):
         forwards, paired = _dualpipev_counts(M, pp, rank)
         assert forwards == 2 * M
         assert float(share[role][0]) == pytest.approx(paired / forwards)
+
+
+def test_piper_train_s_dualpipev_hides_no_all_to_all():
+    """DeepSeek's DualPipe overlaps a forward chunk with another micro-batch's backward; torch's
+    ScheduleDualPipeV, which piper-train runs (fused_kernels false), performs the two in turn
+    (no custom OVERLAP_F_B function registered), so its all-to-all stays exposed."""
+    m, hw = load_model("qwen3-235b-a22b"), load_hardware("dgx-h100")
+    hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"host_op_us": 0.0})})
+    base = dict(gpus=256, tp=1, pp=4, vpp=2, dp=64, ep=32, global_batch=512, seq=4096, schedule="dualpipev")
+    lays = [Layout(**base, fused_kernels=f) for f in (True, False)]
+    est = evaluate(m, hw, from_layouts(lays))
+    unhidden = evaluate(m, hw, from_layouts([Layout(**{**base, "schedule": "zbv"}, fused_kernels=False)]))
+    assert est.time["a2a"][0] < est.time["a2a"][1]
+    # unfused: what is exposed is the whole exchange, as under a schedule that overlaps nothing
+    assert est.time["a2a"][1] == pytest.approx(unhidden.time["a2a"][0], rel=1e-9)

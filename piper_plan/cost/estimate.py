@@ -167,7 +167,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     Td, Tm, Te, Th, Tdc, Tmc = (lc[k] for k in ("Td", "Tm", "Te", "Th", "Tdc", "Tmc"))
     p2p_mb = p2p_one * rank_chunks  # each way, per micro-batch
     chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
-    dualpipe = lay.sched == 4
+    dualpipe = _dualpipe_overlaps(lay)
     # dualpipev, and Megatron-Core's EP overlap (Layout.a2a_overlap: a micro-batch's forward runs
     # beside another's backward), hide the all-to-all behind the other micro-batch's compute;
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
@@ -204,7 +204,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     F = comp["f"] + cm["f"] + p2p_mb
     B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
     W = comp["w"]
-    hidden = np.minimum(pick(a2a_per_mb), comp_total)
+    hidden = np.where(dualpipe, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, F, B, W, peak_role_time, total_sum, hidden)
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
@@ -527,11 +527,20 @@ def _paired_share(lay: LayoutBatch) -> dict:
     return share
 
 
+def _dualpipe_overlaps(lay: LayoutBatch) -> np.ndarray:
+    """dualpipev layouts whose runtime overlaps a forward chunk with another micro-batch's
+    backward chunk: DeepSeek's DualPipe does (fused stacks); piper-train (Layout.fused_kernels
+    false) runs torch's ScheduleDualPipeV, whose OVERLAP_F_B actions perform their forward and
+    backward sub-actions in turn unless a custom function is registered for them
+    (torch/distributed/pipelining/schedules.py, _PipelineScheduleRuntime), and registers none."""
+    return (lay.sched == SCHEDULES.index("dualpipev")) & ~lay.unfused
+
+
 def _a2a_off_stream(lay: LayoutBatch) -> np.ndarray:
     """Whether a layout's all-to-all runs beside another micro-batch's compute rather than in
-    its own layer's stream (Layout.a2a_overlap, dualpipev): the host floor compares the host's
-    issue time with the stream without it (cost/host.py)."""
-    return lay.a2a_overlap | (lay.sched == SCHEDULES.index("dualpipev"))
+    its own layer's stream (Layout.a2a_overlap, an overlapping dualpipev): the host floor
+    compares the host's issue time with the stream without it (cost/host.py)."""
+    return lay.a2a_overlap | _dualpipe_overlaps(lay)
 
 
 def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:

@@ -9,7 +9,8 @@ F, B, W: forward, backward-input, backward-weight seconds of one micro-batch on 
                  chunk = half a rank's layers)
 - dualpipev:     M·max + (pp-1)·max(0, F&B + B - 3W)/2, where F&B = max(F+B compute, comm):
                  forward and backward chunks of two micro-batches overlap, so the expert
-                 all-to-all hides behind compute (DeepSeek-V3 report §3.2.1, DualPipe README).
+                 all-to-all hides behind compute (DeepSeek-V3 report §3.2.1, DualPipe README);
+                 under piper-train (torch's ScheduleDualPipeV, no overlap) comm_hidden is 0.
 """
 from __future__ import annotations
 
