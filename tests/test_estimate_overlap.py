@@ -80,7 +80,8 @@ def test_breakdown_adds_up_with_and_without_overlap(pair):
 def test_an_exchange_also_hides_behind_its_partners_issue_time():
     """Where the host issues a node slower than the GPU runs it, the node lasts its issue time,
     and the other micro-batch's exchange on the communication stream runs inside it: the slower
-    the host, the less all-to-all stays exposed (none once the host bounds every node)."""
+    the host, the less all-to-all stays exposed (once the host bounds every node, only the
+    unpaired first forward's and last backward's)."""
     m, hw = load_model("qwen3-235b-a22b"), load_hardware("dgx-h100")
     base = dict(gpus=256, tp=2, pp=1, dp=128, ep=32, global_batch=1024, seq=4096, a2a_overlap=True, fp8="current")
     exposed, idle = [], []
