@@ -115,6 +115,9 @@ STACK_OPTIONS = [
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),
+        click.option("--a2a-sms", type=click.IntRange(min=1), default=None,
+                     help="SMs an overlapped all-to-all holds (Megatron-Core --moe-hybridep-num-sms); default: the "
+                     "hardware spec's efficiency.overlap_comm_units"),
         click.option("--cuda-graphs", default="none", show_default=True,
                      help="what the runtime replays as CUDA graphs, comma-separated (Megatron-Core "
                      "--cuda-graph-scope): attn, mlp, moe, moe_router, moe_preprocess, full_iteration; none: eager. "
@@ -205,7 +208,7 @@ def _layout_from(kw, model):
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
-                  a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
+                  a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
                   pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"])
 
@@ -277,7 +280,8 @@ def _space(kw, model, gpus):
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], fp8=kw["fp8"],
+                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
+                       fp8=kw["fp8"],
                        cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
 
 

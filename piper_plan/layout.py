@@ -85,6 +85,10 @@ class Layout(BaseModel):
         False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
         "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "
         "overlaps)")
+    a2a_sms: Optional[int] = Field(
+        None, ge=1, description="compute units (SMs) an overlapped all-to-all's kernels hold while the compute "
+        "beside them runs on the rest (Megatron-Core --moe-hybridep-num-sms; DeepEP's num_sms); None: the "
+        "hardware spec's efficiency.overlap_comm_units")
     dropout: bool = Field(False, description="dropout on (adds masks to memory and elementwise time)")
     overlap_grad_reduce: bool = Field(True, description="data-parallel gradient reduction overlapped with "
                                       "the last micro-batch's backward (Megatron-Core --overlap-grad-reduce)")

@@ -105,7 +105,8 @@ def _settings(row) -> dict:
     CUDA streams"; the recipes do not set it): expert_gemm multistream, or grouped where the
     recipe runs TE's fused grouped MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); a2a_overlap yes where
     the recipe sets moe_a2a_overlap=True (the all-to-all hidden behind another micro-batch's
-    compute, Layout.a2a_overlap); dispatcher (DISPATCHER_A2A); cuda_graphs, the scopes the
+    compute, Layout.a2a_overlap) and a2a_sms, the SMs its HybridEP kernels hold where the recipe
+    sets them (Layout.a2a_sms; blank: the spec's); dispatcher (DISPATCHER_A2A); cuda_graphs, the scopes the
     recipe replays as CUDA graphs (Layout.cuda_graphs: the host issues the rest, cost/host.py);
     grad_reduce, the dtype of the gradient buffers and their data-parallel reduction
     (Megatron-Bridge's performance recipes: bf16; Megatron-LM with --bf16: fp32 unless
@@ -119,6 +120,7 @@ def _settings(row) -> dict:
                 grad_dtype=row.get("grad_reduce") or "fp32",
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
+                a2a_sms=_i(row.get("a2a_sms"), None),
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")],
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
 

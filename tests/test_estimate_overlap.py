@@ -71,6 +71,21 @@ def test_compute_units_held_by_communication_are_a_spec_figure(pair):
     assert e0.time["compute"][1] == pytest.approx(e0.time["compute"][0])
 
 
+def test_a_layout_can_name_the_compute_units_its_exchange_holds(pair):
+    """Layout.a2a_sms (Megatron-Core --moe-hybridep-num-sms) replaces the spec's
+    overlap_comm_units: holding twice the SMs costs twice the compute beside the hidden exchange."""
+    est, _ = pair
+    m, hw = load_model("qwen3-235b-a22b"), load_hardware("dgx-h100")
+    hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"host_op_us": 0.0})})
+    base = dict(gpus=256, tp=2, pp=1, dp=128, ep=32, global_batch=1024, seq=4096, a2a_overlap=True)
+    lays = [Layout(**base), Layout(**base, a2a_sms=20), Layout(**base, a2a_sms=40)]
+    e = evaluate(m, hw, from_layouts(lays))
+    slow = e.time["compute"] - est.time["compute"][0]  # the compute the held SMs cost
+    assert slow[0] == pytest.approx(slow[1], rel=1e-12) and slow[0] > 0
+    assert slow[2] == pytest.approx(2 * slow[1], rel=1e-9)
+    assert from_layouts(lays).layout(2).a2a_sms == 40 and from_layouts(lays).layout(0).a2a_sms is None
+
+
 def test_breakdown_adds_up_with_and_without_overlap(pair):
     est, _ = pair
     total = sum(est.time[k] for k in PARTS)

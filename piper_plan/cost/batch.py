@@ -78,6 +78,7 @@ class LayoutBatch:
     egemm: np.ndarray       # index into EXPERT_GEMMS (how the local experts' GEMMs launch)
     fp8: np.ndarray          # index into FP8S (Layout.fp8)
     a2a_overlap: np.ndarray  # bool: all-to-all hidden behind another micro-batch's compute (Layout.a2a_overlap)
+    a2a_sms: np.ndarray      # compute units an overlapped all-to-all holds (Layout.a2a_sms; 0: the spec's)
     graphs: np.ndarray      # Layout.cuda_graphs as bits of GRAPH_SCOPES
     split: np.ndarray       # index into SPLITS (Layout.pipeline_split)
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
@@ -111,7 +112,7 @@ class LayoutBatch:
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=dtype,
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
-                      a2a_overlap=bool(self.a2a_overlap[i]), fp8=FP8S[g("fp8")],
+                      a2a_overlap=bool(self.a2a_overlap[i]), a2a_sms=g("a2a_sms") or None, fp8=FP8S[g("fp8")],
                       cuda_graphs=tuple(x for i, x in enumerate(GRAPH_SCOPES) if g("graphs") >> i & 1),
                       pipeline_split=SPLITS[g("split")],
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
@@ -129,7 +130,8 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
         unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
-        a2a_overlap=col(lambda x: x.a2a_overlap), fp8=col(lambda x: FP8S.index(x.fp8)),
+        a2a_overlap=col(lambda x: x.a2a_overlap), a2a_sms=col(lambda x: x.a2a_sms or 0),
+        fp8=col(lambda x: FP8S.index(x.fp8)),
         graphs=col(lambda x: graph_bits(x.cuda_graphs)), split=col(lambda x: SPLITS.index(x.pipeline_split)),
         overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),

@@ -172,7 +172,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # beside another's backward), hide the all-to-all behind the other micro-batch's compute;
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
     # compute beside it runs on the rest, which costs `held` of its speed for that long
-    held = hw.efficiency.overlap_comm_units / hw.accelerator.compute_units
+    held = np.where(lay.a2a_sms > 0, lay.a2a_sms, hw.efficiency.overlap_comm_units) / hw.accelerator.compute_units
     paired_share = _paired_share(lay)
     comp_t, comm_t, a2a_per_mb, hidden_of, slow_of, totals = {}, {}, {}, {}, {}, {}
     for r, (nd, nm) in roles.items():
