@@ -94,6 +94,11 @@ MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recip
 # the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
 # copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
 DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
+# SMs the flex dispatcher's kernels hold unless the recipe sets them (the csv's a2a_sms):
+# Megatron-Core's TransformerConfig defaults, moe_hybridep_num_sms = 16 ("In pure NVL scenarios, 16
+# SMs can generally achieve good bandwidth") and moe_deepep_num_sms = 20; NCCL's all-to-all keeps
+# the spec's overlap_comm_units
+DISPATCHER_SMS = {"hybridep": 16, "deepep": 20}
 
 
 def _settings(row) -> dict:
@@ -106,7 +111,8 @@ def _settings(row) -> dict:
     recipe runs TE's fused grouped MLP (NVTE_CUTEDSL_FUSED_GROUPED_MLP=1); a2a_overlap yes where
     the recipe sets moe_a2a_overlap=True (the all-to-all hidden behind another micro-batch's
     compute, Layout.a2a_overlap) and a2a_sms, the SMs its HybridEP kernels hold where the recipe
-    sets them (Layout.a2a_sms; blank: the spec's); dispatcher (DISPATCHER_A2A); cuda_graphs, the scopes the
+    sets them (Layout.a2a_sms; blank: Megatron-Core's default for the dispatcher, DISPATCHER_SMS);
+    dispatcher (DISPATCHER_A2A); cuda_graphs, the scopes the
     recipe replays as CUDA graphs (Layout.cuda_graphs: the host issues the rest, cost/host.py);
     grad_reduce, the dtype of the gradient buffers and their data-parallel reduction
     (Megatron-Bridge's performance recipes: bf16; Megatron-LM with --bf16: fp32 unless
@@ -120,7 +126,7 @@ def _settings(row) -> dict:
                 grad_dtype=row.get("grad_reduce") or "fp32",
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
-                a2a_sms=_i(row.get("a2a_sms"), None),
+                a2a_sms=_i(row.get("a2a_sms"), DISPATCHER_SMS.get(row.get("dispatcher", ""))),
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")],
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
 
