@@ -10,8 +10,8 @@ where the roofline is known to miss (a few µs: split-K on few output tiles, sho
 
 validation/gemm_b200_xla.csv: the same 375 shapes measured on B200 (sm_100), bf16 and FP8
 (e4m3 × e4m3 → bf16), from the table's later version (tensorflow/tensorflow third_party/xla/xla/
-backends/gpu/cost_model/matmul_interpolator_data.h @a305421); `gemm_check(..., "dgx-b200",
-dtype)` prices them on the bundled dgx-b200 spec. The Blackwell plateaus were not set from it.
+backends/gpu/cost_model/matmul_interpolator_data.h @a305421); `b200_gemm_checks()` prices them
+on the bundled dgx-b200 spec, per dtype. The Blackwell plateaus were not set from it.
 
 validation/gemm_te_b300.csv: Transformer Engine's own GEMM benchmark on B300 (its GEMM
 profiling tutorial: the 12 GEMMs of a hidden-4096 / FFN-16384 layer at 15,872 tokens, BF16,

@@ -104,6 +104,8 @@ def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recomp
     # the columns carry what the notes quote of each recipe
     assert all((r["dispatcher"] in r["notes"].lower() or r["dispatcher"] == "alltoall") for r in megatron)
     assert all((r["a2a_overlap"] == "yes") == ("moe_a2a_overlap=True" in r["notes"]) for r in megatron)
+    assert all(r["a2a_sms"] in ("", "32") for r in rows)
+    assert all((r["a2a_sms"] == "32") == ("32 SMs" in r["notes"]) for r in rows)
     for r in (r for r in rows if r["recompute"] == "per recipe"):
         mods = r["recompute_modules"].split("+")
         assert mods == ["none"] or all(m in RC_MODULES for m in mods), (r["id"], r["recompute_modules"])

@@ -167,7 +167,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     Td, Tm, Te, Th, Tdc, Tmc = (lc[k] for k in ("Td", "Tm", "Te", "Th", "Tdc", "Tmc"))
     p2p_mb = p2p_one * rank_chunks  # each way, per micro-batch
     chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
-    dualpipe = _dualpipe_overlaps(lay)
+    dualpipe_hides = _dualpipe_overlaps(lay)
     # dualpipev, and Megatron-Core's EP overlap (Layout.a2a_overlap: a micro-batch's forward runs
     # beside another's backward), hide the all-to-all behind the other micro-batch's compute;
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
@@ -183,7 +183,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
         # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide); both
         # in their steady state's paired steps only (_paired_share)
         paired = np.minimum(a2a_per_mb[r], nm * lc["a2a_hide"])
-        hidden_of[r] = paired_share[r] * np.where(dualpipe, np.minimum(a2a_per_mb[r], comp_t[r]),
+        hidden_of[r] = paired_share[r] * np.where(dualpipe_hides, np.minimum(a2a_per_mb[r], comp_t[r]),
                                                   np.where(lay.a2a_overlap, np.minimum(paired, comp_t[r]), 0.0))
         slow_of[r] = held * hidden_of[r]
         totals[r] = comp_t[r] + comm_t[r] - hidden_of[r] + slow_of[r]
@@ -204,7 +204,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     F = comp["f"] + cm["f"] + p2p_mb
     B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
     W = comp["w"]
-    hidden = np.where(dualpipe, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
+    hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, F, B, W, peak_role_time, total_sum, hidden)
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
