@@ -118,17 +118,29 @@ def _settings(row) -> dict:
     (Megatron-Bridge's performance recipes: bf16; Megatron-LM with --bf16: fp32 unless
     --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
     run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to).
-    The Megatron-Core MoE report's and Megatron-LM's rows run the same stack."""
-    if row["group"].startswith(("narayanan", "korthikanti")):
-        return dict(attention_kernel="eager", dropout=True, zero=0, overlap_grad_reduce=False)
+    The Megatron-Core MoE report's and Megatron-LM's rows run the same stack. The 2021-22 dense
+    rows run that era's Megatron-LM: eager attention with dropout, no ZeRO, and the csv's
+    grad_reduce / overlap_grad_reduce (Narayanan's SC21 scripts: fp16; torch DDP, overlapped with
+    the last micro-batch's backward, for 1.7B-18B; local DDP after the backward above; blank: fp32
+    after the backward)."""
+    if row["group"].startswith(("narayanan", "korthikanti")):  # Megatron-LM 2021-22: eager attention, local or torch DDP
+        return dict(attention_kernel="eager", dropout=True, zero=0, grad_dtype=_grad_dtype(row),
+                    overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
     graphs = row.get("cuda_graphs", "")
     return dict(attention_kernel="flash", dropout=False, zero=1,
-                grad_dtype=row.get("grad_reduce") or "fp32",
+                grad_dtype=_grad_dtype(row),
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
                 a2a_sms=_i(row.get("a2a_sms"), DISPATCHER_SMS.get(row.get("dispatcher", ""))),
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")],
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
+
+
+def _grad_dtype(row) -> str:
+    """The csv's grad_reduce as Layout.grad_dtype: the planner prices a reduction by its element
+    size, so fp16 (2021 Megatron-LM runs with --fp16) reduces as bf16 does; blank: fp32."""
+    g = row.get("grad_reduce") or "fp32"
+    return "bf16" if g == "fp16" else g
 
 
 def _layout(row) -> Layout:

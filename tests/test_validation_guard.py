@@ -145,3 +145,24 @@ def test_every_pipelined_megatron_row_says_how_its_layers_were_split():
     rows = [r for r in csv.DictReader(open(data_path())) if r["pp"] not in ("", "1")]
     assert rows and all(r["pipeline_split"] in ("even", "account", "layout") for r in rows
                         if r["group"] in MEGATRON_GROUPS or r["group"].startswith(("narayanan", "korthikanti")))
+
+
+def test_narayanan_rows_reduce_gradients_as_the_sc21_scripts_ran_them():
+    # Megatron-LM examples/sc21: CONFIG.sh passes --fp16 without --accumulate-allreduce-grads-in-fp32;
+    # run_table_1.sh runs torch DDP (reduction during the last micro-batch's backward) up to 18B
+    # and local DDP (after the backward) from 39B
+    import csv
+
+    from piper_plan import validate as V
+
+    rows = [r for r in csv.DictReader(open(V.data_path())) if r["group"] == "narayanan2021-table1"]
+    assert len(rows) == 10
+    for r in rows:
+        torch_ddp = float(r["id"].split("-")[-1].rstrip("b")) <= 18.4
+        assert r["grad_reduce"] == "fp16" and r["overlap_grad_reduce"] == ("yes" if torch_ddp else "no"), r["id"]
+        assert ("DDP=torch" if torch_ddp else "DDP=local") in r["notes"]
+        s = V._settings(r)
+        assert s["grad_dtype"] == "bf16" and s["overlap_grad_reduce"] == torch_ddp  # a 2-byte reduction
+    # Korthikanti's Table 5 runs no data parallelism: no reduction to describe
+    kor = [r for r in csv.DictReader(open(V.data_path())) if r["group"] == "korthikanti2022-table5"]
+    assert kor and all(r["dp"] in ("", "1") and not r["grad_reduce"] for r in kor)
