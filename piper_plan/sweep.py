@@ -20,6 +20,7 @@ ALIASES = {
     "hbm_gbps": "accelerator.memory_bandwidth_gbps",
     "peak_bf16": "accelerator.peak_tflops.bf16",
     "gemm_eff": "efficiency.gemm",
+    "sustained": "efficiency.sustained_matmul",  # the same GPU at another power limit (tensor-core rate held)
     "host_op_us": "efficiency.host_op_us",  # a faster (or slower) host CPU issuing an eager step
 }
 

@@ -27,6 +27,10 @@ report's Table 7: hidden 7168, sequence 4096, 256 experts). `a2a_check` prices o
 with comm.a2a_flat / comm.a2a_dedup for DeepSeek-V3's routing (the bundled spec: top-8,
 group-limited to 4 of 8 groups) and one sequence of 4096 bf16 tokens per rank; the report
 states neither tokens per rank, top-k nor dtype, so those are the case study's (§4.2.2).
+
+The GEMM tables time kernels for fractions of a second (TE: 10 warmup + 100 timed iterations a
+shape), before a GPU's clock settles at its power limit, so they are priced at the burst rate
+(kernels.burst); training steps take efficiency.sustained_matmul on top.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ import numpy as np
 
 from .cost import comm
 from .cost.compute import gemm_dtype
-from .cost.kernels import gemm_time
+from .cost.kernels import burst, gemm_time
 from .specs.registry import load_hardware, load_model
 
 TABLES = Path(__file__).resolve().parent.parent / "validation"  # the measured tables this module reads
@@ -63,7 +67,7 @@ def _gemm_ratios(rows: list[dict], hardware: str, dtype: str) -> dict:
     b, m, n, k, fps = (np.array([float(r[c]) for r in rows]) for c in ("b", "m", "n", "k", "flops_per_s"))
     flops = 2.0 * b * m * n * k
     measured = flops / fps
-    predicted = gemm_time(load_hardware(hardware), m, n, k, groups=b, dtype=dtype)
+    predicted = gemm_time(burst(load_hardware(hardware)), m, n, k, groups=b, dtype=dtype)
     ratio = predicted / measured
     out = {}
     for lo, hi in TIME_CLASSES_US:
@@ -81,7 +85,7 @@ def te_gemm_check(path: Path | None = None, hardware: str = "dgx-b300") -> list[
     one forward GEMM (op named, TE's M x K x N) or a layer's forward, dgrad or wgrad sum over its
     four GEMMs (op 'layer'). Autocast FP8 rows also time the benchmark's quantisation of both
     operands of every GEMM, which training does not repeat: they are not priced."""
-    hw = load_hardware(hardware)
+    hw = burst(load_hardware(hardware))
     rows = list(csv.DictReader(open(path or TABLES / "gemm_te_b300.csv")))
     by_op = {r["op"]: (int(r["k"]), int(r["n"])) for r in rows if r["op"] != "layer"}
     out = []

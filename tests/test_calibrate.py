@@ -309,7 +309,8 @@ def test_attention_backward_defaults_to_flash_attention_2_flops_at_the_forward_r
     assert bwd - launch == pytest.approx(2.5 * (float(flash_attention_time(hw, fl)) - launch), rel=1e-12)
     h100 = load_hardware("dgx-h100")
     bwd = float(flash_attention_bwd_time(h100, fl, 10**6)) - h100.efficiency.kernel_overhead_us * 1e-6
-    assert bwd == pytest.approx(2.5 * fl / (989e12 * 0.427), rel=1e-12)
+    # held under the power limit, as every tensor-core kernel of a step (efficiency.sustained_matmul)
+    assert bwd == pytest.approx(2.5 * fl / (989e12 * 0.427 * h100.efficiency.sustained_matmul), rel=1e-12)
 
 
 def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():

@@ -5,7 +5,11 @@ A GEMM C[m×n] = A[m×k]·B[k×n] (`groups` independent ones, as in a grouped ex
     t = max(FLOPs / (peak · e_gemm · e_wave),  bytes / (HBM · e_mem)) + overhead + overhead_dtype
 
 - e_gemm: the plateau fraction of peak large GEMMs reach (hardware YAML, from published
-  micro-benchmarks; efficiency.gemm_dtype where a dtype's or an FP8 recipe's differs);
+  micro-benchmarks; efficiency.gemm_dtype where a dtype's or an FP8 recipe's differs), times
+  efficiency.sustained_matmul: those benchmarks time short bursts at boost clock, while a
+  training step holds the tensor cores busy long enough for the power limit to pull the clock
+  down (the fused attention plateaus take the same factor). `burst(hw)` prices a benchmark's
+  short runs instead;
 - e_wave: output tiles run in waves of `compute_units`; a partial last wave and tile padding
   waste the rest (NVIDIA, "Matrix Multiplication Background User's Guide", wave and tile
   quantisation). The tile's m side shrinks to the next power of two ≥ 16 when m is small,
@@ -27,6 +31,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.hardware import HardwareSpec
+
+
+def burst(hw: HardwareSpec) -> HardwareSpec:
+    """The spec as a short benchmark sees it: kernels at the burst rate its plateaus were measured
+    at (efficiency.sustained_matmul = 1), for checks against per-kernel timing tables."""
+    if hw.efficiency.sustained_matmul == 1.0:
+        return hw
+    return hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"sustained_matmul": 1.0})})
 
 
 def _ceil_div(a, b):
@@ -58,7 +70,7 @@ def gemm_time(hw: HardwareSpec, m, n, k, *, groups=1, dtype: str = "bf16", elt_b
     e_wave = np.where(useful > 0, useful / (waves * cu * tm * tn), 1.0)
     flops = 2.0 * g * m * n * k
     plateau = eff.gemm_dtype.get(recipe, eff.gemm_dtype.get(dtype, eff.gemm))
-    t_flop = flops / (hw.peak_flops(dtype) * plateau * np.maximum(e_wave, 1e-9))
+    t_flop = flops / (hw.peak_flops(dtype) * plateau * eff.sustained_matmul * np.maximum(e_wave, 1e-9))
     t_mem = g * (m * k + k * n + m * n) * elt_bytes / (hw.accelerator.memory_bandwidth_gbps * 1e9 * eff.memory)
     # fixed cost: one launch per grouped call or per batch of concurrent kernels (their launches
     # overlap), plus the dtype's own per-GEMM cost where measured (a CPU's bf16 GEMM repacks
@@ -99,23 +111,24 @@ def head_dim_slowdown(hw: HardwareSpec, dqk=None, dv=None):
 
 
 def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16", dqk=None, dv=None):
-    """Fused attention forward: FLOPs at the attention plateau efficiency (one kernel), slower
-    for narrow heads (head_dim_slowdown)."""
+    """Fused attention forward: FLOPs at the attention plateau efficiency held under the power
+    limit (efficiency.sustained_matmul; one kernel), slower for narrow heads (head_dim_slowdown)."""
     flops = np.asarray(flops, dtype=float)
-    return (flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * hw.efficiency.attention)
+    eff = hw.efficiency
+    return (flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * eff.attention * eff.sustained_matmul)
             + hw.efficiency.kernel_overhead_us * 1e-6)
 
 
 def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16", dqk=None, dv=None):
     """Fused attention backward for a forward of `flops` over `rows` query rows × heads:
     2.5× the forward's FLOPs (FlashAttention-2 runs five GEMMs to the forward's two) at
-    efficiency.attention_bwd (default: the forward's plateau), plus
+    efficiency.attention_bwd (default: the forward's plateau) held under the power limit, plus
     efficiency.attention_bwd_row_us per query row per head — a fixed cost that a CPU's
     backward kernel pays whatever the sequence length (measured by calibrate: 2.2 µs per row
     on this repository's 2-core machine, 12× the forward's time at 64 tokens, 2× at 1,024).
     Narrow heads slow it as they slow the forward (head_dim_slowdown)."""
     eff = hw.efficiency
-    e = eff.attention_bwd if eff.attention_bwd is not None else eff.attention
+    e = (eff.attention_bwd if eff.attention_bwd is not None else eff.attention) * eff.sustained_matmul
     flops = np.asarray(flops, dtype=float)
     return (2.5 * flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * e)
             + np.asarray(rows, dtype=float) * eff.attention_bwd_row_us * 1e-6

@@ -58,7 +58,7 @@ class Efficiency(_Optional):
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
                         "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory", "attention_head_dim",
-                        "attention_softmax_share")
+                        "attention_softmax_share", "sustained_matmul")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -79,6 +79,12 @@ class Efficiency(_Optional):
     attention_bwd_row_us: float = Field(
         0.0, ge=0, description="fixed cost of the attention backward per query row per head, us (a CPU "
         "kernel pays it whatever the sequence length: measured by calibrate)")
+    sustained_matmul: float = Field(
+        1.0, gt=0, le=1, description="tensor-core throughput a GPU holds once saturated at its power limit, as a "
+        "fraction of the short-burst rate at boost clock that `gemm`, `gemm_dtype` and the attention plateaus were "
+        "measured at (ml-engineering's MSMF / MAMF, the same benchmark on the same part): a training step keeps "
+        "the tensor cores busy for seconds, so its GEMMs and fused attention run at the sustained rate. 1.0: not "
+        "measured, no throttle priced")
     memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     quant_memory: Optional[float] = Field(
         None, gt=0, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
