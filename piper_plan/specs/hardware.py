@@ -82,9 +82,9 @@ class Efficiency(_Optional):
     sustained_matmul: float = Field(
         1.0, gt=0, le=1, description="tensor-core throughput a GPU holds once saturated at its power limit, as a "
         "fraction of the short-burst rate at boost clock that `gemm`, `gemm_dtype` and the attention plateaus were "
-        "measured at (ml-engineering's MSMF / MAMF, the same benchmark on the same part): a training step keeps "
-        "the tensor cores busy for seconds, so its GEMMs and fused attention run at the sustained rate. 1.0: not "
-        "measured, no throttle priced")
+        "measured at (e.g. ml-engineering's MSMF / MAMF: sustained best-shape matmul over the burst one): a "
+        "training step keeps the tensor cores busy for seconds, so its GEMMs and fused attention run at the "
+        "sustained rate. 1.0: not measured, no throttle priced")
     memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     quant_memory: Optional[float] = Field(
         None, gt=0, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
