@@ -15,9 +15,10 @@ source's own FLOP convention:
 - params_optimizer_gib_per_gpu / activation_gib_per_gpu: the memory model's components on the
   first pipeline stage (Korthikanti 2022 Fig. 1 excludes the embedding from the states).
 Software settings follow each source: Megatron 2021/22 ran eager fused-softmax attention with
-dropout, fp32 gradients, no distributed optimizer and a DP all-reduce after the flush;
-Megatron-Bridge runs flash attention, no dropout, distributed optimizer with overlapped
-reduction in bf16 (the csv's grad_reduce and overlap_grad_reduce, per row). Pipelined runs
+dropout and no distributed optimizer, its DP all-reduce as each row's csv grad_reduce and
+overlap_grad_reduce say (Narayanan's SC21 scripts: fp16, overlapped by torch DDP up to 18B,
+after the flush above); Megatron-Bridge runs flash attention, no dropout, distributed optimizer
+with overlapped reduction in bf16 (the same columns, per row). Pipelined runs
 split layers over chunks as each recipe says (the csv's pipeline_split: Megatron's even default
 or its embedding/loss accounting). "planner's choice" rows compare with the best layout our
 search finds inside the space the measured system can run: Piper's rows with its PP × EP mesh

@@ -59,11 +59,11 @@ def test_kernel_tables_are_compared_at_the_burst_rate():
     # TE's B300 GEMM benchmark runs 10 warmup + 100 timed iterations a shape: a burst. Its BF16
     # layer rows price as before the sustained term (the plateau was set from them), within the
     # band the fit left
-    rows = [r for r in validate_kernels.te_gemm_check() if r["recipe"] == "bf16" and r["op"] == "layer"]
+    checked = validate_kernels.te_gemm_check()
+    rows = [r for r in checked if r["recipe"] == "bf16" and r["op"] == "layer"]
     assert rows and all(0.9 < r["ratio"] < 1.1 for r in rows)
     hw = load_hardware("dgx-b300")
     m, n, k = 15872, 12288, 4096  # qkv_proj fprop, compute-bound
-    one = [r for r in validate_kernels.te_gemm_check() if r["op"] == "qkv_proj" and r["pass"] == "fprop"
-           and r["recipe"] == "bf16"][0]
+    one = [r for r in checked if r["op"] == "qkv_proj" and r["pass"] == "fprop" and r["recipe"] == "bf16"][0]
     assert one["predicted_ms"] == pytest.approx(1e3 * float(gemm_time(burst(hw), m, n, k)), rel=1e-12)
     assert float(gemm_time(hw, m, n, k)) > 1.1 * float(gemm_time(burst(hw), m, n, k))

@@ -116,7 +116,7 @@ def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16", dqk=None,
     flops = np.asarray(flops, dtype=float)
     eff = hw.efficiency
     return (flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * eff.attention * eff.sustained_matmul)
-            + hw.efficiency.kernel_overhead_us * 1e-6)
+            + eff.kernel_overhead_us * 1e-6)
 
 
 def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16", dqk=None, dv=None):
