@@ -112,6 +112,10 @@ STACK_OPTIONS = [
                      show_default=True, help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor "
                      "current scaling, MXFP8 block scaling (Blackwell), or DeepSeek-V3's 1x128 / 128x128 blockwise "
                      "scaling; attention, router and LM head stay bf16"),
+        click.option("--expert-probs", type=click.Choice(["combine", "activation"]), default="combine",
+                     show_default=True, help="where the routing probability scales a token: at the combine, which "
+                     "keeps each expert output for its gradient (DeepSpeed-MoE, piper-train), or inside the experts' "
+                     "fused activation (Megatron-Core), which keeps none"),
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),
@@ -209,7 +213,7 @@ def _layout_from(kw, model):
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
                   a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
-                  pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
+                  expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"])
 
 
@@ -281,7 +285,7 @@ def _space(kw, model, gpus):
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
                        expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
-                       fp8=kw["fp8"],
+                       fp8=kw["fp8"], expert_probs=kw["expert_probs"],
                        cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
 
 
@@ -517,6 +521,11 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     report.show([t, g, k, x, b, a])
     for size, d in summ["fig13_ratio"].items():
         click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
+    mem = summ["published_runs_memory"]
+    if mem["rows"]:
+        over = "; ".join(f"{o['id']} {o['peak_gib']:.1f} > {o['device_gib']:g} GiB" for o in mem["over"])
+        click.echo(f"Memory of the published runs: {mem['rows'] - len(mem['over'])} of {mem['rows']} layouts fit "
+                   f"the device as predicted (each of them ran)" + (f"; over: {over}" if over else ""))
 
 
 def _show_sensitivity(group, as_json):

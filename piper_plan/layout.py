@@ -22,6 +22,7 @@ Fp8 = Literal["none", "current", "mxfp8", "blockwise"]
 # Megatron-Core --recompute-modules (selective recompute): what each re-runs in the backward
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
+ExpertProbs = Literal["combine", "activation"]
 A2A = Literal["flat", "halo", "dedup"]
 # Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
 CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
@@ -71,6 +72,10 @@ class Layout(BaseModel):
         "current scaling (Hopper and later), 'mxfp8' 1x32 block scaling (Blackwell), 'blockwise' 1x128 "
         "activation / 128x128 weight blocks (DeepSeek-V3's recipe; Hopper and later); attention, router and LM "
         "head stay in `dtype`")
+    expert_probs: ExpertProbs = Field(
+        "combine", description="where the routing probability scales a routed token: combine, at the combine "
+        "(GShard, DeepSpeed-MoE, X-MoE, piper-train), whose weight gradient keeps each expert output; activation, "
+        "inside the experts' fused activation (Megatron-Core's weighted SwiGLU/GEGLU: the combine keeps nothing)")
     cuda_graphs: tuple[CudaGraphScope, ...] = Field(
         (), description="what the runtime captures as CUDA graphs (Megatron-Core --cuda-graph-scope): attn, mlp "
         "(a dense MLP), moe (a whole MoE layer; token-dropping runs only), moe_router, moe_preprocess, "

@@ -72,6 +72,10 @@ class Result:
     # what the model misses per transformer layer and micro-batch on a rank, in ms, where the
     # published figure fixes a step time (tokens/s, iteration time); None otherwise (_step_gap)
     missing_ms_per_layer_microbatch: float | None = None
+    # the busiest rank's predicted memory and the device's, GiB, where the row prices the layout
+    # its source ran (a throughput row): every such run fitted, so peak > device is a model error
+    peak_memory_gib: float | None = None
+    device_memory_gib: float | None = None
 
     @property
     def error_pct(self) -> float:
@@ -119,6 +123,9 @@ def _settings(row) -> dict:
     (Megatron-Bridge's performance recipes: bf16; Megatron-LM with --bf16: fp32 unless
     --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
     run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to).
+    Megatron-Core scales each routed token by its probability inside the experts' fused
+    activation (experts.py TEGroupedMLP: weighted_bias_swiglu_impl(fc1_output, bias,
+    permuted_probs)), so its combine keeps no expert output (expert_probs activation).
     The Megatron-Core MoE report's and Megatron-LM's rows run the same stack. The 2021-22 dense
     rows run that era's Megatron-LM: eager attention with dropout, no ZeRO, and the csv's
     grad_reduce / overlap_grad_reduce (Narayanan's SC21 scripts: fp16; torch DDP, overlapped with
@@ -133,7 +140,7 @@ def _settings(row) -> dict:
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
                 a2a_sms=_i(row.get("a2a_sms"), DISPATCHER_SMS.get(row.get("dispatcher", ""))),
-                a2a=DISPATCHER_A2A[row.get("dispatcher", "")],
+                a2a=DISPATCHER_A2A[row.get("dispatcher", "")], expert_probs="activation",
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
 
 
@@ -191,10 +198,11 @@ def _xmoe_settings(row) -> dict:
     arguments.py defaults both to 0.1); no Megatron --sequence-parallel flag (X-MoE shards the
     sequence only inside the MoE block, which the cost model does for every tp > 1); the local
     experts' GEMMs one after another (deepspeed/moe/experts.py Experts.forward: `for expert in
-    self.deepspeed_experts: out = expert(chunk)` on the uneven-token path --use-pft takes)."""
+    self.deepspeed_experts: out = expert(chunk)` on the uneven-token path --use-pft takes); the
+    gate weights scale the expert outputs at the combine (DeepSpeed-MoE's combine einsum)."""
     return dict(zero=_i(row.get("zero_stage"), 1), pp=1, overlap_grad_reduce=False, dtype="fp16",
                 grad_dtype="bf16", dropout=True, sequence_parallel=False,
-                expert_gemm="loop")
+                expert_gemm="loop", expert_probs="combine")
 
 
 def _xmoe_flops_per_token(m, seq: int) -> float:
@@ -382,9 +390,23 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
         pred, desc = _row_value(row, m, *priced)
         metric, pub = _compared(row)
         gap = _step_gap(row, m, *priced).get("missing_ms_per_layer_microbatch")
+        lay, est, i = priced
+        ran = lay is not None and _kind(row) != "memory" and not _searched(row)
+        peak = float(est.peak_memory_gib[i]) if ran else None
+        dev = _spec(specs, load_hardware, row["hardware_spec"]).accelerator.memory_gib if ran else None
         out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
-                          gap))
+                          gap, peak, dev))
     return out
+
+
+def memory_of_runs(results: list[Result]) -> dict:
+    """The memory model against the runs themselves: each published throughput row ran its
+    layout, so the model should find that layout fits the device. Returns the rows checked and
+    those predicted over the device's memory (id, peak GiB, device GiB)."""
+    ran = [r for r in results if r.peak_memory_gib is not None]
+    over = [{"id": r.id, "peak_gib": r.peak_memory_gib, "device_gib": r.device_memory_gib}
+            for r in ran if r.peak_memory_gib > r.device_memory_gib]
+    return {"rows": len(ran), "over": over}
 
 
 def summary(results: list[Result]) -> dict:
@@ -420,4 +442,5 @@ def summary(results: list[Result]) -> dict:
         a, b = by_id.get(f"piper-f13-{size}"), by_id.get(f"xmoe-f13-{size}")
         if a and b:
             ratios[size] = {"predicted": a.predicted / b.predicted, "paper": paper}
-    return {"groups": groups, "kinds": kinds, "fig13_ratio": ratios, "fitted_rows": [r.id for r in results if r.fit]}
+    return {"groups": groups, "kinds": kinds, "fig13_ratio": ratios, "fitted_rows": [r.id for r in results if r.fit],
+            "published_runs_memory": memory_of_runs(results)}

@@ -33,7 +33,7 @@ def check_supported(plan: Plan, world: int) -> None:
     overlap_grad_reduce (gradients are reduced after the pipeline step, not overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). Runtime features of other stacks that the planner can price
-    (expert_gemm other than grouped, a2a_overlap, fp8, cuda_graphs) are refused: the comparison with the
+    (expert_gemm other than grouped, a2a_overlap, fp8, cuda_graphs, expert_probs activation) are refused: the comparison with the
     prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
@@ -57,6 +57,9 @@ def check_supported(plan: Plan, world: int) -> None:
     if lay.fp8 != "none":
         raise PiperError(f"plan.layout.fp8: piper-train runs its GEMMs in layout.dtype, not FP8 ({lay.fp8!r}); "
                          "use fp8 none")
+    if lay.expert_probs != "combine":
+        raise PiperError(f"plan.layout.expert_probs: piper-train scales the expert outputs by their routing weights "
+                         f"at the combine, not in the activation ({lay.expert_probs!r}); use expert_probs combine")
     if lay.a2a_overlap:
         raise PiperError("plan.layout.a2a_overlap: piper-train does not overlap the all-to-all with another "
                          "micro-batch's compute; use a2a_overlap false")

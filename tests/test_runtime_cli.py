@@ -106,6 +106,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.expert_gemm", "multistream")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "f8.json", fp8="mxfp8"))]), "layout.fp8", "mxfp8")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "dd.json", a2a="dedup"))]), "layout.a2a", "dedup")
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "pa.json", expert_probs="activation"))]),
+                    "layout.expert_probs", "activation")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "cg.json", cuda_graphs=("attn",)))]),
                     "layout.cuda_graphs", "attn")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "rm.json", recompute="selective",

@@ -7,6 +7,13 @@ drops the as² terms), extended to GQA/MLA, SwiGLU, flash attention and top-k Mo
 per routed token copy a SwiGLU expert keeps its input (d), gate and up outputs (2f) and the
 product fed to the down projection (f) — the k·(3f + d) of Piper's equation (brief §2).
 
+Fused runtimes save less than this list in two places. Under an FP8 recipe Transformer Engine
+keeps a GEMM's input as the quantised copy it made for the forward (gemm_input_bytes), so the
+expert, QKV and MLP inputs cost 1 B an element, and the output projection keeps its own copy
+beside the attention output the attention kernel saves. And where the routing probability is
+applied inside the experts' activation (Megatron-Core's weighted SwiGLU, Layout.expert_probs),
+the combine needs no expert output for the weight gradient.
+
 The attention kernel decides the s² terms: `flash` keeps only the output and the fp32
 log-sum-exp; `eager` (Megatron's fused scale-mask-softmax) keeps the softmax output, plus a
 1-byte mask and the dropped-out copy under dropout; `naive` (unfused: scores and
@@ -27,6 +34,9 @@ from ..specs.model import ModelSpec
 from .batch import LayoutBatch, recomputes
 
 # Tensors Piper's equation (brief §2) counts: 12bsd + 4Hbs² + 2bsk(3f + d).
+# scale bytes per element of a saved quantised copy, indexed by LayoutBatch.fp8 (batch.FP8S):
+# per-tensor current scaling ~0; MXFP8 one E8M0 byte per 32; blockwise one fp32 per 1x128 tile
+SAVED_SCALE_BYTES = np.array([0.0, 0.0, 1.0 / 32.0, 4.0 / 128.0])
 PAPER_TERMS = ("attn_norm_in", "qkv_in", "qkv", "scores", "probs", "attn_out",
                "expert_in", "expert_hidden", "expert_act")
 
@@ -38,9 +48,20 @@ def _common(lay: LayoutBatch):
     return t, tp, sp_div, lay.act_bytes.astype(float)
 
 
+def gemm_input_bytes(lay: LayoutBatch) -> np.ndarray:
+    """Bytes per element of a GEMM input saved for its weight gradient. Under an FP8 recipe
+    Transformer Engine saves the quantised copy it made for the forward GEMM, column-wise
+    data only ("Discard row-wise data since it is not needed in backward pass",
+    transformer_engine/pytorch/module/linear.py; grouped_linear.py and layernorm_linear.py
+    alike): 1 B plus the recipe's scales (SAVED_SCALE_BYTES); the high-precision input is not
+    kept. Otherwise the activation dtype."""
+    return np.where(lay.fp8 > 0, 1.0 + SAVED_SCALE_BYTES[lay.fp8], lay.act_bytes.astype(float))
+
+
 def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict[str, np.ndarray]:
     """Saved bytes of the attention block (incl. its pre-norm), per layer per micro-batch."""
     t, tp, sp_div, eb = _common(lay)
+    qb = gemm_input_bytes(lay)
     d, s = m.hidden_size, lay.seq.astype(float)
     heads = m.num_heads / tp
     drop = lay.dropout.astype(float)
@@ -51,12 +72,15 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     ln, up = recomputes(lay, "layernorm"), recomputes(lay, "mla_up_proj")
     out = {
         "attn_norm_in": eb * t * d / sp_div,
-        "qkv_in": np.where(ln, 0.0, eb * t * d / sp_div),  # the norm's output: re-made under layernorm recompute
+        "qkv_in": np.where(ln, 0.0, qb * t * d / sp_div),  # the norm's output: re-made under layernorm recompute
         "qkv": np.where(up & (m.mla is not None), 0.0, eb * t * m.qkv_dim / tp),  # MLA's up-projected q, k, v
         "scores": np.where(naive & ~sel, eb * sq, 0.0),
         "probs": np.where(eager & ~sel, eb * sq, 0.0),
         "probs_dropout": np.where(eager & ~sel, drop * 3.0 * sq, 0.0),  # 1-byte mask + 2-byte output
         "attn_out": eb * t * heads * dv,
+        # FP8: the output projection saves its own quantised copy of the attention output (in
+        # bf16 it saves the very tensor the attention kernel keeps)
+        "proj_in_fp8": np.where(lay.fp8 > 0, qb * t * heads * dv, 0.0),
         "flash_lse": np.where(eager, 0.0, 4.0 * t * heads),
         "attn_dropout_mask": drop * t * d / sp_div,
     }
@@ -71,15 +95,16 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
 
 def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     t, tp, sp_div, eb = _common(lay)
+    qb = gemm_input_bytes(lay)
     d, f = m.hidden_size, m.ffn_size
     hid = (2.0 if m.ffn_gated else 1.0) * f
     u = lay.unfused
     mlp, ln = recomputes(lay, "mlp"), recomputes(lay, "layernorm")
     return {
         "ffn_norm_in": eb * t * d / sp_div,
-        "ffn_in": np.where(ln | mlp, 0.0, eb * t * d / sp_div),
+        "ffn_in": np.where(ln | mlp, 0.0, qb * t * d / sp_div),
         "ffn_hidden": np.where(mlp, 0.0, eb * t * hid / tp),
-        "ffn_act": np.where(mlp, 0.0, eb * t * f / tp),
+        "ffn_act": np.where(mlp, 0.0, qb * t * f / tp),
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
         "ffn_norm_unfused": np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0),
         "ffn_silu_out": np.where(u & m.ffn_gated, eb * t * f / tp, 0.0),
@@ -98,6 +123,7 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     assert m.moe is not None
     mo = m.moe
     t, tp, sp_div, eb = _common(lay)
+    qb = gemm_input_bytes(lay)
     d, f, k = m.hidden_size, mo.expert_ffn_size, mo.top_k
     tm = t / tp  # tokens entering the MoE block on this rank
     rows = tm * k * imb
@@ -111,15 +137,20 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
         "moe_norm_in": eb * tm * d,
         "router_in": keep(eb * tm * d, ln),
         "router_probs": keep(4.0 * tm * mo.num_experts),
-        "expert_in": keep(eb * padded * d),
+        "expert_in": keep(qb * padded * d),
         "expert_hidden": keep(eb * padded * up * f),
-        "expert_act": keep(eb * padded * f, act),
-        "expert_out": keep(eb * rows * d),  # needed for the gate-weight gradient of the combine
+        "expert_act": keep(qb * padded * f, act),
+        # the combine's weight gradient needs each expert output, unless the probability was
+        # applied inside the activation (Layout.expert_probs; fused runtimes only)
+        "expert_out": keep(np.where(lay.probs_act & ~lay.unfused, 0.0, eb * rows * d)),
         "moe_dropout_mask": lay.dropout * tm * d,
     }
     fs = mo.shared_experts * mo.shared_ffn
     if mo.shared_experts:
-        out["shared_hidden"] = keep(eb * tm * (up + 1.0) * fs, recomputes(lay, "shared_experts"))
+        # fc1's output and the activation fed to fc2; under FP8 also fc1's quantised input (in
+        # bf16 fc1 saves the norm output the router keeps)
+        fp8_in = np.where(lay.fp8 > 0, qb * tm * d, 0.0)
+        out["shared_hidden"] = keep((eb * up + qb) * tm * fs + fp8_in, recomputes(lay, "shared_experts"))
     u = lay.unfused
     out["moe_norm_unfused"] = np.where(u, 4.0 * tm + eb * tm * d, 0.0)
     out["expert_silu_out"] = np.where(u & mo.gated, eb * (padded * f + tm * fs), 0.0)
