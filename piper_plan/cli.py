@@ -185,6 +185,18 @@ def layout_options(fn):
     return fn
 
 
+def _modules(text: str, option: str) -> tuple[str, ...]:
+    """A comma-separated list of selective-recompute modules, checked."""
+    from .cost.batch import RC_MODULES
+    from .errors import LayoutError
+
+    modules = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in modules if x not in RC_MODULES]
+    if bad or not modules:
+        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of {', '.join(RC_MODULES)}")
+    return modules
+
+
 def _layout_from(kw, model):
     from .errors import LayoutError
     from .layout import Layout
@@ -199,13 +211,7 @@ def _layout_from(kw, model):
     seq = kw["seq"] or model.seq_len
     gbs = kw["global_batch"] or default_global_batch(seq)
     vpp = kw["vpp"] or (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1)
-    from .cost.batch import RC_MODULES
-
-    modules = tuple(x.strip() for x in kw["recompute_modules"].split(",") if x.strip())
-    bad = [x for x in modules if x not in RC_MODULES]
-    if bad or not modules:
-        raise LayoutError("--recompute-modules", f"got {kw['recompute_modules']!r}; expected a comma-separated "
-                          f"list of {', '.join(RC_MODULES)}")
+    modules = _modules(kw["recompute_modules"], "--recompute-modules")
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=kw["ep"], vpp=vpp, mbs=kw["mbs"], global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   recompute_modules=modules,
@@ -267,6 +273,10 @@ def search_options(fn):
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
+        click.option("--selective", "selective", multiple=True, default=("core_attn",), show_default=True,
+                     help="a set of modules selective recompute re-runs, comma-separated (Megatron-Core "
+                     "--recompute-modules: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts); "
+                     "repeat to try several sets, each a choice of its own (piper-train runs core_attn only)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         *STACK_OPTIONS,
     ]
@@ -281,7 +291,8 @@ def _space(kw, model, gpus):
     seq = kw["seq"] or model.seq_len
     gbs = kw["global_batch"] or default_global_batch(seq)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
-    return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
+    selective = tuple(_modules(text, "--selective") for text in kw["selective"])
+    return SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
                        expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],

@@ -133,7 +133,9 @@ def layout_str(lay: dict) -> str:
     s = f"tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} ep{lay['ep']} mbs{lay['mbs']} {lay['schedule']}"
     if lay["vpp"] > 1:
         s += f" v{lay['vpp']}"
-    return s + f" rc={lay['recompute']} z{lay['zero']}" + (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
+    mods = tuple(lay.get("recompute_modules") or ("core_attn",))
+    rc = lay["recompute"] + (f"({','.join(mods)})" if lay["recompute"] == "selective" and mods != ("core_attn",) else "")
+    return s + f" rc={rc} z{lay['zero']}" + (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
         (" spread" if lay.get("placement") == "spread" else "")
 
 

@@ -40,6 +40,8 @@ class SearchSpace:
     dtype: str = "bf16"
     schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
     recomputes: tuple[str, ...] = ("none", "selective", "full")
+    # the module sets "selective" tries (Layout.recompute_modules), each a choice of its own
+    selective: tuple[tuple[str, ...], ...] = (("core_attn",),)
     zeros: tuple[int, ...] = (0, 1, 2, 3)
     a2as: tuple[str, ...] = ("flat", "halo")
     placements: tuple[str, ...] = ("packed", "spread")
@@ -118,7 +120,10 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         else:
             sched.append((i, 2))
     sched = np.array(sched)
-    rc = np.array([RECOMPUTES.index(r) for r in sp.recomputes])
+    # recompute choices: (RECOMPUTES index, module bits); selective once per module set
+    choices = [(RECOMPUTES.index(r), rc_bits(mods)) for r in sp.recomputes
+               for mods in (sp.selective if r == "selective" else (("core_attn",),))]
+    rc, rc_mod = (np.array(x) for x in zip(*choices))
     zs = np.array(sp.zeros)
     a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
     pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
@@ -188,20 +193,21 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
         first = np.zeros(len(j), int)
-        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], rc[first], a2[first], pl[first]), hw.memory_overhead_gib)
+        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], rc[first], a2[first], pl[first], rc_mod[first]),
+                                   hw.memory_overhead_gib)
         rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
-    batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi])
+    batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi], rc_mod[ri])
     return batch, rejected
 
 
-def _batch(cols: dict, j, zero, recompute, a2a, placement) -> LayoutBatch:
+def _batch(cols: dict, j, zero, recompute, a2a, placement, rc_mods) -> LayoutBatch:
     """Layouts from stage-1 survivors `j` (per-survivor arrays in `cols`, or scalars shared
     by all) and the stage-2 choices."""
     n = len(j)
     col = lambda k: cols[k][j] if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
     return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, recompute=recompute, a2a=a2a,
-                       placement=placement, rc_mods=np.full(n, rc_bits(("core_attn",))))
+                       placement=placement, rc_mods=rc_mods)
 
 
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,

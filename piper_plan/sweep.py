@@ -9,6 +9,7 @@ import itertools
 from dataclasses import replace
 
 from .errors import SpecError
+from .report import layout_str
 from .search import SearchSpace, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import parse
@@ -77,8 +78,7 @@ def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[flo
             row.update(fits=True, tokens_per_s=float(res.est.tokens_per_s[i]), mfu=float(res.est.mfu[i]),
                        tflops_per_gpu=float(res.est.tflops_per_gpu[i]), step_time_s=float(res.est.step_time_s[i]),
                        peak_memory_gib=float(res.est.peak_memory_gib[i]),
-                       layout=f"tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} {lay.schedule} "
-                              f"rc={lay.recompute} z{lay.zero} {lay.a2a}")
+                       layout=layout_str(lay.model_dump()))
         rows.append(row)
         if progress:
             progress()

@@ -374,7 +374,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
 def _desc(lay: Layout) -> str:
     return (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} {lay.schedule}"
             + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={lay.recompute}"
-            + (f"[{','.join(lay.recompute_modules)}]" if lay.recompute == "selective"
+            + (f"({','.join(lay.recompute_modules)})" if lay.recompute == "selective"
                and tuple(lay.recompute_modules) != ("core_attn",) else ""))
 
 

@@ -60,3 +60,34 @@ def test_without_core_attn_the_attention_scores_are_not_recomputed():
                    recompute_modules=x) for x in (("core_attn",), ("layernorm",))]
     a = act.attention_terms(m, from_layouts(lays))
     assert a["probs"][0] == 0.0 and a["probs"][1] > 0  # scores saved again once core_attn is off the list
+
+
+def test_the_search_tries_each_selective_module_set_as_a_choice_of_its_own():
+    from piper_plan.search import SearchSpace, search
+
+    m, hw = load_model("qwen3-30b-a3b"), load_hardware("dgx-h100")
+    base = SearchSpace(gpus=16, global_batch=256, seq=4096, schedules=("1f1b",))
+    sets = (("core_attn",), ("moe_act", "layernorm"), ("moe",))
+    one, many = search(m, hw, base), search(m, hw, SearchSpace(**{**base.__dict__, "selective": sets}))
+    sel = many.batch.recompute == 1
+    # every selective candidate of the default search, once per module set
+    assert int(sel.sum()) == 3 * int((one.batch.recompute == 1).sum())
+    found = {many.batch.layout(int(i)).recompute_modules for i in np.flatnonzero(sel)}
+    assert found == {tuple(sorted(s, key=("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe",
+                                             "shared_experts").index)) for s in sets}
+    # a larger space never finds a worse best plan
+    assert many.est.tokens_per_s[many.best] >= one.est.tokens_per_s[one.best]
+
+
+def test_search_cli_takes_module_sets_and_names_them_in_its_table():
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+
+    args = ["search", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "16", "--global-batch", "256",
+            "--schedules", "1f1b", "--top", "200"]
+    r = CliRunner().invoke(main, args + ["--selective", "core_attn", "--selective", "moe_act,layernorm"])
+    assert r.exit_code == 0, r.output
+    assert "rc=selective(layernorm,moe_act)" in r.output.replace("\n", "")
+    bad = CliRunner().invoke(main, args + ["--selective", "moe,bogus"])
+    assert bad.exit_code != 0 and "--selective" in bad.output and len(bad.output.strip().splitlines()) == 1
