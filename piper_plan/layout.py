@@ -148,6 +148,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("dualpipev needs microbatches >= 2*pp", f"{m} micro-batches, pp={lay.pp}")
     if lay.zero == 3 and lay.pp > 1:
         raise LayoutError("zero 3 with pp == 1", "ZeRO-3 re-gathers weights per micro-batch; use zero<=2 with pipelining")
+    if lay.expert_probs == "activation" and not lay.fused_kernels:
+        raise LayoutError("expert_probs activation needs fused kernels", "eager modules (fused_kernels false, "
+                          "piper-train) scale the expert outputs at the combine; use expert_probs combine")
 
 
 class RankCoord(BaseModel):

@@ -61,3 +61,19 @@ def test_expert_probs_travels_through_the_batch_and_the_cli():
         peak[probs] = json.loads(r.output)["peak_memory_gib"]
     assert peak["activation"] < peak["combine"]
     assert np.isfinite(peak["activation"])
+
+
+def test_probabilities_in_the_activation_need_the_fused_stack():
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+    from piper_plan.errors import LayoutError
+    from piper_plan.layout import check_layout
+
+    lay = Layout(gpus=8, dp=8, ep=8, global_batch=16, seq=4096, expert_probs="activation", fused_kernels=False)
+    with pytest.raises(LayoutError, match="fused kernels"):
+        check_layout(lay, num_layers=48, num_experts=128)
+    for cmd in (["estimate", "--ep", "8"], ["search"]):
+        r = CliRunner().invoke(main, cmd + ["-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "8", "--global-batch", "64",
+                                            "--kernels", "unfused", "--expert-probs", "activation"])
+        assert r.exit_code != 0 and "expert" in r.output and len(r.output.strip().splitlines()) == 1
