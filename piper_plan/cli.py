@@ -292,11 +292,6 @@ def _space(kw, model, gpus):
     gbs = kw["global_batch"] or default_global_batch(seq)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     selective = tuple(_modules(text, "--selective") for text in kw["selective"])
-    if kw["expert_probs"] == "activation" and kw["kernels"] != "fused":
-        from .errors import LayoutError
-
-        raise LayoutError("--expert-probs activation needs --kernels fused", "eager modules (piper-train) scale "
-                          "the expert outputs at the combine; use --expert-probs combine")
     return SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",

@@ -118,6 +118,21 @@ class Layout(BaseModel):
         return self.sequence_parallel and self.tp > 1
 
 
+def recompute_label(recompute: str, modules) -> str:
+    """A recompute choice as layout strings print it: the mode, with the module set where it is
+    selective and not the default (parentheses: rich tables read brackets as markup)."""
+    mods = tuple(modules or ("core_attn",))
+    return recompute + (f"({','.join(mods)})" if recompute == "selective" and mods != ("core_attn",) else "")
+
+
+def check_stack(expert_probs: str, fused_kernels: bool) -> None:
+    """Raise LayoutError for a runtime pairing that does not exist: probabilities applied in the
+    experts' activation are a fused stack's (Megatron-Core); eager modules scale at the combine."""
+    if expert_probs == "activation" and not fused_kernels:
+        raise LayoutError("expert_probs activation needs fused kernels", "eager modules (fused_kernels false, "
+                          "piper-train) scale the expert outputs at the combine; use expert_probs combine")
+
+
 def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_node: Optional[int] = None) -> None:
     """Raise LayoutError naming the first broken constraint."""
     if lay.tp * lay.pp * lay.dp != lay.gpus:
@@ -148,9 +163,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("dualpipev needs microbatches >= 2*pp", f"{m} micro-batches, pp={lay.pp}")
     if lay.zero == 3 and lay.pp > 1:
         raise LayoutError("zero 3 with pp == 1", "ZeRO-3 re-gathers weights per micro-batch; use zero<=2 with pipelining")
-    if lay.expert_probs == "activation" and not lay.fused_kernels:
-        raise LayoutError("expert_probs activation needs fused kernels", "eager modules (fused_kernels false, "
-                          "piper-train) scale the expert outputs at the combine; use expert_probs combine")
+    check_stack(lay.expert_probs, lay.fused_kernels)
 
 
 class RankCoord(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from .layout import recompute_label
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -133,8 +134,7 @@ def layout_str(lay: dict) -> str:
     s = f"tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} ep{lay['ep']} mbs{lay['mbs']} {lay['schedule']}"
     if lay["vpp"] > 1:
         s += f" v{lay['vpp']}"
-    mods = tuple(lay.get("recompute_modules") or ("core_attn",))
-    rc = lay["recompute"] + (f"({','.join(mods)})" if lay["recompute"] == "selective" and mods != ("core_attn",) else "")
+    rc = recompute_label(lay["recompute"], lay.get("recompute_modules"))
     return s + f" rc={rc} z{lay['zero']}" + (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
         (" spread" if lay.get("placement") == "spread" else "")
 

@@ -12,6 +12,7 @@ import numpy as np
 from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, graph_bits, rc_bits
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
+from .layout import check_stack
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -60,6 +61,9 @@ class SearchSpace:
     expert_probs: str = "combine"  # Layout.expert_probs: where the routing probability scales a token
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
     pipeline_split: str = "balanced"  # Layout.pipeline_split: how the runtime splits layers into chunks
+
+    def __post_init__(self):
+        check_stack(self.expert_probs, self.fused_kernels)  # the rule check_layout applies to one layout
 
 
 @dataclass
@@ -186,7 +190,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     cols = dict(gpus=N, tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
-                fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation", graphs=graph_bits(sp.cuda_graphs), overlap=True,
+                fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation",
+                graphs=graph_bits(sp.cuda_graphs), overlap=True,
                 split=SPLITS.index(sp.pipeline_split),
                 act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4)
     if headroom_gib is not None:

@@ -41,7 +41,7 @@ from scipy.stats import kendalltau
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
 from .errors import PiperError
-from .layout import Layout
+from .layout import Layout, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs import load_hardware, load_model
 
@@ -131,7 +131,7 @@ def _settings(row) -> dict:
     grad_reduce / overlap_grad_reduce (Narayanan's SC21 scripts: fp16; torch DDP, overlapped with
     the last micro-batch's backward, for 1.7B-18B; local DDP after the backward above; blank: fp32
     after the backward)."""
-    if row["group"].startswith(("narayanan", "korthikanti")):  # Megatron-LM 2021-22: eager attention, local or torch DDP
+    if row["group"].startswith(("narayanan", "korthikanti")):  # Megatron-LM 2021-22: eager, local or torch DDP
         return dict(attention_kernel="eager", dropout=True, zero=0, grad_dtype=_grad_dtype(row),
                     overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
     graphs = row.get("cuda_graphs", "")
@@ -373,9 +373,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
 
 def _desc(lay: Layout) -> str:
     return (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} {lay.schedule}"
-            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={lay.recompute}"
-            + (f"({','.join(lay.recompute_modules)})" if lay.recompute == "selective"
-               and tuple(lay.recompute_modules) != ("core_attn",) else ""))
+            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules)}")
 
 
 def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> list[Result]:

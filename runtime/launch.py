@@ -33,8 +33,8 @@ def check_supported(plan: Plan, world: int) -> None:
     overlap_grad_reduce (gradients are reduced after the pipeline step, not overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). Runtime features of other stacks that the planner can price
-    (expert_gemm other than grouped, a2a_overlap, fp8, cuda_graphs, expert_probs activation) are refused: the comparison with the
-    prediction would not hold."""
+    (expert_gemm other than grouped, a2a_overlap, fp8, cuda_graphs, expert_probs activation) are
+    refused: the comparison with the prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
