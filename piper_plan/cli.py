@@ -529,7 +529,12 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
         a.add_row(r["hardware"], "NCCL all-to-all (flat)" if r["backend"] == "nccl" else "HybridEP (token-level)",
                   str(r["ep"]), f"{r['domains']:g}", f"{r['dispatch_us']:g}", f"{r['predicted_us']:.0f}",
                   f"{100 * (r['predicted_us'] / r['dispatch_us'] - 1):+.0f}%")
-    report.show([t, g, k, x, b, a])
+    report.show([t, g, k])
+    for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
+        if d["beyond_target_max"]:
+            rows = ", ".join(f"{i} {e:+.1f}%" for i, e in sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1])))
+            click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
+    report.show([x, b, a])
     for size, d in summ["fig13_ratio"].items():
         click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
     mem = summ["published_runs_memory"]
