@@ -532,7 +532,8 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     report.show([t, g, k])
     for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
         if d["beyond_target_max"]:
-            rows = ", ".join(f"{i} {e:+.1f}%" for i, e in sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1])))
+            worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))
+            rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
             click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
     report.show([x, b, a])
     for size, d in summ["fig13_ratio"].items():

@@ -31,11 +31,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.model import ModelSpec
-from .batch import LayoutBatch, recomputes
+from .batch import FP8S, LayoutBatch, recomputes
 
 # scale bytes per element of a saved quantised copy, indexed by LayoutBatch.fp8 (batch.FP8S):
 # per-tensor current scaling ~0; MXFP8 one E8M0 byte per 32; blockwise one fp32 per 1x128 tile
-SAVED_SCALE_BYTES = np.array([0.0, 0.0, 1.0 / 32.0, 4.0 / 128.0])
+SAVED_SCALE_BYTES = np.array([{"mxfp8": 1.0 / 32.0, "blockwise": 4.0 / 128.0}.get(f, 0.0) for f in FP8S])
 # Tensors Piper's equation (brief §2) counts: 12bsd + 4Hbs² + 2bsk(3f + d).
 PAPER_TERMS = ("attn_norm_in", "qkv_in", "qkv", "scores", "probs", "attn_out",
                "expert_in", "expert_hidden", "expert_act")
