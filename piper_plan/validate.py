@@ -30,7 +30,6 @@ No row was used to fit any parameter: efficiencies come from hardware micro-benc
 """
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -44,6 +43,7 @@ from .errors import PiperError
 from .layout import Layout, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs import load_hardware, load_model
+from .validate_kernels import read_table
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -354,7 +354,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     """One row in full: the layout and settings it is priced under, the predicted step and its
     breakdown, and (where the published figure gives a step time: tokens/s, iteration time) the
     measured step time and what the model misses per transformer layer and micro-batch on a rank."""
-    rows = [r for r in csv.DictReader(open(path or data_path())) if r["id"] == row_id]
+    rows = [r for r in read_table(path or data_path()) if r["id"] == row_id]
     if not rows:
         raise PiperError(f"{path or data_path()}: id: no row {row_id!r}")
     row = rows[0]
@@ -379,7 +379,7 @@ def _desc(lay: Layout) -> str:
 def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> list[Result]:
     """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
     to the one it is priced on (validate_sensitivity scales efficiencies with it)."""
-    rows = list(csv.DictReader(open(path or data_path())))
+    rows = read_table(path or data_path())
     out, specs = [], {}
     for row in rows:
         if group and row["group"] != group:

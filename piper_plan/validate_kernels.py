@@ -48,17 +48,23 @@ TABLES = Path(__file__).resolve().parent.parent / "validation"  # the measured t
 TIME_CLASSES_US = ((0.0, 20.0), (20.0, 100.0), (100.0, float("inf")))
 
 
+def read_table(path: Path) -> list[dict]:
+    """A csv table's rows as dicts, the file closed once read."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def gemm_check(path: Path | None = None, hardware: str = "dgx-h100", dtype: str = "bf16") -> dict:
     """Predicted / measured GEMM time per measured-time class: {label: {shapes, median,
     p10, p90, sum_ratio}} (sum_ratio: Σ predicted / Σ measured seconds). A table with a dtype
     column (gemm_b200_xla.csv) is read for `dtype` alone; one without holds bf16 only."""
-    return _gemm_ratios(list(csv.DictReader(open(path or TABLES / "gemm_h100_xla.csv"))), hardware, dtype)
+    return _gemm_ratios(read_table(path or TABLES / "gemm_h100_xla.csv"), hardware, dtype)
 
 
 def b200_gemm_checks(path: Path | None = None) -> dict:
     """gemm_check of gemm_b200_xla.csv on dgx-b200, per dtype it holds: {"bf16": .., "fp8": ..}
     (the table read once)."""
-    rows = list(csv.DictReader(open(path or TABLES / "gemm_b200_xla.csv")))
+    rows = read_table(path or TABLES / "gemm_b200_xla.csv")
     return {dt: _gemm_ratios(rows, "dgx-b200", dt) for dt in ("bf16", "fp8")}
 
 
@@ -86,7 +92,7 @@ def te_gemm_check(path: Path | None = None, hardware: str = "dgx-b300") -> list[
     four GEMMs (op 'layer'). Autocast FP8 rows also time the benchmark's quantisation of both
     operands of every GEMM, which training does not repeat: they are not priced."""
     hw = burst(load_hardware(hardware))
-    rows = list(csv.DictReader(open(path or TABLES / "gemm_te_b300.csv")))
+    rows = read_table(path or TABLES / "gemm_te_b300.csv")
     by_op = {r["op"]: (int(r["k"]), int(r["n"])) for r in rows if r["op"] != "layer"}
     out = []
     for r in rows:
@@ -111,7 +117,7 @@ def a2a_check(path: Path | None = None, tokens: int = 4096, elt_bytes: float = 2
     m = load_model("deepseek-v3")
     mo = m.moe
     nbytes = tokens * mo.top_k * m.hidden_size * elt_bytes
-    rows = list(csv.DictReader(open(path or TABLES / "a2a_mcore_table7.csv")))
+    rows = read_table(path or TABLES / "a2a_mcore_table7.csv")
     specs = {name: load_hardware(name) for name in {r["hardware_spec"] for r in rows}}
     out = []
     for r in rows:

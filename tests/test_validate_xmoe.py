@@ -1,6 +1,4 @@
 """X-MoE rows of `piper-plan validate`: the settings its launch scripts run and its FLOP count."""
-import csv
-
 import pytest
 
 from piper_plan import validate as V
@@ -11,7 +9,7 @@ from piper_plan.specs import load_hardware, load_model
 
 @pytest.fixture(scope="module")
 def rows():
-    return {r["id"]: r for r in csv.DictReader(open(V.data_path())) if r["group"] == "xmoe2025"}
+    return {r["id"]: r for r in V.read_table(V.data_path()) if r["group"] == "xmoe2025"}
 
 
 def test_xmoe_flop_count_is_its_throughput_calculator():

@@ -1,12 +1,18 @@
 """Regression guard on the accuracy figures of `piper-plan validate` (see validation/README.md)."""
 import pytest
 
-from piper_plan.validate import TARGETS, run, summary
+from piper_plan.validate import TARGETS, data_path, read_table, run, summary
 
 
 @pytest.fixture(scope="module")
 def results():
     return run()
+
+
+@pytest.fixture(scope="module")
+def published():
+    """The validation set's rows, read once."""
+    return read_table(data_path())
 
 
 def test_dense_rows_meet_the_targets(results):
@@ -79,26 +85,22 @@ def test_every_row_with_a_measured_step_reports_its_per_layer_gap(results):
                for r in results if r.missing_ms_per_layer_microbatch is not None)
 
 
-def test_every_megatron_row_names_the_cuda_graph_scopes_its_recipe_replays():
-    import csv
-
+def test_every_megatron_row_names_the_cuda_graph_scopes_its_recipe_replays(published):
     from piper_plan.cost.batch import GRAPH_SCOPES
-    from piper_plan.validate import MEGATRON_GROUPS, data_path
+    from piper_plan.validate import MEGATRON_GROUPS
 
-    rows = [r for r in csv.DictReader(open(data_path())) if r["group"] in MEGATRON_GROUPS]
+    rows = [r for r in published if r["group"] in MEGATRON_GROUPS]
     assert len(rows) == 89
     for r in rows:
         scopes = r["cuda_graphs"].split("+")
         assert scopes == ["none"] or all(s in GRAPH_SCOPES for s in scopes), (r["id"], r["cuda_graphs"])
 
 
-def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recompute():
-    import csv
-
+def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recompute(published):
     from piper_plan.cost.batch import RC_MODULES
-    from piper_plan.validate import DISPATCHER_A2A, MEGATRON_GROUPS, data_path
+    from piper_plan.validate import DISPATCHER_A2A, MEGATRON_GROUPS
 
-    rows = list(csv.DictReader(open(data_path())))
+    rows = published
     megatron = [r for r in rows if r["group"] in MEGATRON_GROUPS]
     for r in megatron:
         assert r["dispatcher"] in DISPATCHER_A2A and r["dispatcher"], (r["id"], r["dispatcher"])
@@ -114,13 +116,12 @@ def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recomp
         assert mods == ["none"] or all(m in RC_MODULES for m in mods), (r["id"], r["recompute_modules"])
 
 
-def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with_the_notes():
-    import csv
+def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with_the_notes(published):
     import re
 
     from piper_plan import validate as V
 
-    rows = list(csv.DictReader(open(V.data_path())))
+    rows = published
     with_tok = [r for r in rows if r["tokens_per_s_per_gpu"]]
     # the Megatron-Bridge tables and the Megatron-Core report publish tokens/s beside TFLOP/s
     tables = [r for r in rows if r["group"] in ("megatron-bridge-moe", "mcore2026-moe-report")
@@ -141,24 +142,21 @@ def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with
     assert not any(r["zero_stage"] for r in rows if r["group"] != "xmoe2025")
 
 
-def test_every_pipelined_megatron_row_says_how_its_layers_were_split():
-    import csv
+def test_every_pipelined_megatron_row_says_how_its_layers_were_split(published):
+    from piper_plan.validate import MEGATRON_GROUPS
 
-    from piper_plan.validate import MEGATRON_GROUPS, data_path
-    rows = [r for r in csv.DictReader(open(data_path())) if r["pp"] not in ("", "1")]
+    rows = [r for r in published if r["pp"] not in ("", "1")]
     assert rows and all(r["pipeline_split"] in ("even", "account", "layout") for r in rows
                         if r["group"] in MEGATRON_GROUPS or r["group"].startswith(("narayanan", "korthikanti")))
 
 
-def test_narayanan_rows_reduce_gradients_as_the_sc21_scripts_ran_them():
+def test_narayanan_rows_reduce_gradients_as_the_sc21_scripts_ran_them(published):
     # Megatron-LM examples/sc21: CONFIG.sh passes --fp16 without --accumulate-allreduce-grads-in-fp32;
     # run_table_1.sh runs torch DDP (reduction during the last micro-batch's backward) up to 18B
     # and local DDP (after the backward) from 39B
-    import csv
-
     from piper_plan import validate as V
 
-    rows = [r for r in csv.DictReader(open(V.data_path())) if r["group"] == "narayanan2021-table1"]
+    rows = [r for r in published if r["group"] == "narayanan2021-table1"]
     assert len(rows) == 10
     for r in rows:
         torch_ddp = float(r["id"].split("-")[-1].rstrip("b")) <= 18.4
@@ -167,7 +165,7 @@ def test_narayanan_rows_reduce_gradients_as_the_sc21_scripts_ran_them():
         s = V._settings(r)
         assert s["grad_dtype"] == "bf16" and s["overlap_grad_reduce"] == torch_ddp  # a 2-byte reduction
     # Korthikanti's Table 5 runs no data parallelism: no reduction to describe
-    kor = [r for r in csv.DictReader(open(V.data_path())) if r["group"] == "korthikanti2022-table5"]
+    kor = [r for r in published if r["group"] == "korthikanti2022-table5"]
     assert kor and all(r["dp"] in ("", "1") and not r["grad_reduce"] for r in kor)
 
 
@@ -182,15 +180,13 @@ def test_the_memory_model_lets_the_published_runs_fit(results):
     assert over <= {"mcore-qwen3-235b-gb200-mxfp8"}
 
 
-def test_the_25_11_gpt_oss_rows_run_their_release_s_recipe():
+def test_the_25_11_gpt_oss_rows_run_their_release_s_recipe(published):
     # The 25.11 table's B200 and H100 GPT-OSS rows repeat each other's GBS/MBS/EP/GA, and the H100
     # row's GA 2 cannot hold with its own PP 4: they are priced under the 25.11-era base config
     # (B200 EP64 MBS4 with layernorm/moe_act recompute; H100 PP4 EP8 MBS1), not the table's columns.
-    import csv
-
     from piper_plan import validate as V
 
-    rows = {r["id"]: r for r in csv.DictReader(open(V.data_path()))}
+    rows = {r["id"]: r for r in published}
     b200, h100 = rows["mb-gptoss120b-b200-bf16-2511"], rows["mb-gptoss120b-h100-bf16-2511"]
     assert (b200["ep"], b200["mbs"], b200["gbs"], b200["recompute_modules"], b200["cuda_graphs"]) == \
         ("64", "4", "512", "layernorm+moe_act", "none")
@@ -202,6 +198,7 @@ def test_the_25_11_gpt_oss_rows_run_their_release_s_recipe():
         return lay.global_batch // (lay.dp * lay.mbs)
 
     assert accumulation(b200) == 2 and accumulation(h100) == 32  # the table's GA 2 holds for B200 only
+
 
 def test_validate_names_the_rows_beyond_the_max(results):
     # a reader of `piper-plan validate` sees which rows miss the max target without scanning 131
