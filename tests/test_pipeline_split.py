@@ -42,3 +42,35 @@ def test_one_stage_ignores_the_split():
     m, hw = load_model("gpt-oss-120b"), load_hardware("dgx-h100")
     est, _ = _run(m, hw, gpus=8, pp=1, ep=8, dp=8, mbs=1, global_batch=64, seq=4096)
     assert est.step_time_s[0] == pytest.approx(est.step_time_s[1]) == pytest.approx(est.step_time_s[2])
+
+
+def test_the_balanced_split_reaches_the_exact_min_max_partition():
+    """chunk_sizes' balanced rule against partition.balanced_partition (exact) on equal layers
+    with an embedding and LM head of various weights: the largest chunk is the same."""
+    import itertools
+
+    import numpy as np
+
+    from piper_plan.cost.stages import chunk_sizes
+    from piper_plan.partition import balanced_partition
+
+    one = np.array([True])
+    for L, C in ((61, 32), (48, 24), (30, 7), (94, 32), (12, 5), (26, 13)):
+        for xf, xl in itertools.product((0.0, 0.05, 0.6), (0.0, 0.27, 0.6, 1.2, 2.5)):
+            cs = chunk_sizes(L, np.array([C]), np.array([xf]), np.array([xl]), minimise=one)
+            ours = max(cs.first[0] + xf, cs.last[0] + xl, cs.mid_hi[0])
+            exact = max(len(p) + xf * (0 in p) + xl * (L - 1 in p)
+                        for p in balanced_partition(np.ones(L), C, xf, xl))
+            assert ours == pytest.approx(exact), (L, C, xf, xl)
+
+
+def test_61_layers_on_32_stages_leave_the_lm_head_a_stage_of_one_layer():
+    # every middle stage holds 2 layers whatever the ends hold, so the head's stage takes 1:
+    # rounding (61 + head) / 32 per end gave it 2 layers and the head, the pipeline's straggler
+    m, hw = load_model("xmoe-super"), load_hardware("frontier")
+    est, parts = _run(m, hw, gpus=512, pp=32, ep=16, dp=16, mbs=1, global_batch=1024, seq=4096, recompute="full",
+                      zero=2, sequence_parallel=False)
+    sizes = [len(c) for c in parts["balanced"]]
+    assert sizes[-1] == 1 and max(sizes) == 2 and sum(sizes) == 61
+    # even (Megatron's default) keeps its own rule: it cannot split 61 evenly and rounds
+    assert est.step_time_s[0] < est.step_time_s[1]

@@ -138,7 +138,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     _, first, inv = distinct_rows(layer_row, chunks, lay.split)
     row = layer_row[first]
     x_first, x_last = _split_extras(lay.split[first], lc["x_first"][row], lc["x_last"][row])
-    cs = chunk_sizes(L, chunks[first], x_first, x_last).take(inv)
+    cs = chunk_sizes(L, chunks[first], x_first, x_last, minimise=lay.split[first] == 0).take(inv)
     v_shape = lay.sched >= 3
     vm1 = (lay.vpp - 1).astype(float)
     pp1 = lay.pp == 1

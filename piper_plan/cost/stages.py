@@ -2,8 +2,10 @@
 
 The first chunk carries the embedding, the last the LM head and loss; their cost, in
 layer-equivalents x_f and x_l, is taken off those chunks so every chunk does about
-(L + x_f + x_l) / C layers' work. The middle chunks share the rest evenly (the first
-few get one more). Leading dense layers fall in the first chunk(s).
+(L + x_f + x_l) / C layers' work; the balanced split then moves the end chunks a layer either
+way where that lowers the largest chunk (the exact min-max partition on equal layers).
+The middle chunks share the rest evenly (the first few get one more). Leading dense layers
+fall in the first chunk(s).
 
 Per rank the cost model needs three representatives: the rank holding chunk 0 (rank 0),
 the rank holding the last chunk (rank pp-1 looped; rank 0 for V schedules) and the
@@ -28,8 +30,11 @@ class ChunkSizes:
         return ChunkSizes(*(np.asarray(getattr(self, f.name)).take(idx) for f in fields(self)))
 
 
-def chunk_sizes(L: int, chunks, x_first, x_last) -> ChunkSizes:
-    """Arrays over layouts: chunks = pp·vpp, x_* extras in layer-equivalents."""
+def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None) -> ChunkSizes:
+    """Arrays over layouts: chunks = pp·vpp, x_* extras in layer-equivalents. minimise: where
+    true (a cost-balanced split), the end chunks are then moved a layer either way if that
+    lowers the largest chunk (_min_max_ends); elsewhere the rounded rule stands (Megatron's
+    fixed splits)."""
     C = np.asarray(chunks)
     target = (L + x_first + x_last) / C
     one = C == 1
@@ -41,6 +46,8 @@ def chunk_sizes(L: int, chunks, x_first, x_last) -> ChunkSizes:
     cut_last = np.minimum(over, last - 1)
     last = last - cut_last
     first = first - np.minimum(over - cut_last, first - 1)
+    if minimise is not None:
+        first, last = _min_max_ends(L, mids, first, last, x_first, x_last, np.asarray(minimise, bool))
     rem = L - first - last
     mids_safe = np.maximum(mids, 1)
     base = np.where(mids > 0, rem // mids_safe, 0)
@@ -54,6 +61,28 @@ def chunk_sizes(L: int, chunks, x_first, x_last) -> ChunkSizes:
     last = np.where(one, L, last)
     mid_avg = np.where(mids > 0, rem / mids_safe, 0.0)
     return ChunkSizes(first, last, np.where(mids > 0, mid_hi, 0), mid_avg, n_hi)
+
+
+def _min_max_ends(L: int, mids, first, last, x_first, x_last, on):
+    """(first, last) within one layer of the rounded rule's that minimise the largest chunk,
+    max(first + x_f, last + x_l, ceil(middle layers / middle chunks)), keeping the rounded
+    choice on ties. Rounding each end on its own misses that the middle chunks' size is an
+    integer: 61 layers on 32 stages give the middle 2 layers each whatever the ends hold, so
+    the LM head's stage should hold 1 layer (1 + 0.3), not the rounded 2 (2.3, the pipeline's
+    straggler)."""
+    offsets = np.array([(0, 0), (0, -1), (-1, 0), (-1, -1), (0, 1), (1, 0), (1, -1), (-1, 1), (1, 1)])
+    f = first[None, :] + offsets[:, :1]
+    la = last[None, :] + offsets[:, 1:]
+    rem = L - f - la
+    ok = (f >= 1) & (la >= 1) & (rem >= mids[None, :]) & ((mids[None, :] > 0) | (rem == 0))
+    mid = np.where(mids[None, :] > 0, -(-rem // np.maximum(mids[None, :], 1)), 0)
+    worst = np.maximum(np.maximum(f + x_first[None, :], la + x_last[None, :]), mid)
+    worst = np.where(ok, worst, np.inf)
+    # the rounded choice unless another is better by more than rounding noise
+    best = np.argmin(worst + 1e-9 * np.arange(len(offsets))[:, None], axis=0)
+    cols = np.arange(len(first))
+    pick = on & (mids > 0) & (worst[best, cols] < worst[0] - 1e-9)
+    return np.where(pick, f[best, cols], first), np.where(pick, la[best, cols], last)
 
 
 def materialise(L: int, chunks: int, cs: ChunkSizes, i: int = 0) -> list[list[int]]:
