@@ -451,7 +451,8 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
 
     from . import report
     from .validate import explain, run, summary
-    from .validate_kernels import a2a_check, b200_gemm_checks, gemm_check, te_gemm_check
+    from .validate_bounds import full_model_bounds
+    from .validate_kernels import a2a_check, b200_gemm_checks, gemm_check, implied_gemm, moe_layer_check, te_gemm_check
 
     if sensitivity:
         _show_sensitivity(group, as_json)
@@ -480,10 +481,13 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     summ = summary(res)
     gemm, te_gemm, a2a = gemm_check(), te_gemm_check(), a2a_check()
     b200 = b200_gemm_checks()
+    layer = {"rows": moe_layer_check(), "implied_gemm": implied_gemm()}
+    bounds = full_model_bounds()
     if as_json:
         click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
                                "gemm_h100_xla": gemm, "gemm_b200_xla": b200, "gemm_te_b300": te_gemm,
-                               "a2a_mcore_table7": a2a}, indent=2))
+                               "a2a_mcore_table7": a2a, "moe_layer_piper_frontier": layer,
+                               "full_models_piper_frontier": bounds}, indent=2))
         return
     t = Table(title="predicted vs published")
     for c in ("id", "metric", "published", "predicted", "error", "missed ms/layer·µb", "layout"):
@@ -529,13 +533,32 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
         a.add_row(r["hardware"], "NCCL all-to-all (flat)" if r["backend"] == "nccl" else "HybridEP (token-level)",
                   str(r["ep"]), f"{r['domains']:g}", f"{r['dispatch_us']:g}", f"{r['predicted_us']:.0f}",
                   f"{100 * (r['predicted_us'] / r['dispatch_us'] - 1):+.0f}%")
+    ml = Table(title="MoE block model vs Piper's single MoE layer on one Frontier node (brief §5: router, experts "
+                     "and the node's all-to-all, EP 8, 4096 tokens a GCD assumed)")
+    for c in ("model", "published TFLOPS", "predicted", "error"):
+        ml.add_column(c)
+    for r in layer["rows"]:
+        p = r["predicted"]
+        ml.add_row(r["model"], f"{r['published']:g}", "no bundled spec" if p is None else f"{p:.1f}",
+                   "" if p is None else f"{100 * (p / r['published'] - 1):+.0f}%")
+    fb = Table(title="Piper's full-model runs on Frontier (brief §5; GPU counts and layouts not published) against "
+                     "the model's best plan over 8-1,024 GCDs in Piper's PP x EP mesh: a run reached each figure, so "
+                     "the best plan must")
+    for c in ("model", "published TFLOPS", "best predicted", "GCDs", "layout", "reaches"):
+        fb.add_column(c)
+    for r in bounds:
+        fb.add_row(r["model"], f"{r['published']:g}", f"{r['best_predicted']:.1f}", str(r["gcds"]), r["layout"],
+                   "yes" if r["reaches"] else "NO")
     report.show([t, g, k])
     for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
         if d["beyond_target_max"]:
             worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))
             rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
             click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
-    report.show([x, b, a])
+    report.show([x, b, a, ml])
+    click.echo(f"GEMM plateau at which those rates agree on average: {layer['implied_gemm']:.3f} of peak "
+               f"(the spec: {layer['rows'][0]['gemm']:g}; validation/README.md, Frontier's two GEMM sources)")
+    report.show([fb])
     for size, d in summ["fig13_ratio"].items():
         click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
     mem = summ["published_runs_memory"]

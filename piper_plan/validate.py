@@ -26,7 +26,8 @@ search finds inside the space the measured system can run: Piper's rows with its
 X-MoE rows without a published layout with our best layout without pipelining (X-MoE has no PP);
 X-MoE rows with one run it as its launch script (quoted in the notes) and DeepSpeed's defaults
 set it: ZeRO-<n>, fp16, dropout, gradient reduction after the backward (_xmoe_settings).
-No row was used to fit any parameter: efficiencies come from hardware micro-benchmarks.
+No row was used to fit any parameter: efficiencies come from hardware micro-benchmarks (Frontier's GEMM
+plateau is a fit to Piper's single-MoE-layer rates on that machine, validate_kernels.implied_gemm).
 """
 from __future__ import annotations
 
@@ -218,6 +219,13 @@ def _xmoe_flops_per_token(m, seq: int) -> float:
     return 6.0 * macs
 
 
+def piper_space(gpus: int, seq: int) -> SearchSpace:
+    """What Piper's runtime can run on `gpus` GPUs: its PP × EP mesh (tp 1, ep = dp) under 1F1B
+    (brief §1, §2), at the default batch (4M tokens, rounded to the GPUs)."""
+    gbs = round_batch(default_global_batch(seq), gpus)
+    return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, paper_mesh=True, schedules=("1f1b",))
+
+
 def _searched(row) -> bool:
     """Whether a row compares the best layout the search finds (planner's choice; X-MoE rows
     without a published layout) rather than a published layout."""
@@ -243,8 +251,8 @@ def _row_estimate(row, m, hw):
         gbs = round_batch(default_global_batch(seq), gpus)
         if row["group"] == "xmoe2025":  # X-MoE (DeepSpeed-MoE lineage) has no pipeline parallelism
             space = SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=(1,))
-        else:  # Piper's runtime: its PP × EP mesh (tp 1, ep = dp) under 1F1B (brief §1, §2)
-            space = SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, paper_mesh=True, schedules=("1f1b",))
+        else:
+            space = piper_space(gpus, seq)
         res = search(m, hw, space)
         if res.best is None:
             return None, res.est, -1
