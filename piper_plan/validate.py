@@ -248,9 +248,8 @@ def _row_estimate(row, m, hw):
     if _searched(row):
         seq = _i(row["seq"])
         gpus = _i(row["gpus"])
-        gbs = round_batch(default_global_batch(seq), gpus)
         if row["group"] == "xmoe2025":  # X-MoE (DeepSpeed-MoE lineage) has no pipeline parallelism
-            space = SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=(1,))
+            space = SearchSpace(gpus=gpus, global_batch=round_batch(default_global_batch(seq), gpus), seq=seq, pps=(1,))
         else:
             space = piper_space(gpus, seq)
         res = search(m, hw, space)

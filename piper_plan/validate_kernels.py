@@ -161,21 +161,29 @@ def _moe_block_tflops(m, hw, tokens: int = MOE_LAYER_TOKENS, ep: int = 8) -> flo
     return flops / seconds / 1e12
 
 
+def _moe_layer_rows(path: Path | None) -> list[tuple[dict, object, object]]:
+    """(row, model spec or None, hardware spec) for each row of moe_layer_piper_frontier.csv,
+    each spec read once."""
+    rows = read_table(path or TABLES / "moe_layer_piper_frontier.csv")
+    specs = {name: load_hardware(name) for name in {r["hardware_spec"] for r in rows}}
+    return [(r, load_model(r["model_spec"]) if r["model_spec"] else None, specs[r["hardware_spec"]]) for r in rows]
+
+
+def _priced_layers(rows, gemm: float | None) -> list[dict]:
+    out = []
+    for r, m, hw in rows:
+        if gemm is not None:
+            hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"gemm": gemm})})
+        out.append({"model": r["model"], "hardware": r["hardware_spec"], "published": float(r["tflops_per_gcd"]),
+                    "predicted": None if m is None else _moe_block_tflops(m, hw), "gemm": hw.efficiency.gemm})
+    return out
+
+
 def moe_layer_check(path: Path | None = None, gemm: float | None = None) -> list[dict]:
     """One row per model of moe_layer_piper_frontier.csv: published and predicted TFLOPS per
     GCD (None for a model without a bundled spec). gemm: price with this GEMM plateau instead of
     the spec's."""
-    rows = read_table(path or TABLES / "moe_layer_piper_frontier.csv")
-    specs = {name: load_hardware(name) for name in {r["hardware_spec"] for r in rows}}
-    out = []
-    for r in rows:
-        hw = specs[r["hardware_spec"]]
-        if gemm is not None:
-            hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"gemm": gemm})})
-        pred = _moe_block_tflops(load_model(r["model_spec"]), hw) if r["model_spec"] else None
-        out.append({"model": r["model"], "hardware": r["hardware_spec"], "published": float(r["tflops_per_gcd"]),
-                    "predicted": pred, "gemm": hw.efficiency.gemm})
-    return out
+    return _priced_layers(_moe_layer_rows(path), gemm)
 
 
 def implied_gemm(path: Path | None = None) -> float:
@@ -183,8 +191,9 @@ def implied_gemm(path: Path | None = None) -> float:
     geometric mean (scipy's brentq between 0.3 and 0.95 of peak)."""
     from scipy.optimize import brentq
 
+    rows = [row for row in _moe_layer_rows(path) if row[1] is not None]  # read once, priced per trial
+
     def log_gap(g):
-        rows = [r for r in moe_layer_check(path, gemm=g) if r["predicted"] is not None]
-        return float(np.mean([np.log(r["predicted"] / r["published"]) for r in rows]))
+        return float(np.mean([np.log(r["predicted"] / r["published"]) for r in _priced_layers(rows, g)]))
 
     return float(brentq(log_gap, 0.3, 0.95, xtol=1e-4))

@@ -74,7 +74,7 @@ def _min_max_ends(L: int, mids, first, last, x_first, x_last, on):
     f = first[None, :] + offsets[:, :1]
     la = last[None, :] + offsets[:, 1:]
     rem = L - f - la
-    ok = (f >= 1) & (la >= 1) & (rem >= mids[None, :]) & ((mids[None, :] > 0) | (rem == 0))
+    ok = (f >= 1) & (la >= 1) & (rem >= mids[None, :])  # every middle chunk keeps a layer
     mid = np.where(mids[None, :] > 0, -(-rem // np.maximum(mids[None, :], 1)), 0)
     worst = np.maximum(np.maximum(f + x_first[None, :], la + x_last[None, :]), mid)
     worst = np.where(ok, worst, np.inf)
