@@ -41,6 +41,30 @@ def test_bad_hardware_field(tmp_path):
     assert "accelerator.memory_gib" in line
 
 
+def test_a_variant_spec_is_its_base_with_only_its_own_fields_changed():
+    from piper_plan.specs import load_hardware
+
+    base, variant = load_hardware("frontier").model_dump(), load_hardware("frontier-rocm57").model_dump()
+    assert variant["efficiency"]["gemm"] == 0.60 != base["efficiency"]["gemm"]
+    # every other efficiency, the accelerator, network and topology are the base's
+    for key in set(base) - {"name", "source", "efficiency"}:
+        assert variant[key] == base[key], key
+    assert {k for k in base["efficiency"] if variant["efficiency"][k] != base["efficiency"][k]} == {"gemm", "source"}
+
+
+@pytest.mark.parametrize("text,field,says", [
+    ("base: no-such-machine\nname: v\n", "base", "neither a YAML beside this file nor a bundled hardware"),
+    ("base: [frontier]\nname: v\n", "base", "expected the name or path"),
+    ("base: h.yaml\nname: v\n", "base", "cycle"),
+    ("base: frontier\nname: v\nefficiency: {gemm: 2.5}\n", "efficiency.gemm", ""),
+])
+def test_bad_variant_spec_is_one_line(tmp_path, text, field, says):
+    p = tmp_path / "h.yaml"
+    p.write_text(text)
+    line = err_line(*run("estimate", "-m", "mixtral-8x7b", "-H", str(p), "-n", "8")[:2])
+    assert str(p) in line and field in line and says in line
+
+
 @pytest.mark.parametrize("args,constraint", [
     (["-n", "8", "--tp", "3"], "tp*pp*dp == gpus"),
     (["-n", "24", "--ep", "3", "--dp", "24"], "ep divides experts"),
@@ -151,12 +175,13 @@ def test_bundled_specs_found_after_plain_wheel_install(tmp_path):
                         "--target", str(target), str(repo)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     code = ("import piper_plan.specs as s; print(len(s.bundled_names('models')), len(s.bundled_names('hardware')),"
-            " s.load_model('deepseek-v3').name, s.load_hardware('frontier').name)")
+            " s.load_model('deepseek-v3').name, s.load_hardware('frontier').name,"
+            " s.load_hardware('frontier-rocm57').efficiency.gemm)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
     n_models = len(list((repo / "models").glob("*.yaml")))
     n_hw = len(list((repo / "hardware").glob("*.yaml")))
-    assert out.stdout.split() == [str(n_models), str(n_hw), "deepseek-v3", "frontier"], out.stderr
+    assert out.stdout.split() == [str(n_models), str(n_hw), "deepseek-v3", "frontier", "0.6"], out.stderr
 
 
 @pytest.mark.parametrize("model,hw,gpus", [("deepseek-v3", "frontier", 256), ("mixtral-8x22b", "dgx-h100", 64),

@@ -82,5 +82,37 @@ def load_model(ref: str) -> ModelSpec:
 
 
 def load_hardware(ref: str) -> HardwareSpec:
+    """A bundled hardware name or a hardware YAML; a YAML with `base:` (a bundled name or a path
+    beside it) is that spec with the YAML's fields laid over it (_with_base)."""
     path = _resolve(ref, "hardware")
-    return parse(HardwareSpec, read_yaml(path), str(path))
+    return parse(HardwareSpec, _with_base(path, read_yaml(path), ()), str(path))
+
+
+def _with_base(path: Path, data: dict, seen: tuple[str, ...]) -> dict:
+    """`data` laid over the spec its `base:` names, mappings merged key by key and anything else
+    replaced: a variant states only what differs (another software stack's measured plateaus on
+    the same machine), so the machine's figures and their sources live in one file."""
+    if "base" not in data:
+        return data
+    ref = data.pop("base")
+    if not isinstance(ref, str) or not ref:
+        raise SpecError(str(path), "base", "expected the name or path of another hardware spec")
+    local = path.parent / ref
+    if local.suffix in (".yaml", ".yml") and local.is_file():
+        base = local
+    elif (bundled := _bundled_dir("hardware") / f"{ref}.yaml").is_file():
+        base = bundled
+    else:
+        raise SpecError(str(path), "base", f"{ref!r} is neither a YAML beside this file nor a bundled hardware "
+                                           f"spec (known: {', '.join(bundled_names('hardware'))})")
+    chain = seen + (str(path.resolve()),)
+    if str(base.resolve()) in chain:
+        raise SpecError(str(path), "base", f"{ref!r} leads back to this spec (a cycle of bases)")
+    return _merged(_with_base(base, read_yaml(base), chain), data)
+
+
+def _merged(under: dict, over: dict) -> dict:
+    out = dict(under)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
