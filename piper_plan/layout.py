@@ -20,7 +20,8 @@ Schedule = Literal["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
 Fp8 = Literal["none", "current", "mxfp8", "blockwise"]
 # Megatron-Core --recompute-modules (selective recompute): what each re-runs in the backward
-RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts"]
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts",
+                          "attn_block", "act_fc2"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
 ExpertProbs = Literal["combine", "activation"]
 A2A = Literal["flat", "halo", "dedup"]
@@ -50,7 +51,10 @@ class Layout(BaseModel):
         ("core_attn",), description="what selective recompute re-runs in the backward (Megatron-Core "
         "--recompute-modules): core_attn (softmax(QK^T)V), layernorm (the pre-attention and pre-MLP norms), "
         "mla_up_proj (MLA's q/kv up-projections), mlp (a dense MLP), moe_act (the experts' activation), "
-        "moe (the whole MoE block, its all-to-all included), shared_experts; read only when recompute is "
+        "moe (the whole MoE block, its all-to-all included), shared_experts; and X-MoE's (Megatron-DeepSpeed) "
+        "attn_block (--checkpoint-attention with --checkpoint-layernorm: both norms, the projections, the core "
+        "and the residual, only the layer input kept) and act_fc2 (--checkpoint-intermediate: every MLP's, dense "
+        "or expert, activation and down projection, only fc1's output kept); read only when recompute is "
         "selective")
     sequence_parallel: bool = True
     zero: int = Field(1, ge=0, le=3)

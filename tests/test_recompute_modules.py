@@ -91,3 +91,37 @@ def test_search_cli_takes_module_sets_and_names_them_in_its_table():
     assert "rc=selective(layernorm,moe_act)" in r.output.replace("\n", "")
     bad = CliRunner().invoke(main, args + ["--selective", "moe,bogus"])
     assert bad.exit_code != 0 and "--selective" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_xmoe_attention_block_checkpoint_keeps_only_the_layer_input_and_reruns_its_collective():
+    # X-MoE (Megatron-DeepSpeed fork) with --checkpoint-attention --checkpoint-layernorm wraps both
+    # norms, the projections, the core and the residual in one checkpoint: only the layer input is
+    # saved, the whole block re-runs in the backward, its tensor-parallel all-reduce included
+    m, hw = load_model("xmoe-small"), load_hardware("frontier-rocm57")
+    lays = [Layout(gpus=16, tp=2, ep=8, global_batch=64, seq=2048, sequence_parallel=False,
+                   recompute="selective", recompute_modules=x) for x in (("core_attn",), ("attn_block",))]
+    batch = from_layouts(lays)
+    est = evaluate(m, hw, batch)
+    a = act.attention_terms(m, batch)
+    assert {k for k, v in a.items() if v[1] > 0} == {"attn_norm_in"}
+    assert a["attn_norm_in"][1] == a["attn_norm_in"][0] > 0
+    mo = act.moe_terms(m, batch, np.ones(2))
+    assert mo["moe_norm_in"][0] > 0 and mo["moe_norm_in"][1] == 0.0  # that norm ran inside the checkpoint
+    assert mo["router_in"][1] == mo["router_in"][0] > 0                 # the block's output feeds the MoE block
+    assert est.peak_memory_gib[1] < est.peak_memory_gib[0]
+    assert est.time["compute"][1] > est.time["compute"][0]
+    assert est.time["tp_comm"][1] > est.time["tp_comm"][0]
+
+
+def test_xmoe_intermediate_checkpoint_reruns_every_expert_s_activation_and_down_projection(qwen):
+    # --checkpoint-intermediate: ParallelMLP (each expert's) checkpoints its activation and fc2 from
+    # fc1's output, so fc2's input is not saved and fc2's forward GEMM runs again: more than moe_act
+    m, hw = qwen
+    lays = [Layout(**BASE, recompute="selective", recompute_modules=x)
+            for x in (("core_attn",), ("core_attn", "moe_act"), ("core_attn", "act_fc2"))]
+    batch = from_layouts(lays)
+    est = evaluate(m, hw, batch)
+    terms = act.moe_terms(m, batch, np.ones(3), hw.accelerator.expert_row_multiple)
+    assert terms["expert_act"][0] > 0 and terms["expert_act"][1] == terms["expert_act"][2] == 0.0
+    assert terms["expert_hidden"][2] == terms["expert_hidden"][0] > 0  # fc1's output is the checkpoint's input
+    assert est.step_time_s[0] < est.step_time_s[1] < est.step_time_s[2]

@@ -90,7 +90,9 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     u = lay.unfused
     out["attn_norm_unfused"] = np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0)
     out["attn_out_copy"] = np.where(u, eb * t * heads * dv, 0.0)
-    return out
+    # X-MoE's attention-block checkpoint keeps only the layer input
+    block = recomputes(lay, "attn_block")
+    return {k: v if k == "attn_norm_in" else np.where(block, 0.0, v) for k, v in out.items()}
 
 
 def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
@@ -101,10 +103,12 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     u = lay.unfused
     mlp, ln = recomputes(lay, "mlp"), recomputes(lay, "layernorm")
     return {
-        "ffn_norm_in": eb * t * d / sp_div,
+        # X-MoE's attention-block checkpoint runs this norm: its input is not kept (one d-wide
+        # tensor stays where this block recomputes from its input)
+        "ffn_norm_in": np.where(recomputes(lay, "attn_block") & ~mlp, 0.0, eb * t * d / sp_div),
         "ffn_in": np.where(ln | mlp, 0.0, qb * t * d / sp_div),
         "ffn_hidden": np.where(mlp, 0.0, eb * t * hid / tp),
-        "ffn_act": np.where(mlp, 0.0, qb * t * f / tp),
+        "ffn_act": np.where(mlp | recomputes(lay, "act_fc2"), 0.0, qb * t * f / tp),
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
         "ffn_norm_unfused": np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0),
         "ffn_silu_out": np.where(u & m.ffn_gated, eb * t * f / tp, 0.0),
@@ -131,10 +135,14 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     up = 2.0 if mo.gated else 1.0
     # selective recompute: moe keeps only the block's input; moe_act re-makes the activation
     # fed to the down projection; layernorm the norm's output (router and dispatch input)
-    whole, act, ln = recomputes(lay, "moe"), recomputes(lay, "moe_act"), recomputes(lay, "layernorm")
+    # act_fc2 (X-MoE's --checkpoint-intermediate) keeps fc1's output and re-makes fc2's input; X-MoE's
+    # attention-block checkpoint runs this block's norm, so the norm's input is not kept (unless
+    # the whole block recomputes from it)
+    whole, ln = recomputes(lay, "moe"), recomputes(lay, "layernorm")
+    act = recomputes(lay, "moe_act") | recomputes(lay, "act_fc2")
     keep = lambda x, drop=False: np.where(whole | drop, 0.0, x)  # noqa: E731
     out = {
-        "moe_norm_in": eb * tm * d,
+        "moe_norm_in": np.where(recomputes(lay, "attn_block") & ~whole, 0.0, eb * tm * d),
         "router_in": keep(eb * tm * d, ln),
         "router_probs": keep(4.0 * tm * mo.num_experts),
         "expert_in": keep(qb * padded * d),

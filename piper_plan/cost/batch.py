@@ -13,7 +13,7 @@ EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8", "blockwise")
 SPLITS = ("balanced", "even", "account")  # Layout.pipeline_split
 # Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
-RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts", "attn_block", "act_fc2")
 # Layout.cuda_graphs as a bitmask column (LayoutBatch.graphs)
 GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 # Layout.fp8 -> cost model compute dtype

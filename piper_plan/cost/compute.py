@@ -188,6 +188,7 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-attention norm: read and write d
     sel = (np.where(recomputes(lay, "core_attn"), core.f, 0.0) + np.where(recomputes(lay, "layernorm"), norm_f, 0.0)
            + (np.where(recomputes(lay, "mla_up_proj"), up_proj.f, 0.0) if up_proj is not None else 0.0))
+    sel = np.where(recomputes(lay, "attn_block"), total.f, sel)  # X-MoE's whole block holds the others
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
 
@@ -199,15 +200,25 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     eb = lay.act_bytes
     d, f = m.hidden_size, m.ffn_size
     up = 2 if m.ffn_gated else 1
-    ph = _sum(_linears(hw, dtype, eb, (t, up * f / tp, d), (t, d, f / tp)))
+    lin = _linears(hw, dtype, eb, (t, up * f / tp, d), (t, d, f / tp))
+    ph = _sum(lin)
     sp_div = np.where(lay.sp, tp, 1.0)
     act = (3.0 if m.ffn_gated else 2.0) * f / tp
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + act
     total = ph + _elementwise(hw, t * elems * eb, 4)
     norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-MLP norm
-    sel = np.where(recomputes(lay, "mlp"), total.f - norm_f, 0.0) + np.where(recomputes(lay, "layernorm"), norm_f, 0.0)
+    act_fc2 = stream_time(hw, t * act * eb, 1) + lin[1].f  # X-MoE's --checkpoint-intermediate
+    mlp = recomputes(lay, "mlp")
+    sel = (np.where(mlp, total.f - norm_f, 0.0) + _norm_again(lay, norm_f)
+           + np.where(recomputes(lay, "act_fc2") & ~mlp, act_fc2, 0.0))
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
+
+
+def _norm_again(lay: LayoutBatch, norm_f):
+    """The pre-MLP norm's forward where selective recompute re-runs it: layernorm, or X-MoE's
+    attention-block checkpoint, which ends with that norm."""
+    return np.where(recomputes(lay, "layernorm") | recomputes(lay, "attn_block"), norm_f, 0.0)
 
 
 def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb) -> Phase:
@@ -240,9 +251,11 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     total = ph + _elementwise(hw, elems * eb, 8) + extra
     norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
     act_f = stream_time(hw, act * eb, 1) + clamp_f  # what moe_act recompute re-runs
-    sel = (np.where(recomputes(lay, "moe"), total.f - norm_f, 0.0)
-           + np.where(recomputes(lay, "moe_act") & ~recomputes(lay, "moe"), act_f, 0.0)
-           + np.where(recomputes(lay, "layernorm"), norm_f, 0.0))
+    whole, fc2 = recomputes(lay, "moe"), recomputes(lay, "act_fc2")  # act_fc2: X-MoE's --checkpoint-intermediate
+    sel = (np.where(whole, total.f - norm_f, 0.0)
+           + np.where((recomputes(lay, "moe_act") | fc2) & ~whole, act_f, 0.0)
+           + np.where(fc2 & ~whole, lin[1].f, 0.0)
+           + _norm_again(lay, norm_f))
     if mo.shared_experts:
         sel = sel + np.where(recomputes(lay, "shared_experts") & ~recomputes(lay, "moe"), (lin[2] + lin[3]).f, 0.0)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))

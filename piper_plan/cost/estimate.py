@@ -609,8 +609,9 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
 
 def _with_recompute(base: dict, recompute) -> dict:
     """_layer_base's costs under each layout's recompute: full re-runs every forward (r = f;
-    only the layer input is saved), selective the core attention (r as _layer_base priced
-    it; the attention scores are not saved), none nothing."""
+    only the layer input is saved), selective what its modules list (r as _layer_base priced
+    it, with the attention's tensor-parallel collective again where the whole attention block
+    re-runs), none nothing."""
     full, sel = recompute == 2, recompute == 1
     out = dict(base)
     for k in ("dense", "moe"):
@@ -621,7 +622,7 @@ def _with_recompute(base: dict, recompute) -> dict:
         out[f"{k}_host"] = base[f"{k}_host"] + np.where(full, base[f"{k}_host_f"], 0.0)
     for k in ("dense_comm", "moe_comm"):  # full recompute repeats the forward's collectives
         ph = base[k]
-        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, 0.0))
+        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, np.where(sel, base["attn_comm_r"], 0.0)))
     return out
 
 
@@ -697,7 +698,10 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         moe_comm = Phase(zero, zero, zero, zero)
         moe_host = moe
         a2a_hide = zero
+    # X-MoE's attention-block checkpoint re-runs the block's tensor-parallel collective too
+    attn_comm_r = np.where(recomputes(lay, "attn_block"), tp_ar, 0.0)
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
+               attn_comm_r=attn_comm_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
                a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay),
                head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
