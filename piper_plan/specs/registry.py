@@ -32,17 +32,27 @@ def bundled_names(kind: str) -> list[str]:
     return sorted(p.stem for p in _bundled_dir(kind).glob("*.yaml"))
 
 
+def _bundled(ref: str, kind: str) -> Path | None:
+    """The bundled spec file of that name, if there is one."""
+    q = _bundled_dir(kind) / f"{ref}.yaml"
+    return q if q.is_file() else None
+
+
+def _known(kind: str) -> str:
+    return f"known: {', '.join(bundled_names(kind))}"
+
+
 def _resolve(ref: str, kind: str) -> Path:
     p = Path(ref)
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
         if not p.is_file():
             raise SpecError(ref, "<file>", "no such file")
         return p
-    q = _bundled_dir(kind) / f"{ref}.yaml"
-    if q.is_file():
+    q = _bundled(ref, kind)
+    if q is not None:
         return q
     raise SpecError(ref, "<name>", f"not a file and not a bundled {kind[:-1] if kind.endswith('s') else kind} "
-                                   f"(known: {', '.join(bundled_names(kind))})")
+                                   f"({_known(kind)})")
 
 
 def read_yaml(path: Path) -> dict:
@@ -98,13 +108,10 @@ def _with_base(path: Path, data: dict, seen: tuple[str, ...]) -> dict:
     if not isinstance(ref, str) or not ref:
         raise SpecError(str(path), "base", "expected the name or path of another hardware spec")
     local = path.parent / ref
-    if local.suffix in (".yaml", ".yml") and local.is_file():
-        base = local
-    elif (bundled := _bundled_dir("hardware") / f"{ref}.yaml").is_file():
-        base = bundled
-    else:
+    base = local if local.suffix in (".yaml", ".yml") and local.is_file() else _bundled(ref, "hardware")
+    if base is None:
         raise SpecError(str(path), "base", f"{ref!r} is neither a YAML beside this file nor a bundled hardware "
-                                           f"spec (known: {', '.join(bundled_names('hardware'))})")
+                                           f"spec ({_known('hardware')})")
     chain = seen + (str(path.resolve()),)
     if str(base.resolve()) in chain:
         raise SpecError(str(path), "base", f"{ref!r} leads back to this spec (a cycle of bases)")
