@@ -452,7 +452,8 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
     from . import report
     from .validate import explain, run, summary
     from .validate_bounds import full_model_bounds
-    from .validate_kernels import a2a_check, b200_gemm_checks, gemm_check, implied_gemm, moe_layer_check, te_gemm_check
+    from .validate_kernels import (a2a_check, b200_gemm_checks, gemm_check, implied_gemm, moe_layer_check,
+                                   rccl_node_check, te_gemm_check)
 
     if sensitivity:
         _show_sensitivity(group, as_json)
@@ -479,14 +480,15 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
 
     res = run(group)
     summ = summary(res)
-    gemm, te_gemm, a2a = gemm_check(), te_gemm_check(), a2a_check()
+    gemm, te_gemm, a2a, rccl = gemm_check(), te_gemm_check(), a2a_check(), rccl_node_check()
     b200 = b200_gemm_checks()
     layer = {"rows": moe_layer_check(), "implied_gemm": implied_gemm()}
     bounds = full_model_bounds()
     if as_json:
         click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
                                "gemm_h100_xla": gemm, "gemm_b200_xla": b200, "gemm_te_b300": te_gemm,
-                               "a2a_mcore_table7": a2a, "moe_layer_piper_frontier": layer,
+                               "a2a_mcore_table7": a2a, "a2a_rccl_mi250x_node": rccl,
+                               "moe_layer_piper_frontier": layer,
                                "full_models_piper_frontier": bounds}, indent=2))
         return
     t = Table(title="predicted vs published")
@@ -533,6 +535,13 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
         a.add_row(r["hardware"], "NCCL all-to-all (flat)" if r["backend"] == "nccl" else "HybridEP (token-level)",
                   str(r["ep"]), f"{r['domains']:g}", f"{r['dispatch_us']:g}", f"{r['predicted_us']:.0f}",
                   f"{100 * (r['predicted_us'] / r['dispatch_us'] - 1):+.0f}%")
+    rc = Table(title="all-to-all model vs RCCL's all-to-all on one MI250X node (8 GCDs of LUMI-G, Frontier's node; "
+                     "OSU osu_xccl_alltoall, median of 5 runs)")
+    for c in ("bytes to each peer", "measured us", "range", "predicted us", "error"):
+        rc.add_column(c)
+    for r in rccl:
+        rc.add_row(f"{r['bytes_per_peer']:,.0f}", f"{r['measured_us']:g}", f"{r['min_us']:g}-{r['max_us']:g}",
+                   f"{r['predicted_us']:.1f}", f"{100 * (r['predicted_us'] / r['measured_us'] - 1):+.0f}%")
     ml = Table(title="MoE block model vs Piper's single MoE layer on one Frontier node (brief §5: router, experts "
                      "and the node's all-to-all, EP 8, 4096 tokens a GCD assumed)")
     for c in ("model", "published TFLOPS", "predicted", "error"):
@@ -555,7 +564,7 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
             worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))
             rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
             click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
-    report.show([x, b, a, ml])
+    report.show([x, b, a, rc, ml])
     click.echo(f"GEMM plateau at which those rates agree on average: {layer['implied_gemm']:.3f} of peak "
                f"(the spec: {layer['rows'][0]['gemm']:g}; validation/README.md, Frontier's two GEMM sources)")
     report.show([fb])

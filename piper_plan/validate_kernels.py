@@ -28,6 +28,12 @@ with comm.a2a_flat / comm.a2a_dedup for DeepSeek-V3's routing (the bundled spec:
 group-limited to 4 of 8 groups) and one sequence of 4096 bf16 tokens per rank; the report
 states neither tokens per rank, top-k nor dtype, so those are the case study's (§4.2.2).
 
+validation/a2a_rccl_mi250x_node.csv: RCCL's all-to-all on the 8 GCDs of one MI250X node (LUMI-G,
+the node design Frontier has), called directly through OSU's osu_xccl_alltoall at 1 B-1 MiB to
+each peer. `rccl_node_check` prices each size as one flat exchange on the bundled frontier spec
+(comm.a2a_call): a check of its node level (one 50 GB/s xGMI link, the all-to-all bottleneck,
+at efficiency.comm), which no training row isolates.
+
 validation/moe_layer_piper_frontier.csv: Piper's "single MoE layer on one node (upper bound)"
 TFLOPS per MI250X GCD for eight models (brief §5). `moe_layer_check` prices, for each model with a
 bundled spec, the MoE block of one layer on one Frontier node (EP 8: router, permutation, expert
@@ -142,6 +148,21 @@ def a2a_check(path: Path | None = None, tokens: int = 4096, elt_bytes: float = 2
         out.append({"hardware": r["hardware_spec"], "backend": r["backend"], "ep": ep, "domains": nodes,
                     "dispatch_us": float(r["dispatch_us"]), "combine_us": float(r["combine_us"]),
                     "predicted_us": float(t) * 1e6})
+    return out
+
+
+def rccl_node_check(path: Path | None = None) -> list[dict]:
+    """One row per message size: RCCL's measured all-to-all µs on one MI250X node (median of five
+    runs, with their range) and the model's one call of the same bytes per peer."""
+    rows = read_table(path or TABLES / "a2a_rccl_mi250x_node.csv")
+    specs = {name: load_hardware(name) for name in {r["hardware_spec"] for r in rows}}
+    out = []
+    for r in rows:
+        n, per = int(r["gcds"]), float(r["bytes_per_peer"])
+        t = comm.a2a_call(specs[r["hardware_spec"]], per * n, n, 1, False)
+        out.append({"hardware": r["hardware_spec"], "gcds": n, "bytes_per_peer": per,
+                    "measured_us": float(r["latency_us"]), "min_us": float(r["latency_min_us"]),
+                    "max_us": float(r["latency_max_us"]), "predicted_us": float(t) * 1e6})
     return out
 
 
