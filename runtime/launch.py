@@ -25,12 +25,17 @@ from .config import check_tp
 from .host import keep_freed_pages
 
 
+WEIGHT_SPLIT = ("zbv", "dualpipev")  # schedules whose backward-weight pass sums gradients by hand
+# (torch/distributed/pipelining/_backward.py stage_backward_weight: weight.grad += dw)
+
+
 def check_supported(plan: Plan, world: int) -> None:
     """What this runtime cannot run, as one-line errors (before any process starts).
 
     Layout fields that change no mathematics are accepted and not modelled exactly:
     attention_kernel (torch's scaled_dot_product_attention picks the kernel),
-    overlap_grad_reduce (gradients are reduced after the pipeline step, not overlapped),
+    overlap_grad_reduce (gradients are reduced after the pipeline step, ZeRO-2's inside each
+    micro-batch's backward, blocking it: never overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). Runtime features of other stacks that the planner can price
     (expert_gemm other than grouped, a2a_overlap, fp8, cuda_graphs, expert_probs activation) are
@@ -43,6 +48,10 @@ def check_supported(plan: Plan, world: int) -> None:
         raise PiperError("plan.layout.dtype: fp16 needs loss scaling, which piper-train does not do; use bf16 or fp32")
     if lay.zero > 2:
         raise PiperError(f"plan.layout.zero: ZeRO-{lay.zero} is not implemented by piper-train; use zero 0, 1 or 2")
+    if lay.zero == 2 and lay.schedule in WEIGHT_SPLIT:
+        raise PiperError(f"plan.layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
+                         f"them, and torch's {lay.schedule} schedule accumulates its weight gradients outside "
+                         f"autograd; use zero 1, or schedule gpipe, 1f1b or interleaved")
     if lay.dropout:
         raise PiperError("plan.layout.dropout: dropout is not implemented by piper-train; use dropout false")
     if lay.expert_gemm != "grouped":

@@ -14,8 +14,13 @@ its state_dict must be consolidated on one rank, while checkpoints here are writ
 torch.distributed.checkpoint keyed per logical expert. Sharding is by whole parameters
 (as ZeroRedundancyOptimizer does): the owner keeps the AdamW state (torch.optim.AdamW over
 its parameters), steps them and broadcasts the new values to its group. ZeRO-2 also
-shards gradients: each owner's gradients are reduced to it (dist.reduce, not all_reduce)
-and the other ranks drop theirs before the optimizer step."""
+shards gradients, as DeepSpeed's stage 2 does and as the planner prices it (a reduction per
+micro-batch, only the owner's share kept between micro-batches): a hook on each parameter
+reduces its gradient to the owner (dist.reduce) as each micro-batch's backward accumulates it,
+the owner adds it to its running sum and every rank drops the gradient. Two kinds wait for the
+step: tp-partial gradients (summed over tp first) and the tied embedding (summed over its two
+stages first, which run their backwards at different times). Replicas run the same schedule,
+so their hooks issue the same reductions in the same order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,17 +82,48 @@ class DistOptimizer:
                 self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts))
         self.owned = [i for i in self.infos if (i.owner == me or not zero)]
         self.opt = make_adamw([i.param for i in self.owned], lr, weight_decay, betas, eps)
+        self._sums: dict[int, torch.Tensor] = {}  # ZeRO-2: id(param) -> the owner's reduced sum so far
+        self.hooked = {id(i.param) for i in self.infos if self._per_microbatch(i)}
+        for i in self.infos:
+            if id(i.param) in self.hooked:
+                i.param.register_post_accumulate_grad_hook(self._reduce_hook(i))
+
+    def _per_microbatch(self, i: PInfo) -> bool:
+        """ZeRO-2 reduces this gradient as each micro-batch's backward accumulates it (module
+        docstring); not a tp-partial one, nor the tied embedding's, nor one without replicas."""
+        tied = self.groups.emb is not None and i.name == "embed.weight"
+        return self.zero >= 2 and len(i.group_ranks) > 1 and not is_partial(i.param) and not tied
+
+    def _reduce_hook(self, i: PInfo):
+        me = dist.get_rank()
+
+        def hook(p: torch.Tensor) -> None:
+            g = p.grad
+            dist.reduce(g, dst=i.owner, group=i.group)
+            if me == i.owner:
+                s = self._sums.get(id(p))
+                self._sums[id(p)] = g if s is None else s.add_(g)
+            p.grad = None  # the next micro-batch accumulates afresh
+        return hook
 
     # ---- gradients -----------------------------------------------------------------------
     def zero_grad(self) -> None:
         for i in self.infos:
             i.param.grad = None
+        self._sums.clear()
 
     def reduce_grads(self) -> None:
         """Sum the tied embedding's two copies, then sum over replication groups (÷ dp);
         with ZeRO-2 only each gradient's owner keeps the sum."""
+        me = dist.get_rank()
         for i in self.infos:
-            if i.param.grad is None:
+            if id(i.param) in self.hooked:  # reduced micro-batch by micro-batch (_reduce_hook)
+                if i.param.grad is not None:  # accumulated outside autograd: a hook never saw it
+                    raise RuntimeError(f"{i.name}: a ZeRO-2 gradient was accumulated without its reduction hook")
+                i.param.grad = self._sums.pop(id(i.param), None) if i.owner == me else None
+                if i.owner == me and i.param.grad is None:  # no micro-batch reached it
+                    i.param.grad = torch.zeros_like(i.param)
+            elif i.param.grad is None:
                 i.param.grad = torch.zeros_like(i.param)
         partial = [i.param.grad for i in self.infos if is_partial(i.param)]
         if partial:  # tp-replicated parameters with per-rank partial gradients (tp.py)
@@ -95,13 +131,13 @@ class DistOptimizer:
         if self.groups.emb is not None:  # before the dp sum: ZeRO-2 owners may differ per stage
             emb = [i for i in self.infos if i.name == "embed.weight"]
             _allreduce([emb[0].param.grad], self.groups.emb)
-        me = dist.get_rank()
         for expert in (False, True):
             infos = [i for i in self.infos if i.expert == expert]
             if infos and len(infos[0].group_ranks) > 1:
                 if self.zero >= 2:
+                    left = [i for i in infos if id(i.param) not in self.hooked]
                     for owner in infos[0].group_ranks:
-                        mine = [i for i in infos if i.owner == owner]
+                        mine = [i for i in left if i.owner == owner]
                         if mine:
                             _reduce([i.param.grad for i in mine], owner, infos[0].group)
                     for i in infos:

@@ -110,6 +110,10 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.expert_probs", "activation")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "cg.json", cuda_graphs=("attn",)))]),
                     "layout.cuda_graphs", "attn")
+    # ZeRO-2 reduces as autograd accumulates; torch's weight-split schedules accumulate by hand
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "z2.json", gpus=4, pp=2, vpp=2, schedule="zbv",
+                                                    zero=2))], env={"RANK": "0", "WORLD_SIZE": "4"}),
+                    "layout.zero", "zbv")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "rm.json", recompute="selective",
                                                     recompute_modules=("core_attn", "moe_act")))]),
                     "layout.recompute_modules", "moe_act")

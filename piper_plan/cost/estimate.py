@@ -380,7 +380,12 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     z3 = np.where(lay.zero >= 3, M * 3.0 * t_ag, 0.0)  # re-gather for fwd and bwd, reduce-scatter per micro-batch
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
-    t_dp = np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
+    # ZeRO-2 keeps only its shard of each gradient between micro-batches (memory.state_coeffs),
+    # so it reduce-scatters every micro-batch's gradients, each behind that micro-batch's own
+    # backward where overlapped (DeepSpeed's engine: "ZeRO stage >= 2 communicates during non
+    # gradient accumulation boundaries as well"); stages 0-1 reduce the accumulated sum once
+    rounds = np.where(lay.zero == 2, M, 1.0)
+    t_dp = rounds * np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
     # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
@@ -646,7 +651,6 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
     dense_host = host.host_gap(host.host_time(hw, host_dense), dense, dense_comm)
     dense = dense + dense_host
-    co = hw.efficiency.collective_overhead_us * 1e-6  # fixed cost per collective call (0 unless measured)
     imb = np.ones(len(lay))
     a2a_fwd = a2a_bwd = zero  # all-to-all seconds of one MoE layer per micro-batch, forward / backward
     if m.moe is not None:
@@ -658,12 +662,12 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
         a2a_bytes = t / tp * m.moe.top_k * d * eb
         a2a_one = _a2a(hw, lay, a2a_bytes, m) * imb  # the busiest rank receives imb×
-        call = co * (lay.ep > 1)
         stride = np.where(lay.placement == 0, 1, lay.edp)
         # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call
         a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one)
-        # dispatch + combine each way; forward first exchanges the per-expert row counts
-        # (a few bytes: only the call's fixed cost counts)
+        # dispatch + combine each way; forward first exchanges the per-expert row counts (an int64
+        # an expert: a flat exchange of a few bytes a peer, so its floor and a set-up per peer)
+        call = np.where(lay.ep > 1, comm.a2a_call(hw, 8.0 * m.moe.num_experts, lay.ep, stride, False), 0.0)
         # arrival skew (comm.skew): the forward's count exchange follows the attention, its combine
         # the experts; the backward's exchanges follow the layer above's and the experts' backward
         # (the host overhead split between the two stretches)

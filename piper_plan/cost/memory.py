@@ -4,7 +4,8 @@ Bytes per parameter with mixed-precision Adam (Megatron): weight 2 (bf16), main 
 4 (fp32 accumulation; 2 with bf16 grads), fp32 master 4, Adam m 4 and v 4 — 18 B, or the
 16 B of Piper's equation with bf16 gradients (brief §2). ZeRO over the data-parallel group
 of each parameter (experts: the expert-data-parallel group, dp·tp/ep):
-stage 1 shards master + moments, 2 also gradients, 3 also weights.
+stage 1 shards master + moments, 2 also gradients (reduced every micro-batch to keep only the
+share: estimate._dp_comm_time), 3 also weights.
 """
 from __future__ import annotations
 
