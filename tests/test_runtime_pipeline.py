@@ -57,7 +57,7 @@ def _plan(schedule="1f1b", pp=2, dp=2, ep=2, vpp=1, zero=1, tied=False, recomput
 CASES = {
     "gpipe": dict(schedule="gpipe", zero=2, tied=True),
     "1f1b": dict(schedule="1f1b", zero=0, tied=True, recompute="full"),
-    "interleaved": dict(schedule="interleaved", vpp=2, recompute="selective"),
+    "interleaved": dict(schedule="interleaved", vpp=2, recompute="selective", zero=2),
     "zbv": dict(schedule="zbv", vpp=2, tied=True),
     "dualpipev": dict(schedule="dualpipev", vpp=2),
     "pp1_ep4": dict(schedule="1f1b", pp=1, dp=4, ep=4),
