@@ -159,7 +159,8 @@ def rccl_node_check(path: Path | None = None) -> list[dict]:
     out = []
     for r in rows:
         n, per = int(r["gcds"]), float(r["bytes_per_peer"])
-        t = comm.a2a_call(specs[r["hardware_spec"]], per * n, n, 1, False)
+        hw = specs[r["hardware_spec"]]
+        t = comm.a2a_call(hw, per * n, n, 1, False, wire=comm.a2a_flat(hw, per * n, n, 1))
         out.append({"hardware": r["hardware_spec"], "gcds": n, "bytes_per_peer": per,
                     "measured_us": float(r["latency_us"]), "min_us": float(r["latency_min_us"]),
                     "max_us": float(r["latency_max_us"]), "predicted_us": float(t) * 1e6})

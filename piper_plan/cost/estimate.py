@@ -667,7 +667,9 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one)
         # dispatch + combine each way; forward first exchanges the per-expert row counts (an int64
         # an expert: a flat exchange of a few bytes a peer, so its floor and a set-up per peer)
-        call = np.where(lay.ep > 1, comm.a2a_call(hw, 8.0 * m.moe.num_experts, lay.ep, stride, False), 0.0)
+        counts = 8.0 * m.moe.num_experts
+        call = np.where(lay.ep > 1, comm.a2a_call(hw, counts, lay.ep, stride, False,
+                                                  wire=comm.a2a_flat(hw, counts, lay.ep, stride)), 0.0)
         # arrival skew (comm.skew): the forward's count exchange follows the attention, its combine
         # the experts; the backward's exchanges follow the layer above's and the experts' backward
         # (the host overhead split between the two stretches)
