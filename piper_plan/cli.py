@@ -444,8 +444,10 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @click.option("--sensitivity", is_flag=True, help="the errors per kind again with each family of hardware "
               "efficiencies (and host and launch costs) scaled x0.8 and x1.25, and with all compute efficiencies "
               "scaled together (about 16 passes over the rows)")
+@click.option("--batch-scan", is_flag=True, help="the planner's-choice rows again at 1, 2, 4, 8 and 16 sequences "
+              "per GPU: how far the global batch their sources do not publish moves each prediction")
 @one_line_errors
-def validate_cmd(group, as_json, explain_id, sensitivity):
+def validate_cmd(group, as_json, explain_id, sensitivity, batch_scan):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
@@ -457,6 +459,9 @@ def validate_cmd(group, as_json, explain_id, sensitivity):
 
     if sensitivity:
         _show_sensitivity(group, as_json)
+        return
+    if batch_scan:
+        _show_batch_scan(group, as_json)
         return
     if explain_id:
         d = explain(explain_id)
@@ -596,6 +601,32 @@ def _show_sensitivity(group, as_json):
     for r in rows:
         t.add_row(r["family"], f"{r['factor']:g}", *(f"{r[k]['mape']:.1f}% / {r[k]['max_abs_pct']:.1f}% / "
                                                      f"{r[k]['within_target_max']} of {r[k]['rows']}" for k in kinds))
+    report.show([t])
+
+
+def _show_batch_scan(group, as_json):
+    from rich.table import Table
+
+    from . import report
+    from .validate_batch import PER_GPU, batch_scan
+
+    rows = batch_scan(group=group)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+
+    def cell(pred, pub):
+        return "nothing fits" if pred is None else f"{pred:.1f} ({100 * (pred / pub - 1):+.0f}%)"
+
+    t = Table(title="planner's-choice rows at other global batches (model TFLOPS per GPU, error against the "
+                    "published figure; the sources publish no batch, validate uses the default 4M tokens)")
+    for c in ("id", "GPUs", "published", "default batch", *(f"{k} seq/GPU" for k in PER_GPU), "published in range"):
+        t.add_column(c)
+    for r in rows:
+        d = r["default"]
+        t.add_row(r["id"], str(r["gpus"]), f"{r['published']:g}",
+                  f"{d['global_batch']}: {cell(d['predicted'], r['published'])}",
+                  *(cell(s["predicted"], r["published"]) for s in r["scan"]), "yes" if r["inside"] else "no")
     report.show([t])
 
 

@@ -31,7 +31,7 @@ plateau is a fit to Piper's single-MoE-layer rates on that machine, validate_ker
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -226,7 +226,19 @@ def piper_space(gpus: int, seq: int) -> SearchSpace:
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, paper_mesh=True, schedules=("1f1b",))
 
 
-def _searched(row) -> bool:
+def searched_space(row, global_batch: int | None = None) -> SearchSpace:
+    """The space a searched row's best plan is sought in: Piper's mesh, or for X-MoE (the
+    DeepSpeed-MoE lineage) no pipeline; at `global_batch` sequences, by default the default
+    batch (4M tokens) rounded to the GPUs, since these sources do not publish theirs."""
+    seq, gpus = _i(row["seq"]), _i(row["gpus"])
+    if row["group"] == "xmoe2025":
+        gbs = global_batch or round_batch(default_global_batch(seq), gpus)
+        return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=(1,))
+    space = piper_space(gpus, seq)
+    return space if global_batch is None else replace(space, global_batch=global_batch)
+
+
+def is_searched(row) -> bool:
     """Whether a row compares the best layout the search finds (planner's choice; X-MoE rows
     without a published layout) rather than a published layout."""
     return row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"])
@@ -236,7 +248,7 @@ def _compared(row) -> tuple[str, float]:
     """(metric, published value) a row is compared in: a TFLOPS row whose notes also publish
     tokens/s/GPU is compared in tokens/s (no FLOP convention needed); others as published."""
     tok = _tokens_per_gpu(row)
-    if row["metric"] == "model_tflops_per_gpu" and tok and not _searched(row):
+    if row["metric"] == "model_tflops_per_gpu" and tok and not is_searched(row):
         return "tokens_per_s_per_gpu", tok
     return row["metric"], float(row["value"])
 
@@ -245,14 +257,8 @@ def _row_estimate(row, m, hw):
     """(layout, Estimate, index) a row is predicted under: the published layout run as its
     source's software runs it, or for "planner's choice" rows the best plan the search finds
     (layout None when nothing fits)."""
-    if _searched(row):
-        seq = _i(row["seq"])
-        gpus = _i(row["gpus"])
-        if row["group"] == "xmoe2025":  # X-MoE (DeepSpeed-MoE lineage) has no pipeline parallelism
-            space = SearchSpace(gpus=gpus, global_batch=round_batch(default_global_batch(seq), gpus), seq=seq, pps=(1,))
-        else:
-            space = piper_space(gpus, seq)
-        res = search(m, hw, space)
+    if is_searched(row):
+        res = search(m, hw, searched_space(row))
         if res.best is None:
             return None, res.est, -1
         return res.batch.layout(res.best), res.est, res.best
@@ -317,7 +323,7 @@ def _step_gap(row, m, lay, est, i) -> dict:
     micro-batch on a rank — the unit in which a
     per-layer cost the model lacks (host launches, a kernel it does not price) shows up
     whatever the batch. Planner's-choice rows compare a searched layout: no gap."""
-    if lay is None or _searched(row):
+    if lay is None or is_searched(row):
         return {}
     step = float(est.step_time_s[i])
     per = lay.microbatches * m.num_layers / lay.pp  # layer passes a rank runs per step
@@ -335,7 +341,7 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
     if lay is None:
         return float("nan"), "nothing fits"
     step = float(est.step_time_s[i])
-    if _searched(row):
+    if is_searched(row):
         return float(est.tflops_per_gpu[i]), _desc(lay)  # the searched plan's own model TFLOPS
     if metric == "hw_tflops_per_gpu":
         return _narayanan_flops(row) / step / lay.gpus / 1e12, _desc(lay)
@@ -396,7 +402,7 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
         metric, pub = _compared(row)
         gap = _step_gap(row, m, *priced).get("missing_ms_per_layer_microbatch")
         lay, est, i = priced
-        ran = lay is not None and _kind(row) != "memory" and not _searched(row)
+        ran = lay is not None and _kind(row) != "memory" and not is_searched(row)
         peak = float(est.peak_memory_gib[i]) if ran else None
         dev = _spec(specs, load_hardware, row["hardware_spec"]).accelerator.memory_gib if ran else None
         out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",

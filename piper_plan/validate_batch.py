@@ -1,0 +1,61 @@
+"""How the searched rows move with the global batch their sources do not publish.
+
+A "planner's choice" row (Piper's Fig. 13 and weak-scaling runs) compares the best plan the
+search finds with a published figure, and the search needs a global batch that the paper does
+not give. validate prices these rows at the default batch (4M tokens, rounded to the GPUs);
+this asks how much of a row's error that one unpublished input could carry. Each searched row
+is priced again at k sequences per GPU for each k in PER_GPU, and the report gives the range
+and whether the published figure lies inside it. Nothing here changes what validate reports
+or which batch it uses: choosing the batch that matches a row would be fitting that row.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .search import search
+from .specs import load_hardware, load_model
+from .validate import data_path, is_searched, searched_space
+from .validate_kernels import read_table
+
+# sequences per GPU per step: 1 is the least Piper's PP x EP mesh can run under 1F1B with one
+# sequence a micro-batch (M = PP micro-batches on each of the EP = GPUs/PP pipelines), 16 is
+# what the default 4M-token batch gives the 110B weak-scaling run at 64 GCDs
+PER_GPU = (1, 2, 4, 8, 16)
+
+
+def _best_tflops(m, hw, space) -> tuple[float | None, str]:
+    """(model TFLOPS per GPU of the best plan, its layout) in `space`; (None, "") if nothing fits."""
+    res = search(m, hw, space)
+    if res.best is None:
+        return None, ""
+    lay = res.batch.layout(res.best)
+    return float(res.est.tflops_per_gpu[res.best]), f"pp{lay.pp} ep{lay.ep} dp{lay.dp} mbs{lay.mbs} rc={lay.recompute}"
+
+
+def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = None) -> list[dict]:
+    """[{id, group, gpus, published, default: {global_batch, predicted, layout},
+    scan: [{per_gpu, global_batch, predicted, layout}], low, high, inside}] for every searched
+    row (TFLOPS per GPU; predicted None where nothing fits at that batch)."""
+    out, specs = [], {}
+    for row in read_table(path or data_path()):
+        if not is_searched(row) or (group and row["group"] != group):
+            continue
+        key = (row["model_spec"], row["hardware_spec"])
+        if key not in specs:
+            specs[key] = (load_model(key[0]), load_hardware(key[1]))
+        m, hw = specs[key]
+        gpus = int(row["gpus"])
+        space = searched_space(row)
+        pred, lay = _best_tflops(m, hw, space)
+        scan = []
+        for k in per_gpu:
+            p, lay_k = _best_tflops(m, hw, searched_space(row, k * gpus))
+            scan.append({"per_gpu": k, "global_batch": k * gpus, "predicted": p, "layout": lay_k})
+        vals = [s["predicted"] for s in scan if s["predicted"] is not None] + ([pred] if pred is not None else [])
+        pub = float(row["value"])
+        low, high = (min(vals), max(vals)) if vals else (None, None)
+        out.append({"id": row["id"], "group": row["group"], "gpus": gpus, "published": pub,
+                    "default": {"global_batch": space.global_batch, "predicted": pred, "layout": lay},
+                    "scan": scan, "low": low, "high": high,
+                    "inside": vals != [] and low <= pub <= high})
+    return out
