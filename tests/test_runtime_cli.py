@@ -25,11 +25,11 @@ def _cmd(name: str, module: str) -> list[str]:
     return [exe] if exe else [sys.executable, "-m", module]
 
 
-def _write(tmp_path, name="plan.json", **kw):
+def _write(tmp_path, name="plan.json", model=None, **kw):
     lay = dict(gpus=2, pp=1, dp=2, ep=2, global_batch=4, seq=32, dtype="fp32")
     lay.update(kw)
     p = tmp_path / name
-    write_plan(make_plan(load_model("tiny-moe"), load_hardware("cpu-local"), Layout(**lay)), p)
+    write_plan(make_plan(model or load_model("tiny-moe"), load_hardware("cpu-local"), Layout(**lay)), p)
     return p
 
 
@@ -110,6 +110,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.expert_probs", "activation")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "cg.json", cuda_graphs=("attn",)))]),
                     "layout.cuda_graphs", "attn")
+    mtp = load_model("tiny-moe").model_copy(update={"mtp_layers": 1})
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "mtp.json", model=mtp))]), "model.mtp_layers", "1")
     # ZeRO-2 reduces as autograd accumulates; torch's weight-split schedules accumulate by hand
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "z2.json", gpus=4, pp=2, vpp=2, schedule="zbv",
                                                     zero=2))], env={"RANK": "0", "WORLD_SIZE": "4"}),

@@ -183,14 +183,29 @@ def test_bundled_model_loads_with_its_source(name):
 HF_PAIRS = ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v2", "deepseek-v3", "qwen3-30b-a3b",
             "qwen3-235b-a22b", "llama4-scout", "llama4-maverick", "gpt-oss-120b"]
 _ARCH_ONLY = {"name", "source", "seq_len"}
+# a config.json describes the model as pre-trained: DeepSeek-V3's with its MTP module
+AS_TRAINED = {"deepseek-v3": "deepseek-v3-mtp"}
 
 
 @pytest.mark.parametrize("name", HF_PAIRS)
 def test_hf_import_equals_bundled_architecture(name):
     imported = load_model(str(HF / f"{name}.json"))
-    bundled = load_model(name)
+    bundled = load_model(AS_TRAINED.get(name, name))
     assert imported.model_dump(exclude=_ARCH_ONLY) == bundled.model_dump(exclude=_ARCH_ONLY)
     assert imported.name == name and str(HF / f"{name}.json") in imported.source
+
+
+def test_deepseek_v3_mtp_module_adds_a_moe_block_a_projection_and_the_head_again():
+    main, mtp = load_model("deepseek-v3"), load_model("deepseek-v3-mtp")
+    d, V = main.hidden_size, main.vocab_size
+    block = main.moe_layer_nonexpert_params + main.moe_layer_expert_params
+    assert mtp.mtp_is_moe and mtp.total_params - main.total_params == block + 2 * d * d + 3 * d
+    # the checkpoint's 685B (arXiv 2412.19437 §4.3: 671B + 14B) also stores the module's own copies
+    # of the shared embedding and head
+    assert abs((mtp.total_params + 2 * V * d) / 685e9 - 1) < 0.001
+    # Megatron-Bridge's w/ MTP rows: 338 TFLOPS at 1,297 tokens/s (DGX-H100, 25.09) = 260.6 GFLOP a token
+    assert mtp.flops_per_token(4096) / 1e9 == pytest.approx(338e12 / 1297 / 1e9, rel=0.002)
+    assert main.flops_per_token(4096) < mtp.flops_per_token(4096)
 
 
 def test_maverick_moe_layers_match_hf_placement():

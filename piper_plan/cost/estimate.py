@@ -26,6 +26,9 @@ from .stages import chunk_sizes
 DTYPE_NAME = {2: "bf16", 4: "fp32"}
 ADAMW_EAGER_BYTES = 80.0  # per parameter, torch single-tensor AdamW (_dp_time)
 
+# parameter tensors an MTP module adds beyond its block: the projection and three norms
+MTP_TENSORS = 4
+
 
 @dataclass
 class Routing:
@@ -156,10 +159,15 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
              "mid": split(mid_layers, zero), "last": split(last_layers, np.where(pp1, first_dense, 0.0))}
     roles["last"] = (np.where(v_shape & ~pp1, roles["mid"][0], roles["last"][0]),
                      np.where(v_shape & ~pp1, roles["mid"][1], roles["last"][1]))
-    n_dense_of = {r: nd for r, (nd, _) in roles.items()}
-    n_moe_of = {r: nm for r, (_, nm) in roles.items()}
     has_emb = {"first": np.ones(n, bool), "mid": np.zeros(n, bool), "last": pp1}
     has_head = {"first": pp1 | v_shape, "mid": np.zeros(n, bool), "last": ~v_shape | pp1}
+    # multi-token prediction: its blocks run beside the LM head (Megatron-Core places them on the
+    # last pipeline stage), priced as layers of the last layer's kind; its projection and the
+    # head's second pass are in the head's phase (_layer_terms)
+    mtp = m.mtp_layers * np.asarray(m.mtp_is_moe, float)
+    roles = {r: (nd + has_head[r] * (m.mtp_layers - mtp), nm + has_head[r] * mtp) for r, (nd, nm) in roles.items()}
+    n_dense_of = {r: nd for r, (nd, _) in roles.items()}
+    n_moe_of = {r: nm for r, (_, nm) in roles.items()}
 
     rank_chunks = lay.vpp.astype(float)
 
@@ -211,11 +219,12 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
              + has_emb[r] * m.embedding_params / tp
-             + has_head[r] * m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r])) for r in roles}
+             + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
+                              + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
     nt = m.param_tensors  # the same rank's parameter tensors, for an eager optimizer's per-tensor costs
     T_rep = (nd_p * nt["dense_layer"] + nm_p * nt["moe_replicated"] + emb_p * nt["embedding"]
-             + head_p * (nt["final_norm"] + 1 - m.tied_embeddings * emb_p))
+             + head_p * (nt["final_norm"] + 1 - m.tied_embeddings * emb_p + m.mtp_layers * MTP_TENSORS))
     T_exp = nm_p * nt["moe_experts"]
     params = RankParams(pick(P_rep), pick(P_exp), _owned(lay, grp["edp"], T_rep, T_exp))
     t_dp, t_opt = _dp_time(hw, lay, grp, params, eb, PipeWindow(F, B, W, M))
@@ -287,7 +296,10 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     infl = dict(zip(roles, in_flight(lay.take(first), stages, M[first]).take(inv, axis=1)))
     # per layer and micro-batch on a rank: the LM head's fp32 logits and their gradient,
     # and the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
-    logits = t * m.vocab_size / tp * (4.0 + eb)
+    # each MTP module computes (and keeps for its loss's backward) another set of logits
+    logits = t * m.vocab_size / tp * (4.0 + eb) * (1 + m.mtp_layers)
+    # and saves its projection's input, [norm(h); norm(emb)], and the two norms' inputs
+    mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
     a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dp, lay).items()}
@@ -296,7 +308,7 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     peak = np.zeros(n)
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
-        comps["activations"] = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
+        comps["activations"] = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"] + has_head[r] * mtp_in) / GIB
         comps["logits"] = has_head[r] * logits / GIB
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
         comps["overhead"] = np.full(n, hw.memory_overhead_gib)
@@ -449,12 +461,12 @@ def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
     """(model FLOPs per step, FLOPs recompute adds) per layout."""
     seq = lay.seq
     if seq.min() == seq.max():  # one sequence length (as in a search): per-token figures are scalars
-        fpt, core_fwd = m.flops_per_token(int(seq[0])), m.num_layers * m.attn_core_flops(int(seq[0]))
+        fpt, core_fwd = m.flops_per_token(int(seq[0])), (m.num_layers + m.mtp_layers) * m.attn_core_flops(int(seq[0]))
     else:
         fpt, core_fwd = np.zeros(len(lay)), np.zeros(len(lay))
         for s in np.unique(seq):
             fpt = np.where(seq == s, m.flops_per_token(int(s)), fpt)
-            core_fwd = np.where(seq == s, m.num_layers * m.attn_core_flops(int(s)), core_fwd)
+            core_fwd = np.where(seq == s, (m.num_layers + m.mtp_layers) * m.attn_core_flops(int(s)), core_fwd)
     model_flops = fpt * tokens
     rc = lay.recompute
     # hardware FLOPs of recompute: full re-runs the forward; selective counts the core attention
@@ -559,8 +571,13 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
     dense_layer, moe_layer = (dense + dense_comm).total, (moe + moe_comm).total
     avg_layer = (m.num_dense_layers * dense_layer + m.num_moe_layers * moe_layer) / m.num_layers
     again = np.asarray(a2a_again, dtype=float)
+    # MTP: each module's projection (2d -> d) and its pass through the shared head ride on the
+    # head's phase, the projection at the head GEMM's rate (2d/V of its FLOPs); its block joins
+    # the head's rank as a layer (evaluate), so the partition counts it with the head
+    head = head.scale(1.0 + m.mtp_layers * (1.0 + 2.0 * m.hidden_size / m.vocab_size))
+    block = m.mtp_layers * (moe_layer if m.mtp_is_moe else dense_layer)
     Te, Th = emb.total, head.total
-    out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=Th / avg_layer,
+    out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=(Th + block) / avg_layer,
                Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"],

@@ -168,8 +168,8 @@ def _qwen_moe(c: _Cfg) -> dict:
 
 def _deepseek(c: _Cfg) -> dict:
     # DeepseekV2/V3 modelling code: layer i is MoE when n_routed_experts is set,
-    # i >= first_k_dense_replace and i % moe_layer_freq == 0. num_nextn_predict_layers (the V3
-    # multi-token-prediction module) is NOT part of the main model and is ignored.
+    # i >= first_k_dense_replace and i % moe_layer_freq == 0. num_nextn_predict_layers: the V3
+    # multi-token-prediction modules pre-training runs after the main model (ModelSpec.mtp_layers).
     # Not modelled: V3's e_score_correction_bias (n_routed_experts per MoE layer).
     out = _base(c)
     out.pop("num_kv_heads", None)  # MLA: num_key_value_heads is not a GQA figure
@@ -191,6 +191,9 @@ def _deepseek(c: _Cfg) -> dict:
                      every, router=scoring, **({"shared_experts": shared} if shared else {}), **_route_groups(c))
     out = _with_layers(out, moe, dense, c, "intermediate_size")
     out["tied_embeddings"] = _tied(c, False)
+    mtp = c.get("num_nextn_predict_layers", default=0, min_value=0)
+    if mtp:
+        out["mtp_layers"] = mtp
     return out
 
 

@@ -103,6 +103,9 @@ class ModelSpec(_Strict):
     full_attention_every: int = Field(1, ge=1, description="with sliding_window: every Nth layer attends to the "
                                       "whole sequence, the others within the window (GPT-OSS: 2)")
     learned_positions: bool = Field(False, description="learned absolute position table of seq_len × hidden (Megatron GPT)")
+    mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules after the last layer (DeepSeek-V3: "
+                            "1): each a block like the last layer, a 2d→d projection and 3 norms, sharing the "
+                            "embedding and LM head, whose logits it computes again")
 
     @model_validator(mode="after")
     def _check(self):
@@ -256,11 +259,31 @@ class ModelSpec(_Strict):
                 "final_norm": norm}
 
     @property
+    def mtp_is_moe(self) -> bool:
+        """A multi-token-prediction block is the kind of the model's last layer (DeepSeek-V3's
+        checkpoint: layer 61, the MTP block, holds routed experts like layers 3-60)."""
+        return self.layer_is_moe(self.num_layers - 1)
+
+    @property
+    def mtp_extra_params(self) -> int:
+        """One MTP module beyond its block (DeepSeek-V3 §2.2, Megatron-Core's
+        MultiTokenPredictionLayer): the projection of [norm(h); norm(emb)] from 2d to d, and
+        three norms (hnorm, enorm, the module's final norm); embedding and head are shared."""
+        return 2 * self.hidden_size * self.hidden_size + 3 * self.norm_params
+
+    @property
+    def mtp_params(self) -> int:
+        """All MTP modules: block + projection + norms each."""
+        block = (self.moe_layer_nonexpert_params + self.moe_layer_expert_params if self.mtp_is_moe
+                 else self.dense_layer_params)
+        return self.mtp_layers * (block + self.mtp_extra_params)
+
+    @property
     def total_params(self) -> int:
         return (
             self.num_dense_layers * self.dense_layer_params
             + self.num_moe_layers * (self.moe_layer_nonexpert_params + self.moe_layer_expert_params)
-            + self.embedding_params + self.lm_head_params + self.norm_params
+            + self.embedding_params + self.lm_head_params + self.norm_params + self.mtp_params
         )
 
     @property
@@ -268,10 +291,12 @@ class ModelSpec(_Strict):
         """Parameters touched by one token: top-k of the routed experts, embedding included
         (Mistral, Qwen and Meta count it so; DeepSeek and OpenAI leave the input embedding out)."""
         act_moe = 0 if self.moe is None else self.moe.top_k * self.expert_params
+        mtp_block = self.moe_layer_nonexpert_params + act_moe if self.mtp_is_moe else self.dense_layer_params
         return (
             self.num_dense_layers * self.dense_layer_params
             + self.num_moe_layers * (self.moe_layer_nonexpert_params + act_moe)
             + self.embedding_params + self.lm_head_params + self.norm_params
+            + self.mtp_layers * (mtp_block + self.mtp_extra_params)
         )
 
     # ---- FLOPs (forward, per token, model FLOPs) -----------------------------------
@@ -304,12 +329,16 @@ class ModelSpec(_Strict):
 
     def flops_per_token(self, seq: Optional[int] = None, causal: bool = True) -> float:
         """Model FLOPs per token for forward + backward (3× forward): 6·active matmul
-        params + attention core; embedding lookup excluded, LM head included."""
+        params + attention core; embedding lookup excluded, LM head included. Each MTP module
+        adds its block, its projection and the shared LM head's matmul again (as Megatron-Core
+        counts them: DeepSeek-V3 260 GFLOP a token with one module, 250 without)."""
         s = seq or self.seq_len
-        # the LM head is a matmul even when its weight is the (tied) embedding
-        matmul = (self.active_params - self.embedding_params - self.norm_params * (2 * self.num_layers + 1)
-                  + self.vocab_size * self.hidden_size * self.tied_embeddings)
-        fwd = 2.0 * matmul + self.num_layers * self.attn_core_flops(s, causal)
+        mtp = self.mtp_layers
+        # the LM head is a matmul even when its weight is the (tied) embedding; MTP runs it again
+        norms = self.norm_params * (2 * (self.num_layers + mtp) + 1) + mtp * 3 * self.norm_params
+        matmul = (self.active_params - self.embedding_params - norms
+                  + self.vocab_size * self.hidden_size * (self.tied_embeddings + mtp))
+        fwd = 2.0 * matmul + (self.num_layers + mtp) * self.attn_core_flops(s, causal)
         return 3.0 * fwd
 
     def layer_breakdown(self, seq: Optional[int] = None) -> list[dict]:
@@ -334,4 +363,12 @@ class ModelSpec(_Strict):
                                  params=self.shared_params, fwd_flops=2.0 * self.shared_params))
         rows.append(dict(part="LM head" + (" (tied)" if self.tied_embeddings else ""), count=1,
                          params=self.lm_head_params, fwd_flops=2.0 * self.vocab_size * self.hidden_size))
+        if self.mtp_layers:
+            block = self.mtp_params // self.mtp_layers - self.mtp_extra_params
+            per_token = self.flops_per_token(s) / 3.0 - self._without_mtp().flops_per_token(s) / 3.0
+            rows.append(dict(part="MTP module (block, projection, head again)", count=self.mtp_layers,
+                             params=block + self.mtp_extra_params, fwd_flops=per_token / self.mtp_layers))
         return rows
+
+    def _without_mtp(self) -> "ModelSpec":
+        return self.model_copy(update={"mtp_layers": 0})

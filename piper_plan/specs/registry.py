@@ -88,34 +88,36 @@ def load_model(ref: str) -> ModelSpec:
         except json.JSONDecodeError as e:
             raise SpecError(str(path), f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
         return model_from_hf_config(cfg, str(path))
-    return parse(ModelSpec, read_yaml(path), str(path))
+    return parse(ModelSpec, _with_base(path, read_yaml(path), (), "models"), str(path))
 
 
 def load_hardware(ref: str) -> HardwareSpec:
     """A bundled hardware name or a hardware YAML; a YAML with `base:` (a bundled name or a path
     beside it) is that spec with the YAML's fields laid over it (_with_base)."""
     path = _resolve(ref, "hardware")
-    return parse(HardwareSpec, _with_base(path, read_yaml(path), ()), str(path))
+    return parse(HardwareSpec, _with_base(path, read_yaml(path), (), "hardware"), str(path))
 
 
-def _with_base(path: Path, data: dict, seen: tuple[str, ...]) -> dict:
+def _with_base(path: Path, data: dict, seen: tuple[str, ...], kind: str) -> dict:
     """`data` laid over the spec its `base:` names, mappings merged key by key and anything else
     replaced: a variant states only what differs (another software stack's measured plateaus on
-    the same machine), so the machine's figures and their sources live in one file."""
+    the same machine; a model with its multi-token-prediction module), so the figures and their
+    sources live in one file. `kind`: "hardware" or "models", where bundled bases are found."""
     if "base" not in data:
         return data
+    what = "hardware" if kind == "hardware" else "model"
     ref = data.pop("base")
     if not isinstance(ref, str) or not ref:
-        raise SpecError(str(path), "base", "expected the name or path of another hardware spec")
+        raise SpecError(str(path), "base", f"expected the name or path of another {what} spec")
     local = path.parent / ref
-    base = local if local.suffix in (".yaml", ".yml") and local.is_file() else _bundled(ref, "hardware")
+    base = local if local.suffix in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
     if base is None:
-        raise SpecError(str(path), "base", f"{ref!r} is neither a YAML beside this file nor a bundled hardware "
-                                           f"spec ({_known('hardware')})")
+        raise SpecError(str(path), "base", f"{ref!r} is neither a YAML beside this file nor a bundled {what} "
+                                           f"spec ({_known(kind)})")
     chain = seen + (str(path.resolve()),)
     if str(base.resolve()) in chain:
         raise SpecError(str(path), "base", f"{ref!r} leads back to this spec (a cycle of bases)")
-    return _merged(_with_base(base, read_yaml(base), chain), data)
+    return _merged(_with_base(base, read_yaml(base), chain, kind), data)
 
 
 def _merged(under: dict, over: dict) -> dict:
