@@ -74,3 +74,25 @@ def test_61_layers_on_32_stages_leave_the_lm_head_a_stage_of_one_layer():
     assert sizes[-1] == 1 and max(sizes) == 2 and sum(sizes) == 61
     # even (Megatron's default) keeps its own rule: it cannot split 61 evenly and rounds
     assert est.step_time_s[0] < est.step_time_s[1]
+
+
+def test_v_schedules_balance_rank_zeros_two_end_chunks_as_a_pair():
+    """zbv / dualpipev: rank 0 runs the first and the last chunk. Against a brute-force search
+    over both ends' sizes, rank 0's pair (layers + embedding + head) weighed against a middle
+    rank's pair of chunks gives the same bottleneck, including heads heavier than a chunk's share
+    (x_l 2.5, 3.8: DeepSeek-V3 with its MTP module beside the head), where one end at a time
+    could only bring the head's chunk down to one layer."""
+    import itertools
+
+    import numpy as np
+
+    from piper_plan.cost.stages import chunk_sizes
+
+    one = np.array([True])
+    for L, C in ((61, 32), (48, 16), (30, 8), (94, 32), (26, 12)):
+        for xf, xl in itertools.product((0.0, 0.05, 0.6), (0.0, 0.6, 1.2, 2.5, 3.8)):
+            cs = chunk_sizes(L, np.array([C]), np.array([xf]), np.array([xl]), minimise=one, v_shape=one)
+            ours = max(cs.first[0] + xf + cs.last[0] + xl, 2 * cs.mid_hi[0])
+            exact = min(max(f + xf + la + xl, 2 * -(-(L - f - la) // (C - 2)))
+                        for f in range(1, L) for la in range(1, L) if L - f - la >= C - 2)
+            assert ours == pytest.approx(exact), (L, C, xf, xl)

@@ -30,16 +30,24 @@ class ChunkSizes:
         return ChunkSizes(*(np.asarray(getattr(self, f.name)).take(idx) for f in fields(self)))
 
 
-def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None) -> ChunkSizes:
+def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None, v_shape=None) -> ChunkSizes:
     """Arrays over layouts: chunks = pp·vpp, x_* extras in layer-equivalents. minimise: where
     true (a cost-balanced split), the end chunks are then moved a layer either way if that
     lowers the largest chunk (_min_max_ends); elsewhere the rounded rule stands (Megatron's
-    fixed splits)."""
+    fixed splits). v_shape: where true (zbv, dualpipev) rank 0 runs both end chunks, so they
+    are balanced as a pair against two middle chunks: an LM head heavier than a chunk's share
+    (a large vocabulary, a multi-token-prediction module) then takes layers off the first chunk
+    too, where one end at a time could only bring the last chunk down to one layer."""
     C = np.asarray(chunks)
     target = (L + x_first + x_last) / C
     one = C == 1
     first = np.clip(np.rint(target - x_first), 1, L).astype(int)
     last = np.clip(np.rint(target - x_last), 1, L).astype(int)
+    v = np.zeros(C.shape, bool) if v_shape is None else np.asarray(v_shape, bool) & ~one
+    if v.any():  # the pair's share, two chunks' worth, the head's end taking what it can
+        ends = np.clip(np.rint(2 * target - x_first - x_last), 2, L).astype(int)
+        last_v = np.clip(np.rint(target - x_last), 1, ends - 1).astype(int)
+        first, last = np.where(v, ends - last_v, first), np.where(v, last_v, last)
     mids = np.maximum(C - 2, 0)
     # leave at least one layer for every middle chunk
     over = np.maximum(first + last + mids - L, 0)
@@ -47,7 +55,7 @@ def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None) -> ChunkSizes:
     last = last - cut_last
     first = first - np.minimum(over - cut_last, first - 1)
     if minimise is not None:
-        first, last = _min_max_ends(L, mids, first, last, x_first, x_last, np.asarray(minimise, bool))
+        first, last = _min_max_ends(L, mids, first, last, x_first, x_last, np.asarray(minimise, bool), v)
     rem = L - first - last
     mids_safe = np.maximum(mids, 1)
     base = np.where(mids > 0, rem // mids_safe, 0)
@@ -63,13 +71,14 @@ def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None) -> ChunkSizes:
     return ChunkSizes(first, last, np.where(mids > 0, mid_hi, 0), mid_avg, n_hi)
 
 
-def _min_max_ends(L: int, mids, first, last, x_first, x_last, on):
+def _min_max_ends(L: int, mids, first, last, x_first, x_last, on, v=None):
     """(first, last) within one layer of the rounded rule's that minimise the largest chunk,
     max(first + x_f, last + x_l, ceil(middle layers / middle chunks)), keeping the rounded
     choice on ties. Rounding each end on its own misses that the middle chunks' size is an
     integer: 61 layers on 32 stages give the middle 2 layers each whatever the ends hold, so
     the LM head's stage should hold 1 layer (1 + 0.3), not the rounded 2 (2.3, the pipeline's
-    straggler)."""
+    straggler). Where v (a V schedule), rank 0's pair of end chunks is weighed against a
+    middle rank's pair: max(first + x_f + last + x_l, 2 · ceil(middle layers / middle chunks))."""
     offsets = np.array([(0, 0), (0, -1), (-1, 0), (-1, -1), (0, 1), (1, 0), (1, -1), (-1, 1), (1, 1)])
     f = first[None, :] + offsets[:, :1]
     la = last[None, :] + offsets[:, 1:]
@@ -77,6 +86,8 @@ def _min_max_ends(L: int, mids, first, last, x_first, x_last, on):
     ok = (f >= 1) & (la >= 1) & (rem >= mids[None, :])  # every middle chunk keeps a layer
     mid = np.where(mids[None, :] > 0, -(-rem // np.maximum(mids[None, :], 1)), 0)
     worst = np.maximum(np.maximum(f + x_first[None, :], la + x_last[None, :]), mid)
+    if v is not None:
+        worst = np.where(v[None, :], np.maximum(f + x_first[None, :] + la + x_last[None, :], 2 * mid), worst)
     worst = np.where(ok, worst, np.inf)
     # the rounded choice unless another is better by more than rounding noise
     best = np.argmin(worst + 1e-9 * np.arange(len(offsets))[:, None], axis=0)
