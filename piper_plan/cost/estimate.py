@@ -389,7 +389,6 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
             + comm.ring_allreduce(hw, exp_pr * gb, edp, edp_stride, zfrac, edp_span))
     t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dp, lay.tp, 0.5, dp_span)
                     + comm.ring_allreduce(hw, exp_pr * eb, edp, edp_stride, 0.5, edp_span), 0.0)
-    z3 = np.where(lay.zero >= 3, M * 3.0 * t_ag, 0.0)  # re-gather for fwd and bwd, reduce-scatter per micro-batch
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
     # ZeRO-2 keeps only its shard of each gradient between micro-batches (memory.state_coeffs),
@@ -397,7 +396,16 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     # backward where overlapped (DeepSpeed's engine: "ZeRO stage >= 2 communicates during non
     # gradient accumulation boundaries as well"); stages 0-1 reduce the accumulated sum once
     rounds = np.where(lay.zero == 2, M, 1.0)
-    t_dp = rounds * np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f) + z3
+    t_dp = rounds * np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f)
+    # ZeRO-3 / FSDP holds parameters sharded: every micro-batch gathers them for its forward and
+    # again for its backward, and reduce-scatters its gradients; that is all its traffic. Where
+    # overlapped, each layer's gather is prefetched behind the previous layer's compute and each
+    # reduce-scatter runs behind the next layer's backward (FSDP2's forward/backward prefetch,
+    # Megatron-FSDP; DeepSpeed turns overlap_comm on by default for stage 3), so a phase exposes
+    # only the traffic its compute cannot cover
+    z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag - F), t_ag)
+    z3_b = np.where(lay.overlap, np.maximum(0.0, t_ag + t_rs - (B + W)), t_ag + t_rs)
+    t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
     # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
