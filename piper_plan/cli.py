@@ -512,7 +512,8 @@ def validate_cmd(group, as_json, explain_id, sensitivity, batch_scan):
     k = Table(title="against the targets")
     for c in ("kind", "rows", "MAPE", "target", "max |err|", "target"):
         k.add_column(c)
-    labels = {"moe": "moe (all rows)", "moe_named_sources": "moe: Megatron-Bridge, X-MoE, Piper"}
+    labels = {"moe": "moe (all rows)", "moe_named_sources": "moe: Megatron-Bridge, X-MoE, Piper",
+              "dense": "dense (all rows)", "dense_named_sources": "dense: Narayanan, Korthikanti (A100)"}
     for name, d in summ["kinds"].items():
         k.add_row(labels.get(name, name), str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%",
                   f"{d['max_abs_pct']:.1f}%", f"≤{d['target_max']:g}%")
@@ -594,7 +595,7 @@ def _show_sensitivity(group, as_json):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    kinds = [k for k in ("dense", "memory", "moe", "moe_named_sources") if k in rows[0]]
+    kinds = [k for k in ("dense", "dense_named_sources", "memory", "moe", "moe_named_sources") if k in rows[0]]
     t = Table(title="errors with the hardware efficiencies scaled (factor > 1: faster kernels / links)")
     for c in ("efficiencies", "factor", *(f"{k} MAPE / max / within" for k in kinds)):
         t.add_column(c)

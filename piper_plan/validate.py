@@ -51,6 +51,9 @@ TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  
 # the MoE sources issue 4's acceptance names (Megatron-Bridge, X-MoE, Piper's Fig. 13 and weak
 # scaling): summary() also reports their rows alone, against the MoE targets, beside all MoE rows
 MOE_ACCEPTANCE_GROUPS = ("megatron-bridge-moe", "xmoe2025", "piper2026-fig13", "piper2026-weak-scaling")
+# and the dense ones (A100: Narayanan 2021 Table 1, Korthikanti 2022 Table 5), reported alone
+# beside every dense row
+DENSE_ACCEPTANCE_GROUPS = ("narayanan2021-table1", "korthikanti2022-table5")
 
 
 def data_path() -> Path:
@@ -421,8 +424,8 @@ def memory_of_runs(results: list[Result]) -> dict:
 
 
 def summary(results: list[Result]) -> dict:
-    """MAPE per group and per kind (out-of-sample rows only; "moe_named_sources" is the MoE
-    rows of MOE_ACCEPTANCE_GROUPS alone) with the rows beyond each kind's max target (id: signed
+    """MAPE per group and per kind (out-of-sample rows only; "moe_named_sources" and
+    "dense_named_sources" are the rows of MOE_ / DENSE_ACCEPTANCE_GROUPS alone) with the rows beyond each kind's max target (id: signed
     error, %), Kendall τ where a group has several rows of one metric, and the Piper/X-MoE
     ratios of Fig. 13."""
     groups = {}
@@ -440,8 +443,11 @@ def summary(results: list[Result]) -> dict:
             d["kendall_tau"] = taus
         groups[g] = d
     kinds = {}
-    subsets = {k: (k, lambda r: True) for k in ("dense", "memory", "moe")}
-    subsets["moe_named_sources"] = ("moe", lambda r: r.group in MOE_ACCEPTANCE_GROUPS)
+    every = lambda r: True  # noqa: E731
+    subsets = {"dense": ("dense", every),
+               "dense_named_sources": ("dense", lambda r: r.group in DENSE_ACCEPTANCE_GROUPS),
+               "memory": ("memory", every), "moe": ("moe", every),
+               "moe_named_sources": ("moe", lambda r: r.group in MOE_ACCEPTANCE_GROUPS)}
     for name, (k, keep) in subsets.items():
         rs = [r for r in results if r.kind == k and not r.fit and keep(r)]
         errs = np.array([abs(r.error_pct) for r in rs])

@@ -16,8 +16,10 @@ def published():
 
 
 def test_dense_rows_meet_the_targets(results):
-    k = summary(results)["kinds"]["dense"]
+    # the acceptance's dense rows (A100: Narayanan 2021 Table 1, Korthikanti 2022 Table 5)
+    k = summary(results)["kinds"]["dense_named_sources"]
     assert k["rows"] == 18 and k["mape"] <= TARGETS["dense"][0] and k["max_abs_pct"] <= TARGETS["dense"][1]
+    assert summary(results)["kinds"]["dense"]["rows"] >= 18  # every dense row, the later ones too
 
 
 def test_memory_rows_each_within_10_percent(results):
