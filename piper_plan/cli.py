@@ -119,6 +119,9 @@ STACK_OPTIONS = [
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),
+        click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=False, show_default=True,
+                     help="pipeline the tensor-parallel all-gathers and reduce-scatters with the GEMMs beside them "
+                     "(Megatron-Core --tp-comm-overlap, Transformer Engine's userbuffers)"),
         click.option("--a2a-sms", type=click.IntRange(min=1), default=None,
                      help="SMs an overlapped all-to-all holds (Megatron-Core --moe-hybridep-num-sms); default: the "
                      "hardware spec's efficiency.overlap_comm_units"),
@@ -219,6 +222,7 @@ def _layout_from(kw, model):
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
                   a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
+                  tp_comm_overlap=kw["tp_comm_overlap"],
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"])
 
@@ -296,6 +300,7 @@ def _space(kw, model, gpus):
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
                        expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
+                       tp_comm_overlap=kw["tp_comm_overlap"],
                        fp8=kw["fp8"], expert_probs=kw["expert_probs"],
                        cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
 

@@ -94,6 +94,10 @@ class Layout(BaseModel):
         False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
         "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "
         "overlaps)")
+    tp_comm_overlap: bool = Field(
+        False, description="tensor-parallel all-gathers and reduce-scatters split into chunks and pipelined with "
+        "the GEMM beside each (Megatron-Core --tp-comm-overlap: Transformer Engine's userbuffers), so they hide "
+        "behind the layer's linear layers")
     a2a_sms: Optional[int] = Field(
         None, ge=1, description="compute units (SMs) an overlapped all-to-all's kernels hold while the compute "
         "beside them runs on the rest (Megatron-Core --moe-hybridep-num-sms; DeepEP's num_sms); None: the "

@@ -97,7 +97,7 @@ def _kind(row) -> str:
 
 
 # Megatron-Core with Transformer Engine
-MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes")
+MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "megatron-bridge-dense")
 
 
 # the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
@@ -126,7 +126,9 @@ def _settings(row) -> dict:
     grad_reduce, the dtype of the gradient buffers and their data-parallel reduction
     (Megatron-Bridge's performance recipes: bf16; Megatron-LM with --bf16: fp32 unless
     --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
-    run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to).
+    run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to);
+    tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
+    the recipe runs Megatron-FSDP's optim_grads_params; blank: the distributed optimizer, ZeRO-1).
     Megatron-Core scales each routed token by its probability inside the experts' fused
     activation (experts.py TEGroupedMLP: weighted_bias_swiglu_impl(fc1_output, bias,
     permuted_probs)), so its combine keeps no expert output (expert_probs activation).
@@ -139,7 +141,10 @@ def _settings(row) -> dict:
         return dict(attention_kernel="eager", dropout=True, zero=0, grad_dtype=_grad_dtype(row),
                     overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
     graphs = row.get("cuda_graphs", "")
-    return dict(attention_kernel="flash", dropout=False, zero=1,
+    # Megatron's distributed optimizer shards the optimizer state (ZeRO-1); Megatron-FSDP's
+    # optim_grads_params everything (the csv's zero_stage 3)
+    return dict(attention_kernel="flash", dropout=False, zero=_i(row.get("zero_stage"), 1),
+                tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 grad_dtype=_grad_dtype(row),
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",

@@ -130,13 +130,12 @@ def _elementwise(hw, nbytes, kernels) -> Phase:
     return Phase(f, 2.0 * f, z, z)
 
 
-def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
-    """Attention block of one layer (norm, projections, core, residual)."""
+def _attention_shapes(m: ModelSpec, lay: LayoutBatch) -> list[tuple]:
+    """The attention block's linear layers (_linears shapes): q/k/v (MLA: its down and up
+    projections) and the output projection, last."""
     t = (lay.mbs * lay.seq).astype(float)
     tp = lay.tp.astype(float)
-    eb = lay.act_bytes
     d, H = m.hidden_size, m.num_heads
-    up_proj = None  # MLA's up-projections (what mla_up_proj recompute re-runs)
     if m.mla is not None:
         a = m.mla
         qk, nope = a.qk_nope_head_dim + a.qk_rope_head_dim, a.qk_nope_head_dim
@@ -146,11 +145,42 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
             shapes += [(t, a.q_lora_rank, d), (t, H * qk / tp, a.q_lora_rank)]
         else:
             shapes += [(t, H * qk / tp, d)]
-        dqk, dv = qk, a.v_head_dim
     else:
         shapes = [(t, m.qkv_dim / tp, d)]
+    return shapes + [(t, d, m.attn_out_dim / tp)]
+
+
+def _ffn_shapes(m: ModelSpec, lay: LayoutBatch) -> list[tuple]:
+    """The dense FFN's linear layers: up (and gate), down."""
+    t = (lay.mbs * lay.seq).astype(float)
+    tp = lay.tp.astype(float)
+    d, f = m.hidden_size, m.ffn_size
+    return [(t, (2 if m.ffn_gated else 1) * f / tp, d), (t, d, f / tp)]
+
+
+def tp_overlappable(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> tuple[Phase, Phase]:
+    """(attention block, dense FFN) linear-layer seconds per micro-batch: the GEMMs a
+    tensor-parallel collective can run behind when the runtime splits it into chunks and
+    pipelines them with the GEMM beside it (Layout.tp_comm_overlap)."""
+    attn = _sum(_linears(hw, dtype, lay.act_bytes, *_attention_shapes(m, lay)))
+    if not m.ffn_size:
+        z = np.zeros(len(lay))
+        return attn, Phase(z, z, z, z)
+    return attn, _sum(_linears(hw, dtype, lay.act_bytes, *_ffn_shapes(m, lay)))
+
+
+def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
+    """Attention block of one layer (norm, projections, core, residual)."""
+    t = (lay.mbs * lay.seq).astype(float)
+    tp = lay.tp.astype(float)
+    eb = lay.act_bytes
+    d, H = m.hidden_size, m.num_heads
+    up_proj = None  # MLA's up-projections (what mla_up_proj recompute re-runs)
+    if m.mla is not None:
+        dqk, dv = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim
+    else:
         dqk = dv = m.hd
-    lin = _linears(hw, dtype, eb, *shapes, (t, d, m.attn_out_dim / tp))
+    lin = _linears(hw, dtype, eb, *_attention_shapes(m, lay))
     ph = _sum(lin)
     if m.mla is not None:
         up_proj = lin[1] + lin[3] if m.mla.q_lora_rank else lin[1]
@@ -199,8 +229,7 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     tp = lay.tp.astype(float)
     eb = lay.act_bytes
     d, f = m.hidden_size, m.ffn_size
-    up = 2 if m.ffn_gated else 1
-    lin = _linears(hw, dtype, eb, (t, up * f / tp, d), (t, d, f / tp))
+    lin = _linears(hw, dtype, eb, *_ffn_shapes(m, lay))
     ph = _sum(lin)
     sp_div = np.where(lay.sp, tp, 1.0)
     act = (3.0 if m.ffn_gated else 2.0) * f / tp

@@ -16,7 +16,7 @@ from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
 from .batch import FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
-from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase
+from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase, tp_overlappable
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
 from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
@@ -514,7 +514,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
     key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout, lay.act_bytes,
-           lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay))
+           lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap)
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
     sub = lay.take(first1)
@@ -656,6 +656,30 @@ def _with_recompute(base: dict, recompute) -> dict:
     return out
 
 
+def _tp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, tp_ar) -> tuple[Phase, Phase]:
+    """(dense layer, MoE layer) tensor-parallel collective seconds a micro-batch's forward and
+    backward expose: a dense layer's two all-reduce equivalents (an all-gather and a
+    reduce-scatter each with sequence parallelism), a MoE layer's attention one. Under
+    Layout.tp_comm_overlap each collective is split into chunks pipelined with the GEMM beside
+    it (Transformer Engine's userbuffers: the all-gathers before QKV and fc1 and the
+    reduce-scatters after the projections by ring exchange or a pipelined GEMM, the backward's by
+    bulk overlap with the dgrad and wgrad GEMMs, Megatron-Bridge's TransformerLayerTPOverlapCfg),
+    so only what the block's linear layers cannot cover stays exposed. The SMs some of those
+    methods hold (1-24 of a GPU's in the published configs) are not priced."""
+    z = np.zeros(len(lay))
+    dense, moe = Phase(2 * tp_ar, 2 * tp_ar, z, z), Phase(tp_ar, tp_ar, z, z)
+    on = lay.tp_overlap & (lay.tp > 1)
+    if not on.any():
+        return dense, moe
+    lin_a, lin_f = tp_overlappable(m, hw, lay, dtype)
+
+    def hide(comm: Phase, gemm: Phase) -> Phase:
+        return Phase(np.where(on, np.maximum(comm.f - gemm.f, 0.0), comm.f),
+                     np.where(on, np.maximum(comm.b - gemm.b - gemm.w, 0.0), comm.b), z, z)
+
+    return hide(dense, lin_a + lin_f), hide(moe, lin_a)
+
+
 def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
     """_layer_costs without recompute, whatever `lay` says, except that the dense and MoE
     phases' r is selective recompute's (the core attention forward) and activations come
@@ -672,7 +696,8 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
-    dense_comm = Phase(2 * tp_ar, 2 * tp_ar, zero, zero)
+    tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
+    dense_comm = Phase(tp_dense.f, tp_dense.b, zero, zero)
     host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
     dense_host = host.host_gap(host.host_time(hw, host_dense), dense, dense_comm)
     dense = dense + dense_host
@@ -702,9 +727,9 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_fwd = 2 * a2a_ex + call + on * (comm.skew(hw, attn.f + ovh.f / 2) + comm.skew(hw, experts.f + ovh.f / 2))
         a2a_bwd = 2 * a2a_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
                                      + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
-        moe_comm = Phase(tp_ar + a2a_fwd, tp_ar + a2a_bwd, zero, zero)
+        moe_comm = Phase(tp_moe.f + a2a_fwd, tp_moe.b + a2a_bwd, zero, zero)
         ovl = _a2a_off_stream(lay)
-        stream = Phase(tp_ar + np.where(ovl, 0.0, a2a_fwd), tp_ar + np.where(ovl, 0.0, a2a_bwd), zero, zero)
+        stream = Phase(tp_moe.f + np.where(ovl, 0.0, a2a_fwd), tp_moe.b + np.where(ovl, 0.0, a2a_bwd), zero, zero)
         # the dropless dispatcher's host sync: the GPU work after the layer's last expert issue
         # up to the next sync (the combine, unless overlapped, and the next layer's attention)
         # waits for that issue (host.host_gap)
