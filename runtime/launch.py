@@ -38,7 +38,7 @@ def check_supported(plan: Plan, world: int) -> None:
     micro-batch's backward, blocking it: never overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). Runtime features of other stacks that the planner can price
-    (expert_gemm other than grouped, a2a_overlap, fp8, cuda_graphs, expert_probs activation) and
+    (expert_gemm other than grouped, a2a_overlap, tp_comm_overlap, fp8, cuda_graphs, expert_probs activation) and
     multi-token prediction (model.mtp_layers) are refused: the comparison with the prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
@@ -75,6 +75,9 @@ def check_supported(plan: Plan, world: int) -> None:
     if lay.cuda_graphs:
         raise PiperError(f"plan.layout.cuda_graphs: piper-train runs eagerly and captures no CUDA graphs "
                          f"({list(lay.cuda_graphs)}); use cuda_graphs []")
+    if lay.tp_comm_overlap:
+        raise PiperError("plan.layout.tp_comm_overlap: piper-train runs its tensor-parallel collectives after "
+                         "the GEMMs, not pipelined with them; use tp_comm_overlap false")
     if plan.model.mtp_layers:
         raise PiperError(f"plan.model.mtp_layers: piper-train trains no multi-token-prediction module "
                          f"({plan.model.mtp_layers} in {plan.model.name}); plan a model with mtp_layers 0")

@@ -110,6 +110,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.expert_probs", "activation")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "cg.json", cuda_graphs=("attn",)))]),
                     "layout.cuda_graphs", "attn")
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tpo.json", tp_comm_overlap=True))]),
+                    "layout.tp_comm_overlap", "pipelined")
     mtp = load_model("tiny-moe").model_copy(update={"mtp_layers": 1})
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "mtp.json", model=mtp))]), "model.mtp_layers", "1")
     # ZeRO-2 reduces as autograd accumulates; torch's weight-split schedules accumulate by hand
