@@ -119,6 +119,9 @@ STACK_OPTIONS = [
         click.option("--a2a-overlap/--no-a2a-overlap", default=False, show_default=True,
                      help="hide each MoE all-to-all behind another micro-batch's compute (Megatron-Core "
                      "--overlap-moe-expert-parallel-comm)"),
+        click.option("--attention-fp8/--no-attention-fp8", default=False, show_default=True,
+                     help="fused attention in FP8 (Transformer Engine's fp8_dot_product_attention), at the hardware "
+                     "spec's efficiency.attention_fp8 speed-up"),
         click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=False, show_default=True,
                      help="pipeline the tensor-parallel all-gathers and reduce-scatters with the GEMMs beside them "
                      "(Megatron-Core --tp-comm-overlap, Transformer Engine's userbuffers)"),
@@ -222,7 +225,7 @@ def _layout_from(kw, model):
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
                   a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
-                  tp_comm_overlap=kw["tp_comm_overlap"],
+                  tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"])
 
@@ -300,7 +303,7 @@ def _space(kw, model, gpus):
                        schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                        ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
                        expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
-                       tp_comm_overlap=kw["tp_comm_overlap"],
+                       tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                        fp8=kw["fp8"], expert_probs=kw["expert_probs"],
                        cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
 

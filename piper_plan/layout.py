@@ -94,6 +94,9 @@ class Layout(BaseModel):
         False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
         "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "
         "overlaps)")
+    attention_fp8: bool = Field(
+        False, description="fused attention in FP8 (Transformer Engine's fp8_dot_product_attention), at the "
+        "hardware spec's efficiency.attention_fp8 speed-up over bf16 where it gives one")
     tp_comm_overlap: bool = Field(
         False, description="tensor-parallel all-gathers and reduce-scatters split into chunks and pipelined with "
         "the GEMM beside each (Megatron-Core --tp-comm-overlap: Transformer Engine's userbuffers), so they hide "

@@ -58,6 +58,7 @@ class SearchSpace:
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     a2a_sms: int | None = None    # Layout.a2a_sms (None: the hardware spec's overlap_comm_units)
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap (a runtime feature: TE's userbuffers)
+    attention_fp8: bool = False    # Layout.attention_fp8 (TE's fp8_dot_product_attention)
     fp8: str = "none"             # Layout.fp8: FP8 GEMMs (Transformer Engine recipes)
     expert_probs: str = "combine"  # Layout.expert_probs: where the routing probability scales a token
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
@@ -191,7 +192,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     cols = dict(gpus=N, tp=tp, pp=pp, dp=dp, ep=ep, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
-                tp_overlap=sp.tp_comm_overlap,
+                tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8,
                 fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=True,
                 split=SPLITS.index(sp.pipeline_split),

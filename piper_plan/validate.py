@@ -127,6 +127,7 @@ def _settings(row) -> dict:
     (Megatron-Bridge's performance recipes: bf16; Megatron-LM with --bf16: fp32 unless
     --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
     run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to);
+    attention_fp8 (yes where the recipe sets fp8_dot_product_attention: Layout.attention_fp8),
     tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
     the recipe runs Megatron-FSDP's optim_grads_params; blank: the distributed optimizer, ZeRO-1).
     Megatron-Core scales each routed token by its probability inside the experts' fused
@@ -145,6 +146,7 @@ def _settings(row) -> dict:
     # optim_grads_params everything (the csv's zero_stage 3)
     return dict(attention_kernel="flash", dropout=False, zero=_i(row.get("zero_stage"), 1),
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
+                attention_fp8=row.get("attention_fp8") == "yes",
                 grad_dtype=_grad_dtype(row),
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",

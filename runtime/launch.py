@@ -38,8 +38,9 @@ def check_supported(plan: Plan, world: int) -> None:
     micro-batch's backward, blocking it: never overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). Runtime features of other stacks that the planner can price
-    (expert_gemm other than grouped, a2a_overlap, tp_comm_overlap, fp8, cuda_graphs, expert_probs activation) and
-    multi-token prediction (model.mtp_layers) are refused: the comparison with the prediction would not hold."""
+    (expert_gemm other than grouped, a2a_overlap, tp_comm_overlap, fp8, attention_fp8, cuda_graphs,
+    expert_probs activation) and multi-token prediction (model.mtp_layers) are refused: the
+    comparison with the prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
@@ -75,6 +76,9 @@ def check_supported(plan: Plan, world: int) -> None:
     if lay.cuda_graphs:
         raise PiperError(f"plan.layout.cuda_graphs: piper-train runs eagerly and captures no CUDA graphs "
                          f"({list(lay.cuda_graphs)}); use cuda_graphs []")
+    if lay.attention_fp8:
+        raise PiperError("plan.layout.attention_fp8: piper-train runs its attention in layout.dtype, not FP8; "
+                         "use attention_fp8 false")
     if lay.tp_comm_overlap:
         raise PiperError("plan.layout.tp_comm_overlap: piper-train runs its tensor-parallel collectives after "
                          "the GEMMs, not pipelined with them; use tp_comm_overlap false")

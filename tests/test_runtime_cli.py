@@ -110,6 +110,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.expert_probs", "activation")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "cg.json", cuda_graphs=("attn",)))]),
                     "layout.cuda_graphs", "attn")
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "af8.json", attention_fp8=True))]),
+                    "layout.attention_fp8", "FP8")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tpo.json", tp_comm_overlap=True))]),
                     "layout.tp_comm_overlap", "pipelined")
     mtp = load_model("tiny-moe").model_copy(update={"mtp_layers": 1})

@@ -148,8 +148,11 @@ def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with
     assert [r["id"] for r in fsdp] == ["mb-llama8b-h100-fp8-2511"]
     assert all(r["zero_stage"] == "3" and "optim_grads_params" in r["notes"] for r in fsdp)
     assert V._settings(fsdp[0])["zero"] == 3
-    # tensor-parallel communication overlap: the column carries what the notes quote
+    # tensor-parallel communication overlap and FP8 attention: the columns carry what the notes quote
     assert all((r["tp_comm_overlap"] == "yes") == ("tp_comm_overlap=True" in r["notes"]) for r in rows)
+    fp8_attn = [r for r in rows if r["attention_fp8"] == "yes"]
+    assert len(fp8_attn) == 30 and all("fp8_dot_product_attention" in r["notes"] for r in fp8_attn)
+    assert all(V._settings(r)["attention_fp8"] for r in fp8_attn)
 
 
 def test_every_pipelined_megatron_row_says_how_its_layers_were_split(published):

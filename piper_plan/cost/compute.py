@@ -193,6 +193,11 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     adt = base_dtype(dtype)
     flash_f = flash_attention_time(hw, core_flops, adt, dqk, dv)  # causal: masked blocks skipped
     flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv)
+    if hw.efficiency.attention_fp8 and lay.attn_fp8.any():  # FP8 attention where measured (Layout.attention_fp8)
+        sf, sb = hw.efficiency.attention_fp8
+        ovh = hw.efficiency.kernel_overhead_us * 1e-6  # the launch is not faster in FP8
+        flash_f = np.where(lay.attn_fp8, (flash_f - ovh) / sf + ovh, flash_f)
+        flash_b = np.where(lay.attn_fp8, (flash_b - ovh) / sb + ovh, flash_b)
     if lay.eager.any():
         batch = lay.mbs * heads
         eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=adt, elt_bytes=eb)

@@ -514,7 +514,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
     key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout, lay.act_bytes,
-           lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap)
+           lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
     sub = lay.take(first1)

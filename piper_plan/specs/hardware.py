@@ -58,7 +58,7 @@ class Efficiency(_Optional):
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
                         "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory", "attention_head_dim",
-                        "attention_softmax_share", "sustained_matmul")
+                        "attention_softmax_share", "sustained_matmul", "attention_fp8")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -67,6 +67,9 @@ class Efficiency(_Optional):
         "(mxfp8, fp8_blockwise) where its block-scaled GEMMs run below the dtype's")
     gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
     attention: float = Field(..., gt=0, le=1, description="fused (flash) attention fraction of dense peak")
+    attention_fp8: Optional[tuple[float, float]] = Field(
+        None, description="FP8 fused attention's speed over bf16's, (forward, backward), at sequence 4096 "
+        "(Transformer Engine's fp8_dot_product_attention, Layout.attention_fp8); None: priced as bf16")
     attention_bwd: Optional[float] = Field(
         None, gt=0, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
         "forward's FLOPs (FlashAttention-2's five GEMMs to the forward's two); None: as `attention`")
