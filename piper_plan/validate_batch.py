@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .search import search
 from .specs import load_hardware, load_model
-from .validate import data_path, is_searched, searched_space
+from .validate import _spec, data_path, is_searched, searched_space
 from .validate_kernels import read_table
 
 # sequences per GPU per step: 1 is the least Piper's PP x EP mesh can run under 1F1B with one
@@ -40,10 +40,7 @@ def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = No
     for row in read_table(path or data_path()):
         if not is_searched(row) or (group and row["group"] != group):
             continue
-        key = (row["model_spec"], row["hardware_spec"])
-        if key not in specs:
-            specs[key] = (load_model(key[0]), load_hardware(key[1]))
-        m, hw = specs[key]
+        m, hw = _spec(specs, load_model, row["model_spec"]), _spec(specs, load_hardware, row["hardware_spec"])
         gpus = int(row["gpus"])
         space = searched_space(row)
         pred, lay = _best_tflops(m, hw, space)

@@ -176,10 +176,7 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     eb = lay.act_bytes
     d, H = m.hidden_size, m.num_heads
     up_proj = None  # MLA's up-projections (what mla_up_proj recompute re-runs)
-    if m.mla is not None:
-        dqk, dv = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim
-    else:
-        dqk = dv = m.hd
+    dqk, dv = m.qk_v_dims
     lin = _linears(hw, dtype, eb, *_attention_shapes(m, lay))
     ph = _sum(lin)
     if m.mla is not None:

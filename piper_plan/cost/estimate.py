@@ -138,10 +138,10 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # ---- chunks and representative ranks ----------------------------------------------
     chunks = lay.pp * lay.vpp
     # the partition reads only the chunk count and per-layer costs: compute it once per distinct pair
-    _, first, inv = distinct_rows(layer_row, chunks, lay.split, lay.sched >= 3)
+    v_shape = lay.sched >= 3  # zbv, dualpipev: rank 0 runs the first and the last chunk
+    _, first, inv = distinct_rows(layer_row, chunks, lay.split, v_shape)
     row = layer_row[first]
     x_first, x_last = _split_extras(lay.split[first], lc["x_first"][row], lc["x_last"][row])
-    v_shape = lay.sched >= 3
     cs = chunk_sizes(L, chunks[first], x_first, x_last, minimise=lay.split[first] == 0, v_shape=v_shape[first]).take(inv)
     vm1 = (lay.vpp - 1).astype(float)
     pp1 = lay.pp == 1

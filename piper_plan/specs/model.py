@@ -271,12 +271,18 @@ class ModelSpec(_Strict):
         three norms (hnorm, enorm, the module's final norm); embedding and head are shared."""
         return 2 * self.hidden_size * self.hidden_size + 3 * self.norm_params
 
+    def _mtp_block_params(self, experts_per_token: bool = False) -> int:
+        """One MTP module's block, a layer of the last layer's kind: all its experts, or with
+        `experts_per_token` the top-k a token touches."""
+        if not self.mtp_is_moe:
+            return self.dense_layer_params
+        experts = self.moe.top_k * self.expert_params if experts_per_token else self.moe_layer_expert_params
+        return self.moe_layer_nonexpert_params + experts
+
     @property
     def mtp_params(self) -> int:
         """All MTP modules: block + projection + norms each."""
-        block = (self.moe_layer_nonexpert_params + self.moe_layer_expert_params if self.mtp_is_moe
-                 else self.dense_layer_params)
-        return self.mtp_layers * (block + self.mtp_extra_params)
+        return self.mtp_layers * (self._mtp_block_params() + self.mtp_extra_params)
 
     @property
     def total_params(self) -> int:
@@ -291,12 +297,11 @@ class ModelSpec(_Strict):
         """Parameters touched by one token: top-k of the routed experts, embedding included
         (Mistral, Qwen and Meta count it so; DeepSeek and OpenAI leave the input embedding out)."""
         act_moe = 0 if self.moe is None else self.moe.top_k * self.expert_params
-        mtp_block = self.moe_layer_nonexpert_params + act_moe if self.mtp_is_moe else self.dense_layer_params
         return (
             self.num_dense_layers * self.dense_layer_params
             + self.num_moe_layers * (self.moe_layer_nonexpert_params + act_moe)
             + self.embedding_params + self.lm_head_params + self.norm_params
-            + self.mtp_layers * (mtp_block + self.mtp_extra_params)
+            + self.mtp_layers * (self._mtp_block_params(experts_per_token=True) + self.mtp_extra_params)
         )
 
     # ---- FLOPs (forward, per token, model FLOPs) -----------------------------------
@@ -364,10 +369,9 @@ class ModelSpec(_Strict):
         rows.append(dict(part="LM head" + (" (tied)" if self.tied_embeddings else ""), count=1,
                          params=self.lm_head_params, fwd_flops=2.0 * self.vocab_size * self.hidden_size))
         if self.mtp_layers:
-            block = self.mtp_params // self.mtp_layers - self.mtp_extra_params
             per_token = self.flops_per_token(s) / 3.0 - self._without_mtp().flops_per_token(s) / 3.0
             rows.append(dict(part="MTP module (block, projection, head again)", count=self.mtp_layers,
-                             params=block + self.mtp_extra_params, fwd_flops=per_token / self.mtp_layers))
+                             params=self.mtp_params // self.mtp_layers, fwd_flops=per_token / self.mtp_layers))
         return rows
 
     def _without_mtp(self) -> "ModelSpec":
