@@ -89,34 +89,19 @@ def new_shape_cost_us(dtype: str = "bf16", shapes: int = 200) -> tuple[float, fl
     return once(), once()
 
 
-REF_GEMMS = [("bf16", 128, 192, 64, 1), ("bf16", 128, 1024, 512, 1), ("bf16", 512, 512, 512, 1)]
-REF_STREAM = [2**22]
-
-
 def machine_speed(hw_name: str) -> float | None:
-    """How much slower this machine runs now than when the spec was calibrated: a few of
-    calibrate's own probes (piper-train's bf16 dense and MoE blocks, three bf16 GEMMs, one
-    DRAM stream; 8 ranks at once) re-run now, geometric mean of now / then over the probes.
-    None when the spec has no calibration record beside it."""
-    import json
+    """How much slower this machine runs now than when the spec was calibrated: geometric mean
+    of now / then over `piper-plan calibrate --check`'s sample of the spec's own probes (GEMMs
+    of each dtype, streams, piper-train's blocks; 8 ranks at once). None when the spec has no
+    calibration record beside it."""
+    from piper_plan.calibrate_check import check
+    from piper_plan.errors import PiperError
 
-    from piper_plan.calibrate_bench import BenchPlan, run_benchmarks
-    from piper_plan.specs.registry import _resolve
-
-    path = _resolve(hw_name, "hardware")
-    rec = path.with_name(path.stem + ".calibration.json")
-    if not rec.exists():
+    try:
+        rows = check(hw_name)["rows"]
+    except PiperError:
         return None
-    then = json.loads(rec.read_text())["measurements"]
-    plan = BenchPlan(gemm=REF_GEMMS, stream=REF_STREAM, attention=[], comm_sizes=[], comm_kinds=(),
-                     layers=("bf16",), window_s=0.3)
-    now = run_benchmarks(plan, 8, "cpu")
-
-    def key(fam, r):
-        return (fam,) + tuple(r[k] for k in ("dtype", "m", "n", "k", "groups", "kind", "nbytes") if k in r)
-    old = {key(f, r): r["seconds"] for f in ("gemm", "stream", "layers") for r in then.get(f, [])}
-    ratios = [r["seconds"] / old[key(f, r)] for f in ("gemm", "stream", "layers") for r in now[f] if key(f, r) in old]
-    return float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+    return float(np.exp(np.mean(np.log([r[3] for r in rows])))) if rows else None
 
 
 def run(hw_name: str, models: list[str], steps: int, warmup: int = 14, rounds: int = 2, drift: bool = True) -> dict:

@@ -215,7 +215,9 @@ def _device(choice: str) -> dict:
         info.update(name=p.name, accelerator_name=p.name, memory_gib=p.total_memory / 2**30,
                     compute_units=p.multi_processor_count, count=torch.cuda.device_count())
     else:
-        info.update(name=cpu_model(), compute_units=1, count=None)
+        # the vector ISA decides whether bf16 GEMMs run natively (calibrate --check prints it)
+        info.update(name=cpu_model(), compute_units=1, count=None,
+                    cpu_capability=torch.backends.cpu.get_cpu_capability())
     return info
 
 
@@ -398,9 +400,21 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
 @click.option("--name", default=None, help="spec name (default: the output file's stem, else the base's)")
 @click.option("--timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
               help="collective timeout per rank, s (a deadlock fails after this)")
-def calibrate_cmd(output, base, ranks, device, quick, smoke, name, timeout):
+@click.option("--check", "check_spec", default=None, metavar="SPEC",
+              help="measure nothing new: re-run a sample of SPEC's recorded probes (a spec written by calibrate -o, "
+                   "e.g. cpu-local) and compare; exit 1 when this machine differs from the one it was measured on")
+def calibrate_cmd(output, base, ranks, device, quick, smoke, name, timeout, check_spec):
     """Micro-benchmark this machine (GEMM, streaming, attention, collectives) and fit a hardware YAML."""
     kind = "smoke" if smoke else "quick" if quick else "full"
+    if check_spec is not None:
+        from .calibrate_check import check, report
+        try:
+            r = check(check_spec, timeout=timeout)
+        except PiperError as e:
+            click.echo(str(e), err=True)
+            sys.exit(e.exit_code)
+        report(r)
+        sys.exit(0 if r["ok"] else 1)
     try:
         r = calibrate(output=output, base=base, ranks=ranks, device=device, kind=kind, name=name, timeout=timeout)
     except PiperError as e:

@@ -181,10 +181,27 @@ class Reporter:
                                f"ratio {r_a2a}", highlight=False)
             self.console.print(f"memory: peak RSS {rss:.3f} GiB per rank (whole process), predicted peak "
                                f"{p_mem:.3f} GiB, ratio {rss / p_mem:.2f}", highlight=False)
+            hint = machine_hint(self.plan, meas / pred)
+            if hint:
+                self.console.print(hint, highlight=False)
         else:
             self.console.print(f"step time: measured {meas * 1e3:.1f} ms; the plan has no prediction "
                                f"(plan.predicted is empty)", highlight=False)
         return summary
+
+
+def machine_hint(plan: Plan, ratio: float, tolerance: float = 1.5) -> Optional[str]:
+    """What to run when measured/predicted step time is off by more than `tolerance`: a spec
+    that `piper-plan calibrate` measured can be checked against this machine (the usual cause
+    is another host: a CPU without bf16 instructions runs bf16 GEMMs tens of times slower)."""
+    if 1 / tolerance <= ratio <= tolerance:
+        return None
+    hw = plan.hardware
+    if "piper-plan calibrate" in hw.source:
+        return (f"the plan was priced with {hw.name}, measured on a machine by `piper-plan calibrate`: "
+                f"`piper-plan calibrate --check {hw.name}` (or the spec's path) tells whether this is that machine")
+    return (f"the plan was priced with {hw.name}'s efficiencies; on this machine `piper-plan calibrate --quick -o "
+            "my.yaml` measures its own")
 
 
 class PhaseClock:
