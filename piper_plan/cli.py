@@ -636,7 +636,20 @@ def _show_batch_scan(group, as_json):
         t.add_row(r["id"], str(r["gpus"]), f"{r['published']:g}",
                   f"{d['global_batch']}: {cell(d['predicted'], r['published'])}",
                   *(cell(s["predicted"], r["published"]) for s in r["scan"]), "yes" if r["inside"] else "no")
-    report.show([t])
+    tables = [t]
+    rel = [r for r in rows if "relative" in r]
+    if rel:
+        w = Table(title="weak scaling: each run's TFLOPS per GPU over its series' smallest run's, at the same "
+                        "sequences per GPU (the batch the runs share cancels)")
+        for c in ("id", "GPUs", "over", "published", *(f"{k} seq/GPU" for k in PER_GPU)):
+            w.add_column(c)
+        for r in rel:
+            x = r["relative"]
+            w.add_row(r["id"], str(r["gpus"]), x["to"], f"{x['published']:.3f}",
+                      *("-" if v is None else f"{v:.3f} ({100 * (v / x['published'] - 1):+.0f}%)"
+                        for v in x["predicted"]))
+        tables.append(w)
+    report.show(tables)
 
 
 def _register_optional():

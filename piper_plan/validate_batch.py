@@ -21,6 +21,9 @@ from .validate_kernels import read_table
 # sequence a micro-batch (M = PP micro-batches on each of the EP = GPUs/PP pipelines), 16 is
 # what the default 4M-token batch gives the 110B weak-scaling run at 64 GCDs
 PER_GPU = (1, 2, 4, 8, 16)
+# groups that are weak-scaling series: the work per GPU is the same in every run, so at any one
+# batch per GPU the ratio of a run's throughput to the smallest run's needs no batch at all
+WEAK_SCALING = ("piper2026-weak-scaling",)
 
 
 def _best_tflops(m, hw, space) -> tuple[float | None, str]:
@@ -55,4 +58,21 @@ def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = No
                     "default": {"global_batch": space.global_batch, "predicted": pred, "layout": lay},
                     "scan": scan, "low": low, "high": high,
                     "inside": vals != [] and low <= pub <= high})
+    _weak_scaling(out)
     return out
+
+
+def _weak_scaling(rows: list[dict]) -> None:
+    """Give each row of a WEAK_SCALING group `relative`: its published TFLOPS per GPU over its
+    series' smallest run's, and the predicted one at each batch per GPU of the scan (None
+    where either run has no plan). The unpublished batch moves a run's level by up to 1.8x
+    (the scan); it moves this ratio far less, so the ratio tests the cost of scaling out."""
+    for g in WEAK_SCALING:
+        fam = sorted((r for r in rows if r["group"] == g), key=lambda r: r["gpus"])
+        if len(fam) < 2:
+            continue
+        base = fam[0]
+        for r in fam:
+            pred = [None if a["predicted"] is None or b["predicted"] is None else a["predicted"] / b["predicted"]
+                    for a, b in zip(r["scan"], base["scan"])]
+            r["relative"] = {"to": base["id"], "published": r["published"] / base["published"], "predicted": pred}

@@ -37,3 +37,14 @@ def test_cli_prints_the_scan_as_json():
     rows = json.loads(res.output)
     assert [r["id"] for r in rows] == ["piper-f13-small", "piper-f13-medium", "piper-f13-large", "piper-f13-super"]
     assert all(len(r["scan"]) == len(PER_GPU) for r in rows)
+
+
+def test_weak_scaling_cost_of_scaling_out_holds_at_every_batch_per_gpu():
+    """At one batch per GPU the series' runs share (whatever it was), each run's throughput over
+    the 64-GCD run's is within 15 % of Piper's: 0.872 at 512 GCDs and 0.732 at 1,024."""
+    rel = {r["id"]: r["relative"] for r in batch_scan(group="piper2026-weak-scaling")}
+    assert rel["piper-ws-110b"]["predicted"] == [1.0] * len(PER_GPU)
+    for rid in ("piper-ws-862b", "piper-ws-1.7t"):
+        x = rel[rid]
+        assert x["to"] == "piper-ws-110b" and x["published"] < 1
+        assert all(abs(v / x["published"] - 1) <= 0.15 for v in x["predicted"]), (rid, x)
