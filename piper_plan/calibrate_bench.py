@@ -49,6 +49,12 @@ class BenchPlan:
     pipelines: list = field(default_factory=list)
     pipeline_steps: int = 16
     optimizer_tensors: int = 0  # parameter tensors of the eager-optimizer probe (0: skip)
+    # how a GEMM point is timed: "train" = the three GEMMs training runs per linear layer
+    # (forward x·Wᵀ, input gradient g·W, weight gradient gᵀ·x; grouped: the runtime's grouped_mm
+    # and its backward), per GEMM; "matmul" = one a·b of row-major operands (records before
+    # "train"; calibrate --check repeats whichever a record used). The layouts can differ a
+    # lot: bf16 on a 2-core AVX2 host, 512x1024x512, measured 73 / 518 / 34 ms
+    gemm_probe: str = "train"
 
     def comm_groups(self, ranks: int) -> list[int]:
         """Group sizes measured: every n ≥ 2 that divides the rank count."""
@@ -206,7 +212,10 @@ class _Timer:
                 return t / n
 
 
-def _gemm_fn(torch, dev, dt, m, n, k, g):
+def _gemm_fn(torch, dev, dt, m, n, k, g, probe: str = "matmul"):
+    """A callable running the GEMM point (dt, m, n, k, g) the way `probe` says (BenchPlan.gemm_probe)."""
+    if probe == "train":
+        return _train_gemm_fn(torch, dev, _dtype(torch, dt), m, n, k, g)
     a = torch.randn(g * m, k, device=dev).to(_dtype(torch, dt))
     if g == 1:
         b = torch.randn(k, n, device=dev).to(_dtype(torch, dt))
@@ -216,6 +225,23 @@ def _gemm_fn(torch, dev, dt, m, n, k, g):
     grouped = torch.nn.functional.grouped_mm
     grouped(a, b, offs=offs)  # raises here (not mid-timing) when this build/dtype lacks it
     return lambda: grouped(a, b, offs=offs)
+
+
+def _train_gemm_fn(torch, dev, dt, m, n, k, g):
+    """Forward and backward of what piper-train runs: a linear layer (weight n x k, as
+    nn.Linear stores it) or, for g groups, grouped_mm over expert weights g x k x n (runtime/moe/
+    experts.py); gradients returned, not accumulated. Three GEMMs of 2·g·m·n·k FLOPs each."""
+    x = torch.randn(g * m, k, device=dev).to(dt).requires_grad_()
+    go = torch.randn(g * m, n, device=dev).to(dt)
+    grad = torch.autograd.grad
+    if g == 1:
+        w = torch.randn(n, k, device=dev).to(dt).requires_grad_()
+        return lambda: grad(torch.nn.functional.linear(x, w), (x, w), go)
+    w = torch.randn(g, k, n, device=dev).to(dt).requires_grad_()
+    offs = torch.arange(1, g + 1, device=dev, dtype=torch.int32) * m
+    grouped = torch.nn.functional.grouped_mm
+    grad(grouped(x, w, offs=offs), (x, w), go)  # raises here (not mid-timing) when this build/dtype lacks it
+    return lambda: grad(grouped(x, w, offs=offs), (x, w), go)
 
 
 def _comm_fn(torch, dist, dev, kind, rank, n, sub, numel):
@@ -277,11 +303,12 @@ def _compute(torch, dev, plan, tick, timer) -> dict:
     res: dict[str, list] = {"gemm": [], "stream": [], "attention": []}
     for dt, m, n, k, g in plan.gemm:
         try:
-            fn = _gemm_fn(torch, dev, dt, m, n, k, g)
+            fn = _gemm_fn(torch, dev, dt, m, n, k, g, plan.gemm_probe)
         except (AttributeError, RuntimeError, NotImplementedError, TypeError):
             fn = None  # grouped_mm missing for this build/dtype: the same outcome on every rank
         if fn is not None:
-            res["gemm"].append({"dtype": dt, "m": m, "n": n, "k": k, "groups": g, "seconds": timer(fn)})
+            per = 3 if plan.gemm_probe == "train" else 1  # seconds per GEMM of the point's shape
+            res["gemm"].append({"dtype": dt, "m": m, "n": n, "k": k, "groups": g, "seconds": timer(fn) / per})
         tick(f"gemm {dt} {g}×{m}×{n}×{k}")
     for numel in plan.stream:
         a, b, c = (torch.ones(numel, device=dev) for _ in range(3))

@@ -58,7 +58,8 @@ def sample_plan(rec: dict) -> BenchPlan:
             for g in _spread([g for g in gemms if g[0] == dt], key=lambda g: g[1] * g[2] * g[3], top=False)]
     stream = sorted(set(_spread(list(p.get("stream", [])), key=lambda n: n)[1:]))
     return BenchPlan(gemm=gemm, stream=stream, attention=[], comm_sizes=[], comm_kinds=(),
-                     layers=tuple(p.get("layers", ())), window_s=float(p.get("window_s", 0.3)))
+                     layers=tuple(p.get("layers", ())), window_s=float(p.get("window_s", 0.3)),
+                     gemm_probe=p.get("gemm_probe", "matmul"))  # time GEMMs as the record did
 
 
 def _key(family: str, r: dict) -> tuple:

@@ -177,6 +177,7 @@ def test_smoke_run_on_two_ranks_writes_loadable_yaml(tmp_path):
     assert {c["n"] for c in m["comm"]} == {2}
     assert all(p["seconds"] > 0 for f in m for p in m[f])
     assert rec["timestamp"] and rec["residuals"]["gemm_fp32"]["points"] == 3
+    assert rec["plan"]["gemm_probe"] == "train"  # GEMMs timed in the layouts training runs them
     # piper-train ran the pipeline probe under every schedule; the multi-chunk ones got a cost
     assert [p["schedule"] for p in m["pipelines"]] == ["1f1b", "interleaved", "zbv", "dualpipev"]
     assert [p["vpp"] for p in m["pipelines"]] == [1, 2, 2, 2]
