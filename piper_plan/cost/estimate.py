@@ -231,12 +231,14 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp)
     t_dp, t_opt = t_dp + host_dp, t_opt + host_opt
 
-    rpc = hw.accelerator.ranks_per_core
-    if rpc > 1:  # ranks share cores (Accelerator.ranks_per_core): the critical path runs at the
-        # spec's full-load rates, since a woken rank competes with the busy ones for a core even
-        # in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x summed CPU / cores), and
-        # the step is at least the mean busy time per rank (summed CPU / cores)
-        t_pipe = np.maximum(t_pipe, M * total_sum / lay.pp)
+    share = core_share(hw, lay)
+    if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
+        # critical path runs at the spec's full-load rates, since a woken rank competes with the
+        # busy ones for a core even in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x
+        # summed CPU / cores), and the step is at least the mean busy time per rank (summed CPU /
+        # cores); a layout with at most a rank a core shares nothing
+        shared = share * hw.accelerator.ranks_per_core > 1
+        t_pipe = np.where(shared, np.maximum(t_pipe, M * total_sum / lay.pp), t_pipe)
     # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
     t_mig = np.zeros(n)
     mig = routing.migration
@@ -247,7 +249,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
         t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
     # the first reduction after the pipeline waits for the rank the whole pipeline left last
     t_dp = t_dp + np.where((lay.dp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
-    step = t_pipe + t_dp + t_opt + t_mig
+    step = (t_pipe + t_dp + t_opt + t_mig) * share
 
     # ---- memory per representative rank ------------------------------------------------
     mem, peak, stage_of = _memory(m, hw, lay, roles, has_head, has_mid, P_rep, P_exp, edp, lc, M)
@@ -270,12 +272,29 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     host_step = M * (nd_p * lc["dense_host"] + nm_p * lc["moe_host"])
     compute_step = M * (comp_total + pick(slow_of)) - host_step
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
-    time = {"compute": compute_step, "host": host_step, "a2a": a2a_step, "tp_comm": np.maximum(tp_step, 0.0),
-            "p2p": p2p_step, "bubble": bubble, "dp_comm": t_dp, "optimizer": t_opt, "migration": t_mig,
-            "total": step}
+    time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
+                                      ("tp_comm", np.maximum(tp_step, 0.0)), ("p2p", p2p_step), ("bubble", bubble),
+                                      ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
+    time["total"] = step
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
                     mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
                     chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]})
+
+
+def core_share(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
+    """Time factor for a CPU spec measured with ranks sharing cores (Accelerator.ranks_per_core
+    > 1: its rates are per rank with gpus_per_node ranks busy on gpus_per_node / ranks_per_core
+    cores) on a layout with fewer ranks a node: under time-sharing each rank's CPU-bound work
+    runs ranks-per-core times slower, so a layout with r local ranks runs at
+    max(r / cores, 1) / ranks_per_core of the spec's times (a one-thread rank cannot use more
+    than a core). 1 for GPUs and for full nodes. Measured: tiny-moe on 4 of a 2-core host's
+    ranks (spec calibrated with 8) ran 0.5-0.6 of the unscaled prediction."""
+    rpc = hw.accelerator.ranks_per_core
+    if rpc <= 1:
+        return np.ones(len(lay))
+    cores = hw.gpus_per_node / rpc
+    local = np.minimum(lay.gpus, hw.gpus_per_node).astype(float)
+    return np.maximum(local / cores, 1.0) / rpc
 
 
 def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, P_rep: dict,

@@ -28,7 +28,8 @@ class Accelerator(_Optional):
         1.0, ge=1, description="CPU ranks only: local ranks per physical core (ranks / cores) when ranks share "
         "cores. The rates of such a spec are per rank with every rank busy, so time one rank spends idle (a "
         "pipeline bubble) can run the others; >1 makes the step max(critical path at these rates, mean busy "
-        "time per rank). 1: a rank owns its device (GPUs)")
+        "time per rank); a layout with fewer ranks a node than gpus_per_node runs each at a larger share of a "
+        "core (cost.estimate.core_share). 1: a rank owns its device (GPUs)")
     expert_row_multiple: int = Field(
         1, ge=1, description="the runtime pads each local expert's routed rows with zero rows to a multiple of "
         "this before its GEMMs (piper-train on CPU ranks: 16, so the CPU GEMM library, which builds a kernel "
