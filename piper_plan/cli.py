@@ -285,6 +285,9 @@ def search_options(fn):
                      "--recompute-modules: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts); "
                      "repeat to try several sets, each a choice of its own (piper-train runs core_attn only)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
+        click.option("--runtime", type=click.Choice(["any", "piper-train"]), default="any", show_default=True,
+                     help="piper-train: only plans the bundled runtime runs, priced as it runs them (eager modules, "
+                     "ZeRO 0-2, gradients reduced after the pipeline)"),
         *STACK_OPTIONS,
     ]
     for o in reversed(opts):
@@ -293,19 +296,20 @@ def search_options(fn):
 
 
 def _space(kw, model, gpus):
-    from .search import SearchSpace, default_global_batch
+    from .search import SearchSpace, default_global_batch, for_runtime
 
     seq = kw["seq"] or model.seq_len
     gbs = kw["global_batch"] or default_global_batch(seq)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     selective = tuple(_modules(text, "--selective") for text in kw["selective"])
-    return SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
-                       schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
-                       ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                       expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
-                       tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
-                       fp8=kw["fp8"], expert_probs=kw["expert_probs"],
-                       cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
+    sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
+                     schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
+                     ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
+                     expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
+                     tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
+                     fp8=kw["fp8"], expert_probs=kw["expert_probs"],
+                     cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
+    return for_runtime(sp, kw.get("runtime", "any"))
 
 
 def _load_for_search(kw):

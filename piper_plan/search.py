@@ -63,9 +63,43 @@ class SearchSpace:
     expert_probs: str = "combine"  # Layout.expert_probs: where the routing probability scales a token
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
     pipeline_split: str = "balanced"  # Layout.pipeline_split: how the runtime splits layers into chunks
+    overlap_grad_reduce: bool = True  # Layout.overlap_grad_reduce
+    runtime: str = "any"  # "piper-train": only what it runs (for_runtime); adds its ZeRO-2 schedule rule
 
     def __post_init__(self):
         check_stack(self.expert_probs, self.fused_kernels)  # the rule check_layout applies to one layout
+
+
+RUNTIMES = ("any", "piper-train")
+
+
+def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:
+    """`sp` cut to what `runtime` executes and priced as it executes it. "piper-train" (the
+    bundled runtime, runtime/launch.check_supported): eager modules (fused_kernels False), ZeRO
+    0-2 (ZeRO-2 not with zbv / dualpipev), gradients reduced after the pipeline (no overlap),
+    flat or HALO all-to-all, selective recompute of the attention core only, bf16 or fp32, and
+    none of the other stacks' features. A request it cannot run raises PiperError naming the
+    option; "any" returns `sp` unchanged."""
+    from dataclasses import replace
+
+    from .errors import PiperError
+
+    if runtime == "any":
+        return sp
+    if runtime != "piper-train":
+        raise PiperError(f"--runtime: {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    refuse = {"--dtype fp16 (piper-train does no loss scaling)": sp.dtype == "fp16",
+              f"--fp8 {sp.fp8}": sp.fp8 != "none", "--a2a dedup": "dedup" in sp.a2as and len(sp.a2as) == 1,
+              "--tp-comm-overlap": sp.tp_comm_overlap, "--attention-fp8": sp.attention_fp8,
+              "--a2a-overlap": sp.a2a_overlap, "--cuda-graphs": bool(sp.cuda_graphs),
+              "--expert-probs activation": sp.expert_probs != "combine",
+              f"--expert-gemm {sp.expert_gemm}": sp.expert_gemm != "grouped",
+              "--selective other than core_attn": any(tuple(m) != ("core_attn",) for m in sp.selective)}
+    bad = [k for k, v in refuse.items() if v]
+    if bad:
+        raise PiperError(f"--runtime piper-train: it cannot run {bad[0]}")
+    return replace(sp, fused_kernels=False, overlap_grad_reduce=False, zeros=tuple(z for z in sp.zeros if z <= 2),
+                   a2as=tuple(a for a in sp.a2as if a != "dedup"), runtime=runtime)
 
 
 @dataclass
@@ -184,6 +218,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     halo = on(a2 == 1, 2)
     rule("duplicate (halo inside one node equals flat)", halo & per_pl(~spans_nodes))
     rule("duplicate (halo with one EP member per node equals flat)", halo & per_pl(per_node <= 1))
+    if sp.runtime == "piper-train":  # its ZeRO-2 reduces in autograd hooks: no weight-split schedule
+        rule("piper-train: ZeRO-2 with zbv or dualpipev", on(zs == 2, 1) & on(s_idx >= 3, 4))
     if sp.paper_mesh:
         rule("not the paper's PP x EP mesh (tp=1, ep=dp)", on((tp != 1) | (ep != dp), 4))
     if sp.ep_in_domain:
@@ -194,7 +230,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8,
                 fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation",
-                graphs=graph_bits(sp.cuda_graphs), overlap=True,
+                graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce,
                 split=SPLITS.index(sp.pipeline_split),
                 act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4)
     if headroom_gib is not None:

@@ -228,7 +228,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     T_exp = nm_p * nt["moe_experts"]
     params = RankParams(pick(P_rep), pick(P_exp), _owned(lay, grp["edp"], T_rep, T_exp))
     t_dp, t_opt = _dp_time(hw, lay, grp, params, eb, PipeWindow(F, B, W, M))
-    host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp)
+    host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp, M)
     t_dp, t_opt = t_dp + host_dp, t_opt + host_opt
 
     share = core_share(hw, lay)
@@ -351,19 +351,24 @@ def _owned(lay: LayoutBatch, edp, rep, exp):
     return np.where(sharded, rep / np.maximum(lay.dp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
 
 
-def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t):
+def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M):
     """(reduction, optimizer) seconds per step of an eager optimizer's per-tensor host work
     (Efficiency.optimizer_tensor_us) on a rank holding rep_t replicated and exp_t expert
     parameter tensors: AdamW and the norm per owned tensor (its ZeRO share of each group),
     clip scale and ÷dp per held gradient, and a copy out of the flat buffer per tensor of a
-    group of two or more, once for the reduction and, with ZeRO, once for the gather. Fused
-    layouts (multi-tensor kernels): zero."""
+    group of two or more, once for the reduction and, with ZeRO, once for the gather; under
+    ZeRO-2, piper-train's reduction hook issues one collective per such tensor and micro-batch
+    (runtime/optim.py: dist.reduce to the tensor's owner), each paying the per-call cost
+    (Efficiency.collective_overhead_us). Fused layouts (multi-tensor kernels, bucketed
+    reductions): zero."""
     us = hw.efficiency.optimizer_tensor_us
     edp = np.asarray(edp, float)
-    copies = (rep_t * (lay.dp > 1) + exp_t * (edp > 1)) * us.get("copy", 0.0) * 1e-6
+    held = rep_t * (lay.dp > 1) + exp_t * (edp > 1)  # tensors with a replication group
+    copies = held * us.get("copy", 0.0) * 1e-6
     t_opt = (_owned(lay, edp, rep_t, exp_t) * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)) * 1e-6
     t_opt = t_opt + np.where(lay.zero >= 1, copies, 0.0)  # the ZeRO gather's copies
-    return np.where(lay.unfused, copies, 0.0), np.where(lay.unfused, t_opt, 0.0)
+    calls = np.where(lay.zero == 2, M * held, 0.0) * hw.efficiency.collective_overhead_us * 1e-6
+    return np.where(lay.unfused, copies + calls, 0.0), np.where(lay.unfused, t_opt, 0.0)
 
 
 @dataclass

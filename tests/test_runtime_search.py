@@ -1,0 +1,45 @@
+"""`piper-plan search --runtime piper-train`: only plans the bundled runtime runs, priced as it
+runs them."""
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.cli import main
+from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.estimate import _tensor_host_time
+from piper_plan.layout import Layout
+from piper_plan.search import SearchSpace, for_runtime, search
+from piper_plan.specs.registry import load_hardware, load_model
+
+
+def test_every_ranked_plan_is_one_piper_train_accepts():
+    m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    res = search(m, hw, for_runtime(SearchSpace(gpus=8, global_batch=32, seq=64), "piper-train"))
+    lays = [res.batch.layout(int(i)) for i in res.order]
+    assert lays
+    assert all(not x.fused_kernels and not x.overlap_grad_reduce and x.zero <= 2 and x.a2a in ("flat", "halo")
+               for x in lays)
+    assert not any(x.zero == 2 and x.schedule in ("zbv", "dualpipev") for x in lays)
+    assert any(x.schedule == "zbv" for x in lays)  # the schedules themselves stay (with ZeRO 0-1)
+
+
+def test_the_default_runtime_leaves_the_space_alone():
+    sp = SearchSpace(gpus=8, global_batch=32, seq=64)
+    assert for_runtime(sp, "any") is sp
+
+
+def test_a_feature_piper_train_lacks_is_a_one_line_error():
+    r = CliRunner().invoke(main, ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--runtime",
+                                  "piper-train", "--fp8", "mxfp8"])
+    assert r.exit_code == 2
+    assert r.output.strip() == "error: --runtime piper-train: it cannot run --fp8 mxfp8"
+
+
+def test_piper_train_zero2_pays_a_collective_call_per_replicated_tensor_and_micro_batch():
+    hw = load_hardware("cpu-local")
+    lays = from_layouts([Layout(gpus=4, dp=4, global_batch=16, seq=64, mbs=1, zero=z, fused_kernels=False)
+                         for z in (1, 2)])
+    rep_t, exp_t, M = np.array([40.0, 40.0]), np.array([9.0, 9.0]), np.array([4.0, 4.0])
+    red, _ = _tensor_host_time(hw, lays, np.array([4, 4]), rep_t, exp_t, M)
+    # ep 1: experts replicate over all 4 ranks too; 49 tensors x 4 micro-batches, one call each
+    assert red[1] - red[0] == pytest.approx(4 * 49 * hw.efficiency.collective_overhead_us * 1e-6)
