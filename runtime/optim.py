@@ -16,8 +16,11 @@ torch.distributed.checkpoint keyed per logical expert. Sharding is by whole para
 its parameters), steps them and broadcasts the new values to its group. ZeRO-2 also
 shards gradients, as DeepSpeed's stage 2 does and as the planner prices it (a reduction per
 micro-batch, only the owner's share kept between micro-batches): a hook on each parameter
-reduces its gradient to the owner (dist.reduce) as each micro-batch's backward accumulates it,
-the owner adds it to its running sum and every rank drops the gradient. Two kinds wait for the
+hands its gradient to a bucket -- the parameters of one chunk, replication group and owner --
+and drops it; when a micro-batch's backward has filled the bucket, its gradients go to the owner
+as one flat dist.reduce (DeepSpeed buckets likewise), and the owner adds them to its running sums.
+One call a bucket rather than a tensor: tiny-moe on 4 CPU ranks had ZeRO-2 at 570 ms a step
+against ZeRO-0's 324 with one call a tensor. Two kinds wait for the
 step: tp-partial gradients (summed over tp first) and the tied embedding (summed over its two
 stages first, which run their backwards at different times). Replicas run the same schedule,
 so their hooks issue the same reductions in the same order."""
@@ -61,8 +64,11 @@ class DistOptimizer:
     around it. named: (global name, parameter) of this rank's chunks, deduplicated."""
 
     def __init__(self, named: list[tuple[str, torch.nn.Parameter]], groups: Groups, dp: int, zero: int,
-                 lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8):
-        """zero: 0 (replicated AdamW), 1 (sharded state) or 2 (sharded state and gradients)."""
+                 lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8,
+                 chunk_of: dict[str, int] | None = None):
+        """zero: 0 (replicated AdamW), 1 (sharded state) or 2 (sharded state and gradients).
+        chunk_of: parameter name -> the local chunk it belongs to (ZeRO-2 buckets never span
+        chunks, whose backwards interleave across micro-batches; default: one chunk)."""
         self.groups, self.dp, self.zero = groups, dp, int(zero)
         self.infos: list[PInfo] = []
         by_group: dict[str, list[tuple[str, torch.Tensor]]] = {"dp": [], "edp": []}
@@ -84,9 +90,15 @@ class DistOptimizer:
         self.opt = make_adamw([i.param for i in self.owned], lr, weight_decay, betas, eps)
         self._sums: dict[int, torch.Tensor] = {}  # ZeRO-2: id(param) -> the owner's reduced sum so far
         self.hooked = {id(i.param) for i in self.infos if self._per_microbatch(i)}
+        # ZeRO-2 buckets: (chunk, expert group?, owner) -> its parameters (in name order, the same
+        # on every replica), and the gradients a bucket holds until the backward has filled it
+        self._buckets: dict[tuple, list[PInfo]] = {}
+        self._pending: dict[tuple, dict[int, torch.Tensor]] = {}
         for i in self.infos:
             if id(i.param) in self.hooked:
-                i.param.register_post_accumulate_grad_hook(self._reduce_hook(i))
+                key = ((chunk_of or {}).get(i.name, 0), i.expert, i.owner)
+                self._buckets.setdefault(key, []).append(i)
+                i.param.register_post_accumulate_grad_hook(self._reduce_hook(key))
 
     def _per_microbatch(self, i: PInfo) -> bool:
         """ZeRO-2 reduces this gradient as each micro-batch's backward accumulates it (module
@@ -94,28 +106,46 @@ class DistOptimizer:
         tied = self.groups.emb is not None and i.name == "embed.weight"
         return self.zero >= 2 and len(i.group_ranks) > 1 and not is_partial(i.param) and not tied
 
-    def _reduce_hook(self, i: PInfo):
-        me = dist.get_rank()
-
+    def _reduce_hook(self, key: tuple):
         def hook(p: torch.Tensor) -> None:
-            g = p.grad
-            dist.reduce(g, dst=i.owner, group=i.group)
-            if me == i.owner:
-                s = self._sums.get(id(p))
-                self._sums[id(p)] = g if s is None else s.add_(g)
+            pend = self._pending.setdefault(key, {})
+            if id(p) in pend:  # a backward left the bucket short (a parameter it did not reach)
+                self._flush(key)
+                pend = self._pending.setdefault(key, {})
+            pend[id(p)] = p.grad
             p.grad = None  # the next micro-batch accumulates afresh
+            if len(pend) == len(self._buckets[key]):
+                self._flush(key)
         return hook
+
+    def _flush(self, key: tuple) -> None:
+        """Reduce a bucket's held gradients to its owner as one flat buffer; the owner adds
+        them to its sums. Replicas fill and flush their buckets in the same order."""
+        pend = self._pending.pop(key, None)
+        if not pend:
+            return
+        members = [i for i in self._buckets[key] if id(i.param) in pend]
+        grads = [pend[id(i.param)] for i in members]
+        flat = _flatten_dense_tensors(grads)
+        dist.reduce(flat, dst=key[2], group=members[0].group)
+        if dist.get_rank() == key[2]:
+            for i, g in zip(members, _unflatten_dense_tensors(flat, grads)):
+                s = self._sums.get(id(i.param))
+                self._sums[id(i.param)] = g if s is None else s.add_(g)
 
     # ---- gradients -----------------------------------------------------------------------
     def zero_grad(self) -> None:
         for i in self.infos:
             i.param.grad = None
         self._sums.clear()
+        self._pending.clear()
 
     def reduce_grads(self) -> None:
         """Sum the tied embedding's two copies, then sum over replication groups (÷ dp);
         with ZeRO-2 only each gradient's owner keeps the sum."""
         me = dist.get_rank()
+        for key in sorted(self._pending):  # buckets some backward left short
+            self._flush(key)
         for i in self.infos:
             if id(i.param) in self.hooked:  # reduced micro-batch by micro-batch (_reduce_hook)
                 if i.param.grad is not None:  # accumulated outside autograd: a hook never saw it

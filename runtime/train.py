@@ -75,13 +75,14 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
     ctx = build_ctx(plan, cfg, groups)
     chunks = build_local_chunks(plan, groups.pp_rank, ctx, cfg.seed, device)
     pipe = Pipeline(plan, chunks, groups.pp, device, loss_for(ctx.tp))
-    named, seen = [], set()
-    for c in chunks.values():
+    named, seen, chunk_of = [], set(), {}
+    for ci, c in chunks.items():
         for n, p in c.named_parameters():
             if id(p) not in seen:
                 seen.add(id(p))
                 named.append((n, p))
-    opt = DistOptimizer(named, groups, lay.dp, lay.zero, cfg.lr, cfg.weight_decay)
+                chunk_of[n] = ci
+    opt = DistOptimizer(named, groups, lay.dp, lay.zero, cfg.lr, cfg.weight_decay, chunk_of=chunk_of)
     start = checkpoint.load(cfg.checkpoint, opt, chunks) if cfg.resume else 0
     source = make_source(plan.model.vocab_size, lay.seq, cfg.seed, cfg.data, cfg.data_dtype)
     rep = metrics.Reporter(plan, cfg.metrics, cfg.log_every)

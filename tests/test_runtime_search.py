@@ -35,11 +35,14 @@ def test_a_feature_piper_train_lacks_is_a_one_line_error():
     assert r.output.strip() == "error: --runtime piper-train: it cannot run --fp8 mxfp8"
 
 
-def test_piper_train_zero2_pays_a_collective_call_per_replicated_tensor_and_micro_batch():
+def test_piper_train_zero2_pays_a_call_per_bucket_and_a_copy_per_tensor_each_micro_batch():
     hw = load_hardware("cpu-local")
     lays = from_layouts([Layout(gpus=4, dp=4, global_batch=16, seq=64, mbs=1, zero=z, fused_kernels=False)
                          for z in (1, 2)])
     rep_t, exp_t, M = np.array([40.0, 40.0]), np.array([9.0, 9.0]), np.array([4.0, 4.0])
     red, _ = _tensor_host_time(hw, lays, np.array([4, 4]), rep_t, exp_t, M)
-    # ep 1: experts replicate over all 4 ranks too; 49 tensors x 4 micro-batches, one call each
-    assert red[1] - red[0] == pytest.approx(4 * 49 * hw.efficiency.collective_overhead_us * 1e-6)
+    # ep 1: experts replicate over all 4 ranks too; a bucket per owner and group (4 + 4), and
+    # each of the 49 tensors packed into its bucket, every one of the 4 micro-batches
+    eff = hw.efficiency
+    want = 4 * (8 * eff.collective_overhead_us + 49 * eff.optimizer_tensor_us["copy"]) * 1e-6
+    assert red[1] - red[0] == pytest.approx(want)

@@ -357,18 +357,20 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M):
     parameter tensors: AdamW and the norm per owned tensor (its ZeRO share of each group),
     clip scale and ÷dp per held gradient, and a copy out of the flat buffer per tensor of a
     group of two or more, once for the reduction and, with ZeRO, once for the gather; under
-    ZeRO-2, piper-train's reduction hook issues one collective per such tensor and micro-batch
-    (runtime/optim.py: dist.reduce to the tensor's owner), each paying the per-call cost
-    (Efficiency.collective_overhead_us). Fused layouts (multi-tensor kernels, bucketed
-    reductions): zero."""
+    ZeRO-2, piper-train's hooks also pack each such tensor into a flat bucket every micro-batch
+    and reduce each bucket (a chunk's tensors of one group and owner: min(group, tensors) of
+    them a chunk) with one collective at the per-call cost (Efficiency.collective_overhead_us;
+    runtime/optim.py). Fused layouts (multi-tensor kernels): zero."""
     us = hw.efficiency.optimizer_tensor_us
     edp = np.asarray(edp, float)
     held = rep_t * (lay.dp > 1) + exp_t * (edp > 1)  # tensors with a replication group
     copies = held * us.get("copy", 0.0) * 1e-6
     t_opt = (_owned(lay, edp, rep_t, exp_t) * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)) * 1e-6
     t_opt = t_opt + np.where(lay.zero >= 1, copies, 0.0)  # the ZeRO gather's copies
-    calls = np.where(lay.zero == 2, M * held, 0.0) * hw.efficiency.collective_overhead_us * 1e-6
-    return np.where(lay.unfused, copies + calls, 0.0), np.where(lay.unfused, t_opt, 0.0)
+    v = lay.vpp.astype(float)
+    buckets = v * (np.minimum(lay.dp, rep_t / v) * (lay.dp > 1) + np.minimum(edp, exp_t / v) * (edp > 1))
+    z2 = M * (buckets * hw.efficiency.collective_overhead_us * 1e-6 + copies)
+    return np.where(lay.unfused, copies + np.where(lay.zero == 2, z2, 0.0), 0.0), np.where(lay.unfused, t_opt, 0.0)
 
 
 @dataclass
