@@ -19,6 +19,8 @@ micro-batch, only the owner's share kept between micro-batches): a hook on each 
 hands its gradient to a bucket -- the parameters of one chunk, replication group and owner --
 and drops it; when a micro-batch's backward has filled the bucket, its gradients go to the owner
 as one flat dist.reduce (DeepSpeed buckets likewise), and the owner adds them to its running sums.
+A bucket also goes once it holds BUCKET_CAP_BYTES, so the gradients held while the owners'
+buckets fill side by side stay bounded (torch DDP's bucket_cap_mb default, 25 MiB).
 One call a bucket rather than a tensor: tiny-moe on 4 CPU ranks had ZeRO-2 at 570 ms a step
 against ZeRO-0's 324 with one call a tensor. Two kinds wait for the
 step: tp-partial gradients (summed over tp first) and the tied embedding (summed over its two
@@ -35,6 +37,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from .mesh import Groups
 from .model import EXPERT_TAG
 from .tp import is_partial, shard_dim
+
+
+BUCKET_CAP_BYTES = 25 * 2**20  # ZeRO-2: a bucket is reduced once its gradients reach this
 
 
 @dataclass
@@ -114,7 +119,8 @@ class DistOptimizer:
                 pend = self._pending.setdefault(key, {})
             pend[id(p)] = p.grad
             p.grad = None  # the next micro-batch accumulates afresh
-            if len(pend) == len(self._buckets[key]):
+            full = len(pend) == len(self._buckets[key])
+            if full or sum(g.numel() * g.element_size() for g in pend.values()) >= BUCKET_CAP_BYTES:
                 self._flush(key)
         return hook
 

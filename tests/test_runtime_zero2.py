@@ -100,3 +100,10 @@ def test_zero2_buckets_per_chunk_train_like_zero1_under_the_interleaved_schedule
         assert r.returncode == 0, r.stderr[-2000:]
         losses[zero] = [json.loads(x)["loss"] for x in met.read_text().splitlines() if '"loss"' in x]
     assert len(losses[1]) == 3 and losses[2] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_the_planner_prices_the_bucket_cap_the_runtime_uses():
+    from piper_plan.cost.estimate import BUCKET_CAP_BYTES as priced
+    from piper_runtime.optim import BUCKET_CAP_BYTES as used
+
+    assert priced == used == 25 * 2**20

@@ -228,7 +228,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     T_exp = nm_p * nt["moe_experts"]
     params = RankParams(pick(P_rep), pick(P_exp), _owned(lay, grp["edp"], T_rep, T_exp))
     t_dp, t_opt = _dp_time(hw, lay, grp, params, eb, PipeWindow(F, B, W, M))
-    host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp, M)
+    host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp, M, pick(P_rep), pick(P_exp))
     t_dp, t_opt = t_dp + host_dp, t_opt + host_opt
 
     share = core_share(hw, lay)
@@ -351,7 +351,10 @@ def _owned(lay: LayoutBatch, edp, rep, exp):
     return np.where(sharded, rep / np.maximum(lay.dp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
 
 
-def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M):
+BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
+
+
+def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, rep_p, exp_p):
     """(reduction, optimizer) seconds per step of an eager optimizer's per-tensor host work
     (Efficiency.optimizer_tensor_us) on a rank holding rep_t replicated and exp_t expert
     parameter tensors: AdamW and the norm per owned tensor (its ZeRO share of each group),
@@ -359,7 +362,8 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M):
     group of two or more, once for the reduction and, with ZeRO, once for the gather; under
     ZeRO-2, piper-train's hooks also pack each such tensor into a flat bucket every micro-batch
     and reduce each bucket (a chunk's tensors of one group and owner: min(group, tensors) of
-    them a chunk) with one collective at the per-call cost (Efficiency.collective_overhead_us;
+    them a chunk, more where a chunk's rep_p / exp_p parameters' gradients pass the bucket cap)
+    with one collective at the per-call cost (Efficiency.collective_overhead_us;
     runtime/optim.py). Fused layouts (multi-tensor kernels): zero."""
     us = hw.efficiency.optimizer_tensor_us
     edp = np.asarray(edp, float)
@@ -368,7 +372,11 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M):
     t_opt = (_owned(lay, edp, rep_t, exp_t) * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)) * 1e-6
     t_opt = t_opt + np.where(lay.zero >= 1, copies, 0.0)  # the ZeRO gather's copies
     v = lay.vpp.astype(float)
-    buckets = v * (np.minimum(lay.dp, rep_t / v) * (lay.dp > 1) + np.minimum(edp, exp_t / v) * (edp > 1))
+    cap = BUCKET_CAP_BYTES  # a bucket also goes at this size (runtime/optim.py)
+    grads = _grad_bytes(lay, lay.act_bytes.astype(float))
+    rep_b, exp_b = np.ceil(rep_p * grads / v / cap), np.ceil(exp_p * grads / v / cap)
+    buckets = v * (np.maximum(np.minimum(lay.dp, rep_t / v), rep_b) * (lay.dp > 1)
+                   + np.maximum(np.minimum(edp, exp_t / v), exp_b) * (edp > 1))
     z2 = M * (buckets * hw.efficiency.collective_overhead_us * 1e-6 + copies)
     return np.where(lay.unfused, copies + np.where(lay.zero == 2, z2, 0.0), 0.0), np.where(lay.unfused, t_opt, 0.0)
 
