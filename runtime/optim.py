@@ -99,6 +99,7 @@ class DistOptimizer:
         # on every replica), and the gradients a bucket holds until the backward has filled it
         self._buckets: dict[tuple, list[PInfo]] = {}
         self._pending: dict[tuple, dict[int, torch.Tensor]] = {}
+        self._held: dict[tuple, int] = {}  # bytes of gradients each pending bucket holds
         for i in self.infos:
             if id(i.param) in self.hooked:
                 key = ((chunk_of or {}).get(i.name, 0), i.expert, i.owner)
@@ -117,10 +118,10 @@ class DistOptimizer:
             if id(p) in pend:  # a backward left the bucket short (a parameter it did not reach)
                 self._flush(key)
                 pend = self._pending.setdefault(key, {})
-            pend[id(p)] = p.grad
+            pend[id(p)] = g = p.grad
             p.grad = None  # the next micro-batch accumulates afresh
-            full = len(pend) == len(self._buckets[key])
-            if full or sum(g.numel() * g.element_size() for g in pend.values()) >= BUCKET_CAP_BYTES:
+            self._held[key] = self._held.get(key, 0) + g.numel() * g.element_size()
+            if len(pend) == len(self._buckets[key]) or self._held[key] >= BUCKET_CAP_BYTES:
                 self._flush(key)
         return hook
 
@@ -128,6 +129,7 @@ class DistOptimizer:
         """Reduce a bucket's held gradients to its owner as one flat buffer; the owner adds
         them to its sums. Replicas fill and flush their buckets in the same order."""
         pend = self._pending.pop(key, None)
+        self._held.pop(key, None)
         if not pend:
             return
         members = [i for i in self._buckets[key] if id(i.param) in pend]
@@ -145,6 +147,7 @@ class DistOptimizer:
             i.param.grad = None
         self._sums.clear()
         self._pending.clear()
+        self._held.clear()
 
     def reduce_grads(self) -> None:
         """Sum the tied embedding's two copies, then sum over replication groups (÷ dp);

@@ -165,13 +165,12 @@ def test_bad_base_is_one_line_error():
     assert "no-such-machine" in r.output and len(r.output.strip().splitlines()) == 1
 
 
-def test_smoke_run_on_two_ranks_writes_loadable_yaml(tmp_path):
-    out = tmp_path / "cpu-test.yaml"
-    r = CliRunner().invoke(calibrate_cmd, ["--smoke", "--ranks", "2", "-o", str(out), "--timeout", "60"])
+def test_smoke_run_on_two_ranks_writes_loadable_yaml(smoke_calibration):
+    r, out = smoke_calibration
     assert r.exit_code == 0, r.output
     hw = load_hardware(str(out))
     assert hw.name == "cpu-test" and hw.gpus_per_node == 2
-    rec = json.loads((tmp_path / "cpu-test.calibration.json").read_text())
+    rec = json.loads(out.with_name("cpu-test.calibration.json").read_text())
     m = rec["measurements"]
     assert all(m[f] for f in ("gemm", "stream", "attention", "comm"))
     assert {c["n"] for c in m["comm"]} == {2}
