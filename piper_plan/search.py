@@ -13,6 +13,7 @@ from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, graph_bits, rc_
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .layout import check_stack
+from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -75,31 +76,34 @@ RUNTIMES = ("any", "piper-train")
 
 def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:
     """`sp` cut to what `runtime` executes and priced as it executes it. "piper-train" (the
-    bundled runtime, runtime/launch.check_supported): eager modules (fused_kernels False), ZeRO
-    0-2 (ZeRO-2 not with zbv / dualpipev), gradients reduced after the pipeline (no overlap),
-    flat or HALO all-to-all, selective recompute of the attention core only, bf16 or fp32, and
-    none of the other stacks' features. A request it cannot run raises PiperError naming the
-    option; "any" returns `sp` unchanged."""
+    bundled runtime; what it runs is the table runtimes.PIPER_TRAIN, which its launch check reads
+    too): eager modules (fused_kernels False), gradients reduced after the pipeline (no overlap),
+    the ZeRO stages it implements (ZeRO-2 not with zbv / dualpipev, a search rule), and none of
+    the other stacks' features. A value the caller asked for that it cannot run raises
+    PiperError naming the option; the ZeRO stages, which the space enumerates by itself, are
+    cut instead. "any" returns `sp` unchanged."""
     from dataclasses import replace
 
     from .errors import PiperError
+    from .runtimes import PIPER_TRAIN, runs, shown
 
     if runtime == "any":
         return sp
     if runtime != "piper-train":
         raise PiperError(f"--runtime: {runtime!r}: expected one of {', '.join(RUNTIMES)}")
-    refuse = {"--dtype fp16 (piper-train does no loss scaling)": sp.dtype == "fp16",
-              f"--fp8 {sp.fp8}": sp.fp8 != "none", "--a2a dedup": "dedup" in sp.a2as and len(sp.a2as) == 1,
-              "--tp-comm-overlap": sp.tp_comm_overlap, "--attention-fp8": sp.attention_fp8,
-              "--a2a-overlap": sp.a2a_overlap, "--cuda-graphs": bool(sp.cuda_graphs),
-              "--expert-probs activation": sp.expert_probs != "combine",
-              f"--expert-gemm {sp.expert_gemm}": sp.expert_gemm != "grouped",
-              "--selective other than core_attn": any(tuple(m) != ("core_attn",) for m in sp.selective)}
-    bad = [k for k, v in refuse.items() if v]
-    if bad:
-        raise PiperError(f"--runtime piper-train: it cannot run {bad[0]}")
-    return replace(sp, fused_kernels=False, overlap_grad_reduce=False, zeros=tuple(z for z in sp.zeros if z <= 2),
-                   a2as=tuple(a for a in sp.a2as if a != "dedup"), runtime=runtime)
+    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective"}  # fields the space tries sets of
+    cut = {}
+    for s in PIPER_TRAIN:
+        attr = several.get(s.field, s.field)
+        if not hasattr(sp, attr):
+            continue
+        asked = getattr(sp, attr)
+        bad = [v for v in asked if not runs(s, v)] if attr in several.values() else [] if runs(s, asked) else [asked]
+        if bad and attr != "zeros":
+            raise PiperError(f"--runtime piper-train: it cannot run {s.option} {shown(bad[0])} ({s.does})")
+        if attr in several.values():
+            cut[attr] = tuple(v for v in asked if runs(s, v))
+    return replace(sp, fused_kernels=False, overlap_grad_reduce=False, runtime=runtime, **cut)
 
 
 @dataclass
@@ -219,7 +223,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     rule("duplicate (halo inside one node equals flat)", halo & per_pl(~spans_nodes))
     rule("duplicate (halo with one EP member per node equals flat)", halo & per_pl(per_node <= 1))
     if sp.runtime == "piper-train":  # its ZeRO-2 reduces in autograd hooks: no weight-split schedule
-        rule("piper-train: ZeRO-2 with zbv or dualpipev", on(zs == 2, 1) & on(s_idx >= 3, 4))
+        weight_split = np.isin(np.array(SCHEDULES), WEIGHT_SPLIT)[s_idx]
+        rule("piper-train: ZeRO-2 with zbv or dualpipev", on(zs == 2, 1) & on(weight_split, 4))
     if sp.paper_mesh:
         rule("not the paper's PP x EP mesh (tp=1, ep=dp)", on((tp != 1) | (ep != dp), 4))
     if sp.ep_in_domain:

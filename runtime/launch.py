@@ -20,13 +20,10 @@ import click
 
 from piper_plan.errors import PiperError
 from piper_plan.plan import Plan, read_plan
+from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, runs, shown
 
 from .config import check_tp
 from .host import keep_freed_pages
-
-
-WEIGHT_SPLIT = ("zbv", "dualpipev")  # schedules whose backward-weight pass sums gradients by hand
-# (torch/distributed/pipelining/_backward.py stage_backward_weight: weight.grad += dw)
 
 
 def check_supported(plan: Plan, world: int) -> None:
@@ -37,51 +34,24 @@ def check_supported(plan: Plan, world: int) -> None:
     overlap_grad_reduce (gradients are reduced after the pipeline step, ZeRO-2's inside each
     micro-batch's backward, blocking it: never overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
-    plan.rank_map as written). Runtime features of other stacks that the planner can price
-    (expert_gemm other than grouped, a2a_overlap, tp_comm_overlap, fp8, attention_fp8, cuda_graphs,
-    expert_probs activation) and multi-token prediction (model.mtp_layers) are refused: the
+    plan.rank_map as written). What it runs of the rest is the table piper_plan.runtimes.PIPER_TRAIN
+    (which `piper-plan search --runtime piper-train` reads too); runtime features of other stacks
+    that the planner can price, and multi-token prediction (model.mtp_layers), are refused: the
     comparison with the prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
     check_tp(plan)
-    if lay.dtype == "fp16":
-        raise PiperError("plan.layout.dtype: fp16 needs loss scaling, which piper-train does not do; use bf16 or fp32")
-    if lay.zero > 2:
-        raise PiperError(f"plan.layout.zero: ZeRO-{lay.zero} is not implemented by piper-train; use zero 0, 1 or 2")
+    for s in PIPER_TRAIN:
+        value = getattr(lay, s.field)
+        if s.field == "recompute_modules" and lay.recompute != "selective":
+            continue  # only selective recompute reads them
+        if not runs(s, value):
+            raise PiperError(f"plan.layout.{s.field} = {shown(value)}: {s.does}; use {s.field} {choices(s)}")
     if lay.zero == 2 and lay.schedule in WEIGHT_SPLIT:
         raise PiperError(f"plan.layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
                          f"them, and torch's {lay.schedule} schedule accumulates its weight gradients outside "
                          f"autograd; use zero 1, or schedule gpipe, 1f1b or interleaved")
-    if lay.dropout:
-        raise PiperError("plan.layout.dropout: dropout is not implemented by piper-train; use dropout false")
-    if lay.expert_gemm != "grouped":
-        raise PiperError(f"plan.layout.expert_gemm: piper-train runs the local experts as one batched matmul, "
-                         f"not {lay.expert_gemm!r}; use expert_gemm grouped")
-    if lay.recompute == "selective" and tuple(lay.recompute_modules) != ("core_attn",):
-        raise PiperError(f"plan.layout.recompute_modules: piper-train's selective recompute re-runs the attention "
-                         f"core only, not {list(lay.recompute_modules)}; use ['core_attn']")
-    if lay.a2a == "dedup":
-        raise PiperError("plan.layout.a2a: piper-train runs the flat or HALO all-to-all, not DeepEP / HybridEP's "
-                         "'dedup'; use a2a flat or halo")
-    if lay.fp8 != "none":
-        raise PiperError(f"plan.layout.fp8: piper-train runs its GEMMs in layout.dtype, not FP8 ({lay.fp8!r}); "
-                         "use fp8 none")
-    if lay.expert_probs != "combine":
-        raise PiperError(f"plan.layout.expert_probs: piper-train scales the expert outputs by their routing weights "
-                         f"at the combine, not in the activation ({lay.expert_probs!r}); use expert_probs combine")
-    if lay.a2a_overlap:
-        raise PiperError("plan.layout.a2a_overlap: piper-train does not overlap the all-to-all with another "
-                         "micro-batch's compute; use a2a_overlap false")
-    if lay.cuda_graphs:
-        raise PiperError(f"plan.layout.cuda_graphs: piper-train runs eagerly and captures no CUDA graphs "
-                         f"({list(lay.cuda_graphs)}); use cuda_graphs []")
-    if lay.attention_fp8:
-        raise PiperError("plan.layout.attention_fp8: piper-train runs its attention in layout.dtype, not FP8; "
-                         "use attention_fp8 false")
-    if lay.tp_comm_overlap:
-        raise PiperError("plan.layout.tp_comm_overlap: piper-train runs its tensor-parallel collectives after "
-                         "the GEMMs, not pipelined with them; use tp_comm_overlap false")
     if plan.model.mtp_layers:
         raise PiperError(f"plan.model.mtp_layers: piper-train trains no multi-token-prediction module "
                          f"({plan.model.mtp_layers} in {plan.model.name}); plan a model with mtp_layers 0")

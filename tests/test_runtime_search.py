@@ -32,7 +32,8 @@ def test_a_feature_piper_train_lacks_is_a_one_line_error():
     r = CliRunner().invoke(main, ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--runtime",
                                   "piper-train", "--fp8", "mxfp8"])
     assert r.exit_code == 2
-    assert r.output.strip() == "error: --runtime piper-train: it cannot run --fp8 mxfp8"
+    assert r.output.strip() == ("error: --runtime piper-train: it cannot run --fp8 mxfp8 (piper-train runs its "
+                                "GEMMs in the layout's dtype, not FP8)")
 
 
 def test_piper_train_zero2_pays_a_call_per_bucket_and_a_copy_per_tensor_each_micro_batch():
@@ -59,3 +60,34 @@ def test_zero2_buckets_also_go_at_the_cap_so_big_chunks_make_more_calls():
     params = np.array([1e5, 40 * BUCKET_CAP_BYTES / 4])  # fp32 gradients: 40 caps' worth in the second
     red, _ = _tensor_host_time(hw, lays, np.array([1, 1]), t, none, M, params, none)
     assert red[1] - red[0] == pytest.approx((40 - 4) * hw.efficiency.collective_overhead_us * 1e-6)
+
+
+# one value piper-train does not run for each field of its table (runtimes.PIPER_TRAIN)
+UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gemm": "multistream",
+         "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
+         "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True}
+
+
+def test_the_search_and_the_launch_refuse_the_same_features():
+    pytest.importorskip("torch")
+    from piper_plan.errors import PiperError
+    from piper_plan.plan import make_plan
+    from piper_plan.runtimes import PIPER_TRAIN
+    from piper_runtime.launch import check_supported
+
+    assert set(UNRUN) == {s.field for s in PIPER_TRAIN}
+    m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective"}
+    for s in PIPER_TRAIN:
+        bad = UNRUN[s.field]
+        extra = {"recompute": "selective"} if s.field == "recompute_modules" else {}
+        plan = make_plan(m, hw, Layout(gpus=2, dp=2, ep=2, global_batch=4, seq=32, **extra, **{s.field: bad}))
+        with pytest.raises(PiperError, match=f"plan.layout.{s.field} = "):
+            check_supported(plan, 2)
+        attr = several.get(s.field, s.field)
+        if s.field in ("zero", "dropout"):
+            continue  # the space enumerates ZeRO stages itself (cut, below) and never tries dropout
+        sp = SearchSpace(gpus=2, global_batch=4, seq=32, **{attr: (bad,) if attr in several.values() else bad})
+        with pytest.raises(PiperError, match=f"it cannot run {s.option} "):
+            for_runtime(sp, "piper-train")
+    assert for_runtime(SearchSpace(gpus=2, global_batch=4, seq=32), "piper-train").zeros == (0, 1, 2)

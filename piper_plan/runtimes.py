@@ -1,0 +1,67 @@
+"""What the bundled runtime (piper-train) executes, as data: one table that the planner's
+`search --runtime piper-train` (search.for_runtime) and the runtime's launch check
+(runtime/launch.check_supported) both read, so the two cannot drift apart. Torch-free: the
+planner imports it.
+
+Each entry names a Layout field, the values piper-train runs, the search option that asks for
+another value, and what piper-train does instead. Features of other stacks that the planner
+can price (FP8, overlapped all-to-all or TP collectives, CUDA graphs, ...) are refused rather
+than run without them: the comparison of a run with its prediction would not hold."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WEIGHT_SPLIT = ("zbv", "dualpipev")  # schedules whose backward-weight pass sums gradients by hand
+# (torch/distributed/pipelining/_backward.py stage_backward_weight: weight.grad += dw), outside
+# the autograd hooks piper-train's ZeRO-2 reduces in
+
+
+@dataclass(frozen=True)
+class Support:
+    field: str       # Layout field
+    allowed: tuple   # the values piper-train runs
+    option: str      # the search CLI option that asks for another value
+    does: str        # what piper-train does instead, for the error
+
+
+PIPER_TRAIN: tuple[Support, ...] = (
+    Support("dtype", ("bf16", "fp32"), "--dtype", "fp16 needs loss scaling, which piper-train does not do"),
+    Support("zero", (0, 1, 2), "--zero", "piper-train implements ZeRO stages 0, 1 and 2"),
+    Support("fp8", ("none",), "--fp8", "piper-train runs its GEMMs in the layout's dtype, not FP8"),
+    Support("a2a", ("flat", "halo"), "--a2a", "piper-train runs the flat or HALO all-to-all, not DeepEP / "
+            "HybridEP's 'dedup'"),
+    Support("expert_gemm", ("grouped",), "--expert-gemm", "piper-train runs the local experts as one batched "
+            "matmul"),
+    Support("expert_probs", ("combine",), "--expert-probs", "piper-train scales the expert outputs by their "
+            "routing weights at the combine, not in the activation"),
+    Support("a2a_overlap", (False,), "--a2a-overlap", "piper-train does not overlap the all-to-all with "
+            "another micro-batch's compute"),
+    Support("tp_comm_overlap", (False,), "--tp-comm-overlap", "piper-train runs its tensor-parallel "
+            "collectives after the GEMMs, not pipelined with them"),
+    Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
+            "not FP8"),
+    Support("cuda_graphs", ((),), "--cuda-graphs", "piper-train runs eagerly and captures no CUDA graphs"),
+    Support("recompute_modules", (("core_attn",),), "--selective", "piper-train's selective recompute "
+            "re-runs the attention core only"),
+    Support("dropout", (False,), "--dropout", "dropout is not implemented by piper-train"),
+)
+
+
+def runs(s: Support, value) -> bool:
+    """Whether piper-train runs `value` of s.field (lists compare as tuples)."""
+    return (tuple(value) if isinstance(value, (list, tuple)) else value) in s.allowed
+
+
+def shown(value) -> str:
+    """A value as the YAML / CLI spells it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def choices(s: Support) -> str:
+    """The values piper-train runs, as an error suggests them: "0, 1 or 2"."""
+    v = [shown(x) for x in s.allowed]
+    return v[0] if len(v) == 1 else f"{', '.join(v[:-1])} or {v[-1]}"
