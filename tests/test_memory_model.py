@@ -63,3 +63,21 @@ def test_table_iv_expert_state_per_gpu(name, E, d, f, printed, ms):
 def test_1f1b_stage_i_holds_pp_minus_i_microbatches():
     b = from_layouts([Layout(gpus=8, pp=8, global_batch=64, seq=8)])
     assert [in_flight(b, i)[0] for i in range(8)] == [8, 7, 6, 5, 4, 3, 2, 1]
+
+
+def test_piper_train_zero2_holds_at_most_a_bucket_cap_per_owner_of_full_gradients():
+    """A big model's chunk has far more gradient than its owners' buckets hold: piper-train's
+    ZeRO-2 keeps dp x 25 MiB of it (plus one bucket's flat copy), and only piper-train (eager)
+    layouts under ZeRO-2 are charged."""
+    from piper_plan.cost.estimate import BUCKET_CAP_BYTES
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.specs.registry import load_hardware, load_model
+
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    base = dict(gpus=8, dp=8, ep=8, global_batch=64, seq=4096, fused_kernels=False)
+    got = {z: estimate_layout(m, hw, Layout(zero=z, **base)).memory["first"]["grad_buckets"][0] for z in (1, 2)}
+    fused = estimate_layout(m, hw, Layout(zero=2, **{**base, "fused_kernels": True}))
+    cap = BUCKET_CAP_BYTES / 2**30
+    # replicated (dp 8) and expert (edp 1: no replicas, reduced at the step) groups
+    assert got[2] == pytest.approx(8 * cap + cap)
+    assert got[1] == 0.0 and fused.memory["first"]["grad_buckets"][0] == 0.0

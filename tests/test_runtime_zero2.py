@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from piper_plan.evaluate import estimate_layout  # noqa: E402
 from piper_plan.layout import Layout  # noqa: E402
 from piper_plan.plan import make_plan  # noqa: E402
 from piper_plan.specs.registry import load_hardware, load_model  # noqa: E402
@@ -31,7 +32,8 @@ def _worker(rank, store):
                             timeout=timedelta(seconds=60))
     try:
         # ep 1: every rank holds all experts, so expert gradients replicate over 2 ranks as well
-        lay = Layout(gpus=2, pp=1, dp=2, ep=1, mbs=1, global_batch=8, seq=16, zero=2, dtype="fp32")
+        lay = Layout(gpus=2, pp=1, dp=2, ep=1, mbs=1, global_batch=8, seq=16, zero=2, dtype="fp32",
+                     fused_kernels=False, overlap_grad_reduce=False)  # as piper-train runs it
         plan, cfg = make_plan(load_model("tiny-moe"), load_hardware("cpu-local"), lay), TrainConfig(timeout_s=60)
         assert lay.microbatches == 4
         groups = build_groups(plan, 60)
@@ -43,6 +45,12 @@ def _worker(rank, store):
             opt = DistOptimizer(named, groups, 2, zero, 1e-3, 0.1)
             pipe = Pipeline(plan, chunks, groups.pp, "cpu", lm_loss)
             opt.zero_grad()
+            peak, flush = [0], opt._flush
+            if zero == 2:  # full gradients held at each flush: every pending bucket, and the flat copy
+                def watched(key, flush=flush, opt=opt):
+                    peak[0] = max(peak[0], sum(opt._held.values()) + opt._held.get(key, 0))
+                    flush(key)
+                opt._flush = watched
             calls, reduce = [], dist.reduce
             dist.reduce = lambda t, *a, **k: (calls.append(t.numel()), reduce(t, *a, **k))[1]
             try:
@@ -59,6 +67,11 @@ def _worker(rank, store):
                 # after the whole backward no rank holds a full gradient; owners hold the reduced sum
                 assert all(i.param.grad is None for i in hooked)
                 assert {id(i.param) for i in hooked if i.owner == rank} == set(opt._sums)
+                # what the planner prices for the full gradients held in buckets (estimate._bucket_gib):
+                # an upper bound the runtime comes within a third of (here 0.76: the planner adds
+                # the largest bucket's flat copy, the runtime's last flush copies a small one)
+                priced = estimate_layout(plan.model, plan.hardware, lay).memory["first"]["grad_buckets"][0]
+                assert 0.67 * priced * 2**30 <= peak[0] <= priced * 2**30
             opt.reduce_grads()
             grads[zero] = {i.name: i.param.grad for i in opt.infos}
             if zero == 2:

@@ -297,6 +297,9 @@ def core_share(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
     return np.maximum(local / cores, 1.0) / rpc
 
 
+BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
+
+
 def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, P_rep: dict,
             P_exp: dict, edp, lc: dict, M):
     """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
@@ -323,6 +326,7 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dp, lay).items()}
     c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
+    gb = _grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
     mem = {}
     peak = np.zeros(n)
     for r, (nd, nm) in roles.items():
@@ -330,11 +334,33 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
         comps["activations"] = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"] + has_head[r] * mtp_in) / GIB
         comps["logits"] = has_head[r] * logits / GIB
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
+        comps["grad_buckets"] = _bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
         comps["overhead"] = np.full(n, hw.memory_overhead_gib)
         comps["total"] = sum(comps.values())
         mem[r] = comps
         peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
     return mem, peak, stage_of
+
+
+def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
+    """GiB of full gradients a ZeRO-2 rank holds at its peak while one chunk's backward fills
+    the reduction buckets (rep_gib / exp_gib: that chunk's replicated and expert gradients).
+    Gradients wait in a bucket per owner and replication group until it is full or holds
+    BUCKET_CAP_BYTES; owners interleave along the backward (whole parameters balanced by size),
+    so every owner's bucket fills side by side: min(a group's gradients, owners x cap) per
+    group, plus the flat copy one bucket is reduced from, one owner's share at most
+    (runtime/optim.py, piper-train's ZeRO-2; torch DDP's 25 MiB bucket_cap_mb). 0 for other
+    stages (their full gradients are state: memory.state_coeffs) and for the fused stacks,
+    whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2 CPU ranks
+    (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
+    cap = BUCKET_CAP_BYTES / GIB
+    edp = np.asarray(edp, float)
+    rep = np.where(lay.dp > 1, np.minimum(rep_gib, lay.dp * cap), 0.0)
+    exp = np.where(edp > 1, np.minimum(exp_gib, edp * cap), 0.0)
+    # a bucket is one owner's share of its group (parameters balanced by size over the owners)
+    share = np.maximum(np.where(lay.dp > 1, rep_gib / lay.dp, 0.0), np.where(edp > 1, exp_gib / np.maximum(edp, 1), 0.0))
+    flat = np.minimum(share, cap)
+    return np.where((lay.zero == 2) & lay.unfused, rep + exp + flat, 0.0)
 
 
 def _split_extras(split, x_first, x_last):
@@ -349,9 +375,6 @@ def _owned(lay: LayoutBatch, edp, rep, exp):
     tensors): all of them, or with ZeRO its share of each replication group."""
     sharded = lay.zero >= 1
     return np.where(sharded, rep / np.maximum(lay.dp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
-
-
-BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
 
 
 def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, rep_p, exp_p):
