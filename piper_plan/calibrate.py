@@ -119,6 +119,10 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                          "peak_tflops: highest measured GEMM rate per dtype, scaled so peak·gemm = the fitted "
                          "plateau; memory_bandwidth_gbps: highest per-rank c=a+b streaming rate; memory_gib: "
                          f"(RAM {device['ram_gib']:.1f} GiB − {OS_RESERVE_GIB:g} GiB OS) / {ranks}")
+        if "baseline_rss_gib" in device:  # what piper-train's memory report compares with its RSS
+            d["memory_overhead_gib"] = round(device["baseline_rss_gib"], 3)
+            acc["source"] += ("; memory_overhead_gib: a rank's resident memory (ru_maxrss, largest rank) once it "
+                              "has joined the gloo group and imported piper_runtime, before any probe")
     eff = d["efficiency"]
     eff.update(gemm=round(comp["gemm"], 4), gemm_tile=comp["gemm_tile"], memory=round(comp["memory"], 4),
                kernel_overhead_us=round(comp["kernel_overhead_us"], 3),
@@ -290,6 +294,8 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
         meas = run_benchmarks(plan, ranks, dev["kind"], timeout_s=timeout)
         fit = _fit(hw, meas, plan, dev, datasheet)
 
+    if "baseline_rss_gib" in meas:  # a device fact, not a timing
+        dev["baseline_rss_gib"] = meas.pop("baseline_rss_gib")
     dev["loadavg_after"] = os.getloadavg()
     stamp = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     rec_path = out.with_name(out.stem + ".calibration.json") if out else None

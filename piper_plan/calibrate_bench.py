@@ -284,7 +284,13 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
     tick = (lambda label: q.put(("tick", label))) if rank == 0 else (lambda label: None)
     timer = _Timer(torch, dist, dev, plan.window_s)
     try:
-        res = _compute(torch, dev, plan, tick, timer)
+        base = {}
+        if not cuda:  # a CPU rank's fixed memory: the process with piper-train's modules, before any probe
+            from piper_runtime import train  # noqa: F401  (what a piper-train rank imports)
+            from piper_runtime.metrics import peak_rss_gib
+
+            base["baseline_rss_gib"] = peak_rss_gib()
+        res = {**_compute(torch, dev, plan, tick, timer), **base}
         res["layers"] = _layers(torch, dev, plan, tick, timer)
         res["casts"] = _casts(torch, dev, plan, tick, timer)
         res["optimizer"] = _optimizer(torch, dev, plan, tick, timer)
@@ -533,9 +539,11 @@ def _merge(per_rank: dict[int, dict]) -> dict:
     fair-share rate a rank gets; the spread is kept). Comm: rank 0's, already the slowest
     rank's time (reduced inside the run)."""
     ranks = sorted(per_rank)
-    out: dict[str, list] = {"comm": per_rank[ranks[0]]["comm"],
+    out: dict = {"comm": per_rank[ranks[0]]["comm"],
                             "loaded_comm": per_rank[ranks[0]].get("loaded_comm", []),
                             "pipelines": per_rank[ranks[0]].get("pipelines", [])}
+    if "baseline_rss_gib" in per_rank[ranks[0]]:  # the largest rank's
+        out["baseline_rss_gib"] = max(per_rank[r]["baseline_rss_gib"] for r in ranks)
     for fam in ("gemm", "stream", "attention", "layers", "casts", "optimizer"):
         rows = []
         for i, row in enumerate(per_rank[ranks[0]].get(fam, [])):

@@ -188,6 +188,9 @@ def test_smoke_run_on_two_ranks_writes_loadable_yaml(smoke_calibration):
     # arrival skew: one all-to-all over every rank after a 4× longer burst, and the base it adds from
     assert [r["burst_s"] > 0 for r in m["loaded_comm"] if r.get("skew")] == [True]
     assert hw.efficiency.collective_skew_base_ms > 0
+    # a rank's fixed memory is measured (torch, gloo, piper_runtime), not the 2 GiB GPU default
+    assert hw.memory_overhead_gib == round(rec["device"]["baseline_rss_gib"], 3)
+    assert 0.1 < hw.memory_overhead_gib < 1.0
 
 
 @pytest.mark.slow
