@@ -286,8 +286,11 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
     try:
         base = {}
         if not cuda:  # a CPU rank's fixed memory: the process with piper-train's modules, before any probe
-            from piper_runtime import train  # noqa: F401  (what a piper-train rank imports)
+            import importlib
+
             from piper_runtime.metrics import peak_rss_gib
+
+            importlib.import_module("piper_runtime.train")  # what a piper-train rank imports
 
             base["baseline_rss_gib"] = peak_rss_gib()
         res = {**_compute(torch, dev, plan, tick, timer), **base}
