@@ -7,9 +7,9 @@ Stage forward/backward times are host wall time inside each chunk; under zbv/dua
 the backward figure is the input-gradient pass only (the deferred weight-gradient pass
 is not bracketed). All-to-all time is the row exchanges, forward and backward, per rank.
 
-Closed loop (issue 8): the end summary sets the measured mean step time (warm-up step
-excluded), all-to-all time per step (slowest rank) and peak resident memory per rank
-(ru_maxrss, GiB: the whole process — interpreter, torch, buffers — against the plan's
+Closed loop (issue 8): the end summary sets the measured step time and all-to-all time per
+step (slowest rank; medians over the second half of the steps, finish()) and peak resident
+memory per rank (ru_maxrss, GiB: the whole process — interpreter, torch, buffers — against the plan's
 peak_memory_gib, which also counts hardware.memory_overhead_gib) beside plan.predicted, with
 measured/predicted ratios. `saved_tensor_bytes` counts what a forward saves for backward."""
 from __future__ import annotations
@@ -146,7 +146,10 @@ class Reporter:
                                highlight=False)
 
     def finish(self) -> Optional[dict]:
-        """Measured mean step time (first step excluded when there are more) vs the plan's."""
+        """Measured step time vs the plan's steady-state prediction: the median over the second
+        half of the steps (never the first step, when there are more): the first steps build
+        kernels for new GEMM shapes (a CPU's bf16 library: ~1 ms a shape, benchmarks/
+        closed_loop.py) and a shared machine's spikes would move a mean."""
         if not self.rank0:
             return None
         if self.live is not None:
@@ -154,17 +157,18 @@ class Reporter:
         times = [r["step_time_s"] for r in self.records]
         if not times:
             return None
-        use = self.records[1:] if len(times) > 1 else self.records
-        meas = statistics.fmean(r["step_time_s"] for r in use)
-        a2a = statistics.fmean(r["a2a_time_s"] for r in use)
+        first = max(1, len(times) // 2) if len(times) > 1 else 0
+        use = self.records[first:]
+        meas = statistics.median(r["step_time_s"] for r in use)
+        a2a = statistics.median(r["a2a_time_s"] for r in use)
         rss = max(r.get("peak_rss_gib", 0.0) for r in self.records)
         p = self.plan.predicted
         pred = p.step_time_s if p else None
         p_a2a = p.a2a_time_s if p else None
         p_mem = p.peak_memory_gib if p else None
         ratio = lambda a, b: (a / b if b else None)  # noqa: E731
-        summary = dict(summary=True, steps=len(times), measured_step_time_s=meas,
-                       predicted_step_time_s=pred, measured_over_predicted=ratio(meas, pred),
+        summary = dict(summary=True, steps=len(times), measured_steps=[first + 1, len(times)],
+                       measured_step_time_s=meas, predicted_step_time_s=pred, measured_over_predicted=ratio(meas, pred),
                        measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),
                        measured_peak_rss_gib=rss, predicted_peak_memory_gib=p_mem,
                        memory_measured_over_predicted=ratio(rss, p_mem))
@@ -174,7 +178,8 @@ class Reporter:
         if self.log_every <= 0:
             pass
         elif pred:
-            self.console.print(f"step time: measured {meas * 1e3:.1f} ms, predicted {pred * 1e3:.1f} ms, "
+            self.console.print(f"step time: measured {meas * 1e3:.1f} ms (median of steps {first + 1}-{len(times)}), "
+                               f"predicted {pred * 1e3:.1f} ms, "
                                f"ratio {meas / pred:.2f}", highlight=False)
             r_a2a = "-" if summary["a2a_measured_over_predicted"] is None else f"{summary['a2a_measured_over_predicted']:.2f}"
             self.console.print(f"all-to-all: measured {a2a * 1e3:.1f} ms/step, predicted {(p_a2a or 0) * 1e3:.1f} ms, "

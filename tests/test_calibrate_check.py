@@ -47,8 +47,11 @@ def test_sample_takes_each_dtype_but_never_the_largest_gemm():
         assert max(g[1] * g[2] * g[3] for g in mine) < flops[-1]
     assert plan.stream and set(plan.stream) <= set(rec["plan"]["stream"])
     assert set(plan.layers) == {"fp32", "bf16"} and not plan.comm_sizes and not plan.attention
-    # cpu-local's record predates the training-layout GEMM probe: the check times a·b as it did
-    assert "gemm_probe" not in rec["plan"] and plan.gemm_probe == "matmul"
+    # the check times GEMMs as the record did: the training-layout probe, or a·b in a record
+    # that predates it
+    assert plan.gemm_probe == rec["plan"]["gemm_probe"] == "train"
+    legacy = {**rec, "plan": {k: v for k, v in rec["plan"].items() if k != "gemm_probe"}}
+    assert sample_plan(legacy).gemm_probe == "matmul"
 
 
 def test_a_spec_without_a_record_is_a_one_line_error():
