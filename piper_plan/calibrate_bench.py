@@ -291,7 +291,6 @@ def _worker(rank, world, store_path, plan_d, device, q, timeout_s):
             from piper_runtime.metrics import peak_rss_gib
 
             importlib.import_module("piper_runtime.train")  # what a piper-train rank imports
-
             base["baseline_rss_gib"] = peak_rss_gib()
         res = {**_compute(torch, dev, plan, tick, timer), **base}
         res["layers"] = _layers(torch, dev, plan, tick, timer)
@@ -543,8 +542,8 @@ def _merge(per_rank: dict[int, dict]) -> dict:
     rank's time (reduced inside the run)."""
     ranks = sorted(per_rank)
     out: dict = {"comm": per_rank[ranks[0]]["comm"],
-                            "loaded_comm": per_rank[ranks[0]].get("loaded_comm", []),
-                            "pipelines": per_rank[ranks[0]].get("pipelines", [])}
+                 "loaded_comm": per_rank[ranks[0]].get("loaded_comm", []),
+                 "pipelines": per_rank[ranks[0]].get("pipelines", [])}
     if "baseline_rss_gib" in per_rank[ranks[0]]:  # the largest rank's
         out["baseline_rss_gib"] = max(per_rank[r]["baseline_rss_gib"] for r in ranks)
     for fam in ("gemm", "stream", "attention", "layers", "casts", "optimizer"):

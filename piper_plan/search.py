@@ -97,11 +97,12 @@ def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:
         attr = several.get(s.field, s.field)
         if not hasattr(sp, attr):
             continue
-        asked = getattr(sp, attr)
-        bad = [v for v in asked if not runs(s, v)] if attr in several.values() else [] if runs(s, asked) else [asked]
+        plural = attr in several.values()
+        asked = getattr(sp, attr) if plural else (getattr(sp, attr),)
+        bad = [v for v in asked if not runs(s, v)]
         if bad and attr != "zeros":
             raise PiperError(f"--runtime piper-train: it cannot run {s.option} {shown(bad[0])} ({s.does})")
-        if attr in several.values():
+        if plural:
             cut[attr] = tuple(v for v in asked if runs(s, v))
     return replace(sp, fused_kernels=False, overlap_grad_reduce=False, runtime=runtime, **cut)
 

@@ -351,14 +351,14 @@ def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
     group, plus the flat copy one bucket is reduced from, one owner's share at most
     (runtime/optim.py, piper-train's ZeRO-2; torch DDP's 25 MiB bucket_cap_mb). 0 for other
     stages (their full gradients are state: memory.state_coeffs) and for the fused stacks,
-    whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2 CPU ranks
-    (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
+    whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2
+    CPU ranks (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
     cap = BUCKET_CAP_BYTES / GIB
     edp = np.asarray(edp, float)
     rep = np.where(lay.dp > 1, np.minimum(rep_gib, lay.dp * cap), 0.0)
     exp = np.where(edp > 1, np.minimum(exp_gib, edp * cap), 0.0)
     # a bucket is one owner's share of its group (parameters balanced by size over the owners)
-    share = np.maximum(np.where(lay.dp > 1, rep_gib / lay.dp, 0.0), np.where(edp > 1, exp_gib / np.maximum(edp, 1), 0.0))
+    share = np.maximum(np.where(lay.dp > 1, rep_gib / lay.dp, 0.0), np.where(edp > 1, exp_gib / edp, 0.0))
     flat = np.minimum(share, cap)
     return np.where((lay.zero == 2) & lay.unfused, rep + exp + flat, 0.0)
 
