@@ -2,6 +2,12 @@
 and the weak-scaling family, its predicted model TFLOPS/GPU, beside the paper's reported figure
 (brief §5) with the ratio. A report, not an assertion.
 
+The search here is unconstrained (TP, DualPipeV, ZeRO-2, fused kernels: what piper-plan would
+pick for these jobs), so its figures are not the paper's runs. The validation rows for the same
+jobs price Piper's own runtime (its PP x EP mesh under 1F1B, validate.piper_space) and X-MoE's
+(no pipeline), and give the Piper/X-MoE ratios beside the paper's: piper-plan validate
+--group piper2026-fig13 (and --group xmoe2025).
+
     python benchmarks/paper_fig13.py
 """
 from piper_plan.search import SearchSpace, default_global_batch, round_batch, search
@@ -14,6 +20,7 @@ PAPER = [("xmoe-small", 8, 2048, 90.44), ("xmoe-medium", 32, 4096, 57.83), ("xmo
 
 def main():
     hw = load_hardware("frontier")
+    print("unconstrained search (what piper-plan picks); the paper's own stack: piper-plan validate --group piper2026-fig13")
     print(f"{'model':12s} {'GCDs':>5s} {'chosen layout':58s} {'pred TF':>8s} {'paper TF':>9s} {'ratio':>6s}")
     for name, gpus, seq, paper in PAPER:
         m = load_model(name)

@@ -358,7 +358,8 @@ def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
     rep = np.where(lay.dp > 1, np.minimum(rep_gib, lay.dp * cap), 0.0)
     exp = np.where(edp > 1, np.minimum(exp_gib, edp * cap), 0.0)
     # a bucket is one owner's share of its group (parameters balanced by size over the owners)
-    share = np.maximum(np.where(lay.dp > 1, rep_gib / lay.dp, 0.0), np.where(edp > 1, exp_gib / edp, 0.0))
+    share = np.maximum(np.where(lay.dp > 1, rep_gib / lay.dp, 0.0),
+                       np.where(edp > 1, exp_gib / np.maximum(edp, 1.0), 0.0))  # edp is 0 without experts
     flat = np.minimum(share, cap)
     return np.where((lay.zero == 2) & lay.unfused, rep + exp + flat, 0.0)
 
