@@ -2,9 +2,9 @@
 
 A spec written by `piper-plan calibrate -o PATH` keeps its measurements in PATH's sibling
 `<stem>.calibration.json`. The check re-runs a sample of those same probes (GEMMs of each
-dtype, streams, piper-train's framework-overhead blocks) on the same number of ranks and
-compares the times now with the times then, probe by probe and per family (geometric mean of
-now / then). A spec priced on another machine mispredicts every plan made with it: this
+dtype, streams, piper-train's framework-overhead blocks, collectives and its 1F1B step) on the
+same number of ranks and compares the times now with the times then, probe by probe and per
+family (geometric mean of now / then). A spec priced on another machine mispredicts every plan made with it: this
 repository's cpu-local was measured on a host whose CPU has bf16 instructions, and on a 2-core
 AVX2 host of the same name its 512³ bf16 GEMM takes ~180× as long (fp32 ~1×). The
 same host drifts 10-30 % over minutes (benchmarks/closed_loop.py), so only a family beyond
@@ -21,7 +21,7 @@ from .errors import PiperError
 from .specs.registry import _resolve
 
 TOLERANCE = 1.5    # now/then beyond ×1.5 (or below ÷1.5) in a family: not the calibrated machine
-FAMILIES = ("gemm", "stream", "layers")
+FAMILIES = ("gemm", "stream", "layers", "comm", "pipelines")
 
 
 def record_for(spec_ref: str) -> tuple[Path, dict]:
@@ -50,19 +50,30 @@ def _spread(items: list, key, top: bool = True) -> list:
 def sample_plan(rec: dict) -> BenchPlan:
     """A few of the record's own probes: per dtype three single GEMMs at the bottom and the
     thirds of its FLOP range (not the largest: on a host without the dtype's instructions
-    one call of it can take many seconds), its largest and a middle stream, and every
-    framework-overhead block."""
+    one call of it can take many seconds), its largest and a middle stream, every
+    framework-overhead block, each collective kind at a middle and the largest size, and
+    piper-train's own 1F1B step on the pipeline probe (the last two cover the network and
+    the runtime, which the kernel probes do not; about 10 s more on 2 cores)."""
     p = rec["plan"]
     gemms = [tuple(g) for g in p.get("gemm", []) if g[4] == 1]
     gemm = [g for dt in sorted({g[0] for g in gemms})
             for g in _spread([g for g in gemms if g[0] == dt], key=lambda g: g[1] * g[2] * g[3], top=False)]
     stream = sorted(set(_spread(list(p.get("stream", [])), key=lambda n: n)[1:]))
-    return BenchPlan(gemm=gemm, stream=stream, attention=[], comm_sizes=[], comm_kinds=(),
+    sizes = sorted(set(_spread(list(p.get("comm_sizes", [])), key=lambda n: n)[1:]))
+    pipes = [tuple(x) for x in p.get("pipelines", []) if x[0] == "1f1b"][:1]
+    return BenchPlan(gemm=gemm, stream=stream, attention=[], comm_sizes=sizes,
+                     comm_kinds=tuple(p.get("comm_kinds", ())) if sizes else (),
+                     comm_window_s=float(p.get("comm_window_s", 0.1)),
                      layers=tuple(p.get("layers", ())), window_s=float(p.get("window_s", 0.3)),
+                     pipelines=pipes, pipeline_steps=int(p.get("pipeline_steps", 16)),
                      gemm_probe=p.get("gemm_probe", "matmul"))  # time GEMMs as the record did
 
 
 def _key(family: str, r: dict) -> tuple:
+    if family == "comm":  # (comm, kind, group size, bytes): the family is the kind
+        return (family, r["kind"], r["n"], r["nbytes"])
+    if family == "pipelines":
+        return ("pipeline", r["schedule"], r["microbatches"])
     return (family,) + tuple(r[k] for k in ("dtype", "m", "n", "k", "groups", "kind", "nbytes", "tokens") if k in r)
 
 
@@ -72,7 +83,8 @@ def _label(key: tuple) -> str:
 
 
 def _family(key: tuple) -> str:
-    """gemm_<dtype>, layers_<dtype> or stream: the groups a verdict is given for."""
+    """gemm_<dtype>, layers_<dtype>, comm_<kind>, pipeline_<schedule> or stream: the groups a
+    verdict is given for."""
     return key[0] if key[0] == "stream" else f"{key[0]}_{key[1]}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from click.testing import CliRunner
 
 from piper_plan.calibrate import calibrate_cmd
@@ -46,7 +47,12 @@ def test_sample_takes_each_dtype_but_never_the_largest_gemm():
         assert len(mine) == 3 and all(g in singles for g in mine)
         assert max(g[1] * g[2] * g[3] for g in mine) < flops[-1]
     assert plan.stream and set(plan.stream) <= set(rec["plan"]["stream"])
-    assert set(plan.layers) == {"fp32", "bf16"} and not plan.comm_sizes and not plan.attention
+    assert set(plan.layers) == {"fp32", "bf16"} and not plan.attention
+    # each collective kind at a middle and the largest size; piper-train's 1F1B step once
+    sizes = rec["plan"]["comm_sizes"]
+    assert len(plan.comm_sizes) == 2 and max(sizes) in plan.comm_sizes and set(plan.comm_sizes) <= set(sizes)
+    assert plan.comm_kinds == tuple(rec["plan"]["comm_kinds"]) and not plan.loaded_comm
+    assert [s for s, _ in plan.pipelines] == ["1f1b"] and plan.pipeline_steps == rec["plan"]["pipeline_steps"]
     # the check times GEMMs as the record did: the training-layout probe, or a·b in a record
     # that predates it
     assert plan.gemm_probe == rec["plan"]["gemm_probe"] == "train"
@@ -105,3 +111,13 @@ def test_the_training_gemm_probe_runs_a_linear_layers_three_gemms():
     except (RuntimeError, NotImplementedError, AttributeError):
         return  # grouped_mm missing on this build: calibrate skips the point the same way
     assert dx.shape == (24, 4) and dw.shape == (3, 4, 6)
+
+
+def test_collectives_and_the_runtime_step_are_families_of_their_own():
+    then = {"comm": [{"kind": "alltoall", "n": 4, "nbytes": 2**20, "seconds": 0.004}],
+            "pipelines": [{"schedule": "1f1b", "microbatches": 4, "vpp": 1, "seconds": 0.2}]}
+    slow_network = {"comm": [{"kind": "alltoall", "n": 4, "nbytes": 2**20, "seconds": 0.008}],
+                    "pipelines": [{"schedule": "1f1b", "microbatches": 4, "vpp": 1, "seconds": 0.21}]}
+    r = compare(then, slow_network)
+    assert r["families"] == {"comm_alltoall": pytest.approx(2.0), "pipeline_1f1b": pytest.approx(1.05)}
+    assert not r["ok"]
