@@ -4,11 +4,12 @@ A spec written by `piper-plan calibrate -o PATH` keeps its measurements in PATH'
 `<stem>.calibration.json`. The check re-runs a sample of those same probes (GEMMs of each
 dtype, streams, piper-train's framework-overhead blocks, collectives and its 1F1B step) on the
 same number of ranks and compares the times now with the times then, probe by probe and per
-family (geometric mean of now / then). A spec priced on another machine mispredicts every plan made with it: this
-repository's cpu-local was measured on a host whose CPU has bf16 instructions, and on a 2-core
-AVX2 host of the same name its 512³ bf16 GEMM takes ~180× as long (fp32 ~1×). The
-same host drifts 10-30 % over minutes (benchmarks/closed_loop.py), so only a family beyond
-TOLERANCE either way counts as a different machine. torch loads lazily (inside the ranks).
+family (geometric mean of now / then). A spec priced on another machine mispredicts every plan
+made with it: this repository's cpu-local was measured on a host whose CPU has bf16
+instructions, and on a 2-core AVX2 host of the same name its 512³ bf16 GEMM takes ~180× as long
+(fp32 ~1×). The same host drifts 10-30 % over minutes (benchmarks/closed_loop.py), so only a
+family beyond TOLERANCE either way counts as a different machine. torch loads lazily (inside
+the ranks).
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ is not bracketed). All-to-all time is the row exchanges, forward and backward, p
 
 Closed loop (issue 8): the end summary sets the measured step time and all-to-all time per
 step (slowest rank; medians over the second half of the steps, finish()) and peak resident
-memory per rank (ru_maxrss, GiB: the whole process — interpreter, torch, buffers — against the plan's
-peak_memory_gib, which also counts hardware.memory_overhead_gib) beside plan.predicted, with
-measured/predicted ratios. `saved_tensor_bytes` counts what a forward saves for backward."""
+memory per rank (ru_maxrss, GiB: the whole process — interpreter, torch, buffers — against
+the plan's peak_memory_gib, which also counts hardware.memory_overhead_gib) beside
+plan.predicted, with measured/predicted ratios. `saved_tensor_bytes` counts what a forward saves for backward."""
 from __future__ import annotations
 
 import json
@@ -168,7 +168,8 @@ class Reporter:
         p_mem = p.peak_memory_gib if p else None
         ratio = lambda a, b: (a / b if b else None)  # noqa: E731
         summary = dict(summary=True, steps=len(times), measured_steps=[first + 1, len(times)],
-                       measured_step_time_s=meas, predicted_step_time_s=pred, measured_over_predicted=ratio(meas, pred),
+                       measured_step_time_s=meas, predicted_step_time_s=pred,
+                       measured_over_predicted=ratio(meas, pred),
                        measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),
                        measured_peak_rss_gib=rss, predicted_peak_memory_gib=p_mem,
                        memory_measured_over_predicted=ratio(rss, p_mem))

@@ -354,14 +354,13 @@ def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
     whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2
     CPU ranks (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
     cap = BUCKET_CAP_BYTES / GIB
-    edp = np.asarray(edp, float)
-    rep = np.where(lay.dp > 1, np.minimum(rep_gib, lay.dp * cap), 0.0)
-    exp = np.where(edp > 1, np.minimum(exp_gib, edp * cap), 0.0)
+    dp, edp = lay.dp.astype(float), np.maximum(np.asarray(edp, float), 1.0)  # edp is 0 without experts
+    rep = np.where(dp > 1, rep_gib, 0.0)  # gradients reduced in buckets: groups of two or more
+    exp = np.where(edp > 1, exp_gib, 0.0)
+    held = np.minimum(rep, dp * cap) + np.minimum(exp, edp * cap)
     # a bucket is one owner's share of its group (parameters balanced by size over the owners)
-    share = np.maximum(np.where(lay.dp > 1, rep_gib / lay.dp, 0.0),
-                       np.where(edp > 1, exp_gib / np.maximum(edp, 1.0), 0.0))  # edp is 0 without experts
-    flat = np.minimum(share, cap)
-    return np.where((lay.zero == 2) & lay.unfused, rep + exp + flat, 0.0)
+    flat = np.minimum(np.maximum(rep / dp, exp / edp), cap)
+    return np.where((lay.zero == 2) & lay.unfused, held + flat, 0.0)
 
 
 def _split_extras(split, x_first, x_last):
