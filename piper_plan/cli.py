@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -449,6 +450,11 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 
 
 @main.command("validate")
+@click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="a csv of your own measurements in the published table's schema (../shared/validation/"
+              "README.md: id, group, model, hardware, gpus, seq, metric, value and the layout columns); a model "
+              "without a bundled spec is built from its architecture columns (piper_plan/validate_rows.py). "
+              "Default: the bundled validation/published.csv")
 @click.option("--group", default=None, help="only this group (e.g. narayanan2021-table1)")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--explain", "explain_id", default=None, help="one row in full: its settings, predicted breakdown "
@@ -459,24 +465,21 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @click.option("--batch-scan", is_flag=True, help="the planner's-choice rows again at 1, 2, 4, 8 and 16 sequences "
               "per GPU: how far the global batch their sources do not publish moves each prediction")
 @one_line_errors
-def validate_cmd(group, as_json, explain_id, sensitivity, batch_scan):
+def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
     from . import report
     from .validate import explain, run, summary
-    from .validate_bounds import full_model_bounds
-    from .validate_kernels import (a2a_check, b200_gemm_checks, gemm_check, implied_gemm, moe_layer_check,
-                                   rccl_node_check, te_gemm_check)
 
     if sensitivity:
-        _show_sensitivity(group, as_json)
+        _show_sensitivity(group, as_json, table_path)
         return
     if batch_scan:
-        _show_batch_scan(group, as_json)
+        _show_batch_scan(group, as_json, table_path)
         return
     if explain_id:
-        d = explain(explain_id)
+        d = explain(explain_id, table_path)
         if as_json:
             click.echo(json.dumps(d, indent=2))
             return
@@ -495,18 +498,12 @@ def validate_cmd(group, as_json, explain_id, sensitivity, batch_scan):
         click.echo(f"notes: {d['notes']}")
         return
 
-    res = run(group)
+    res = run(group, table_path)
     summ = summary(res)
-    gemm, te_gemm, a2a, rccl = gemm_check(), te_gemm_check(), a2a_check(), rccl_node_check()
-    b200 = b200_gemm_checks()
-    layer = {"rows": moe_layer_check(), "implied_gemm": implied_gemm()}
-    bounds = full_model_bounds()
+    checks = _bundled_checks() if table_path is None else None  # they check the bundled specs, not a table
     if as_json:
         click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
-                               "gemm_h100_xla": gemm, "gemm_b200_xla": b200, "gemm_te_b300": te_gemm,
-                               "a2a_mcore_table7": a2a, "a2a_rccl_mi250x_node": rccl,
-                               "moe_layer_piper_frontier": layer,
-                               "full_models_piper_frontier": bounds}, indent=2))
+                               **(checks or {})}, indent=2))
         return
     t = Table(title="predicted vs published")
     for c in ("id", "metric", "published", "predicted", "error", "missed ms/layer·µb", "layout"):
@@ -529,6 +526,43 @@ def validate_cmd(group, as_json, explain_id, sensitivity, batch_scan):
     for name, d in summ["kinds"].items():
         k.add_row(labels.get(name, name), str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%",
                   f"{d['max_abs_pct']:.1f}%", f"≤{d['target_max']:g}%")
+    report.show([t, g, k])
+    for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
+        if d["beyond_target_max"]:
+            worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))
+            rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
+            click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
+    if checks is not None:
+        _show_bundled_checks(checks)
+    for size, d in summ["fig13_ratio"].items():
+        click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
+    mem = summ["published_runs_memory"]
+    if mem["rows"]:
+        over = "; ".join(f"{o['id']} {o['peak_gib']:.1f} > {o['device_gib']:g} GiB" for o in mem["over"])
+        click.echo(f"Memory of the published runs: {mem['rows'] - len(mem['over'])} of {mem['rows']} layouts fit "
+                   f"the device as predicted (each of them ran)" + (f"; over: {over}" if over else ""))
+
+
+def _bundled_checks() -> dict:
+    """The kernel, all-to-all, MoE-layer and full-model checks of the bundled specs against
+    the bundled measurement tables (validate_kernels, validate_bounds), as validate --json has them."""
+    from .validate_bounds import full_model_bounds
+    from .validate_kernels import (a2a_check, b200_gemm_checks, gemm_check, implied_gemm, moe_layer_check,
+                                   rccl_node_check, te_gemm_check)
+
+    return {"gemm_h100_xla": gemm_check(), "gemm_b200_xla": b200_gemm_checks(), "gemm_te_b300": te_gemm_check(),
+            "a2a_mcore_table7": a2a_check(), "a2a_rccl_mi250x_node": rccl_node_check(),
+            "moe_layer_piper_frontier": {"rows": moe_layer_check(), "implied_gemm": implied_gemm()},
+            "full_models_piper_frontier": full_model_bounds()}
+
+
+def _show_bundled_checks(c: dict) -> None:
+    from rich.table import Table
+
+    from . import report
+
+    gemm, b200, te_gemm, a2a = c["gemm_h100_xla"], c["gemm_b200_xla"], c["gemm_te_b300"], c["a2a_mcore_table7"]
+    rccl, layer, bounds = c["a2a_rccl_mi250x_node"], c["moe_layer_piper_frontier"], c["full_models_piper_frontier"]
     x = Table(title="GEMM kernel model vs measured GEMMs (OpenXLA's matmul tables, 375 shapes each: "
                     "H100 bf16; B200 bf16 and FP8)")
     for c in ("GPU", "dtype", "measured time", "shapes", "predicted/measured median", "10-90%",
@@ -576,34 +610,21 @@ def validate_cmd(group, as_json, explain_id, sensitivity, batch_scan):
     for r in bounds:
         fb.add_row(r["model"], f"{r['published']:g}", f"{r['best_predicted']:.1f}", str(r["gcds"]), r["layout"],
                    "yes" if r["reaches"] else "NO")
-    report.show([t, g, k])
-    for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
-        if d["beyond_target_max"]:
-            worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))
-            rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
-            click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
     report.show([x, b, a, rc, ml])
     click.echo(f"GEMM plateau at which those rates agree on average: {layer['implied_gemm']:.3f} of peak "
                f"(the spec: {layer['rows'][0]['gemm']:g}; validation/README.md, Frontier's two GEMM sources)")
     report.show([fb])
-    for size, d in summ["fig13_ratio"].items():
-        click.echo(f"Fig. 13 {size}: predicted Piper/X-MoE {d['predicted']:.2f} (paper {d['paper']:.2f})")
-    mem = summ["published_runs_memory"]
-    if mem["rows"]:
-        over = "; ".join(f"{o['id']} {o['peak_gib']:.1f} > {o['device_gib']:g} GiB" for o in mem["over"])
-        click.echo(f"Memory of the published runs: {mem['rows'] - len(mem['over'])} of {mem['rows']} layouts fit "
-                   f"the device as predicted (each of them ran)" + (f"; over: {over}" if over else ""))
 
 
-def _show_sensitivity(group, as_json):
+def _show_sensitivity(group, as_json, path=None):
     from rich.table import Table
 
     from . import report
     from .validate_sensitivity import COMPUTE, compute_scan, sensitivity
 
-    rows = sensitivity(group=group)
+    rows = sensitivity(group=group, path=path)
     # the scan's x1 is the unscaled specs, priced already as the first row
-    rows += compute_scan(factors=(0.6, 0.7, 0.8, 0.9), group=group) + [{**rows[0], "family": "+".join(COMPUTE)}]
+    rows += compute_scan(factors=(0.6, 0.7, 0.8, 0.9), group=group, path=path) + [{**rows[0], "family": "+".join(COMPUTE)}]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -617,13 +638,13 @@ def _show_sensitivity(group, as_json):
     report.show([t])
 
 
-def _show_batch_scan(group, as_json):
+def _show_batch_scan(group, as_json, path=None):
     from rich.table import Table
 
     from . import report
     from .validate_batch import PER_GPU, batch_scan
 
-    rows = batch_scan(group=group)
+    rows = batch_scan(group=group, path=path)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -31,6 +31,7 @@ plateau is a fit to Piper's single-MoE-layer rates on that machine, validate_ker
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -40,11 +41,10 @@ from scipy.stats import kendalltau
 
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
-from .errors import PiperError
+from .errors import LayoutError, PiperError
 from .layout import Layout, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
-from .specs import load_hardware, load_model
-from .validate_kernels import read_table
+from .validate_rows import ARCH, read_rows, row_hardware, row_model
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -98,6 +98,32 @@ def _kind(row) -> str:
 
 # Megatron-Core with Transformer Engine
 MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "megatron-bridge-dense")
+# Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer)
+MEGATRON_2021 = ("narayanan", "korthikanti")
+
+
+def _default(row, column: str) -> str:
+    """A recipe column as the row gives it, else what the row's software does unless told
+    otherwise (a table in the published schema has no recipe columns): Megatron, 2021 or Core,
+    splits layers evenly over the pipeline chunks (pipeline_split even); Megatron-Core's experts
+    run TE GroupedLinear's per-expert cuBLAS GEMMs on its streams (expert_gemm multistream: the
+    TE docs quoted in _settings); Megatron-Bridge's performance recipes reduce gradients in bf16
+    (grad_reduce; its 158 bundled rows all do), Narayanan's 2021 runs in fp16. Other groups:
+    blank, the planner's defaults."""
+    v = row.get(column, "")
+    if v:
+        return v
+    g = row["group"]
+    megatron = g in MEGATRON_GROUPS or g.startswith(MEGATRON_2021)
+    if column == "pipeline_split" and megatron:
+        return "even"
+    if column == "expert_gemm" and g in MEGATRON_GROUPS:
+        return "multistream"
+    if column == "grad_reduce" and g.startswith("megatron-bridge"):
+        return "bf16"
+    if column == "grad_reduce" and g.startswith("narayanan"):
+        return "fp16"  # Narayanan's SC21 scripts train with --fp16 (all ten bundled rows)
+    return ""
 
 
 # the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
@@ -138,7 +164,7 @@ def _settings(row) -> dict:
     grad_reduce / overlap_grad_reduce (Narayanan's SC21 scripts: fp16; torch DDP, overlapped with
     the last micro-batch's backward, for 1.7B-18B; local DDP after the backward above; blank: fp32
     after the backward)."""
-    if row["group"].startswith(("narayanan", "korthikanti")):  # Megatron-LM 2021-22: eager, local or torch DDP
+    if row["group"].startswith(MEGATRON_2021):  # Megatron-LM 2021-22: eager, local or torch DDP
         return dict(attention_kernel="eager", dropout=True, zero=0, grad_dtype=_grad_dtype(row),
                     overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
     graphs = row.get("cuda_graphs", "")
@@ -149,7 +175,7 @@ def _settings(row) -> dict:
                 attention_fp8=row.get("attention_fp8") == "yes",
                 grad_dtype=_grad_dtype(row),
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
-                expert_gemm=row.get("expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
+                expert_gemm=_default(row, "expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
                 a2a_sms=_i(row.get("a2a_sms"), DISPATCHER_SMS.get(row.get("dispatcher", ""))),
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")], expert_probs="activation",
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
@@ -158,7 +184,7 @@ def _settings(row) -> dict:
 def _grad_dtype(row) -> str:
     """The csv's grad_reduce as Layout.grad_dtype: the planner prices a reduction by its element
     size, so fp16 (2021 Megatron-LM runs with --fp16) reduces as bf16 does; blank: fp32."""
-    g = row.get("grad_reduce") or "fp32"
+    g = _default(row, "grad_reduce") or "fp32"
     return "bf16" if g == "fp16" else g
 
 
@@ -178,7 +204,7 @@ def _layout(row) -> Layout:
     gbs = _i(row["gbs"], dp * mbs)
     # how the run split layers over pipeline chunks (validation/README.md): Megatron's default even
     # split, or its embedding/loss accounting; a hand-written layout string is priced by cost
-    split = row.get("pipeline_split", "")
+    split = _default(row, "pipeline_split")
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
                   seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=split if split in ("even", "account") else "balanced",
@@ -186,11 +212,43 @@ def _layout(row) -> Layout:
                   **_settings(row))
 
 
-def _tokens_per_gpu(row) -> float | None:
-    """tokens/s/GPU the source publishes beside the row's metric (the csv's
-    tokens_per_s_per_gpu; its notes quote it), if any."""
+_NOTES_TOKENS = re.compile(r"(?:^|;)\s*(\d[\d,]*(?:\.\d+)?)\s*tok/s/GPU")
+# how far a TFLOPS figure's FLOPs per token (TFLOPS / tokens/s) may sit from the model's own
+# count and still be the same run: FLOP conventions differ by up to ~20 % (Megatron-Bridge's
+# 25.x tables count GPT-OSS-120B at 27.2 GFLOP a token, the planner 32.7); a factor of 2 is a
+# transcription slip (the published table's Qwen3-30B note once held half the figure)
+_CONVENTION = (0.75, 1.0 / 0.75)
+
+
+def _check_degrees(lay: Layout, experts: int) -> None:
+    """LayoutError where a row's degrees cannot be one run: tp·pp·dp GPUs, ep dividing dp·tp and
+    the experts, whole micro-batches. (Not layout.check_layout: published runs hold layouts its
+    planner rules refuse, e.g. a Megatron pipeline layout with more chunks than layers.)"""
+    if lay.tp * lay.pp * lay.dp != lay.gpus:
+        raise LayoutError("tp*pp*dp == gpus", f"{lay.tp}*{lay.pp}*{lay.dp} = {lay.tp * lay.pp * lay.dp}, "
+                          f"not {lay.gpus}")
+    if (lay.dp * lay.tp) % lay.ep or (experts and experts % lay.ep) or (lay.ep > 1 and not experts):
+        raise LayoutError("ep divides dp*tp and the experts", f"ep={lay.ep}, dp*tp={lay.dp * lay.tp}, "
+                          f"{experts} experts")
+    if lay.global_batch % (lay.dp * lay.mbs):
+        raise LayoutError("global_batch divisible by dp*mbs", f"{lay.global_batch} sequences, dp*mbs = "
+                          f"{lay.dp * lay.mbs}")
+
+
+def _tokens_per_gpu(row, m=None) -> float | None:
+    """tokens/s/GPU the source publishes beside the row's metric: the csv's
+    tokens_per_s_per_gpu, else a "N tok/s/GPU" clause of the notes (the published table's
+    schema has no such column) when it agrees with a TFLOPS value up to a FLOP convention
+    (_CONVENTION, against model m); None otherwise."""
     tok = row.get("tokens_per_s_per_gpu", "")
-    return float(tok) if tok else None
+    if tok:
+        return float(tok)
+    hit = _NOTES_TOKENS.search(row.get("notes", ""))
+    if not hit or m is None or not row["metric"].endswith("tflops_per_gpu"):
+        return None
+    tok = float(hit.group(1).replace(",", ""))
+    ratio = float(row["value"]) * 1e12 / tok / m.flops_per_token(_i(row["seq"]))
+    return tok if _CONVENTION[0] <= ratio <= _CONVENTION[1] else None
 
 
 def _narayanan_flops(row) -> float:
@@ -241,9 +299,12 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
     DeepSpeed-MoE lineage) no pipeline; at `global_batch` sequences, by default the default
     batch (4M tokens) rounded to the GPUs, since these sources do not publish theirs."""
     seq, gpus = _i(row["seq"]), _i(row["gpus"])
-    if row["group"] == "xmoe2025":
+    if row["group"] == "xmoe2025":  # X-MoE's stack, as _xmoe_settings runs its published layouts
         gbs = global_batch or round_batch(default_global_batch(seq), gpus)
-        return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=(1,))
+        x = _xmoe_settings(row)
+        return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=(1,), dtype=x["dtype"], a2as=("flat",),
+                           expert_gemm=x["expert_gemm"], expert_probs=x["expert_probs"],
+                           overlap_grad_reduce=x["overlap_grad_reduce"])
     space = piper_space(gpus, seq)
     return space if global_batch is None else replace(space, global_batch=global_batch)
 
@@ -254,10 +315,10 @@ def is_searched(row) -> bool:
     return row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"])
 
 
-def _compared(row) -> tuple[str, float]:
+def _compared(row, m=None) -> tuple[str, float]:
     """(metric, published value) a row is compared in: a TFLOPS row whose notes also publish
     tokens/s/GPU is compared in tokens/s (no FLOP convention needed); others as published."""
-    tok = _tokens_per_gpu(row)
+    tok = _tokens_per_gpu(row, m)
     if row["metric"] == "model_tflops_per_gpu" and tok and not is_searched(row):
         return "tokens_per_s_per_gpu", tok
     return row["metric"], float(row["value"])
@@ -275,27 +336,34 @@ def _row_estimate(row, m, hw):
     lay = _layout(row)
     if row["group"] == "xmoe2025":  # X-MoE recipe with a published layout (ZeRO, no PP)
         lay = lay.model_copy(update=_xmoe_settings(row))
+    _check_degrees(lay, m.moe.num_experts if m.moe else 0)
     return lay, evaluate(m, hw, from_layouts([lay])), 0
 
 
-def _spec(specs: dict, load, name: str):
-    """The spec `load` reads for `name`, read once per `specs` memo."""
-    key = (load.__name__, name)
-    if key not in specs:
-        specs[key] = load(name)
-    return specs[key]
+def row_specs(row, specs: dict, path: Path | None = None):
+    """(model, hardware) a row is priced on (validate_rows.row_model / row_hardware), read once
+    per `specs` memo: rows share a few dozen specs, and parsing their YAML again for every row
+    was most of a pass's time."""
+    path = path or data_path()
+    mk = ("model", row["model_spec"] or (row["model"], *(row[c] for c in ARCH)))
+    hk = ("hardware", row["hardware_spec"] or row["hardware"])
+    if mk not in specs:
+        specs[mk] = row_model(path, row)
+    if hk not in specs:
+        specs[hk] = row_hardware(path, row)
+    return specs[mk], specs[hk]
 
 
-def _priced(row, hw_edit=None, specs: dict | None = None):
-    """(model, layout, Estimate, index) a row is priced under (_row_estimate) on its bundled
-    specs; hw_edit, if given, maps the hardware spec first (validate_sensitivity). `specs`, if
-    given, holds the specs already read, by (loader, name): rows share a few dozen files, and
-    parsing their YAML again for every row was most of a pass's time."""
-    specs = {} if specs is None else specs
-    m, hw = _spec(specs, load_model, row["model_spec"]), _spec(specs, load_hardware, row["hardware_spec"])
+def _priced(row, hw_edit=None, specs: dict | None = None, path: Path | None = None):
+    """(model, layout, Estimate, index) a row is priced under (_row_estimate) on its specs
+    (row_specs); hw_edit, if given, maps the hardware spec first (validate_sensitivity)."""
+    m, hw = row_specs(row, {} if specs is None else specs, path)
     if hw_edit is not None:
         hw = hw_edit(hw)
-    return (m, *_row_estimate(row, m, hw))
+    try:
+        return (m, *_row_estimate(row, m, hw))
+    except PiperError as e:  # an impossible layout: name the table and the row
+        raise PiperError(f"{path or data_path()}: row {row['id']}: {e}") from None
 
 
 def predict_row(row) -> tuple[float, str]:
@@ -308,13 +376,15 @@ def _measured_step(row, m, lay: Layout) -> float | None:
     time, or a TFLOPS figure under its source's own FLOP count (Narayanan's eq. 3, X-MoE's
     calculator, Megatron's, which is ours for the models it publishes); None for memory rows and
     the Piper paper's TFLOPS (planner's choice)."""
-    tok = _tokens_per_gpu(row)
+    tok = _tokens_per_gpu(row, m)
     value, metric = float(row["value"]), row["metric"]
     tokens = lay.global_batch * lay.seq
     if tok:
         return tokens / (tok * lay.gpus)
     if metric == "iteration_time_s":
         return value
+    if metric == "tokens_per_s_per_gpu":
+        return tokens / (value * lay.gpus)
     if metric == "hw_tflops_per_gpu":
         return _narayanan_flops(row) / (value * 1e12 * lay.gpus)
     if metric == "model_tflops_per_gpu" and row["group"] == "xmoe2025":
@@ -351,14 +421,21 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
     if lay is None:
         return float("nan"), "nothing fits"
     step = float(est.step_time_s[i])
-    if is_searched(row):
-        return float(est.tflops_per_gpu[i]), _desc(lay)  # the searched plan's own model TFLOPS
+    if is_searched(row):  # the searched plan's own figures (its global batch is the search's)
+        if metric.endswith("gib_per_gpu"):
+            raise PiperError(f"row {row['id']}: metric: a memory figure needs the layout it was measured "
+                             f"under, not {row['recompute']!r}")
+        own = {"model_tflops_per_gpu": est.tflops_per_gpu[i], "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i],
+               "iteration_time_s": step, "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
+        return float(own[metric]), _desc(lay)
     if metric == "hw_tflops_per_gpu":
         return _narayanan_flops(row) / step / lay.gpus / 1e12, _desc(lay)
     if metric == "iteration_time_s":
         return step, _desc(lay)
+    if metric == "tokens_per_s_per_gpu":
+        return float(est.tokens_per_s[i]) / lay.gpus, _desc(lay)
     if metric == "model_tflops_per_gpu":
-        if _tokens_per_gpu(row):
+        if _tokens_per_gpu(row, m):
             return float(est.tokens_per_s[i]) / lay.gpus, _desc(lay)
         if row["group"] == "xmoe2025":  # X-MoE's own FLOP count (_xmoe_flops_per_token)
             tokens = lay.global_batch * lay.seq
@@ -377,13 +454,14 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     """One row in full: the layout and settings it is priced under, the predicted step and its
     breakdown, and (where the published figure gives a step time: tokens/s, iteration time) the
     measured step time and what the model misses per transformer layer and micro-batch on a rank."""
-    rows = [r for r in read_table(path or data_path()) if r["id"] == row_id]
+    path = path or data_path()
+    rows = [r for r in read_rows(path) if r["id"] == row_id]
     if not rows:
-        raise PiperError(f"{path or data_path()}: id: no row {row_id!r}")
+        raise PiperError(f"{path}: id: no row {row_id!r}")
     row = rows[0]
-    m, lay, est, i = _priced(row)
+    m, lay, est, i = _priced(row, path=path)
     pred, _ = _row_value(row, m, lay, est, i)
-    metric, pub = _compared(row)
+    metric, pub = _compared(row, m)
     out = {"id": row_id, "metric": metric, "published": pub, "predicted": pred,
            "source": row["source"], "notes": row["notes"]}
     if lay is None:
@@ -402,19 +480,19 @@ def _desc(lay: Layout) -> str:
 def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> list[Result]:
     """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
     to the one it is priced on (validate_sensitivity scales efficiencies with it)."""
-    rows = read_table(path or data_path())
+    path = path or data_path()
     out, specs = [], {}
-    for row in rows:
+    for row in read_rows(path):
         if group and row["group"] != group:
             continue
-        m, *priced = _priced(row, hw_edit, specs)
+        m, *priced = _priced(row, hw_edit, specs, path)
         pred, desc = _row_value(row, m, *priced)
-        metric, pub = _compared(row)
+        metric, pub = _compared(row, m)
         gap = _step_gap(row, m, *priced).get("missing_ms_per_layer_microbatch")
         lay, est, i = priced
         ran = lay is not None and _kind(row) != "memory" and not is_searched(row)
         peak = float(est.peak_memory_gib[i]) if ran else None
-        dev = _spec(specs, load_hardware, row["hardware_spec"]).accelerator.memory_gib if ran else None
+        dev = row_specs(row, specs, path)[1].accelerator.memory_gib if ran else None
         out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
                           gap, peak, dev))
     return out

@@ -13,9 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .search import search
-from .specs import load_hardware, load_model
-from .validate import _spec, data_path, is_searched, searched_space
-from .validate_kernels import read_table
+from .validate import data_path, is_searched, row_specs, searched_space
+from .validate_rows import read_rows
 
 # sequences per GPU per step: 1 is the least Piper's PP x EP mesh can run under 1F1B with one
 # sequence a micro-batch (M = PP micro-batches on each of the EP = GPUs/PP pipelines), 16 is
@@ -40,10 +39,11 @@ def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = No
     scan: [{per_gpu, global_batch, predicted, layout}], low, high, inside}] for every searched
     row (TFLOPS per GPU; predicted None where nothing fits at that batch)."""
     out, specs = [], {}
-    for row in read_table(path or data_path()):
+    path = path or data_path()
+    for row in read_rows(path):
         if not is_searched(row) or (group and row["group"] != group):
             continue
-        m, hw = _spec(specs, load_model, row["model_spec"]), _spec(specs, load_hardware, row["hardware_spec"])
+        m, hw = row_specs(row, specs, path)
         gpus = int(row["gpus"])
         space = searched_space(row)
         pred, lay = _best_tflops(m, hw, space)

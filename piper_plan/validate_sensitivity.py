@@ -9,6 +9,8 @@ memory efficiencies together: the one knob that could trade dense accuracy for M
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from .specs.hardware import HardwareSpec
 from .validate import run, summary
 
@@ -53,17 +55,19 @@ def _kinds(results) -> dict:
     return {kind: {k: d[k] for k in keep} for kind, d in summary(results)["kinds"].items()}
 
 
-def sensitivity(factors=(0.8, 1.25), families=tuple(FAMILIES), group: str | None = None) -> list[dict]:
+def sensitivity(factors=(0.8, 1.25), families=tuple(FAMILIES), group: str | None = None,
+                path: Path | None = None) -> list[dict]:
     """[{family, factor, <kind>: {mape, max_abs_pct, within_target_max, rows}}], the unscaled
-    specs first (family 'none', factor 1)."""
-    out = [{"family": "none", "factor": 1.0, **_kinds(run(group))}]
+    specs first (family 'none', factor 1); `path`: a table other than the bundled one."""
+    out = [{"family": "none", "factor": 1.0, **_kinds(run(group, path))}]
     for fam in families:
         for f in factors:
-            out.append({"family": fam, "factor": f, **_kinds(run(group, hw_edit=lambda hw: scaled(hw, (fam,), f)))})
+            out.append({"family": fam, "factor": f,
+                        **_kinds(run(group, path, hw_edit=lambda hw: scaled(hw, (fam,), f)))})
     return out
 
 
-def compute_scan(factors=(0.6, 0.7, 0.8, 0.9, 1.0), group: str | None = None) -> list[dict]:
+def compute_scan(factors=(0.6, 0.7, 0.8, 0.9, 1.0), group: str | None = None, path: Path | None = None) -> list[dict]:
     """Every compute and memory efficiency (gemm, attention, memory) scaled together."""
     return [{"family": "+".join(COMPUTE), "factor": f,
-             **_kinds(run(group, hw_edit=lambda hw: scaled(hw, COMPUTE, f)))} for f in factors]
+             **_kinds(run(group, path, hw_edit=lambda hw: scaled(hw, COMPUTE, f)))} for f in factors]

@@ -9,7 +9,7 @@ from piper_plan.specs import load_hardware, load_model
 
 @pytest.fixture(scope="module")
 def rows():
-    return {r["id"]: r for r in V.read_table(V.data_path()) if r["group"] == "xmoe2025"}
+    return {r["id"]: r for r in V.read_rows(V.data_path()) if r["group"] == "xmoe2025"}
 
 
 def test_xmoe_flop_count_is_its_throughput_calculator():
@@ -48,7 +48,7 @@ def test_xmoe_rows_are_priced_on_their_stack_s_gemm_rate(rows):
     # X-MoE's write-up measured its stack's GEMMs at ~60 % of an MI250X GCD's peak (PyTorch 2.2.0,
     # ROCm 5.7.1); Piper's rows keep the 0.695 Piper's own runs imply on the same machine
     assert {r["hardware_spec"] for r in rows.values()} == {"frontier-rocm57"}
-    piper = [r for r in V.read_table(V.data_path()) if r["group"].startswith("piper2026")]
+    piper = [r for r in V.read_rows(V.data_path()) if r["group"].startswith("piper2026")]
     assert piper and {r["hardware_spec"] for r in piper} == {"frontier"}
     stack, machine = load_hardware("frontier-rocm57"), load_hardware("frontier")
     assert stack.efficiency.gemm == 0.60 < machine.efficiency.gemm

@@ -1,7 +1,7 @@
 """Regression guard on the accuracy figures of `piper-plan validate` (see validation/README.md)."""
 import pytest
 
-from piper_plan.validate import TARGETS, data_path, read_table, run, summary
+from piper_plan.validate import TARGETS, data_path, read_rows, run, summary
 
 
 @pytest.fixture(scope="module")
@@ -12,7 +12,7 @@ def results():
 @pytest.fixture(scope="module")
 def published():
     """The validation set's rows, read once."""
-    return read_table(data_path())
+    return read_rows(data_path())
 
 
 def test_dense_rows_meet_the_targets(results):

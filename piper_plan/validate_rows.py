@@ -1,0 +1,183 @@
+"""Reading a validation table, the bundled one or a user's, and the specs each row is priced on.
+
+A table is a csv in the schema of the published measurements (../shared/validation/README.md:
+id, group, model, hardware, layout columns, metric, value); the recipe columns the bundled table
+adds (validation/README.md) are optional and read as blank where a table lacks them. Only
+id, group, model, hardware, gpus, seq, metric and value must be present.
+
+A row names its specs by model_spec / hardware_spec (the bundled table), or by the schema's
+model / hardware: a bundled spec (or a spec file) of that name, a parenthesised remark after the
+name ignored ("deepseek-v3 (no MTP)"). The architecture columns (layers, hidden, heads, ffn,
+vocab, experts, topk, expert_ffn) are the row's own statement of the model, so where they are
+given they override the spec they name (a range, "2560-3072", counts as not given). A model with no bundled spec is built from those columns
+on its family's spec: the bundled name sharing the longest prefix that ends at a '-' (gpt-oss-20b
+on gpt-oss-120b: its sliding windows, biases and clamp kept), or Megatron's GPT (gpt-175b) when
+no family matches. Every problem is one PiperError naming the table, the row and the field.
+"""
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .errors import PiperError, from_validation
+from .specs import load_hardware, load_model
+from .specs.model import ModelSpec
+from .specs.registry import bundled_names
+
+# the bundled table's columns (validation/README.md): a table lacking some reads them as blank
+COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn", "vocab", "experts", "topk",
+           "expert_ffn", "hardware", "precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq",
+           "recompute", "recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
+           "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
+           "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit")
+REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
+METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
+           "activation_gib_per_gpu", "params_optimizer_gib_per_gpu")
+PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
+INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
+        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage")
+MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage")  # 0: none (a dense model's experts; ZeRO off)
+FLOATS = ("value", "tokens_per_s_per_gpu")
+# architecture column -> ModelSpec field (moe.* inside the MoE block)
+ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
+        "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size"}
+_RANGE = re.compile(r"\d+-\d+")
+GENERIC = "gpt-175b"  # Megatron's GPT: the template of a model with no family among the bundled specs
+
+
+class TableError(PiperError):
+    def __init__(self, path, row: str | None, field: str, expected: str):
+        where = f"{path}: row {row}" if row else str(path)
+        super().__init__(f"{where}: {field}: {expected}")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The table's rows as dicts of strings, every column of the bundled schema present (blank
+    where the table lacks it), each row's numbers and names checked (TableError on the first
+    bad one)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in REQUIRED if c not in header]
+            if missing:
+                raise TableError(path, None, "header", f"columns {', '.join(missing)} are missing "
+                                 f"(a table needs {', '.join(REQUIRED)})")
+            blank = dict.fromkeys(COLUMNS, "")
+            rows = [{**blank, **{(k or "").strip(): (v or "").strip() for k, v in r.items() if k}} for r in reader]
+    except OSError as e:
+        raise TableError(path, None, "file", f"cannot be read ({e.strerror or e})") from None
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise TableError(path, None, "file", f"not a readable csv ({e})") from None
+    if not rows:
+        raise TableError(path, None, "rows", "the table has no rows")
+    seen = set()
+    for n, r in enumerate(rows, start=2):
+        rid = r.get("id") or f"at line {n}"
+        for c in REQUIRED:
+            if not r.get(c):
+                raise TableError(path, rid, c, "blank; every row needs it")
+        if r["id"] in seen:
+            raise TableError(path, rid, "id", "appears twice; ids must be unique")
+        seen.add(r["id"])
+        _check_row(path, rid, r)
+    return rows
+
+
+def _check_row(path, rid: str, r: dict) -> None:
+    for c in INTS:
+        v = r.get(c, "")
+        if c in ARCH and _RANGE.fullmatch(v):
+            continue  # a range the source leaves open ("2560-3072"): unknown, the named spec's value holds
+        if v and not (v.isdigit() and (int(v) > 0 or c in MAY_BE_ZERO)):
+            what = "a whole number" if c in MAY_BE_ZERO else "a positive whole number"
+            raise TableError(path, rid, c, f"expected {what}, got {v!r}")
+    for c in FLOATS:
+        v = r.get(c, "")
+        try:
+            ok = not v or float(v) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise TableError(path, rid, c, f"expected a positive number, got {v!r}")
+    if r["metric"] not in METRICS:
+        raise TableError(path, rid, "metric", f"expected one of {', '.join(METRICS)}, got {r['metric']!r}")
+    if r.get("precision", "") not in PRECISIONS:
+        raise TableError(path, rid, "precision", f"expected one of {', '.join(p for p in PRECISIONS if p)} "
+                         f"(or blank), got {r['precision']!r}")
+
+
+def _name(text: str) -> str:
+    """A table's model or hardware name without a parenthesised remark."""
+    return text.split("(")[0].strip()
+
+
+def row_hardware(path, row: dict):
+    """The row's hardware spec: hardware_spec, else the hardware column's name or file."""
+    ref = row.get("hardware_spec") or _name(row["hardware"])
+    try:
+        return load_hardware(ref)
+    except PiperError as e:
+        raise TableError(path, row["id"], "hardware", str(e)) from None
+
+
+def row_model(path, row: dict) -> ModelSpec:
+    """The row's model spec (module docstring): model_spec as it is, else the named or
+    family spec with the architecture columns laid over it."""
+    if row.get("model_spec"):
+        try:
+            return load_model(row["model_spec"])
+        except PiperError as e:
+            raise TableError(path, row["id"], "model_spec", str(e)) from None
+    name = _name(row["model"])
+    base_name = name if name in bundled_names("models") or Path(name).is_file() else _family(name)
+    try:
+        base = load_model(base_name)
+    except PiperError as e:
+        raise TableError(path, row["id"], "model", str(e)) from None
+    return _overlaid(path, row, name, base_name, base)
+
+
+def _family(name: str) -> str:
+    """The bundled model sharing the longest '-'-bounded prefix with `name` (first in name
+    order on a tie), or GENERIC."""
+    parts = name.lower().split("-")
+    for k in range(len(parts) - 1, 0, -1):
+        prefix = "-".join(parts[:k]) + "-"
+        hits = [b for b in bundled_names("models") if b.startswith(prefix)]
+        if hits:
+            return hits[0]
+    return GENERIC
+
+
+def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> ModelSpec:
+    given = {c: int(row[c]) for c in ARCH if row.get(c, "").isdigit()}
+    top = {ARCH[c]: v for c, v in given.items() if not ARCH[c].startswith("moe.")}
+    moe = {ARCH[c][4:]: v for c, v in given.items() if ARCH[c].startswith("moe.")}
+    data = base.model_dump(exclude_none=True)
+    changed = {k: v for k, v in top.items() if data.get(k) != v}
+    data.update(top)
+    if "num_heads" in changed:
+        kv = data.get("num_kv_heads")
+        if kv and data["num_heads"] % kv:
+            data.pop("num_kv_heads")  # the family's GQA grouping does not divide the row's heads
+    if moe.get("num_experts") == 0:  # "0": a dense model, whatever the spec it names
+        if data.pop("moe", None) is not None:
+            changed["moe"] = None
+    elif moe:
+        # a MoE row on a dense template: its experts are the template's FFN kind (gated or not)
+        old = data.get("moe") or {"gated": base.ffn_gated}
+        new = {**old, **moe}
+        if new != old:
+            changed["moe"] = moe
+        data["moe"] = new
+    if not changed and name == base_name:
+        return base
+    data.update(name=name, source=f"{path} row {row['id']}: the row's architecture columns on {base_name}")
+    try:
+        return ModelSpec.model_validate(data)
+    except ValidationError as e:
+        raise TableError(path, row["id"], "model", str(from_validation(f"{name} on {base_name}", e))) from None

@@ -1,0 +1,132 @@
+"""`piper-plan validate --table`: a user's measurements in the published table's schema."""
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from piper_plan import validate as V
+from piper_plan.cli import main
+from piper_plan.validate_rows import row_model
+
+# the schema of ../shared/validation/published.csv: no recipe columns, no spec columns
+SCHEMA = ("id,group,source,model,layers,hidden,heads,ffn,vocab,experts,topk,expert_ffn,hardware,precision,gpus,"
+          "tp,pp,vpp,ep,dp,mbs,gbs,seq,recompute,metric,value,notes").split(",")
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return {r["id"]: r for r in V.read_rows(V.data_path())}
+
+
+def write(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SCHEMA, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def cli(*args):
+    r = CliRunner().invoke(main, ["validate", *args])
+    return r.exit_code, r.output
+
+
+def test_rows_in_the_published_schema_price_as_the_bundled_rows_do(tmp_path, bundled):
+    # Korthikanti's rows carry no recipe column in the bundled table either (Megatron's even split
+    # is the default of their group), so read from a schema-only table they must price the same
+    ids = ["kor22-t5-175b-full", "kor22-t5-530b-sel", "kor22-f1-22b-act-none", "kor22-f1-530b-states"]
+    path = write(tmp_path / "mine.csv", [bundled[i] for i in ids])
+    mine = {r.id: r for r in V.run(path=path)}
+    ours = {r.id: r for r in V.run() if r.id in ids}
+    assert len(mine) == len(ids) == len(ours)
+    for i in ids:
+        assert mine[i].metric == ours[i].metric and mine[i].predicted == pytest.approx(ours[i].predicted, rel=1e-12)
+
+
+def test_tokens_in_the_notes_are_compared_when_they_agree_with_the_tflops(tmp_path, bundled):
+    row = {**bundled["mb-gptoss120b-h100-bf16"], "notes": "5993 tok/s/GPU"}
+    (agree,) = V.run(path=write(tmp_path / "a.csv", [row]))
+    assert agree.metric == "tokens_per_s_per_gpu" and agree.published == 5993
+    # half the figure (a transcription slip) implies 54 GFLOP a token against the model's 32.7:
+    # the notes are not the same run's figure, so the row is compared in its own metric
+    (slip,) = V.run(path=write(tmp_path / "b.csv", [{**row, "notes": "2996 tok/s/GPU"}]))
+    assert slip.metric == "model_tflops_per_gpu" and slip.published == float(row["value"])
+
+
+def test_a_tokens_per_second_row_is_priced_in_tokens(tmp_path, bundled):
+    src = bundled["mb-qwen3-30b-h100-fp8-2606"]
+    row = {**src, "metric": "tokens_per_s_per_gpu", "value": src["tokens_per_s_per_gpu"]}
+    full = {**row, **{k: src[k] for k in src if k not in SCHEMA}}  # with the recipe columns
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(full))
+        w.writeheader()
+        w.writerow(full)
+    (tok,) = V.run(path=tmp_path / "t.csv")
+    ours = next(r for r in V.run(group=src["group"]) if r.id == src["id"])
+    assert tok.metric == ours.metric == "tokens_per_s_per_gpu"
+    assert tok.predicted == pytest.approx(ours.predicted, rel=1e-12)
+
+
+def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
+    row = {"id": "oss20", "model": "gpt-oss-20b", "layers": "24", "hidden": "2880", "heads": "64", "ffn": "",
+           "vocab": "201088", "experts": "32", "topk": "4", "expert_ffn": "2880"}
+    m = row_model(tmp_path / "t.csv", row)
+    big = V.row_specs({"model_spec": "gpt-oss-120b", "hardware_spec": "dgx-h100"}, {})[0]
+    assert (m.name, m.num_layers, m.moe.num_experts, m.moe.top_k) == ("gpt-oss-20b", 24, 32, 4)
+    # the family's traits stay: sliding windows, expert biases and clamp, head_dim 64, GQA
+    assert (m.sliding_window, m.moe.expert_bias, m.moe.glu_clamp, m.head_dim, m.num_kv_heads) == (
+        big.sliding_window, True, big.moe.glu_clamp, 64, big.num_kv_heads)
+    # no family: Megatron's GPT with the row's columns (and a MoE block of its FFN kind)
+    dense = row_model(tmp_path / "t.csv", {"id": "x", "model": "acme-13b", "layers": "40", "hidden": "5120",
+                                           "heads": "40", "ffn": "20480", "vocab": "51200", "experts": ""})
+    assert (dense.num_layers, dense.hidden_size, dense.ffn_size, dense.moe, dense.ffn_gated) == (
+        40, 5120, 20480, None, False)
+    moe = row_model(tmp_path / "t.csv", {"id": "y", "model": "acme-moe", "layers": "12", "hidden": "2048",
+                                         "heads": "16", "vocab": "50304", "experts": "64", "topk": "2",
+                                         "expert_ffn": "1024"})
+    assert (moe.moe.num_experts, moe.moe.expert_ffn_size, moe.moe.gated) == (64, 1024, False)
+
+
+def test_a_named_spec_takes_the_row_s_architecture_columns(tmp_path):
+    same = row_model(tmp_path / "t.csv", {"id": "a", "model": "gpt-175b", "layers": "96", "hidden": "12288"})
+    assert same.name == "gpt-175b" and same.source.startswith("Korthikanti")  # agrees: the spec itself
+    # a remark after the name is ignored; a column that differs is the row's statement
+    other = row_model(tmp_path / "t.csv", {"id": "b", "model": "gpt-175b (a shallower cut)", "layers": "48"})
+    assert (other.name, other.num_layers, other.hidden_size) == ("gpt-175b", 48, 12288)
+    assert "row b" in other.source
+
+
+def test_the_cli_reads_a_table_and_leaves_out_the_bundled_kernel_checks(tmp_path, bundled):
+    path = write(tmp_path / "mine.csv", [bundled["kor22-t5-175b-full"]])
+    code, out = cli("--table", str(path))
+    assert code == 0 and "predicted vs published" in out and "GEMM kernel model" not in out
+    code, out = cli("--table", str(path), "--json")
+    d = json.loads(out)
+    assert code == 0 and len(d["rows"]) == 1 and "gemm_h100_xla" not in d
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda r: {**r, "gpus": "eight"}, "gpus: expected a positive whole number"),
+    (lambda r: {**r, "value": "fast"}, "value: expected a positive number"),
+    (lambda r: {**r, "metric": "mfu"}, "metric: expected one of"),
+    (lambda r: {**r, "hardware": "dgx-z900"}, "hardware: "),
+    (lambda r: {**r, "precision": "fp4"}, "precision: expected one of"),
+    (lambda r: {**r, "tp": "3"}, "layout"),  # tp*pp*dp != gpus
+])
+def test_a_bad_row_is_one_line_naming_the_table_row_and_field(tmp_path, bundled, edit, field):
+    row = bundled["kor22-t5-175b-full"]
+    path = write(tmp_path / "bad.csv", [edit(row)])
+    code, out = cli("--table", str(path))
+    lines = [x for x in out.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out, out
+    assert str(path) in lines[0] and f"row {row['id']}" in lines[0] and field in lines[0], lines[0]
+
+
+def test_a_table_without_the_required_columns_or_file_is_refused(tmp_path):
+    p = tmp_path / "short.csv"
+    p.write_text("id,group,model\nx,g,gpt-175b\n")
+    code, out = cli("--table", str(p))
+    assert code == 2 and "header: columns hardware, gpus, seq, metric, value are missing" in out
+    code, out = cli("--table", str(tmp_path / "absent.csv"))
+    assert code == 2 and "absent.csv: file: cannot be read" in out
