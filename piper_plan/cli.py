@@ -527,6 +527,12 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         k.add_row(labels.get(name, name), str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%",
                   f"{d['max_abs_pct']:.1f}%", f"≤{d['target_max']:g}%")
     report.show([t, g, k])
+    built = {}
+    for r in res:
+        if r.built_on:
+            built.setdefault(r.built_on, []).append(r.id)
+    for base, ids in built.items():
+        click.echo(f"models built from the table's architecture columns on {base}: rows {', '.join(ids)}")
     for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
         if d["beyond_target_max"]:
             worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))

@@ -44,7 +44,7 @@ from .cost.estimate import evaluate
 from .errors import LayoutError, PiperError
 from .layout import Layout, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
-from .validate_rows import ARCH, read_rows, row_hardware, row_model
+from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -80,6 +80,8 @@ class Result:
     # its source ran (a throughput row): every such run fitted, so peak > device is a model error
     peak_memory_gib: float | None = None
     device_memory_gib: float | None = None
+    # where a table names a model with no bundled spec: what it was built on (validate_rows)
+    built_on: str | None = None
 
     @property
     def error_pct(self) -> float:
@@ -494,7 +496,7 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
         peak = float(est.peak_memory_gib[i]) if ran else None
         dev = row_specs(row, specs, path)[1].accelerator.memory_gib if ran else None
         out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
-                          gap, peak, dev))
+                          gap, peak, dev, built_on(m)))
     return out
 
 

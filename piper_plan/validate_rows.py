@@ -9,14 +9,17 @@ A row names its specs by model_spec / hardware_spec (the bundled table), or by t
 model / hardware: a bundled spec (or a spec file) of that name, a parenthesised remark after the
 name ignored ("deepseek-v3 (no MTP)"). The architecture columns (layers, hidden, heads, ffn,
 vocab, experts, topk, expert_ffn) are the row's own statement of the model, so where they are
-given they override the spec they name (a range, "2560-3072", counts as not given). A model with no bundled spec is built from those columns
-on its family's spec: the bundled name sharing the longest prefix that ends at a '-' (gpt-oss-20b
-on gpt-oss-120b: its sliding windows, biases and clamp kept), or Megatron's GPT (gpt-175b) when
-no family matches. Every problem is one PiperError naming the table, the row and the field.
+given they override the spec they name (a range, "2560-3072", counts as not given; ffn, for a
+model whose every layer is MoE, is unused). A model with no bundled spec is built from those
+columns on its family's spec: the bundled name sharing the longest prefix that ends at a '-'
+(gpt-oss-20b on gpt-oss-120b: its sliding windows, biases and clamp kept), else the bundled spec
+of its kind nearest in those columns (kimi-k2 on deepseek-v3), else Megatron's GPT (gpt-175b).
+Every problem is one PiperError naming the table, the row and the field.
 """
 from __future__ import annotations
 
 import csv
+import math
 import re
 from pathlib import Path
 
@@ -133,7 +136,7 @@ def row_model(path, row: dict) -> ModelSpec:
         except PiperError as e:
             raise TableError(path, row["id"], "model_spec", str(e)) from None
     name = _name(row["model"])
-    base_name = name if name in bundled_names("models") or Path(name).is_file() else _family(name)
+    base_name = name if name in bundled_names("models") or Path(name).is_file() else _template(name, row)
     try:
         base = load_model(base_name)
     except PiperError as e:
@@ -141,16 +144,54 @@ def row_model(path, row: dict) -> ModelSpec:
     return _overlaid(path, row, name, base_name, base)
 
 
-def _family(name: str) -> str:
-    """The bundled model sharing the longest '-'-bounded prefix with `name` (first in name
-    order on a tie), or GENERIC."""
+_BUILT = "the row's architecture columns on"
+
+
+def built_on(m: ModelSpec) -> str | None:
+    """The spec a table row's model was built on (row_model), or None for a spec as it is."""
+    return m.source.rsplit(_BUILT, 1)[1].strip() if _BUILT in m.source else None
+
+
+def _template(name: str, row: dict) -> str:
+    """The bundled spec a model with none of its own is built on: its family, the bundled
+    name sharing the longest '-'-bounded prefix with `name` (first in name order on a tie);
+    else the bundled spec nearest in the row's architecture columns (Σ |log ratio| over those
+    given but the vocabulary, plus twice that of the FFN-to-hidden width ratio, among MoE specs
+    for a MoE row and dense ones for a dense row: its conventions, GQA or MLA, gated or not, come
+    with the nearest shape); else GENERIC."""
+    names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
     parts = name.lower().split("-")
     for k in range(len(parts) - 1, 0, -1):
-        prefix = "-".join(parts[:k]) + "-"
-        hits = [b for b in bundled_names("models") if b.startswith(prefix)]
+        hits = [b for b in names if b.startswith("-".join(parts[:k]) + "-")]
         if hits:
             return hits[0]
-    return GENERIC
+    given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
+    if not given:
+        return GENERIC
+    moe = "experts" in given
+    width = "expert_ffn" if moe else "ffn"
+    best, best_d = GENERIC, float("inf")
+    for b in names:
+        m = load_model(b)
+        if (m.moe is not None) != moe:
+            continue
+        have = {c: _arch(m, c) for c in given}
+        d = sum(abs(math.log(v / have[c])) for c, v in given.items() if have[c])
+        if width in given and "hidden" in given and have[width]:
+            # the FFN's width over d tells its kind: 4 for GELU's two matrices (GPT), about 2.7-3.5
+            # for SwiGLU's three, so it counts twice
+            d += 2.0 * abs(math.log(given[width] / given["hidden"] / (have[width] / have["hidden"])))
+        if d < best_d:
+            best, best_d = b, d
+    return best
+
+
+def _arch(m: ModelSpec, column: str) -> int:
+    """A spec's value for an architecture column (0 where it has none)."""
+    field = ARCH[column]
+    if field.startswith("moe."):
+        return getattr(m.moe, field[4:]) if m.moe else 0
+    return getattr(m, field) or 0
 
 
 def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> ModelSpec:
@@ -158,6 +199,8 @@ def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> Mo
     top = {ARCH[c]: v for c, v in given.items() if not ARCH[c].startswith("moe.")}
     moe = {ARCH[c][4:]: v for c, v in given.items() if ARCH[c].startswith("moe.")}
     data = base.model_dump(exclude_none=True)
+    if base.moe is not None and moe.get("num_experts") != 0 and not base.dense_layers and base.moe.every == 1:
+        top.pop("ffn_size", None)  # every layer is MoE: the row's ffn (a config's dense width) is unused
     changed = {k: v for k, v in top.items() if data.get(k) != v}
     data.update(top)
     if "num_heads" in changed:
@@ -176,7 +219,7 @@ def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> Mo
         data["moe"] = new
     if not changed and name == base_name:
         return base
-    data.update(name=name, source=f"{path} row {row['id']}: the row's architecture columns on {base_name}")
+    data.update(name=name, source=f"{path} row {row['id']}: {_BUILT} {base_name}")
     try:
         return ModelSpec.model_validate(data)
     except ValidationError as e:

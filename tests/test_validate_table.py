@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from piper_plan import validate as V
 from piper_plan.cli import main
-from piper_plan.validate_rows import row_model
+from piper_plan.validate_rows import built_on, row_model
 
 # the schema of ../shared/validation/published.csv: no recipe columns, no spec columns
 SCHEMA = ("id,group,source,model,layers,hidden,heads,ffn,vocab,experts,topk,expert_ffn,hardware,precision,gpus,"
@@ -77,11 +77,18 @@ def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
     # the family's traits stay: sliding windows, expert biases and clamp, head_dim 64, GQA
     assert (m.sliding_window, m.moe.expert_bias, m.moe.glu_clamp, m.head_dim, m.num_kv_heads) == (
         big.sliding_window, True, big.moe.glu_clamp, 64, big.num_kv_heads)
-    # no family: Megatron's GPT with the row's columns (and a MoE block of its FFN kind)
+    # no family: the bundled spec of its kind nearest in shape (Kimi K2 is DeepSeek-V3's
+    # architecture: MLA and a shared expert come with it), with the row's columns
+    k2 = row_model(tmp_path / "t.csv", {"id": "k2", "model": "kimi-k2", "layers": "61", "hidden": "7168",
+                                        "heads": "64", "experts": "384", "topk": "8", "expert_ffn": "2048"})
+    assert built_on(k2) == "deepseek-v3" and k2.mla is not None and k2.moe.shared_experts == 1
+    assert (k2.num_heads, k2.moe.num_experts) == (64, 384)
     dense = row_model(tmp_path / "t.csv", {"id": "x", "model": "acme-13b", "layers": "40", "hidden": "5120",
                                            "heads": "40", "ffn": "20480", "vocab": "51200", "experts": ""})
+    # an FFN of 4 d: GELU's two matrices, a GPT
     assert (dense.num_layers, dense.hidden_size, dense.ffn_size, dense.moe, dense.ffn_gated) == (
         40, 5120, 20480, None, False)
+    assert built_on(dense).startswith("gpt-")
     moe = row_model(tmp_path / "t.csv", {"id": "y", "model": "acme-moe", "layers": "12", "hidden": "2048",
                                          "heads": "16", "vocab": "50304", "experts": "64", "topk": "2",
                                          "expert_ffn": "1024"})
@@ -101,6 +108,11 @@ def test_the_cli_reads_a_table_and_leaves_out_the_bundled_kernel_checks(tmp_path
     path = write(tmp_path / "mine.csv", [bundled["kor22-t5-175b-full"]])
     code, out = cli("--table", str(path))
     assert code == 0 and "predicted vs published" in out and "GEMM kernel model" not in out
+    assert "built from the table's architecture columns" not in out
+    # a shallower GPT-3 is the row's own model: priced, and said to be built on the named spec
+    shallow = {**bundled["kor22-t5-175b-full"], "id": "shallow", "layers": "48"}
+    code, out = cli("--table", str(write(tmp_path / "s.csv", [shallow])))
+    assert code == 0 and "built from the table's architecture columns on gpt-175b: rows shallow" in out
     code, out = cli("--table", str(path), "--json")
     d = json.loads(out)
     assert code == 0 and len(d["rows"]) == 1 and "gemm_h100_xla" not in d
