@@ -533,6 +533,10 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
             built.setdefault(r.built_on, []).append(r.id)
     for base, ids in built.items():
         click.echo(f"models built from the table's architecture columns on {base}: rows {', '.join(ids)}")
+    taken = [f"{r.id} <- {r.recipe_from}" for r in res if r.recipe_from]
+    if taken:
+        click.echo("recipe columns (dispatcher, overlap, graphs, recompute modules, split, ...) taken from the "
+                   f"bundled row of the same publisher, model, system and layout: {', '.join(taken)}")
     for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
         if d["beyond_target_max"]:
             worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))

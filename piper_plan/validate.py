@@ -44,7 +44,7 @@ from .cost.estimate import evaluate
 from .errors import LayoutError, PiperError
 from .layout import Layout, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
-from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model
+from .validate_rows import ARCH, built_on, inherit_recipes, read_rows, row_hardware, row_model
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -82,6 +82,8 @@ class Result:
     device_memory_gib: float | None = None
     # where a table names a model with no bundled spec: what it was built on (validate_rows)
     built_on: str | None = None
+    # where a table's row states no recipe: the bundled row of its setup it took one from
+    recipe_from: str | None = None
 
     @property
     def error_pct(self) -> float:
@@ -461,6 +463,8 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     if not rows:
         raise PiperError(f"{path}: id: no row {row_id!r}")
     row = rows[0]
+    if path != data_path():
+        inherit_recipes(rows, read_rows(data_path()))
     m, lay, est, i = _priced(row, path=path)
     pred, _ = _row_value(row, m, lay, est, i)
     metric, pub = _compared(row, m)
@@ -483,8 +487,10 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
     """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
     to the one it is priced on (validate_sensitivity scales efficiencies with it)."""
     path = path or data_path()
+    rows = read_rows(path)
+    inherited = {} if path == data_path() else inherit_recipes(rows, read_rows(data_path()))
     out, specs = [], {}
-    for row in read_rows(path):
+    for row in rows:
         if group and row["group"] != group:
             continue
         m, *priced = _priced(row, hw_edit, specs, path)
@@ -496,7 +502,7 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
         peak = float(est.peak_memory_gib[i]) if ran else None
         dev = row_specs(row, specs, path)[1].accelerator.memory_gib if ran else None
         out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
-                          gap, peak, dev, built_on(m)))
+                          gap, peak, dev, built_on(m), inherited.get(row["id"])))
     return out
 
 

@@ -113,6 +113,42 @@ def _check_row(path, rid: str, r: dict) -> None:
                          f"(or blank), got {r['precision']!r}")
 
 
+# the columns that say how a row's software ran (validation/README.md), not what it measured
+RECIPE = ("recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
+          "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce")
+# what makes two rows one publisher's same run setup: source group, specs, precision, layout
+_SETUP = ("group", "precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "recompute")
+
+
+def _setup(row: dict) -> tuple:
+    return (row.get("model_spec") or _name(row["model"]), row.get("hardware_spec") or _name(row["hardware"]),
+            *(row.get(c, "") for c in _SETUP))
+
+
+def inherit_recipes(rows: list[dict], reference: list[dict]) -> dict[str, str]:
+    """Fill the blank recipe columns (RECIPE) of each row that states none from a `reference`
+    row (the bundled table) of the same setup (_SETUP: group, model, hardware, precision, layout):
+    one publisher's same layout on the same system runs the recipe the reference read for it
+    (its notes quote it). Where references disagree, the most common recipe among them (the
+    first on a tie). Returns {row id: reference id} for the rows filled; rows in place."""
+    by_setup: dict[tuple, list[dict]] = {}
+    for r in reference:
+        by_setup.setdefault(_setup(r), []).append(r)
+    out = {}
+    for r in rows:
+        refs = by_setup.get(_setup(r))
+        if not refs or any(r.get(c) for c in RECIPE):
+            continue
+        recipes = [tuple(x[c] for c in RECIPE) for x in refs]
+        pick = max(recipes, key=recipes.count)  # max keeps the first of equal counts
+        if not any(pick):
+            continue  # the reference states no recipe either
+        src = refs[recipes.index(pick)]
+        r.update(zip(RECIPE, pick))
+        out[r["id"]] = src["id"]
+    return out
+
+
 def _name(text: str) -> str:
     """A table's model or hardware name without a parenthesised remark."""
     return text.split("(")[0].strip()

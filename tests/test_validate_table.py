@@ -44,6 +44,22 @@ def test_rows_in_the_published_schema_price_as_the_bundled_rows_do(tmp_path, bun
         assert mine[i].metric == ours[i].metric and mine[i].predicted == pytest.approx(ours[i].predicted, rel=1e-12)
 
 
+def test_a_row_without_a_recipe_takes_the_recipe_of_its_bundled_twin(tmp_path, bundled):
+    # the same publisher, model, system, precision and layout: the recipe the bundled row read
+    # (EP overlap, pipeline split, ...) is what that setup runs
+    src = bundled["mb-qwen3-235b-h100-fp8"]
+    (mine,) = V.run(path=write(tmp_path / "twin.csv", [{**src, "id": "twin", "notes": "1633 tok/s/GPU"}]))
+    ours = next(r for r in V.run(group=src["group"]) if r.id == src["id"])
+    assert mine.recipe_from == src["id"] and mine.predicted == pytest.approx(ours.predicted, rel=1e-12)
+    # a row that states any recipe column is taken as it is
+    with open(tmp_path / "own.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SCHEMA + ["a2a_overlap"], extrasaction="ignore")
+        w.writeheader()
+        w.writerow({**src, "id": "own", "a2a_overlap": "no", "notes": "1633 tok/s/GPU"})
+    (own,) = V.run(path=tmp_path / "own.csv")
+    assert own.recipe_from is None and own.predicted < 0.9 * ours.predicted  # no overlap, no even split
+
+
 def test_tokens_in_the_notes_are_compared_when_they_agree_with_the_tflops(tmp_path, bundled):
     row = {**bundled["mb-gptoss120b-h100-bf16"], "notes": "5993 tok/s/GPU"}
     (agree,) = V.run(path=write(tmp_path / "a.csv", [row]))
