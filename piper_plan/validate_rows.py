@@ -150,8 +150,13 @@ def inherit_recipes(rows: list[dict], reference: list[dict]) -> dict[str, str]:
 
 
 def _name(text: str) -> str:
-    """A table's model or hardware name without a parenthesised remark."""
-    return text.split("(")[0].strip()
+    """A table's model or hardware name as the bundled specs spell theirs: without a
+    parenthesised remark, and, unless it is a file, lower case with spaces and underscores as
+    '-' ("DeepSeek-V3 (no MTP)" -> deepseek-v3, "Mixtral 8x7B" -> mixtral-8x7b)."""
+    name = text.split("(")[0].strip()
+    if Path(name).is_file():
+        return name
+    return re.sub(r"[\s_]+", "-", name.lower())
 
 
 def row_hardware(path, row: dict):

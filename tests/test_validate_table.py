@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from piper_plan import validate as V
 from piper_plan.cli import main
-from piper_plan.validate_rows import built_on, row_model
+from piper_plan.validate_rows import built_on, row_hardware, row_model
 
 # the schema of ../shared/validation/published.csv: no recipe columns, no spec columns
 SCHEMA = ("id,group,source,model,layers,hidden,heads,ffn,vocab,experts,topk,expert_ffn,hardware,precision,gpus,"
@@ -109,6 +109,12 @@ def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
                                          "heads": "16", "vocab": "50304", "experts": "64", "topk": "2",
                                          "expert_ffn": "1024"})
     assert (moe.moe.num_experts, moe.moe.expert_ffn_size, moe.moe.gated) == (64, 1024, False)
+
+
+def test_names_are_read_as_the_bundled_specs_spell_theirs(tmp_path):
+    assert row_model(tmp_path / "t.csv", {"id": "a", "model": "Mixtral 8x7B"}).name == "mixtral-8x7b"
+    assert row_model(tmp_path / "t.csv", {"id": "b", "model": "DeepSeek-V3 (no MTP)"}).name == "deepseek-v3"
+    assert row_hardware(tmp_path / "t.csv", {"id": "c", "hardware": "DGX-H100"}).name == "dgx-h100"
 
 
 def test_a_named_spec_takes_the_row_s_architecture_columns(tmp_path):
