@@ -108,6 +108,10 @@ def _check_row(path, rid: str, r: dict) -> None:
             raise TableError(path, rid, c, f"expected a positive number, got {v!r}")
     if r["metric"] not in METRICS:
         raise TableError(path, rid, "metric", f"expected one of {', '.join(METRICS)}, got {r['metric']!r}")
+    rc = r.get("recompute", "")
+    if not (rc in ("", "none", "full", "per recipe", "planner's choice") or rc.startswith(("selective", "X-MoE recipe"))):
+        raise TableError(path, rid, "recompute", "expected none, full, selective (e.g. selective+seqpar), per recipe "
+                         f"(with recompute_modules), planner's choice or X-MoE recipe, got {rc!r}")
     if r.get("precision", "") not in PRECISIONS:
         raise TableError(path, rid, "precision", f"expected one of {', '.join(p for p in PRECISIONS if p)} "
                          f"(or blank), got {r['precision']!r}")
