@@ -1,6 +1,7 @@
 """`piper-plan validate --table`: a user's measurements in the published table's schema."""
 import csv
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -165,3 +166,16 @@ def test_a_table_without_the_required_columns_or_file_is_refused(tmp_path):
     assert code == 2 and "header: columns hardware, gpus, seq, metric, value are missing" in out
     code, out = cli("--table", str(tmp_path / "absent.csv"))
     assert code == 2 and "absent.csv: file: cannot be read" in out
+
+
+def test_the_published_table_read_as_it_stands_meets_the_mean_targets():
+    # tests/data/published-schema.csv is ../shared/validation/published.csv as handed to the
+    # project (no recipe or spec columns): what a newcomer's own table looks like. Read through
+    # --table it must price every row and hold the issue's mean targets (now: dense 5.2 %,
+    # memory 0.0 %, MoE 18.5 %, its two X-MoE rows without a layout searched)
+    res = V.run(path=Path(__file__).parent / "data" / "published-schema.csv")
+    kinds = V.summary(res)["kinds"]
+    assert len(res) == 47 and all(r.predicted == r.predicted for r in res)  # no NaN: every row priced
+    assert kinds["dense"]["rows"] == 18 and kinds["dense"]["mape"] <= V.TARGETS["dense"][0]
+    assert kinds["memory"]["rows"] == 12 and kinds["memory"]["max_abs_pct"] <= V.TARGETS["memory"][1]
+    assert kinds["moe"]["rows"] == 17 and kinds["moe"]["mape"] <= V.TARGETS["moe"][0]
