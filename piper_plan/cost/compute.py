@@ -214,7 +214,7 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     sp_div = np.where(lay.sp, tp, 1.0)
     rope = 0.0 if m.mla is not None else 2.0 * (m.num_heads + m.kv_heads) * m.hd
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + rope / tp
-    ew = _elementwise(hw, t * elems * eb, 4)
+    ew = _elementwise(hw, t * elems * eb, 4) + _unfused_rope(m, hw, lay, t * eb / tp)
     # recompute: full re-runs the whole forward; selective what Layout.recompute_modules lists
     total = ph + core + ew
     norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-attention norm: read and write d
@@ -223,6 +223,30 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     sel = np.where(recomputes(lay, "attn_block"), total.f, sel)  # X-MoE's whole block holds the others
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
+
+
+# Megatron-Core's unfused RoPE (rope_utils._apply_rotary_pos_emb_bshd) on one tensor: forward
+# _rotate_half (a negation of half, a cat), t·cos, rotate_half(t)·sin, their sum and the cat
+# with the unrotated rest: element accesses (reads + writes, per element of the tensor) and
+# kernels; backward, the two products' gradients, the negation's, the chunk's cat and their
+# sum. The fused kernel reads and writes once each way (priced in attention_phase's elems).
+UNFUSED_ROPE = {"f": (12.0, 6.0), "b": (10.0, 5.0)}
+
+
+def _unfused_rope(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, row_bytes) -> Phase:
+    """What a YaRN model's RoPE costs beyond the fused kernel on the fused stack, which fuses
+    only plain RoPE (ModelSpec.rope_scaling); `row_bytes`: bytes of one element of q and k over
+    all of a rank's tokens. Zero for MLA (its own RoPE) and for the eager stack (priced as
+    elementwise passes like its other modules)."""
+    z = np.zeros(len(lay))
+    if m.rope_scaling != "yarn" or m.mla is not None:
+        return Phase(z, z, z, z)
+    qk = row_bytes * (m.num_heads + m.kv_heads) * m.hd  # one access of q and k
+    (af, kf), (ab, kb) = UNFUSED_ROPE["f"], UNFUSED_ROPE["b"]
+    fused = ~lay.unfused.astype(bool)
+    f = np.where(fused, stream_time(hw, (af - 2.0) * qk, 2.0 * kf - 2.0), 0.0)  # 2: the fused kernel's
+    b = np.where(fused, stream_time(hw, (ab - 4.0) * qk, 2.0 * kb - 2.0), 0.0)  # pair, priced already
+    return Phase(f, b, z, z)
 
 
 def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:

@@ -13,7 +13,8 @@ combine and the next layer's attention either (post_sync_ops, host_gap).
 
 Operations per layer forward, from Megatron-Core's modules on Transformer Engine:
 - attention: fused norm + QKV projection, RoPE on q and on k, fused attention, output
-  projection, residual: 5 + the projections (2; MLA 5, plus its two latent norms);
+  projection, residual: 5 + the projections (2; MLA 5, plus its two latent norms); a YaRN
+  model's RoPE runs unfused, 6 operations a tensor (compute.UNFUSED_ROPE): 10 more;
 - dense MLP: fused norm + fc1, activation, fc2, residual: 4;
 - MoE: router and dispatch preprocess, 31 + 1 kernels after router fusion or 17 with the
   DeepEP/HybridEP dispatcher's fused preprocess (Megatron-LM docs/discussions/
@@ -51,7 +52,9 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     q = QUANT_KERNELS[lay.fp8]
     tp_comm = np.where(lay.tp > 1, 2.0, 0.0)
     gemms = 5.0 if (m.mla is not None and m.mla.q_lora_rank) else 4.0 if m.mla is not None else 2.0
-    attn_ops = 5.0 + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm
+    # a YaRN model's RoPE on the fused stack: Megatron-Core's unfused ops, 6 a tensor for 1 (compute.UNFUSED_ROPE)
+    rope = 10.0 if (m.rope_scaling == "yarn" and m.mla is None) else 0.0
+    attn_ops = 5.0 + rope + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm
     attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)
     mlp = np.where(graphed(lay, "mlp"), 1.0, 4.0 + 2.0 * q + tp_comm) if m.ffn_size else 0.0
     dense = attn + mlp

@@ -89,6 +89,9 @@ def _base(c: _Cfg) -> dict:
     # only an explicit head_dim that differs from hidden/heads is a separate figure
     if head_dim is not None and head_dim * heads != hidden:
         out["head_dim"] = head_dim
+    scaling = c.data.get("rope_scaling")
+    if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == "yarn":
+        out["rope_scaling"] = "yarn"
     return out
 
 

@@ -81,7 +81,9 @@ class MoESpec(_Optional):
         return 3 if self.gated else 2
 
 
-class ModelSpec(_Strict):
+class ModelSpec(_Optional):
+    _OMIT_AT_DEFAULT = ("rope_scaling",)  # specs without it dump (and hash) as before
+
     name: str
     source: str = Field("", description="where the architecture figures come from")
     num_layers: int = Field(..., ge=1)
@@ -99,6 +101,11 @@ class ModelSpec(_Strict):
     tied_embeddings: bool = False
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     linear_bias: bool = Field(False, description="biases on attention/FFN linears (GPT-2/Megatron GPT)")
+    rope_scaling: Optional[Literal["yarn"]] = Field(
+        None, description="YaRN-scaled RoPE (HF rope_scaling.rope_type yarn: GPT-OSS, DeepSeek-V2/V3). Megatron fuses "
+        "RoPE only for its plain 'rope' position embedding (Megatron-LM arguments.py; Megatron-Bridge "
+        "utils/fusions.validate_rope_fusion_compatibility), so a YaRN model without MLA applies it with Megatron-Core's "
+        "unfused PyTorch ops (cost.compute); MLA applies its own")
     sliding_window: Optional[int] = Field(None, ge=1, description="attention window, tokens, of the windowed layers")
     full_attention_every: int = Field(1, ge=1, description="with sliding_window: every Nth layer attends to the "
                                       "whole sequence, the others within the window (GPT-OSS: 2)")
