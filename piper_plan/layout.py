@@ -144,8 +144,10 @@ def check_stack(expert_probs: str, fused_kernels: bool) -> None:
                           "piper-train) scale the expert outputs at the combine; use expert_probs combine")
 
 
-def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_node: Optional[int] = None) -> None:
-    """Raise LayoutError naming the first broken constraint."""
+def check_degrees(lay: Layout, num_experts: int = 0) -> None:
+    """Raise LayoutError where the degrees cannot be one run: tp·pp·dp GPUs, ep dividing dp·tp
+    and the experts. check_layout's first rules; validate holds published runs to these alone,
+    since some hold layouts the planner's other rules refuse."""
     if lay.tp * lay.pp * lay.dp != lay.gpus:
         raise LayoutError("tp*pp*dp == gpus", f"{lay.tp}*{lay.pp}*{lay.dp} = {lay.tp * lay.pp * lay.dp}, not {lay.gpus}")
     if (lay.dp * lay.tp) % lay.ep:
@@ -154,11 +156,21 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("ep divides experts", f"ep={lay.ep} does not divide {num_experts} experts")
     if not num_experts and lay.ep > 1:
         raise LayoutError("ep divides experts", f"ep={lay.ep} but the model has no experts")
-    if lay.stages > num_layers:
-        raise LayoutError("pp*vpp <= layers", f"{lay.stages} pipeline chunks for {num_layers} layers")
+
+
+def check_batch(lay: Layout) -> None:
+    """Raise LayoutError unless the global batch is whole micro-batches on every replica."""
     if lay.global_batch % (lay.dp * lay.mbs):
         raise LayoutError("global_batch divisible by dp*mbs",
                           f"global batch {lay.global_batch} is not a multiple of dp*mbs = {lay.dp * lay.mbs}")
+
+
+def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_node: Optional[int] = None) -> None:
+    """Raise LayoutError naming the first broken constraint."""
+    check_degrees(lay, num_experts)
+    if lay.stages > num_layers:
+        raise LayoutError("pp*vpp <= layers", f"{lay.stages} pipeline chunks for {num_layers} layers")
+    check_batch(lay)
     m = lay.microbatches
     if lay.schedule in ("zbv", "dualpipev") and lay.vpp != 2:
         raise LayoutError(f"{lay.schedule} needs vpp=2", f"got vpp={lay.vpp} (V placement: two chunks per rank)")

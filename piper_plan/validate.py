@@ -41,8 +41,8 @@ from scipy.stats import kendalltau
 
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
-from .errors import LayoutError, PiperError
-from .layout import Layout, recompute_label
+from .errors import PiperError
+from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_rows import ARCH, built_on, inherit_recipes, read_rows, row_hardware, row_model
 
@@ -224,21 +224,6 @@ _NOTES_TOKENS = re.compile(r"(?:^|;)\s*(\d[\d,]*(?:\.\d+)?)\s*tok/s/GPU")
 _CONVENTION = (0.75, 1.0 / 0.75)
 
 
-def _check_degrees(lay: Layout, experts: int) -> None:
-    """LayoutError where a row's degrees cannot be one run: tp·pp·dp GPUs, ep dividing dp·tp and
-    the experts, whole micro-batches. (Not layout.check_layout: published runs hold layouts its
-    planner rules refuse, e.g. a Megatron pipeline layout with more chunks than layers.)"""
-    if lay.tp * lay.pp * lay.dp != lay.gpus:
-        raise LayoutError("tp*pp*dp == gpus", f"{lay.tp}*{lay.pp}*{lay.dp} = {lay.tp * lay.pp * lay.dp}, "
-                          f"not {lay.gpus}")
-    if (lay.dp * lay.tp) % lay.ep or (experts and experts % lay.ep) or (lay.ep > 1 and not experts):
-        raise LayoutError("ep divides dp*tp and the experts", f"ep={lay.ep}, dp*tp={lay.dp * lay.tp}, "
-                          f"{experts} experts")
-    if lay.global_batch % (lay.dp * lay.mbs):
-        raise LayoutError("global_batch divisible by dp*mbs", f"{lay.global_batch} sequences, dp*mbs = "
-                          f"{lay.dp * lay.mbs}")
-
-
 def _tokens_per_gpu(row, m=None) -> float | None:
     """tokens/s/GPU the source publishes beside the row's metric: the csv's
     tokens_per_s_per_gpu, else a "N tok/s/GPU" clause of the notes (the published table's
@@ -333,6 +318,9 @@ def _row_estimate(row, m, hw):
     source's software runs it, or for "planner's choice" rows the best plan the search finds
     (layout None when nothing fits)."""
     if is_searched(row):
+        if row["metric"].endswith("gib_per_gpu"):
+            raise PiperError(f"metric: a memory figure needs the layout it was measured under, not "
+                             f"{row['recompute']!r}")
         res = search(m, hw, searched_space(row))
         if res.best is None:
             return None, res.est, -1
@@ -340,7 +328,10 @@ def _row_estimate(row, m, hw):
     lay = _layout(row)
     if row["group"] == "xmoe2025":  # X-MoE recipe with a published layout (ZeRO, no PP)
         lay = lay.model_copy(update=_xmoe_settings(row))
-    _check_degrees(lay, m.moe.num_experts if m.moe else 0)
+    # the degrees and the batch, not layout.check_layout's planner rules: published runs hold
+    # layouts those refuse (a Megatron pipeline layout with more chunks than layers)
+    check_degrees(lay, m.moe.num_experts if m.moe else 0)
+    check_batch(lay)
     return lay, evaluate(m, hw, from_layouts([lay])), 0
 
 
@@ -426,9 +417,6 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
         return float("nan"), "nothing fits"
     step = float(est.step_time_s[i])
     if is_searched(row):  # the searched plan's own figures (its global batch is the search's)
-        if metric.endswith("gib_per_gpu"):
-            raise PiperError(f"row {row['id']}: metric: a memory figure needs the layout it was measured "
-                             f"under, not {row['recompute']!r}")
         own = {"model_tflops_per_gpu": est.tflops_per_gpu[i], "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i],
                "iteration_time_s": step, "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
         return float(own[metric]), _desc(lay)

@@ -148,7 +148,9 @@ def test_the_cli_reads_a_table_and_leaves_out_the_bundled_kernel_checks(tmp_path
     (lambda r: {**r, "hardware": "dgx-z900"}, "hardware: "),
     (lambda r: {**r, "precision": "fp4"}, "precision: expected one of"),
     (lambda r: {**r, "recompute": "partial"}, "recompute: expected none, full, selective"),
-    (lambda r: {**r, "tp": "3"}, "layout"),  # tp*pp*dp != gpus
+    (lambda r: {**r, "tp": "3"}, "layout: tp*pp*dp == gpus"),
+    (lambda r: {**r, "recompute": "planner's choice", "metric": "activation_gib_per_gpu"},
+     "metric: a memory figure needs the layout"),
 ])
 def test_a_bad_row_is_one_line_naming_the_table_row_and_field(tmp_path, bundled, edit, field):
     row = bundled["kor22-t5-175b-full"]

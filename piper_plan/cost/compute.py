@@ -233,13 +233,19 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
 UNFUSED_ROPE = {"f": (12.0, 6.0), "b": (10.0, 5.0)}
 
 
+def unfused_rope(m: ModelSpec) -> bool:
+    """Whether the fused stack applies the model's RoPE with Megatron-Core's unfused ops: YaRN
+    (ModelSpec.rope_scaling) outside MLA, which applies its own."""
+    return m.rope_scaling == "yarn" and m.mla is None
+
+
 def _unfused_rope(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, row_bytes) -> Phase:
     """What a YaRN model's RoPE costs beyond the fused kernel on the fused stack, which fuses
     only plain RoPE (ModelSpec.rope_scaling); `row_bytes`: bytes of one element of q and k over
     all of a rank's tokens. Zero for MLA (its own RoPE) and for the eager stack (priced as
     elementwise passes like its other modules)."""
     z = np.zeros(len(lay))
-    if m.rope_scaling != "yarn" or m.mla is not None:
+    if not unfused_rope(m):
         return Phase(z, z, z, z)
     qk = row_bytes * (m.num_heads + m.kv_heads) * m.hd  # one access of q and k
     (af, kf), (ab, kb) = UNFUSED_ROPE["f"], UNFUSED_ROPE["b"]

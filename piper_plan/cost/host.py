@@ -39,7 +39,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import FP8_COMPUTE, FP8S, LayoutBatch, graphed, per_expert_launch
-from .compute import FP8_QUANT, Phase
+from .compute import FP8_QUANT, Phase, unfused_rope
 
 ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
 # quantisation kernels per quantised GEMM input, indexed by LayoutBatch.fp8 (0 without an FP8 recipe)
@@ -53,7 +53,7 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     tp_comm = np.where(lay.tp > 1, 2.0, 0.0)
     gemms = 5.0 if (m.mla is not None and m.mla.q_lora_rank) else 4.0 if m.mla is not None else 2.0
     # a YaRN model's RoPE on the fused stack: Megatron-Core's unfused ops, 6 a tensor for 1 (compute.UNFUSED_ROPE)
-    rope = 10.0 if (m.rope_scaling == "yarn" and m.mla is None) else 0.0
+    rope = 10.0 if unfused_rope(m) else 0.0
     attn_ops = 5.0 + rope + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm
     attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)
     mlp = np.where(graphed(lay, "mlp"), 1.0, 4.0 + 2.0 * q + tp_comm) if m.ffn_size else 0.0
