@@ -606,12 +606,13 @@ def _show_bundled_checks(c: dict) -> None:
                    f"{r['predicted_us']:.1f}", f"{100 * (r['predicted_us'] / r['measured_us'] - 1):+.0f}%")
     ml = Table(title="MoE block model vs Piper's single MoE layer on one Frontier node (brief §5: router, experts "
                      "and the node's all-to-all, EP 8, 4096 tokens a GCD assumed)")
-    for c in ("model", "published TFLOPS", "predicted", "error"):
+    for c in ("model", "published TFLOPS", "predicted", "error", "plateau fit"):
         ml.add_column(c)
     for r in layer["rows"]:
         p = r["predicted"]
         ml.add_row(r["model"], f"{r['published']:g}", "no bundled spec" if p is None else f"{p:.1f}",
-                   "" if p is None else f"{100 * (p / r['published'] - 1):+.0f}%")
+                   "" if p is None else f"{100 * (p / r['published'] - 1):+.0f}%",
+                   "" if p is None else "in-sample" if r["fit"] else "out-of-sample")
     fb = Table(title="Piper's full-model runs on Frontier (brief §5; GPU counts and layouts not published) against "
                      "the model's best plan over 8-1,024 GCDs in Piper's PP x EP mesh: a run reached each figure, so "
                      "the best plan must")

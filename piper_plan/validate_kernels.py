@@ -42,7 +42,8 @@ GCD) and counts its model FLOPs (6 per routed, shared and router parameter per t
 benchmark included is not stated, and this reading is the one whose errors spread least across
 the six (a whole layer with attention spreads about twice as wide). `implied_gemm` is the GEMM
 plateau (efficiency.gemm) at which the six agree on average: a check of the spec's plateau, not
-a setting of it.
+a setting of it. Those six are the table's fit=yes rows; Kimi K2 (fit=no), given a spec after
+the plateau was set, is priced at the spec's plateau out of sample.
 
 The GEMM tables time kernels for fractions of a second (TE: 10 warmup + 100 timed iterations a
 shape), before a GPU's clock settles at its power limit, so they are priced at the burst rate
@@ -197,7 +198,8 @@ def _priced_layers(rows, gemm: float | None) -> list[dict]:
         if gemm is not None:
             hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"gemm": gemm})})
         out.append({"model": r["model"], "hardware": r["hardware_spec"], "published": float(r["tflops_per_gcd"]),
-                    "predicted": None if m is None else _moe_block_tflops(m, hw), "gemm": hw.efficiency.gemm})
+                    "predicted": None if m is None else _moe_block_tflops(m, hw), "gemm": hw.efficiency.gemm,
+                    "fit": r.get("fit", "yes") == "yes"})
     return out
 
 
@@ -210,10 +212,13 @@ def moe_layer_check(path: Path | None = None, gemm: float | None = None) -> list
 
 def implied_gemm(path: Path | None = None) -> float:
     """The GEMM plateau at which moe_layer_check's predictions match the published rates in
-    geometric mean (scipy's brentq between 0.3 and 0.95 of peak)."""
+    geometric mean over the rows the spec was fit to (the table's fit column; scipy's brentq
+    between 0.3 and 0.95 of peak). Rows marked fit=no (a model given a spec after the fit)
+    are priced at the spec's plateau as out-of-sample checks and move nothing here."""
     from scipy.optimize import brentq
 
-    rows = [row for row in _moe_layer_rows(path) if row[1] is not None]  # read once, priced per trial
+    # read once, priced per trial
+    rows = [row for row in _moe_layer_rows(path) if row[1] is not None and row[0].get("fit", "yes") == "yes"]
 
     def log_gap(g):
         return float(np.mean([np.log(r["predicted"] / r["published"]) for r in _priced_layers(rows, g)]))

@@ -94,12 +94,12 @@ def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
     # the family's traits stay: sliding windows, expert biases and clamp, head_dim 64, GQA
     assert (m.sliding_window, m.moe.expert_bias, m.moe.glu_clamp, m.head_dim, m.num_kv_heads) == (
         big.sliding_window, True, big.moe.glu_clamp, 64, big.num_kv_heads)
-    # no family: the bundled spec of its kind nearest in shape (Kimi K2 is DeepSeek-V3's
-    # architecture: MLA and a shared expert come with it), with the row's columns
-    k2 = row_model(tmp_path / "t.csv", {"id": "k2", "model": "kimi-k2", "layers": "61", "hidden": "7168",
-                                        "heads": "64", "experts": "384", "topk": "8", "expert_ffn": "2048"})
-    assert built_on(k2) == "deepseek-v3" and k2.mla is not None and k2.moe.shared_experts == 1
-    assert (k2.num_heads, k2.moe.num_experts) == (64, 384)
+    # no family: the bundled spec of its kind nearest in shape (an MLA model of DeepSeek-V3's
+    # width: MLA and a shared expert come with it), with the row's columns
+    k2 = row_model(tmp_path / "t.csv", {"id": "k2", "model": "acme-mla-1t", "layers": "61", "hidden": "7168",
+                                        "heads": "96", "experts": "320", "topk": "8", "expert_ffn": "2048"})
+    assert built_on(k2) in ("deepseek-v3", "kimi-k2") and k2.mla is not None and k2.moe.shared_experts == 1
+    assert (k2.num_heads, k2.moe.num_experts) == (96, 320)
     dense = row_model(tmp_path / "t.csv", {"id": "x", "model": "acme-13b", "layers": "40", "hidden": "5120",
                                            "heads": "40", "ffn": "20480", "vocab": "51200", "experts": ""})
     # an FFN of 4 d: GELU's two matrices, a GPT

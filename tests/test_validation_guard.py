@@ -28,30 +28,31 @@ def test_memory_rows_each_within_10_percent(results):
 
 
 def test_moe_rows_meet_the_mean_target(results):
-    # MAPE <= 20 % over the 147 MoE rows (13.1 % now). The issue's other MoE target, no row worse
+    # MAPE <= 20 % over the 155 MoE rows (12.7 % now). The issue's other MoE target, no row worse
     # than 35 %, is NOT met yet (5 rows are worse; issue 4 stays open): this guard fails a change that
     # takes the mean back above its target.
     k = summary(results)["kinds"]["moe"]
-    assert k["rows"] == 147 and k["mape"] <= TARGETS["moe"][0]
+    assert k["rows"] == 155 and k["mape"] <= TARGETS["moe"][0]
 
 
 def test_the_issue_s_named_moe_sources_are_reported_alone(results):
-    # the acceptance names Megatron-Bridge, X-MoE and Piper's Fig. 13 and weak scaling: their 135
-    # rows get their own line, held to the mean target (13.0 % now; their max target is not met:
+    # the acceptance names Megatron-Bridge, X-MoE and Piper's Fig. 13 and weak scaling: their 139
+    # rows get their own line, held to the mean target (12.7 % now; their max target is not met:
     # 4 rows are worse than 35 %, three of them figures their publisher calls regressions; issue 4
-    # stays open), and to the 131 rows now within its max.
+    # stays open), and to the 135 rows now within its max (the four Kimi K2 rows, priced on a spec
+    # added after every parameter was set, among them).
     from piper_plan.validate import MOE_ACCEPTANCE_GROUPS
 
     named = [r for r in results if r.group in MOE_ACCEPTANCE_GROUPS]
     k = summary(results)["kinds"]["moe_named_sources"]
-    assert k["rows"] == len(named) == 135 and all(r.kind == "moe" for r in named)
-    assert k["mape"] == pytest.approx(sum(abs(r.error_pct) for r in named) / 135)
+    assert k["rows"] == len(named) == 139 and all(r.kind == "moe" for r in named)
+    assert k["mape"] == pytest.approx(sum(abs(r.error_pct) for r in named) / 139)
     assert k["within_target_max"] == sum(abs(r.error_pct) <= TARGETS["moe"][1] for r in named)
     assert k["mape"] <= TARGETS["moe"][0]
     # the rows the max target misses are named, with their signed errors
     assert k["beyond_target_max"] == {r.id: r.error_pct for r in named if abs(r.error_pct) > TARGETS["moe"][1]}
-    assert len(k["beyond_target_max"]) + k["within_target_max"] == 135
-    assert k["within_target_max"] >= 131
+    assert len(k["beyond_target_max"]) + k["within_target_max"] == 139
+    assert k["within_target_max"] >= 135
 
 
 def test_dense_ranking_follows_measurement(results):
@@ -94,7 +95,7 @@ def test_every_megatron_row_names_the_cuda_graph_scopes_its_recipe_replays(publi
     from piper_plan.validate import MEGATRON_GROUPS
 
     rows = [r for r in published if r["group"] in MEGATRON_GROUPS]
-    assert len(rows) == 170  # 135 MoE, 35 dense
+    assert len(rows) == 178  # 143 MoE, 35 dense
     for r in rows:
         scopes = r["cuda_graphs"].split("+")
         assert scopes == ["none"] or all(s in GRAPH_SCOPES for s in scopes), (r["id"], r["cuda_graphs"])
@@ -130,7 +131,7 @@ def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with
     # the Megatron-Bridge tables and the Megatron-Core report publish tokens/s beside TFLOP/s
     tables = [r for r in rows if r["group"] in ("megatron-bridge-moe", "mcore2026-moe-report", "megatron-bridge-dense")
               and r["metric"] == "model_tflops_per_gpu"]
-    assert with_tok == tables and len(tables) == 156
+    assert with_tok == tables and len(tables) == 164
     for r in with_tok:
         quoted = re.search(r"([\d.]+) tok/s/GPU", r["notes"])  # the notes quote the row's own figure first
         assert quoted and float(quoted.group(1)) == float(r["tokens_per_s_per_gpu"]), r["id"]
@@ -189,12 +190,16 @@ def test_the_memory_model_lets_the_published_runs_fit(results):
     # stated); Llama 3.1 405B FP8 on GB200 at TP4 PP16 (176 of 173 GiB: its recipe's
     # fp8_param_gather keeps the weights in FP8, 1 B a parameter the model still counts in bf16);
     # the 26.02.01 GB300 Llama 3 70B MXFP8 row, whose table layout no stored recipe has (375 of 268
-    # GiB). The two 25.11 GPT-OSS rows that did are priced under their release's recipe.
+    # GiB); the report's two DeepSeek-V3 GB200 rows, whose runs offloaded the optimizer states to
+    # the host over NVLink-C2C (its Table 18; the planner keeps them on the device: 180 and 190
+    # GiB, of which the fp32 master weights and Adam moments are about 30). The two 25.11 GPT-OSS rows that did
+    # are priced under their release's recipe.
     mem = summary(results)["published_runs_memory"]
     over = {o["id"] for o in mem["over"]}
-    assert mem["rows"] == 193
+    assert mem["rows"] == 201
     l405 = {f"mb-llama405b-gb200-fp8-{r}" for r in ("2511", "2602", "260201", "2604", "260401", "2606")}
-    assert over <= {"mcore-qwen3-235b-gb200-mxfp8", "mb-llama70b-gb300-mxfp8-260201"} | l405
+    offloaded = {"mcore-dsv3mtp-gb200-mxfp8", "mcore-dsv3mtp-gb200-bf16"}
+    assert over <= {"mcore-qwen3-235b-gb200-mxfp8", "mb-llama70b-gb300-mxfp8-260201"} | l405 | offloaded
     assert all(o["peak_gib"] < 1.03 * o["device_gib"] for o in mem["over"] if o["id"] in l405)
 
 
@@ -241,7 +246,7 @@ def test_each_deepseek_v3_row_is_priced_on_the_spec_its_flop_count_shows(publish
     from piper_plan.specs import load_model
 
     rows = [r for r in published if r["model_spec"].startswith("deepseek-v3")]
-    assert sum(r["model_spec"] == "deepseek-v3-mtp" for r in rows) == 28
+    assert sum(r["model_spec"] == "deepseek-v3-mtp" for r in rows) == 32
     for r in rows:
         table = float(r["value"]) * 1e12 / float(r["tokens_per_s_per_gpu"])
         spec = load_model(r["model_spec"]).flops_per_token(int(r["seq"]))
@@ -256,3 +261,11 @@ def test_the_megatron_bridge_dense_rows_stay_near_their_measurements(results):
     assert g["rows"] == 35 and g["mape"] <= 10.0
     far = [r.id for r in results if r.group == "megatron-bridge-dense" and abs(r.error_pct) > 20]
     assert far == ["mb-llama70b-gb300-mxfp8-260201"]
+
+
+def test_kimi_k2_priced_on_a_spec_added_after_every_parameter_lands_within_10_percent(results):
+    # models/kimi-k2.yaml came after the efficiencies were set and its four GB300 rows were added
+    # before they were priced (validation/README.md): an out-of-sample model, each row within 10 %
+    kimi = {r.id: r for r in results if r.id.startswith("mb-kimik2-")}
+    assert set(kimi) == {f"mb-kimik2-gb300-mxfp8-{x}" for x in ("260201", "2604", "260401", "2606")}
+    assert all(r.built_on is None and abs(r.error_pct) <= 10 for r in kimi.values()), kimi
