@@ -101,7 +101,7 @@ def _kind(row) -> str:
 
 
 # Megatron-Core with Transformer Engine
-MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "megatron-bridge-dense")
+MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mcore-modelzoo", "megatron-bridge-dense")
 # Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer)
 MEGATRON_2021 = ("narayanan", "korthikanti")
 
@@ -163,7 +163,7 @@ def _settings(row) -> dict:
     Megatron-Core scales each routed token by its probability inside the experts' fused
     activation (experts.py TEGroupedMLP: weighted_bias_swiglu_impl(fc1_output, bias,
     permuted_probs)), so its combine keeps no expert output (expert_probs activation).
-    The Megatron-Core MoE report's and Megatron-LM's rows run the same stack. The 2021-22 dense
+    The Megatron-Core MoE report's, its model zoo's and Megatron-LM's rows run the same stack. The 2021-22 dense
     rows run that era's Megatron-LM: eager attention with dropout, no ZeRO, and the csv's
     grad_reduce / overlap_grad_reduce (Narayanan's SC21 scripts: fp16; torch DDP, overlapped with
     the last micro-batch's backward, for 1.7B-18B; local DDP after the backward above; blank: fp32
