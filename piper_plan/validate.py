@@ -101,7 +101,8 @@ def _kind(row) -> str:
 
 
 # Megatron-Core with Transformer Engine
-MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mcore-modelzoo", "megatron-bridge-dense")
+MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mlm-docs", "mcore-modelzoo",
+                   "megatron-bridge-dense")
 # Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer)
 MEGATRON_2021 = ("narayanan", "korthikanti")
 
