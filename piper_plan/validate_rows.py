@@ -13,7 +13,8 @@ given they override the spec they name (a range, "2560-3072", counts as not give
 model whose every layer is MoE, is unused). A model with no bundled spec is built from those
 columns on its family's spec: the bundled name sharing the longest prefix that ends at a '-'
 (gpt-oss-20b on gpt-oss-120b: its sliding windows, biases and clamp kept), else the bundled spec
-of its kind nearest in those columns (kimi-k2 on deepseek-v3), else Megatron's GPT (gpt-175b).
+of its kind nearest in those columns (for a MoE row, among the specs without conventions its
+columns cannot state, unless it states one's exact shape: _template), else Megatron's GPT (gpt-175b).
 Every problem is one PiperError naming the table, the row and the field.
 """
 from __future__ import annotations
@@ -49,6 +50,17 @@ ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "
         "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size"}
 _RANGE = re.compile(r"\d+-\d+")
 GENERIC = "gpt-175b"  # Megatron's GPT: the template of a model with no family among the bundled specs
+EXACT = 0.05  # Σ |log ratio| under which a row's columns are taken to state a spec's own shape
+
+
+def _plain(m: ModelSpec) -> bool:
+    """Whether a MoE spec has none of the conventions a table's columns cannot state: MLA, shared
+    experts, leading dense or interleaved layers, sliding windows, expert biases or clamps,
+    2-matrix (non-gated) experts (X-MoE's and Piper's synthetic families). Mixtral and Qwen3 are
+    plain: GQA attention over gated experts, every layer MoE."""
+    mo = m.moe
+    return (mo is not None and m.mla is None and not mo.shared_experts and not m.dense_layers and mo.every == 1
+            and m.sliding_window is None and not mo.expert_bias and mo.glu_clamp is None and mo.gated)
 
 
 class TableError(PiperError):
@@ -203,32 +215,45 @@ def _template(name: str, row: dict) -> str:
     else the bundled spec nearest in the row's architecture columns (Σ |log ratio| over those
     given but the vocabulary, plus twice that of the FFN-to-hidden width ratio, among MoE specs
     for a MoE row and dense ones for a dense row: its conventions, GQA or MLA, gated or not, come
-    with the nearest shape); else GENERIC."""
+    with the nearest shape); else GENERIC. A MoE row takes a spec with conventions its columns
+    cannot state (not _plain: DeepSeek's MLA and shared experts, Llama 4's shared expert, GPT-OSS's
+    windows and biases, X-MoE's 2-matrix experts) only where its columns state that spec's shape
+    (within EXACT: "X-MoE Small"); otherwise the nearest plain one: a conventional MoE is a guess
+    the columns cannot refute, another family's peculiarities are not."""
     names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
+    given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
     parts = name.lower().split("-")
     for k in range(len(parts) - 1, 0, -1):
-        hits = [b for b in names if b.startswith("-".join(parts[:k]) + "-")]
-        if hits:
-            return hits[0]
-    given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
+        pre = "-".join(parts[:k])
+        hits = [b for b in names if b == pre or b.startswith(pre + "-")]
+        if hits:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
+            return min(hits, key=lambda b: _shape_distance(load_model(b), given))
     if not given:
         return GENERIC
     moe = "experts" in given
-    width = "expert_ffn" if moe else "ffn"
     best, best_d = GENERIC, float("inf")
     for b in names:
         m = load_model(b)
         if (m.moe is not None) != moe:
             continue
-        have = {c: _arch(m, c) for c in given}
-        d = sum(abs(math.log(v / have[c])) for c, v in given.items() if have[c])
-        if width in given and "hidden" in given and have[width]:
-            # the FFN's width over d tells its kind: 4 for GELU's two matrices (GPT), about 2.7-3.5
-            # for SwiGLU's three, so it counts twice
-            d += 2.0 * abs(math.log(given[width] / given["hidden"] / (have[width] / have["hidden"])))
+        d = _shape_distance(m, given)
+        if moe and d > EXACT and not _plain(m):
+            continue
         if d < best_d:
             best, best_d = b, d
     return best
+
+
+def _shape_distance(m: ModelSpec, given: dict) -> float:
+    """Σ |log ratio| between a row's architecture columns and a spec's (0 for none given), plus
+    twice that of the FFN-to-hidden width ratio: the FFN's width over d tells its kind, 4 for
+    GELU's two matrices (GPT), about 2.7-3.5 for SwiGLU's three."""
+    have = {c: _arch(m, c) for c in given}
+    d = sum(abs(math.log(v / have[c])) for c, v in given.items() if have[c])
+    width = "expert_ffn" if "experts" in given else "ffn"
+    if width in given and "hidden" in given and have[width]:
+        d += 2.0 * abs(math.log(given[width] / given["hidden"] / (have[width] / have["hidden"])))
+    return d
 
 
 def _arch(m: ModelSpec, column: str) -> int:

@@ -94,12 +94,29 @@ def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
     # the family's traits stay: sliding windows, expert biases and clamp, head_dim 64, GQA
     assert (m.sliding_window, m.moe.expert_bias, m.moe.glu_clamp, m.head_dim, m.num_kv_heads) == (
         big.sliding_window, True, big.moe.glu_clamp, 64, big.num_kv_heads)
-    # no family: the bundled spec of its kind nearest in shape (an MLA model of DeepSeek-V3's
-    # width: MLA and a shared expert come with it), with the row's columns
+    # no family: the plain MoE spec nearest in shape (GQA over gated experts, every layer MoE); the
+    # columns cannot say MLA, shared experts or leading dense layers, so another family's are not
+    # guessed (DBRX's shape is nearest Llama 4 Scout's, whose shared expert it does not have)
+    dbrx = row_model(tmp_path / "t.csv", {"id": "dbrx", "model": "dbrx", "layers": "40", "hidden": "6144",
+                                          "heads": "48", "vocab": "100352", "experts": "16", "topk": "4",
+                                          "expert_ffn": "10752"})
+    assert built_on(dbrx).startswith("mixtral-") and dbrx.moe.gated and dbrx.num_kv_heads == 8
+    assert (dbrx.mla, dbrx.moe.shared_experts, dbrx.dense_layers) == (None, 0, 0)
     k2 = row_model(tmp_path / "t.csv", {"id": "k2", "model": "acme-mla-1t", "layers": "61", "hidden": "7168",
                                         "heads": "96", "experts": "320", "topk": "8", "expert_ffn": "2048"})
-    assert built_on(k2) in ("deepseek-v3", "kimi-k2") and k2.mla is not None and k2.moe.shared_experts == 1
-    assert (k2.num_heads, k2.moe.num_experts) == (96, 320)
+    assert k2.mla is None and k2.moe.shared_experts == 0 and (k2.num_heads, k2.moe.num_experts) == (96, 320)
+    # a row that states a peculiar spec's exact shape under another name is that model: its
+    # conventions come with it (MLA and the shared expert; X-MoE's 2-matrix experts)
+    same = {"layers": "61", "hidden": "7168", "heads": "128", "vocab": "129280", "ffn": "18432", "experts": "256",
+            "topk": "8", "expert_ffn": "2048"}
+    v3 = row_model(tmp_path / "t.csv", {"id": "v3", "model": "acme-v3-clone", **same})
+    assert built_on(v3) == "deepseek-v3" and v3.mla is not None and v3.moe.shared_experts == 1
+    xs = row_model(tmp_path / "t.csv", {"id": "xs", "model": "X-MoE Small", "layers": "28", "hidden": "2048",
+                                        "heads": "16", "experts": "64", "topk": "6", "expert_ffn": "1408"})
+    assert built_on(xs) == "xmoe-small" and not xs.moe.gated
+    # a family's member nearest in shape: DeepSeek-V3.1 on DeepSeek-V3, not on V2
+    v31 = row_model(tmp_path / "t.csv", {"id": "v31", "model": "DeepSeek-V3.1", **same})
+    assert built_on(v31) == "deepseek-v3"
     dense = row_model(tmp_path / "t.csv", {"id": "x", "model": "acme-13b", "layers": "40", "hidden": "5120",
                                            "heads": "40", "ffn": "20480", "vocab": "51200", "experts": ""})
     # an FFN of 4 d: GELU's two matrices, a GPT
@@ -109,7 +126,8 @@ def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
     moe = row_model(tmp_path / "t.csv", {"id": "y", "model": "acme-moe", "layers": "12", "hidden": "2048",
                                          "heads": "16", "vocab": "50304", "experts": "64", "topk": "2",
                                          "expert_ffn": "1024"})
-    assert (moe.moe.num_experts, moe.moe.expert_ffn_size, moe.moe.gated) == (64, 1024, False)
+    # an unknown MoE's experts are gated, as every released family's here are
+    assert (moe.moe.num_experts, moe.moe.expert_ffn_size, moe.moe.gated) == (64, 1024, True)
 
 
 def test_names_are_read_as_the_bundled_specs_spell_theirs(tmp_path):
