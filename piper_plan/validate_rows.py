@@ -210,27 +210,28 @@ def built_on(m: ModelSpec) -> str | None:
 
 
 def _template(name: str, row: dict) -> str:
-    """The bundled spec a model with none of its own is built on: its family, the bundled
-    name sharing the longest '-'-bounded prefix with `name` (first in name order on a tie);
-    else the bundled spec nearest in the row's architecture columns (Σ |log ratio| over those
-    given but the vocabulary, plus twice that of the FFN-to-hidden width ratio, among MoE specs
-    for a MoE row and dense ones for a dense row: its conventions, GQA or MLA, gated or not, come
-    with the nearest shape); else GENERIC. A MoE row takes a spec with conventions its columns
+    """The bundled spec a model with none of its own is built on: its family, the bundled names
+    sharing the longest '-'-bounded prefix with `name`, and among them the one nearest in shape
+    (_shape_distance; deepseek-v3.1 on deepseek-v3); else the bundled spec of the row's kind (MoE
+    or dense) nearest in shape; else GENERIC. A MoE row takes a spec with conventions its columns
     cannot state (not _plain: DeepSeek's MLA and shared experts, Llama 4's shared expert, GPT-OSS's
     windows and biases, X-MoE's 2-matrix experts) only where its columns state that spec's shape
     (within EXACT: "X-MoE Small"); otherwise the nearest plain one: a conventional MoE is a guess
     the columns cannot refute, another family's peculiarities are not."""
     names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
     given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
+    # the row's kind where its columns say: experts given, or stated 0 (a dense model)
+    moe = "experts" in given
+    kind = True if moe else False if row.get("experts", "").strip() == "0" else None
     parts = name.lower().split("-")
     for k in range(len(parts) - 1, 0, -1):
         pre = "-".join(parts[:k])
         hits = [b for b in names if b == pre or b.startswith(pre + "-")]
-        if hits:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
-            return min(hits, key=lambda b: _shape_distance(load_model(b), given))
+        same = [b for b in hits if kind is None or (load_model(b).moe is not None) == kind]
+        if same:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
+            return min(same, key=lambda b: _shape_distance(load_model(b), given))
     if not given:
         return GENERIC
-    moe = "experts" in given
     best, best_d = GENERIC, float("inf")
     for b in names:
         m = load_model(b)

@@ -117,6 +117,10 @@ def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
     # a family's member nearest in shape: DeepSeek-V3.1 on DeepSeek-V3, not on V2
     v31 = row_model(tmp_path / "t.csv", {"id": "v31", "model": "DeepSeek-V3.1", **same})
     assert built_on(v31) == "deepseek-v3"
+    # and of the row's kind: a dense "gpt-" model is not built on gpt-oss-120b, a MoE
+    g = row_model(tmp_path / "t.csv", {"id": "g", "model": "gpt-4-like", "layers": "96", "hidden": "12288",
+                                       "heads": "96", "ffn": "49152", "vocab": "51200", "experts": "0"})
+    assert g.moe is None and built_on(g) == "gpt-175b"
     dense = row_model(tmp_path / "t.csv", {"id": "x", "model": "acme-13b", "layers": "40", "hidden": "5120",
                                            "heads": "40", "ffn": "20480", "vocab": "51200", "experts": ""})
     # an FFN of 4 d: GELU's two matrices, a GPT
