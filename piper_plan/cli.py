@@ -470,8 +470,10 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     from rich.table import Table
 
     from . import report
-    from .validate import explain, run, summary
+    from .validate import check_group, explain, run, summary
 
+    if group is not None:
+        check_group(group, table_path)
     if sensitivity:
         _show_sensitivity(group, as_json, table_path)
         return

@@ -472,6 +472,15 @@ def _desc(lay: Layout) -> str:
             + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules)}")
 
 
+def check_group(group: str, path: Path | None = None) -> None:
+    """Raise PiperError (naming the table, the field and the groups it has) unless some row of
+    the table is in `group`: a mistyped --group is an error, not an empty report."""
+    path = path or data_path()
+    groups = sorted({r["group"] for r in read_rows(path)})
+    if group not in groups:
+        raise PiperError(f"{path}: group: no row in group {group!r}; the table's groups: {', '.join(groups)}")
+
+
 def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> list[Result]:
     """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
     to the one it is priced on (validate_sensitivity scales efficiencies with it)."""

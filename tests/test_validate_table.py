@@ -203,3 +203,11 @@ def test_the_published_table_read_as_it_stands_meets_the_mean_targets():
     assert kinds["dense"]["rows"] == 18 and kinds["dense"]["mape"] <= V.TARGETS["dense"][0]
     assert kinds["memory"]["rows"] == 12 and kinds["memory"]["max_abs_pct"] <= V.TARGETS["memory"][1]
     assert kinds["moe"]["rows"] == 17 and kinds["moe"]["mape"] <= V.TARGETS["moe"][0]
+
+
+def test_a_group_the_table_lacks_is_a_one_line_error_not_an_empty_report():
+    res = CliRunner().invoke(main, ["validate", "--group", "narayanan2021-tabel1"])
+    assert res.exit_code != 0 and "Traceback" not in res.output
+    line = res.output.strip()
+    assert "\n" not in line and "group: no row in group 'narayanan2021-tabel1'" in line
+    assert "narayanan2021-table1" in line  # the groups it does have are named
