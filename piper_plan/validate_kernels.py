@@ -192,6 +192,12 @@ def _moe_layer_rows(path: Path | None) -> list[tuple[dict, object, object]]:
     return [(r, load_model(r["model_spec"]) if r["model_spec"] else None, specs[r["hardware_spec"]]) for r in rows]
 
 
+def _in_fit(row: dict) -> bool:
+    """Whether a moe_layer_piper_frontier.csv row is one the plateau was fit on (its fit column;
+    a table without the column: every row)."""
+    return row.get("fit", "yes") == "yes"
+
+
 def _priced_layers(rows, gemm: float | None) -> list[dict]:
     out = []
     for r, m, hw in rows:
@@ -199,7 +205,7 @@ def _priced_layers(rows, gemm: float | None) -> list[dict]:
             hw = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"gemm": gemm})})
         out.append({"model": r["model"], "hardware": r["hardware_spec"], "published": float(r["tflops_per_gcd"]),
                     "predicted": None if m is None else _moe_block_tflops(m, hw), "gemm": hw.efficiency.gemm,
-                    "fit": r.get("fit", "yes") == "yes"})
+                    "fit": _in_fit(r)})
     return out
 
 
@@ -218,7 +224,7 @@ def implied_gemm(path: Path | None = None) -> float:
     from scipy.optimize import brentq
 
     # read once, priced per trial
-    rows = [row for row in _moe_layer_rows(path) if row[1] is not None and row[0].get("fit", "yes") == "yes"]
+    rows = [row for row in _moe_layer_rows(path) if row[1] is not None and _in_fit(row[0])]
 
     def log_gap(g):
         return float(np.mean([np.log(r["predicted"] / r["published"]) for r in _priced_layers(rows, g)]))

@@ -226,10 +226,10 @@ def _template(name: str, row: dict) -> str:
     parts = name.lower().split("-")
     for k in range(len(parts) - 1, 0, -1):
         pre = "-".join(parts[:k])
-        hits = [b for b in names if b == pre or b.startswith(pre + "-")]
-        same = [b for b in hits if kind is None or (load_model(b).moe is not None) == kind]
+        family = {b: load_model(b) for b in names if b == pre or b.startswith(pre + "-")}
+        same = [b for b, m in family.items() if kind is None or (m.moe is not None) == kind]
         if same:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
-            return min(same, key=lambda b: _shape_distance(load_model(b), given))
+            return min(same, key=lambda b: _shape_distance(family[b], given))
     if not given:
         return GENERIC
     best, best_d = GENERIC, float("inf")
