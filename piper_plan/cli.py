@@ -464,8 +464,11 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
               "scaled together (about 16 passes over the rows)")
 @click.option("--batch-scan", is_flag=True, help="the planner's-choice rows again at 1, 2, 4, 8 and 16 sequences "
               "per GPU: how far the global batch their sources do not publish moves each prediction")
+@click.option("--blind", is_flag=True, help="the bundled rows priced as a table that states no recipe and no spec "
+              "would be: each row's recipe inferred from the rows of other setups only (piper_plan/"
+              "validate_blind.py), and beside it the errors with no recipe at all")
 @one_line_errors
-def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan):
+def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
@@ -474,6 +477,9 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
 
     if group is not None:
         check_group(group, table_path)
+    if blind and (table_path or explain_id or sensitivity or batch_scan):
+        raise click.UsageError("--blind prices the bundled table on its own: not with --table, --explain, "
+                               "--sensitivity or --batch-scan")
     if sensitivity:
         _show_sensitivity(group, as_json, table_path)
         return
@@ -500,12 +506,19 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         click.echo(f"notes: {d['notes']}")
         return
 
-    res = run(group, table_path)
-    summ = summary(res)
-    checks = _bundled_checks() if table_path is None else None  # they check the bundled specs, not a table
+    if blind:
+        from .validate_blind import blind_run
+
+        res, bare = blind_run(group)[0], summary(blind_run(group, infer=False)[0])["kinds"]
+        summ, checks = summary(res), None
+    else:
+        res, bare = run(group, table_path), None
+        summ = summary(res)
+        checks = _bundled_checks() if table_path is None else None  # they check the bundled specs, not a table
     if as_json:
+        extra = {"no_recipe_inferred": bare} if blind else {}
         click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
-                               **(checks or {})}, indent=2))
+                               **(checks or {}), **extra}, indent=2))
         return
     t = Table(title="predicted vs published")
     for c in ("id", "metric", "published", "predicted", "error", "missed ms/layer·µb", "layout"):
@@ -538,7 +551,13 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     taken = [f"{r.id} <- {r.recipe_from}" for r in res if r.recipe_from]
     if taken:
         click.echo("recipe columns (dispatcher, overlap, graphs, recompute modules, split, ...) taken from the "
-                   f"bundled row of the same publisher, model, system and layout: {', '.join(taken)}")
+                   "nearest bundled row of the same software stack (its twin of the same setup, else the same "
+                   f"system, publication, model, precision, release: piper_plan/validate_recipes.py): {', '.join(taken)}")
+    if bare is not None:
+        click.echo("blind: every bundled row without its recipe and spec columns, its recipe inferred from the rows "
+                   "of other setups only. With no recipe at all: " + "; ".join(
+                       f"{labels.get(k, k)} MAPE {d['mape']:.1f}%, {d['within_target_max']} of {d['rows']} within "
+                       f"{d['target_max']:g}%" for k, d in bare.items()))
     for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
         if d["beyond_target_max"]:
             worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))

@@ -44,7 +44,8 @@ from .cost.estimate import evaluate
 from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
-from .validate_rows import ARCH, built_on, inherit_recipes, read_rows, row_hardware, row_model
+from .validate_recipes import MEGATRON_GROUPS, inherit_layouts, inherit_recipes
+from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -100,9 +101,6 @@ def _kind(row) -> str:
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
-# Megatron-Core with Transformer Engine
-MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mlm-docs", "mcore-modelzoo",
-                   "megatron-bridge-dense")
 # Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer)
 MEGATRON_2021 = ("narayanan", "korthikanti")
 
@@ -350,6 +348,18 @@ def row_specs(row, specs: dict, path: Path | None = None):
     return specs[mk], specs[hk]
 
 
+def spec_names(specs: dict, path: Path):
+    """(model, hardware) spec names a row is priced on, for matching rows across tables: a
+    bundled row's model_spec / hardware_spec, else the specs row_specs resolves (a model built
+    on a family's spec goes by that spec's name)."""
+    def names(row) -> tuple[str, str]:
+        if row.get("model_spec") and row.get("hardware_spec"):
+            return row["model_spec"], row["hardware_spec"]
+        m, hw = row_specs(row, specs, path)
+        return built_on(m) or m.name, hw.name
+    return names
+
+
 def _priced(row, hw_edit=None, specs: dict | None = None, path: Path | None = None):
     """(model, layout, Estimate, index) a row is priced under (_row_estimate) on its specs
     (row_specs); hw_edit, if given, maps the hardware spec first (validate_sensitivity)."""
@@ -452,8 +462,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     if not rows:
         raise PiperError(f"{path}: id: no row {row_id!r}")
     row = rows[0]
-    if path != data_path():
-        inherit_recipes(rows, read_rows(data_path()))
+    _inherit(rows, path, {})
     m, lay, est, i = _priced(row, path=path)
     pred, _ = _row_value(row, m, lay, est, i)
     metric, pub = _compared(row, m)
@@ -483,11 +492,29 @@ def check_group(group: str, path: Path | None = None) -> None:
 
 def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> list[Result]:
     """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
-    to the one it is priced on (validate_sensitivity scales efficiencies with it)."""
+    to the one it is priced on (validate_sensitivity scales efficiencies with it). A table other
+    than the bundled one has its rows' blank recipes inferred (validate_recipes)."""
     path = path or data_path()
-    rows = read_rows(path)
-    inherited = {} if path == data_path() else inherit_recipes(rows, read_rows(data_path()))
-    out, specs = [], {}
+    rows, specs = read_rows(path), {}
+    return price_rows(rows, path, specs, group, hw_edit, _inherit(rows, path, specs))
+
+
+def _inherit(rows: list[dict], path: Path, specs: dict) -> dict[str, str]:
+    """What the rows of a table other than the bundled one leave blank, from the bundled rows
+    (validate_recipes): their source's layout, then their recipe. {row id: reference id(s)}."""
+    if path == data_path():
+        return {}
+    ref, names = read_rows(data_path()), spec_names(specs, path)
+    lays, recs = inherit_layouts(rows, ref, names), inherit_recipes(rows, ref, names)
+    return {i: " + ".join(dict.fromkeys(x for x in (lays.get(i), recs.get(i)) if x)) for i in {**lays, **recs}}
+
+
+def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = None, hw_edit=None,
+               inherited: dict | None = None) -> list[Result]:
+    """`rows` of the table at `path` (named in errors) predicted, their specs memoised in
+    `specs`; `inherited`: {row id: the reference row its recipe came from}."""
+    inherited = inherited or {}
+    out = []
     for row in rows:
         if group and row["group"] != group:
             continue

@@ -49,6 +49,8 @@ FLOATS = ("value", "tokens_per_s_per_gpu")
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
         "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size"}
 _RANGE = re.compile(r"\d+-\d+")
+# a model text that says it trains with multi-token prediction, not "no MTP" / "w/o MTP" / "without"
+_MTP = re.compile(r"(?<!no )(?<!w/o )(?<!without )\bmtp\b", re.IGNORECASE)
 GENERIC = "gpt-175b"  # Megatron's GPT: the template of a model with no family among the bundled specs
 EXACT = 0.05  # Σ |log ratio| under which a row's columns are taken to state a spec's own shape
 
@@ -129,43 +131,8 @@ def _check_row(path, rid: str, r: dict) -> None:
                          f"(or blank), got {r['precision']!r}")
 
 
-# the columns that say how a row's software ran (validation/README.md), not what it measured
-RECIPE = ("recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
-          "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce")
-# what makes two rows one publisher's same run setup: source group, specs, precision, layout
-_SETUP = ("group", "precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "recompute")
 
-
-def _setup(row: dict) -> tuple:
-    return (row.get("model_spec") or _name(row["model"]), row.get("hardware_spec") or _name(row["hardware"]),
-            *(row.get(c, "") for c in _SETUP))
-
-
-def inherit_recipes(rows: list[dict], reference: list[dict]) -> dict[str, str]:
-    """Fill the blank recipe columns (RECIPE) of each row that states none from a `reference`
-    row (the bundled table) of the same setup (_SETUP: group, model, hardware, precision, layout):
-    one publisher's same layout on the same system runs the recipe the reference read for it
-    (its notes quote it). Where references disagree, the most common recipe among them (the
-    first on a tie). Returns {row id: reference id} for the rows filled; rows in place."""
-    by_setup: dict[tuple, list[dict]] = {}
-    for r in reference:
-        by_setup.setdefault(_setup(r), []).append(r)
-    out = {}
-    for r in rows:
-        refs = by_setup.get(_setup(r))
-        if not refs or any(r.get(c) for c in RECIPE):
-            continue
-        recipes = [tuple(x[c] for c in RECIPE) for x in refs]
-        pick = max(recipes, key=recipes.count)  # max keeps the first of equal counts
-        if not any(pick):
-            continue  # the reference states no recipe either
-        src = refs[recipes.index(pick)]
-        r.update(zip(RECIPE, pick))
-        out[r["id"]] = src["id"]
-    return out
-
-
-def _name(text: str) -> str:
+def table_name(text: str) -> str:
     """A table's model or hardware name as the bundled specs spell theirs: without a
     parenthesised remark, and, unless it is a file, lower case with spaces and underscores as
     '-' ("DeepSeek-V3 (no MTP)" -> deepseek-v3, "Mixtral 8x7B" -> mixtral-8x7b)."""
@@ -177,7 +144,7 @@ def _name(text: str) -> str:
 
 def row_hardware(path, row: dict):
     """The row's hardware spec: hardware_spec, else the hardware column's name or file."""
-    ref = row.get("hardware_spec") or _name(row["hardware"])
+    ref = row.get("hardware_spec") or table_name(row["hardware"])
     try:
         return load_hardware(ref)
     except PiperError as e:
@@ -192,8 +159,10 @@ def row_model(path, row: dict) -> ModelSpec:
             return load_model(row["model_spec"])
         except PiperError as e:
             raise TableError(path, row["id"], "model_spec", str(e)) from None
-    name = _name(row["model"])
+    name = table_name(row["model"])
     base_name = name if name in bundled_names("models") or Path(name).is_file() else _template(name, row)
+    if _MTP.search(row["model"]) and f"{base_name}-mtp" in bundled_names("models"):
+        base_name += "-mtp"  # "DeepSeek-V3 (with MTP)": the variant that prices the MTP module
     try:
         base = load_model(base_name)
     except PiperError as e:

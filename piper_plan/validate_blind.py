@@ -1,0 +1,42 @@
+"""The bundled rows priced blind: what validate is worth on a table that states no recipe.
+
+Every bundled row carries the recipe its source ran (dispatcher, EP overlap, CUDA graphs,
+recompute modules, ...: validate_recipes.RECIPE) and the specs it is priced on. A table in the
+published schema states neither, and the rows of such a table that matter most are those the
+bundled table does not hold. So each bundled row is priced as such a row: its recipe and spec
+columns blank (the specs then come from its model and hardware names, validate_rows), its
+recipe inferred (validate_recipes.nearest_reference) from the bundled rows of OTHER setups only
+(another model, system, precision, layout or recompute: its twins in other releases are left
+out as well), and, for comparison, with no recipe at all. The report is the same summary
+validate gives; nothing here changes what validate reports.
+"""
+from __future__ import annotations
+
+from .validate import data_path, price_rows, spec_names
+from .validate_recipes import RECIPE, inherit_recipes, setup
+from .validate_rows import read_rows
+
+SPEC_COLUMNS = ("model_spec", "hardware_spec")
+
+
+def blind_rows() -> list[dict]:
+    """The bundled rows with their recipe and spec columns blank."""
+    return [{**r, **dict.fromkeys(RECIPE + SPEC_COLUMNS, "")} for r in read_rows(data_path())]
+
+
+def blind_run(group: str | None = None, infer: bool = True):
+    """(results, {row id: reference id}) for the bundled rows priced blind (module docstring),
+    each row's recipe inferred from the other setups' rows, or none if not `infer`."""
+    path, specs = data_path(), {}
+    names = spec_names(specs, path)
+    bundled = read_rows(path)
+    rows = blind_rows()
+    inherited = {}
+    if infer:
+        for row, own in zip(rows, bundled):
+            if group and row["group"] != group:
+                continue
+            mine = setup(own, names(own))
+            others = [x for x in bundled if setup(x, names(x)) != mine]
+            inherited.update(inherit_recipes([row], others, names))
+    return price_rows(rows, path, specs, group, inherited=inherited), inherited

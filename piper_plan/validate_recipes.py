@@ -1,0 +1,133 @@
+"""Which recipe a table row that states none ran: the nearest row of the bundled table.
+
+A row in the published schema gives its layout but not how its software ran it: the dispatcher,
+EP overlap, CUDA graphs, recompute modules, pipeline split (the bundled table's recipe columns,
+RECIPE; validation/README.md). Priced with none of them, a Megatron-Core row of 2026 runs as an
+eager, flat-all-to-all job it never was (tens of per cent off). What the bundled table read
+from each publisher's recipes is the best evidence there is of what an unread row of the same
+publisher ran, so a row that states no recipe column takes the recipe of the bundled row
+nearest to it (nearest_reference):
+
+1. the same software stack, required: Megatron-Core's groups (Megatron-Bridge, the Megatron-Core
+   report, Megatron-LM's recipes and docs, the model zoo) are one stack; other groups only
+   themselves (the 2021-22 Megatron-LM papers, X-MoE, Piper);
+2. the same setup (model, system, precision, layout, recompute: the row's twin in another
+   release; its recipe is the row's), then the same system, the same publication (the source
+   without its release: one series of recipes, such as Megatron-Bridge's performance tables),
+   the same model, the same precision, the same group, the nearest release (the "(26.06.01)" of
+   a Megatron-Bridge source), in that order;
+3. among the references that rank first, the recipe most of them ran (the first on a tie).
+
+The recompute modules are taken only when both rows say "per recipe": a row that states its
+recompute (none, full, selective) keeps it. `validate --blind` measures what this inference is
+worth on rows whose setup the bundled table does not hold (validate_blind).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from .validate_rows import table_name
+
+# the columns that say how a row's software ran (validation/README.md), not what it measured
+RECIPE = ("recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
+          "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce")
+# a run's layout and recompute: with the specs, what makes two rows the same setup
+LAYOUT = ("precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "recompute")
+# a layout's degrees and batch: the cells a row may leave blank for its source's own choice
+DEGREES = ("tp", "pp", "vpp", "ep", "dp", "mbs", "gbs")
+# Megatron-Core with Transformer Engine, as each publisher runs it
+MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mlm-docs", "mcore-modelzoo",
+               "megatron-bridge-dense")
+_RELEASE = re.compile(r"\((\d\d)\.(\d\d)(?:\.(\d\d))?\)")
+
+# (model spec, hardware spec) names a row is priced on
+Resolve = Callable[[dict], "tuple[str, str]"]
+
+
+def stack(group: str) -> str:
+    return "megatron-core" if group in MEGATRON_GROUPS else group
+
+
+def release(source: str) -> float | None:
+    """A release the source names as "(YY.MM[.PP])" (26.06.01 -> 2606.01), None if none."""
+    m = _RELEASE.search(source)
+    return None if m is None else int(m.group(1)) * 100 + int(m.group(2)) + int(m.group(3) or 0) / 100
+
+
+def setup(row: dict, specs: tuple[str, str]) -> tuple:
+    """What makes two rows the same run setup: their specs, layout and recompute."""
+    return (*specs, *(row.get(c, "") for c in LAYOUT))
+
+
+def document(source: str) -> str:
+    """The publication a source names, without its release ("Megatron-Bridge
+    docs/performance-summary.md (26.06)" -> "... performance-summary.md"): one recipe series."""
+    return _RELEASE.sub("", source).strip()
+
+
+def _rank(row: dict, specs: tuple[str, str], ref: dict, ref_specs: tuple[str, str]) -> tuple:
+    """How near `ref` is to `row` (larger is nearer; module docstring, step 2)."""
+    src, ref_src = row.get("source", ""), ref.get("source", "")
+    rel, ref_rel = release(src), release(ref_src)
+    gap = abs(rel - ref_rel) if rel is not None and ref_rel is not None else float("inf")
+    return (setup(row, specs) == setup(ref, ref_specs), ref_specs[1] == specs[1], document(ref_src) == document(src),
+            ref_specs[0] == specs[0], ref["precision"] == row["precision"], ref["group"] == row["group"], -gap)
+
+
+def nearest_reference(row: dict, reference: Iterable[dict], resolve: Resolve) -> dict | None:
+    """The reference row whose recipe `row` runs (module docstring), None where no reference
+    of its stack states a recipe."""
+    specs = resolve(row)
+    ranked = [(_rank(row, specs, x, resolve(x)), x) for x in reference
+              if stack(x["group"]) == stack(row["group"]) and any(x.get(c) for c in RECIPE)]
+    if not ranked:
+        return None
+    top = max(k for k, _ in ranked)
+    firsts = [x for k, x in ranked if k == top]
+    recipes = [tuple(x[c] for c in RECIPE) for x in firsts]
+    return firsts[recipes.index(max(recipes, key=recipes.count))]  # max keeps the first of equal counts
+
+
+def inherit_recipes(rows: list[dict], reference: list[dict], resolve: Resolve) -> dict[str, str]:
+    """Fill the recipe columns of each row that states none from its nearest reference row
+    (nearest_reference). Returns {row id: reference id} for the rows filled; rows in place."""
+    out = {}
+    for r in rows:
+        if any(r.get(c) for c in RECIPE):
+            continue
+        src = nearest_reference(r, reference, resolve)
+        if src is None:
+            continue
+        r.update((c, src[c]) for c in RECIPE)
+        if not (r["recompute"] == src["recompute"] == "per recipe"):
+            r["recompute_modules"] = ""
+        out[r["id"]] = src["id"]
+    return out
+
+
+def inherit_layouts(rows: list[dict], reference: list[dict], resolve: Resolve) -> dict[str, str]:
+    """Fill the blank layout cells (DEGREES) of each row that is not the planner's choice from
+    its twin in `reference`: the row of the same group, model spec, hardware name, precision,
+    GPUs and sequence length whose layout agrees with every cell the row states, where all
+    such rows give one layout ("X-MoE recipe" rows, whose layout X-MoE's launch scripts give and
+    the bundled table quotes). The twin's hardware spec comes with it (X-MoE ran ROCm 5.7 on
+    Frontier: frontier-rocm57), and a recompute that names the source's recipe ("X-MoE recipe
+    ...", "per recipe") becomes the twin's. Returns {row id: reference id} for the rows filled;
+    rows in place."""
+    def run(x):
+        return x["group"], resolve(x)[0], table_name(x["hardware"]), x["precision"], x["gpus"], x["seq"]
+
+    out = {}
+    for r in rows:
+        if r["recompute"] == "planner's choice" or all(r.get(c) for c in DEGREES):
+            continue
+        twins = [x for x in reference if run(x) == run(r) and all(not r.get(c) or r[c] == x[c] for c in DEGREES)]
+        if len({tuple(x[c] for c in DEGREES) for x in twins}) != 1:
+            continue  # none, or several layouts the row's cells cannot choose between
+        src = twins[0]
+        r.update((c, r.get(c) or src[c]) for c in (*DEGREES, "hardware_spec"))
+        if r["recompute"] == "per recipe" or r["recompute"].startswith("X-MoE recipe"):
+            r["recompute"] = src["recompute"]
+        out[r["id"]] = src["id"]
+    return out

@@ -1,0 +1,135 @@
+"""A row that states no recipe runs the recipe of the nearest bundled row; a row that leaves its
+source's layout blank takes its twin's; the bundled rows priced blind stay near their figures."""
+import csv
+
+import pytest
+from click.testing import CliRunner
+
+from piper_plan import validate as V
+from piper_plan.cli import main
+from piper_plan.validate_blind import blind_run
+from piper_plan.validate_recipes import (RECIPE, document, inherit_layouts, inherit_recipes, nearest_reference,
+                                         release)
+from piper_plan.validate_rows import built_on, row_model
+
+SHARED_SCHEMA = ("id,group,source,model,layers,hidden,heads,ffn,vocab,experts,topk,expert_ffn,hardware,precision,"
+                 "gpus,tp,pp,vpp,ep,dp,mbs,gbs,seq,recompute,metric,value,notes").split(",")
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return V.read_rows(V.data_path())
+
+
+@pytest.fixture(scope="module")
+def names():
+    return V.spec_names({}, V.data_path())
+
+
+def bare(row, **kw):
+    """`row` as a table in the published schema states it: no recipe, no spec columns."""
+    return {**row, **dict.fromkeys(RECIPE + ("model_spec", "hardware_spec"), ""), **kw}
+
+
+def by_id(rows, i):
+    return next(r for r in rows if r["id"] == i)
+
+
+def test_release_and_publication_are_read_from_the_source():
+    src = "Megatron-Bridge docs/performance-summary.md (26.06.01)"
+    assert release(src) == pytest.approx(2606.01) and release("arXiv 2104.04473 Table 1") is None
+    assert document(src) == document("Megatron-Bridge docs/performance-summary.md (25.11)")
+
+
+def test_a_row_takes_its_twin_in_another_release_first(bundled, names):
+    # 26.08.01 repeats 26.08's layout for Qwen3-235B on GB300: its recipe is the twin's
+    row = bare(by_id(bundled, "mb-qwen3-235b-gb300-mxfp8-260801"), id="new")
+    others = [r for r in bundled if r["id"] != "mb-qwen3-235b-gb300-mxfp8-260801"]
+    src = nearest_reference(row, others, names)
+    assert src["model_spec"] == "qwen3-235b-a22b" and src["hardware_spec"] == "gb300-nvl72"
+    assert (src["tp"], src["pp"], src["ep"], src["mbs"]) == (row["tp"], row["pp"], row["ep"], row["mbs"])
+
+
+def test_without_a_twin_the_same_system_outranks_the_same_model(bundled, names):
+    # the whole Qwen3-30B GB300 series left out: what it ran on GB300 in that publication (other
+    # models) is nearer than what Qwen3-30B ran on other systems
+    row = bare(by_id(bundled, "mb-qwen3-30b-gb300-mxfp8-2606"), id="new")
+    others = [r for r in bundled if not (r["model_spec"] == "qwen3-30b-a3b" and r["hardware_spec"] == "gb300-nvl72")]
+    src = nearest_reference(row, others, names)
+    assert src["hardware_spec"] == "gb300-nvl72" and src["model_spec"] != "qwen3-30b-a3b"
+    assert document(src["source"]) == document(row["source"])
+    # and among those, the nearest release: a 26.06-era row, not a 25.11 one
+    assert abs(release(src["source"]) - release(row["source"])) < 1
+
+
+def test_a_recipe_never_crosses_software_stacks(bundled, names):
+    # an X-MoE row (DeepSpeed) takes nothing from Megatron-Core's rows, and the reverse
+    xmoe = bare(by_id(bundled, "xmoe-f13-large"), id="new")
+    assert nearest_reference(xmoe, [r for r in bundled if r["group"] != "xmoe2025"], names) is None
+    mb = bare(by_id(bundled, "mb-qwen3-30b-h100-fp8-2606"), id="new")
+    assert nearest_reference(mb, [r for r in bundled if r["group"] == "xmoe2025"], names) is None
+
+
+def test_a_stated_recompute_is_kept_and_a_stated_recipe_is_not_touched(bundled, names):
+    src = by_id(bundled, "mb-dsv3-gb200-bf16")  # per recipe, recompute modules mla_up_proj
+    assert src["recompute"] == "per recipe" and src["recompute_modules"]
+    full = bare(src, id="full", recompute="full")
+    own = bare(src, id="own", dispatcher="alltoall")
+    got = inherit_recipes([full, own], bundled, names)
+    assert got == {"full": src["id"]} and full["recompute_modules"] == "" and full["dispatcher"] == src["dispatcher"]
+    assert own["a2a_overlap"] == "" and own["dispatcher"] == "alltoall"
+
+
+def test_a_row_that_leaves_its_sources_layout_blank_takes_its_twins(bundled, names):
+    # the published schema's X-MoE rows leave the layout to "X-MoE recipe": the bundled twin
+    # quotes X-MoE's launch script (TP1, EP64, micro-batch 1, batch 1024) and its ROCm 5.7 spec
+    twin = by_id(bundled, "xmoe-f13-medium")
+    row = {**bare(twin, id="m", hardware="frontier", recompute="X-MoE recipe"),
+           **dict.fromkeys(("tp", "pp", "vpp", "ep", "dp", "mbs", "gbs"), "")}
+    assert inherit_layouts([row], bundled, names) == {"m": "xmoe-f13-medium"}
+    assert [row[c] for c in ("tp", "pp", "ep", "dp", "mbs", "gbs", "recompute", "hardware_spec")] == [
+        twin[c] for c in ("tp", "pp", "ep", "dp", "mbs", "gbs", "recompute", "hardware_spec")]
+    # a stated cell the twin contradicts, or the planner's choice, is not filled
+    other = {**row, "id": "o", "tp": "4", "ep": ""}
+    mine = {**bare(by_id(bundled, "piper-f13-medium"), id="p")}
+    assert inherit_layouts([other, mine], bundled, names) == {}
+
+
+def test_a_model_said_to_train_with_mtp_is_priced_with_its_module(tmp_path):
+    with_mtp = row_model(tmp_path / "t.csv", {"id": "a", "model": "DeepSeek-V3 (with MTP)"})
+    without = row_model(tmp_path / "t.csv", {"id": "b", "model": "deepseek-v3 (no MTP)"})
+    assert built_on(with_mtp) == "deepseek-v3-mtp" and with_mtp.mtp_layers >= 1
+    assert without.name == "deepseek-v3" and not without.mtp_layers
+
+
+def test_the_published_schema_table_prices_x_moe_as_the_bundled_rows(tmp_path, bundled):
+    # the handed-over table's X-MoE rows, layout blank, read as the bundled rows read them
+    rows = [{**r, "hardware": "frontier", "recompute": "X-MoE recipe",
+             **dict.fromkeys(("tp", "pp", "vpp", "ep", "dp", "mbs", "gbs"), "")}
+            for r in bundled if r["id"] in ("xmoe-f13-small", "xmoe-f13-medium")]
+    path = tmp_path / "x.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SHARED_SCHEMA, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    mine = {r.id: r for r in V.run(path=path)}
+    ours = {r.id: r for r in V.run(group="xmoe2025")}
+    for i in mine:
+        assert mine[i].layout == ours[i].layout and mine[i].predicted == pytest.approx(ours[i].predicted, rel=1e-3)
+
+
+def test_blind_pricing_with_inferred_recipes_meets_the_moe_targets_where_no_recipe_does_not():
+    # the guard on what a table without recipes gets: each bundled row's recipe inferred from the
+    # rows of other setups only. Measured at this commit: MoE 15.3 % (157 of 161 within 35 %);
+    # with no recipe 28.9 % (103 of 161)
+    inferred, got = blind_run()
+    none, _ = blind_run(infer=False)
+    moe, moe_none = V.summary(inferred)["kinds"]["moe"], V.summary(none)["kinds"]["moe"]
+    assert len(got) > 200 and moe["rows"] == moe_none["rows"] == 161
+    assert moe["mape"] <= 20.0 < moe_none["mape"]
+    assert moe["within_target_max"] >= 150 > moe_none["within_target_max"]
+
+
+def test_blind_is_of_the_bundled_table_alone(tmp_path):
+    r = CliRunner().invoke(main, ["validate", "--blind", "--table", str(tmp_path / "t.csv")])
+    assert r.exit_code == 2 and "--blind prices the bundled table on its own" in r.output
