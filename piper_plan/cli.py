@@ -548,6 +548,12 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
             built.setdefault(r.built_on, []).append(r.id)
     for base, ids in built.items():
         click.echo(f"models built from the table's architecture columns on {base}: rows {', '.join(ids)}")
+    read_as = {}
+    for r in res:
+        if r.hardware_as:
+            read_as.setdefault(r.hardware_as, []).append(r.id)
+    for spec, ids in read_as.items():
+        click.echo(f"hardware read as the bundled {spec}: rows {', '.join(ids)}")
     taken = [f"{r.id} <- {r.recipe_from}" for r in res if r.recipe_from]
     if taken:
         click.echo("recipe columns (dispatcher, overlap, graphs, recompute modules, split, ...) taken from the "

@@ -45,7 +45,7 @@ from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_GROUPS, inherit_layouts, inherit_recipes
-from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model
+from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model, table_name
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -83,8 +83,11 @@ class Result:
     device_memory_gib: float | None = None
     # where a table names a model with no bundled spec: what it was built on (validate_rows)
     built_on: str | None = None
-    # where a table's row states no recipe: the bundled row of its setup it took one from
+    # where a table's row states no recipe (or leaves its layout blank): the bundled row(s) of
+    # the same stack it took them from (validate_recipes)
     recipe_from: str | None = None
+    # where a table's hardware name is not a spec's own: the bundled system it was read as
+    hardware_as: str | None = None
 
     @property
     def error_pct(self) -> float:
@@ -525,9 +528,11 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
         lay, est, i = priced
         ran = lay is not None and _kind(row) != "memory" and not is_searched(row)
         peak = float(est.peak_memory_gib[i]) if ran else None
-        dev = row_specs(row, specs, path)[1].accelerator.memory_gib if ran else None
+        hw = row_specs(row, specs, path)[1]
+        dev = hw.accelerator.memory_gib if ran else None
+        alias = None if row.get("hardware_spec") or hw.name == table_name(row["hardware"]) else hw.name
         out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
-                          gap, peak, dev, built_on(m), inherited.get(row["id"])))
+                          gap, peak, dev, built_on(m), inherited.get(row["id"]), alias))
     return out
 
 

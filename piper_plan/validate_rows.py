@@ -6,12 +6,14 @@ adds (validation/README.md) are optional and read as blank where a table lacks t
 id, group, model, hardware, gpus, seq, metric and value must be present.
 
 A row names its specs by model_spec / hardware_spec (the bundled table), or by the schema's
-model / hardware: a bundled spec (or a spec file) of that name, a parenthesised remark after the
-name ignored ("deepseek-v3 (no MTP)"). The architecture columns (layers, hidden, heads, ffn,
+model / hardware: a bundled spec (or a spec file) of that name however punctuated (bundled_as:
+"Llama 3.1 405B", "DGX H100"; a hardware name may be the one bundled system holding its words,
+"H100"), a parenthesised remark after the name ignored ("deepseek-v3 (no MTP)"; "with MTP" takes
+the -mtp variant). The architecture columns (layers, hidden, heads, ffn,
 vocab, experts, topk, expert_ffn) are the row's own statement of the model, so where they are
 given they override the spec they name (a range, "2560-3072", counts as not given; ffn, for a
 model whose every layer is MoE, is unused). A model with no bundled spec is built from those
-columns on its family's spec: the bundled name sharing the longest prefix that ends at a '-'
+columns on its family's spec: the bundled names sharing the longest prefix of words and numbers
 (gpt-oss-20b on gpt-oss-120b: its sliding windows, biases and clamp kept), else the bundled spec
 of its kind nearest in those columns (for a MoE row, among the specs without conventions its
 columns cannot state, unless it states one's exact shape: _template), else Megatron's GPT (gpt-175b).
@@ -22,6 +24,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from difflib import SequenceMatcher
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -142,9 +145,39 @@ def table_name(text: str) -> str:
     return re.sub(r"[\s_]+", "-", name.lower())
 
 
+def _tokens(name: str) -> tuple[str, ...]:
+    """A name's words and numbers, however it is punctuated ("Llama 3.1 405B" and
+    "llama3.1-405b" -> llama, 3.1, 405b; "H100" -> h, 100)."""
+    return tuple(re.findall(r"[a-z]+|\d+(?:\.\d+)*[a-z]*", name.lower()))
+
+
+def bundled_as(name: str, kind: str) -> str | None:
+    """The bundled spec of `kind` ("models", "hardware") a table's name means: the one of the
+    same words and numbers however punctuated (llama-3.1-405b: llama3.1-405b; X-MoE Small:
+    xmoe-small); for hardware also
+    the one bundled system whose name holds the name's words in a row (H100: dgx-h100, GB200:
+    gb200-nvl72, A100: dgx-a100-80gb), where exactly one does; else None."""
+    want = _tokens(name)
+    names = bundled_names(kind)
+    same = [b for b in names if "".join(_tokens(b)) == "".join(want)]  # X-MoE Small: xmoe-small
+    if same or kind != "hardware" or not want:
+        return same[0] if same else None
+    k = len(want)
+    holds = [b for b in names if any(_tokens(b)[i:i + k] == want for i in range(len(_tokens(b)) - k + 1))]
+    return holds[0] if len(holds) == 1 else None
+
+
+def _named(name: str, kind: str) -> str:
+    """A table's name as the spec to load: a file or bundled name as it is, else bundled_as."""
+    if name in bundled_names(kind) or Path(name).is_file():
+        return name
+    return bundled_as(name, kind) or name
+
+
 def row_hardware(path, row: dict):
-    """The row's hardware spec: hardware_spec, else the hardware column's name or file."""
-    ref = row.get("hardware_spec") or table_name(row["hardware"])
+    """The row's hardware spec: hardware_spec, else the hardware column's file or bundled
+    system (bundled_as: "DGX H100", "H100", "GB200")."""
+    ref = row.get("hardware_spec") or _named(table_name(row["hardware"]), "hardware")
     try:
         return load_hardware(ref)
     except PiperError as e:
@@ -160,7 +193,9 @@ def row_model(path, row: dict) -> ModelSpec:
         except PiperError as e:
             raise TableError(path, row["id"], "model_spec", str(e)) from None
     name = table_name(row["model"])
-    base_name = name if name in bundled_names("models") or Path(name).is_file() else _template(name, row)
+    base_name = _named(name, "models")
+    if base_name not in bundled_names("models") and not Path(base_name).is_file():
+        base_name = _template(name, row)
     if _MTP.search(row["model"]) and f"{base_name}-mtp" in bundled_names("models"):
         base_name += "-mtp"  # "DeepSeek-V3 (with MTP)": the variant that prices the MTP module
     try:
@@ -180,7 +215,7 @@ def built_on(m: ModelSpec) -> str | None:
 
 def _template(name: str, row: dict) -> str:
     """The bundled spec a model with none of its own is built on: its family, the bundled names
-    sharing the longest '-'-bounded prefix with `name`, and among them the one nearest in shape
+    sharing the longest prefix of words and numbers with `name` (_tokens), and among them the one nearest in shape
     (_shape_distance; deepseek-v3.1 on deepseek-v3); else the bundled spec of the row's kind (MoE
     or dense) nearest in shape; else GENERIC. A MoE row takes a spec with conventions its columns
     cannot state (not _plain: DeepSeek's MLA and shared experts, Llama 4's shared expert, GPT-OSS's
@@ -192,13 +227,13 @@ def _template(name: str, row: dict) -> str:
     # the row's kind where its columns say: experts given, or stated 0 (a dense model)
     moe = "experts" in given
     kind = True if moe else False if row.get("experts", "").strip() == "0" else None
-    parts = name.lower().split("-")
+    parts = _tokens(name)
     for k in range(len(parts) - 1, 0, -1):
-        pre = "-".join(parts[:k])
-        family = {b: load_model(b) for b in names if b == pre or b.startswith(pre + "-")}
+        family = {b: load_model(b) for b in names if _tokens(b)[:k] == parts[:k]}
         same = [b for b, m in family.items() if kind is None or (m.moe is not None) == kind]
         if same:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
-            return min(same, key=lambda b: _shape_distance(family[b], given))
+            # equal shapes (no columns given): the name nearest in spelling (deepseek-v3.1: v3, not v2)
+            return min(same, key=lambda b: (_shape_distance(family[b], given), -SequenceMatcher(None, name, b).ratio()))
     if not given:
         return GENERIC
     best, best_d = GENERIC, float("inf")

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from piper_plan import validate as V
 from piper_plan.cli import main
+from piper_plan.errors import PiperError
 from piper_plan.validate_rows import built_on, row_hardware, row_model
 
 # the schema of ../shared/validation/published.csv: no recipe columns, no spec columns
@@ -211,3 +212,22 @@ def test_a_group_the_table_lacks_is_a_one_line_error_not_an_empty_report():
     line = res.output.strip()
     assert "\n" not in line and "group: no row in group 'narayanan2021-tabel1'" in line
     assert "narayanan2021-table1" in line  # the groups it does have are named
+
+
+def test_names_are_read_however_they_are_punctuated(tmp_path):
+    # a table writes "Llama 3.1 405B" and "H100" where the bundled specs say llama3.1-405b and dgx-h100
+    def model(name):
+        return row_model(tmp_path / "t.csv", {"id": "r", "model": name})
+
+    def system(name):
+        return row_hardware(tmp_path / "t.csv", {"id": "r", "hardware": name}).name
+
+    assert built_on(model("Llama 3.1 405B")) == "llama3.1-405b" and built_on(model("Llama 4 Maverick")) == "llama4-maverick"
+    assert built_on(model("X-MoE Small")) == "xmoe-small"
+    # a family member nearest in spelling where no column tells the shapes apart
+    assert built_on(model("DeepSeek-V3.1")) == "deepseek-v3"
+    assert [system(h) for h in ("H100", "DGX H100", "GB200", "B200", "GB300 NVL72", "A100 80GB", "Frontier")] == [
+        "dgx-h100", "dgx-h100", "gb200-nvl72", "dgx-b200", "gb300-nvl72", "dgx-a100-80gb", "frontier"]
+    # a name that no bundled system holds alone is an error naming the field, not a guess
+    with pytest.raises(PiperError, match="hardware: .*mi250x"):
+        system("MI250X")
