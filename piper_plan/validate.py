@@ -207,7 +207,9 @@ def _layout(row) -> Layout:
     sp = "seqpar" in rc or not row["group"].startswith(("narayanan", "korthikanti"))
     sched = "interleaved" if vpp > 1 else "1f1b"
     mbs = _i(row["mbs"], 1)
-    gbs = _i(row["gbs"], dp * mbs)
+    # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
+    # micro-batch a step (a pipeline all bubble, a 1F1B stage holding one micro-batch's activations)
+    gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
     # how the run split layers over pipeline chunks (validation/README.md): Megatron's default even
     # split, or its embedding/loss accounting; a hand-written layout string is priced by cost
     split = _default(row, "pipeline_split")

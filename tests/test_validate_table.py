@@ -231,3 +231,11 @@ def test_names_are_read_however_they_are_punctuated(tmp_path):
     # a name that no bundled system holds alone is an error naming the field, not a guess
     with pytest.raises(PiperError, match="hardware: .*mi250x"):
         system("MI250X")
+
+
+def test_a_blank_batch_is_the_planners_default_not_one_micro_batch(tmp_path, bundled):
+    # Qwen3-235B on 256 H100 at PP8: a step of one micro-batch per pipeline would be all bubble
+    src = {**bundled["mb-qwen3-235b-h100-fp8"], "id": "nobatch", "gbs": "", "notes": ""}
+    (row,) = V.run(path=write(tmp_path / "b.csv", [src]))
+    (given,) = V.run(path=write(tmp_path / "g.csv", [{**src, "gbs": "1024"}]))  # 4M tokens of 4096
+    assert row.predicted == pytest.approx(given.predicted, rel=1e-12)
