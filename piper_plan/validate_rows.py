@@ -103,8 +103,31 @@ def read_rows(path: Path) -> list[dict]:
         if r["id"] in seen:
             raise TableError(path, rid, "id", "appears twice; ids must be unique")
         seen.add(r["id"])
+        _normalise(r)
         _check_row(path, rid, r)
     return rows
+
+
+# how tables spell precisions the bundled table writes one way (Megatron-Bridge's own tables
+# write FP8-CS for Transformer Engine's current scaling and FP8-MX for MXFP8)
+PRECISION_ALIASES = {"fp8-cs": "fp8", "fp8-current": "fp8", "fp8-mx": "mxfp8", "fp8-block": "fp8-blockwise",
+                     "fp16/bf16": "bf16/fp16"}
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+
+def _normalise(r: dict) -> None:
+    """Spellings a table may use for what the schema writes one way, in place: any case for
+    precision, metric and recompute ("BF16", "Full"), Megatron-Bridge's FP8-CS / FP8-MX, and
+    thousands separators in numbers ("1,024")."""
+    for c in (*INTS, *FLOATS):
+        if _THOUSANDS.fullmatch(r.get(c, "")):
+            r[c] = r[c].replace(",", "")
+    p = re.sub(r"[\s_]+", "-", r.get("precision", "").lower())
+    r["precision"] = PRECISION_ALIASES.get(p, p)
+    r["metric"] = r["metric"].lower()
+    rc = r.get("recompute", "")
+    if not rc.lower().startswith("x-moe recipe"):
+        r["recompute"] = rc.lower()
 
 
 def _check_row(path, rid: str, r: dict) -> None:

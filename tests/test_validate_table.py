@@ -239,3 +239,15 @@ def test_a_blank_batch_is_the_planners_default_not_one_micro_batch(tmp_path, bun
     (row,) = V.run(path=write(tmp_path / "b.csv", [src]))
     (given,) = V.run(path=write(tmp_path / "g.csv", [{**src, "gbs": "1024"}]))  # 4M tokens of 4096
     assert row.predicted == pytest.approx(given.predicted, rel=1e-12)
+
+
+def test_a_table_may_spell_its_cells_as_its_source_does(tmp_path, bundled):
+    # Megatron-Bridge's tables write FP8-CS; others write BF16, Full, 1,024
+    src = {**bundled["mb-qwen3-30b-h100-fp8"], "notes": ""}
+    plain = V.run(path=write(tmp_path / "a.csv", [src]))[0]
+    spelt = V.run(path=write(tmp_path / "b.csv", [{**src, "precision": "FP8-CS", "gbs": "1,024",
+                                                   "recompute": "Per Recipe", "metric": "Model_TFLOPS_per_GPU"}]))[0]
+    assert spelt.predicted == pytest.approx(plain.predicted, rel=1e-12) and spelt.metric == plain.metric
+    kor = bundled["kor22-t5-175b-full"]
+    assert V.run(path=write(tmp_path / "c.csv", [{**kor, "recompute": "Full", "precision": "BF16"}]))[0].predicted == \
+        pytest.approx(V.run(path=write(tmp_path / "d.csv", [kor]))[0].predicted, rel=1e-12)
