@@ -44,7 +44,7 @@ from .cost.estimate import evaluate
 from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
-from .validate_recipes import MEGATRON_GROUPS, inherit_layouts, inherit_recipes
+from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model, table_name
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -104,8 +104,6 @@ def _kind(row) -> str:
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
-# Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer)
-MEGATRON_2021 = ("narayanan", "korthikanti")
 
 
 def _default(row, column: str) -> str:
@@ -120,10 +118,10 @@ def _default(row, column: str) -> str:
     if v:
         return v
     g = row["group"]
-    megatron = g in MEGATRON_GROUPS or g.startswith(MEGATRON_2021)
+    megatron = stack(row) in ("megatron-core", "megatron-lm-2021")
     if column == "pipeline_split" and megatron:
         return "even"
-    if column == "expert_gemm" and g in MEGATRON_GROUPS:
+    if column == "expert_gemm" and stack(row) == "megatron-core":
         return "multistream"
     if column == "grad_reduce" and g.startswith("megatron-bridge"):
         return "bf16"
@@ -400,7 +398,7 @@ def _measured_step(row, m, lay: Layout) -> float | None:
         return _narayanan_flops(row) / (value * 1e12 * lay.gpus)
     if metric == "model_tflops_per_gpu" and row["group"] == "xmoe2025":
         return _xmoe_flops_per_token(m, lay.seq) * tokens / (value * 1e12 * lay.gpus)
-    if metric == "model_tflops_per_gpu" and row["group"] in MEGATRON_GROUPS:
+    if metric == "model_tflops_per_gpu" and stack(row) == "megatron-core":
         # Megatron's model FLOPs per token equal ours for these models: the tables' TFLOPS over
         # tokens/s give 23.08 GFLOP (Qwen3-30B-A3B), 148.0 (Qwen3-235B-A22B), 32.63 (GPT-OSS-120B,
         # 2026 card) against our 23.08, 148.3, 32.71 (validation/README.md)

@@ -8,9 +8,10 @@ from each publisher's recipes is the best evidence there is of what an unread ro
 publisher ran, so a row that states no recipe column takes the recipe of the bundled row
 nearest to it (nearest_reference):
 
-1. the same software stack, required: Megatron-Core's groups (Megatron-Bridge, the Megatron-Core
-   report, Megatron-LM's recipes and docs, the model zoo) are one stack; other groups only
-   themselves (the 2021-22 Megatron-LM papers, X-MoE, Piper);
+1. the same software stack, required (stack): Megatron-Core's groups (Megatron-Bridge, the
+   Megatron-Core report, Megatron-LM's recipes and docs, the model zoo, and a table's own group
+   whose name or source says Megatron or NeMo) are one stack; the 2021-22 Megatron-LM papers
+   another; other groups only themselves (X-MoE, Piper);
 2. the same setup (model, system, precision, layout, recompute: the row's twin in another
    release; its recipe is the row's), then the same system, the same publication (the source
    without its release: one series of recipes, such as Megatron-Bridge's performance tables),
@@ -39,14 +40,29 @@ DEGREES = ("tp", "pp", "vpp", "ep", "dp", "mbs", "gbs")
 # Megatron-Core with Transformer Engine, as each publisher runs it
 MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mlm-docs", "mcore-modelzoo",
                "megatron-bridge-dense")
+# Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer): groups by prefix
+MEGATRON_2021 = ("narayanan", "korthikanti")
+_MCORE = re.compile(r"megatron|nemo")
 _RELEASE = re.compile(r"\((\d\d)\.(\d\d)(?:\.(\d\d))?\)")
 
 # (model spec, hardware spec) names a row is priced on
 Resolve = Callable[[dict], "tuple[str, str]"]
 
 
-def stack(group: str) -> str:
-    return "megatron-core" if group in MEGATRON_GROUPS else group
+def stack(row: dict) -> str:
+    """The software a row ran: "megatron-core" for Megatron-Core's groups and for any other whose
+    group or source names Megatron-Bridge, Megatron-Core, Megatron-LM or NeMo (all Megatron-Core
+    underneath; not Megatron-DeepSpeed, X-MoE's fork), "megatron-lm-2021" for the 2021-22 papers'
+    groups, else the group itself."""
+    g = row["group"]
+    if g.startswith(MEGATRON_2021):
+        return "megatron-lm-2021"
+    if g in MEGATRON_GROUPS:
+        return "megatron-core"
+    text = f"{g} {row.get('source', '')}".lower()
+    if g != "xmoe2025" and "deepspeed" not in text and _MCORE.search(text):
+        return "megatron-core"
+    return g
 
 
 def release(source: str) -> float | None:
@@ -80,7 +96,7 @@ def nearest_reference(row: dict, reference: Iterable[dict], resolve: Resolve) ->
     of its stack states a recipe."""
     specs = resolve(row)
     ranked = [(_rank(row, specs, x, resolve(x)), x) for x in reference
-              if stack(x["group"]) == stack(row["group"]) and any(x.get(c) for c in RECIPE)]
+              if stack(x) == stack(row) and any(x.get(c) for c in RECIPE)]
     if not ranked:
         return None
     top = max(k for k, _ in ranked)

@@ -133,3 +133,15 @@ def test_blind_pricing_with_inferred_recipes_meets_the_moe_targets_where_no_reci
 def test_blind_is_of_the_bundled_table_alone(tmp_path):
     r = CliRunner().invoke(main, ["validate", "--blind", "--table", str(tmp_path / "t.csv")])
     assert r.exit_code == 2 and "--blind prices the bundled table on its own" in r.output
+
+
+def test_a_group_of_ones_own_runs_on_megatron_takes_megatrons_recipes(bundled, names):
+    src = by_id(bundled, "mb-qwen3-235b-gb300-mxfp8-2606")
+    nemo = bare(src, id="n", group="nemo-perf", source="NeMo performance summary (26.06)")
+    mine = bare(src, id="m", group="my-runs", source="our cluster, 2026-11")
+    forked = bare(src, id="f", group="my-runs", source="Megatron-DeepSpeed fork")
+    got = inherit_recipes([nemo, mine, forked], bundled, names)
+    assert set(got) == {"n"} and by_id(bundled, got["n"])["group"] in ("megatron-bridge-moe", "mlm-moe-recipes")
+    # and the stack's defaults where it states none: Megatron's even pipeline split
+    assert V._default(bare(src, group="nemo-perf", source="NeMo"), "pipeline_split") == "even"
+    assert V._default(mine, "pipeline_split") == ""

@@ -92,7 +92,7 @@ def test_every_row_with_a_measured_step_reports_its_per_layer_gap(results):
 
 def test_every_megatron_row_names_the_cuda_graph_scopes_its_recipe_replays(published):
     from piper_plan.cost.batch import GRAPH_SCOPES
-    from piper_plan.validate import MEGATRON_GROUPS
+    from piper_plan.validate_recipes import MEGATRON_GROUPS
 
     rows = [r for r in published if r["group"] in MEGATRON_GROUPS]
     assert len(rows) == 184  # 149 MoE, 35 dense
@@ -103,7 +103,8 @@ def test_every_megatron_row_names_the_cuda_graph_scopes_its_recipe_replays(publi
 
 def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recompute(published):
     from piper_plan.cost.batch import RC_MODULES
-    from piper_plan.validate import DISPATCHER_A2A, MEGATRON_GROUPS
+    from piper_plan.validate import DISPATCHER_A2A
+    from piper_plan.validate_recipes import MEGATRON_GROUPS
 
     rows = published
     megatron = [r for r in rows if r["group"] in MEGATRON_GROUPS and r["experts"]]  # the MoE ones
@@ -157,7 +158,7 @@ def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with
 
 
 def test_every_pipelined_megatron_row_says_how_its_layers_were_split(published):
-    from piper_plan.validate import MEGATRON_GROUPS
+    from piper_plan.validate_recipes import MEGATRON_GROUPS
 
     rows = [r for r in published if r["pp"] not in ("", "1")]
     assert rows and all(r["pipeline_split"] in ("even", "account", "layout") for r in rows
