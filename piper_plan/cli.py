@@ -542,18 +542,14 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         k.add_row(labels.get(name, name), str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%",
                   f"{d['max_abs_pct']:.1f}%", f"≤{d['target_max']:g}%")
     report.show([t, g, k])
-    built = {}
-    for r in res:
-        if r.built_on:
-            built.setdefault(r.built_on, []).append(r.id)
-    for base, ids in built.items():
-        click.echo(f"models built from the table's architecture columns on {base}: rows {', '.join(ids)}")
-    read_as = {}
-    for r in res:
-        if r.hardware_as:
-            read_as.setdefault(r.hardware_as, []).append(r.id)
-    for spec, ids in read_as.items():
-        click.echo(f"hardware read as the bundled {spec}: rows {', '.join(ids)}")
+    for field, said in (("built_on", "models built from the table's architecture columns on"),
+                        ("hardware_as", "hardware read as the bundled")):
+        by_spec = {}
+        for r in res:
+            if getattr(r, field):
+                by_spec.setdefault(getattr(r, field), []).append(r.id)
+        for spec, ids in by_spec.items():
+            click.echo(f"{said} {spec}: rows {', '.join(ids)}")
     taken = [f"{r.id} <- {r.recipe_from}" for r in res if r.recipe_from]
     if taken:
         click.echo("recipe columns (dispatcher, overlap, graphs, recompute modules, split, ...) taken from the "

@@ -39,7 +39,7 @@ LAYOUT = ("precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq
 DEGREES = ("tp", "pp", "vpp", "ep", "dp", "mbs", "gbs")
 # Megatron-Core with Transformer Engine, as each publisher runs it
 MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mlm-docs", "mcore-modelzoo",
-               "megatron-bridge-dense")
+                   "megatron-bridge-dense")
 # Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer): groups by prefix
 MEGATRON_2021 = ("narayanan", "korthikanti")
 _MCORE = re.compile(r"megatron|nemo")
@@ -66,9 +66,10 @@ def stack(row: dict) -> str:
 
 
 def release(source: str) -> float | None:
-    """A release the source names as "(YY.MM[.PP])" (26.06.01 -> 2606.01), None if none."""
+    """A release the source names as "(YY.MM[.PP])", in months (a patch a hundredth of one:
+    26.06.01 -> 26·12 + 6 + 0.01), None if none."""
     m = _RELEASE.search(source)
-    return None if m is None else int(m.group(1)) * 100 + int(m.group(2)) + int(m.group(3) or 0) / 100
+    return None if m is None else int(m.group(1)) * 12 + int(m.group(2)) + int(m.group(3) or 0) / 100
 
 
 def setup(row: dict, specs: tuple[str, str]) -> tuple:

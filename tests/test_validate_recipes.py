@@ -37,7 +37,8 @@ def by_id(rows, i):
 
 def test_release_and_publication_are_read_from_the_source():
     src = "Megatron-Bridge docs/performance-summary.md (26.06.01)"
-    assert release(src) == pytest.approx(2606.01) and release("arXiv 2104.04473 Table 1") is None
+    assert release(src) == pytest.approx(26 * 12 + 6.01) and release("arXiv 2104.04473 Table 1") is None
+    assert release("(26.01)") - release("(25.11)") == 2  # months, across the year
     assert document(src) == document("Megatron-Bridge docs/performance-summary.md (25.11)")
 
 
