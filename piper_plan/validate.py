@@ -98,9 +98,12 @@ def _i(x, default=None):
     return int(x) if x not in ("", None) else default
 
 
-def _kind(row) -> str:
+def _kind(row, m=None) -> str:
+    """memory, moe or dense: by the row's experts column, or where it is blank by its model."""
     if row["metric"].endswith("gib_per_gpu"):
         return "memory"
+    if not row["experts"] and m is not None:
+        return "moe" if m.moe is not None else "dense"
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
@@ -214,7 +217,7 @@ def _layout(row) -> Layout:
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
                   seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=split if split in ("even", "account") else "balanced",
-                  fp8={"fp8": "current", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}.get(row["precision"], "none"),
+                  fp8=_FP8.get(row["precision"], "none"),
                   **_settings(row))
 
 
@@ -286,24 +289,44 @@ def piper_space(gpus: int, seq: int) -> SearchSpace:
 
 
 def searched_space(row, global_batch: int | None = None) -> SearchSpace:
-    """The space a searched row's best plan is sought in: Piper's mesh, or for X-MoE (the
-    DeepSpeed-MoE lineage) no pipeline; at `global_batch` sequences, by default the default
-    batch (4M tokens) rounded to the GPUs, since these sources do not publish theirs."""
+    """The space a searched row's best plan is sought in: Piper's mesh for the planner's choice,
+    for X-MoE (the DeepSpeed-MoE lineage) no pipeline, for another row that states no layout the
+    planner's own space under the row's recipe (its precision, dispatcher, graphs, overlap, ZeRO
+    stage; Megatron's schedules where it runs Megatron); at `global_batch` sequences, by default
+    the row's batch or the default batch (4M tokens) rounded to the GPUs."""
     seq, gpus = _i(row["seq"]), _i(row["gpus"])
+    gbs = global_batch or _i(row["gbs"]) or round_batch(default_global_batch(seq), gpus)
     if row["group"] == "xmoe2025":  # X-MoE's stack, as _xmoe_settings runs its published layouts
-        gbs = global_batch or round_batch(default_global_batch(seq), gpus)
         x = _xmoe_settings(row)
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, pps=(1,), dtype=x["dtype"], a2as=("flat",),
                            expert_gemm=x["expert_gemm"], expert_probs=x["expert_probs"],
                            overlap_grad_reduce=x["overlap_grad_reduce"])
+    if row["recompute"] != "planner's choice":
+        x = _settings(row)
+        split = _default(row, "pipeline_split")
+        kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
+                "expert_probs", "cuda_graphs", "overlap_grad_reduce")
+        return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),
+                           a2as=(x["a2a"],), zeros=(x["zero"],), **{k: x[k] for k in kept},
+                           pipeline_split=split if split in ("even", "account") else "balanced",
+                           **({"schedules": ("1f1b", "interleaved")} if stack(row) == "megatron-core" else {}))
     space = piper_space(gpus, seq)
     return space if global_batch is None else replace(space, global_batch=global_batch)
 
 
+# the csv's precision -> Layout.fp8
+_FP8 = {"fp8": "current", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}
+# the layout degrees a row may state; a row that states none of them (and is not X-MoE's) is searched
+_DEGREES = ("tp", "pp", "vpp", "ep", "dp")
+
+
 def is_searched(row) -> bool:
     """Whether a row compares the best layout the search finds (planner's choice; X-MoE rows
-    without a published layout) rather than a published layout."""
-    return row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"])
+    without a published layout; any other throughput row that states no layout degree) rather
+    than a published layout."""
+    if row["recompute"] == "planner's choice" or (row["group"] == "xmoe2025" and not row["tp"]):
+        return True
+    return not any(row.get(c) for c in _DEGREES)
 
 
 def _compared(row, m=None) -> tuple[str, float]:
@@ -321,8 +344,8 @@ def _row_estimate(row, m, hw):
     (layout None when nothing fits)."""
     if is_searched(row):
         if row["metric"].endswith("gib_per_gpu"):
-            raise PiperError(f"metric: a memory figure needs the layout it was measured under, not "
-                             f"{row['recompute']!r}")
+            raise PiperError("metric: a memory figure needs the layout it was measured under (tp, pp, ep, "
+                             f"dp), not a searched one (recompute {row['recompute']!r}, no degree stated)")
         res = search(m, hw, searched_space(row))
         if res.best is None:
             return None, res.est, -1
@@ -352,14 +375,12 @@ def row_specs(row, specs: dict, path: Path | None = None):
 
 
 def spec_names(specs: dict, path: Path):
-    """(model, hardware) spec names a row is priced on, for matching rows across tables: a
-    bundled row's model_spec / hardware_spec, else the specs row_specs resolves (a model built
-    on a family's spec goes by that spec's name)."""
-    def names(row) -> tuple[str, str]:
-        if row.get("model_spec") and row.get("hardware_spec"):
-            return row["model_spec"], row["hardware_spec"]
+    """(model spec name, hardware spec name, MoE or not) a row is priced on, for matching rows
+    across tables (validate_recipes): a model built on a family's spec goes by that spec's name;
+    specs memoised in `specs` (row_specs)."""
+    def names(row) -> tuple[str, str, bool]:
         m, hw = row_specs(row, specs, path)
-        return built_on(m) or m.name, hw.name
+        return row.get("model_spec") or built_on(m) or m.name, row.get("hardware_spec") or hw.name, m.moe is not None
     return names
 
 
@@ -526,12 +547,13 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
         metric, pub = _compared(row, m)
         gap = _step_gap(row, m, *priced).get("missing_ms_per_layer_microbatch")
         lay, est, i = priced
-        ran = lay is not None and _kind(row) != "memory" and not is_searched(row)
+        kind = _kind(row, m)
+        ran = lay is not None and kind != "memory" and not is_searched(row)
         peak = float(est.peak_memory_gib[i]) if ran else None
         hw = row_specs(row, specs, path)[1]
         dev = hw.accelerator.memory_gib if ran else None
         alias = None if row.get("hardware_spec") or hw.name == table_name(row["hardware"]) else hw.name
-        out.append(Result(row["id"], row["group"], _kind(row), metric, pub, pred, desc, row.get("fit", "no") == "yes",
+        out.append(Result(row["id"], row["group"], kind, metric, pub, pred, desc, row.get("fit", "no") == "yes",
                           gap, peak, dev, built_on(m), inherited.get(row["id"]), alias))
     return out
 

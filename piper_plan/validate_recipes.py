@@ -15,12 +15,14 @@ nearest to it (nearest_reference):
 2. the same setup (model, system, precision, layout, recompute: the row's twin in another
    release; its recipe is the row's), then the same system, the same publication (the source
    without its release: one series of recipes, such as Megatron-Bridge's performance tables),
-   the same model, the same precision, the same group, the nearest release (the "(26.06.01)" of
+   the same model, the same kind (MoE or dense: a dense model takes no expert dispatcher and no
+   MLA recompute), the same precision, the same group, the nearest release (the "(26.06.01)" of
    a Megatron-Bridge source), in that order;
 3. among the references that rank first, the recipe most of them ran (the first on a tie).
 
 The recompute modules are taken only when both rows say "per recipe": a row that states its
-recompute (none, full, selective) keeps it. `validate --blind` measures what this inference is
+recompute (none, full, selective) keeps it. The ZeRO stage (PER_MODEL) is taken only from a
+reference of the same model. `validate --blind` measures what this inference is
 worth on rows whose setup the bundled table does not hold (validate_blind).
 """
 from __future__ import annotations
@@ -33,6 +35,9 @@ from .validate_rows import table_name
 # the columns that say how a row's software ran (validation/README.md), not what it measured
 RECIPE = ("recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
           "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce")
+# recipe columns a publisher chooses per model and scale, not per stack: taken from a reference
+# of the same model only (Megatron-FSDP for one single-node Llama 8B run is no default for 512 GPUs)
+PER_MODEL = ("zero_stage",)
 # a run's layout and recompute: with the specs, what makes two rows the same setup
 LAYOUT = ("precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "recompute")
 # a layout's degrees and batch: the cells a row may leave blank for its source's own choice
@@ -45,8 +50,8 @@ MEGATRON_2021 = ("narayanan", "korthikanti")
 _MCORE = re.compile(r"megatron|nemo")
 _RELEASE = re.compile(r"\((\d\d)\.(\d\d)(?:\.(\d\d))?\)")
 
-# (model spec, hardware spec) names a row is priced on
-Resolve = Callable[[dict], "tuple[str, str]"]
+# (model spec name, hardware spec name, MoE or not) a row is priced on
+Resolve = Callable[[dict], "tuple[str, str, bool]"]
 
 
 def stack(row: dict) -> str:
@@ -72,7 +77,7 @@ def release(source: str) -> float | None:
     return None if m is None else int(m.group(1)) * 12 + int(m.group(2)) + int(m.group(3) or 0) / 100
 
 
-def setup(row: dict, specs: tuple[str, str]) -> tuple:
+def setup(row: dict, specs: tuple) -> tuple:
     """What makes two rows the same run setup: their specs, layout and recompute."""
     return (*specs, *(row.get(c, "") for c in LAYOUT))
 
@@ -83,13 +88,14 @@ def document(source: str) -> str:
     return _RELEASE.sub("", source).strip()
 
 
-def _rank(row: dict, specs: tuple[str, str], ref: dict, ref_specs: tuple[str, str]) -> tuple:
+def _rank(row: dict, specs: tuple, ref: dict, ref_specs: tuple) -> tuple:
     """How near `ref` is to `row` (larger is nearer; module docstring, step 2)."""
     src, ref_src = row.get("source", ""), ref.get("source", "")
     rel, ref_rel = release(src), release(ref_src)
     gap = abs(rel - ref_rel) if rel is not None and ref_rel is not None else float("inf")
     return (setup(row, specs) == setup(ref, ref_specs), ref_specs[1] == specs[1], document(ref_src) == document(src),
-            ref_specs[0] == specs[0], ref["precision"] == row["precision"], ref["group"] == row["group"], -gap)
+            ref_specs[0] == specs[0], ref_specs[2] == specs[2], ref["precision"] == row["precision"],
+            ref["group"] == row["group"], -gap)
 
 
 def nearest_reference(row: dict, reference: Iterable[dict], resolve: Resolve) -> dict | None:
@@ -119,6 +125,8 @@ def inherit_recipes(rows: list[dict], reference: list[dict], resolve: Resolve) -
         r.update((c, src[c]) for c in RECIPE)
         if not (r["recompute"] == src["recompute"] == "per recipe"):
             r["recompute_modules"] = ""
+        if resolve(src)[0] != resolve(r)[0]:
+            r.update(dict.fromkeys(PER_MODEL, ""))
         out[r["id"]] = src["id"]
     return out
 

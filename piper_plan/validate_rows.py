@@ -174,20 +174,27 @@ def _tokens(name: str) -> tuple[str, ...]:
     return tuple(re.findall(r"[a-z]+|\d+(?:\.\d+)*[a-z]*", name.lower()))
 
 
+_VENDOR = ("nvidia", "dgx", "hgx")  # words a system's name may carry that a bundled name need not
+
+
 def bundled_as(name: str, kind: str) -> str | None:
     """The bundled spec of `kind` ("models", "hardware") a table's name means: the one of the
     same words and numbers however punctuated (llama-3.1-405b: llama3.1-405b; X-MoE Small:
     xmoe-small); for hardware also
     the one bundled system whose name holds the name's words in a row (H100: dgx-h100, GB200:
-    gb200-nvl72, A100: dgx-a100-80gb), where exactly one does; else None."""
+    gb200-nvl72, A100: dgx-a100-80gb), or those words but NVIDIA's, DGX or HGX (DGX-GB200:
+    gb200-nvl72), where exactly one does; else None."""
     want = _tokens(name)
     names = bundled_names(kind)
     same = [b for b in names if "".join(_tokens(b)) == "".join(want)]  # X-MoE Small: xmoe-small
     if same or kind != "hardware" or not want:
         return same[0] if same else None
-    k = len(want)
-    holds = [b for b in names if any(_tokens(b)[i:i + k] == want for i in range(len(_tokens(b)) - k + 1))]
-    return holds[0] if len(holds) == 1 else None
+    for words in (want, tuple(w for w in want if w not in _VENDOR)):  # DGX-GB200: gb200-nvl72
+        k = len(words)
+        holds = [b for b in names if k and any(_tokens(b)[i:i + k] == words for i in range(len(_tokens(b)) - k + 1))]
+        if len(holds) == 1:
+            return holds[0]
+    return None
 
 
 def _named(name: str, kind: str) -> str:

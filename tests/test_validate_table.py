@@ -226,8 +226,9 @@ def test_names_are_read_however_they_are_punctuated(tmp_path):
     assert built_on(model("X-MoE Small")) == "xmoe-small"
     # a family member nearest in spelling where no column tells the shapes apart
     assert built_on(model("DeepSeek-V3.1")) == "deepseek-v3"
-    assert [system(h) for h in ("H100", "DGX H100", "GB200", "B200", "GB300 NVL72", "A100 80GB", "Frontier")] == [
-        "dgx-h100", "dgx-h100", "gb200-nvl72", "dgx-b200", "gb300-nvl72", "dgx-a100-80gb", "frontier"]
+    assert [system(h) for h in ("H100", "DGX H100", "GB200", "DGX-GB200", "B200", "GB300 NVL72", "A100 80GB",
+                                "Frontier")] == [
+        "dgx-h100", "dgx-h100", "gb200-nvl72", "gb200-nvl72", "dgx-b200", "gb300-nvl72", "dgx-a100-80gb", "frontier"]
     # a name that no bundled system holds alone is an error naming the field, not a guess
     with pytest.raises(PiperError, match="hardware: .*mi250x"):
         system("MI250X")
@@ -251,3 +252,21 @@ def test_a_table_may_spell_its_cells_as_its_source_does(tmp_path, bundled):
     kor = bundled["kor22-t5-175b-full"]
     assert V.run(path=write(tmp_path / "c.csv", [{**kor, "recompute": "Full", "precision": "BF16"}]))[0].predicted == \
         pytest.approx(V.run(path=write(tmp_path / "d.csv", [kor]))[0].predicted, rel=1e-12)
+
+
+def test_a_row_that_states_no_layout_is_the_best_plan_under_its_recipe_not_pure_data_parallel(tmp_path, bundled):
+    # a group of one's own (no bundled twin to read a layout from), on Megatron-Bridge's stack
+    src = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "group": "my-runs", "source": "our Megatron-Bridge runs",
+           "notes": ""}
+    blank = {**src, "id": "nolayout", **dict.fromkeys(("tp", "pp", "vpp", "ep", "dp", "mbs"), "")}
+    (row,) = V.run(path=write(tmp_path / "n.csv", [blank]))
+    (given,) = V.run(path=write(tmp_path / "g.csv", [src]))
+    assert row.recipe_from == given.recipe_from is not None  # both run the recipe Megatron-Bridge's rows read
+    # searched: a layout with expert parallelism, priced at least as well as the one published
+    assert row.layout != given.layout and " ep1 " not in row.layout
+    assert row.predicted >= given.predicted * 0.999
+    # a memory figure cannot be searched: it needs the layout it was measured under
+    mem = {**bundled["kor22-f1-175b-act-sel"], "group": "my-memory",
+           **dict.fromkeys(("tp", "pp", "vpp", "ep", "dp", "mbs"), "")}
+    code, out = cli("--table", str(write(tmp_path / "m.csv", [mem])))
+    assert code != 0 and "a memory figure needs the layout it was measured under" in out and "Traceback" not in out
