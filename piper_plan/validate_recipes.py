@@ -22,7 +22,8 @@ nearest to it (nearest_reference):
 
 The recompute modules are taken only when both rows say "per recipe": a row that states its
 recompute (none, full, selective) keeps it. The ZeRO stage (PER_MODEL) is taken only from a
-reference of the same model. `validate --blind` measures what this inference is
+reference of the same model. A setting the row's layout exercises and its reference's did not
+(EXERCISED: TP communication overlap at tp > 1) comes from the nearest reference that did. `validate --blind` measures what this inference is
 worth on rows whose setup the bundled table does not hold (validate_blind).
 """
 from __future__ import annotations
@@ -38,6 +39,11 @@ RECIPE = ("recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a
 # recipe columns a publisher chooses per model and scale, not per stack: taken from a reference
 # of the same model only (Megatron-FSDP for one single-node Llama 8B run is no default for 512 GPUs)
 PER_MODEL = ("zero_stage",)
+# recipe columns a run exercises only under some layouts: a reference that did not cannot say
+# what the row, which does, ran; the nearest reference that did says it (TP communication
+# overlap needs tp > 1). Not the pipeline split: Megatron's embedding/loss accounting is chosen
+# per model, where its layers plus two divide among the chunks
+EXERCISED = {"tp_comm_overlap": lambda r: int(r.get("tp") or 1) > 1}
 # a run's layout and recompute: with the specs, what makes two rows the same setup
 LAYOUT = ("precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "recompute")
 # a layout's degrees and batch: the cells a row may leave blank for its source's own choice
@@ -128,6 +134,12 @@ def inherit_recipes(rows: list[dict], reference: list[dict], resolve: Resolve) -
         if resolve(src)[0] != resolve(r)[0]:
             r.update(dict.fromkeys(PER_MODEL, ""))
         out[r["id"]] = src["id"]
+        for col, used in EXERCISED.items():  # a setting src never had occasion to use
+            if used(r) and not used(src):
+                alt = nearest_reference(r, [x for x in reference if used(x)], resolve)
+                if alt is not None:
+                    r[col] = alt[col]
+                    out[r["id"]] += f" ({col} from {alt['id']})"
     return out
 
 
