@@ -107,8 +107,6 @@ def _kind(row, m=None) -> str:
     return "moe" if _i(row["experts"], 0) > 0 else "dense"
 
 
-
-
 def _default(row, column: str) -> str:
     """A recipe column as the row gives it, else what the row's software does unless told
     otherwise (a table in the published schema has no recipe columns): Megatron, 2021 or Core,
@@ -195,6 +193,13 @@ def _grad_dtype(row) -> str:
     return "bf16" if g == "fp16" else g
 
 
+def _split(row) -> str:
+    """How the run split layers over pipeline chunks (validation/README.md): Megatron's default
+    even split, or its embedding/loss accounting; a hand-written layout string is priced by cost."""
+    split = _default(row, "pipeline_split")
+    return split if split in ("even", "account") else "balanced"
+
+
 def _layout(row) -> Layout:
     gpus, tp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row["pp"], 1)
     vpp = _i(row["vpp"], 1)
@@ -211,12 +216,9 @@ def _layout(row) -> Layout:
     # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
     # micro-batch a step (a pipeline all bubble, a 1F1B stage holding one micro-batch's activations)
     gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
-    # how the run split layers over pipeline chunks (validation/README.md): Megatron's default even
-    # split, or its embedding/loss accounting; a hand-written layout string is priced by cost
-    split = _default(row, "pipeline_split")
     return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
                   seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
-                  sequence_parallel=sp, pipeline_split=split if split in ("even", "account") else "balanced",
+                  sequence_parallel=sp, pipeline_split=_split(row),
                   fp8=_FP8.get(row["precision"], "none"),
                   **_settings(row))
 
@@ -303,12 +305,11 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
                            overlap_grad_reduce=x["overlap_grad_reduce"])
     if row["recompute"] != "planner's choice":
         x = _settings(row)
-        split = _default(row, "pipeline_split")
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
                 "expert_probs", "cuda_graphs", "overlap_grad_reduce")
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),
                            a2as=(x["a2a"],), zeros=(x["zero"],), **{k: x[k] for k in kept},
-                           pipeline_split=split if split in ("even", "account") else "balanced",
+                           pipeline_split=_split(row),
                            **({"schedules": ("1f1b", "interleaved")} if stack(row) == "megatron-core" else {}))
     space = piper_space(gpus, seq)
     return space if global_batch is None else replace(space, global_batch=global_batch)

@@ -23,8 +23,9 @@ nearest to it (nearest_reference):
 The recompute modules are taken only when both rows say "per recipe": a row that states its
 recompute (none, full, selective) keeps it. The ZeRO stage (PER_MODEL) is taken only from a
 reference of the same model. A setting the row's layout exercises and its reference's did not
-(EXERCISED: TP communication overlap at tp > 1) comes from the nearest reference that did. `validate --blind` measures what this inference is
-worth on rows whose setup the bundled table does not hold (validate_blind).
+(EXERCISED: TP communication overlap at tp > 1) comes from the nearest reference that did.
+`validate --blind` measures what this inference is worth on rows whose setup the bundled table
+does not hold (validate_blind).
 """
 from __future__ import annotations
 

@@ -249,6 +249,9 @@ def test_a_table_may_spell_its_cells_as_its_source_does(tmp_path, bundled):
     spelt = V.run(path=write(tmp_path / "b.csv", [{**src, "precision": "FP8-CS", "gbs": "1,024",
                                                    "recompute": "Per Recipe", "metric": "Model_TFLOPS_per_GPU"}]))[0]
     assert spelt.predicted == pytest.approx(plain.predicted, rel=1e-12) and spelt.metric == plain.metric
+    xmoe = {**bundled["xmoe-f13-large"], "recompute": "x-moe recipe (TP2 sequence-sharded MoE)"}
+    (x,) = V.run(path=write(tmp_path / "x.csv", [xmoe]))  # read, not refused as an unknown recompute
+    assert x.layout == next(r for r in V.run(group="xmoe2025") if r.id == "xmoe-f13-large").layout
     kor = bundled["kor22-t5-175b-full"]
     assert V.run(path=write(tmp_path / "c.csv", [{**kor, "recompute": "Full", "precision": "BF16"}]))[0].predicted == \
         pytest.approx(V.run(path=write(tmp_path / "d.csv", [kor]))[0].predicted, rel=1e-12)
