@@ -517,7 +517,9 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         checks = _bundled_checks() if table_path is None else None  # they check the bundled specs, not a table
     if as_json:
         extra = {"no_recipe_inferred": bare} if blind else {}
-        click.echo(json.dumps({"rows": [dict(r.__dict__, error_pct=r.error_pct) for r in res], **summ,
+        nan = lambda x: None if x != x else x  # noqa: E731  (nothing fits: JSON has no NaN)
+        click.echo(json.dumps({"rows": [dict(r.__dict__, predicted=nan(r.predicted), error_pct=nan(r.error_pct))
+                                        for r in res], **summ,
                                **(checks or {}), **extra}, indent=2))
         return
     t = Table(title="predicted vs published")
@@ -525,13 +527,14 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         t.add_column(c)
     for r in res:
         gap = r.missing_ms_per_layer_microbatch
-        t.add_row(r.id, r.metric, f"{r.published:g}", f"{r.predicted:.4g}", f"{r.error_pct:+.1f}%",
+        t.add_row(r.id, r.metric, f"{r.published:g}", "-" if r.predicted != r.predicted else f"{r.predicted:.4g}",
+                  _pct(r.error_pct, "+"),
                   "" if gap is None else f"{gap:+.2f}", r.layout)
     g = Table(title="per group (out-of-sample)")
     for c in ("group", "rows", "MAPE", "max |err|", "Kendall tau"):
         g.add_column(c)
     for name, d in summ["groups"].items():
-        g.add_row(name, str(d["rows"]), f"{d['mape']:.1f}%", f"{d['max_abs_pct']:.1f}%",
+        g.add_row(name, str(d["rows"]), _pct(d["mape"]), _pct(d["max_abs_pct"]),
                   ", ".join(f"{k} {v:.2f}" for k, v in d.get("kendall_tau", {}).items()))
     k = Table(title="against the targets")
     for c in ("kind", "rows", "MAPE", "target", "max |err|", "target"):
@@ -539,8 +542,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     labels = {"moe": "moe (all rows)", "moe_named_sources": "moe: Megatron-Bridge, X-MoE, Piper",
               "dense": "dense (all rows)", "dense_named_sources": "dense: Narayanan, Korthikanti (A100)"}
     for name, d in summ["kinds"].items():
-        k.add_row(labels.get(name, name), str(d["rows"]), f"{d['mape']:.1f}%", f"≤{d['target_mape']:g}%",
-                  f"{d['max_abs_pct']:.1f}%", f"≤{d['target_max']:g}%")
+        k.add_row(labels.get(name, name), str(d["rows"]), _pct(d["mape"]), f"≤{d['target_mape']:g}%",
+                  _pct(d["max_abs_pct"]), f"≤{d['target_max']:g}%")
     report.show([t, g, k])
     for field, said in (("built_on", "models built from the table's architecture columns on"),
                         ("hardware_as", "hardware read as the bundled")):
@@ -558,13 +561,16 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     if bare is not None:
         click.echo("blind: every bundled row without its recipe and spec columns, its recipe inferred from the rows "
                    "of other setups only. With no recipe at all: " + "; ".join(
-                       f"{labels.get(k, k)} MAPE {d['mape']:.1f}%, {d['within_target_max']} of {d['rows']} within "
+                       f"{labels.get(k, k)} MAPE {_pct(d['mape'])}, {d['within_target_max']} of {d['rows']} within "
                        f"{d['target_max']:g}%" for k, d in bare.items()))
     for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
         if d["beyond_target_max"]:
             worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))
             rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
             click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
+        if d["unpriced"]:
+            click.echo(f"not priced (nothing fits, though the source ran it), {labels.get(name, name)}: "
+                       f"{', '.join(d['unpriced'])}")
     if checks is not None:
         _show_bundled_checks(checks)
     for size, d in summ["fig13_ratio"].items():
@@ -587,6 +593,11 @@ def _bundled_checks() -> dict:
             "a2a_mcore_table7": a2a_check(), "a2a_rccl_mi250x_node": rccl_node_check(),
             "moe_layer_piper_frontier": {"rows": moe_layer_check(), "implied_gemm": implied_gemm()},
             "full_models_piper_frontier": full_model_bounds()}
+
+
+def _pct(x, sign: str = "") -> str:
+    """A percentage for the tables; "-" where there is none (no priced row, nothing fits)."""
+    return "-" if x is None or x != x else f"{x:{sign}.1f}%"
 
 
 def _show_bundled_checks(c: dict) -> None:
@@ -667,7 +678,7 @@ def _show_sensitivity(group, as_json, path=None):
     for c in ("efficiencies", "factor", *(f"{k} MAPE / max / within" for k in kinds)):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["family"], f"{r['factor']:g}", *(f"{r[k]['mape']:.1f}% / {r[k]['max_abs_pct']:.1f}% / "
+        t.add_row(r["family"], f"{r['factor']:g}", *(f"{_pct(r[k]['mape'])} / {_pct(r[k]['max_abs_pct'])} / "
                                                      f"{r[k]['within_target_max']} of {r[k]['rows']}" for k in kinds))
     report.show([t])
 

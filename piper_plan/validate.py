@@ -569,6 +569,17 @@ def memory_of_runs(results: list[Result]) -> dict:
     return {"rows": len(ran), "over": over}
 
 
+def _priced_ok(r: Result) -> bool:
+    return bool(np.isfinite(r.predicted))
+
+
+def _unpriced(rs: list[Result]) -> list[str]:
+    """Rows the model could not price: a planner's-choice row for which nothing fits, though
+    the source ran something. They count against the max target (not within it) and stay out
+    of the mean, which they have no error for."""
+    return [r.id for r in rs if not _priced_ok(r)]
+
+
 def summary(results: list[Result]) -> dict:
     """MAPE per group and per kind (out-of-sample rows only; "moe_named_sources" and
     "dense_named_sources" are the rows of MOE_ / DENSE_ACCEPTANCE_GROUPS alone) with the rows beyond each kind's max target (id: signed
@@ -577,11 +588,11 @@ def summary(results: list[Result]) -> dict:
     groups = {}
     for g in sorted({r.group for r in results}):
         rs = [r for r in results if r.group == g and not r.fit]
-        errs = np.array([abs(r.error_pct) for r in rs])
-        d = {"rows": len(rs), "mape": float(errs.mean()) if len(rs) else None,
-             "max_abs_pct": float(errs.max()) if len(rs) else None}
+        errs = np.array([abs(r.error_pct) for r in rs if _priced_ok(r)])
+        d = {"rows": len(rs), "mape": float(errs.mean()) if len(errs) else None,
+             "max_abs_pct": float(errs.max()) if len(errs) else None, "unpriced": _unpriced(rs)}
         by_metric = {}
-        for r in rs:
+        for r in filter(_priced_ok, rs):
             by_metric.setdefault(r.metric, []).append(r)
         taus = {k: float(kendalltau([r.published for r in v], [r.predicted for r in v]).statistic)
                 for k, v in by_metric.items() if len(v) >= 3}
@@ -596,12 +607,14 @@ def summary(results: list[Result]) -> dict:
                "moe_named_sources": ("moe", lambda r: r.group in MOE_ACCEPTANCE_GROUPS)}
     for name, (k, keep) in subsets.items():
         rs = [r for r in results if r.kind == k and not r.fit and keep(r)]
-        errs = np.array([abs(r.error_pct) for r in rs])
-        if len(errs):
-            kinds[name] = {"rows": int(len(errs)), "mape": float(errs.mean()), "max_abs_pct": float(errs.max()),
+        errs = np.array([abs(r.error_pct) for r in rs if _priced_ok(r)])
+        if rs:
+            kinds[name] = {"rows": len(rs), "mape": float(errs.mean()) if len(errs) else None,
+                           "max_abs_pct": float(errs.max()) if len(errs) else None,
                            "within_target_max": int((errs <= TARGETS[k][1]).sum()),
-                           "beyond_target_max": {r.id: r.error_pct for r in rs if abs(r.error_pct) > TARGETS[k][1]},
-                           "target_mape": TARGETS[k][0], "target_max": TARGETS[k][1]}
+                           "beyond_target_max": {r.id: r.error_pct for r in rs
+                                                 if _priced_ok(r) and abs(r.error_pct) > TARGETS[k][1]},
+                           "unpriced": _unpriced(rs), "target_mape": TARGETS[k][0], "target_max": TARGETS[k][1]}
     ratios = {}
     by_id = {r.id: r for r in results}
     for size, paper in (("small", 2.06), ("medium", 2.39), ("large", 1.95), ("super", 3.62)):

@@ -273,3 +273,19 @@ def test_a_row_that_states_no_layout_is_the_best_plan_under_its_recipe_not_pure_
            **dict.fromkeys(("tp", "pp", "vpp", "ep", "dp", "mbs"), "")}
     code, out = cli("--table", str(write(tmp_path / "m.csv", [mem])))
     assert code != 0 and "a memory figure needs the layout it was measured under" in out and "Traceback" not in out
+
+
+def test_a_row_for_which_nothing_fits_is_named_and_kept_out_of_the_mean(tmp_path):
+    # a planner's-choice row on too few GPUs: the model finds no plan for a run its source made
+    rows = [{"id": "fits", "group": "mine", "model": "mixtral-8x7b", "hardware": "frontier", "gpus": "64", "seq": "4096",
+             "recompute": "planner's choice", "metric": "model_tflops_per_gpu", "value": "100"},
+            {"id": "nofit", "group": "mine", "model": "deepseek-v2", "hardware": "frontier", "gpus": "64", "seq": "4096",
+             "recompute": "planner's choice", "metric": "model_tflops_per_gpu", "value": "46.8"}]
+    res = {r.id: r for r in V.run(path=write(tmp_path / "n.csv", rows))}
+    summ = V.summary(list(res.values()))
+    moe = summ["kinds"]["moe"]
+    assert res["nofit"].layout == "nothing fits" and moe["unpriced"] == ["nofit"]
+    assert moe["rows"] == 2 and moe["mape"] == pytest.approx(abs(res["fits"].error_pct)) and moe["within_target_max"] <= 1
+    code, out = cli("--table", str(tmp_path / "n.csv"))
+    assert code == 0 and "not priced (nothing fits, though the source ran it), moe (all rows): nofit" in out
+    assert "nan" not in out
