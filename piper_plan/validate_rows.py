@@ -130,7 +130,17 @@ def _normalise(r: dict) -> None:
     r["recompute"] = "X-MoE recipe" + rc[len(xmoe):] if rc.lower().startswith(xmoe) else rc.lower()
 
 
+# columns some tables add for parallelism the planner does not model: a row using it would be
+# priced as a different run, so it is refused by name rather than read without it
+UNMODELLED = {"cp": "context parallelism", "context_parallel": "context parallelism",
+              "etp": "expert tensor parallelism", "expert_tp": "expert tensor parallelism"}
+
+
 def _check_row(path, rid: str, r: dict) -> None:
+    for c, what in UNMODELLED.items():
+        v = r.get(c, "").strip()
+        if v and v != "1":
+            raise TableError(path, rid, c, f"{what} ({c} {v}) is not modelled; give 1 or leave the row out")
     for c in INTS:
         v = r.get(c, "")
         if c in ARCH and _RANGE.fullmatch(v):

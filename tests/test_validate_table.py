@@ -289,3 +289,15 @@ def test_a_row_for_which_nothing_fits_is_named_and_kept_out_of_the_mean(tmp_path
     code, out = cli("--table", str(tmp_path / "n.csv"))
     assert code == 0 and "not priced (nothing fits, though the source ran it), moe (all rows): nofit" in out
     assert "nan" not in out
+
+
+def test_a_row_using_parallelism_the_planner_does_not_model_is_refused_by_name(tmp_path, bundled):
+    src = bundled["mb-qwen3-30b-h100-fp8-2606"]
+    path = tmp_path / "cp.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SCHEMA + ["cp"], extrasaction="ignore")
+        w.writeheader()
+        w.writerow({**src, "cp": "1"})
+        w.writerow({**src, "id": "long", "cp": "2"})
+    code, out = cli("--table", str(path))
+    assert code == 2 and "row long: cp: context parallelism (cp 2) is not modelled" in out and "Traceback" not in out
