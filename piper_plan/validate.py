@@ -45,7 +45,7 @@ from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model, table_name
+from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model, table_name, unmodelled
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -487,6 +487,8 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     if not rows:
         raise PiperError(f"{path}: id: no row {row_id!r}")
     row = rows[0]
+    if unmodelled(row):
+        raise PiperError(f"{path}: row {row_id}: {unmodelled(row)}")
     _inherit(rows, path, {})
     m, lay, est, i = _priced(row, path=path)
     pred, _ = _row_value(row, m, lay, est, i)
@@ -543,6 +545,12 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
     for row in rows:
         if group and row["group"] != group:
             continue
+        why = unmodelled(row)
+        if why:  # priced, it would be another run's figure
+            m = row_specs(row, specs, path)[0]
+            out.append(Result(row["id"], row["group"], _kind(row, m), row["metric"], float(row["value"]),
+                              float("nan"), why, row.get("fit", "no") == "yes"))
+            continue
         m, *priced = _priced(row, hw_edit, specs, path)
         pred, desc = _row_value(row, m, *priced)
         metric, pub = _compared(row, m)
@@ -575,8 +583,9 @@ def _priced_ok(r: Result) -> bool:
 
 def _unpriced(rs: list[Result]) -> list[str]:
     """Rows the model could not price: a planner's-choice row for which nothing fits, though
-    the source ran something. They count against the max target (not within it) and stay out
-    of the mean, which they have no error for."""
+    the source ran something, or a row using parallelism the planner does not model (its
+    layout says which). They count against the max target (not within it) and stay out of the
+    mean, which they have no error for."""
     return [r.id for r in rs if not _priced_ok(r)]
 
 

@@ -131,16 +131,21 @@ def _normalise(r: dict) -> None:
 
 
 # columns some tables add for parallelism the planner does not model: a row using it would be
-# priced as a different run, so it is refused by name rather than read without it
+# priced as another run, so it is not priced at all (validate names it), not read without it
 UNMODELLED = {"cp": "context parallelism", "context_parallel": "context parallelism",
               "etp": "expert tensor parallelism", "expert_tp": "expert tensor parallelism"}
 
 
-def _check_row(path, rid: str, r: dict) -> None:
+def unmodelled(r: dict) -> str | None:
+    """Why a row cannot be priced as the run it was (a cp or etp column other than 1), or None."""
     for c, what in UNMODELLED.items():
         v = r.get(c, "").strip()
         if v and v != "1":
-            raise TableError(path, rid, c, f"{what} ({c} {v}) is not modelled; give 1 or leave the row out")
+            return f"not modelled: {what} ({c} {v})"
+    return None
+
+
+def _check_row(path, rid: str, r: dict) -> None:
     for c in INTS:
         v = r.get(c, "")
         if c in ARCH and _RANGE.fullmatch(v):
