@@ -195,10 +195,9 @@ _VENDOR = ("nvidia", "dgx", "hgx")  # words a system's name may carry that a bun
 def bundled_as(name: str, kind: str) -> str | None:
     """The bundled spec of `kind` ("models", "hardware") a table's name means: the one of the
     same words and numbers however punctuated (llama-3.1-405b: llama3.1-405b; X-MoE Small:
-    xmoe-small); for hardware also
-    the one bundled system whose name holds the name's words in a row (H100: dgx-h100, GB200:
-    gb200-nvl72, A100: dgx-a100-80gb), or those words but NVIDIA's, DGX or HGX (DGX-GB200:
-    gb200-nvl72), where exactly one does; else None."""
+    xmoe-small); for hardware also the one bundled system whose name holds the name's words in
+    a row (H100: dgx-h100, GB200: gb200-nvl72, A100: dgx-a100-80gb), or those words but NVIDIA,
+    DGX or HGX (DGX-GB200: gb200-nvl72), where exactly one does; else None."""
     want = _tokens(name)
     names = bundled_names(kind)
     same = [b for b in names if "".join(_tokens(b)) == "".join(want)]  # X-MoE Small: xmoe-small
