@@ -247,8 +247,12 @@ def _tokens_per_gpu(row, m=None) -> float | None:
     return tok if _CONVENTION[0] <= ratio <= _CONVENTION[1] else None
 
 
-def _narayanan_flops(row) -> float:
-    B, s, l, h, V = (_i(row[k]) for k in ("gbs", "seq", "layers", "hidden", "vocab"))
+def _narayanan_flops(row, m, lay: Layout) -> float:
+    """Narayanan et al.'s FLOPs per step (their eq. 3, with recompute) of the layout's batch,
+    from the row's architecture columns, or where a table leaves them blank from the model."""
+    B, s = lay.global_batch, lay.seq
+    l, h, V = (_i(row[k]) or v for k, v in (("layers", m.num_layers), ("hidden", m.hidden_size),
+                                            ("vocab", m.vocab_size)))
     return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
 
 
@@ -417,7 +421,7 @@ def _measured_step(row, m, lay: Layout) -> float | None:
     if metric == "tokens_per_s_per_gpu":
         return tokens / (value * lay.gpus)
     if metric == "hw_tflops_per_gpu":
-        return _narayanan_flops(row) / (value * 1e12 * lay.gpus)
+        return _narayanan_flops(row, m, lay) / (value * 1e12 * lay.gpus)
     if metric == "model_tflops_per_gpu" and row["group"] == "xmoe2025":
         return _xmoe_flops_per_token(m, lay.seq) * tokens / (value * 1e12 * lay.gpus)
     if metric == "model_tflops_per_gpu" and stack(row) == "megatron-core":
@@ -457,7 +461,7 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
                "iteration_time_s": step, "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
         return float(own[metric]), _desc(lay)
     if metric == "hw_tflops_per_gpu":
-        return _narayanan_flops(row) / step / lay.gpus / 1e12, _desc(lay)
+        return _narayanan_flops(row, m, lay) / step / lay.gpus / 1e12, _desc(lay)
     if metric == "iteration_time_s":
         return step, _desc(lay)
     if metric == "tokens_per_s_per_gpu":

@@ -318,7 +318,9 @@ def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> Mo
     top = {ARCH[c]: v for c, v in given.items() if not ARCH[c].startswith("moe.")}
     moe = {ARCH[c][4:]: v for c, v in given.items() if ARCH[c].startswith("moe.")}
     data = base.model_dump(exclude_none=True)
-    if base.moe is not None and moe.get("num_experts") != 0 and not base.dense_layers and base.moe.every == 1:
+    # experts "0" (or, without an experts column, top-k and expert width 0): a dense model, whatever the spec
+    dense = moe.get("num_experts") == 0 or (bool(moe) and not any(moe.values()))
+    if base.moe is not None and not dense and not base.dense_layers and base.moe.every == 1:
         top.pop("ffn_size", None)  # every layer is MoE: the row's ffn (a config's dense width) is unused
     changed = {k: v for k, v in top.items() if data.get(k) != v}
     data.update(top)
@@ -326,7 +328,7 @@ def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> Mo
         kv = data.get("num_kv_heads")
         if kv and data["num_heads"] % kv:
             data.pop("num_kv_heads")  # the family's GQA grouping does not divide the row's heads
-    if moe.get("num_experts") == 0:  # "0": a dense model, whatever the spec it names
+    if dense:
         if data.pop("moe", None) is not None:
             changed["moe"] = None
     elif moe:

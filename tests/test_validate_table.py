@@ -303,3 +303,19 @@ def test_a_row_using_parallelism_the_planner_does_not_model_is_named_not_priced(
     assert res["long"].layout == "not modelled: context parallelism (cp 2)" and res["long"].predicted != res["long"].predicted
     assert res[src["id"]].predicted > 0  # the rest of the table is priced
     assert V.summary(list(res.values()))["kinds"]["moe"]["unpriced"] == ["long"]
+
+
+def test_a_table_lacking_any_optional_column_is_still_priced(tmp_path):
+    # one row of each group of the handed-over table, with each column that is not required
+    # dropped in turn: every row is priced (the architecture from the named spec, the batch the
+    # planner's default, the FLOPs of a hardware-TFLOPS row from the model), none raises
+    path = Path(__file__).parent / "data" / "published-schema.csv"
+    rows = list({r["group"]: r for r in csv.DictReader(open(path, encoding="utf-8-sig"))}.values())
+    for col in [c for c in SCHEMA if c not in ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")]:
+        cols = [c for c in SCHEMA if c != col]
+        with open(tmp_path / "t.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        res = V.run(path=tmp_path / "t.csv")
+        assert len(res) == len(rows) and all(r.predicted > 0 for r in res), col
