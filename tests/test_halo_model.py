@@ -308,3 +308,18 @@ def test_a_level_measured_on_its_own_links_uses_its_own_efficiency():
     assert inside[0] > inside[1]
     nvl = hw.topology[hw.scaleup_level]
     assert nvl.comm < hw.efficiency.comm and all(lv.comm is None for lv in hw.topology if lv.via_nic)
+
+
+def test_a_ring_across_nodes_moves_at_its_members_nics_not_one_gpus():
+    """NCCL's ring all-reduce over 16 DGX B300 nodes reached 760 GB/s bus bandwidth (NVIDIA/nccl#2035)
+    with a 100 GB/s NIC per GPU: each node's ring traffic leaves through all eight NICs. The model
+    gives the same order at a large message (within 25 %), where pricing every byte at one GPU's
+    NIC share gave a tenth of it; a data-parallel group with one member per node (TP 8) keeps the
+    one NIC share."""
+    hw = load_hardware("dgx-b300")
+    n, nbytes = 128, 16e9
+    busbw = 2 * (n - 1) / n * nbytes / float(comm.ring_allreduce(hw, nbytes, n, 1)) / 1e9
+    assert busbw == pytest.approx(760, rel=0.25)
+    per_gpu_nic = hw.nic_gbps_per_gpu * hw.efficiency.comm
+    strided = 2 * (16 - 1) / 16 * nbytes / float(comm.ring_allreduce(hw, nbytes, 16, 8)) / 1e9
+    assert strided == pytest.approx(per_gpu_nic, rel=0.02)

@@ -121,8 +121,8 @@ def test_the_published_schema_table_prices_x_moe_as_the_bundled_rows(tmp_path, b
 
 def test_blind_pricing_with_inferred_recipes_meets_the_moe_targets_where_no_recipe_does_not():
     # the guard on what a table without recipes gets: each bundled row's recipe inferred from the
-    # rows of other setups only. Now: MoE 15.3 % (157 of 161 within 35 %), dense 8.2 % (52 of 53
-    # within 20 %); with no recipe 28.9 % (103 of 161) and 12.6 % (37)
+    # rows of other setups only. Now: MoE 15.3 % (157 of 161 within 35 %), dense 7.9 % (52 of 53
+    # within 20 %); with no recipe 29.0 % (103 of 161) and 12.3 % (37)
     inferred, got = blind_run()
     none, _ = blind_run(infer=False)
     moe, moe_none = V.summary(inferred)["kinds"]["moe"], V.summary(none)["kinds"]["moe"]
@@ -153,8 +153,8 @@ def test_a_group_of_ones_own_runs_on_megatron_takes_megatrons_recipes(bundled, n
 def test_nemos_published_rows_that_the_bundled_table_never_held_price_near_their_figures():
     # validation/nemo-performance.csv: NeMo Framework 25.02-25.07 rows in the handed-over schema
     # (no recipe, no spec, no architecture columns), recipes inferred from Megatron-Bridge's rows.
-    # Now: MoE 3 rows 4.5 % (Mixtral 8x7B on B200 / GB200, Llama 4 Scout on GB200), dense 6 rows
-    # 8.1 % (14.0 % when first priced: validation/README.md)
+    # Now: MoE 3 rows 4.9 % (Mixtral 8x7B on B200 / GB200, Llama 4 Scout on GB200), dense 6 rows
+    # 7.1 % (14.0 % when first priced: validation/README.md)
     res = V.run(path=V.data_path().parent / "nemo-performance.csv")
     kinds = V.summary(res)["kinds"]
     assert kinds["moe"]["rows"] == 3 and kinds["dense"]["rows"] == 6

@@ -20,6 +20,10 @@ bandwidth of multiple NICs", NVIDIA/nccl-tests#267); DeepEP's and HybridEP's ker
 the first plane of a dual-plane ConnectX-8 on DGX B300 (deepseek-ai/DeepEP #566, PR #650).
 Ring collectives spread their channels over the ports and keep the whole NIC rate (NCCL's ring
 all-reduce reached 760 GB/s bus bandwidth on 16 B300 nodes of 2 x 400GbE planes, NVIDIA/nccl#2035).
+A ring leaves each domain below a NIC level by one edge per channel, and its channels run over
+the NICs of all the group's members in that domain, so the level carries one rank's ring traffic
+at that many NIC shares (group_span): the 760 GB/s above is ~8 x the 100 GB/s NIC of one GPU,
+and a group with one member per node keeps the one share (tensor-parallel-strided groups).
 HALO (brief §3): Phase I intra-node exchange ‖ Phase II one pack per remote node to the
 same-index peer (stays on its rail), then Phase III forwards inside the node (a2a_halo).
 Times in seconds, bytes in bytes.
@@ -276,13 +280,20 @@ def skew(hw: HardwareSpec, compute_s):
 
 
 def group_span(hw: HardwareSpec, n, stride):
-    """(bandwidth B/s, latency s) of the slowest level a group of n ranks `stride` apart spans;
-    pass it to ring_allreduce as `span` when several collectives share one group."""
+    """(bandwidth B/s, latency s) a ring over a group of n ranks `stride` apart moves at: the
+    slowest of the levels it spans, a NIC level counted at its per-GPU share times the group's
+    members inside the domain it joins (the ring's channels leave that domain through all their
+    NICs, module docstring; capped by the levels below), and the latency of the top level
+    spanned. Pass it to ring_allreduce as `span` when several collectives share one group."""
     n = np.asarray(n)
     c = level_counts(hw, n, stride)
-    bw, lat, _ = _levels(hw)
+    bw, lat, nic = _levels(hw)
     top = np.minimum((c < n).sum(0), len(hw.topology) - 1)  # first level holding the whole group
-    return bw[top], lat[top]
+    nd = c.ndim - 1
+    below = np.concatenate([np.ones_like(c[:1]), c[:-1]], 0)  # members inside the domain a level joins
+    eff = _expand(bw, nd) * np.where(_expand(nic, nd), below, 1)
+    spanned = _expand(np.arange(len(hw.topology)), nd) <= top
+    return np.where(spanned, eff, np.inf).min(axis=0), lat[top]
 
 
 def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None):
