@@ -175,7 +175,7 @@ def _settings(row) -> dict:
     graphs = row.get("cuda_graphs", "")
     # Megatron's distributed optimizer shards the optimizer state (ZeRO-1); Megatron-FSDP's
     # optim_grads_params everything (the csv's zero_stage 3)
-    return dict(attention_kernel="flash", dropout=False, zero=_i(row.get("zero_stage"), 1),
+    return dict(attention_kernel="flash", dropout=False, zero=_zero(row),
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",
                 grad_dtype=_grad_dtype(row),
@@ -184,6 +184,15 @@ def _settings(row) -> dict:
                 a2a_sms=_i(row.get("a2a_sms"), DISPATCHER_SMS.get(row.get("dispatcher", ""))),
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")], expert_probs="activation",
                 cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
+
+
+def _zero(row) -> int:
+    """The ZeRO stage a Megatron row runs: the csv's zero_stage, else 3 where NeMo's performance
+    tables' FSDP column says FSDP ("FSDP = 1: use FSDP"; Megatron-FSDP shards parameters,
+    gradients and optimizer state), else the distributed optimizer's 1."""
+    if row.get("zero_stage"):
+        return int(row["zero_stage"])
+    return 3 if _i(row.get("fsdp"), 0) >= 1 else 1
 
 
 def _grad_dtype(row) -> str:

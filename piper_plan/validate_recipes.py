@@ -132,7 +132,7 @@ def inherit_recipes(rows: list[dict], reference: list[dict], resolve: Resolve) -
         r.update((c, src[c]) for c in RECIPE)
         if not (r["recompute"] == src["recompute"] == "per recipe"):
             r["recompute_modules"] = ""
-        if resolve(src)[0] != resolve(r)[0]:
+        if resolve(src)[0] != resolve(r)[0] or r.get("fsdp"):  # a row's own FSDP column says its sharding
             r.update(dict.fromkeys(PER_MODEL, ""))
         out[r["id"]] = src["id"]
         for col, used in EXERCISED.items():  # a setting src never had occasion to use

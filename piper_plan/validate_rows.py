@@ -39,14 +39,15 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "expert_ffn", "hardware", "precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq",
            "recompute", "recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
-           "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit")
+           "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
            "activation_gib_per_gpu", "params_optimizer_gib_per_gpu")
 PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
-        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage")
-MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage")  # 0: none (a dense model's experts; ZeRO off)
+        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp")
+# 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
+MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp")
 FLOATS = ("value", "tokens_per_s_per_gpu")
 # architecture column -> ModelSpec field (moe.* inside the MoE block)
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
