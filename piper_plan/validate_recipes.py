@@ -138,7 +138,7 @@ def inherit_recipes(rows: list[dict], reference: list[dict], resolve: Resolve) -
         for col, used in EXERCISED.items():  # a setting src never had occasion to use
             if used(r) and not used(src):
                 alt = nearest_reference(r, [x for x in reference if used(x)], resolve)
-                if alt is not None:
+                if alt is not None and alt[col] != r[col]:  # named only where it changes the recipe
                     r[col] = alt[col]
                     out[r["id"]] += f" ({col} from {alt['id']})"
     return out
