@@ -594,12 +594,16 @@ def _priced_ok(r: Result) -> bool:
     return bool(np.isfinite(r.predicted))
 
 
-def _unpriced(rs: list[Result]) -> list[str]:
-    """Rows the model could not price: a planner's-choice row for which nothing fits, though
-    the source ran something, or a row using parallelism the planner does not model (its
-    layout says which). They count against the max target (not within it) and stay out of the
-    mean, which they have no error for."""
-    return [r.id for r in rs if not _priced_ok(r)]
+def _errors(rs: list[Result]) -> tuple[np.ndarray, dict]:
+    """(|error| % of the priced rows, {rows, mape, max_abs_pct, unpriced}) of `rs`. A row the
+    model could not price (a planner's-choice row for which nothing fits, though the source ran
+    something, or one using parallelism the planner does not model: its layout says which) counts
+    in rows and against the max target (not within it) and stays out of the mean, which it has
+    no error for."""
+    errs = np.array([abs(r.error_pct) for r in rs if _priced_ok(r)])
+    return errs, {"rows": len(rs), "mape": float(errs.mean()) if len(errs) else None,
+                  "max_abs_pct": float(errs.max()) if len(errs) else None,
+                  "unpriced": [r.id for r in rs if not _priced_ok(r)]}
 
 
 def summary(results: list[Result]) -> dict:
@@ -610,9 +614,7 @@ def summary(results: list[Result]) -> dict:
     groups = {}
     for g in sorted({r.group for r in results}):
         rs = [r for r in results if r.group == g and not r.fit]
-        errs = np.array([abs(r.error_pct) for r in rs if _priced_ok(r)])
-        d = {"rows": len(rs), "mape": float(errs.mean()) if len(errs) else None,
-             "max_abs_pct": float(errs.max()) if len(errs) else None, "unpriced": _unpriced(rs)}
+        d = _errors(rs)[1]
         by_metric = {}
         for r in filter(_priced_ok, rs):
             by_metric.setdefault(r.metric, []).append(r)
@@ -629,14 +631,12 @@ def summary(results: list[Result]) -> dict:
                "moe_named_sources": ("moe", lambda r: r.group in MOE_ACCEPTANCE_GROUPS)}
     for name, (k, keep) in subsets.items():
         rs = [r for r in results if r.kind == k and not r.fit and keep(r)]
-        errs = np.array([abs(r.error_pct) for r in rs if _priced_ok(r)])
         if rs:
-            kinds[name] = {"rows": len(rs), "mape": float(errs.mean()) if len(errs) else None,
-                           "max_abs_pct": float(errs.max()) if len(errs) else None,
-                           "within_target_max": int((errs <= TARGETS[k][1]).sum()),
+            errs, d = _errors(rs)
+            kinds[name] = {**d, "within_target_max": int((errs <= TARGETS[k][1]).sum()),
                            "beyond_target_max": {r.id: r.error_pct for r in rs
                                                  if _priced_ok(r) and abs(r.error_pct) > TARGETS[k][1]},
-                           "unpriced": _unpriced(rs), "target_mape": TARGETS[k][0], "target_max": TARGETS[k][1]}
+                           "target_mape": TARGETS[k][0], "target_max": TARGETS[k][1]}
     ratios = {}
     by_id = {r.id: r for r in results}
     for size, paper in (("small", 2.06), ("medium", 2.39), ("large", 1.95), ("super", 3.62)):

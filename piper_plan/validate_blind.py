@@ -33,10 +33,10 @@ def blind_run(group: str | None = None, infer: bool = True):
     rows = blind_rows()
     inherited = {}
     if infer:
-        for row, own in zip(rows, bundled):
+        setups = [setup(x, names(x)) for x in bundled]  # once, not once per row
+        for row, mine in zip(rows, setups):
             if group and row["group"] != group:
                 continue
-            mine = setup(own, names(own))
-            others = [x for x in bundled if setup(x, names(x)) != mine]
+            others = [x for x, s in zip(bundled, setups) if s != mine]
             inherited.update(inherit_recipes([row], others, names))
     return price_rows(rows, path, specs, group, inherited=inherited), inherited

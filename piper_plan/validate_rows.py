@@ -200,13 +200,13 @@ def bundled_as(name: str, kind: str) -> str | None:
     a row (H100: dgx-h100, GB200: gb200-nvl72, A100: dgx-a100-80gb), or those words but NVIDIA,
     DGX or HGX (DGX-GB200: gb200-nvl72), where exactly one does; else None."""
     want = _tokens(name)
-    names = bundled_names(kind)
-    same = [b for b in names if "".join(_tokens(b)) == "".join(want)]  # X-MoE Small: xmoe-small
+    toks = {b: _tokens(b) for b in bundled_names(kind)}
+    same = [b for b, t in toks.items() if "".join(t) == "".join(want)]  # X-MoE Small: xmoe-small
     if same or kind != "hardware" or not want:
         return same[0] if same else None
     for words in (want, tuple(w for w in want if w not in _VENDOR)):  # DGX-GB200: gb200-nvl72
         k = len(words)
-        holds = [b for b in names if k and any(_tokens(b)[i:i + k] == words for i in range(len(_tokens(b)) - k + 1))]
+        holds = [b for b, t in toks.items() if k and any(t[i:i + k] == words for i in range(len(t) - k + 1))]
         if len(holds) == 1:
             return holds[0]
     return None
