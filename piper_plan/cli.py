@@ -569,8 +569,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
             rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
             click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
         if d["unpriced"]:
-            click.echo(f"not priced (nothing fits though the source ran it, or parallelism not modelled: "
-                       f"the layout column says which), {labels.get(name, name)}: "
+            click.echo(f"not priced (nothing fits though the source ran it, parallelism not modelled, or no "
+                       f"hardware spec: the layout column says which), {labels.get(name, name)}: "
                        f"{', '.join(d['unpriced'])}")
     if checks is not None:
         _show_bundled_checks(checks)

@@ -45,7 +45,7 @@ from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import ARCH, built_on, read_rows, row_hardware, row_model, table_name, unmodelled
+from .validate_rows import ARCH, built_on, missing_hardware, read_rows, row_hardware, row_model, table_name, unmodelled
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -379,13 +379,18 @@ def row_specs(row, specs: dict, path: Path | None = None):
     per `specs` memo: rows share a few dozen specs, and parsing their YAML again for every row
     was most of a pass's time."""
     path = path or data_path()
-    mk = ("model", row["model_spec"] or (row["model"], *(row[c] for c in ARCH)))
     hk = ("hardware", row["hardware_spec"] or row["hardware"])
-    if mk not in specs:
-        specs[mk] = row_model(path, row)
     if hk not in specs:
         specs[hk] = row_hardware(path, row)
-    return specs[mk], specs[hk]
+    return _row_model(row, specs, path), specs[hk]
+
+
+def _row_model(row, specs: dict, path: Path):
+    """The row's model spec alone, memoised in `specs` as row_specs does."""
+    mk = ("model", row["model_spec"] or (row["model"], *(row[c] for c in ARCH)))
+    if mk not in specs:
+        specs[mk] = row_model(path, row)
+    return specs[mk]
 
 
 def spec_names(specs: dict, path: Path):
@@ -393,8 +398,10 @@ def spec_names(specs: dict, path: Path):
     across tables (validate_recipes): a model built on a family's spec goes by that spec's name;
     specs memoised in `specs` (row_specs)."""
     def names(row) -> tuple[str, str, bool]:
-        m, hw = row_specs(row, specs, path)
-        return row.get("model_spec") or built_on(m) or m.name, row.get("hardware_spec") or hw.name, m.moe is not None
+        m = _row_model(row, specs, path)
+        # a machine with no spec (missing_hardware) goes by its table name: its row is not priced
+        hw = table_name(row["hardware"]) if missing_hardware(row) else row_specs(row, specs, path)[1].name
+        return row.get("model_spec") or built_on(m) or m.name, row.get("hardware_spec") or hw, m.moe is not None
     return names
 
 
@@ -558,9 +565,9 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
     for row in rows:
         if group and row["group"] != group:
             continue
-        why = unmodelled(row)
-        if why:  # priced, it would be another run's figure
-            m = row_specs(row, specs, path)[0]
+        why = unmodelled(row) or missing_hardware(row)
+        if why:  # priced, it would be another run's figure, or there is no machine to price it on
+            m = _row_model(row, specs, path)
             out.append(Result(row["id"], row["group"], _kind(row, m), row["metric"], float(row["value"]),
                               float("nan"), why, row.get("fit", "no") == "yes"))
             continue

@@ -219,6 +219,21 @@ def _named(name: str, kind: str) -> str:
     return bundled_as(name, kind) or name
 
 
+def missing_hardware(row: dict) -> str | None:
+    """Why a row has no hardware spec to be priced on, or None: its hardware column names
+    neither a spec file nor a bundled system (bundled_as) and no hardware_spec is given. A
+    table may hold runs on machines Piper has no spec for; those rows are reported, not priced,
+    and the others still are. A name that looks like a file (a '/' or a .yaml suffix) but is
+    none stays an error (row_hardware): that is a mistyped path, not another machine."""
+    name = table_name(row["hardware"])
+    if row.get("hardware_spec") or "/" in name or name.endswith((".yaml", ".yml")):
+        return None
+    if _named(name, "hardware") in bundled_names("hardware") or Path(name).is_file():
+        return None
+    return (f"no hardware spec: {row['hardware']!r} is none of the bundled systems "
+            f"({', '.join(bundled_names('hardware'))}); name a spec file in a hardware_spec column")
+
+
 def row_hardware(path, row: dict):
     """The row's hardware spec: hardware_spec, else the hardware column's file or bundled
     system (bundled_as: "DGX H100", "H100", "GB200")."""

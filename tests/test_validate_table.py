@@ -168,7 +168,7 @@ def test_the_cli_reads_a_table_and_leaves_out_the_bundled_kernel_checks(tmp_path
     (lambda r: {**r, "gpus": "eight"}, "gpus: expected a positive whole number"),
     (lambda r: {**r, "value": "fast"}, "value: expected a positive number"),
     (lambda r: {**r, "metric": "mfu"}, "metric: expected one of"),
-    (lambda r: {**r, "hardware": "dgx-z900"}, "hardware: "),
+    (lambda r: {**r, "hardware": "dgx-z900.yaml"}, "hardware: dgx-z900.yaml"),  # a file that is not there
     (lambda r: {**r, "precision": "fp4"}, "precision: expected one of"),
     (lambda r: {**r, "recompute": "partial"}, "recompute: expected none, full, selective"),
     (lambda r: {**r, "tp": "3"}, "layout: tp*pp*dp == gpus"),
@@ -303,6 +303,23 @@ def test_a_row_using_parallelism_the_planner_does_not_model_is_named_not_priced(
     assert res["long"].layout == "not modelled: context parallelism (cp 2)" and res["long"].predicted != res["long"].predicted
     assert res[src["id"]].predicted > 0  # the rest of the table is priced
     assert V.summary(list(res.values()))["kinds"]["moe"]["unpriced"] == ["long"]
+
+
+def test_a_run_on_a_machine_with_no_spec_is_named_not_priced_and_the_rest_still_is(tmp_path, bundled):
+    src = bundled["mb-qwen3-30b-h100-fp8-2606"]
+    other = {**src, "id": "elsewhere", "hardware": "Instinct MI300X", "hardware_spec": ""}
+    res = {r.id: r for r in V.run(path=write(tmp_path / "hw.csv", [src, other]))}
+    assert res["elsewhere"].layout.startswith("no hardware spec: 'Instinct MI300X' is none of the bundled systems")
+    assert res["elsewhere"].predicted != res["elsewhere"].predicted and res[src["id"]].predicted > 0
+    assert V.summary(list(res.values()))["kinds"]["moe"]["unpriced"] == ["elsewhere"]
+    code, out = cli("--table", str(tmp_path / "hw.csv"))
+    assert code == 0 and "no hardware spec" in out and "moe (all rows): elsewhere" in out
+
+
+def test_a_hardware_path_that_is_no_file_is_an_error_not_a_skipped_row(tmp_path, bundled):
+    typo = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "hardware": "specs/my-cluster.yaml", "hardware_spec": ""}
+    code, out = cli("--table", str(write(tmp_path / "typo.csv", [typo])))
+    assert code == 2 and "hardware: specs/my-cluster.yaml" in out and "no such file" in out and "Traceback" not in out
 
 
 def test_a_table_lacking_any_optional_column_is_still_priced(tmp_path):
