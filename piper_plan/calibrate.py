@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -28,7 +27,7 @@ from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collect
                             fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
 from .specs.hardware import HardwareSpec
-from .specs.registry import bundled_names, load_hardware, parse
+from .specs.registry import device_tokens, hardware_by_device, load_hardware, parse
 
 CPU_TILES = [(16, 16), (32, 32), (64, 64), (128, 128)]
 GPU_TILES = [(64, 64), (128, 64), (128, 128), (128, 256), (256, 128)]
@@ -50,24 +49,11 @@ def ram_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
-def _model_tokens(name: str) -> set[str]:
-    """Model-number tokens of a device name ('NVIDIA H100 80GB HBM3' -> {'H100', 'HBM3'})."""
-    return {t for t in re.findall(r"[A-Z0-9]+", name.upper())
-            if re.search(r"\d", t) and re.search(r"[A-Z]", t) and not t.endswith("GB")}
-
-
 def match_bundled(device_name: str) -> str | None:
-    """The bundled hardware spec whose accelerator shares the most model tokens with the device."""
-    want = _model_tokens(device_name)
-    best, score = None, 0
-    for n in bundled_names("hardware"):
-        try:
-            s = len(want & _model_tokens(load_hardware(n).accelerator.name))
-        except PiperError:
-            continue
-        if s > score:
-            best, score = n, s
-    return best
+    """The bundled hardware spec whose accelerator shares the most model tokens with the device
+    (the first by name where several do)."""
+    best = hardware_by_device(device_name)
+    return best[0] if best else None
 
 
 # ---- the spec ---------------------------------------------------------------------------
@@ -272,8 +258,8 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
         dev["memory_gib"] = max(0.1, (dev["ram_gib"] - OS_RESERVE_GIB) / ranks)
     hw = hw or load_hardware(base)
     # a CUDA device matched to a bundled data sheet keeps its peaks; a CPU rank has none
-    datasheet = dev["kind"] == "cuda" and base != "cpu-local" and bool(_model_tokens(dev["name"])
-                                                                       & _model_tokens(hw.accelerator.name))
+    datasheet = dev["kind"] == "cuda" and base != "cpu-local" and bool(device_tokens(dev["name"])
+                                                                       & device_tokens(hw.accelerator.name))
     plan = plan or make_plan(kind, dev["kind"])
     if plan.pipeline_schedules and not plan.pipelines:
         plan.pipelines = pipeline_probes(hw, ranks, plan.pipeline_schedules)

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from .errors import PiperError, from_validation
 from .specs import load_hardware, load_model
 from .specs.model import ModelSpec
-from .specs.registry import bundled_names
+from .specs.registry import bundled_names, hardware_by_device
 
 # the bundled table's columns (validation/README.md): a table lacking some reads them as blank
 COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn", "vocab", "experts", "topk",
@@ -190,26 +190,54 @@ def _tokens(name: str) -> tuple[str, ...]:
     return tuple(re.findall(r"[a-z]+|\d+(?:\.\d+)*[a-z]*", name.lower()))
 
 
-_VENDOR = ("nvidia", "dgx", "hgx")  # words a system's name may carry that a bundled name need not
+_VENDOR = ("nvidia", "dgx", "hgx", "amd", "instinct")  # words a system's name may carry that a bundled name need not
+_CAPACITY = re.compile(r"(\d+)\s*gb\b", re.I)
 
 
 def bundled_as(name: str, kind: str) -> str | None:
     """The bundled spec of `kind` ("models", "hardware") a table's name means: the one of the
     same words and numbers however punctuated (llama-3.1-405b: llama3.1-405b; X-MoE Small:
-    xmoe-small); for hardware also the one bundled system whose name holds the name's words in
-    a row (H100: dgx-h100, GB200: gb200-nvl72, A100: dgx-a100-80gb), or those words but NVIDIA,
-    DGX or HGX (DGX-GB200: gb200-nvl72), where exactly one does; else None."""
+    xmoe-small); for hardware, where exactly one bundled system answers (_hardware_as), the
+    system named by the name's words or holding them, else the one whose GPU the name's model
+    number names; else None."""
     want = _tokens(name)
     toks = {b: _tokens(b) for b in bundled_names(kind)}
     same = [b for b, t in toks.items() if "".join(t) == "".join(want)]  # X-MoE Small: xmoe-small
     if same or kind != "hardware" or not want:
         return same[0] if same else None
+    return _hardware_as(name, want, toks)
+
+
+def _hardware_as(name: str, want: tuple[str, ...], toks: dict) -> str | None:
+    """The one bundled system (toks: its name's words) a table's hardware name means, tried in
+    turn: the system whose name holds the name's words in a row, with or without NVIDIA, DGX or
+    HGX (H100: dgx-h100, DGX-GB200: gb200-nvl72); the system whose own words but those sit in
+    the name in order, the most specific where several do (H100 SXM5 80GB: dgx-h100,
+    A100-SXM4-80GB: dgx-a100-80gb, OLCF Frontier: frontier, Frontier ROCm 5.7: frontier-rocm57); the system whose accelerator the name's model number names (registry.
+    hardware_by_device; MI250X: frontier, the base of the systems that share that GPU; 8x H100:
+    dgx-h100). A capacity the name states must be the accelerator's (A100 40GB is none)."""
     for words in (want, tuple(w for w in want if w not in _VENDOR)):  # DGX-GB200: gb200-nvl72
         k = len(words)
         holds = [b for b, t in toks.items() if k and any(t[i:i + k] == words for i in range(len(t) - k + 1))]
         if len(holds) == 1:
             return holds[0]
-    return None
+    core = {b: tuple(w.replace(".", "") for w in t if w not in _VENDOR) for b, t in toks.items()}
+    within = [b for b, c in core.items() if _in_order(c, tuple(w.replace(".", "") for w in want))]
+    within = [b for b in within if len(core[b]) == max((len(core[x]) for x in within), default=0)]  # the most specific
+    cands = within if len(within) == 1 else hardware_by_device(name)
+    base = [b for b in cands if all(c.startswith(b) for c in cands)]  # frontier, not frontier-rocm57
+    if len(base) != 1:
+        return None
+    cap = _CAPACITY.search(name)
+    if cap and (have := _CAPACITY.search(load_hardware(base[0]).accelerator.name)) and cap[1] != have[1]:
+        return None  # another part of that GPU (A100 40GB, H100 NVL 94GB)
+    return base[0]
+
+
+def _in_order(words: tuple[str, ...], within: tuple[str, ...]) -> bool:
+    """All of `words`, in their order, among `within` (not necessarily adjacent)."""
+    it = iter(within)
+    return bool(words) and all(w in it for w in words)
 
 
 def _named(name: str, kind: str) -> str:

@@ -229,9 +229,15 @@ def test_names_are_read_however_they_are_punctuated(tmp_path):
     assert [system(h) for h in ("H100", "DGX H100", "GB200", "DGX-GB200", "B200", "GB300 NVL72", "A100 80GB",
                                 "Frontier")] == [
         "dgx-h100", "dgx-h100", "gb200-nvl72", "gb200-nvl72", "dgx-b200", "gb300-nvl72", "dgx-a100-80gb", "frontier"]
-    # a name that no bundled system holds alone is an error naming the field, not a guess
-    with pytest.raises(PiperError, match="hardware: .*mi250x"):
-        system("MI250X")
+    # how papers and vendors write a system: part numbers, form factors, capacities, GPU counts
+    assert [system(h) for h in ("H100 SXM5 80GB", "A100-SXM4-80GB", "8x H100", "NVIDIA H200 141GB", "OLCF Frontier",
+                                "MI250X", "AMD Instinct MI250X", "Frontier ROCm 5.7")] == [
+        "dgx-h100", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "frontier", "frontier", "frontier", "frontier-rocm57"]
+    # a name two systems answer equally, or another part of a bundled GPU, is an error naming
+    # the field, not a guess
+    for name in ("NVL72", "A100 40GB", "H100 NVL 94GB"):
+        with pytest.raises(PiperError, match="hardware: "):
+            system(name)
 
 
 def test_a_blank_batch_is_the_planners_default_not_one_micro_batch(tmp_path, bundled):

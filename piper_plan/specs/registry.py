@@ -5,6 +5,7 @@ package data `piper_plan.bundled.models|hardware`, so a plain wheel install find
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TypeVar
 
@@ -125,3 +126,27 @@ def _merged(under: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def device_tokens(name: str) -> set[str]:
+    """Model-number tokens of a device name: words holding a letter and a digit, not a capacity
+    ('NVIDIA H100 80GB HBM3' -> {'H100', 'HBM3'}; '8x H100 SXM' -> {'H100'}: a count is not one)."""
+    name = re.sub(r"(?<![A-Za-z0-9])\d+\s*[x\u00d7]\s*(?=[A-Za-z])", " ", name)  # "8x", "8 x": how many, not which
+    return {t for t in re.findall(r"[A-Z0-9]+", name.upper())
+            if re.search(r"\d", t) and re.search(r"[A-Z]", t) and not t.endswith("GB")}
+
+
+def hardware_by_device(name: str) -> list[str]:
+    """The bundled hardware specs whose accelerator shares the most model-number tokens
+    (device_tokens) with a device name, sorted; [] where none shares one."""
+    want, best, score = device_tokens(name), [], 0
+    for n in bundled_names("hardware"):
+        try:
+            s = len(want & device_tokens(load_hardware(n).accelerator.name))
+        except SpecError:
+            continue
+        if s > score:
+            best, score = [n], s
+        elif s == score and s:
+            best.append(n)
+    return best
