@@ -42,7 +42,13 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
-           "activation_gib_per_gpu", "params_optimizer_gib_per_gpu")
+           "activation_gib_per_gpu", "params_optimizer_gib_per_gpu", "mfu")
+# how other tables name the same metrics (model FLOPs utilisation: _mfu_as_tflops)
+METRIC_ALIASES = {"tokens/s/gpu": "tokens_per_s_per_gpu", "tok/s/gpu": "tokens_per_s_per_gpu",
+                  "tokens_per_sec_per_gpu": "tokens_per_s_per_gpu", "tokens_per_second_per_gpu": "tokens_per_s_per_gpu",
+                  "step_time_s": "iteration_time_s", "iteration_time": "iteration_time_s",
+                  "seconds_per_iteration": "iteration_time_s", "model_tflops": "model_tflops_per_gpu",
+                  "mfu_pct": "mfu", "mfu%": "mfu", "mfu_(%)": "mfu"}
 PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
         "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp")
@@ -106,7 +112,24 @@ def read_rows(path: Path) -> list[dict]:
         seen.add(r["id"])
         _normalise(r)
         _check_row(path, rid, r)
+        if r["metric"] == "mfu" and not missing_hardware(r):
+            _mfu_as_tflops(path, r)
     return rows
+
+
+def _mfu_as_tflops(path, r: dict) -> None:
+    """A model-FLOPs-utilisation row read as the model TFLOPS per GPU it states, in place: MFU
+    (a fraction, or a percentage where above 1) times the accelerator's dense bf16 peak, the
+    peak PaLM's definition and the tables that publish MFU beside TFLOPS divide by (Piper:
+    191.5 per MI250X GCD, brief §2), whatever the run's precision; the notes say so."""
+    hw = row_hardware(path, r)
+    peak = hw.accelerator.peak_tflops.get("bf16") or hw.accelerator.peak_tflops.get("fp16")
+    if not peak:
+        raise TableError(path, r["id"], "metric", f"mfu needs a bf16 peak and {hw.name} states none")
+    v = float(r["value"])
+    frac = v / 100.0 if v > 1.0 else v
+    r.update(metric="model_tflops_per_gpu", value=f"{frac * peak:.6g}",
+             notes=f"{r['notes']}; read from MFU {r['value']} against {hw.name}'s dense bf16 peak {peak:g} TFLOPS".lstrip("; "))
 
 
 # how tables spell precisions the bundled table writes one way (Megatron-Bridge's own tables
@@ -125,7 +148,8 @@ def _normalise(r: dict) -> None:
             r[c] = r[c].replace(",", "")
     p = re.sub(r"[\s_]+", "-", r.get("precision", "").lower())
     r["precision"] = PRECISION_ALIASES.get(p, p)
-    r["metric"] = r["metric"].lower()
+    metric = re.sub(r"\s+", "_", r["metric"].lower())
+    r["metric"] = METRIC_ALIASES.get(metric, metric)
     rc = r.get("recompute", "")
     xmoe = "x-moe recipe"  # keeps its remark as written: "X-MoE recipe (TP8 ZeRO)"
     r["recompute"] = "X-MoE recipe" + rc[len(xmoe):] if rc.lower().startswith(xmoe) else rc.lower()
@@ -162,6 +186,8 @@ def _check_row(path, rid: str, r: dict) -> None:
             ok = False
         if not ok:
             raise TableError(path, rid, c, f"expected a positive number, got {v!r}")
+    if r["metric"] == "mfu" and float(r["value"]) > 100.0:
+        raise TableError(path, rid, "value", f"expected an MFU as a fraction or a percentage, got {r['value']!r}")
     if r["metric"] not in METRICS:
         raise TableError(path, rid, "metric", f"expected one of {', '.join(METRICS)}, got {r['metric']!r}")
     rc = r.get("recompute", "")

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from piper_plan import validate as V
 from piper_plan.cli import main
 from piper_plan.errors import PiperError
-from piper_plan.validate_rows import built_on, row_hardware, row_model
+from piper_plan.validate_rows import built_on, read_rows, row_hardware, row_model
 
 # the schema of ../shared/validation/published.csv: no recipe columns, no spec columns
 SCHEMA = ("id,group,source,model,layers,hidden,heads,ffn,vocab,experts,topk,expert_ffn,hardware,precision,gpus,"
@@ -326,6 +326,27 @@ def test_a_hardware_path_that_is_no_file_is_an_error_not_a_skipped_row(tmp_path,
     typo = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "hardware": "specs/my-cluster.yaml", "hardware_spec": ""}
     code, out = cli("--table", str(write(tmp_path / "typo.csv", [typo])))
     assert code == 2 and "hardware: specs/my-cluster.yaml" in out and "no such file" in out and "Traceback" not in out
+
+
+def test_an_mfu_row_is_read_as_the_model_tflops_it_states_against_the_bf16_peak(tmp_path, bundled):
+    # Piper's Mixtral 8x7B: 102.8 TFLOPS per GCD is 53.8 % of 191.5 (brief §5); MFU as a fraction or a percentage
+    base = {"group": "piper-full", "model": "Mixtral 8x7B", "hardware": "Frontier", "precision": "bf16", "gpus": "64",
+            "seq": "4096", "recompute": "planner's choice", "value": "53.8"}
+    rows = [{**base, "id": "pct", "metric": "MFU (%)"}, {**base, "id": "frac", "metric": "mfu", "value": "0.538"}]
+    read = {r["id"]: r for r in read_rows(write(tmp_path / "mfu.csv", rows))}
+    for r in read.values():
+        assert r["metric"] == "model_tflops_per_gpu" and float(r["value"]) == pytest.approx(0.538 * 191.5)
+        assert "read from MFU" in r["notes"] and "191.5" in r["notes"]
+    code, out = cli("--table", str(write(tmp_path / "bad.csv", [{**base, "id": "b", "metric": "mfu", "value": "538"}])))
+    assert code == 2 and "row b: value: expected an MFU as a fraction or a percentage" in out
+
+
+def test_metric_names_other_tables_use_are_read_as_the_schema_writes_them(tmp_path, bundled):
+    src = bundled["mb-qwen3-30b-h100-fp8-2606"]
+    rows = [{**src, "id": "a", "metric": "Tokens/s/GPU", "value": "8826"},
+            {**src, "id": "b", "metric": "step_time_s", "value": "1.0"}]
+    read = {r["id"]: r["metric"] for r in read_rows(write(tmp_path / "m.csv", rows))}
+    assert read == {"a": "tokens_per_s_per_gpu", "b": "iteration_time_s"}
 
 
 def test_a_table_lacking_any_optional_column_is_still_priced(tmp_path):
