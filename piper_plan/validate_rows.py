@@ -136,6 +136,31 @@ def _mfu_as_tflops(path, r: dict) -> None:
 # write FP8-CS for Transformer Engine's current scaling and FP8-MX for MXFP8)
 PRECISION_ALIASES = {"fp8-cs": "fp8", "fp8-current": "fp8", "fp8-mx": "mxfp8", "fp8-block": "fp8-blockwise",
                      "fp16/bf16": "bf16/fp16"}
+_FP8_WORDS = re.compile(r"fp8|float8|e4m3|e5m2")
+_FINE_SCALING = re.compile(r"block|deepseek|\bds\b|rowwise|row-wise|per-row|1x128|128x128")
+
+
+def _precision(text: str) -> str:
+    """A table's precision as the schema writes it: the bundled spellings and aliases as they
+    are; else read by its words, ignoring "mixed", "precision" and the like: MX block scaling
+    (MXFP8) -> mxfp8; FP8 with finer-than-tensor scaling (DeepSeek's 1x128 / 128x128 blocks,
+    torchao's rowwise) -> fp8-blockwise; other FP8 (Transformer Engine's delayed or current
+    tensorwise scaling, "hybrid" E4M3/E5M2) -> fp8; bf16 / bfloat16 -> bf16; fp16 / half ->
+    fp16. Anything else stays as written (_check_row names it)."""
+    p = re.sub(r"[\s_]+", "-", text.strip().lower())
+    p = PRECISION_ALIASES.get(p, p)
+    if p in PRECISIONS:
+        return p
+    if "mx" in p and _FP8_WORDS.search(p):
+        return "mxfp8"
+    if _FP8_WORDS.search(p):
+        return "fp8-blockwise" if _FINE_SCALING.search(p) else "fp8"
+    if re.search(r"fp32|tf32|float32", p):
+        return p  # not modelled (the planner prices bf16/fp16 matmuls and FP8): an error names it
+    half = ("bf16" in p or "bfloat16" in p), bool(re.search(r"fp16|(?<!b)float16|half", p))
+    return {(True, False): "bf16", (False, True): "fp16", (True, True): "bf16/fp16"}.get(half, p)
+
+
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
@@ -146,8 +171,7 @@ def _normalise(r: dict) -> None:
     for c in (*INTS, *FLOATS):
         if _THOUSANDS.fullmatch(r.get(c, "")):
             r[c] = r[c].replace(",", "")
-    p = re.sub(r"[\s_]+", "-", r.get("precision", "").lower())
-    r["precision"] = PRECISION_ALIASES.get(p, p)
+    r["precision"] = _precision(r.get("precision", ""))
     metric = re.sub(r"\s+", "_", r["metric"].lower())
     r["metric"] = METRIC_ALIASES.get(metric, metric)
     rc = r.get("recompute", "")

@@ -349,6 +349,22 @@ def test_metric_names_other_tables_use_are_read_as_the_schema_writes_them(tmp_pa
     assert read == {"a": "tokens_per_s_per_gpu", "b": "iteration_time_s"}
 
 
+@pytest.mark.parametrize("written,read", [
+    ("BF16 mixed", "bf16"), ("bfloat16", "bf16"), ("fp16 mixed", "fp16"), ("FP8 (E4M3)", "fp8"),
+    ("FP8 delayed scaling", "fp8"), ("FP8 hybrid", "fp8"), ("FP8-MX", "mxfp8"), ("MXFP8", "mxfp8"),
+    ("FP8 block scaling", "fp8-blockwise"), ("float8 rowwise", "fp8-blockwise")])
+def test_precisions_are_read_by_their_words(tmp_path, bundled, written, read):
+    row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "precision": written}
+    assert read_rows(write(tmp_path / "p.csv", [row]))[0]["precision"] == read
+
+
+def test_a_precision_the_planner_does_not_price_is_refused_by_name(tmp_path, bundled):
+    for written in ("TF32", "NVFP4"):
+        row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "precision": written}
+        code, out = cli("--table", str(write(tmp_path / "p.csv", [row])))
+        assert code == 2 and "precision: expected one of" in out and written.lower() in out
+
+
 def test_a_table_lacking_any_optional_column_is_still_priced(tmp_path):
     # one row of each group of the handed-over table, with each column that is not required
     # dropped in turn: every row is priced (the architecture from the named spec, the batch the
