@@ -176,7 +176,19 @@ def _normalise(r: dict) -> None:
     r["metric"] = METRIC_ALIASES.get(metric, metric)
     rc = r.get("recompute", "")
     xmoe = "x-moe recipe"  # keeps its remark as written: "X-MoE recipe (TP8 ZeRO)"
-    r["recompute"] = "X-MoE recipe" + rc[len(xmoe):] if rc.lower().startswith(xmoe) else rc.lower()
+    r["recompute"] = "X-MoE recipe" + rc[len(xmoe):] if rc.lower().startswith(xmoe) else _recompute(rc.lower())
+
+
+# how tables say whether activations were recomputed ("activation checkpointing: yes", "SAC")
+_RECOMPUTE_WORDS = {"yes": "full", "true": "full", "on": "full", "1": "full", "ac": "full", "full-ac": "full",
+                    "activation-checkpointing": "full", "no": "none", "false": "none", "off": "none", "0": "none",
+                    "-": "none", "sac": "selective", "selective-ac": "selective"}
+
+
+def _recompute(rc: str) -> str:
+    """A recompute cell as the schema writes it (_RECOMPUTE_WORDS); others as written."""
+    word = re.sub(r"[\s_]+", "-", rc.strip())
+    return _RECOMPUTE_WORDS.get(word, rc)
 
 
 # columns some tables add for parallelism the planner does not model: a row using it would be

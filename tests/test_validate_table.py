@@ -358,6 +358,13 @@ def test_precisions_are_read_by_their_words(tmp_path, bundled, written, read):
     assert read_rows(write(tmp_path / "p.csv", [row]))[0]["precision"] == read
 
 
+@pytest.mark.parametrize("written,read", [("Yes", "full"), ("activation checkpointing", "full"), ("off", "none"),
+                                          ("No", "none"), ("SAC", "selective"), ("Selective AC", "selective")])
+def test_recompute_cells_are_read_as_the_schema_writes_them(tmp_path, bundled, written, read):
+    row = {**bundled["kor22-t5-175b-full"], "recompute": written}
+    assert read_rows(write(tmp_path / "r.csv", [row]))[0]["recompute"] == read
+
+
 def test_a_precision_the_planner_does_not_price_is_refused_by_name(tmp_path, bundled):
     for written in ("TF32", "NVFP4"):
         row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "precision": written}
