@@ -41,6 +41,22 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
+# how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
+HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
+                  "seq_len": "seq", "seq_length": "seq", "sequence_length": "seq", "seqlen": "seq",
+                  "global_batch_size": "gbs", "global_batch": "gbs", "micro_batch_size": "mbs", "micro_batch": "mbs",
+                  "tensor_parallel": "tp", "pipeline_parallel": "pp", "expert_parallel": "ep", "data_parallel": "dp",
+                  "virtual_pipeline": "vpp", "vp": "vpp", "num_layers": "layers", "hidden_size": "hidden",
+                  "num_heads": "heads", "num_attention_heads": "heads", "ffn_hidden_size": "ffn",
+                  "vocab_size": "vocab", "num_experts": "experts", "top_k": "topk", "moe_ffn_hidden_size": "expert_ffn",
+                  "gpu": "hardware", "system": "hardware", "dtype": "precision", "activation_recompute": "recompute",
+                  "recomputation": "recompute", "zero": "zero_stage"}
+
+
+def _column(header: str) -> str:
+    """A table's column heading as the schema writes it (HEADER_ALIASES)."""
+    h = re.sub(r"[\s-]+", "_", header.strip().lower())
+    return HEADER_ALIASES.get(h, h)
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
            "activation_gib_per_gpu", "params_optimizer_gib_per_gpu", "mfu")
 # how other tables name the same metrics (model FLOPs utilisation: _mfu_as_tflops)
@@ -88,13 +104,17 @@ def read_rows(path: Path) -> list[dict]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+            header = [_column(h) for h in (reader.fieldnames or [])]
             missing = [c for c in REQUIRED if c not in header]
             if missing:
                 raise TableError(path, None, "header", f"columns {', '.join(missing)} are missing "
                                  f"(a table needs {', '.join(REQUIRED)})")
+            twice = sorted({c for c in header if header.count(c) > 1})
+            if twice:
+                raise TableError(path, None, "header", f"columns {', '.join(twice)} appear twice "
+                                 "(as written or by another name for them)")
             blank = dict.fromkeys(COLUMNS, "")
-            rows = [{**blank, **{(k or "").strip(): (v or "").strip() for k, v in r.items() if k}} for r in reader]
+            rows = [{**blank, **{_column(k): (v or "").strip() for k, v in r.items() if k}} for r in reader]
     except OSError as e:
         raise TableError(path, None, "file", f"cannot be read ({e.strerror or e})") from None
     except (csv.Error, UnicodeDecodeError) as e:

@@ -184,6 +184,18 @@ def test_a_bad_row_is_one_line_naming_the_table_row_and_field(tmp_path, bundled,
     assert str(path) in lines[0] and f"row {row['id']}" in lines[0] and field in lines[0], lines[0]
 
 
+def test_column_headings_other_tables_use_are_read_as_the_schema_writes_them(tmp_path):
+    p = tmp_path / "h.csv"
+    p.write_text("ID,Group,Model,GPU,Num GPUs,Seq Len,TP,PP,EP,Global Batch Size,Micro Batch Size,Precision,Metric,Value\n"
+                 "a,g,Qwen3-30B-A3B,H100,16,4096,1,1,16,1024,1,FP8,tokens/s/GPU,8826\n")
+    row = read_rows(p)[0]
+    assert (row["hardware"], row["gpus"], row["seq"], row["ep"], row["gbs"], row["mbs"]) == ("H100", "16", "4096", "16",
+                                                                                              "1024", "1")
+    p.write_text("id,group,model,hardware,gpus,num_gpus,seq,metric,value\na,g,gpt-175b,A100,8,8,2048,mfu,0.5\n")
+    code, out = cli("--table", str(p))
+    assert code == 2 and "header: columns gpus appear twice" in out
+
+
 def test_a_table_without_the_required_columns_or_file_is_refused(tmp_path):
     p = tmp_path / "short.csv"
     p.write_text("id,group,model\nx,g,gpt-175b\n")
