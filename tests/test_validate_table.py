@@ -167,7 +167,7 @@ def test_the_cli_reads_a_table_and_leaves_out_the_bundled_kernel_checks(tmp_path
 @pytest.mark.parametrize("edit,field", [
     (lambda r: {**r, "gpus": "eight"}, "gpus: expected a positive whole number"),
     (lambda r: {**r, "value": "fast"}, "value: expected a positive number"),
-    (lambda r: {**r, "metric": "mfu"}, "metric: expected one of"),
+    (lambda r: {**r, "metric": "goodput"}, "metric: expected one of"),
     (lambda r: {**r, "hardware": "dgx-z900.yaml"}, "hardware: dgx-z900.yaml"),  # a file that is not there
     (lambda r: {**r, "precision": "fp4"}, "precision: expected one of"),
     (lambda r: {**r, "recompute": "partial"}, "recompute: expected none, full, selective"),
