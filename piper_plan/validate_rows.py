@@ -192,6 +192,11 @@ def _normalise(r: dict) -> None:
         if _THOUSANDS.fullmatch(r.get(c, "")):
             r[c] = r[c].replace(",", "")
     r["precision"] = _precision(r.get("precision", ""))
+    stage = re.fullmatch(r"(?:zero|z|stage)[-_\s]?([0-3])", r.get("zero_stage", "").strip().lower())
+    if stage:  # "ZeRO-3", "stage 2"
+        r["zero_stage"] = stage[1]
+    fsdp = r.get("fsdp", "").strip().lower()
+    r["fsdp"] = {"yes": "1", "true": "1", "no": "0", "false": "0"}.get(fsdp, r.get("fsdp", ""))
     metric = re.sub(r"\s+", "_", r["metric"].lower())
     r["metric"] = METRIC_ALIASES.get(metric, metric)
     rc = r.get("recompute", "")

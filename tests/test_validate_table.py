@@ -377,6 +377,12 @@ def test_recompute_cells_are_read_as_the_schema_writes_them(tmp_path, bundled, w
     assert read_rows(write(tmp_path / "r.csv", [row]))[0]["recompute"] == read
 
 
+def test_zero_and_fsdp_cells_are_read_as_the_schema_writes_them(tmp_path, bundled):
+    row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "zero_stage": "ZeRO-3", "fsdp": "yes"}
+    read = read_rows(write(tmp_path / "z.csv", [row]))[0]
+    assert (read["zero_stage"], read["fsdp"]) == ("3", "1")
+
+
 def test_a_precision_the_planner_does_not_price_is_refused_by_name(tmp_path, bundled):
     for written in ("TF32", "NVFP4"):
         row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "precision": written}
