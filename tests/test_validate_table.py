@@ -378,8 +378,12 @@ def test_recompute_cells_are_read_as_the_schema_writes_them(tmp_path, bundled, w
 
 
 def test_zero_and_fsdp_cells_are_read_as_the_schema_writes_them(tmp_path, bundled):
-    row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "zero_stage": "ZeRO-3", "fsdp": "yes"}
-    read = read_rows(write(tmp_path / "z.csv", [row]))[0]
+    path = tmp_path / "z.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SCHEMA + ["zero_stage", "fsdp"], extrasaction="ignore")
+        w.writeheader()
+        w.writerow({**bundled["mb-qwen3-30b-h100-fp8-2606"], "zero_stage": "ZeRO-3", "fsdp": "yes"})
+    read = read_rows(path)[0]
     assert (read["zero_stage"], read["fsdp"]) == ("3", "1")
 
 
