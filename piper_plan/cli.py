@@ -527,7 +527,7 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         t.add_column(c)
     for r in res:
         gap = r.missing_ms_per_layer_microbatch
-        t.add_row(r.id, r.metric, f"{r.published:g}", "-" if r.predicted != r.predicted else f"{r.predicted:.4g}",
+        t.add_row(r.id + (" (fit)" if r.fit else ""), r.metric, f"{r.published:g}", "-" if r.predicted != r.predicted else f"{r.predicted:.4g}",
                   _pct(r.error_pct, "+"),
                   "" if gap is None else f"{gap:+.2f}", r.layout)
     g = Table(title="per group (out-of-sample)")
@@ -545,6 +545,10 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         k.add_row(labels.get(name, name), str(d["rows"]), _pct(d["mape"]), f"≤{d['target_mape']:g}%",
                   _pct(d["max_abs_pct"]), f"≤{d['target_max']:g}%")
     report.show([t, g, k])
+    fitted = [r for r in res if r.fit]
+    if fitted:
+        click.echo("in-sample (a hardware figure was set from the row or its run; kept out of the group and target "
+                   "figures): " + ", ".join(f"{r.id} {_pct(r.error_pct, '+')}" for r in fitted))
     for field, said in (("built_on", "models built from the table's architecture columns on"),
                         ("hardware_as", "hardware read as the bundled")):
         by_spec = {}

@@ -91,6 +91,8 @@ def hardware_detail(h: HardwareSpec) -> list[Table]:
         lv.add_column(c)
     for i, L in enumerate(h.topology):
         shared = f" (links shared with {h.topology[i + 1].name})" if L.shared_links else ""
+        if L.mesh:
+            shared += f" (mesh: {h.level_bandwidth_gbps(i) / (L.size - 1):g} a peer)"
         lv.add_row(L.name, str(L.size), f"{h.level_bandwidth_gbps(i):g}" + (" (NIC)" if L.via_nic else "") + shared,
                    f"{L.latency_us:g}", L.source)
     return [t, lv]

@@ -323,3 +323,26 @@ def test_a_ring_across_nodes_moves_at_its_members_nics_not_one_gpus():
     per_gpu_nic = hw.nic_gbps_per_gpu * hw.efficiency.comm
     strided = 2 * (16 - 1) / 16 * nbytes / float(comm.ring_allreduce(hw, nbytes, 16, 8)) / 1e9
     assert strided == pytest.approx(per_gpu_nic, rel=0.02)
+
+
+def test_a_fully_connected_node_gives_a_group_only_the_links_to_its_members():
+    """8 x MI300X: seven 64 GB/s Infinity Fabric links per GPU, one to each peer, no switch. RCCL's
+    all_reduce over all 8 reached 318.98 GB/s bus bandwidth (rocm-blogs mi300x-rccl-xgmi): the
+    spec's 448 x 0.712. A pair has one link, four GPUs three; one message crosses one link; an
+    all-to-all among 4 of the 8 moves each peer's bytes over that peer's own link."""
+    hw = load_hardware("amd-mi300x")
+    eff, nbytes = hw.topology[0].comm, 1e9
+
+    def busbw(n, stride=1):
+        return 2 * (n - 1) / n * nbytes / float(comm.ring_allreduce(hw, nbytes, n, stride)) / 1e9
+
+    assert busbw(8) == pytest.approx(318.98, rel=0.01)
+    assert busbw(2) == pytest.approx(64 * eff, rel=0.01) and busbw(4) == pytest.approx(192 * eff, rel=0.01)
+    assert busbw(4, 2) == pytest.approx(192 * eff, rel=0.01)  # a strided group has its own direct links too
+    assert float(comm.p2p(hw, nbytes, 1)) == pytest.approx(3e-6 + nbytes / (64e9 * eff), rel=1e-6)
+    per_peer = nbytes / 4
+    wire = float(comm.a2a_flat(hw, nbytes, 4, 1)) - 3 * 3e-6
+    assert wire == pytest.approx(per_peer / (64e9 * eff), rel=1e-6)
+    # a switched node (DGX H100) gives any group the GPU's whole NVLink rate
+    h100 = load_hardware("dgx-h100")
+    assert float(comm.group_span(h100, 2, 1)[0]) == float(comm.group_span(h100, 8, 1)[0])

@@ -325,9 +325,9 @@ def test_a_row_using_parallelism_the_planner_does_not_model_is_named_not_priced(
 
 def test_a_run_on_a_machine_with_no_spec_is_named_not_priced_and_the_rest_still_is(tmp_path, bundled):
     src = bundled["mb-qwen3-30b-h100-fp8-2606"]
-    other = {**src, "id": "elsewhere", "hardware": "Instinct MI300X", "hardware_spec": ""}
+    other = {**src, "id": "elsewhere", "hardware": "Intel Gaudi 3", "hardware_spec": ""}
     res = {r.id: r for r in V.run(path=write(tmp_path / "hw.csv", [src, other]))}
-    assert res["elsewhere"].layout.startswith("no hardware spec: 'Instinct MI300X' is none of the bundled systems")
+    assert res["elsewhere"].layout.startswith("no hardware spec: 'Intel Gaudi 3' is none of the bundled systems")
     assert res["elsewhere"].predicted != res["elsewhere"].predicted and res[src["id"]].predicted > 0
     assert V.summary(list(res.values()))["kinds"]["moe"]["unpriced"] == ["elsewhere"]
     code, out = cli("--table", str(tmp_path / "hw.csv"))

@@ -115,8 +115,9 @@ def test_every_megatron_row_names_its_dispatcher_overlap_expert_gemms_and_recomp
     # the columns carry what the notes quote of each recipe
     assert all((r["dispatcher"] in r["notes"].lower() or r["dispatcher"] == "alltoall") for r in megatron)
     assert all((r["a2a_overlap"] == "yes") == ("moe_a2a_overlap=True" in r["notes"]) for r in megatron)
-    assert all(r["a2a_sms"] in ("", "32") for r in rows)
+    assert all(r["a2a_sms"] in ("", "32", "80") for r in rows)
     assert all((r["a2a_sms"] == "32") == ("32 SMs" in r["notes"]) for r in rows)
+    assert all((r["a2a_sms"] == "80") == ("turbo_deepep_num_cu 80" in r["notes"]) for r in rows)  # Primus on MI355X: CUs
     for r in (r for r in rows if r["recompute"] == "per recipe"):
         mods = r["recompute_modules"].split("+")
         assert mods == ["none"] or all(m in RC_MODULES for m in mods), (r["id"], r["recompute_modules"])
@@ -197,7 +198,7 @@ def test_the_memory_model_lets_the_published_runs_fit(results):
     # are priced under their release's recipe.
     mem = summary(results)["published_runs_memory"]
     over = {o["id"] for o in mem["over"]}
-    assert mem["rows"] == 207
+    assert mem["rows"] == 208
     l405 = {f"mb-llama405b-gb200-fp8-{r}" for r in ("2511", "2602", "260201", "2604", "260401", "2606")}
     offloaded = {"mcore-dsv3mtp-gb200-mxfp8", "mcore-dsv3mtp-gb200-bf16"}
     assert over <= {"mcore-qwen3-235b-gb200-mxfp8", "mb-llama70b-gb300-mxfp8-260201"} | l405 | offloaded

@@ -26,6 +26,10 @@ at that many NIC shares (group_span): the 760 GB/s above is ~8 x the 100 GB/s NI
 and a group with one member per node keeps the one share (tensor-parallel-strided groups).
 HALO (brief §3): Phase I intra-node exchange ‖ Phase II one pack per remote node to the
 same-index peer (stays on its rail), then Phase III forwards inside the node (a2a_halo).
+A `mesh` level (AMD's 8-GPU platforms: one Infinity Fabric link per GPU pair, no switch) gives
+a rank's traffic only the links to the peers it reaches there: k of its size-1 peers, k/(size-1)
+of the level's bandwidth (_mesh_share): a ring of 2 of 8 MI300X moves over one 64 GB/s link, a
+ring or all-to-all of all 8 over all seven (RCCL's all_reduce 319 GB/s busbw of 448).
 Times in seconds, bytes in bytes.
 """
 from __future__ import annotations
@@ -62,17 +66,30 @@ def _expand(x, nd):
     return x.reshape((-1,) + (1,) * nd)
 
 
-def _bw_time(hw: HardwareSpec, per_level_bytes: np.ndarray, cross_rail_bytes=0.0) -> np.ndarray:
-    """Bandwidth time when each level carries per_level_bytes[j] (from one rank) concurrently."""
+def _mesh_share(hw: HardwareSpec, peers) -> np.ndarray:
+    """[levels, ...] fraction of each level's bandwidth a rank reaching `peers` [levels, ...]
+    others through it can use: on a mesh level its links to those peers, peers/(size-1)
+    (capped at 1; 1 where it reaches none, the level then carrying nothing); else 1."""
+    peers = np.asarray(peers, dtype=float)
+    mesh = _expand(np.array([lv.mesh for lv in hw.topology]), peers.ndim - 1)
+    links = _expand(np.array([max(lv.size - 1, 1) for lv in hw.topology], dtype=float), peers.ndim - 1)
+    return np.where(mesh & (peers >= 1), np.minimum(peers / links, 1.0), 1.0)
+
+
+def _bw_time(hw: HardwareSpec, per_level_bytes: np.ndarray, cross_rail_bytes=0.0, peers=None) -> np.ndarray:
+    """Bandwidth time when each level carries per_level_bytes[j] (from one rank) concurrently,
+    to peers[j] peers there (for mesh levels, _mesh_share; None: the whole level's links)."""
     bw, _, nic = _levels(hw)
     nd = per_level_bytes.ndim - 1
+    if peers is not None:
+        bw = _expand(bw, nd) * _mesh_share(hw, peers)
     if any(lv.shared_links for lv in hw.topology):  # a level riding the next one's links adds to its bytes
         per_level_bytes = np.array(per_level_bytes, dtype=float)
         for j, lv in enumerate(hw.topology):
             if lv.shared_links:
                 per_level_bytes[j + 1] += per_level_bytes[j]
                 per_level_bytes[j] = 0.0
-    bwx, nicx = _expand(bw, nd), _expand(nic, nd)
+    bwx, nicx = (bw if bw.ndim > 1 else _expand(bw, nd)), _expand(nic, nd)
     # NIC-carried bytes at level j and above all pass level j's (tapered) NIC bottleneck
     above = np.flip(np.cumsum(np.flip(per_level_bytes * nicx, 0), 0), 0)
     t = np.where(nicx, above, per_level_bytes) / bwx
@@ -111,7 +128,7 @@ def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
     if slow != 1.0:  # network bytes of a fan-out: at a2a_fanout, not comm, of one plane's rate
         B = B * np.where(_expand(nic, B.ndim - 1), slow, 1.0)
         cross = cross * slow
-    t = _bw_time(hw, B, cross) + (peers * _expand(lat, peers.ndim - 1)).sum(0)
+    t = _bw_time(hw, B, cross, peers) + (peers * _expand(lat, peers.ndim - 1)).sum(0)
     return np.where(n > 1, t, 0.0)
 
 
@@ -174,13 +191,13 @@ def _halo_phases(hw: HardwareSpec, nbytes, n, stride):
     nodes = np.maximum(n / np.maximum(q, 1), 1.0)
     per = nbytes / np.maximum(n, 1)
     lat_intra = (intra * latx).sum(0)  # q-1 messages inside the node
-    t1 = _bw_time(hw, intra * per) + lat_intra
+    t1 = _bw_time(hw, intra * per, peers=intra) + lat_intra
     # Phase II: per remote node one pack of q·per bytes (inter_peers/q packs per level); each
     # pack is one connection, so one plane of a planar NIC carries it
     t2_wire = _bw_time(hw, inter_peers * per) * hw.network.planes
     t2_lat = (inter_peers / np.maximum(q, 1) * latx).sum(0)
     # Phase III: one message per other local member, its `per` bytes of each of nodes-1 packs
-    t3 = _bw_time(hw, intra * per) * (nodes - 1) + lat_intra
+    t3 = _bw_time(hw, intra * per, peers=intra) * (nodes - 1) + lat_intra
     return t1, t2_wire, t2_lat, t3, q, nodes
 
 
@@ -291,7 +308,7 @@ def group_span(hw: HardwareSpec, n, stride):
     top = np.minimum((c < n).sum(0), len(hw.topology) - 1)  # first level holding the whole group
     nd = c.ndim - 1
     below = np.concatenate([np.ones_like(c[:1]), c[:-1]], 0)  # members inside the domain a level joins
-    eff = _expand(bw, nd) * np.where(_expand(nic, nd), below, 1)
+    eff = _expand(bw, nd) * np.where(_expand(nic, nd), below, 1) * _mesh_share(hw, c - 1)  # a mesh: links to c-1 members
     spanned = _expand(np.arange(len(hw.topology)), nd) <= top
     return np.where(spanned, eff, np.inf).min(axis=0), lat[top]
 
@@ -313,5 +330,6 @@ def p2p(hw: HardwareSpec, nbytes, stride):
     """One message between ranks `stride` apart."""
     c = level_counts(hw, 2, stride)
     bw, lat, _ = _levels(hw)
+    bw = bw * _mesh_share(hw, np.ones(len(hw.topology)))  # one peer: one link of a mesh
     top = np.minimum((c < 2).sum(0), len(hw.topology) - 1)
     return lat[top] + np.asarray(nbytes, dtype=float) / bw[top]

@@ -172,7 +172,7 @@ class Level(_Optional):
     bandwidth (unless `shared_links`); levels above the node go through the NICs (`via_nic`),
     possibly tapered."""
 
-    _OMIT_AT_DEFAULT = ("shared_links", "comm")
+    _OMIT_AT_DEFAULT = ("shared_links", "comm", "mesh")
 
     name: str
     size: int = Field(..., ge=1, description="GPUs in one domain of this level")
@@ -182,6 +182,9 @@ class Level(_Optional):
     shared_links: bool = Field(False, description="this level's traffic crosses the same per-GPU links as the "
                                "next level's (GB200 NVL72: the GPUs of one compute tray reach each other "
                                "through the NVLink switches too), so the two share one bandwidth budget")
+    mesh: bool = Field(False, description="the level's GPUs are fully connected, one link per pair and no switch "
+                       "(AMD's 8-GPU Infinity Fabric platforms): bandwidth_gbps is a GPU's all links together, and "
+                       "traffic to k of its size-1 peers in the domain uses k/(size-1) of it")
     taper: float = Field(1.0, gt=0, le=1, description="fraction of NIC injection bandwidth available at this level")
     latency_us: float = Field(..., ge=0, description="one-message latency, us")
     comm: Optional[float] = Field(None, gt=0, le=1, description="fraction of this level's bandwidth collectives "
@@ -192,6 +195,8 @@ class Level(_Optional):
     def _bw(self):
         if not self.via_nic and self.bandwidth_gbps is None:
             raise ValueError(f"level {self.name!r}: intra-node level needs bandwidth_gbps")
+        if self.mesh and (self.via_nic or self.size < 2):
+            raise ValueError(f"level {self.name!r}: mesh needs a level of links between GPUs (not via_nic, size >= 2)")
         return self
 
 
