@@ -45,7 +45,7 @@ from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import ARCH, built_on, missing_hardware, read_rows, row_hardware, row_model, table_name, unmodelled
+from .validate_rows import ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model, table_name, unmodelled
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -398,6 +398,14 @@ def spec_names(specs: dict, path: Path):
     across tables (validate_recipes): a model built on a family's spec goes by that spec's name;
     specs memoised in `specs` (row_specs)."""
     def names(row) -> tuple[str, str, bool]:
+        key = ("names", row["model_spec"], row["model"], *(row[c] for c in ARCH), row["hardware_spec"], row["hardware"])
+        if key not in specs:  # rows are matched pairwise: each row's names once
+            specs[key] = _names(row)
+        return specs[key]
+
+    def _names(row) -> tuple[str, str, bool]:
+        if missing_model(row):  # not priced: matched by its table names only
+            return table_name(row["model"]), table_name(row["hardware"]), _i(row["experts"], 0) > 0
         m = _row_model(row, specs, path)
         # a machine with no spec (missing_hardware) goes by its table name: its row is not priced
         hw = table_name(row["hardware"]) if missing_hardware(row) else row_specs(row, specs, path)[1].name
@@ -565,9 +573,9 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
     for row in rows:
         if group and row["group"] != group:
             continue
-        why = unmodelled(row) or missing_hardware(row)
-        if why:  # priced, it would be another run's figure, or there is no machine to price it on
-            m = _row_model(row, specs, path)
+        why = unmodelled(row) or missing_model(row) or missing_hardware(row)
+        if why:  # priced, it would be another run's figure, or there is no model or machine to price it on
+            m = None if why.startswith("no model spec") else _row_model(row, specs, path)
             out.append(Result(row["id"], row["group"], _kind(row, m), row["metric"], float(row["value"]),
                               float("nan"), why, row.get("fit", "no") == "yes"))
             continue

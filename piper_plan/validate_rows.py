@@ -39,7 +39,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "expert_ffn", "hardware", "precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq",
            "recompute", "recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
-           "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp")
+           "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -48,6 +48,7 @@ HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#g
                   "tensor_parallel": "tp", "pipeline_parallel": "pp", "expert_parallel": "ep", "data_parallel": "dp",
                   "virtual_pipeline": "vpp", "vp": "vpp", "num_layers": "layers", "hidden_size": "hidden",
                   "num_heads": "heads", "num_attention_heads": "heads", "ffn_hidden_size": "ffn",
+                  "num_key_value_heads": "kv_heads", "num_kv_heads": "kv_heads", "num_query_groups": "kv_heads",
                   "vocab_size": "vocab", "num_experts": "experts", "top_k": "topk", "moe_ffn_hidden_size": "expert_ffn",
                   "gpu": "hardware", "system": "hardware", "dtype": "precision", "activation_recompute": "recompute",
                   "recomputation": "recompute", "zero": "zero_stage"}
@@ -67,13 +68,14 @@ METRIC_ALIASES = {"tokens/s/gpu": "tokens_per_s_per_gpu", "tok/s/gpu": "tokens_p
                   "mfu_pct": "mfu", "mfu%": "mfu", "mfu_(%)": "mfu"}
 PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
-        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp")
+        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads")
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp")
 FLOATS = ("value", "tokens_per_s_per_gpu")
 # architecture column -> ModelSpec field (moe.* inside the MoE block)
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
-        "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size"}
+        "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size",
+        "kv_heads": "num_kv_heads"}  # kv_heads: an optional column (GQA's key/value heads; Llama 2 13B has 40 of 40)
 _RANGE = re.compile(r"\d+-\d+")
 # a model text that says it trains with multi-token prediction, not "no MTP" / "w/o MTP" / "without"
 _MTP = re.compile(r"(?<!no )(?<!w/o )(?<!without )\bmtp\b", re.IGNORECASE)
@@ -371,6 +373,8 @@ def row_model(path, row: dict) -> ModelSpec:
     base_name = _named(name, "models")
     if base_name not in bundled_names("models") and not Path(base_name).is_file():
         base_name = _template(name, row)
+        if base_name is None:
+            raise TableError(path, row["id"], "model", missing_model(row))
     if _MTP.search(row["model"]) and f"{base_name}-mtp" in bundled_names("models"):
         base_name += "-mtp"  # "DeepSeek-V3 (with MTP)": the variant that prices the MTP module
     try:
@@ -388,7 +392,44 @@ def built_on(m: ModelSpec) -> str | None:
     return m.source.rsplit(_BUILT, 1)[1].strip() if _BUILT in m.source else None
 
 
-def _template(name: str, row: dict) -> str:
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([bmt])")
+_SCALE = {"m": 1e6, "b": 1e9, "t": 1e12}
+SIZE_TOLERANCE = 1.5  # names round their sizes: Llama 3 8B holds 8.03B, Mixtral 8x7B 46.7B of its 8 x 7
+
+
+def stated_size(parts: tuple[str, ...]) -> float | None:
+    """The parameter count a model's name states (_tokens: "llama-3.1-8b" 8e9, "mixtral-8x7b"
+    5.6e10, "qwen3-30b-a3b" 3e10: the first size, not the active one), or None."""
+    for i, t in enumerate(parts):
+        hit = _SIZE.fullmatch(t)
+        if hit:
+            times = re.fullmatch(r"(\d+)x", parts[i - 1]) if i else None
+            return float(hit[1]) * _SCALE[hit[2]] * (int(times[1]) if times else 1)
+    return None
+
+
+def _of_size(m: ModelSpec, size: float) -> bool:
+    return 1.0 / SIZE_TOLERANCE <= m.total_params / size <= SIZE_TOLERANCE
+
+
+def missing_model(row: dict) -> str | None:
+    """Why a row has no model to be priced on, or None: no model_spec, a name that is no
+    bundled spec or file, no architecture columns, and no bundled spec it could mean
+    (_template: none of its family of the size its name states, or no family at all). Such a
+    row is reported, not priced: an 8B run priced as its family's 405B, or any unknown model as
+    Megatron's GPT-175B, would be another run's figure."""
+    if row.get("model_spec"):
+        return None
+    name = table_name(row["model"])
+    if _named(name, "models") in bundled_names("models") or Path(name).is_file() or _template(name, row):
+        return None
+    size = stated_size(_tokens(name))
+    said = f" of {size / 1e9:g}B parameters" if size else ""
+    return (f"no model spec: {row['model']!r} is no bundled model{said} and the row gives no architecture "
+            f"columns (layers, hidden, heads, ffn, vocab, experts, topk, expert_ffn) to build it from")
+
+
+def _template(name: str, row: dict) -> str | None:
     """The bundled spec a model with none of its own is built on: its family, the bundled names
     sharing the longest prefix of words and numbers with `name` (_tokens), and among them the one nearest in shape
     (_shape_distance; deepseek-v3.1 on deepseek-v3); else the bundled spec of the row's kind (MoE
@@ -396,13 +437,31 @@ def _template(name: str, row: dict) -> str:
     cannot state (not _plain: DeepSeek's MLA and shared experts, Llama 4's shared expert, GPT-OSS's
     windows and biases, X-MoE's 2-matrix experts) only where its columns state that spec's shape
     (within EXACT: "X-MoE Small"); otherwise the nearest plain one: a conventional MoE is a guess
-    the columns cannot refute, another family's peculiarities are not."""
+    the columns cannot refute, another family's peculiarities are not. With no columns the spec is
+    the model: where the name states a size (stated_size), the member of its family (first word)
+    (its first word and every word before the size) of that size within SIZE_TOLERANCE, the
+    longest prefix shared, then the nearest spelling
+    (Llama 3.1 8B: llama3-8b, not llama3.1-405b); None where the family has no such member or
+    there is no family (missing_model)."""
     names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
     given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
     # the row's kind where its columns say: experts given, or stated 0 (a dense model)
     moe = "experts" in given
     kind = True if moe else False if row.get("experts", "").strip() == "0" else None
     parts = _tokens(name)
+    size = stated_size(parts)
+    if not given and size:
+        # its family: every word (not number) its name has before the size (GPT-OSS 20B is no GPT)
+        words = {t for t in parts[:next(i for i, t in enumerate(parts) if _SIZE.fullmatch(t))] if t.isalpha()}
+        pool = [b for b in names if _tokens(b)[:1] == parts[:1] and words <= set(_tokens(b))
+                and _of_size(load_model(b), size)]
+        if not pool:
+            return None
+
+        def shared(b):
+            t = _tokens(b)
+            return next((i for i, (x, y) in enumerate(zip(t, parts)) if x != y), min(len(t), len(parts)))
+        return max(pool, key=lambda b: (shared(b), SequenceMatcher(None, name, b).ratio()))
     for k in range(len(parts) - 1, 0, -1):
         family = {b: load_model(b) for b in names if _tokens(b)[:k] == parts[:k]}
         same = [b for b, m in family.items() if kind is None or (m.moe is not None) == kind]
@@ -410,7 +469,7 @@ def _template(name: str, row: dict) -> str:
             # equal shapes (no columns given): the name nearest in spelling (deepseek-v3.1: v3, not v2)
             return min(same, key=lambda b: (_shape_distance(family[b], given), -SequenceMatcher(None, name, b).ratio()))
     if not given:
-        return GENERIC
+        return None  # no family and no shape: nothing to build it on (missing_model)
     best, best_d = GENERIC, float("inf")
     for b in names:
         m = load_model(b)
@@ -455,7 +514,7 @@ def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> Mo
         top.pop("ffn_size", None)  # every layer is MoE: the row's ffn (a config's dense width) is unused
     changed = {k: v for k, v in top.items() if data.get(k) != v}
     data.update(top)
-    if "num_heads" in changed:
+    if "num_heads" in changed and "kv_heads" not in given:
         kv = data.get("num_kv_heads")
         if kv and data["num_heads"] % kv:
             data.pop("num_kv_heads")  # the family's GQA grouping does not divide the row's heads

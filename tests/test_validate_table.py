@@ -394,6 +394,40 @@ def test_a_precision_the_planner_does_not_price_is_refused_by_name(tmp_path, bun
         assert code == 2 and "precision: expected one of" in out and written.lower() in out
 
 
+def test_a_model_named_with_a_size_is_built_on_its_family_member_of_that_size(tmp_path):
+    def model(name, **cols):
+        return row_model(tmp_path / "t.csv", {"id": "r", "model": name, **cols})
+
+    # no columns: the spec is the model, so its size decides (not the longest shared prefix)
+    assert built_on(model("Llama 3.1 8B")) == "llama3-8b" and model("Llama 3.1 8B").total_params < 9e9
+    assert model("Mixtral 8x7B").name == "mixtral-8x7b"
+    # a size its family has not, or no family at all: no spec, not a guess
+    for name in ("Llama 2 13B", "DeepSeek-V3 16B", "GPT-OSS 20B", "Gemma 7B", "Falcon"):
+        with pytest.raises(PiperError, match="model: no model spec"):
+            model(name)
+    # with its architecture columns, kv_heads among them, it is built on its family
+    l2 = model("Llama 2 13B", layers="40", hidden="5120", heads="40", kv_heads="40", ffn="13824", vocab="32000", experts="0")
+    assert built_on(l2) == "llama3-8b" and l2.num_kv_heads == 40 and 12.5e9 < l2.total_params < 13.5e9
+
+
+def test_a_row_whose_model_has_no_spec_is_named_not_priced(tmp_path, bundled):
+    src = bundled["mb-qwen3-30b-h100-fp8-2606"]
+    other = {**src, "id": "unknown", "model": "Llama 2 13B", "model_spec": "",
+             **dict.fromkeys(("layers", "hidden", "heads", "ffn", "vocab", "experts", "topk", "expert_ffn"), "")}
+    res = {r.id: r for r in V.run(path=write(tmp_path / "m.csv", [src, other]))}
+    assert res["unknown"].layout.startswith("no model spec: 'Llama 2 13B' is no bundled model of 13B parameters")
+    assert res[src["id"]].predicted > 0
+
+
+def test_the_torchtitan_table_is_read_on_the_specs_its_rows_name():
+    # validation/torchtitan.csv: torchtitan's published runs (another software stack, priced blind)
+    res = V.run(path=Path(__file__).parents[1] / "validation" / "torchtitan.csv")
+    assert len(res) == 19 and all(r.predicted > 0 for r in res)
+    by = {r.id: r for r in res}
+    assert by["tt27"].built_on == "llama3-8b" and by["tt27"].hardware_as == "dgx-h200"  # "Llama 3.1 8B", not the 405B
+    assert by["tt38"].hardware_as == "amd-mi300x" and by["tt22"].built_on == "llama3-8b"
+
+
 def test_a_table_lacking_any_optional_column_is_still_priced(tmp_path):
     # one row of each group of the handed-over table, with each column that is not required
     # dropped in turn: every row is priced (the architecture from the named spec, the batch the
