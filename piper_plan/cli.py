@@ -527,8 +527,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         t.add_column(c)
     for r in res:
         gap = r.missing_ms_per_layer_microbatch
-        t.add_row(r.id + (" (fit)" if r.fit else ""), r.metric, f"{r.published:g}", "-" if r.predicted != r.predicted else f"{r.predicted:.4g}",
-                  _pct(r.error_pct, "+"),
+        t.add_row(r.id + (" (fit)" if r.fit else ""), r.metric, f"{r.published:g}",
+                  "-" if r.predicted != r.predicted else f"{r.predicted:.4g}", _pct(r.error_pct, "+"),
                   "" if gap is None else f"{gap:+.2f}", r.layout)
     g = Table(title="per group (out-of-sample)")
     for c in ("group", "rows", "MAPE", "max |err|", "Kendall tau"):
@@ -561,7 +561,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     if taken:
         click.echo("recipe columns (dispatcher, overlap, graphs, recompute modules, split, ...) taken from the "
                    "nearest bundled row of the same software stack (its twin of the same setup, else the same "
-                   f"system, publication, model, precision, release: piper_plan/validate_recipes.py): {', '.join(taken)}")
+                   "system, publication, model, precision, release: piper_plan/validate_recipes.py): "
+                   + ", ".join(taken))
     if bare is not None:
         click.echo("blind: every bundled row without its recipe and spec columns, its recipe inferred from the rows "
                    "of other setups only. With no recipe at all: " + "; ".join(
@@ -574,7 +575,7 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
             click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
         if d["unpriced"]:
             click.echo(f"not priced (nothing fits though the source ran it, parallelism not modelled, or no "
-                       f"hardware spec: the layout column says which), {labels.get(name, name)}: "
+                       f"model or hardware spec: the layout column says which), {labels.get(name, name)}: "
                        f"{', '.join(d['unpriced'])}")
     if checks is not None:
         _show_bundled_checks(checks)

@@ -45,7 +45,8 @@ from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model, table_name, unmodelled
+from .validate_rows import (ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model,
+                            table_name, unmodelled)
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -612,7 +613,8 @@ def _priced_ok(r: Result) -> bool:
 def _errors(rs: list[Result]) -> tuple[np.ndarray, dict]:
     """(|error| % of the priced rows, {rows, mape, max_abs_pct, unpriced}) of `rs`. A row the
     model could not price (a planner's-choice row for which nothing fits, though the source ran
-    something, or one using parallelism the planner does not model: its layout says which) counts
+    something, one using parallelism the planner does not model, or one whose model or machine
+    has no spec: its layout says which) counts
     in rows and against the max target (not within it) and stays out of the mean, which it has
     no error for."""
     errs = np.array([abs(r.error_pct) for r in rs if _priced_ok(r)])

@@ -17,6 +17,9 @@ columns on its family's spec: the bundled names sharing the longest prefix of wo
 (gpt-oss-20b on gpt-oss-120b: its sliding windows, biases and clamp kept), else the bundled spec
 of its kind nearest in those columns (for a MoE row, among the specs without conventions its
 columns cannot state, unless it states one's exact shape: _template), else Megatron's GPT (gpt-175b).
+With no architecture columns a name that states a size takes its family's member of that size;
+a model the bundled specs do not hold is then not priced (missing_model), nor is a row on a
+machine none of the bundled systems is (missing_hardware).
 Every problem is one PiperError naming the table, the row and the field.
 """
 from __future__ import annotations
@@ -25,6 +28,7 @@ import csv
 import math
 import re
 from difflib import SequenceMatcher
+from functools import lru_cache
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -53,11 +57,6 @@ HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#g
                   "gpu": "hardware", "system": "hardware", "dtype": "precision", "activation_recompute": "recompute",
                   "recomputation": "recompute", "zero": "zero_stage"}
 
-
-def _column(header: str) -> str:
-    """A table's column heading as the schema writes it (HEADER_ALIASES)."""
-    h = re.sub(r"[\s-]+", "_", header.strip().lower())
-    return HEADER_ALIASES.get(h, h)
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
            "activation_gib_per_gpu", "params_optimizer_gib_per_gpu", "mfu")
 # how other tables name the same metrics (model FLOPs utilisation: _mfu_as_tflops)
@@ -92,6 +91,12 @@ def _plain(m: ModelSpec) -> bool:
     return (mo is not None and m.mla is None and not mo.shared_experts and not m.dense_layers and mo.every == 1
             and m.sliding_window is None and not mo.expert_bias and mo.glu_clamp is None and mo.gated)
 
+
+
+def _column(header: str) -> str:
+    """A table's column heading as the schema writes it (HEADER_ALIASES)."""
+    h = re.sub(r"[\s-]+", "_", header.strip().lower())
+    return HEADER_ALIASES.get(h, h)
 
 class TableError(PiperError):
     def __init__(self, path, row: str | None, field: str, expected: str):
@@ -150,8 +155,8 @@ def _mfu_as_tflops(path, r: dict) -> None:
         raise TableError(path, r["id"], "metric", f"mfu needs a bf16 peak and {hw.name} states none")
     v = float(r["value"])
     frac = v / 100.0 if v > 1.0 else v
-    r.update(metric="model_tflops_per_gpu", value=f"{frac * peak:.6g}",
-             notes=f"{r['notes']}; read from MFU {r['value']} against {hw.name}'s dense bf16 peak {peak:g} TFLOPS".lstrip("; "))
+    said = f"read from MFU {r['value']} against {hw.name}'s dense bf16 peak {peak:g} TFLOPS"
+    r.update(metric="model_tflops_per_gpu", value=f"{frac * peak:.6g}", notes=f"{r['notes']}; {said}".lstrip("; "))
 
 
 # how tables spell precisions the bundled table writes one way (Megatron-Bridge's own tables
@@ -187,9 +192,9 @@ _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 def _normalise(r: dict) -> None:
-    """Spellings a table may use for what the schema writes one way, in place: any case for
-    precision, metric and recompute ("BF16", "Full"), Megatron-Bridge's FP8-CS / FP8-MX, and
-    thousands separators in numbers ("1,024")."""
+    """Spellings a table may use for what the schema writes one way, in place: thousands
+    separators in numbers ("1,024"), precision by its words (_precision), zero_stage "ZeRO-3",
+    fsdp yes/no, metric names (METRIC_ALIASES) and recompute words (_RECOMPUTE_WORDS) in any case."""
     for c in (*INTS, *FLOATS):
         if _THOUSANDS.fullmatch(r.get(c, "")):
             r[c] = r[c].replace(",", "")
@@ -302,9 +307,10 @@ def _hardware_as(name: str, want: tuple[str, ...], toks: dict) -> str | None:
     turn: the system whose name holds the name's words in a row, with or without NVIDIA, DGX or
     HGX (H100: dgx-h100, DGX-GB200: gb200-nvl72); the system whose own words but those sit in
     the name in order, the most specific where several do (H100 SXM5 80GB: dgx-h100,
-    A100-SXM4-80GB: dgx-a100-80gb, OLCF Frontier: frontier, Frontier ROCm 5.7: frontier-rocm57); the system whose accelerator the name's model number names (registry.
-    hardware_by_device; MI250X: frontier, the base of the systems that share that GPU; 8x H100:
-    dgx-h100). A capacity the name states must be the accelerator's (A100 40GB is none)."""
+    A100-SXM4-80GB: dgx-a100-80gb, OLCF Frontier: frontier, Frontier ROCm 5.7: frontier-rocm57);
+    the system whose accelerator the name's model number names (registry.hardware_by_device;
+    MI250X: frontier, the base of the systems that share that GPU; 8x H100: dgx-h100). A capacity
+    the name states must be the accelerator's (A100 40GB is none)."""
     for words in (want, tuple(w for w in want if w not in _VENDOR)):  # DGX-GB200: gb200-nvl72
         k = len(words)
         holds = [b for b, t in toks.items() if k and any(t[i:i + k] == words for i in range(len(t) - k + 1))]
@@ -370,11 +376,9 @@ def row_model(path, row: dict) -> ModelSpec:
         except PiperError as e:
             raise TableError(path, row["id"], "model_spec", str(e)) from None
     name = table_name(row["model"])
-    base_name = _named(name, "models")
-    if base_name not in bundled_names("models") and not Path(base_name).is_file():
-        base_name = _template(name, row)
-        if base_name is None:
-            raise TableError(path, row["id"], "model", missing_model(row))
+    base_name = _base_name(name, row)
+    if base_name is None:
+        raise TableError(path, row["id"], "model", missing_model(row))
     if _MTP.search(row["model"]) and f"{base_name}-mtp" in bundled_names("models"):
         base_name += "-mtp"  # "DeepSeek-V3 (with MTP)": the variant that prices the MTP module
     try:
@@ -421,12 +425,26 @@ def missing_model(row: dict) -> str | None:
     if row.get("model_spec"):
         return None
     name = table_name(row["model"])
-    if _named(name, "models") in bundled_names("models") or Path(name).is_file() or _template(name, row):
+    if _base_name(name, row):
         return None
     size = stated_size(_tokens(name))
     said = f" of {size / 1e9:g}B parameters" if size else ""
     return (f"no model spec: {row['model']!r} is no bundled model{said} and the row gives no architecture "
             f"columns (layers, hidden, heads, ffn, vocab, experts, topk, expert_ffn) to build it from")
+
+
+def _base_name(name: str, row: dict) -> str | None:
+    """The spec a row's model (table_name `name`, no model_spec) is built on: the bundled spec or
+    file it names, else _template's; None where there is none (missing_model)."""
+    base = _named(name, "models")
+    return base if base in bundled_names("models") or Path(base).is_file() else _template(name, row)
+
+
+@lru_cache(maxsize=None)
+def _bundled_model(name: str) -> ModelSpec:
+    """A bundled model spec read once a process: _template compares a row with every bundled
+    spec, for each row of a table (the returned spec is only read)."""
+    return load_model(name)
 
 
 def _template(name: str, row: dict) -> str | None:
@@ -438,11 +456,10 @@ def _template(name: str, row: dict) -> str | None:
     windows and biases, X-MoE's 2-matrix experts) only where its columns state that spec's shape
     (within EXACT: "X-MoE Small"); otherwise the nearest plain one: a conventional MoE is a guess
     the columns cannot refute, another family's peculiarities are not. With no columns the spec is
-    the model: where the name states a size (stated_size), the member of its family (first word)
-    (its first word and every word before the size) of that size within SIZE_TOLERANCE, the
-    longest prefix shared, then the nearest spelling
-    (Llama 3.1 8B: llama3-8b, not llama3.1-405b); None where the family has no such member or
-    there is no family (missing_model)."""
+    the model: where the name states a size (stated_size), the member of its family (its first
+    word and every word before the size) of that size within SIZE_TOLERANCE, sharing the longest
+    prefix, then the nearest in spelling (Llama 3.1 8B: llama3-8b, not llama3.1-405b); None where
+    the family has no such member or there is no family (missing_model)."""
     names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
     given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
     # the row's kind where its columns say: experts given, or stated 0 (a dense model)
@@ -454,7 +471,7 @@ def _template(name: str, row: dict) -> str | None:
         # its family: every word (not number) its name has before the size (GPT-OSS 20B is no GPT)
         words = {t for t in parts[:next(i for i, t in enumerate(parts) if _SIZE.fullmatch(t))] if t.isalpha()}
         pool = [b for b in names if _tokens(b)[:1] == parts[:1] and words <= set(_tokens(b))
-                and _of_size(load_model(b), size)]
+                and _of_size(_bundled_model(b), size)]
         if not pool:
             return None
 
@@ -463,7 +480,7 @@ def _template(name: str, row: dict) -> str | None:
             return next((i for i, (x, y) in enumerate(zip(t, parts)) if x != y), min(len(t), len(parts)))
         return max(pool, key=lambda b: (shared(b), SequenceMatcher(None, name, b).ratio()))
     for k in range(len(parts) - 1, 0, -1):
-        family = {b: load_model(b) for b in names if _tokens(b)[:k] == parts[:k]}
+        family = {b: _bundled_model(b) for b in names if _tokens(b)[:k] == parts[:k]}
         same = [b for b, m in family.items() if kind is None or (m.moe is not None) == kind]
         if same:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
             # equal shapes (no columns given): the name nearest in spelling (deepseek-v3.1: v3, not v2)
@@ -472,7 +489,7 @@ def _template(name: str, row: dict) -> str | None:
         return None  # no family and no shape: nothing to build it on (missing_model)
     best, best_d = GENERIC, float("inf")
     for b in names:
-        m = load_model(b)
+        m = _bundled_model(b)
         if (m.moe is not None) != moe:
             continue
         d = _shape_distance(m, given)

@@ -81,15 +81,13 @@ def _bw_time(hw: HardwareSpec, per_level_bytes: np.ndarray, cross_rail_bytes=0.0
     to peers[j] peers there (for mesh levels, _mesh_share; None: the whole level's links)."""
     bw, _, nic = _levels(hw)
     nd = per_level_bytes.ndim - 1
-    if peers is not None:
-        bw = _expand(bw, nd) * _mesh_share(hw, peers)
     if any(lv.shared_links for lv in hw.topology):  # a level riding the next one's links adds to its bytes
         per_level_bytes = np.array(per_level_bytes, dtype=float)
         for j, lv in enumerate(hw.topology):
             if lv.shared_links:
                 per_level_bytes[j + 1] += per_level_bytes[j]
                 per_level_bytes[j] = 0.0
-    bwx, nicx = (bw if bw.ndim > 1 else _expand(bw, nd)), _expand(nic, nd)
+    bwx, nicx = _expand(bw, nd) * (1.0 if peers is None else _mesh_share(hw, peers)), _expand(nic, nd)
     # NIC-carried bytes at level j and above all pass level j's (tapered) NIC bottleneck
     above = np.flip(np.cumsum(np.flip(per_level_bytes * nicx, 0), 0), 0)
     t = np.where(nicx, above, per_level_bytes) / bwx
@@ -308,7 +306,8 @@ def group_span(hw: HardwareSpec, n, stride):
     top = np.minimum((c < n).sum(0), len(hw.topology) - 1)  # first level holding the whole group
     nd = c.ndim - 1
     below = np.concatenate([np.ones_like(c[:1]), c[:-1]], 0)  # members inside the domain a level joins
-    eff = _expand(bw, nd) * np.where(_expand(nic, nd), below, 1) * _mesh_share(hw, c - 1)  # a mesh: links to c-1 members
+    # a NIC level at its members' NIC shares; a mesh level over its links to the other c-1 members
+    eff = _expand(bw, nd) * np.where(_expand(nic, nd), below, 1) * _mesh_share(hw, c - 1)
     spanned = _expand(np.arange(len(hw.topology)), nd) <= top
     return np.where(spanned, eff, np.inf).min(axis=0), lat[top]
 

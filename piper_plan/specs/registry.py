@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import TypeVar
 
@@ -136,15 +137,22 @@ def device_tokens(name: str) -> set[str]:
             if re.search(r"\d", t) and re.search(r"[A-Z]", t) and not t.endswith("GB")}
 
 
+@lru_cache(maxsize=None)
+def _accelerator_tokens(bundled: str) -> frozenset[str]:
+    """device_tokens of a bundled hardware spec's accelerator, read once a process (empty where
+    the spec does not load)."""
+    try:
+        return frozenset(device_tokens(load_hardware(bundled).accelerator.name))
+    except SpecError:
+        return frozenset()
+
+
 def hardware_by_device(name: str) -> list[str]:
     """The bundled hardware specs whose accelerator shares the most model-number tokens
     (device_tokens) with a device name, sorted; [] where none shares one."""
     want, best, score = device_tokens(name), [], 0
     for n in bundled_names("hardware"):
-        try:
-            s = len(want & device_tokens(load_hardware(n).accelerator.name))
-        except SpecError:
-            continue
+        s = len(want & _accelerator_tokens(n))
         if s > score:
             best, score = [n], s
         elif s == score and s:
