@@ -33,7 +33,10 @@ def blind_run(group: str | None = None, infer: bool = True):
     rows = blind_rows()
     inherited = {}
     if infer:
-        setups = [setup(x, names(x)) for x in bundled]  # once, not once per row
+        # a row's setup as it is priced blind, on the specs its names give: a row the bundled table
+        # prices on a variant of its machine (frontier-rocm57, a release's regressed kernel) is
+        # still the same setup as its twins on that machine, and stays out of their references
+        setups = [setup(x, names(x)) for x in rows]  # once, not once per row
         for row, mine in zip(rows, setups):
             if group and row["group"] != group:
                 continue

@@ -309,7 +309,7 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
     extra, clamp_f = _expert_extras(m, hw, lay, rows + local * pad, eb)
-    total = ph + _elementwise(hw, elems * eb, 8) + extra
+    total = ph + _elementwise(hw, elems * eb, 8) + extra + _dglu_dbias(m, hw, lay, m_e, local, dtype)
     norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
     act_f = stream_time(hw, act * eb, 1) + clamp_f  # what moe_act recompute re-runs
     whole, fc2 = recomputes(lay, "moe"), recomputes(lay, "act_fc2")  # act_fc2: X-MoE's --checkpoint-intermediate
@@ -321,6 +321,22 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
         sel = sel + np.where(recomputes(lay, "shared_experts") & ~recomputes(lay, "moe"), (lin[2] + lin[3]).f, 0.0)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
+
+
+def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local, dtype: str) -> Phase:
+    """What the fused grouped-MLP backward kernel costs beyond fc2's dgrad GEMM, per layout:
+    (efficiency.dglu_dbias_gemm - 1) x that GEMM (m_e rows an expert, `local` experts) where the
+    experts launch as one grouped kernel and are gated with biases (the kernel's dGLU epilogue
+    then also reduces fc1's bias gradient: cuDNN frontend's grouped_gemm_dglu, GPT-OSS's
+    dGeGLU). Zero on specs that leave the factor at 1."""
+    z = np.zeros(len(lay))
+    x = hw.efficiency.dglu_dbias_gemm
+    mo = m.moe
+    if x == 1.0 or not (mo.gated and mo.expert_bias):
+        return Phase(z, z, z, z)
+    dgrad = gemm_time(hw, m_e, mo.expert_ffn_size, m.hidden_size, groups=local, dtype=gemm_dtype(dtype),
+                      elt_bytes=lay.act_bytes, recipe=dtype)
+    return Phase(z, np.where(EXPERT_GEMM_STREAMS[lay.egemm] == 0, (x - 1.0) * dgrad, 0.0), z, z)
 
 
 def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> tuple[Phase, np.ndarray]:
