@@ -80,6 +80,8 @@ PUBLISHED = [
     Published("deepseek-v2", "active", 21, 0, "same: 21B activated per token", count="no_input_embedding"),
     Published("deepseek-v3", "total", 671, 0, "DeepSeek-V3, arXiv 2412.19437 abstract (MTP excluded)"),
     Published("deepseek-v3", "active", 37, 0, "same: 37B activated per token", count="no_input_embedding"),
+    Published("qwen2-57b-a14b", "total", 57, 0, "Qwen team's name for it, Qwen2-57B-A14B (arXiv 2407.10671): 57B total"),
+    Published("qwen2-57b-a14b", "active", 14, 0, "same: 14B activated ('A14B')"),
     Published("qwen3-30b-a3b", "total", 30.5, 1, "HF model card Qwen/Qwen3-30B-A3B"),
     Published("qwen3-30b-a3b", "non-embedding", 29.9, 1, "same", count="non_embedding"),
     # computed 3.353B: the card truncates to 3.3 (no counting convention gives 3.25-3.35B)
@@ -181,7 +183,7 @@ def test_bundled_model_loads_with_its_source(name):
 
 
 HF_PAIRS = ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v2", "deepseek-v3", "qwen3-30b-a3b",
-            "qwen3-235b-a22b", "llama4-scout", "llama4-maverick", "gpt-oss-120b"]
+            "qwen3-235b-a22b", "llama4-scout", "llama4-maverick", "gpt-oss-120b", "qwen2-57b-a14b"]
 _ARCH_ONLY = {"name", "source", "seq_len"}
 # a config.json describes the model as pre-trained: DeepSeek-V3's with its MTP module
 AS_TRAINED = {"deepseek-v3": "deepseek-v3-mtp"}
