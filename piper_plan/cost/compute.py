@@ -324,7 +324,8 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
 
 
 def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local, dtype: str) -> Phase:
-    """What the fused grouped-MLP backward kernel costs beyond fc2's dgrad GEMM, per layout:
+    """Seconds a micro-batch's backward (input gradients) spends in the fused grouped-MLP backward
+    kernel beyond fc2's dgrad GEMM, per layout:
     (efficiency.dglu_dbias_gemm - 1) x that GEMM (m_e rows an expert, `local` experts) where the
     experts launch as one grouped kernel and are gated with biases (the kernel's dGLU epilogue
     then also reduces fc1's bias gradient: cuDNN frontend's grouped_gemm_dglu, GPT-OSS's
