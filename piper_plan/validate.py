@@ -574,9 +574,10 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
     for row in rows:
         if group and row["group"] != group:
             continue
-        why = unmodelled(row) or missing_model(row) or missing_hardware(row)
+        no_model = missing_model(row)
+        why = unmodelled(row) or no_model or missing_hardware(row)
         if why:  # priced, it would be another run's figure, or there is no model or machine to price it on
-            m = None if why.startswith("no model spec") else _row_model(row, specs, path)
+            m = None if no_model else _row_model(row, specs, path)
             out.append(Result(row["id"], row["group"], _kind(row, m), row["metric"], float(row["value"]),
                               float("nan"), why, row.get("fit", "no") == "yes"))
             continue

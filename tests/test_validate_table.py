@@ -321,6 +321,14 @@ def test_a_row_using_parallelism_the_planner_does_not_model_is_named_not_priced(
     assert res["long"].layout == "not modelled: context parallelism (cp 2)" and res["long"].predicted != res["long"].predicted
     assert res[src["id"]].predicted > 0  # the rest of the table is priced
     assert V.summary(list(res.values()))["kinds"]["moe"]["unpriced"] == ["long"]
+    # a row with both reasons (context parallelism and a model no bundled spec holds) is named
+    # not priced as well, not an error that stops the whole table
+    with open(path, "a", newline="") as f:
+        csv.DictWriter(f, fieldnames=SCHEMA + ["cp"], extrasaction="ignore").writerow(
+            {**src, "id": "mystery", "model": "Mystery 13B", "model_spec": "", "cp": "2",
+             **dict.fromkeys(("layers", "hidden", "heads", "ffn", "vocab", "experts", "topk", "expert_ffn"), "")})
+    res = {r.id: r for r in V.run(path=path)}
+    assert res["mystery"].layout == "not modelled: context parallelism (cp 2)" and res[src["id"]].predicted > 0
 
 
 def test_a_run_on_a_machine_with_no_spec_is_named_not_priced_and_the_rest_still_is(tmp_path, bundled):
