@@ -19,9 +19,9 @@ from .validate_rows import read_rows
 SPEC_COLUMNS = ("model_spec", "hardware_spec")
 
 
-def blind_rows() -> list[dict]:
-    """The bundled rows with their recipe and spec columns blank."""
-    return [{**r, **dict.fromkeys(RECIPE + SPEC_COLUMNS, "")} for r in read_rows(data_path())]
+def blind_rows(bundled: list[dict]) -> list[dict]:
+    """Copies of the bundled rows with their recipe and spec columns blank."""
+    return [{**r, **dict.fromkeys(RECIPE + SPEC_COLUMNS, "")} for r in bundled]
 
 
 def blind_run(group: str | None = None, infer: bool = True):
@@ -30,7 +30,7 @@ def blind_run(group: str | None = None, infer: bool = True):
     path, specs = data_path(), {}
     names = spec_names(specs, path)
     bundled = read_rows(path)
-    rows = blind_rows()
+    rows = blind_rows(bundled)
     inherited = {}
     if infer:
         # a row's setup as it is priced blind, on the specs its names give: a row the bundled table
