@@ -92,11 +92,11 @@ def _plain(m: ModelSpec) -> bool:
             and m.sliding_window is None and not mo.expert_bias and mo.glu_clamp is None and mo.gated)
 
 
-
 def _column(header: str) -> str:
     """A table's column heading as the schema writes it (HEADER_ALIASES)."""
     h = re.sub(r"[\s-]+", "_", header.strip().lower())
     return HEADER_ALIASES.get(h, h)
+
 
 class TableError(PiperError):
     def __init__(self, path, row: str | None, field: str, expected: str):
