@@ -161,6 +161,9 @@ def layout_options(fn):
         click.option("--tp", type=int, default=1, show_default=True),
         click.option("--pp", type=int, default=1, show_default=True),
         click.option("--ep", type=int, default=1, show_default=True),
+        click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="expert tensor parallel: ranks each expert is split over (Megatron-Core "
+                     "--expert-tensor-parallel-size; its default when unset is --tp)"),
         click.option("--dp", type=int, default=None, help="attention data parallel (default gpus/(tp*pp))"),
         click.option("--mbs", type=int, default=1, show_default=True, help="micro-batch size, sequences"),
         click.option("--global-batch", type=int, default=None, help="sequences per step (default 4M tokens' worth)"),
@@ -219,7 +222,8 @@ def _layout_from(kw, model):
     gbs = kw["global_batch"] or default_global_batch(seq)
     vpp = kw["vpp"] or (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1)
     modules = _modules(kw["recompute_modules"], "--recompute-modules")
-    return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=kw["ep"], vpp=vpp, mbs=kw["mbs"], global_batch=gbs, seq=seq,
+    return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"], global_batch=gbs,
+                  seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   recompute_modules=modules,
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
@@ -240,6 +244,7 @@ def estimate(as_json, output, **kw):
     """Estimate one layout: memory per stage, time breakdown, throughput."""
     from . import report
     from .evaluate import build_plan, estimate_layout, parse_routing
+    from .layout import degrees_label
     from .plan import write_plan
     from .specs import load_hardware, load_model
 
@@ -261,7 +266,7 @@ def estimate(as_json, output, **kw):
     if as_json:
         click.echo(json.dumps(row, indent=2))
         return
-    title = (f"{model.name} on {lay.gpus} × {hw.name}: tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} "
+    title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay.tp, lay.pp, lay.dp, lay.ep, lay.etp)} "
              f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero} a2a={lay.a2a}")
     report.show(report.estimate_tables(row, title))
 
@@ -280,6 +285,9 @@ def search_options(fn):
         click.option("--headroom-gib", type=float, default=0.0, show_default=True,
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
+        click.option("--etp", "etps", default="1", show_default=True,
+                     help="expert-tensor-parallel degrees to try, comma-separated (e.g. 1,2,4); 1 keeps experts "
+                     "whole, as piper-train runs them"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
         click.option("--selective", "selective", multiple=True, default=("core_attn",), show_default=True,
                      help="a set of modules selective recompute re-runs, comma-separated (Megatron-Core "
@@ -296,6 +304,16 @@ def search_options(fn):
     return fn
 
 
+def _degrees(text: str, option: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers, checked."""
+    from .errors import LayoutError
+
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(x.isdigit() and int(x) >= 1 for x in parts):
+        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of positive integers")
+    return tuple(sorted({int(x) for x in parts}))
+
+
 def _space(kw, model, gpus):
     from .search import SearchSpace, default_global_batch, for_runtime
 
@@ -306,7 +324,8 @@ def _space(kw, model, gpus):
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                     expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
+                     etps=_degrees(kw["etps"], "--etp"), expert_gemm=kw["expert_gemm"],
+                     a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      fp8=kw["fp8"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])

@@ -52,7 +52,8 @@ def from_plan_routing(r: PlanRouting, migration: Migration | None = None) -> Rou
 def estimate_layout(model: ModelSpec, hw: HardwareSpec, layout: Layout, routing: Routing | None = None,
                     headroom_gib: float = 0.0) -> Estimate:
     """Check the layout's constraints, then evaluate it (one-element Estimate)."""
-    check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0)
+    check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0,
+                 expert_ffn=model.moe.expert_ffn_size if model.moe else 0)
     return evaluate(model, hw, from_layouts([layout]), routing, headroom_gib)
 
 

@@ -2,11 +2,16 @@
 
 Degree conventions are Megatron-Core's, so published layouts type in as they are:
 tp · pp · dp = GPUs, dp is the attention data-parallel degree; experts are folded over
-the dp × tp ranks of a stage (expert tensor parallel = 1), so ep divides dp · tp and the
-expert-data-parallel degree is dp · tp / ep. The paper's PP × EP mesh is tp = 1, dp = ep.
+the dp × tp ranks of a stage (MoE Parallel Folding, arXiv 2504.14960): each expert is split
+over etp ranks (expert tensor parallel, 1 by default: whole experts), the experts over ep
+such groups, so ep · etp divides dp · tp and the expert-data-parallel degree is
+dp · tp / (ep · etp). Megatron-Core before folding coupled the two (etp = tp, ep within dp),
+which is still its default when --expert-tensor-parallel-size is unset. The paper's PP × EP
+mesh is tp = 1, dp = ep.
 
 Rank order (Megatron's default "tp-dp-pp"): tp fastest, pp slowest, so a stage's
-dp · tp ranks are consecutive and land on as few nodes as possible.
+dp · tp ranks are consecutive and land on as few nodes as possible; inside a stage the expert
+groups order etp fastest, then ep (packed) or edp (spread).
 """
 from __future__ import annotations
 
@@ -41,6 +46,8 @@ class Layout(BaseModel):
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1, description="attention data-parallel degree")
     ep: int = Field(1, ge=1, description="expert-parallel degree, folded over dp·tp")
+    etp: int = Field(1, ge=1, description="expert tensor parallel: ranks each expert's weights are split over "
+                     "(Megatron-Core --expert-tensor-parallel-size; 1: whole experts, the fold's choice)")
     vpp: int = Field(1, ge=1, description="model chunks per rank (interleaved: v; zbv/dualpipev: 2)")
     mbs: int = Field(1, ge=1, description="micro-batch size, sequences")
     global_batch: int = Field(..., ge=1, description="sequences per optimizer step")
@@ -113,7 +120,7 @@ class Layout(BaseModel):
 
     @property
     def edp(self) -> int:
-        return self.dp * self.tp // self.ep
+        return self.dp * self.tp // (self.ep * self.etp)
 
     @property
     def microbatches(self) -> int:
@@ -127,6 +134,12 @@ class Layout(BaseModel):
     @property
     def sp(self) -> bool:
         return self.sequence_parallel and self.tp > 1
+
+
+def degrees_label(tp: int, pp: int, dp: int, ep: int, etp: int = 1) -> str:
+    """A layout's degrees as layout strings print them: "tp2 pp8 dp8 ep4", " etp2" added where
+    experts are tensor-parallel."""
+    return f"tp{tp} pp{pp} dp{dp} ep{ep}" + (f" etp{etp}" if etp > 1 else "")
 
 
 def recompute_label(recompute: str, modules) -> str:
@@ -144,18 +157,24 @@ def check_stack(expert_probs: str, fused_kernels: bool) -> None:
                           "piper-train) scale the expert outputs at the combine; use expert_probs combine")
 
 
-def check_degrees(lay: Layout, num_experts: int = 0) -> None:
-    """Raise LayoutError where the degrees cannot be one run: tp·pp·dp GPUs, ep dividing dp·tp
-    and the experts. check_layout's first rules; validate holds published runs to these alone,
+def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> None:
+    """Raise LayoutError where the degrees cannot be one run: tp·pp·dp GPUs, ep·etp dividing
+    dp·tp, ep the experts. check_layout's first rules; validate holds published runs to these alone,
     since some hold layouts the planner's other rules refuse."""
     if lay.tp * lay.pp * lay.dp != lay.gpus:
         raise LayoutError("tp*pp*dp == gpus", f"{lay.tp}*{lay.pp}*{lay.dp} = {lay.tp * lay.pp * lay.dp}, not {lay.gpus}")
-    if (lay.dp * lay.tp) % lay.ep:
-        raise LayoutError("ep divides dp*tp", f"ep={lay.ep} does not divide dp*tp={lay.dp * lay.tp}")
+    if (lay.dp * lay.tp) % (lay.ep * lay.etp):
+        if lay.etp == 1:
+            raise LayoutError("ep divides dp*tp", f"ep={lay.ep} does not divide dp*tp={lay.dp * lay.tp}")
+        raise LayoutError("ep*etp divides dp*tp", f"ep*etp={lay.ep * lay.etp} does not divide dp*tp={lay.dp * lay.tp}")
     if num_experts and num_experts % lay.ep:
         raise LayoutError("ep divides experts", f"ep={lay.ep} does not divide {num_experts} experts")
     if not num_experts and lay.ep > 1:
         raise LayoutError("ep divides experts", f"ep={lay.ep} but the model has no experts")
+    if not num_experts and lay.etp > 1:
+        raise LayoutError("etp == 1 without experts", f"etp={lay.etp} but the model has no experts")
+    if expert_ffn and expert_ffn % lay.etp:
+        raise LayoutError("etp divides the expert width", f"etp={lay.etp} does not divide expert_ffn_size={expert_ffn}")
 
 
 def check_batch(lay: Layout) -> None:
@@ -165,9 +184,10 @@ def check_batch(lay: Layout) -> None:
                           f"global batch {lay.global_batch} is not a multiple of dp*mbs = {lay.dp * lay.mbs}")
 
 
-def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_node: Optional[int] = None) -> None:
+def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_node: Optional[int] = None,
+                 expert_ffn: int = 0) -> None:
     """Raise LayoutError naming the first broken constraint."""
-    check_degrees(lay, num_experts)
+    check_degrees(lay, num_experts, expert_ffn)
     if lay.stages > num_layers:
         raise LayoutError("pp*vpp <= layers", f"{lay.stages} pipeline chunks for {num_layers} layers")
     check_batch(lay)
@@ -199,22 +219,25 @@ class RankCoord(BaseModel):
     tp: int
     ep: int
     edp: int
+    etp: int = 0
 
 
 def rank_coords(lay: Layout, gpus_per_node: int) -> list[RankCoord]:
-    """Global rank -> (node, local index, pp, dp, tp, ep, edp).
+    """Global rank -> (node, local index, pp, dp, tp, ep, edp, etp).
 
-    packed: an EP group is ep consecutive ranks of the stage (fastest levels first);
-    spread: an EP group strides across the stage (one rank per edp block)."""
+    An expert's etp shards are consecutive ranks; packed: an EP group is ep consecutive such
+    groups of the stage (fastest levels first); spread: an EP group strides across the stage
+    (one etp group per edp block)."""
     per_stage = lay.dp * lay.tp
-    edp = per_stage // lay.ep
+    edp = per_stage // (lay.ep * lay.etp)
     out = []
     for r in range(lay.gpus):
         stage, w = divmod(r, per_stage)
+        g, etp_i = divmod(w, lay.etp)
         if lay.placement == "packed":
-            edp_i, ep_i = divmod(w, lay.ep)
+            edp_i, ep_i = divmod(g, lay.ep)
         else:
-            ep_i, edp_i = divmod(w, edp)
+            ep_i, edp_i = divmod(g, edp)
         out.append(RankCoord(rank=r, node=r // gpus_per_node, local=r % gpus_per_node, pp=stage,
-                             dp=w // lay.tp, tp=w % lay.tp, ep=ep_i, edp=edp_i))
+                             dp=w // lay.tp, tp=w % lay.tp, ep=ep_i, edp=edp_i, etp=etp_i))
     return out

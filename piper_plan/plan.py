@@ -165,7 +165,8 @@ def make_plan(model: ModelSpec, hardware: HardwareSpec, layout: Layout, *, layer
     from .layout import check_layout
     from .partition import balanced_partition
 
-    check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0)
+    check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0,
+                 expert_ffn=model.moe.expert_ffn_size if model.moe else 0)
     if layer_cost is None:
         act = model.moe_layer_nonexpert_params + (model.moe.top_k * model.expert_params if model.moe else 0)
         layer_cost = [act if model.layer_is_moe(i) else model.dense_layer_params for i in range(model.num_layers)]

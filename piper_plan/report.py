@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .layout import recompute_label
+from .layout import degrees_label, recompute_label
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -134,7 +134,8 @@ def show(tables) -> None:
 
 
 def layout_str(lay: dict) -> str:
-    s = f"tp{lay['tp']} pp{lay['pp']} dp{lay['dp']} ep{lay['ep']} mbs{lay['mbs']} {lay['schedule']}"
+    degrees = degrees_label(lay["tp"], lay["pp"], lay["dp"], lay["ep"], lay.get("etp", 1))
+    s = f"{degrees} mbs{lay['mbs']} {lay['schedule']}"
     if lay["vpp"] > 1:
         s += f" v{lay['vpp']}"
     rc = recompute_label(lay["recompute"], lay.get("recompute_modules"))

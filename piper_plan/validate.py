@@ -42,7 +42,7 @@ from scipy.stats import kendalltau
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
 from .errors import PiperError
-from .layout import Layout, check_batch, check_degrees, recompute_label
+from .layout import Layout, check_batch, check_degrees, degrees_label, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import (ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model,
@@ -226,8 +226,8 @@ def _layout(row) -> Layout:
     # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
     # micro-batch a step (a pipeline all bubble, a 1F1B stage holding one micro-batch's activations)
     gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
-    return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), vpp=vpp, mbs=mbs, global_batch=gbs,
-                  seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
+    return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_i(row.get("etp", ""), 1), vpp=vpp, mbs=mbs,
+                  global_batch=gbs, seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),
                   fp8=_FP8.get(row["precision"], "none"),
                   **_settings(row))
@@ -332,7 +332,7 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
 # the csv's precision -> Layout.fp8
 _FP8 = {"fp8": "current", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}
 # the layout degrees a row may state; a row that states none of them (and is not X-MoE's) is searched
-_DEGREES = ("tp", "pp", "vpp", "ep", "dp")
+_DEGREES = ("tp", "pp", "vpp", "ep", "etp", "dp")
 
 
 def is_searched(row) -> bool:
@@ -370,7 +370,7 @@ def _row_estimate(row, m, hw):
         lay = lay.model_copy(update=_xmoe_settings(row))
     # the degrees and the batch, not layout.check_layout's planner rules: published runs hold
     # layouts those refuse (a Megatron pipeline layout with more chunks than layers)
-    check_degrees(lay, m.moe.num_experts if m.moe else 0)
+    check_degrees(lay, m.moe.num_experts if m.moe else 0, m.moe.expert_ffn_size if m.moe else 0)
     check_batch(lay)
     return lay, evaluate(m, hw, from_layouts([lay])), 0
 
@@ -533,7 +533,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
 
 
 def _desc(lay: Layout) -> str:
-    return (f"tp{lay.tp} pp{lay.pp} dp{lay.dp} ep{lay.ep} mbs{lay.mbs} {lay.schedule}"
+    return (f"{degrees_label(lay.tp, lay.pp, lay.dp, lay.ep, lay.etp)} mbs{lay.mbs} {lay.schedule}"
             + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules)}")
 
 

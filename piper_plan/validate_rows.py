@@ -43,7 +43,8 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "expert_ffn", "hardware", "precision", "gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq",
            "recompute", "recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
-           "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads")
+           "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
+           "etp")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -55,7 +56,8 @@ HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#g
                   "num_key_value_heads": "kv_heads", "num_kv_heads": "kv_heads", "num_query_groups": "kv_heads",
                   "vocab_size": "vocab", "num_experts": "experts", "top_k": "topk", "moe_ffn_hidden_size": "expert_ffn",
                   "gpu": "hardware", "system": "hardware", "dtype": "precision", "activation_recompute": "recompute",
-                  "recomputation": "recompute", "zero": "zero_stage"}
+                  "recomputation": "recompute", "zero": "zero_stage", "expert_tp": "etp",
+                  "expert_tensor_parallel": "etp", "expert_tensor_parallel_size": "etp"}
 
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
            "activation_gib_per_gpu", "params_optimizer_gib_per_gpu", "mfu")
@@ -67,7 +69,7 @@ METRIC_ALIASES = {"tokens/s/gpu": "tokens_per_s_per_gpu", "tok/s/gpu": "tokens_p
                   "mfu_pct": "mfu", "mfu%": "mfu", "mfu_(%)": "mfu"}
 PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
-        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads")
+        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads", "etp")
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp")
 FLOATS = ("value", "tokens_per_s_per_gpu")
@@ -225,12 +227,11 @@ def _recompute(rc: str) -> str:
 
 # columns some tables add for parallelism the planner does not model: a row using it would be
 # priced as another run, so it is not priced at all (validate names it), not read without it
-UNMODELLED = {"cp": "context parallelism", "context_parallel": "context parallelism",
-              "etp": "expert tensor parallelism", "expert_tp": "expert tensor parallelism"}
+UNMODELLED = {"cp": "context parallelism", "context_parallel": "context parallelism"}
 
 
 def unmodelled(r: dict) -> str | None:
-    """Why a row cannot be priced as the run it was (a cp or etp column other than 1), or None."""
+    """Why a row cannot be priced as the run it was (a cp column other than 1), or None."""
     for c, what in UNMODELLED.items():
         v = r.get(c, "").strip()
         if v and v != "1":

@@ -131,7 +131,10 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     d, f, k = m.hidden_size, mo.expert_ffn_size, mo.top_k
     tm = t / tp  # tokens entering the MoE block on this rank
     rows = tm * k * imb
-    padded = rows + mo.num_experts / lay.ep * expected_pad(row_multiple)
+    # the experts' rows: their etp group's, all-gathered (Layout.etp), f/etp of each expert's width
+    etp = lay.etp.astype(float)
+    padded = rows * etp + mo.num_experts / lay.ep * expected_pad(row_multiple)
+    f = f / etp
     up = 2.0 if mo.gated else 1.0
     # selective recompute: moe keeps only the block's input; moe_act re-makes the activation
     # fed to the down projection; layernorm the norm's output (router and dispatch input)

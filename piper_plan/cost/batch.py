@@ -61,6 +61,7 @@ class LayoutBatch:
     pp: np.ndarray
     dp: np.ndarray
     ep: np.ndarray
+    etp: np.ndarray         # expert tensor parallel (Layout.etp)
     vpp: np.ndarray
     mbs: np.ndarray
     gbs: np.ndarray
@@ -98,7 +99,17 @@ class LayoutBatch:
 
     @property
     def edp(self) -> np.ndarray:
-        return self.dp * self.tp // self.ep
+        return self.dp * self.tp // (self.ep * self.etp)
+
+    @property
+    def ep_stride(self) -> np.ndarray:
+        """Ranks between an EP group's members (layout.rank_coords): etp packed, edp·etp spread."""
+        return np.where(self.placement == 0, self.etp, self.edp * self.etp)
+
+    @property
+    def edp_stride(self) -> np.ndarray:
+        """Ranks between an expert-data-parallel group's members: ep·etp packed, etp spread."""
+        return np.where(self.placement == 0, self.ep * self.etp, self.etp)
 
     def take(self, idx) -> "LayoutBatch":
         return LayoutBatch(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
@@ -107,7 +118,8 @@ class LayoutBatch:
         """The i-th candidate as a Layout."""
         g = lambda k: int(getattr(self, k)[i])  # noqa: E731
         dtype = {4: "fp32"}.get(g("act_bytes"), "bf16")
-        return Layout(gpus=g("gpus"), tp=g("tp"), pp=g("pp"), dp=g("dp"), ep=g("ep"), vpp=g("vpp"), mbs=g("mbs"),
+        return Layout(gpus=g("gpus"), tp=g("tp"), pp=g("pp"), dp=g("dp"), ep=g("ep"), etp=g("etp"), vpp=g("vpp"),
+                      mbs=g("mbs"),
                       global_batch=g("gbs"), seq=g("seq"), schedule=SCHEDULES[g("sched")],
                       recompute=RECOMPUTES[g("recompute")],
                       recompute_modules=tuple(x for i, x in enumerate(RC_MODULES) if g("rc_mods") >> i & 1),
@@ -127,7 +139,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
     col = lambda f: np.array([f(x) for x in layouts])  # noqa: E731
     return LayoutBatch(
         gpus=col(lambda x: x.gpus), tp=col(lambda x: x.tp), pp=col(lambda x: x.pp), dp=col(lambda x: x.dp),
-        ep=col(lambda x: x.ep), vpp=col(lambda x: x.vpp), mbs=col(lambda x: x.mbs),
+        ep=col(lambda x: x.ep), etp=col(lambda x: x.etp), vpp=col(lambda x: x.vpp), mbs=col(lambda x: x.mbs),
         gbs=col(lambda x: x.global_batch), seq=col(lambda x: x.seq),
         sched=col(lambda x: SCHEDULES.index(x.schedule)), recompute=col(lambda x: RECOMPUTES.index(x.recompute)),
         rc_mods=col(lambda x: rc_bits(x.recompute_modules)),

@@ -3,7 +3,8 @@
 Per rank: attention and dense FFN see all t = mbs·seq tokens of the micro-batch, their
 weights split over tp (Megatron column/row parallel); the MoE block sees t/tp tokens
 (sequence-parallel split; Megatron requires SP for MoE with tp > 1) and runs E/ep local
-experts on the tokens routed to them, the straggler rank holding `imb` × the mean.
+experts on the tokens routed to them, the straggler rank holding `imb` × the mean; under
+expert tensor parallelism (etp > 1) on its etp group's tokens, f/etp of each expert's width.
 
 Backward = dgrad + wgrad GEMMs (each priced by its own shape), flash attention backward
 2.5× its forward (FlashAttention-2, arXiv 2307.08691 §3.1: five matmuls against two), and
@@ -291,12 +292,17 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     t = (lay.mbs * lay.seq).astype(float) / lay.tp
     eb = lay.act_bytes
     d, f, E, k = m.hidden_size, mo.expert_ffn_size, mo.num_experts, mo.top_k
+    etp = lay.etp.astype(float)
     local = E / lay.ep
     pad = expected_pad(hw.accelerator.expert_row_multiple)
-    m_e = t * k * lay.ep / E * imb + pad  # rows per local expert on the busiest rank
+    # rows per local expert on the busiest rank: expert tensor parallelism all-gathers its etp
+    # ranks' rows (Megatron-Core's AllGather-V over the ETP group), each rank holding f/etp
+    # columns of fc1 and rows of fc2
+    m_e = t * k * lay.ep * etp / E * imb + pad
+    fw = f / etp
     up = 2 if mo.gated else 1
     streams = EXPERT_GEMM_STREAMS[lay.egemm]  # how the runtime launches the local experts' GEMMs
-    shapes = [(m_e, up * f, d, local, streams), (m_e, d, f, local, streams)]  # experts up and down
+    shapes = [(m_e, up * fw, d, local, streams), (m_e, d, fw, local, streams)]  # experts up and down
     if mo.shared_experts:
         fs = mo.shared_experts * mo.shared_ffn
         shapes += [(t, up * fs, d), (t, d, fs)]
@@ -304,7 +310,7 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     lin = _linears(hw, dtype, eb, *shapes)
     ph = _sum(lin) + router
     rows = t * k * imb
-    act = (3.0 if mo.gated else 2.0) * f * (rows + local * pad)
+    act = (3.0 if mo.gated else 2.0) * fw * (rows * etp + local * pad)
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
@@ -326,7 +332,7 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
 def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local, dtype: str) -> Phase:
     """Seconds a micro-batch's backward (input gradients) spends in the fused grouped-MLP backward
     kernel beyond fc2's dgrad GEMM, per layout:
-    (efficiency.dglu_dbias_gemm - 1) x that GEMM (m_e rows an expert, `local` experts) where the
+    (efficiency.dglu_dbias_gemm - 1) x that GEMM (m_e rows an expert, `local` experts, f/etp wide) where the
     experts launch as one grouped kernel and are gated with biases (the kernel's dGLU epilogue
     then also reduces fc1's bias gradient: cuDNN frontend's grouped_gemm_dglu, GPT-OSS's
     dGeGLU). Zero on specs that leave the factor at 1."""
@@ -335,7 +341,7 @@ def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local, dt
     mo = m.moe
     if x == 1.0 or not (mo.gated and mo.expert_bias):
         return Phase(z, z, z, z)
-    dgrad = gemm_time(hw, m_e, mo.expert_ffn_size, m.hidden_size, groups=local, dtype=gemm_dtype(dtype),
+    dgrad = gemm_time(hw, m_e, mo.expert_ffn_size / lay.etp, m.hidden_size, groups=local, dtype=gemm_dtype(dtype),
                       elt_bytes=lay.act_bytes, recipe=dtype)
     return Phase(z, np.where(EXPERT_GEMM_STREAMS[lay.egemm] == 0, (x - 1.0) * dgrad, 0.0), z, z)
 

@@ -91,7 +91,7 @@ def _tp_allreduce(hw, lay, nbytes):
 
 
 def _a2a(hw, lay, nbytes, m: ModelSpec):
-    stride = np.where(lay.placement == 0, 1, lay.edp)
+    stride = lay.ep_stride
     flat = comm.a2a_flat(hw, nbytes, lay.ep, stride)
     halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat)
     out = np.where(lay.a2a == 1, halo, flat)
@@ -546,18 +546,18 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     (mbs, seq, dtype, sp) fix, per layout: expert-DP size and strides, the DP groups' spans,
     one P2P message's seconds. A search has a few hundred distinct combinations, so each is
     priced once (comm's level counts are costly on every candidate)."""
-    _, first, inv = distinct_rows(lay.tp, lay.dp, lay.ep, lay.placement, lay.mbs, lay.seq, lay.act_bytes, lay.sp)
+    _, first, inv = distinct_rows(lay.tp, lay.dp, lay.ep, lay.etp, lay.placement, lay.mbs, lay.seq, lay.act_bytes,
+                                  lay.sp)
     g = lay.take(first)
     edp = g.edp
-    packed = g.placement == 0
     tp = g.tp.astype(float)
     # p2p: each chunk boundary sends the activation forward and its gradient back
     p2p_bytes = (g.mbs * g.seq).astype(float) * d * g.act_bytes.astype(float) / np.where(g.sp, tp, 1.0)
     co = hw.efficiency.collective_overhead_us * 1e-6
-    edp_stride = np.where(packed, g.ep, 1)
+    edp_stride = g.edp_stride
     dp_bw, dp_lat = comm.group_span(hw, g.dp, g.tp)
     edp_bw, edp_lat = comm.group_span(hw, edp, edp_stride)
-    out = dict(edp=edp, ep_stride=np.where(packed, 1, edp), edp_stride=edp_stride,
+    out = dict(edp=edp, ep_stride=g.ep_stride, edp_stride=edp_stride,
                p2p=comm.p2p(hw, p2p_bytes, g.dp * g.tp) + co,
                dp_bw=dp_bw, dp_lat=dp_lat, edp_bw=edp_bw, edp_lat=edp_lat)
     return {k: np.asarray(v).take(inv) for k, v in out.items()}
@@ -570,7 +570,8 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     what the backward re-runs and what is saved, so the costs are priced once per combination
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
-    key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout, lay.act_bytes,
+    key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout,
+           lay.act_bytes,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
@@ -763,14 +764,20 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     if m.moe is not None:
         p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         mig = routing.migration
-        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k, mig.planner if mig else None, mig.max_moves if mig else None)
+        # an EP rank's routed rows: its etp group's, pooled by the all-gather (Layout.etp)
+        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k * lay.etp, mig.planner if mig else None,
+                        mig.max_moves if mig else None)
         experts = moe_phase(m, hw, sel, dtype, imb)
         ovh = _layer_overhead(hw, "moe", dtype, len(lay))
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
         a2a_bytes = t / tp * m.moe.top_k * d * eb
         a2a_one = _a2a(hw, lay, a2a_bytes, m) * imb  # the busiest rank receives imb×
-        stride = np.where(lay.placement == 0, 1, lay.edp)
-        # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call
+        stride = lay.ep_stride
+        # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call;
+        # under expert tensor parallelism the dispatch all-gathers the etp group's rows after it and
+        # the combine reduce-scatters them before it (AllGather-V / ReduceScatter-V, arXiv
+        # 2504.14960 §3.3; the backward mirrors them): an all-reduce's traffic each way
+        etp_ex = np.where(lay.etp > 1, comm.ring_allreduce(hw, a2a_bytes * imb * lay.etp, lay.etp, 1), 0.0)
         a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one)
         # dispatch + combine each way; forward first exchanges the per-expert row counts (an int64
         # an expert: a flat exchange of a few bytes a peer, so its floor and a set-up per peer)
@@ -781,9 +788,10 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         # the experts; the backward's exchanges follow the layer above's and the experts' backward
         # (the host overhead split between the two stretches)
         on = lay.ep > 1
-        a2a_fwd = 2 * a2a_ex + call + on * (comm.skew(hw, attn.f + ovh.f / 2) + comm.skew(hw, experts.f + ovh.f / 2))
-        a2a_bwd = 2 * a2a_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
-                                     + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
+        a2a_fwd = (2 * a2a_ex + etp_ex + call
+                   + on * (comm.skew(hw, attn.f + ovh.f / 2) + comm.skew(hw, experts.f + ovh.f / 2)))
+        a2a_bwd = 2 * a2a_ex + etp_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
+                                              + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
         moe_comm = Phase(tp_moe.f + a2a_fwd, tp_moe.b + a2a_bwd, zero, zero)
         ovl = _a2a_off_stream(lay)
         stream = Phase(tp_moe.f + np.where(ovl, 0.0, a2a_fwd), tp_moe.b + np.where(ovl, 0.0, a2a_bwd), zero, zero)

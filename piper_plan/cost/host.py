@@ -92,7 +92,8 @@ def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarr
       multi-stream GroupedLinear, a Python loop), 2 when grouped, each with its quantisation
       kernels; shared experts 4; GPT-OSS-style extras on per-expert GEMMs
       (cost.compute._expert_extras: the clamp's 3 kernels, fc2's bias 2 an expert plus the
-      splits, cat and cast); an all-gather and a reduce-scatter under TP."""
+      splits, cat and cast); an all-gather and a reduce-scatter under TP, and another pair over
+      the expert-tensor-parallel group (etp > 1)."""
     mo = m.moe
     q = QUANT_KERNELS[lay.fp8]
     per_expert = per_expert_launch(lay)
@@ -103,7 +104,7 @@ def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarr
     before = router + 1.0 + 3.0
     shared = (4.0 + 2.0 * q) if mo.shared_experts else 0.0
     extras = (3.0 if mo.glu_clamp else 0.0) + (2.0 * launches + 4.0 if mo.expert_bias else 0.0)
-    tp_comm = np.where(lay.tp > 1, 2.0, 0.0)
+    tp_comm = np.where(lay.tp > 1, 2.0, 0.0) + np.where(lay.etp > 1, 2.0, 0.0)
     after = 7.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm + np.where(per_expert, extras, 0.0)
     return before, after
 

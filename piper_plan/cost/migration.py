@@ -82,7 +82,8 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
                    max_moves: Optional[int] = None, move_grads: bool = True) -> np.ndarray:
     """Seconds of one migration per layout of `lay` (a LayoutBatch): the busiest rank
     receives `arrivals` experts of every MoE layer of its stage (from the planner's result
-    for popularity p, or all E/ep without p), as one exchange spread over the EP group."""
+    for popularity p, or all E/ep without p), its 1/etp shard of each, as one exchange spread
+    over the EP group."""
     assert m.moe is not None
     E = m.moe.num_experts
     ep = np.asarray(lay.ep)
@@ -90,7 +91,7 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in uniq], dtype=float)[inv]
     layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
     per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.edp, move_grads)
-    nbytes = arrivals * layers * m.expert_params * per_param
+    nbytes = arrivals * layers * m.expert_params * per_param / np.asarray(lay.etp, dtype=float)
     # a2a_flat counts a self share of 1/n: scale so that n-1 peers carry `nbytes`
     n = np.maximum(ep, 2)
     return np.where(ep > 1, comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.tp), 0.0)
