@@ -159,12 +159,15 @@ def layout_options(fn):
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
         click.option("--gpus", "-n", type=int, required=True),
         click.option("--tp", type=int, default=1, show_default=True),
+        click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size, "
+                     "ring attention)"),
         click.option("--pp", type=int, default=1, show_default=True),
         click.option("--ep", type=int, default=1, show_default=True),
         click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="expert tensor parallel: ranks each expert is split over (Megatron-Core "
                      "--expert-tensor-parallel-size; its default when unset is --tp)"),
-        click.option("--dp", type=int, default=None, help="attention data parallel (default gpus/(tp*pp))"),
+        click.option("--dp", type=int, default=None, help="attention data parallel (default gpus/(tp*cp*pp))"),
         click.option("--mbs", type=int, default=1, show_default=True, help="micro-batch size, sequences"),
         click.option("--global-batch", type=int, default=None, help="sequences per step (default 4M tokens' worth)"),
         click.option("--seq", type=int, default=None, help="sequence length (default: the model's)"),
@@ -212,18 +215,20 @@ def _layout_from(kw, model):
     from .layout import Layout
     from .search import default_global_batch
 
-    gpus, tp, pp = kw["gpus"], kw["tp"], kw["pp"]
+    gpus, tp, cp, pp = kw["gpus"], kw["tp"], kw["cp"], kw["pp"]
     dp = kw["dp"]
     if dp is None:
-        if gpus % (tp * pp):
-            raise LayoutError("tp*pp*dp == gpus", f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
-        dp = gpus // (tp * pp)
+        if gpus % (tp * cp * pp):
+            if cp == 1:
+                raise LayoutError("tp*pp*dp == gpus", f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
+            raise LayoutError("tp*cp*pp*dp == gpus", f"tp*cp*pp = {tp * cp * pp} does not divide {gpus} GPUs")
+        dp = gpus // (tp * cp * pp)
     seq = kw["seq"] or model.seq_len
     gbs = kw["global_batch"] or default_global_batch(seq)
     vpp = kw["vpp"] or (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1)
     modules = _modules(kw["recompute_modules"], "--recompute-modules")
-    return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"], global_batch=gbs,
-                  seq=seq,
+    return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
+                  global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
                   recompute_modules=modules,
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
@@ -266,7 +271,7 @@ def estimate(as_json, output, **kw):
     if as_json:
         click.echo(json.dumps(row, indent=2))
         return
-    title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay.tp, lay.pp, lay.dp, lay.ep, lay.etp)} "
+    title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay)} "
              f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero} a2a={lay.a2a}")
     report.show(report.estimate_tables(row, title))
 
@@ -285,6 +290,9 @@ def search_options(fn):
         click.option("--headroom-gib", type=float, default=0.0, show_default=True,
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
+        click.option("--cp", "cps", default="1", show_default=True,
+                     help="context-parallel degrees to try, comma-separated (e.g. 1,2,4): each sequence split over "
+                     "cp ranks (ring attention); 1 keeps sequences whole, as piper-train runs them"),
         click.option("--etp", "etps", default="1", show_default=True,
                      help="expert-tensor-parallel degrees to try, comma-separated (e.g. 1,2,4); 1 keeps experts "
                      "whole, as piper-train runs them"),
@@ -324,7 +332,7 @@ def _space(kw, model, gpus):
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                     etps=_degrees(kw["etps"], "--etp"), expert_gemm=kw["expert_gemm"],
+                     etps=_degrees(kw["etps"], "--etp"), cps=_degrees(kw["cps"], "--cp"), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      fp8=kw["fp8"], expert_probs=kw["expert_probs"],

@@ -1,16 +1,16 @@
 """A parallel layout and its global rank -> coordinates map.
 
 Degree conventions are Megatron-Core's, so published layouts type in as they are:
-tp · pp · dp = GPUs, dp is the attention data-parallel degree; experts are folded over
-the dp × tp ranks of a stage (MoE Parallel Folding, arXiv 2504.14960): each expert is split
-over etp ranks (expert tensor parallel, 1 by default: whole experts), the experts over ep
-such groups, so ep · etp divides dp · tp and the expert-data-parallel degree is
-dp · tp / (ep · etp). Megatron-Core before folding coupled the two (etp = tp, ep within dp),
-which is still its default when --expert-tensor-parallel-size is unset. The paper's PP × EP
-mesh is tp = 1, dp = ep.
+tp · cp · pp · dp = GPUs, dp is the attention data-parallel degree and cp the context-parallel
+one (each sequence split over cp ranks); experts are folded over the dp × cp × tp ranks of a
+stage (MoE Parallel Folding, arXiv 2504.14960): each expert is split over etp ranks (expert
+tensor parallel, 1 by default: whole experts), the experts over ep such groups, so ep · etp
+divides dp · cp · tp and the expert-data-parallel degree is dp · cp · tp / (ep · etp).
+Megatron-Core before folding coupled the two (etp = tp, ep within dp), which is still its
+default when --expert-tensor-parallel-size is unset. The paper's PP × EP mesh is tp = 1, dp = ep.
 
-Rank order (Megatron's default "tp-dp-pp"): tp fastest, pp slowest, so a stage's
-dp · tp ranks are consecutive and land on as few nodes as possible; inside a stage the expert
+Rank order (Megatron's default "tp-cp-ep-dp-pp"): tp fastest, pp slowest, so a stage's
+dp · cp · tp ranks are consecutive and land on as few nodes as possible; inside a stage the expert
 groups order etp fastest, then ep (packed) or edp (spread).
 """
 from __future__ import annotations
@@ -43,9 +43,11 @@ class Layout(BaseModel):
 
     gpus: int = Field(..., ge=1)
     tp: int = Field(1, ge=1)
+    cp: int = Field(1, ge=1, description="context parallel: ranks each sequence is split over (Megatron-Core "
+                    "--context-parallel-size: ring attention over load-balanced causal chunks)")
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1, description="attention data-parallel degree")
-    ep: int = Field(1, ge=1, description="expert-parallel degree, folded over dp·tp")
+    ep: int = Field(1, ge=1, description="expert-parallel degree, folded over dp·cp·tp")
     etp: int = Field(1, ge=1, description="expert tensor parallel: ranks each expert's weights are split over "
                      "(Megatron-Core --expert-tensor-parallel-size; 1: whole experts, the fold's choice)")
     vpp: int = Field(1, ge=1, description="model chunks per rank (interleaved: v; zbv/dualpipev: 2)")
@@ -120,7 +122,13 @@ class Layout(BaseModel):
 
     @property
     def edp(self) -> int:
-        return self.dp * self.tp // (self.ep * self.etp)
+        return self.dp * self.cp * self.tp // (self.ep * self.etp)
+
+    @property
+    def dpcp(self) -> int:
+        """Ranks a dense parameter is replicated over, its gradient reduced over: dp·cp
+        (Megatron-Core's data-parallel group with context parallelism)."""
+        return self.dp * self.cp
 
     @property
     def microbatches(self) -> int:
@@ -136,10 +144,13 @@ class Layout(BaseModel):
         return self.sequence_parallel and self.tp > 1
 
 
-def degrees_label(tp: int, pp: int, dp: int, ep: int, etp: int = 1) -> str:
-    """A layout's degrees as layout strings print them: "tp2 pp8 dp8 ep4", " etp2" added where
-    experts are tensor-parallel."""
-    return f"tp{tp} pp{pp} dp{dp} ep{ep}" + (f" etp{etp}" if etp > 1 else "")
+def degrees_label(lay) -> str:
+    """A layout's degrees (a Layout or its dict) as layout strings print them: "tp2 pp8 dp8 ep4",
+    " cp4" after tp where sequences are split, " etp2" where experts are tensor-parallel."""
+    g = (lambda k: lay.get(k, 1)) if isinstance(lay, dict) else (lambda k: getattr(lay, k))  # noqa: E731
+    cp, etp = g("cp"), g("etp")
+    return (f"tp{g('tp')}" + (f" cp{cp}" if cp > 1 else "") + f" pp{g('pp')} dp{g('dp')} ep{g('ep')}"
+            + (f" etp{etp}" if etp > 1 else ""))
 
 
 def recompute_label(recompute: str, modules) -> str:
@@ -161,12 +172,17 @@ def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> Non
     """Raise LayoutError where the degrees cannot be one run: tp·pp·dp GPUs, ep·etp dividing
     dp·tp, ep the experts. check_layout's first rules; validate holds published runs to these alone,
     since some hold layouts the planner's other rules refuse."""
-    if lay.tp * lay.pp * lay.dp != lay.gpus:
+    if lay.cp == 1 and lay.tp * lay.pp * lay.dp != lay.gpus:
         raise LayoutError("tp*pp*dp == gpus", f"{lay.tp}*{lay.pp}*{lay.dp} = {lay.tp * lay.pp * lay.dp}, not {lay.gpus}")
-    if (lay.dp * lay.tp) % (lay.ep * lay.etp):
+    if lay.tp * lay.cp * lay.pp * lay.dp != lay.gpus:
+        raise LayoutError("tp*cp*pp*dp == gpus", f"{lay.tp}*{lay.cp}*{lay.pp}*{lay.dp} = "
+                          f"{lay.tp * lay.cp * lay.pp * lay.dp}, not {lay.gpus}")
+    stage = lay.dp * lay.cp * lay.tp
+    group = "dp*tp" if lay.cp == 1 else "dp*cp*tp"
+    if stage % (lay.ep * lay.etp):
         if lay.etp == 1:
-            raise LayoutError("ep divides dp*tp", f"ep={lay.ep} does not divide dp*tp={lay.dp * lay.tp}")
-        raise LayoutError("ep*etp divides dp*tp", f"ep*etp={lay.ep * lay.etp} does not divide dp*tp={lay.dp * lay.tp}")
+            raise LayoutError(f"ep divides {group}", f"ep={lay.ep} does not divide {group}={stage}")
+        raise LayoutError(f"ep*etp divides {group}", f"ep*etp={lay.ep * lay.etp} does not divide {group}={stage}")
     if num_experts and num_experts % lay.ep:
         raise LayoutError("ep divides experts", f"ep={lay.ep} does not divide {num_experts} experts")
     if not num_experts and lay.ep > 1:
@@ -191,6 +207,12 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.stages > num_layers:
         raise LayoutError("pp*vpp <= layers", f"{lay.stages} pipeline chunks for {num_layers} layers")
     check_batch(lay)
+    if lay.cp > 1 and lay.seq % (2 * lay.cp):
+        raise LayoutError("seq divisible by 2*cp", f"seq {lay.seq} does not split into {2 * lay.cp} chunks "
+                          "(context parallelism balances causal attention over 2·cp chunks)")
+    if lay.cp > 1 and lay.attention_kernel != "flash":
+        raise LayoutError("cp > 1 needs flash attention", "context parallelism runs ring attention over fused "
+                          "attention kernels; use attention flash")
     m = lay.microbatches
     if lay.schedule in ("zbv", "dualpipev") and lay.vpp != 2:
         raise LayoutError(f"{lay.schedule} needs vpp=2", f"got vpp={lay.vpp} (V placement: two chunks per rank)")
@@ -220,15 +242,16 @@ class RankCoord(BaseModel):
     ep: int
     edp: int
     etp: int = 0
+    cp: int = 0
 
 
 def rank_coords(lay: Layout, gpus_per_node: int) -> list[RankCoord]:
-    """Global rank -> (node, local index, pp, dp, tp, ep, edp, etp).
+    """Global rank -> (node, local index, pp, dp, tp, ep, edp, etp, cp).
 
-    An expert's etp shards are consecutive ranks; packed: an EP group is ep consecutive such
-    groups of the stage (fastest levels first); spread: an EP group strides across the stage
-    (one etp group per edp block)."""
-    per_stage = lay.dp * lay.tp
+    Megatron's "tp-cp-ep-dp-pp" order: tp fastest, then cp, then dp. An expert's etp shards are
+    consecutive ranks; packed: an EP group is ep consecutive such groups of the stage (fastest
+    levels first); spread: an EP group strides across the stage (one etp group per edp block)."""
+    per_stage = lay.dp * lay.cp * lay.tp
     edp = per_stage // (lay.ep * lay.etp)
     out = []
     for r in range(lay.gpus):
@@ -239,5 +262,6 @@ def rank_coords(lay: Layout, gpus_per_node: int) -> list[RankCoord]:
         else:
             ep_i, edp_i = divmod(g, edp)
         out.append(RankCoord(rank=r, node=r // gpus_per_node, local=r % gpus_per_node, pp=stage,
-                             dp=w // lay.tp, tp=w % lay.tp, ep=ep_i, edp=edp_i, etp=etp_i))
+                             dp=w // (lay.tp * lay.cp), tp=w % lay.tp, ep=ep_i, edp=edp_i, etp=etp_i,
+                             cp=w // lay.tp % lay.cp))
     return out

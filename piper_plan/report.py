@@ -134,8 +134,7 @@ def show(tables) -> None:
 
 
 def layout_str(lay: dict) -> str:
-    degrees = degrees_label(lay["tp"], lay["pp"], lay["dp"], lay["ep"], lay.get("etp", 1))
-    s = f"{degrees} mbs{lay['mbs']} {lay['schedule']}"
+    s = f"{degrees_label(lay)} mbs{lay['mbs']} {lay['schedule']}"
     if lay["vpp"] > 1:
         s += f" v{lay['vpp']}"
     rc = recompute_label(lay["recompute"], lay.get("recompute_modules"))

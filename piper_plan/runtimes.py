@@ -30,6 +30,7 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("fp8", ("none",), "--fp8", "piper-train runs its GEMMs in the layout's dtype, not FP8"),
     Support("a2a", ("flat", "halo"), "--a2a", "piper-train runs the flat or HALO all-to-all, not DeepEP / "
             "HybridEP's 'dedup'"),
+    Support("cp", (1,), "--cp", "piper-train keeps each sequence on one rank (no context parallelism)"),
     Support("etp", (1,), "--etp", "piper-train keeps each expert whole on one rank (no expert tensor "
             "parallelism)"),
     Support("expert_gemm", ("grouped",), "--expert-gemm", "piper-train runs the local experts as one batched "

@@ -52,6 +52,7 @@ class SearchSpace:
     pps: tuple[int, ...] | None = None
     eps: tuple[int, ...] | None = None
     etps: tuple[int, ...] = (1,)  # expert-tensor-parallel degrees tried (Layout.etp); 1: whole experts
+    cps: tuple[int, ...] = (1,)   # context-parallel degrees tried (Layout.cp); 1: whole sequences
     ep_in_domain: str | None = None  # name of a topology level the EP group must stay inside
     paper_mesh: bool = False  # Piper's PP × EP mesh: tp = 1 and ep = dp (expert-data parallel)
     attention_kernel: str = "flash"
@@ -93,7 +94,7 @@ def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:
     if runtime != "piper-train":
         raise PiperError(f"--runtime: {runtime!r}: expected one of {', '.join(RUNTIMES)}")
     # fields the space tries sets of
-    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps"}
+    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps"}
     cut = {}
     for s in PIPER_TRAIN:
         attr = several.get(s.field, s.field)
@@ -141,24 +142,29 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     E = m.moe.num_experts if m.moe else 1
     tps = [t for t in (sp.tps or _divisors(min(N, hw.gpus_per_node))) if N % t == 0]
     tps = [t for t in tps if m.num_heads % t == 0 and (m.kv_heads % t == 0 or t % m.kv_heads == 0)]
-    # (tp, pp, dp, ep, etp) tuples
+    # (tp, cp, pp, dp, ep, etp) tuples
     tri = []
     eps = sp.eps or _divisors(E)
     etps = sp.etps if m.moe is not None else (1,)
     width = m.moe.expert_ffn_size if m.moe is not None else 1
+    # context parallelism splits each sequence into 2·cp causal chunks over fused attention
+    cps = [c for c in sp.cps if c == 1 or (sp.seq % (2 * c) == 0 and sp.attention_kernel == "flash")]
     for tp in tps:
-        for pp in (sp.pps or _divisors(N // tp)):
-            if (N // tp) % pp or pp > m.num_layers:
+        for cp in cps:
+            if N % (tp * cp):
                 continue
-            dp = N // (tp * pp)
-            for ep in eps:
-                for etp in etps:
-                    if E % ep or (dp * tp) % (ep * etp) or width % etp or (m.moe is None and ep > 1):
-                        continue
-                    tri.append((tp, pp, dp, ep, etp))
+            for pp in (sp.pps or _divisors(N // (tp * cp))):
+                if (N // (tp * cp)) % pp or pp > m.num_layers:
+                    continue
+                dp = N // (tp * cp * pp)
+                for ep in eps:
+                    for etp in etps:
+                        if E % ep or (dp * cp * tp) % (ep * etp) or width % etp or (m.moe is None and ep > 1):
+                            continue
+                        tri.append((tp, cp, pp, dp, ep, etp))
     if not tri:
-        return None, {"no (tp, pp, ep, etp) satisfies tp*pp*dp == gpus, ep | experts, ep*etp | dp*tp, "
-                      "etp | expert width, pp <= layers": 1}
+        return None, {"no (tp, cp, pp, ep, etp) satisfies tp*cp*pp*dp == gpus, ep | experts, ep*etp | dp*cp*tp, "
+                      "etp | expert width, 2*cp | seq, pp <= layers": 1}
     tri = np.array(tri)
     # schedule variants: (sched index, vpp)
     sched = []
@@ -185,7 +191,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     grid1 = np.meshgrid(np.arange(len(tri)), np.arange(len(sched)), np.arange(len(mb)), indexing="ij")
     ti, si, mi = (g.ravel() for g in grid1)
     per_combo = len(rc) * len(zs) * len(a2) * len(pl)
-    tp, pp, dp, ep, etp = tri[ti].T
+    tp, cp, pp, dp, ep, etp = tri[ti].T
     s_idx, vpp = sched[si].T
     mbs = mb[mi]
     keep = np.ones(len(ti), bool)
@@ -209,7 +215,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
     k1 = np.nonzero(keep)[0]
-    tp, pp, dp, ep, etp, s_idx, vpp, mbs = (x[k1] for x in (tp, pp, dp, ep, etp, s_idx, vpp, mbs))
+    tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs = (x[k1] for x in (tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs))
     # stage 2's rules broadcast from the few axes each reads over the grid [recompute, ZeRO,
     # a2a, placement, stage-1 survivor] (survivors innermost, so numpy's inner loops are long);
     # the layouts come out in [survivor, recompute, ZeRO, a2a, placement] order
@@ -221,11 +227,11 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     rule("zero 3 with pp > 1", on(zs == 3, 1) & on(pp > 1, 4))
     moe_ep = (m.moe is not None) & (ep > 1)
     rule("duplicate (a2a choice without expert parallelism)", on(~moe_ep, 4) & on(a2 != 0, 2))
-    rule("duplicate (placement choice when ep*etp == dp*tp or ep == 1)",
-         on((ep * etp == dp * tp) | (ep == 1), 4) & on(pl != 0, 3))
+    rule("duplicate (placement choice when ep*etp == dp*cp*tp or ep == 1)",
+         on((ep * etp == dp * cp * tp) | (ep == 1), 4) & on(pl != 0, 3))
     # HALO only differs from flat when the EP group spans nodes with several members on each;
     # an EP group's members are etp ranks apart packed, edp·etp spread (layout.rank_coords)
-    stride = np.where(pl[None, :] == 0, etp[:, None], (dp * tp // np.maximum(ep, 1))[:, None])  # [survivor, placement]
+    stride = np.where(pl[None, :] == 0, etp[:, None], (dp * cp * tp // np.maximum(ep, 1))[:, None])  # [survivor, pl]
     spans_nodes = ep[:, None] * stride > hw.gpus_per_node
     per_node = np.minimum(ep[:, None], np.maximum(1, hw.gpus_per_node // np.maximum(stride, 1)))
     halo = on(a2 == 1, 2)
@@ -239,7 +245,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     if sp.ep_in_domain:
         sizes = {lv.name: lv.size for lv in hw.topology}
         rule(f"EP group leaves the {sp.ep_in_domain} domain", per_pl(ep[:, None] * stride > sizes[sp.ep_in_domain]))
-    cols = dict(gpus=N, tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
+    cols = dict(gpus=N, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8,
@@ -321,8 +327,7 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     worst = max(row["memory_gib_per_stage"], key=lambda d: d["total"])
     comps = sorted(((k, v) for k, v in worst.items() if k not in ("stage", "role", "total")), key=lambda kv: -kv[1])
     avail = hw.accelerator.memory_gib - headroom_gib
-    degrees = degrees_label(lay.tp, lay.pp, lay.dp, lay.ep, lay.etp)
-    lines.append(f"nothing fits: the leanest layout ({degrees} mbs{lay.mbs} "
+    lines.append(f"nothing fits: the leanest layout ({degrees_label(lay)} mbs{lay.mbs} "
                  f"{lay.schedule} recompute={lay.recompute} zero{lay.zero}) needs {row['peak_memory_gib']:.1f} GiB on "
                  f"stage {worst['stage']}, {avail:.1f} GiB available; largest parts: "
                  + ", ".join(f"{k} {v:.1f}" for k, v in comps[:3]))

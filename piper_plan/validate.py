@@ -46,7 +46,7 @@ from .layout import Layout, check_batch, check_degrees, degrees_label, recompute
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import (ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model,
-                            table_name, unmodelled)
+                            table_name)
 
 _REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -211,9 +211,9 @@ def _split(row) -> str:
 
 
 def _layout(row) -> Layout:
-    gpus, tp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row["pp"], 1)
+    gpus, tp, cp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row.get("cp", ""), 1), _i(row["pp"], 1)
     vpp = _i(row["vpp"], 1)
-    dp = _i(row["dp"], gpus // (tp * pp))
+    dp = _i(row["dp"], gpus // (tp * cp * pp))
     rc = row["recompute"]
     recompute = "full" if rc == "full" else "selective" if rc.startswith("selective") else "none"
     modules = ("core_attn",)
@@ -226,7 +226,8 @@ def _layout(row) -> Layout:
     # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
     # micro-batch a step (a pipeline all bubble, a 1F1B stage holding one micro-batch's activations)
     gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
-    return Layout(gpus=gpus, tp=tp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_i(row.get("etp", ""), 1), vpp=vpp, mbs=mbs,
+    return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_i(row.get("etp", ""), 1), vpp=vpp,
+                  mbs=mbs,
                   global_batch=gbs, seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),
                   fp8=_FP8.get(row["precision"], "none"),
@@ -253,8 +254,14 @@ def _tokens_per_gpu(row, m=None) -> float | None:
     if not hit or m is None or not row["metric"].endswith("tflops_per_gpu"):
         return None
     tok = float(hit.group(1).replace(",", ""))
-    ratio = float(row["value"]) * 1e12 / tok / m.flops_per_token(_i(row["seq"]))
+    ratio = float(row["value"]) * 1e12 / tok / _flops_per_token(row, m, _i(row["seq"]))
     return tok if _CONVENTION[0] <= ratio <= _CONVENTION[1] else None
+
+
+def _flops_per_token(row, m, seq: int) -> float:
+    """Model FLOPs per token as the row's source counts them: the planner's causal count, or every
+    query against every key where the row says so (attention_flops full)."""
+    return m.flops_per_token(seq, causal=row.get("attention_flops", "") != "full")
 
 
 def _narayanan_flops(row, m, lay: Layout) -> float:
@@ -332,7 +339,7 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
 # the csv's precision -> Layout.fp8
 _FP8 = {"fp8": "current", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}
 # the layout degrees a row may state; a row that states none of them (and is not X-MoE's) is searched
-_DEGREES = ("tp", "pp", "vpp", "ep", "etp", "dp")
+_DEGREES = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp")
 
 
 def is_searched(row) -> bool:
@@ -481,8 +488,11 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
     if lay is None:
         return float("nan"), "nothing fits"
     step = float(est.step_time_s[i])
+    tflops = est.tflops_per_gpu[i]
+    if row.get("attention_flops", "") == "full":  # the source's count: every query against every key
+        tflops = est.tokens_per_s[i] / lay.gpus * _flops_per_token(row, m, lay.seq) / 1e12
     if is_searched(row):  # the searched plan's own figures (its global batch is the search's)
-        own = {"model_tflops_per_gpu": est.tflops_per_gpu[i], "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i],
+        own = {"model_tflops_per_gpu": tflops, "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i],
                "iteration_time_s": step, "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
         return float(own[metric]), _desc(lay)
     if metric == "hw_tflops_per_gpu":
@@ -497,7 +507,7 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
         if row["group"] == "xmoe2025":  # X-MoE's own FLOP count (_xmoe_flops_per_token)
             tokens = lay.global_batch * lay.seq
             return _xmoe_flops_per_token(m, lay.seq) * tokens / step / lay.gpus / 1e12, _desc(lay)
-        return float(est.tflops_per_gpu[i]), _desc(lay)
+        return float(tflops), _desc(lay)
     first = est.memory["first"]
     if metric == "params_optimizer_gib_per_gpu":
         emb = m.embedding_params / lay.tp * 18 / 2**30
@@ -516,8 +526,6 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     if not rows:
         raise PiperError(f"{path}: id: no row {row_id!r}")
     row = rows[0]
-    if unmodelled(row):
-        raise PiperError(f"{path}: row {row_id}: {unmodelled(row)}")
     _inherit(rows, path, {})
     m, lay, est, i = _priced(row, path=path)
     pred, _ = _row_value(row, m, lay, est, i)
@@ -533,7 +541,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
 
 
 def _desc(lay: Layout) -> str:
-    return (f"{degrees_label(lay.tp, lay.pp, lay.dp, lay.ep, lay.etp)} mbs{lay.mbs} {lay.schedule}"
+    return (f"{degrees_label(lay)} mbs{lay.mbs} {lay.schedule}"
             + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules)}")
 
 
@@ -575,8 +583,8 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
         if group and row["group"] != group:
             continue
         no_model = missing_model(row)
-        why = unmodelled(row) or no_model or missing_hardware(row)
-        if why:  # priced, it would be another run's figure, or there is no model or machine to price it on
+        why = no_model or missing_hardware(row)
+        if why:  # there is no model or machine to price it on
             m = None if no_model else _row_model(row, specs, path)
             out.append(Result(row["id"], row["group"], _kind(row, m), row["metric"], float(row["value"]),
                               float("nan"), why, row.get("fit", "no") == "yes"))

@@ -46,7 +46,7 @@ PER_MODEL = ("zero_stage",)
 # per model, where its layers plus two divide among the chunks
 EXERCISED = {"tp_comm_overlap": lambda r: int(r.get("tp") or 1) > 1}
 # a run's layout and recompute: with the specs, what makes two rows the same setup
-LAYOUT = ("precision", "gpus", "tp", "pp", "vpp", "ep", "etp", "dp", "mbs", "gbs", "seq", "recompute")
+LAYOUT = ("precision", "gpus", "tp", "cp", "pp", "vpp", "ep", "etp", "dp", "mbs", "gbs", "seq", "recompute")
 # a layout's degrees and batch: the cells a row may leave blank for its source's own choice
 DEGREES = ("tp", "pp", "vpp", "ep", "dp", "mbs", "gbs")
 # Megatron-Core with Transformer Engine, as each publisher runs it

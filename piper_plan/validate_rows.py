@@ -44,7 +44,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "recompute", "recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
-           "etp")
+           "etp", "cp", "attention_flops")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -56,7 +56,8 @@ HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#g
                   "num_key_value_heads": "kv_heads", "num_kv_heads": "kv_heads", "num_query_groups": "kv_heads",
                   "vocab_size": "vocab", "num_experts": "experts", "top_k": "topk", "moe_ffn_hidden_size": "expert_ffn",
                   "gpu": "hardware", "system": "hardware", "dtype": "precision", "activation_recompute": "recompute",
-                  "recomputation": "recompute", "zero": "zero_stage", "expert_tp": "etp",
+                  "recomputation": "recompute", "zero": "zero_stage", "expert_tp": "etp", "context_parallel": "cp",
+                  "context_parallel_size": "cp",
                   "expert_tensor_parallel": "etp", "expert_tensor_parallel_size": "etp"}
 
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
@@ -68,8 +69,12 @@ METRIC_ALIASES = {"tokens/s/gpu": "tokens_per_s_per_gpu", "tok/s/gpu": "tokens_p
                   "seconds_per_iteration": "iteration_time_s", "model_tflops": "model_tflops_per_gpu",
                   "mfu_pct": "mfu", "mfu%": "mfu", "mfu_(%)": "mfu"}
 PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
+# how a row's TFLOPS count attention (the attention_flops column): causal, the planner's count (a
+# query against the keys before it, half the square), or full, the whole square (NeMo's and older
+# Megatron FLOP formulas: validation/README.md)
+ATTENTION_FLOPS = ("", "causal", "full")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
-        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads", "etp")
+        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads", "etp", "cp")
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp")
 FLOATS = ("value", "tokens_per_s_per_gpu")
@@ -225,20 +230,6 @@ def _recompute(rc: str) -> str:
     return _RECOMPUTE_WORDS.get(word, rc)
 
 
-# columns some tables add for parallelism the planner does not model: a row using it would be
-# priced as another run, so it is not priced at all (validate names it), not read without it
-UNMODELLED = {"cp": "context parallelism", "context_parallel": "context parallelism"}
-
-
-def unmodelled(r: dict) -> str | None:
-    """Why a row cannot be priced as the run it was (a cp column other than 1), or None."""
-    for c, what in UNMODELLED.items():
-        v = r.get(c, "").strip()
-        if v and v != "1":
-            return f"not modelled: {what} ({c} {v})"
-    return None
-
-
 def _check_row(path, rid: str, r: dict) -> None:
     for c in INTS:
         v = r.get(c, "")
@@ -266,6 +257,9 @@ def _check_row(path, rid: str, r: dict) -> None:
     if r.get("precision", "") not in PRECISIONS:
         raise TableError(path, rid, "precision", f"expected one of {', '.join(p for p in PRECISIONS if p)} "
                          f"(or blank), got {r['precision']!r}")
+    if r.get("attention_flops", "") not in ATTENTION_FLOPS:
+        raise TableError(path, rid, "attention_flops", "expected causal (the planner's count: a query attends to "
+                         f"the keys before it) or full (every key), or blank, got {r['attention_flops']!r}")
 
 
 

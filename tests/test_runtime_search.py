@@ -65,7 +65,7 @@ def test_zero2_buckets_also_go_at_the_cap_so_big_chunks_make_more_calls():
 # one value piper-train does not run for each field of its table (runtimes.PIPER_TRAIN)
 UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gemm": "multistream",
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
-         "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2}
+         "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -77,12 +77,13 @@ def test_the_search_and_the_launch_refuse_the_same_features():
 
     assert set(UNRUN) == {s.field for s in PIPER_TRAIN}
     m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
-    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps"}
+    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps"}
     for s in PIPER_TRAIN:
         bad = UNRUN[s.field]
         extra = {"recompute": "selective"} if s.field == "recompute_modules" else {}
         ep = 1 if s.field == "etp" else 2  # two ranks: one expert group of etp 2
-        plan = make_plan(m, hw, Layout(gpus=2, dp=2, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
+        dp = 1 if s.field == "cp" else 2  # two ranks: one sequence over both
+        plan = make_plan(m, hw, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
         with pytest.raises(PiperError, match=f"plan.layout.{s.field} = "):
             check_supported(plan, 2)
         attr = several.get(s.field, s.field)

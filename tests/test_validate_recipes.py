@@ -175,15 +175,18 @@ def test_an_independent_papers_moe_runs_on_h100_price_within_the_moe_targets():
     # as written: the fold's (ETP 1), 17 rows at MAPE 6.0 %, max 13.8 %, Kendall tau 0.94 (10.3 %,
     # 21.3 % without the inferred recipe, as first priced); and its "MCore" baseline (ETP = TP,
     # EP inside DP), 16 rows, first priced as ETP 1 at +98 ... +105 % (G8T8), then with expert
-    # tensor parallelism modelled: all 33 rows at MAPE 7.5 %, max 20.3 %, tau 0.91
+    # tensor parallelism modelled: 33 rows at MAPE 7.5 %, max 20.3 %, tau 0.91; and Table 5's
+    # sequence scaling (16K-128K with context parallelism 4-16), 8 rows first priced with context
+    # parallelism modelled at 9.5 %, max 16.0 %: all 41 at 7.9 %, tau 0.84
     res = V.run(path=V.data_path().parent / "moe-parallel-folding.csv")
     by = {r.id: r for r in res}
-    assert len(res) == 33 and all(r.recipe_from for r in res)  # the paper names Megatron Core
+    assert len(res) == 41 and all(r.recipe_from for r in res)  # the paper names Megatron Core
     assert by["mpf-t4-qwen2-57b-fold-64"].built_on is None  # the bundled spec, shared expert and all
     assert by["mpf-t3-mixtral-g8t8-fold-128"].built_on == "mixtral-8x22b"  # 64 experts, top-8, width 2048
     assert "etp2" in by["mpf-t3-mixtral-g8t8-mcore-128"].layout
+    assert "cp8" in by["mpf-t5-mixtral8x22b-fold-1024-s128k"].layout
     moe = V.summary(res)["kinds"]["moe"]
-    assert moe["rows"] == 33 and moe["mape"] <= V.TARGETS["moe"][0] and moe["max_abs_pct"] <= V.TARGETS["moe"][1]
+    assert moe["rows"] == 41 and moe["mape"] <= V.TARGETS["moe"][0] and moe["max_abs_pct"] <= V.TARGETS["moe"][1]
     # the scaling series (one layout, 64/128 to 1,024 GPUs, global batch 1,024) keep their order
     assert V.summary(res)["groups"]["moe-parallel-folding"]["kendall_tau"]["model_tflops_per_gpu"] >= 0.8
     # what the fold gains over the coupled mapping, each model's Table 3 pair (paper: 1.065, 1.105,

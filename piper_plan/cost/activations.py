@@ -42,7 +42,7 @@ PAPER_TERMS = ("attn_norm_in", "qkv_in", "qkv", "scores", "probs", "attn_out",
 
 
 def _common(lay: LayoutBatch):
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     tp = lay.tp.astype(float)
     sp_div = np.where(lay.sp, tp, 1.0)
     return t, tp, sp_div, lay.act_bytes.astype(float)

@@ -58,6 +58,7 @@ class LayoutBatch:
 
     gpus: np.ndarray
     tp: np.ndarray
+    cp: np.ndarray          # context parallel (Layout.cp)
     pp: np.ndarray
     dp: np.ndarray
     ep: np.ndarray
@@ -99,7 +100,17 @@ class LayoutBatch:
 
     @property
     def edp(self) -> np.ndarray:
-        return self.dp * self.tp // (self.ep * self.etp)
+        return self.dp * self.cp * self.tp // (self.ep * self.etp)
+
+    @property
+    def dpcp(self) -> np.ndarray:
+        """Ranks a dense gradient is reduced over (Layout.dpcp): dp·cp."""
+        return self.dp * self.cp
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Tokens of one micro-batch on a rank before tensor parallelism's split: mbs·seq/cp."""
+        return (self.mbs * self.seq).astype(float) / self.cp
 
     @property
     def ep_stride(self) -> np.ndarray:
@@ -118,9 +129,8 @@ class LayoutBatch:
         """The i-th candidate as a Layout."""
         g = lambda k: int(getattr(self, k)[i])  # noqa: E731
         dtype = {4: "fp32"}.get(g("act_bytes"), "bf16")
-        return Layout(gpus=g("gpus"), tp=g("tp"), pp=g("pp"), dp=g("dp"), ep=g("ep"), etp=g("etp"), vpp=g("vpp"),
-                      mbs=g("mbs"),
-                      global_batch=g("gbs"), seq=g("seq"), schedule=SCHEDULES[g("sched")],
+        return Layout(gpus=g("gpus"), tp=g("tp"), cp=g("cp"), pp=g("pp"), dp=g("dp"), ep=g("ep"), etp=g("etp"),
+                      vpp=g("vpp"), mbs=g("mbs"), global_batch=g("gbs"), seq=g("seq"), schedule=SCHEDULES[g("sched")],
                       recompute=RECOMPUTES[g("recompute")],
                       recompute_modules=tuple(x for i, x in enumerate(RC_MODULES) if g("rc_mods") >> i & 1),
                       sequence_parallel=bool(self.sp[i]), zero=g("zero"),
@@ -138,8 +148,9 @@ class LayoutBatch:
 def from_layouts(layouts: list[Layout]) -> LayoutBatch:
     col = lambda f: np.array([f(x) for x in layouts])  # noqa: E731
     return LayoutBatch(
-        gpus=col(lambda x: x.gpus), tp=col(lambda x: x.tp), pp=col(lambda x: x.pp), dp=col(lambda x: x.dp),
-        ep=col(lambda x: x.ep), etp=col(lambda x: x.etp), vpp=col(lambda x: x.vpp), mbs=col(lambda x: x.mbs),
+        gpus=col(lambda x: x.gpus), tp=col(lambda x: x.tp), cp=col(lambda x: x.cp), pp=col(lambda x: x.pp),
+        dp=col(lambda x: x.dp), ep=col(lambda x: x.ep), etp=col(lambda x: x.etp), vpp=col(lambda x: x.vpp),
+        mbs=col(lambda x: x.mbs),
         gbs=col(lambda x: x.global_batch), seq=col(lambda x: x.seq),
         sched=col(lambda x: SCHEDULES.index(x.schedule)), recompute=col(lambda x: RECOMPUTES.index(x.recompute)),
         rc_mods=col(lambda x: rc_bits(x.recompute_modules)),

@@ -134,7 +134,7 @@ def _elementwise(hw, nbytes, kernels) -> Phase:
 def _attention_shapes(m: ModelSpec, lay: LayoutBatch) -> list[tuple]:
     """The attention block's linear layers (_linears shapes): q/k/v (MLA: its down and up
     projections) and the output projection, last."""
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     tp = lay.tp.astype(float)
     d, H = m.hidden_size, m.num_heads
     if m.mla is not None:
@@ -153,7 +153,7 @@ def _attention_shapes(m: ModelSpec, lay: LayoutBatch) -> list[tuple]:
 
 def _ffn_shapes(m: ModelSpec, lay: LayoutBatch) -> list[tuple]:
     """The dense FFN's linear layers: up (and gate), down."""
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     tp = lay.tp.astype(float)
     d, f = m.hidden_size, m.ffn_size
     return [(t, (2 if m.ffn_gated else 1) * f / tp, d), (t, d, f / tp)]
@@ -170,33 +170,33 @@ def tp_overlappable(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     return attn, _sum(_linears(hw, dtype, lay.act_bytes, *_ffn_shapes(m, lay)))
 
 
-def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
-    """Attention block of one layer (norm, projections, core, residual)."""
-    t = (lay.mbs * lay.seq).astype(float)
-    tp = lay.tp.astype(float)
+def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
+    """softmax(QK^T)V of one layer for one micro-batch on a rank: its tokens' queries against the
+    whole sequence's keys. Fused kernels skip masked blocks (causal half, sliding windows); under
+    context parallelism (Layout.cp) the ring runs one kernel a step, cp in all each way, on the
+    rank's load-balanced share of the FLOPs."""
+    t = lay.tokens
     eb = lay.act_bytes
-    d, H = m.hidden_size, m.num_heads
-    up_proj = None  # MLA's up-projections (what mla_up_proj recompute re-runs)
     dqk, dv = m.qk_v_dims
-    lin = _linears(hw, dtype, eb, *_attention_shapes(m, lay))
-    ph = _sum(lin)
-    if m.mla is not None:
-        up_proj = lin[1] + lin[3] if m.mla.q_lora_rank else lin[1]
-
-    heads = H / tp
+    heads = m.num_heads / lay.tp.astype(float)
     s = lay.seq.astype(float)
-    # core attention: fused kernels skip masked blocks (causal half, sliding windows)
     core_flops = 2.0 * t * m.attended_keys(s) * heads * (dqk + dv)
     # attention stays in bf16 under fp8 training (Transformer Engine's default recipe)
     adt = base_dtype(dtype)
-    flash_f = flash_attention_time(hw, core_flops, adt, dqk, dv)  # causal: masked blocks skipped
-    flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv)
+    # the ring's other steps: their kernels, and each step's partial output merged into the
+    # running one (read both, write one) forward, its query gradient accumulated (read, write) backward
+    more = (lay.cp - 1).astype(float)
+    steps = more * hw.efficiency.kernel_overhead_us * 1e-6
+    merge_f = np.where(more > 0, stream_time(hw, more * 3.0 * t * heads * dv * eb, more), 0.0)
+    merge_b = np.where(more > 0, stream_time(hw, more * 2.0 * t * heads * dqk * eb, more), 0.0)
+    flash_f = flash_attention_time(hw, core_flops, adt, dqk, dv) + steps + merge_f
+    flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv) + steps + merge_b
     if hw.efficiency.attention_fp8 and lay.attn_fp8.any():  # FP8 attention where measured (Layout.attention_fp8)
         sf, sb = hw.efficiency.attention_fp8
-        ovh = hw.efficiency.kernel_overhead_us * 1e-6  # the launch is not faster in FP8
+        ovh = lay.cp * hw.efficiency.kernel_overhead_us * 1e-6  # the launches are not faster in FP8
         flash_f = np.where(lay.attn_fp8, (flash_f - ovh) / sf + ovh, flash_f)
         flash_b = np.where(lay.attn_fp8, (flash_b - ovh) / sb + ovh, flash_b)
-    if lay.eager.any():
+    if lay.eager.any():  # materialised scores (cp 1: layout.check_layout)
         batch = lay.mbs * heads
         eager_gemm = (gemm_time(hw, s, s, dqk, groups=batch, dtype=adt, elt_bytes=eb)
                       + gemm_time(hw, s, dv, s, groups=batch, dtype=adt, elt_bytes=eb))
@@ -208,7 +208,21 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     else:  # all fused: skip pricing the eager kernels
         core_f, core_b = flash_f, flash_b
     z = np.zeros_like(core_f)
-    core = Phase(core_f, core_b, z, z)
+    return Phase(core_f, core_b, z, z)
+
+
+def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
+    """Attention block of one layer (norm, projections, core, residual)."""
+    t = lay.tokens
+    tp = lay.tp.astype(float)
+    eb = lay.act_bytes
+    d = m.hidden_size
+    up_proj = None  # MLA's up-projections (what mla_up_proj recompute re-runs)
+    lin = _linears(hw, dtype, eb, *_attention_shapes(m, lay))
+    ph = _sum(lin)
+    if m.mla is not None:
+        up_proj = lin[1] + lin[3] if m.mla.q_lora_rank else lin[1]
+    core = core_attention(m, hw, lay, dtype)
 
     # elementwise: norm (read+write d), residual add (read 2d, write d), rope on q and k,
     # dropout on the block output (read, write, 1-byte mask). SP shards the d-wide ones over tp.
@@ -258,7 +272,7 @@ def _unfused_rope(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, row_bytes) -
 
 def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
     """Dense FFN block (norm, up/gate, activation, down, residual)."""
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     tp = lay.tp.astype(float)
     eb = lay.act_bytes
     d, f = m.hidden_size, m.ffn_size
@@ -289,7 +303,7 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     shared experts, unpermute and weighted combine."""
     assert m.moe is not None
     mo = m.moe
-    t = (lay.mbs * lay.seq).astype(float) / lay.tp
+    t = lay.tokens / lay.tp
     eb = lay.act_bytes
     d, f, E, k = m.hidden_size, mo.expert_ffn_size, mo.num_experts, mo.top_k
     etp = lay.etp.astype(float)
@@ -380,7 +394,7 @@ def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> t
 
 def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
     """Final norm, vocab-parallel LM head and fp32 cross-entropy (last stage)."""
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     tp = lay.tp.astype(float)
     V, d = m.vocab_size, m.hidden_size
     ph, = _linears(hw, base_dtype(dtype), lay.act_bytes, (t, V / tp, d))  # FP8 recipes keep the head in bf16
@@ -391,5 +405,5 @@ def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) 
 
 def embedding_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> Phase:
     """Embedding gather (first stage) and its scatter-add gradient."""
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     return _elementwise(hw, t * m.hidden_size * lay.act_bytes * 2.0, 1)

@@ -16,7 +16,8 @@ from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
 from .batch import FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
-from .compute import Phase, attention_phase, embedding_phase, ffn_phase, lm_head_phase, moe_phase, tp_overlappable
+from .compute import (Phase, attention_phase, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
+                      tp_overlappable)
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
 from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
@@ -248,7 +249,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
         p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
     # the first reduction after the pipeline waits for the rank the whole pipeline left last
-    t_dp = t_dp + np.where((lay.dp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
+    t_dp = t_dp + np.where((lay.dpcp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
     step = (t_pipe + t_dp + t_opt + t_mig) * share
 
     # ---- memory per representative rank ------------------------------------------------
@@ -265,7 +266,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
 
     a2a_step = M * pick(a2a_per_mb)
     p2p_step = M * p2p_one * rank_chunks * 2
-    tp_step = M * pick(comm_t) - a2a_step - p2p_step
+    cp_step = M * (nd_p + nm_p) * lc["cp_layer"]  # the context-parallel ring's exposed share
+    tp_step = M * pick(comm_t) - a2a_step - p2p_step - cp_step
     a2a_step = a2a_step - M * pick(hidden_of)  # what stays exposed: the components add up to the step
     # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
     # the layers' phases, reported apart from the kernels' own time
@@ -273,7 +275,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     compute_step = M * (comp_total + pick(slow_of)) - host_step
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
-                                      ("tp_comm", np.maximum(tp_step, 0.0)), ("p2p", p2p_step), ("bubble", bubble),
+                                      ("tp_comm", np.maximum(tp_step, 0.0)), ("cp_comm", cp_step), ("p2p", p2p_step),
+                                      ("bubble", bubble),
                                       ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
     time["total"] = step
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
@@ -306,7 +309,7 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     dense and MoE layer counts, P_rep / P_exp their replicated and expert parameters),
     the worst rank's total, and each role's stage (-1: no such rank)."""
     n = len(lay)
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     tp = lay.tp.astype(float)
     eb = lay.act_bytes.astype(float)
     d = m.hidden_size
@@ -324,7 +327,7 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
     a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
-    c_rep = {k: v / GIB for k, v in state_coeffs(lay.dp, lay).items()}
+    c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
     c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
     gb = _grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
     mem = {}
@@ -354,7 +357,7 @@ def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
     whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2
     CPU ranks (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
     cap = BUCKET_CAP_BYTES / GIB
-    dp, edp = lay.dp.astype(float), np.maximum(np.asarray(edp, float), 1.0)  # edp is 0 without experts
+    dp, edp = lay.dpcp.astype(float), np.maximum(np.asarray(edp, float), 1.0)  # edp is 0 without experts
     rep = np.where(dp > 1, rep_gib, 0.0)  # gradients reduced in buckets: groups of two or more
     exp = np.where(edp > 1, exp_gib, 0.0)
     held = np.minimum(rep, dp * cap) + np.minimum(exp, edp * cap)
@@ -374,7 +377,7 @@ def _owned(lay: LayoutBatch, edp, rep, exp):
     """What a rank's optimizer steps of `rep` replicated and `exp` expert parameters (or
     tensors): all of them, or with ZeRO its share of each replication group."""
     sharded = lay.zero >= 1
-    return np.where(sharded, rep / np.maximum(lay.dp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
+    return np.where(sharded, rep / np.maximum(lay.dpcp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
 
 
 def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, rep_p, exp_p):
@@ -390,7 +393,7 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, 
     runtime/optim.py). Fused layouts (multi-tensor kernels): zero."""
     us = hw.efficiency.optimizer_tensor_us
     edp = np.asarray(edp, float)
-    held = rep_t * (lay.dp > 1) + exp_t * (edp > 1)  # tensors with a replication group
+    held = rep_t * (lay.dpcp > 1) + exp_t * (edp > 1)  # tensors with a replication group
     copies = held * us.get("copy", 0.0) * 1e-6
     t_opt = (_owned(lay, edp, rep_t, exp_t) * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)) * 1e-6
     t_opt = t_opt + np.where(lay.zero >= 1, copies, 0.0)  # the ZeRO gather's copies
@@ -398,7 +401,7 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, 
     cap = BUCKET_CAP_BYTES  # a bucket also goes at this size (runtime/optim.py)
     grads = _grad_bytes(lay, lay.act_bytes.astype(float))
     rep_b, exp_b = np.ceil(rep_p * grads / v / cap), np.ceil(exp_p * grads / v / cap)
-    buckets = v * (np.maximum(np.minimum(lay.dp, rep_t / v), rep_b) * (lay.dp > 1)
+    buckets = v * (np.maximum(np.minimum(lay.dpcp, rep_t / v), rep_b) * (lay.dpcp > 1)
                    + np.maximum(np.minimum(edp, exp_t / v), exp_b) * (edp > 1))
     z2 = M * (buckets * hw.efficiency.collective_overhead_us * 1e-6 + copies)
     return np.where(lay.unfused, copies + np.where(lay.zero == 2, z2, 0.0), 0.0), np.where(lay.unfused, t_opt, 0.0)
@@ -442,9 +445,9 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     gb = _grad_bytes(lay, eb)
     zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
     dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
-    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dp, lay.tp, zfrac, dp_span)
+    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dpcp, lay.tp, zfrac, dp_span)
             + comm.ring_allreduce(hw, exp_pr * gb, edp, edp_stride, zfrac, edp_span))
-    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dp, lay.tp, 0.5, dp_span)
+    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dpcp, lay.tp, 0.5, dp_span)
                     + comm.ring_allreduce(hw, exp_pr * eb, edp, edp_stride, 0.5, edp_span), 0.0)
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
@@ -472,7 +475,7 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
         # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
         # piper-train do), and the global gradient norm's all-reduce
-        dpn, edpn = lay.dp.astype(float), edp.astype(float)
+        dpn, edpn = lay.dpcp.astype(float), edp.astype(float)
         gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
         t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
     return t_dp
@@ -499,8 +502,8 @@ def _optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
     # 2 for the division), and with ZeRO copy each gathered parameter out of its broadcast
     # buffer (read + write) after the owner packed it (read + write)
-    replicated = rep_pr * (lay.dp > 1) + exp_pr * (edp > 1)  # params with a replication group
-    red = 16.0 * replicated + np.where(lay.dp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
+    replicated = rep_pr * (lay.dpcp > 1) + exp_pr * (edp > 1)  # params with a replication group
+    red = 16.0 * replicated + np.where(lay.dpcp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
     gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
     opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
     return stream_time(hw, opt_bytes, 0) + t_cached
@@ -546,19 +549,19 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     (mbs, seq, dtype, sp) fix, per layout: expert-DP size and strides, the DP groups' spans,
     one P2P message's seconds. A search has a few hundred distinct combinations, so each is
     priced once (comm's level counts are costly on every candidate)."""
-    _, first, inv = distinct_rows(lay.tp, lay.dp, lay.ep, lay.etp, lay.placement, lay.mbs, lay.seq, lay.act_bytes,
-                                  lay.sp)
+    _, first, inv = distinct_rows(lay.tp, lay.cp, lay.dp, lay.ep, lay.etp, lay.placement, lay.mbs, lay.seq,
+                                  lay.act_bytes, lay.sp)
     g = lay.take(first)
     edp = g.edp
     tp = g.tp.astype(float)
     # p2p: each chunk boundary sends the activation forward and its gradient back
-    p2p_bytes = (g.mbs * g.seq).astype(float) * d * g.act_bytes.astype(float) / np.where(g.sp, tp, 1.0)
+    p2p_bytes = g.tokens * d * g.act_bytes.astype(float) / np.where(g.sp, tp, 1.0)
     co = hw.efficiency.collective_overhead_us * 1e-6
     edp_stride = g.edp_stride
-    dp_bw, dp_lat = comm.group_span(hw, g.dp, g.tp)
+    dp_bw, dp_lat = comm.group_span(hw, g.dpcp, g.tp)
     edp_bw, edp_lat = comm.group_span(hw, edp, edp_stride)
     out = dict(edp=edp, ep_stride=g.ep_stride, edp_stride=edp_stride,
-               p2p=comm.p2p(hw, p2p_bytes, g.dp * g.tp) + co,
+               p2p=comm.p2p(hw, p2p_bytes, g.dpcp * g.tp) + co,
                dp_bw=dp_bw, dp_lat=dp_lat, edp_bw=edp_bw, edp_lat=edp_lat)
     return {k: np.asarray(v).take(inv) for k, v in out.items()}
 
@@ -570,8 +573,8 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     what the backward re-runs and what is saved, so the costs are priced once per combination
     without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
-    key = (lay.mbs, lay.seq, lay.tp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm, lay.dropout,
-           lay.act_bytes,
+    key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
+           lay.dropout, lay.act_bytes,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     _, first1, inv1 = distinct_rows(*key, lay.recompute)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
@@ -646,7 +649,7 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
     out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=(Th + block) / avg_layer,
                Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
-               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"],
+               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], cp_layer=lc["cp_layer"],
                dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"])
     for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head)):
         out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr")})
@@ -711,7 +714,32 @@ def _with_recompute(base: dict, recompute) -> dict:
     for k in ("dense_comm", "moe_comm"):  # full recompute repeats the forward's collectives
         ph = base[k]
         out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, np.where(sel, base["attn_comm_r"], 0.0)))
+    # what of those the context-parallel ring exposes, a layer (either kind), reported apart
+    out["cp_layer"] = base["cp_f"] + base["cp_b"] + np.where(full, base["cp_f"], np.where(sel, base["cp_r"], 0.0))
     return out
+
+
+def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
+    """Context parallelism's ring (Layout.cp) in one attention layer for one micro-batch: the
+    rank's K and V chunk passes round the cp ranks (tp apart), cp - 1 steps, each behind the
+    attention kernel of a chunk already held (Transformer Engine's AttnFuncWithCPAndKVP2P); the
+    backward passes K, V and their gradients, twice the bytes. A step exposes what its transfer
+    takes beyond its kernel's share of the core attention. Megatron-Core's default
+    cp_comm_type p2p; MLA passes its full-width K and V heads."""
+    z = np.zeros(len(lay))
+    if not (lay.cp > 1).any():
+        return Phase(z, z, z, z)
+    dqk, dv = m.qk_v_dims
+    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / lay.tp, 1.0)
+    kv = lay.tokens * kv_heads * (dqk + dv) * lay.act_bytes
+    cp = lay.cp.astype(float)
+    more = cp - 1.0
+    # one step: one of a ring all-gather's cp - 1 steps over the levels the group spans
+    step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5) / np.maximum(more, 1.0)
+    core = core_attention(m, hw, lay, dtype)
+    f = more * np.maximum(step - core.f / cp, 0.0)
+    b = more * np.maximum(2.0 * step - core.b / cp, 0.0)
+    return Phase(f, b, z, z)
 
 
 def _tp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, tp_ar) -> tuple[Phase, Phase]:
@@ -746,7 +774,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     sel = replace(lay, recompute=np.ones(len(lay), int))  # attention_phase prices r = core.f
     eb = lay.act_bytes.astype(float)
     tp = lay.tp.astype(float)
-    t = (lay.mbs * lay.seq).astype(float)
+    t = lay.tokens
     d = m.hidden_size
     zero = np.zeros(len(lay))
     attn = attention_phase(m, hw, sel, dtype)
@@ -755,6 +783,8 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
     tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
+    cpx = _cp_exposed(m, hw, lay, dtype)
+    tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
     dense_comm = Phase(tp_dense.f, tp_dense.b, zero, zero)
     host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
     dense_host = host.host_gap(host.host_time(hw, host_dense), dense, dense_comm)
@@ -819,10 +849,13 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         moe_comm = Phase(zero, zero, zero, zero)
         moe_host = moe
         a2a_hide = zero
-    # X-MoE's attention-block checkpoint re-runs the block's tensor-parallel collective too
-    attn_comm_r = np.where(recomputes(lay, "attn_block"), tp_ar, 0.0)
+    # X-MoE's attention-block checkpoint re-runs the block's tensor-parallel collective too; a
+    # re-run core attention its context-parallel ring
+    attn_comm_r = (np.where(recomputes(lay, "attn_block"), tp_ar, 0.0)
+                   + np.where(recomputes(lay, "attn_block") | recomputes(lay, "core_attn"), cpx.f, 0.0))
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
-               attn_comm_r=attn_comm_r,
+               attn_comm_r=attn_comm_r, cp_f=cpx.f, cp_b=cpx.b,
+               cp_r=np.where(recomputes(lay, "attn_block") | recomputes(lay, "core_attn"), cpx.f, 0.0),
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
                a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay),
                head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))

@@ -24,7 +24,8 @@ Operations per layer forward, from Megatron-Core's modules on Transformer Engine
   multi-stream GroupedLinear, a Python loop), 2 when grouped; shared experts 4;
 - FP8: the quantisation kernels of each GEMM's input (cost/compute.FP8_QUANT), per expert
   where the GEMMs launch per expert;
-- tensor parallelism with sequence parallelism: an all-gather and a reduce-scatter per block.
+- tensor parallelism with sequence parallelism: an all-gather and a reduce-scatter per block;
+- context parallelism: 3 more a ring step (send / receive, attention kernel, merge).
 A scope captured as a CUDA graph (Layout.cuda_graphs) costs one launch; full_iteration none.
 The backward issues twice the forward's operations (a GEMM's dgrad and wgrad; about two
 kernels per elementwise backward); full recompute issues the forward again.
@@ -54,7 +55,10 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     gemms = 5.0 if (m.mla is not None and m.mla.q_lora_rank) else 4.0 if m.mla is not None else 2.0
     # a YaRN model's RoPE on the fused stack: Megatron-Core's unfused ops, 6 a tensor for 1 (compute.UNFUSED_ROPE)
     rope = 10.0 if unfused_rope(m) else 0.0
-    attn_ops = 5.0 + rope + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm
+    # context parallelism's ring: each further step issues its send / receive, its attention
+    # kernel and the merge of its partial output
+    ring = 3.0 * (lay.cp - 1)
+    attn_ops = 5.0 + rope + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm + ring
     attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)
     mlp = np.where(graphed(lay, "mlp"), 1.0, 4.0 + 2.0 * q + tp_comm) if m.ffn_size else 0.0
     dense = attn + mlp

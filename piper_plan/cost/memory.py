@@ -81,6 +81,6 @@ def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float) -
     rep = (m.num_dense_layers * dense + m.num_moe_layers * moe_rep
            + (m.embedding_params + m.lm_head_params) / tp) / pp
     exp = m.num_moe_layers * experts / pp
-    c_rep, c_exp = state_coeffs(lay.dp, lay), state_coeffs(lay.edp, lay)
+    c_rep, c_exp = state_coeffs(lay.dpcp, lay), state_coeffs(lay.edp, lay)
     tot = rep * sum(c_rep.values()) + exp * sum(c_exp.values())
     return tot / GIB + overhead_gib
