@@ -290,9 +290,10 @@ def search_options(fn):
         click.option("--headroom-gib", type=float, default=0.0, show_default=True,
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
-        click.option("--cp", "cps", default="1", show_default=True,
+        click.option("--cp", "cps", default="auto", show_default=True,
                      help="context-parallel degrees to try, comma-separated (e.g. 1,2,4): each sequence split over "
-                     "cp ranks (ring attention); 1 keeps sequences whole, as piper-train runs them"),
+                     "cp ranks (ring attention); auto: 1, 2, 4 and 8 from 8K-token sequences on (1 below, and for "
+                     "piper-train, which keeps sequences whole)"),
         click.option("--etp", "etps", default="1", show_default=True,
                      help="expert-tensor-parallel degrees to try, comma-separated (e.g. 1,2,4); 1 keeps experts "
                      "whole, as piper-train runs them"),
@@ -322,6 +323,15 @@ def _degrees(text: str, option: str) -> tuple[int, ...]:
     return tuple(sorted({int(x) for x in parts}))
 
 
+def _cps(kw, seq: int) -> tuple[int, ...]:
+    """--cp's degrees: as listed, or auto (search.auto_cps; 1 alone for piper-train)."""
+    from .search import auto_cps
+
+    if kw["cps"].strip() == "auto":
+        return (1,) if kw.get("runtime") == "piper-train" else auto_cps(seq)
+    return _degrees(kw["cps"], "--cp")
+
+
 def _space(kw, model, gpus):
     from .search import SearchSpace, default_global_batch, for_runtime
 
@@ -332,7 +342,7 @@ def _space(kw, model, gpus):
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                     etps=_degrees(kw["etps"], "--etp"), cps=_degrees(kw["cps"], "--cp"), expert_gemm=kw["expert_gemm"],
+                     etps=_degrees(kw["etps"], "--etp"), cps=_cps(kw, seq), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      fp8=kw["fp8"], expert_probs=kw["expert_probs"],

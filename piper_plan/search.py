@@ -74,6 +74,15 @@ class SearchSpace:
 
 
 RUNTIMES = ("any", "piper-train")
+LONG_SEQ = 8192  # tokens from which the CLI's --cp auto tries context parallelism
+
+
+def auto_cps(seq: int) -> tuple[int, ...]:
+    """Context-parallel degrees worth trying for `seq`-token sequences: 1 alone below LONG_SEQ
+    (the published runs split sequences from 8K on: Megatron-Bridge's Llama 3.1 405B at CP 2,
+    validation/context-parallel.csv), else 1, 2, 4 and 8 (the search drops those that do not
+    split seq into 2·cp chunks)."""
+    return (1,) if seq < LONG_SEQ else (1, 2, 4, 8)
 
 
 def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:

@@ -162,3 +162,19 @@ def test_a_row_naming_another_attention_count_is_refused_with_the_column_named(t
         w.writerow({**rows[0], "attention_flops": "half"})
     with pytest.raises(PiperError, match="attention_flops.*expected causal"):
         V.run(path=bad)
+
+
+def test_the_cli_tries_context_parallelism_by_itself_for_long_sequences_only():
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+
+    def cps(*extra):
+        r = CliRunner().invoke(main, ["search", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "16", "--global-batch", "16",
+                                      "--schedules", "1f1b", "--top", "3000", *extra])
+        assert r.exit_code == 0, r.output
+        return {int(w[2:]) for w in r.output.replace("\n", " ").split() if w.startswith("cp") and w[2:].isdigit()}
+
+    assert cps("--seq", "32768") >= {2, 4}
+    assert cps("--seq", "4096") == set()  # whole sequences below 8K tokens
+    assert cps("--seq", "32768", "--runtime", "piper-train") == set()  # piper-train keeps sequences whole
