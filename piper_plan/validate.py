@@ -210,8 +210,27 @@ def _split(row) -> str:
     return split if split in ("even", "account") else "balanced"
 
 
+# a context-parallel degree a row's notes state ("CP 2", "CP=4", "context parallel 8")
+_NOTES_CP = re.compile(r"\b(?:CP|[Cc]ontext[- ]parallel(?:ism)?(?: size)?)\s*[=:]?\s*(\d+)\b")
+
+
+def _cp(row, gpus: int, tp: int, pp: int) -> int:
+    """The row's context-parallel degree: its cp column; else, in a table without one (the handed-over
+    schema has none), the factor its tp, pp and dp leave of its GPUs where the notes state that CP,
+    else 1 (a product that still misses is named by check_degrees)."""
+    if row.get("cp", ""):
+        return int(row["cp"])
+    dp = _i(row["dp"])
+    if not dp or gpus % (tp * pp * dp):
+        return 1
+    rest = gpus // (tp * pp * dp)
+    said = {int(x) for x in _NOTES_CP.findall(row.get("notes", ""))}
+    return rest if rest > 1 and rest in said else 1
+
+
 def _layout(row) -> Layout:
-    gpus, tp, cp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row.get("cp", ""), 1), _i(row["pp"], 1)
+    gpus, tp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row["pp"], 1)
+    cp = _cp(row, gpus, tp, pp)
     vpp = _i(row["vpp"], 1)
     dp = _i(row["dp"], gpus // (tp * cp * pp))
     rc = row["recompute"]

@@ -178,3 +178,29 @@ def test_the_cli_tries_context_parallelism_by_itself_for_long_sequences_only():
     assert cps("--seq", "32768") >= {2, 4}
     assert cps("--seq", "4096") == set()  # whole sequences below 8K tokens
     assert cps("--seq", "32768", "--runtime", "piper-train") == set()  # piper-train keeps sequences whole
+
+
+def test_a_handed_over_schema_row_is_read_with_the_context_parallelism_its_notes_state(tmp_path):
+    # the handed-over schema (../shared/validation) has no cp column: a row whose tp·pp·dp leaves
+    # a factor of its GPUs that its notes call CP is priced with it; one whose notes do not is an
+    # error naming the product, as before
+    import csv
+
+    from piper_plan import validate as V
+
+    src = next(r for r in csv.DictReader(open(V.data_path())) if r["id"] == "mb-dsv3-gb300-bf16")
+    cols = [c for c in src if c not in ("cp", "etp")]
+    said = {**src, "id": "said", "dp": str(int(src["dp"]) // 2), "notes": "TP1 PP2 CP 2 EP32"}
+    path = tmp_path / "t.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerow(said)
+    (res,) = V.run(path=path)
+    assert "cp2" in res.layout and res.predicted > 0
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerow({**said, "notes": "TP1 PP2 EP32"})
+    with pytest.raises(PiperError, match=r"tp\*pp\*dp == gpus"):
+        V.run(path=path)
