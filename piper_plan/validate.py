@@ -228,6 +228,18 @@ def _cp(row, gpus: int, tp: int, pp: int) -> int:
     return rest if rest > 1 and rest in said else 1
 
 
+_NOTES_ETP = re.compile(r"\bETP\s*[=:]?\s*(\d+)\b")
+
+
+def _etp(row) -> int:
+    """The row's expert-tensor-parallel degree: its etp column; else, in a table without one, the
+    one degree its notes state ("ETP 2"); else 1."""
+    if row.get("etp", ""):
+        return int(row["etp"])
+    said = {int(x) for x in _NOTES_ETP.findall(row.get("notes", ""))}
+    return said.pop() if len(said) == 1 else 1
+
+
 def _layout(row) -> Layout:
     gpus, tp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row["pp"], 1)
     cp = _cp(row, gpus, tp, pp)
@@ -245,7 +257,7 @@ def _layout(row) -> Layout:
     # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
     # micro-batch a step (a pipeline all bubble, a 1F1B stage holding one micro-batch's activations)
     gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
-    return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_i(row.get("etp", ""), 1), vpp=vpp,
+    return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_etp(row), vpp=vpp,
                   mbs=mbs,
                   global_batch=gbs, seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),

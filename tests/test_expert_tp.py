@@ -126,3 +126,22 @@ def test_the_cli_takes_expert_tensor_parallel_degrees_and_names_them_in_its_layo
     for bad in ("0", "1,x", ""):
         out = CliRunner().invoke(main, args + ["--etp", bad])
         assert out.exit_code != 0 and "--etp" in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_a_handed_over_schema_row_is_read_with_the_expert_tensor_parallelism_its_notes_state(tmp_path):
+    # the handed-over schema (../shared/validation) has no etp column: "ETP n" in a row's notes
+    # sets it, two different figures there leave it at 1
+    import csv
+
+    from piper_plan import validate as V
+
+    src = next(r for r in csv.DictReader(open(V.data_path())) if r["id"] == "mb-dsv3-gb300-bf16")
+    cols = [c for c in src if c not in ("cp", "etp")]
+    path = tmp_path / "t.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerow({**src, "id": "two", "notes": "TP1 PP2 EP32 ETP 2"})
+        w.writerow({**src, "id": "unclear", "notes": "ETP 2 in one run, ETP 4 in another"})
+    res = {r.id: r for r in V.run(path=path)}
+    assert " etp2 " in f" {res['two'].layout} " and "etp" not in res["unclear"].layout
