@@ -1,6 +1,7 @@
 """Activation memory: the tensors each layer saves for backward, named one by one.
 
-Bytes per micro-batch per rank for one layer, vectorised over layouts. The tensor list
+Bytes per micro-batch per rank for one layer (its mbs·seq/cp tokens under context parallelism),
+vectorised over layouts. The tensor list
 follows Korthikanti et al. 2022 (arXiv 2205.05198 §4: 34·sbh + 5·as²b per GPT layer with
 dropout and fused softmax; everything / t with sequence parallelism; selective recompute
 drops the as² terms), extended to GQA/MLA, SwiGLU, flash attention and top-k MoE:

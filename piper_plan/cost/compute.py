@@ -1,7 +1,8 @@
 """Compute time of one layer for one micro-batch on one rank, vectorised over layouts.
 
-Per rank: attention and dense FFN see all t = mbs·seq tokens of the micro-batch, their
-weights split over tp (Megatron column/row parallel); the MoE block sees t/tp tokens
+Per rank: attention and dense FFN see all t = mbs·seq/cp tokens of the micro-batch (its share
+of each sequence under context parallelism; attention's queries against the whole sequence),
+their weights split over tp (Megatron column/row parallel); the MoE block sees t/tp tokens
 (sequence-parallel split; Megatron requires SP for MoE with tp > 1) and runs E/ep local
 experts on the tokens routed to them, the straggler rank holding `imb` × the mean; under
 expert tensor parallelism (etp > 1) on its etp group's tokens, f/etp of each expert's width.
