@@ -219,9 +219,8 @@ def _layout_from(kw, model):
     dp = kw["dp"]
     if dp is None:
         if gpus % (tp * cp * pp):
-            if cp == 1:
-                raise LayoutError("tp*pp*dp == gpus", f"tp*pp = {tp * pp} does not divide {gpus} GPUs")
-            raise LayoutError("tp*cp*pp*dp == gpus", f"tp*cp*pp = {tp * cp * pp} does not divide {gpus} GPUs")
+            named = "tp*pp" if cp == 1 else "tp*cp*pp"  # cp named where it is used
+            raise LayoutError(f"{named}*dp == gpus", f"{named} = {tp * cp * pp} does not divide {gpus} GPUs")
         dp = gpus // (tp * cp * pp)
     seq = kw["seq"] or model.seq_len
     gbs = kw["global_batch"] or default_global_batch(seq)
@@ -611,8 +610,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
             rows = ", ".join(f"{i} {e:+.1f}%" for i, e in worst_first)
             click.echo(f"beyond the {d['target_max']:g}% max, {labels.get(name, name)}: {rows}")
         if d["unpriced"]:
-            click.echo(f"not priced (nothing fits though the source ran it, parallelism not modelled, or no "
-                       f"model or hardware spec: the layout column says which), {labels.get(name, name)}: "
+            click.echo(f"not priced (nothing fits though the source ran it, or no model or hardware spec: the "
+                       f"layout column says which), {labels.get(name, name)}: "
                        f"{', '.join(d['unpriced'])}")
     if checks is not None:
         _show_bundled_checks(checks)

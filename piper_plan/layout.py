@@ -15,6 +15,7 @@ groups order etp fastest, then ep (packed) or edp (spread).
 """
 from __future__ import annotations
 
+import math
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -169,14 +170,15 @@ def check_stack(expert_probs: str, fused_kernels: bool) -> None:
 
 
 def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> None:
-    """Raise LayoutError where the degrees cannot be one run: tp·pp·dp GPUs, ep·etp dividing
-    dp·tp, ep the experts. check_layout's first rules; validate holds published runs to these alone,
+    """Raise LayoutError where the degrees cannot be one run: tp·cp·pp·dp GPUs, ep·etp dividing
+    dp·cp·tp, ep the experts, etp the expert width. check_layout's first rules; validate holds published runs to these alone,
     since some hold layouts the planner's other rules refuse."""
-    if lay.cp == 1 and lay.tp * lay.pp * lay.dp != lay.gpus:
-        raise LayoutError("tp*pp*dp == gpus", f"{lay.tp}*{lay.pp}*{lay.dp} = {lay.tp * lay.pp * lay.dp}, not {lay.gpus}")
-    if lay.tp * lay.cp * lay.pp * lay.dp != lay.gpus:
-        raise LayoutError("tp*cp*pp*dp == gpus", f"{lay.tp}*{lay.cp}*{lay.pp}*{lay.dp} = "
-                          f"{lay.tp * lay.cp * lay.pp * lay.dp}, not {lay.gpus}")
+    named = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}
+    if lay.cp == 1:  # named where it is used
+        del named["cp"]
+    if math.prod(named.values()) != lay.gpus:
+        raise LayoutError(f"{'*'.join(named)} == gpus", f"{'*'.join(map(str, named.values()))} = "
+                          f"{math.prod(named.values())}, not {lay.gpus}")
     stage = lay.dp * lay.cp * lay.tp
     group = "dp*tp" if lay.cp == 1 else "dp*cp*tp"
     if stage % (lay.ep * lay.etp):

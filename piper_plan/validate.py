@@ -257,9 +257,9 @@ def _layout(row) -> Layout:
     # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
     # micro-batch a step (a pipeline all bubble, a 1F1B stage holding one micro-batch's activations)
     gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
-    return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_etp(row), vpp=vpp,
-                  mbs=mbs,
-                  global_batch=gbs, seq=_i(row["seq"]), schedule=sched, recompute=recompute, recompute_modules=modules or ("core_attn",),
+    return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_etp(row), vpp=vpp, mbs=mbs,
+                  global_batch=gbs, seq=_i(row["seq"]), schedule=sched, recompute=recompute,
+                  recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),
                   fp8=_FP8.get(row["precision"], "none"),
                   **_settings(row))
@@ -653,10 +653,9 @@ def _priced_ok(r: Result) -> bool:
 def _errors(rs: list[Result]) -> tuple[np.ndarray, dict]:
     """(|error| % of the priced rows, {rows, mape, max_abs_pct, unpriced}) of `rs`. A row the
     model could not price (a planner's-choice row for which nothing fits, though the source ran
-    something, one using parallelism the planner does not model, or one whose model or machine
-    has no spec: its layout says which) counts
-    in rows and against the max target (not within it) and stays out of the mean, which it has
-    no error for."""
+    something, or one whose model or machine has no spec: its layout says which) counts in rows
+    and against the max target (not within it) and stays out of the mean, which it has no error
+    for."""
     errs = np.array([abs(r.error_pct) for r in rs if _priced_ok(r)])
     return errs, {"rows": len(rs), "mape": float(errs.mean()) if len(errs) else None,
                   "max_abs_pct": float(errs.max()) if len(errs) else None,

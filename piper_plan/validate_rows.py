@@ -56,9 +56,9 @@ HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#g
                   "num_key_value_heads": "kv_heads", "num_kv_heads": "kv_heads", "num_query_groups": "kv_heads",
                   "vocab_size": "vocab", "num_experts": "experts", "top_k": "topk", "moe_ffn_hidden_size": "expert_ffn",
                   "gpu": "hardware", "system": "hardware", "dtype": "precision", "activation_recompute": "recompute",
-                  "recomputation": "recompute", "zero": "zero_stage", "expert_tp": "etp", "context_parallel": "cp",
-                  "context_parallel_size": "cp",
-                  "expert_tensor_parallel": "etp", "expert_tensor_parallel_size": "etp"}
+                  "recomputation": "recompute", "zero": "zero_stage", "context_parallel": "cp",
+                  "context_parallel_size": "cp", "expert_tp": "etp", "expert_tensor_parallel": "etp",
+                  "expert_tensor_parallel_size": "etp"}
 
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
            "activation_gib_per_gpu", "params_optimizer_gib_per_gpu", "mfu")
@@ -70,8 +70,8 @@ METRIC_ALIASES = {"tokens/s/gpu": "tokens_per_s_per_gpu", "tok/s/gpu": "tokens_p
                   "mfu_pct": "mfu", "mfu%": "mfu", "mfu_(%)": "mfu"}
 PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
 # how a row's TFLOPS count attention (the attention_flops column): causal, the planner's count (a
-# query against the keys before it, half the square), or full, the whole square (NeMo's and older
-# Megatron FLOP formulas: validation/README.md)
+# query against the keys before it, half the square), or full, the whole square (NeMo's
+# long-sequence tables: validation/README.md)
 ATTENTION_FLOPS = ("", "causal", "full")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
         "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads", "etp", "cp")

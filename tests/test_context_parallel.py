@@ -44,13 +44,14 @@ def test_the_ring_exposes_only_what_a_step_takes_beyond_its_share_of_the_attenti
     kv = lay.tokens[0] * LLAMA.kv_heads * (dqk + dv) * 2.0
     step = float(comm.ring_allreduce(H100, np.array([kv * 8]), np.array([8]), 1, 0.5)[0]) / 7
     core = core_attention(LLAMA, H100, lay, "bf16")
-    got = _cp_exposed(LLAMA, H100, lay, "bf16")
+    got = _cp_exposed(LLAMA, H100, lay, core)
     assert got.f[0] == pytest.approx(7 * max(step - core.f[0] / 8, 0.0))
     assert got.b[0] == pytest.approx(7 * max(2 * step - core.b[0] / 8, 0.0))
     # long sequences hide the ring entirely; short ones over the NICs do not
-    assert _cp_exposed(LLAMA, H100, _one(dp=1, cp=8, seq=131072), "bf16").total[0] == 0.0
+    long = _one(dp=1, cp=8, seq=131072)
+    assert _cp_exposed(LLAMA, H100, long, core_attention(LLAMA, H100, long, "bf16")).total[0] == 0.0
     short = from_layouts([Layout(gpus=32, dp=1, cp=32, global_batch=1, seq=4096)])
-    assert _cp_exposed(LLAMA, H100, short, "bf16").total[0] > 0.0
+    assert _cp_exposed(LLAMA, H100, short, core_attention(LLAMA, H100, short, "bf16")).total[0] > 0.0
     assert evaluate(LLAMA, H100, short).time["cp_comm"][0] > 0.0
 
 

@@ -188,8 +188,8 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     # running one (read both, write one) forward, its query gradient accumulated (read, write) backward
     more = (lay.cp - 1).astype(float)
     steps = more * hw.efficiency.kernel_overhead_us * 1e-6
-    merge_f = np.where(more > 0, stream_time(hw, more * 3.0 * t * heads * dv * eb, more), 0.0)
-    merge_b = np.where(more > 0, stream_time(hw, more * 2.0 * t * heads * dqk * eb, more), 0.0)
+    merge_f = stream_time(hw, more * 3.0 * t * heads * dv * eb, more)
+    merge_b = stream_time(hw, more * 2.0 * t * heads * dqk * eb, more)
     flash_f = flash_attention_time(hw, core_flops, adt, dqk, dv) + steps + merge_f
     flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv) + steps + merge_b
     if hw.efficiency.attention_fp8 and lay.attn_fp8.any():  # FP8 attention where measured (Layout.attention_fp8)
@@ -212,8 +212,9 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     return Phase(core_f, core_b, z, z)
 
 
-def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
-    """Attention block of one layer (norm, projections, core, residual)."""
+def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, core: Phase | None = None) -> Phase:
+    """Attention block of one layer (norm, projections, core, residual); `core`: its
+    core_attention where the caller has priced it already."""
     t = lay.tokens
     tp = lay.tp.astype(float)
     eb = lay.act_bytes
@@ -223,7 +224,7 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     ph = _sum(lin)
     if m.mla is not None:
         up_proj = lin[1] + lin[3] if m.mla.q_lora_rank else lin[1]
-    core = core_attention(m, hw, lay, dtype)
+    core = core if core is not None else core_attention(m, hw, lay, dtype)
 
     # elementwise: norm (read+write d), residual add (read 2d, write d), rope on q and k,
     # dropout on the block output (read, write, 1-byte mask). SP shards the d-wide ones over tp.

@@ -719,8 +719,9 @@ def _with_recompute(base: dict, recompute) -> dict:
     return out
 
 
-def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
-    """Context parallelism's ring (Layout.cp) in one attention layer for one micro-batch: the
+def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -> Phase:
+    """Context parallelism's ring (Layout.cp) in one attention layer for one micro-batch, beside
+    that layer's `core` attention (compute.core_attention): the
     rank's K and V chunk passes round the cp ranks (tp apart), cp - 1 steps, each behind the
     attention kernel of a chunk already held (Transformer Engine's AttnFuncWithCPAndKVP2P); the
     backward passes K, V and their gradients, twice the bytes. A step exposes what its transfer
@@ -736,7 +737,6 @@ def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) ->
     more = cp - 1.0
     # one step: one of a ring all-gather's cp - 1 steps over the levels the group spans
     step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5) / np.maximum(more, 1.0)
-    core = core_attention(m, hw, lay, dtype)
     f = more * np.maximum(step - core.f / cp, 0.0)
     b = more * np.maximum(2.0 * step - core.b / cp, 0.0)
     return Phase(f, b, z, z)
@@ -777,13 +777,14 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     t = lay.tokens
     d = m.hidden_size
     zero = np.zeros(len(lay))
-    attn = attention_phase(m, hw, sel, dtype)
+    core = core_attention(m, hw, lay, dtype)  # recompute changes what re-runs, not the core's cost
+    attn = attention_phase(m, hw, sel, dtype, core)
     tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
     dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
     tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
-    cpx = _cp_exposed(m, hw, lay, dtype)
+    cpx = _cp_exposed(m, hw, lay, core)
     tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
     dense_comm = Phase(tp_dense.f, tp_dense.b, zero, zero)
     host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
@@ -851,11 +852,10 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         a2a_hide = zero
     # X-MoE's attention-block checkpoint re-runs the block's tensor-parallel collective too; a
     # re-run core attention its context-parallel ring
-    attn_comm_r = (np.where(recomputes(lay, "attn_block"), tp_ar, 0.0)
-                   + np.where(recomputes(lay, "attn_block") | recomputes(lay, "core_attn"), cpx.f, 0.0))
+    cp_r = np.where(recomputes(lay, "attn_block") | recomputes(lay, "core_attn"), cpx.f, 0.0)
+    attn_comm_r = np.where(recomputes(lay, "attn_block"), tp_ar, 0.0) + cp_r
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
-               attn_comm_r=attn_comm_r, cp_f=cpx.f, cp_b=cpx.b,
-               cp_r=np.where(recomputes(lay, "attn_block") | recomputes(lay, "core_attn"), cpx.f, 0.0),
+               attn_comm_r=attn_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
                a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay),
                head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
