@@ -131,3 +131,16 @@ def test_migration_cost_model():
     assert 0 < c["seconds_per_migration"] <= a["seconds_per_migration"] and 0 < c["share"] < 1
     t1, t2 = predict_moe_layer_time(m, hw, lay, 1.0), predict_moe_layer_time(m, hw, lay, 2.0)
     assert t1 < t2 < 2 * t1  # expert GEMMs scale with the straggler's rows, the router does not
+
+
+def test_migration_moves_over_the_links_the_ep_group_spans():
+    # EP members sit ep_stride ranks apart (etp fastest, then ep when packed): with tp 8 and
+    # etp 1 an EP group of 8 is one DGX node, as it is at tp 1, so migration moves over NVLink
+    # in both; spread placement puts the same group one member per node, over the NICs
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    base = dict(gpus=64, ep=8, mbs=1, global_batch=256, seq=4096, dtype="bf16")
+    tp1 = migration_overhead(m, hw, Layout(dp=64, **base), period=1)["seconds_per_migration"]
+    tp8 = migration_overhead(m, hw, Layout(tp=8, dp=8, **base), period=1)["seconds_per_migration"]
+    spread = migration_overhead(m, hw, Layout(dp=64, placement="spread", **base), period=1)["seconds_per_migration"]
+    assert tp8 == pytest.approx(tp1)
+    assert spread > 2 * tp1  # a NIC share per GPU is several times below NVLink

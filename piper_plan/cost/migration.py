@@ -83,7 +83,7 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     """Seconds of one migration per layout of `lay` (a LayoutBatch): the busiest rank
     receives `arrivals` experts of every MoE layer of its stage (from the planner's result
     for popularity p, or all E/ep without p), its 1/etp shard of each, as one exchange spread
-    over the EP group."""
+    over the EP group, whose members sit LayoutBatch.ep_stride ranks apart."""
     assert m.moe is not None
     E = m.moe.num_experts
     ep = np.asarray(lay.ep)
@@ -94,7 +94,7 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     nbytes = arrivals * layers * m.expert_params * per_param / np.asarray(lay.etp, dtype=float)
     # a2a_flat counts a self share of 1/n: scale so that n-1 peers carry `nbytes`
     n = np.maximum(ep, 2)
-    return np.where(ep > 1, comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.tp), 0.0)
+    return np.where(ep > 1, comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.ep_stride), 0.0)
 
 
 def migration_step_time(m: ModelSpec, hw: HardwareSpec, lay, period_steps: int, p: Optional[np.ndarray] = None,
