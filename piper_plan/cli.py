@@ -137,6 +137,14 @@ STACK_OPTIONS = [
                      show_default=True, help="how layers split into pipeline chunks: by cost (piper), evenly "
                      "(Megatron-Core's default), or with the embedding and loss counted as one layer each "
                      "(Megatron-Core --account-for-embedding/loss-in-pipeline-split)"),
+        click.option("--optimizer-offload", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+                     help="share of each rank's optimizer state (fp32 master weights, Adam moments) kept and stepped "
+                     "in host memory (Megatron-Core --optimizer-cpu-offload --optimizer-offload-fraction); needs the "
+                     "hardware spec's host section"),
+        click.option("--offload-layers", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="layers of each rank whose saved activations wait in host memory between forward and "
+                     "backward (Megatron-Core --cpu-offloading-num-layers, NeMo activation_offload_layers); needs "
+                     "the hardware spec's host section"),
 ]
 
 
@@ -236,7 +244,8 @@ def _layout_from(kw, model):
                   a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
                   tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
-                  overlap_grad_reduce=kw["overlap_grad_reduce"])
+                  overlap_grad_reduce=kw["overlap_grad_reduce"], optimizer_offload=kw["optimizer_offload"],
+                  offload_layers=kw["offload_layers"])
 
 
 @main.command()
@@ -345,7 +354,8 @@ def _space(kw, model, gpus):
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      fp8=kw["fp8"], expert_probs=kw["expert_probs"],
-                     cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"])
+                     cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
+                     optimizer_offload=kw["optimizer_offload"], offload_layers=kw["offload_layers"])
     return for_runtime(sp, kw.get("runtime", "any"))
 
 

@@ -120,6 +120,15 @@ class Layout(BaseModel):
                                       "the last micro-batch's backward (Megatron-Core --overlap-grad-reduce)")
     grad_dtype: Literal["fp32", "bf16"] = Field(
         "fp32", description="gradient accumulation dtype (Megatron main_grad fp32: 18 B/param with Adam)")
+    optimizer_offload: float = Field(
+        0.0, ge=0, le=1, description="fraction of a rank's optimizer state (fp32 master weights, Adam moments) "
+        "kept in host memory and stepped there by the CPU (Megatron-Core --optimizer-cpu-offload, "
+        "--optimizer-offload-fraction): every step copies those gradients to the host in fp32 and the updated "
+        "weights back (cost/offload.py; the hardware spec's host section)")
+    offload_layers: int = Field(
+        0, ge=0, description="layers of a rank whose saved activations go to host memory in the forward and come "
+        "back for the backward, behind the next layer's compute (Transformer Engine CPU offloading: Megatron-Core "
+        "--cpu-offloading-num-layers, NeMo's activation_offload_layers; cost/offload.py)")
 
     @property
     def edp(self) -> int:
@@ -152,6 +161,15 @@ def degrees_label(lay) -> str:
     cp, etp = g("cp"), g("etp")
     return (f"tp{g('tp')}" + (f" cp{cp}" if cp > 1 else "") + f" pp{g('pp')} dp{g('dp')} ep{g('ep')}"
             + (f" etp{etp}" if etp > 1 else ""))
+
+
+def offload_label(lay) -> str:
+    """What a layout (a Layout or its dict) offloads to the host, as layout strings print it:
+    " offload(opt 1, 40 layers)", or "" where it offloads nothing."""
+    g = (lambda k: lay.get(k, 0)) if isinstance(lay, dict) else (lambda k: getattr(lay, k))  # noqa: E731
+    parts = ([f"opt {g('optimizer_offload'):g}"] if g("optimizer_offload") else []) + \
+        ([f"{g('offload_layers')} layers"] if g("offload_layers") else [])
+    return f" offload({', '.join(parts)})" if parts else ""
 
 
 def recompute_label(recompute: str, modules) -> str:
@@ -230,7 +248,18 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("dualpipev needs microbatches >= 2*pp", f"{m} micro-batches, pp={lay.pp}")
     if lay.zero == 3 and lay.pp > 1:
         raise LayoutError("zero 3 with pp == 1", "ZeRO-3 re-gathers weights per micro-batch; use zero<=2 with pipelining")
+    check_offload(lay, num_layers)
     check_stack(lay.expert_probs, lay.fused_kernels)
+
+
+def check_offload(lay: Layout, num_layers: int) -> None:
+    """Raise LayoutError where activation offload names more layers than a rank can send away:
+    at least the last layer's activations stay (Transformer Engine offloads at most
+    model_layers - 1 layers, and overlaps its copies only from model_layers - 2 down)."""
+    per_rank = -(-num_layers // lay.pp)
+    if lay.offload_layers and lay.offload_layers > per_rank - 1:
+        raise LayoutError("offload_layers < layers on a rank", f"offload_layers={lay.offload_layers} but a rank "
+                          f"holds {per_rank} of the {num_layers} layers (pp={lay.pp}); at most {per_rank - 1}")
 
 
 class RankCoord(BaseModel):

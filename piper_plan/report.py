@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .layout import degrees_label, recompute_label
+from .layout import degrees_label, offload_label, recompute_label
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -139,7 +139,7 @@ def layout_str(lay: dict) -> str:
         s += f" v{lay['vpp']}"
     rc = recompute_label(lay["recompute"], lay.get("recompute_modules"))
     return s + f" rc={rc} z{lay['zero']}" + (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
-        (" spread" if lay.get("placement") == "spread" else "")
+        (" spread" if lay.get("placement") == "spread" else "") + offload_label(lay)
 
 
 def search_table(rows: list[dict], title: str) -> Table:

@@ -47,6 +47,9 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("recompute_modules", (("core_attn",),), "--selective", "piper-train's selective recompute "
             "re-runs the attention core only"),
     Support("dropout", (False,), "--dropout", "dropout is not implemented by piper-train"),
+    Support("optimizer_offload", (0.0,), "--optimizer-offload", "piper-train keeps and steps its optimizer "
+            "state on the device"),
+    Support("offload_layers", (0,), "--offload-layers", "piper-train keeps saved activations on the device"),
 )
 
 

@@ -67,6 +67,8 @@ class SearchSpace:
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
     pipeline_split: str = "balanced"  # Layout.pipeline_split: how the runtime splits layers into chunks
     overlap_grad_reduce: bool = True  # Layout.overlap_grad_reduce
+    optimizer_offload: float = 0.0  # Layout.optimizer_offload: share of the optimizer state on the host
+    offload_layers: int = 0         # Layout.offload_layers: a rank's layers whose activations go to the host
     runtime: str = "any"  # "piper-train": only what it runs (for_runtime); adds its ZeRO-2 schedule rule
 
     def __post_init__(self):
@@ -220,6 +222,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     # with one stage the schedule, vpp and placement-free choices collapse to one
     rule("duplicate (pp=1 needs no pipeline schedule)", ~pipelined & ((s_idx != 1) | (vpp != 1)))
     rule("pp*vpp > layers", pp * vpp > m.num_layers)
+    rule("offload_layers >= layers on a rank (layout.check_offload)", sp.offload_layers > -(-m.num_layers // pp) - 1)
     rule("micro-batches < pp", pipelined & (s_idx >= 1) & (M < pp))
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
@@ -261,7 +264,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce,
                 split=SPLITS.index(sp.pipeline_split),
-                act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4)
+                act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4,
+                opt_offload=float(sp.optimizer_offload), offload_layers=sp.offload_layers)
     if headroom_gib is not None:
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
@@ -298,9 +302,12 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     est = evaluate(m, hw, batch, routing, headroom_gib)
     cpu_s = time.process_time() - t0
     fits = est.fits
-    n_mem = int((~fits).sum())
+    device_ok = est.peak_memory_gib + headroom_gib <= hw.accelerator.memory_gib
+    n_mem, n_host = int((~device_ok).sum()), int((device_ok & ~fits).sum())
     if n_mem:
         rejected["worst stage exceeds device memory"] = n_mem
+    if n_host:
+        rejected["offloaded state and activations exceed the host memory per GPU"] = n_host
     key = {"throughput": -est.tokens_per_s, "mfu": -est.mfu, "memory": est.peak_memory_gib}[objective]
     # deterministic: objective, then throughput, fewer pipeline stages, smaller tp (the
     # sort is stable, so sorting only the fitting layouts gives the same order)
@@ -334,7 +341,8 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     lay = res.batch.layout(i)
     row = est.row(i)
     worst = max(row["memory_gib_per_stage"], key=lambda d: d["total"])
-    comps = sorted(((k, v) for k, v in worst.items() if k not in ("stage", "role", "total")), key=lambda kv: -kv[1])
+    comps = sorted(((k, v) for k, v in worst.items() if k not in ("stage", "role", "total", "host")),
+                   key=lambda kv: -kv[1])
     avail = hw.accelerator.memory_gib - headroom_gib
     lines.append(f"nothing fits: the leanest layout ({degrees_label(lay)} mbs{lay.mbs} "
                  f"{lay.schedule} recompute={lay.recompute} zero{lay.zero}) needs {row['peak_memory_gib']:.1f} GiB on "

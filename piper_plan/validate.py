@@ -42,7 +42,7 @@ from scipy.stats import kendalltau
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
 from .errors import PiperError
-from .layout import Layout, check_batch, check_degrees, degrees_label, recompute_label
+from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import (ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model,
@@ -262,6 +262,8 @@ def _layout(row) -> Layout:
                   recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),
                   fp8=_FP8.get(row["precision"], "none"),
+                  optimizer_offload=float(row.get("optimizer_offload") or 0.0),
+                  offload_layers=_i(row.get("offload_layers"), 0),
                   **_settings(row))
 
 
@@ -573,7 +575,8 @@ def explain(row_id: str, path: Path | None = None) -> dict:
 
 def _desc(lay: Layout) -> str:
     return (f"{degrees_label(lay)} mbs{lay.mbs} {lay.schedule}"
-            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules)}")
+            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules)}"
+            + offload_label(lay))
 
 
 def check_group(group: str, path: Path | None = None) -> None:

@@ -65,7 +65,8 @@ def test_zero2_buckets_also_go_at_the_cap_so_big_chunks_make_more_calls():
 # one value piper-train does not run for each field of its table (runtimes.PIPER_TRAIN)
 UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gemm": "multistream",
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
-         "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2}
+         "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
+         "optimizer_offload": 0.5, "offload_layers": 1}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -73,6 +74,7 @@ def test_the_search_and_the_launch_refuse_the_same_features():
     from piper_plan.errors import PiperError
     from piper_plan.plan import make_plan
     from piper_plan.runtimes import PIPER_TRAIN
+    from piper_plan.specs.hardware import Host
     from piper_runtime.launch import check_supported
 
     assert set(UNRUN) == {s.field for s in PIPER_TRAIN}
@@ -83,7 +85,9 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         extra = {"recompute": "selective"} if s.field == "recompute_modules" else {}
         ep = 1 if s.field == "etp" else 2  # two ranks: one expert group of etp 2
         dp = 1 if s.field == "cp" else 2  # two ranks: one sequence over both
-        plan = make_plan(m, hw, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
+        # offloading is priced only on a spec with a host section: this test's own, not a machine's figures
+        spec = hw.model_copy(update={"host": Host(link_gbps=10, memory_bandwidth_gbps=10, memory_gib=16)})
+        plan = make_plan(m, spec, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
         with pytest.raises(PiperError, match=f"plan.layout.{s.field} = "):
             check_supported(plan, 2)
         attr = several.get(s.field, s.field)

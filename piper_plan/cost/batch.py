@@ -89,6 +89,8 @@ class LayoutBatch:
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
     act_bytes: np.ndarray   # bytes per activation element (dtype)
     grad_bytes: np.ndarray  # bytes per gradient element
+    opt_offload: np.ndarray    # float: share of the optimizer state on the host (Layout.optimizer_offload)
+    offload_layers: np.ndarray  # a rank's layers whose activations go to the host (Layout.offload_layers)
 
     def __len__(self) -> int:
         return len(self.gpus)
@@ -142,7 +144,8 @@ class LayoutBatch:
                       expert_probs="activation" if self.probs_act[i] else "combine",
                       cuda_graphs=tuple(x for i, x in enumerate(GRAPH_SCOPES) if g("graphs") >> i & 1),
                       pipeline_split=SPLITS[g("split")],
-                      grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]))
+                      grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]),
+                      optimizer_offload=float(self.opt_offload[i]), offload_layers=g("offload_layers"))
 
 
 def from_layouts(layouts: list[Layout]) -> LayoutBatch:
@@ -164,6 +167,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         graphs=col(lambda x: graph_bits(x.cuda_graphs)), split=col(lambda x: SPLITS.index(x.pipeline_split)),
         overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
+        opt_offload=col(lambda x: float(x.optimizer_offload)), offload_layers=col(lambda x: x.offload_layers),
     )
 
 

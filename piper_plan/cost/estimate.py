@@ -21,6 +21,7 @@ from .compute import (Phase, attention_phase, core_attention, embedding_phase, f
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
 from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
+from .offload import exposed_copies, offloaded_share, optimizer_offload_time, require_host
 from .schedule import pipeline_time
 from .stages import chunk_sizes
 
@@ -54,6 +55,7 @@ class Estimate:
     chunks: object = None
     imbalance: np.ndarray = None
     layer_time_s: dict[str, np.ndarray] = field(default_factory=dict)
+    host_memory_gib: np.ndarray = None  # what the busiest rank offloads to host memory (cost/offload.py)
 
     def __len__(self):
         return len(self.step_time_s)
@@ -85,6 +87,19 @@ class Estimate:
             time_breakdown_s={k: f(v) for k, v in self.time.items()},
             a2a_time_s=f(self.time["a2a"]),
         )
+
+
+def _offload_exposed(hw: HardwareSpec, lay: LayoutBatch, lc: dict, roles: dict, has_emb: dict, has_head: dict):
+    """({role: forward seconds}, {role: backward seconds}) per micro-batch that each role's
+    activation copies to and from the host leave exposed beyond its own compute (offload.py):
+    Layout.offload_layers of its layers' saved activations, each way."""
+    fwd, bwd = {}, {}
+    for r, (nd, nm) in roles.items():
+        c = {x: nd * lc[f"dense_{x}"] + nm * lc[f"moe_{x}"] + has_emb[r] * lc[f"emb_{x}"] + has_head[r] * lc[f"head_{x}"]
+             for x in "fbwr"}
+        nbytes = offloaded_share(lay, nd + nm) * (nd * lc["a_dense"] + nm * lc["a_moe"])
+        fwd[r], bwd[r] = exposed_copies(hw, nbytes, c["f"], c["b"] + c["w"] + c["r"])
+    return fwd, bwd
 
 
 def _tp_allreduce(hw, lay, nbytes):
@@ -128,6 +143,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     zero = np.zeros(n)
     M = lay.m
 
+    require_host(hw, lay)
     grp = _group_terms(hw, lay, d)
     edp = grp["edp"]
     lc, layer_row = _per_layer(m, hw, lay, grp["ep_stride"], routing, dtype)
@@ -184,8 +200,9 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     held = np.where(lay.a2a_sms > 0, lay.a2a_sms, hw.efficiency.overlap_comm_units) / hw.accelerator.compute_units
     paired_share = _paired_share(lay)
     comp_t, comm_t, a2a_per_mb, hidden_of, slow_of, totals = {}, {}, {}, {}, {}, {}
+    parked_f, parked_b = _offload_exposed(hw, lay, lc, roles, has_emb, has_head)
     for r, (nd, nm) in roles.items():
-        comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb
+        comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb + parked_f[r] + parked_b[r]
         comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
         a2a_per_mb[r] = lc["a2a_layer"] * nm
         # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
@@ -208,6 +225,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     comp = {c: nd_p * lc[f"dense_{c}"] + nm_p * lc[f"moe_{c}"] + emb_p * lc[f"emb_{c}"] + head_p * lc[f"head_{c}"]
             for c in "fbwr"}
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3, comp["b"] + 2 * chunk_mb / 3  # as _layer_overhead
+    offload_mb = pick(parked_f) + pick(parked_b)  # activation copies to and from the host left exposed
+    comp["f"], comp["b"] = comp["f"] + pick(parked_f), comp["b"] + pick(parked_b)
     cm = {c: nd_p * lc[f"dense_comm_{c}"] + nm_p * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     F = comp["f"] + cm["f"] + p2p_mb
@@ -253,8 +272,10 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     step = (t_pipe + t_dp + t_opt + t_mig) * share
 
     # ---- memory per representative rank ------------------------------------------------
-    mem, peak, stage_of = _memory(m, hw, lay, roles, has_head, has_mid, P_rep, P_exp, edp, lc, M)
+    mem, peak, stage_of, host_peak = _memory(m, hw, lay, roles, has_head, has_mid, P_rep, P_exp, edp, lc, M)
     fits = peak + headroom_gib <= hw.accelerator.memory_gib
+    if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
+        fits &= host_peak <= hw.host.memory_gib
 
     # ---- throughput --------------------------------------------------------------------
     tokens = (lay.gbs * lay.seq).astype(float)
@@ -272,16 +293,19 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
     # the layers' phases, reported apart from the kernels' own time
     host_step = M * (nd_p * lc["dense_host"] + nm_p * lc["moe_host"])
-    compute_step = M * (comp_total + pick(slow_of)) - host_step
+    compute_step = M * (comp_total + pick(slow_of)) - host_step - M * offload_mb
     bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
     time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
                                       ("tp_comm", np.maximum(tp_step, 0.0)), ("cp_comm", cp_step), ("p2p", p2p_step),
                                       ("bubble", bubble),
                                       ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
+    if np.any(lay.offload_layers > 0):  # reported apart only where activations are offloaded
+        time = {**time, "offload": M * offload_mb * share}
     time["total"] = step
     return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
                     mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
-                    chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]})
+                    chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]},
+                    host_memory_gib=host_peak)
 
 
 def core_share(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
@@ -329,20 +353,30 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
     c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
+    h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
+    h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
     gb = _grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
     mem = {}
     peak = np.zeros(n)
+    host_peak = np.zeros(n)
+    offloads = bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
-        comps["activations"] = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"] + has_head[r] * mtp_in) / GIB
+        layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
+        parked = offloaded_share(lay, nd + nm) * layer_acts  # Layout.offload_layers' share, in host memory
+        comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
         comps["logits"] = has_head[r] * logits / GIB
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
         comps["grad_buckets"] = _bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
         comps["overhead"] = np.full(n, hw.memory_overhead_gib)
         comps["total"] = sum(comps.values())
+        on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked  # offloaded: not in the device total
+        if offloads:
+            comps["host"] = on_host
         mem[r] = comps
         peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
-    return mem, peak, stage_of
+        host_peak = np.maximum(host_peak, np.where(stage_of[r] >= 0, on_host, 0.0))
+    return mem, peak, stage_of, host_peak
 
 
 def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
@@ -497,7 +531,9 @@ def _optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     # v.mul_ 8, v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, + eps 8, p.addcdiv_ 16
     per_param = np.where(lay.unfused, ADAMW_EAGER_BYTES, 2 * 12.0 + gb + eb)
     t_cached, cached = _eager_adam_in_cache(hw, lay, local, p.owned_tensors)
-    opt_bytes = np.where(cached, 0.0, local * per_param) + 3.0 * gb * grads
+    # the host steps Layout.optimizer_offload of the shard (offload.py); the device the rest
+    on_device = 1.0 - lay.opt_offload
+    opt_bytes = np.where(cached, 0.0, local * per_param * on_device) + 3.0 * gb * grads
     # eager runtimes without contiguous gradient/parameter buffers (piper-train) also copy
     # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
     # 2 for the division), and with ZeRO copy each gathered parameter out of its broadcast
@@ -506,7 +542,7 @@ def _optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     red = 16.0 * replicated + np.where(lay.dpcp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
     gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
     opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
-    return stream_time(hw, opt_bytes, 0) + t_cached
+    return stream_time(hw, opt_bytes, 0) + t_cached * on_device + optimizer_offload_time(hw, lay, local)
 
 
 def _eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):

@@ -5,7 +5,8 @@ Bytes per parameter with mixed-precision Adam (Megatron): weight 2 (bf16), main 
 16 B of Piper's equation with bf16 gradients (brief §2). ZeRO over the data-parallel group
 of each parameter (experts: the expert-data-parallel group, dp·tp/ep):
 stage 1 shards master + moments, 2 also gradients (reduced every micro-batch to keep only the
-share: estimate._dp_comm_time), 3 also weights.
+share: estimate._dp_comm_time), 3 also weights. Layout.optimizer_offload keeps that share of
+master + moments in host memory instead (cost/offload.py).
 """
 from __future__ import annotations
 
@@ -17,16 +18,22 @@ from .batch import LayoutBatch
 GIB = float(2**30)
 
 
-def state_coeffs(group, lay: LayoutBatch) -> dict[str, np.ndarray]:
-    """Bytes per parameter of weights / grads / master / optimizer, ZeRO-sharded over `group`."""
+def state_coeffs(group, lay: LayoutBatch, host: bool = False) -> dict[str, np.ndarray]:
+    """Bytes per parameter of weights / grads / master / optimizer, ZeRO-sharded over `group`,
+    in device memory, or with `host` the master and optimizer bytes offloaded to the host."""
     g = np.maximum(np.asarray(group, dtype=float), 1.0)
     fp32 = lay.act_bytes == 4
     z = lay.zero
+    # Layout.optimizer_offload of the master weights and moments sits in host memory
+    device = lay.opt_offload if host else 1.0 - lay.opt_offload
+    if host:
+        return {"master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0) * device,
+                "optimizer": 8.0 / np.where(z >= 1, g, 1.0) * device}
     return {
         "weights": lay.act_bytes / np.where(z >= 3, g, 1.0),
         "grads": np.where(fp32, 4.0, lay.grad_bytes) / np.where(z >= 2, g, 1.0),
-        "master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0),
-        "optimizer": 8.0 / np.where(z >= 1, g, 1.0),
+        "master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0) * device,
+        "optimizer": 8.0 / np.where(z >= 1, g, 1.0) * device,
     }
 
 

@@ -221,7 +221,22 @@ class Network(_Strict):
     source: str = ""
 
 
-class HardwareSpec(_Strict):
+class Host(_Strict):
+    """The host memory a GPU can offload to (cost/offload.py): the link between them and the
+    share of the host's memory and DRAM bandwidth one GPU gets when every GPU offloads at once.
+    Rates are achievable ones (measured copies, STREAM), each with its source."""
+
+    link_gbps: float = Field(..., gt=0, description="host<->device copy rate per GPU and direction with every "
+                             "GPU of the host copying, GB/s (NVLink-C2C share, PCIe)")
+    memory_bandwidth_gbps: float = Field(..., gt=0, description="host DRAM bandwidth per GPU (the host's STREAM "
+                                         "rate over the GPUs that share it), GB/s")
+    memory_gib: float = Field(..., gt=0, description="host memory per GPU, GiB")
+    source: str = ""
+
+
+class HardwareSpec(_Optional):
+    _OMIT_AT_DEFAULT = ("host",)
+
     name: str
     source: str = ""
     accelerator: Accelerator
@@ -231,6 +246,8 @@ class HardwareSpec(_Strict):
     network: Network
     topology: list[Level] = Field(..., min_length=1)
     memory_overhead_gib: float = Field(2.0, ge=0, description="framework/allocator reserve per GPU, GiB")
+    host: Optional[Host] = Field(None, description="host memory for optimizer-state and activation offload "
+                                 "(None: the spec prices no offload)")
 
     @model_validator(mode="after")
     def _topology(self):
