@@ -183,6 +183,9 @@ def layout_options(fn):
                      show_default=True),
         click.option("--vpp", type=int, default=None, help="chunks per rank (interleaved; zbv/dualpipev use 2)"),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True),
+        click.option("--recompute-layers", type=click.IntRange(min=0), default=0, show_default=True,
+                     help="with --recompute full, the layers of each pipeline chunk that re-run their forward (the "
+                     "first N: Megatron-Core --recompute-method block --recompute-num-layers N); 0: every layer"),
         click.option("--recompute-modules", default="core_attn", show_default=True,
                      help="what selective recompute re-runs, comma-separated (Megatron-Core --recompute-modules): "
                      "core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts"),
@@ -236,7 +239,8 @@ def _layout_from(kw, model):
     modules = _modules(kw["recompute_modules"], "--recompute-modules")
     return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
                   global_batch=gbs, seq=seq,
-                  schedule=kw["schedule"], recompute=kw["recompute"], sequence_parallel=kw["sequence_parallel"],
+                  schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],
+                  sequence_parallel=kw["sequence_parallel"],
                   recompute_modules=modules,
                   zero=kw["zero"], a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
@@ -305,6 +309,9 @@ def search_options(fn):
         click.option("--etp", "etps", default="1", show_default=True,
                      help="expert-tensor-parallel degrees to try, comma-separated (e.g. 1,2,4); 1 keeps experts "
                      "whole, as piper-train runs them"),
+        click.option("--recompute-layers", "recompute_layers", default="0", show_default=True,
+                     help="layers of each pipeline chunk that full recompute re-runs, comma-separated, each a choice "
+                     "(e.g. 0,1,2,4; Megatron-Core --recompute-method block --recompute-num-layers); 0: every layer"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
         click.option("--selective", "selective", multiple=True, default=("core_attn",), show_default=True,
                      help="a set of modules selective recompute re-runs, comma-separated (Megatron-Core "
@@ -328,6 +335,16 @@ def _degrees(text: str, option: str) -> tuple[int, ...]:
     parts = [x.strip() for x in text.split(",") if x.strip()]
     if not parts or not all(x.isdigit() and int(x) >= 1 for x in parts):
         raise LayoutError(option, f"got {text!r}; expected a comma-separated list of positive integers")
+    return tuple(sorted({int(x) for x in parts}))
+
+
+def _counts(text: str, option: str) -> tuple[int, ...]:
+    """A comma-separated list of whole numbers (0 allowed), checked."""
+    from .errors import LayoutError
+
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts or not all(x.isdigit() for x in parts):
+        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of whole numbers (0: every layer)")
     return tuple(sorted({int(x) for x in parts}))
 
 
@@ -355,7 +372,8 @@ def _space(kw, model, gpus):
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      fp8=kw["fp8"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
-                     optimizer_offload=kw["optimizer_offload"], offload_layers=kw["offload_layers"])
+                     optimizer_offload=kw["optimizer_offload"], offload_layers=kw["offload_layers"],
+                     recompute_layers=_counts(kw["recompute_layers"], "--recompute-layers"))
     return for_runtime(sp, kw.get("runtime", "any"))
 
 

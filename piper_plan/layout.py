@@ -66,6 +66,10 @@ class Layout(BaseModel):
         "and the residual, only the layer input kept) and act_fc2 (--checkpoint-intermediate: every MLP's, dense "
         "or expert, activation and down projection, only fc1's output kept); read only when recompute is "
         "selective")
+    recompute_layers: int = Field(
+        0, ge=0, description="with recompute full, the layers of each pipeline chunk that re-run their forward, the "
+        "first N (Megatron-Core --recompute-method block --recompute-num-layers N; NeMo's recompute_layers); the "
+        "others keep their activations. 0: every layer")
     sequence_parallel: bool = True
     zero: int = Field(1, ge=0, le=3)
     a2a: A2A = Field("flat", description="flat all-to-all; halo (piper-train's hierarchical exchange); dedup "
@@ -172,10 +176,13 @@ def offload_label(lay) -> str:
     return f" offload({', '.join(parts)})" if parts else ""
 
 
-def recompute_label(recompute: str, modules) -> str:
+def recompute_label(recompute: str, modules, layers: int = 0) -> str:
     """A recompute choice as layout strings print it: the mode, with the module set where it is
-    selective and not the default (parentheses: rich tables read brackets as markup)."""
+    selective and not the default, or the layers a chunk re-runs where full recompute re-runs
+    some of them (parentheses: rich tables read brackets as markup)."""
     mods = tuple(modules or ("core_attn",))
+    if recompute == "full" and layers:
+        return f"full({layers} layers)"
     return recompute + (f"({','.join(mods)})" if recompute == "selective" and mods != ("core_attn",) else "")
 
 
@@ -249,6 +256,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.zero == 3 and lay.pp > 1:
         raise LayoutError("zero 3 with pp == 1", "ZeRO-3 re-gathers weights per micro-batch; use zero<=2 with pipelining")
     check_offload(lay, num_layers)
+    if lay.recompute_layers and lay.recompute != "full":
+        raise LayoutError("recompute_layers with recompute full", f"recompute_layers={lay.recompute_layers} chooses "
+                          f"the layers full recompute re-runs; recompute is {lay.recompute!r}")
     check_stack(lay.expert_probs, lay.fused_kernels)
 
 

@@ -137,7 +137,7 @@ def layout_str(lay: dict) -> str:
     s = f"{degrees_label(lay)} mbs{lay['mbs']} {lay['schedule']}"
     if lay["vpp"] > 1:
         s += f" v{lay['vpp']}"
-    rc = recompute_label(lay["recompute"], lay.get("recompute_modules"))
+    rc = recompute_label(lay["recompute"], lay.get("recompute_modules"), lay.get("recompute_layers", 0))
     return s + f" rc={rc} z{lay['zero']}" + (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
         (" spread" if lay.get("placement") == "spread" else "") + offload_label(lay)
 

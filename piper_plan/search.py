@@ -67,6 +67,8 @@ class SearchSpace:
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
     pipeline_split: str = "balanced"  # Layout.pipeline_split: how the runtime splits layers into chunks
     overlap_grad_reduce: bool = True  # Layout.overlap_grad_reduce
+    # layers of each chunk full recompute re-runs, each a choice (Layout.recompute_layers; 0: all)
+    recompute_layers: tuple[int, ...] = (0,)
     optimizer_offload: float = 0.0  # Layout.optimizer_offload: share of the optimizer state on the host
     offload_layers: int = 0         # Layout.offload_layers: a rank's layers whose activations go to the host
     runtime: str = "any"  # "piper-train": only what it runs (for_runtime); adds its ZeRO-2 schedule rule
@@ -105,7 +107,8 @@ def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:
     if runtime != "piper-train":
         raise PiperError(f"--runtime: {runtime!r}: expected one of {', '.join(RUNTIMES)}")
     # fields the space tries sets of
-    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps"}
+    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps",
+               "recompute_layers": "recompute_layers"}
     cut = {}
     for s in PIPER_TRAIN:
         attr = several.get(s.field, s.field)
@@ -188,10 +191,12 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         else:
             sched.append((i, 2))
     sched = np.array(sched)
-    # recompute choices: (RECOMPUTES index, module bits); selective once per module set
-    choices = [(RECOMPUTES.index(r), rc_bits(mods)) for r in sp.recomputes
-               for mods in (sp.selective if r == "selective" else (("core_attn",),))]
-    rc, rc_mod = (np.array(x) for x in zip(*choices))
+    # recompute choices: (RECOMPUTES index, module bits, layers a chunk re-runs); selective once per
+    # module set, full once per recompute_layers count (0: every layer)
+    choices = [(RECOMPUTES.index(r), rc_bits(mods), n) for r in sp.recomputes
+               for mods in (sp.selective if r == "selective" else (("core_attn",),))
+               for n in (sp.recompute_layers if r == "full" else (0,))]
+    rc, rc_mod, rc_n = (np.array(x) for x in zip(*choices))
     zs = np.array(sp.zeros)
     a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
     pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
@@ -270,21 +275,22 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
         first = np.zeros(len(j), int)
-        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], rc[first], a2[first], pl[first], rc_mod[first]),
+        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], rc[first], a2[first], pl[first], rc_mod[first],
+                                             rc_n[first]),
                                    hw.memory_overhead_gib)
         rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
-    batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi], rc_mod[ri])
+    batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi], rc_mod[ri], rc_n[ri])
     return batch, rejected
 
 
-def _batch(cols: dict, j, zero, recompute, a2a, placement, rc_mods) -> LayoutBatch:
+def _batch(cols: dict, j, zero, recompute, a2a, placement, rc_mods, rc_layers) -> LayoutBatch:
     """Layouts from stage-1 survivors `j` (per-survivor arrays in `cols`, or scalars shared
     by all) and the stage-2 choices."""
     n = len(j)
     col = lambda k: cols[k][j] if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
     return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, recompute=recompute, a2a=a2a,
-                       placement=placement, rc_mods=rc_mods)
+                       placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 
 
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,

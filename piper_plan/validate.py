@@ -259,6 +259,7 @@ def _layout(row) -> Layout:
     gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
     return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_etp(row), vpp=vpp, mbs=mbs,
                   global_batch=gbs, seq=_i(row["seq"]), schedule=sched, recompute=recompute,
+                  recompute_layers=_i(row.get("recompute_layers"), 0) if recompute == "full" else 0,
                   recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),
                   fp8=_FP8.get(row["precision"], "none"),
@@ -575,7 +576,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
 
 def _desc(lay: Layout) -> str:
     return (f"{degrees_label(lay)} mbs{lay.mbs} {lay.schedule}"
-            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules)}"
+            + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules, lay.recompute_layers)}"
             + offload_label(lay))
 
 

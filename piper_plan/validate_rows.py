@@ -44,7 +44,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "recompute", "recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
-           "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers")
+           "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -59,7 +59,8 @@ HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#g
                   "recomputation": "recompute", "zero": "zero_stage", "context_parallel": "cp",
                   "context_parallel_size": "cp", "expert_tp": "etp", "expert_tensor_parallel": "etp",
                   "expert_tensor_parallel_size": "etp", "optimizer_offload_fraction": "optimizer_offload",
-                  "cpu_offloading_num_layers": "offload_layers", "activation_offload_layers": "offload_layers"}
+                  "cpu_offloading_num_layers": "offload_layers", "activation_offload_layers": "offload_layers",
+                  "recompute_num_layers": "recompute_layers"}
 
 METRICS = ("hw_tflops_per_gpu", "model_tflops_per_gpu", "iteration_time_s", "tokens_per_s_per_gpu",
            "activation_gib_per_gpu", "params_optimizer_gib_per_gpu", "mfu")
@@ -75,9 +76,10 @@ PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
 # long-sequence tables: validation/README.md)
 ATTENTION_FLOPS = ("", "causal", "full")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
-        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads", "etp", "cp", "offload_layers")
+        "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads", "etp", "cp", "offload_layers",
+        "recompute_layers")
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
-MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp", "offload_layers")
+MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp", "offload_layers", "recompute_layers")
 FLOATS = ("value", "tokens_per_s_per_gpu")
 # architecture column -> ModelSpec field (moe.* inside the MoE block)
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",

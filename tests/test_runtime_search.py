@@ -66,7 +66,7 @@ def test_zero2_buckets_also_go_at_the_cap_so_big_chunks_make_more_calls():
 UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gemm": "multistream",
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
-         "optimizer_offload": 0.5, "offload_layers": 1}
+         "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -79,10 +79,11 @@ def test_the_search_and_the_launch_refuse_the_same_features():
 
     assert set(UNRUN) == {s.field for s in PIPER_TRAIN}
     m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
-    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps"}
+    several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps",
+               "recompute_layers": "recompute_layers"}
     for s in PIPER_TRAIN:
         bad = UNRUN[s.field]
-        extra = {"recompute": "selective"} if s.field == "recompute_modules" else {}
+        extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"}}.get(s.field, {})
         ep = 1 if s.field == "etp" else 2  # two ranks: one expert group of etp 2
         dp = 1 if s.field == "cp" else 2  # two ranks: one sequence over both
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures

@@ -90,6 +90,7 @@ class LayoutBatch:
     act_bytes: np.ndarray   # bytes per activation element (dtype)
     grad_bytes: np.ndarray  # bytes per gradient element
     opt_offload: np.ndarray    # float: share of the optimizer state on the host (Layout.optimizer_offload)
+    rc_layers: np.ndarray      # layers of each chunk full recompute re-runs (Layout.recompute_layers; 0: all)
     offload_layers: np.ndarray  # a rank's layers whose activations go to the host (Layout.offload_layers)
 
     def __len__(self) -> int:
@@ -145,7 +146,8 @@ class LayoutBatch:
                       cuda_graphs=tuple(x for i, x in enumerate(GRAPH_SCOPES) if g("graphs") >> i & 1),
                       pipeline_split=SPLITS[g("split")],
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]),
-                      optimizer_offload=float(self.opt_offload[i]), offload_layers=g("offload_layers"))
+                      optimizer_offload=float(self.opt_offload[i]), offload_layers=g("offload_layers"),
+                      recompute_layers=g("rc_layers"))
 
 
 def from_layouts(layouts: list[Layout]) -> LayoutBatch:
@@ -168,6 +170,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
         opt_offload=col(lambda x: float(x.optimizer_offload)), offload_layers=col(lambda x: x.offload_layers),
+        rc_layers=col(lambda x: x.recompute_layers),
     )
 
 

@@ -612,12 +612,14 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
            lay.dropout, lay.act_bytes,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
-    _, first1, inv1 = distinct_rows(*key, lay.recompute)
+    _, first1, inv1 = distinct_rows(*key, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
     _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
     sub = lay.take(first1)
     base = _layer_base(m, hw, sub.take(first0), routing, dtype)
-    again = (sub.recompute == 2) | recomputes(sub, "moe")  # the forward's all-to-all runs again in backward
-    terms = _layer_terms(m, _with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute), again)
+    share = full_recompute_share(m, sub)
+    # the forward's all-to-all runs again in backward: in the layers full recompute re-runs
+    again = np.where(sub.recompute == 2, share, recomputes(sub, "moe").astype(float))
+    terms = _layer_terms(m, _with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute, share), again)
     # the stage partition's inputs stay per distinct row (see evaluate)
     return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
 
@@ -731,27 +733,38 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
     the embedding and LM head, a MoE layer's all-to-all seconds, the routed-load imbalance
     and per-layer activation bytes, for each layout of `lay` (its recompute included).
     Values are Phases or arrays (both support .take)."""
-    return _with_recompute(_layer_base(m, hw, lay, routing, dtype), lay.recompute)
+    return _with_recompute(_layer_base(m, hw, lay, routing, dtype), lay.recompute, full_recompute_share(m, lay))
 
 
-def _with_recompute(base: dict, recompute) -> dict:
-    """_layer_base's costs under each layout's recompute: full re-runs every forward (r = f;
-    only the layer input is saved), selective what its modules list (r as _layer_base priced
-    it, with the attention's tensor-parallel collective again where the whole attention block
-    re-runs), none nothing."""
+def full_recompute_share(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
+    """Share of a rank's layers that full recompute re-runs: all of them, or with
+    Layout.recompute_layers N the first N of each pipeline chunk (Megatron-Core --recompute-method
+    block --recompute-num-layers N), of a chunk's mean L / (pp·vpp) layers, at most all."""
+    chunk = (m.num_layers + m.mtp_layers) / (lay.pp * lay.vpp).astype(float)
+    return np.where(lay.rc_layers > 0, np.minimum(lay.rc_layers / chunk, 1.0), 1.0)
+
+
+def _with_recompute(base: dict, recompute, share=1.0) -> dict:
+    """_layer_base's costs under each layout's recompute, for a layer of a rank's mean: full
+    re-runs the forward (r = f; only the layer input is saved) in `share` of the layers
+    (full_recompute_share) and nothing in the rest, selective what its modules list (r as
+    _layer_base priced it, with the attention's tensor-parallel collective again where the whole
+    attention block re-runs), none nothing."""
     full, sel = recompute == 2, recompute == 1
+    part = np.where(full, share, 0.0)  # the share of layers that re-run their whole forward
     out = dict(base)
     for k in ("dense", "moe"):
         ph = base[k]
-        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, np.where(sel, ph.r, 0.0)))
-        out[f"a_{k}"] = np.where(full, base["a_in"], np.where(sel, base[f"a_{k}_sel"], base[f"a_{k}_none"]))
+        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, part * ph.f, np.where(sel, ph.r, 0.0)))
+        kept = np.where(full, base[f"a_{k}_none"], np.where(sel, base[f"a_{k}_sel"], base[f"a_{k}_none"]))
+        out[f"a_{k}"] = part * base["a_in"] + (1.0 - part) * kept
         # full recompute re-issues the forward: its host gap (in ph.f, so in r) again
-        out[f"{k}_host"] = base[f"{k}_host"] + np.where(full, base[f"{k}_host_f"], 0.0)
+        out[f"{k}_host"] = base[f"{k}_host"] + part * base[f"{k}_host_f"]
     for k in ("dense_comm", "moe_comm"):  # full recompute repeats the forward's collectives
         ph = base[k]
-        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, ph.f, np.where(sel, base["attn_comm_r"], 0.0)))
+        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, part * ph.f, np.where(sel, base["attn_comm_r"], 0.0)))
     # what of those the context-parallel ring exposes, a layer (either kind), reported apart
-    out["cp_layer"] = base["cp_f"] + base["cp_b"] + np.where(full, base["cp_f"], np.where(sel, base["cp_r"], 0.0))
+    out["cp_layer"] = base["cp_f"] + base["cp_b"] + np.where(full, part * base["cp_f"], np.where(sel, base["cp_r"], 0.0))
     return out
 
 
