@@ -137,15 +137,16 @@ STACK_OPTIONS = [
                      show_default=True, help="how layers split into pipeline chunks: by cost (piper), evenly "
                      "(Megatron-Core's default), or with the embedding and loss counted as one layer each "
                      "(Megatron-Core --account-for-embedding/loss-in-pipeline-split)"),
-        click.option("--optimizer-offload", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
-                     help="share of each rank's optimizer state (fp32 master weights, Adam moments) kept and stepped "
-                     "in host memory (Megatron-Core --optimizer-cpu-offload --optimizer-offload-fraction); needs the "
-                     "hardware spec's host section"),
-        click.option("--offload-layers", type=click.IntRange(min=0), default=0, show_default=True,
-                     help="layers of each rank whose saved activations wait in host memory between forward and "
-                     "backward (Megatron-Core --cpu-offloading-num-layers, NeMo activation_offload_layers); needs "
-                     "the hardware spec's host section"),
 ]
+
+OFFLOAD_HELP = {
+    "optimizer": "share of each rank's optimizer state (fp32 master weights, Adam moments) kept and stepped in host "
+                 "memory (Megatron-Core --optimizer-cpu-offload --optimizer-offload-fraction); needs the hardware "
+                 "spec's host section",
+    "layers": "layers of each rank whose saved activations wait in host memory between forward and backward "
+              "(Megatron-Core --cpu-offloading-num-layers, NeMo activation_offload_layers); needs the hardware spec's "
+              "host section",
+}
 
 
 def _graph_scopes(kw) -> tuple[str, ...]:
@@ -202,6 +203,10 @@ def layout_options(fn):
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True),
+        click.option("--optimizer-offload", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+                     help=OFFLOAD_HELP["optimizer"]),
+        click.option("--offload-layers", type=click.IntRange(min=0), default=0, show_default=True,
+                     help=OFFLOAD_HELP["layers"]),
         *MIGRATION_OPTIONS,
     ]
     for o in reversed(opts):
@@ -309,6 +314,10 @@ def search_options(fn):
         click.option("--etp", "etps", default="1", show_default=True,
                      help="expert-tensor-parallel degrees to try, comma-separated (e.g. 1,2,4); 1 keeps experts "
                      "whole, as piper-train runs them"),
+        click.option("--optimizer-offload", default="0", show_default=True,
+                     help="shares to try, comma-separated (e.g. 0,1), each a choice: " + OFFLOAD_HELP["optimizer"]),
+        click.option("--offload-layers", default="0", show_default=True,
+                     help="counts to try, comma-separated (e.g. 0,20,40), each a choice: " + OFFLOAD_HELP["layers"]),
         click.option("--recompute-layers", "recompute_layers", default="0", show_default=True,
                      help="layers of each pipeline chunk that full recompute re-runs, comma-separated, each a choice "
                      "(e.g. 0,1,2,4; Megatron-Core --recompute-method block --recompute-num-layers); 0: every layer"),
@@ -344,8 +353,21 @@ def _counts(text: str, option: str) -> tuple[int, ...]:
 
     parts = [x.strip() for x in text.split(",") if x.strip()]
     if not parts or not all(x.isdigit() for x in parts):
-        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of whole numbers (0: every layer)")
+        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of whole numbers")
     return tuple(sorted({int(x) for x in parts}))
+
+
+def _fractions(text: str, option: str) -> tuple[float, ...]:
+    """A comma-separated list of fractions from 0 to 1, checked."""
+    from .errors import LayoutError
+
+    try:
+        vals = tuple(sorted({float(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        vals = ()
+    if not vals or not all(0.0 <= v <= 1.0 for v in vals):
+        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of fractions from 0 to 1")
+    return vals
 
 
 def _cps(kw, seq: int) -> tuple[int, ...]:
@@ -372,7 +394,8 @@ def _space(kw, model, gpus):
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      fp8=kw["fp8"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
-                     optimizer_offload=kw["optimizer_offload"], offload_layers=kw["offload_layers"],
+                     optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
+                     offload_layers=_counts(kw["offload_layers"], "--offload-layers"),
                      recompute_layers=_counts(kw["recompute_layers"], "--recompute-layers"))
     return for_runtime(sp, kw.get("runtime", "any"))
 

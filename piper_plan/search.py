@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, graph_bits, rc_bits
+from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, rc_bits, replace_cols
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .layout import check_stack, degrees_label
@@ -69,8 +69,10 @@ class SearchSpace:
     overlap_grad_reduce: bool = True  # Layout.overlap_grad_reduce
     # layers of each chunk full recompute re-runs, each a choice (Layout.recompute_layers; 0: all)
     recompute_layers: tuple[int, ...] = (0,)
-    optimizer_offload: float = 0.0  # Layout.optimizer_offload: share of the optimizer state on the host
-    offload_layers: int = 0         # Layout.offload_layers: a rank's layers whose activations go to the host
+    # host offloading, each value a choice (Layout.optimizer_offload: share of the optimizer state on the
+    # host; Layout.offload_layers: a rank's layers whose activations wait there)
+    optimizer_offload: tuple[float, ...] = (0.0,)
+    offload_layers: tuple[int, ...] = (0,)
     runtime: str = "any"  # "piper-train": only what it runs (for_runtime); adds its ZeRO-2 schedule rule
 
     def __post_init__(self):
@@ -108,7 +110,8 @@ def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:
         raise PiperError(f"--runtime: {runtime!r}: expected one of {', '.join(RUNTIMES)}")
     # fields the space tries sets of
     several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps",
-               "recompute_layers": "recompute_layers"}
+               "recompute_layers": "recompute_layers", "optimizer_offload": "optimizer_offload",
+               "offload_layers": "offload_layers"}
     cut = {}
     for s in PIPER_TRAIN:
         attr = several.get(s.field, s.field)
@@ -227,7 +230,6 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     # with one stage the schedule, vpp and placement-free choices collapse to one
     rule("duplicate (pp=1 needs no pipeline schedule)", ~pipelined & ((s_idx != 1) | (vpp != 1)))
     rule("pp*vpp > layers", pp * vpp > m.num_layers)
-    rule("offload_layers >= layers on a rank (layout.check_offload)", sp.offload_layers > -(-m.num_layers // pp) - 1)
     rule("micro-batches < pp", pipelined & (s_idx >= 1) & (M < pp))
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
@@ -270,7 +272,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce,
                 split=SPLITS.index(sp.pipeline_split),
                 act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4,
-                opt_offload=float(sp.optimizer_offload), offload_layers=sp.offload_layers)
+                # the state bound below holds for every offload choice at the largest share offloaded
+                opt_offload=float(max(sp.optimizer_offload)), offload_layers=0)
     if headroom_gib is not None:
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
@@ -281,7 +284,25 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
     batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi], rc_mod[ri], rc_n[ri])
-    return batch, rejected
+    return _with_offload(m, sp, batch, rejected), rejected
+
+
+def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: dict) -> LayoutBatch:
+    """`batch` once per host-offloading choice (SearchSpace.optimizer_offload x offload_layers),
+    less the layouts whose ranks hold too few layers to offload that many (layout.check_offload),
+    counted in `rejected`."""
+    combos = [(f, n) for f in sp.optimizer_offload for n in sp.offload_layers]
+    if combos == [(0.0, 0)]:
+        return batch
+    per_rank = -(-m.num_layers // batch.pp) - 1  # at most the rank's layers less one
+    parts = []
+    for f, n in combos:
+        bad = n > per_rank
+        if bad.any():
+            name = "offload_layers >= layers on a rank (layout.check_offload)"
+            rejected[name] = rejected.get(name, 0) + int(bad.sum())
+        parts.append(replace_cols(batch, opt_offload=f, offload_layers=n).take(np.flatnonzero(~bad)))
+    return concat(parts)
 
 
 def _batch(cols: dict, j, zero, recompute, a2a, placement, rc_mods, rc_layers) -> LayoutBatch:
@@ -357,7 +378,13 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     states = sum(worst[k] for k in ("weights", "grads", "master", "optimizer"))
     if states > avail:
         lines.append(f"parameter + optimizer state alone is {states:.1f} GiB per GPU: only more GPUs "
-                     "(more pipeline/expert sharding) can fix that")
+                     "(more pipeline/expert sharding)" + (" or the host's memory" if hw.host is not None else "")
+                     + " can fix that")
+    if hw.host is not None and max(sp.optimizer_offload) < 1.0:  # the host's memory, where the spec gives one
+        r1 = search(m, hw, replace(sp, optimizer_offload=(1.0,)), routing, "throughput", headroom_gib)
+        if r1.best is not None:
+            lines.append(f"fits with the optimizer state in host memory (--optimizer-offload 1): best "
+                         f"{r1.est.tokens_per_s[r1.best]:,.0f} tokens/s")
     for f in (2, 4, 8, 16, 32, 64):
         n2 = sp.gpus * f
         if hw.max_gpus and n2 > hw.max_gpus:

@@ -83,13 +83,13 @@ def test_a_rank_keeps_at_least_one_layer_of_activations():
 
 
 def test_the_search_prices_offload_and_says_when_the_host_is_full():
-    sp = SearchSpace(gpus=64, global_batch=64, seq=8192, optimizer_offload=1.0, zeros=(0, 1))
+    sp = SearchSpace(gpus=64, global_batch=64, seq=8192, optimizer_offload=(1.0,), zeros=(0, 1))
     res = search(LLAMA70, GB200, sp)
     assert res.best is not None and res.batch.layout(res.best).optimizer_offload == 1.0
     small = GB200.model_copy(update={"host": GB200.host.model_copy(update={"memory_gib": 1.0})})
     assert any("host memory" in k for k in search(LLAMA70, small, sp).rejected)
     with pytest.raises(PiperError, match="--optimizer-offload 0.5"):
-        for_runtime(SearchSpace(gpus=8, global_batch=8, seq=4096, optimizer_offload=0.5), "piper-train")
+        for_runtime(SearchSpace(gpus=8, global_batch=8, seq=4096, optimizer_offload=(0.5,)), "piper-train")
 
 
 def test_the_cli_names_the_spec_that_lacks_a_host():
@@ -115,3 +115,18 @@ def test_published_runs_that_offloaded_activations_fit_and_price_within_the_dens
     assert len(res) == 10 and kinds["dense"]["rows"] == 10
     assert kinds["dense"]["mape"] <= V.TARGETS["dense"][0] and kinds["dense"]["max_abs_pct"] <= V.TARGETS["dense"][1]
     assert all(r.peak_memory_gib <= 1.02 * r.device_memory_gib for r in res)
+
+
+def test_the_search_tries_offloading_as_a_choice_and_says_when_it_is_what_fits():
+    # Llama 3 70B on 4 GB200: its parameter and optimizer state alone exceed the device memory
+    # unless the host holds the optimizer state
+    from piper_plan.search import diagnose
+
+    on_device = SearchSpace(gpus=4, global_batch=64, seq=8192)
+    assert search(LLAMA70, GB200, on_device).best is None
+    hint = diagnose(LLAMA70, GB200, on_device, search(LLAMA70, GB200, on_device))
+    assert any("--optimizer-offload 1" in line for line in hint)
+    either = SearchSpace(gpus=4, global_batch=64, seq=8192, optimizer_offload=(0.0, 1.0), offload_layers=(0, 20))
+    res = search(LLAMA70, GB200, either)
+    assert res.best is not None and res.batch.layout(res.best).optimizer_offload == 1.0
+    assert set(np.unique(res.batch.opt_offload)) == {0.0, 1.0}  # both tried

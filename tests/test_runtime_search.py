@@ -80,7 +80,8 @@ def test_the_search_and_the_launch_refuse_the_same_features():
     assert set(UNRUN) == {s.field for s in PIPER_TRAIN}
     m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
     several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps",
-               "recompute_layers": "recompute_layers"}
+               "recompute_layers": "recompute_layers", "optimizer_offload": "optimizer_offload",
+               "offload_layers": "offload_layers"}
     for s in PIPER_TRAIN:
         bad = UNRUN[s.field]
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"}}.get(s.field, {})

@@ -1,7 +1,7 @@
 """Many layouts as columns of numpy arrays, so the cost model runs once over all of them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -172,6 +172,16 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         opt_offload=col(lambda x: float(x.optimizer_offload)), offload_layers=col(lambda x: x.offload_layers),
         rc_layers=col(lambda x: x.recompute_layers),
     )
+
+
+def replace_cols(lay: LayoutBatch, **scalars) -> LayoutBatch:
+    """`lay` with the named columns set to one value each."""
+    return replace(lay, **{k: np.full(len(lay), v, dtype=getattr(lay, k).dtype) for k, v in scalars.items()})
+
+
+def concat(parts: list[LayoutBatch]) -> LayoutBatch:
+    """The layouts of `parts`, one after another."""
+    return LayoutBatch(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(LayoutBatch)})
 
 
 # a lookup table of this many entries is cheaper than sorting the column(s) it replaces
