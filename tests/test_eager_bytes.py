@@ -1,0 +1,27 @@
+"""benchmarks/eager_bytes.py: piper-train's eager block, op by op, against the planner's fused
+elementwise passes."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+def _bench():
+    path = Path(__file__).parents[1] / "benchmarks" / "eager_bytes.py"
+    spec = importlib.util.spec_from_file_location("eager_bytes", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_eager_modules_move_more_than_the_fused_passes_and_in_proportion_to_the_tokens():
+    b = _bench()
+    short, long = b.count_block("tiny-dense", 64), b.count_block("tiny-dense", 128)
+    fused = b.priced_fused(short["spec"], 64)
+    assert short["bytes"]["elementwise"] > 2 * fused
+    # the same ops on twice the tokens move twice the bytes; the weight casts do not grow
+    assert long["ops"] == short["ops"]
+    assert long["bytes"]["elementwise"] == pytest.approx(2 * short["bytes"]["elementwise"], rel=0.02)
+    assert long["bytes"]["weight_casts"] == short["bytes"]["weight_casts"]
