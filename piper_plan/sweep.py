@@ -1,8 +1,8 @@
 """What-if sweeps: vary numeric hardware fields (dotted paths) and GPU counts, best plan each.
 
 `--vary network.nic_gbps=12.5,25,50` sets that field of the hardware spec; short aliases
-cover the common ones (nic_gbps, hbm_gib, peak_bf16, hbm_gbps, host_op_us). Every scenario re-runs
-the full search, so the table shows the best layout under that hardware."""
+cover the common ones (nic_gbps, hbm_gib, peak_bf16, hbm_gbps, host_op_us, host_link_gbps, host_gib).
+Every scenario re-runs the full search, so the table shows the best layout under that hardware."""
 from __future__ import annotations
 
 import itertools
@@ -23,6 +23,8 @@ ALIASES = {
     "gemm_eff": "efficiency.gemm",
     "sustained": "efficiency.sustained_matmul",  # the same GPU at another power limit (tensor-core rate held)
     "host_op_us": "efficiency.host_op_us",  # a faster (or slower) host CPU issuing an eager step
+    "host_link_gbps": "host.link_gbps",  # the GPU-host link offloading copies over (C2C, PCIe)
+    "host_gib": "host.memory_gib",       # host memory per GPU for offloaded state and activations
 }
 
 

@@ -130,3 +130,16 @@ def test_the_search_tries_offloading_as_a_choice_and_says_when_it_is_what_fits()
     res = search(LLAMA70, GB200, either)
     assert res.best is not None and res.batch.layout(res.best).optimizer_offload == 1.0
     assert set(np.unique(res.batch.opt_offload)) == {0.0, 1.0}  # both tried
+
+
+def test_a_sweep_over_the_host_s_memory_shows_where_offloading_starts_to_fit():
+    # Llama 3 70B on 4 GB200: nothing fits with 60 GiB of host memory a GPU, the optimizer state
+    # fits in the spec's 223
+    from piper_plan.sweep import parse_vary, run_sweep
+
+    vary = parse_vary(["host_gib=60,223"])
+    assert vary == {"host.memory_gib": [60.0, 223.0]}
+    rows = run_sweep(LLAMA70, GB200, [4], vary,
+                     SearchSpace(gpus=4, global_batch=64, seq=8192, optimizer_offload=(0.0, 1.0)))
+    by = {r["host.memory_gib"]: r for r in rows}
+    assert by[60.0]["tokens_per_s"] == 0 and by[223.0]["tokens_per_s"] > 0
