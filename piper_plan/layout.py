@@ -262,14 +262,20 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     check_stack(lay.expert_probs, lay.fused_kernels)
 
 
-def check_offload(lay: Layout, num_layers: int) -> None:
-    """Raise LayoutError where activation offload names more layers than a rank can send away:
-    at least the last layer's activations stay (Transformer Engine offloads at most
+def offload_limit(num_layers: int, pp):
+    """The most layers a rank of `pp` pipeline stages can offload (ints or arrays): all it holds
+    but one, since the last layer's activations stay (Transformer Engine offloads at most
     model_layers - 1 layers, and overlaps its copies only from model_layers - 2 down)."""
-    per_rank = -(-num_layers // lay.pp)
-    if lay.offload_layers and lay.offload_layers > per_rank - 1:
+    return -(-num_layers // pp) - 1
+
+
+def check_offload(lay: Layout, num_layers: int) -> None:
+    """Raise LayoutError where activation offload names more layers than a rank can send away
+    (offload_limit)."""
+    most = offload_limit(num_layers, lay.pp)
+    if lay.offload_layers and lay.offload_layers > most:
         raise LayoutError("offload_layers < layers on a rank", f"offload_layers={lay.offload_layers} but a rank "
-                          f"holds {per_rank} of the {num_layers} layers (pp={lay.pp}); at most {per_rank - 1}")
+                          f"holds {most + 1} of the {num_layers} layers (pp={lay.pp}); at most {most}")
 
 
 class RankCoord(BaseModel):

@@ -12,7 +12,7 @@ import numpy as np
 from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, rc_bits, replace_cols
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
-from .layout import check_stack, degrees_label
+from .layout import check_stack, degrees_label, offload_limit
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -294,10 +294,10 @@ def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: d
     combos = [(f, n) for f in sp.optimizer_offload for n in sp.offload_layers]
     if combos == [(0.0, 0)]:
         return batch
-    per_rank = -(-m.num_layers // batch.pp) - 1  # at most the rank's layers less one
+    most = offload_limit(m.num_layers, batch.pp)
     parts = []
     for f, n in combos:
-        bad = n > per_rank
+        bad = n > most
         if bad.any():
             name = "offload_layers >= layers on a rank (layout.check_offload)"
             rejected[name] = rejected.get(name, 0) + int(bad.sum())

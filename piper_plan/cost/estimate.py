@@ -22,6 +22,7 @@ from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
 from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
 from .offload import exposed_copies, offloaded_share, optimizer_offload_time, require_host
+from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
 from .stages import chunk_sizes
 
@@ -89,14 +90,24 @@ class Estimate:
         )
 
 
+def _phases(lc: dict, nd, nm, emb, head) -> dict:
+    """A rank's forward / backward-input / backward-weight / recompute seconds of one micro-batch
+    through its nd dense and nm MoE layers, with the embedding and the LM head where it holds them."""
+    return {c: nd * lc[f"dense_{c}"] + nm * lc[f"moe_{c}"] + emb * lc[f"emb_{c}"] + head * lc[f"head_{c}"]
+            for c in "fbwr"}
+
+
 def _offload_exposed(hw: HardwareSpec, lay: LayoutBatch, lc: dict, roles: dict, has_emb: dict, has_head: dict):
     """({role: forward seconds}, {role: backward seconds}) per micro-batch that each role's
     activation copies to and from the host leave exposed beyond its own compute (offload.py):
-    Layout.offload_layers of its layers' saved activations, each way."""
+    Layout.offload_layers of its layers' saved activations, each way; none where no layout
+    offloads activations (a search's common case: nothing priced)."""
+    if not np.any(lay.offload_layers > 0):
+        z = np.zeros(len(lay))
+        return dict.fromkeys(roles, z), dict.fromkeys(roles, z)
     fwd, bwd = {}, {}
     for r, (nd, nm) in roles.items():
-        c = {x: nd * lc[f"dense_{x}"] + nm * lc[f"moe_{x}"] + has_emb[r] * lc[f"emb_{x}"] + has_head[r] * lc[f"head_{x}"]
-             for x in "fbwr"}
+        c = _phases(lc, nd, nm, has_emb[r], has_head[r])
         nbytes = offloaded_share(lay, nd + nm) * (nd * lc["a_dense"] + nm * lc["a_moe"])
         fwd[r], bwd[r] = exposed_copies(hw, nbytes, c["f"], c["b"] + c["w"] + c["r"])
     return fwd, bwd
@@ -222,8 +233,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     pick = lambda per_role: np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))  # noqa: E731
     nd_p, nm_p, emb_p, head_p = pick(n_dense_of), pick(n_moe_of), pick(has_emb), pick(has_head)
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
-    comp = {c: nd_p * lc[f"dense_{c}"] + nm_p * lc[f"moe_{c}"] + emb_p * lc[f"emb_{c}"] + head_p * lc[f"head_{c}"]
-            for c in "fbwr"}
+    comp = _phases(lc, nd_p, nm_p, emb_p, head_p)
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3, comp["b"] + 2 * chunk_mb / 3  # as _layer_overhead
     offload_mb = pick(parked_f) + pick(parked_b)  # activation copies to and from the host left exposed
     comp["f"], comp["b"] = comp["f"] + pick(parked_f), comp["b"] + pick(parked_b)
@@ -607,7 +617,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     row), each layout's distinct row). Per-layer costs depend on few columns, so each
     distinct combination (~1-3 thousand in a search) is priced once; recompute only changes
     what the backward re-runs and what is saved, so the costs are priced once per combination
-    without it (_layer_base) and the recompute variants derived from them (_with_recompute)."""
+    without it (_layer_base) and the recompute variants derived from them (recompute.with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
            lay.dropout, lay.act_bytes,
@@ -619,7 +629,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     share = full_recompute_share(m, sub)
     # the forward's all-to-all runs again in backward: in the layers full recompute re-runs
     again = np.where(sub.recompute == 2, share, recomputes(sub, "moe").astype(float))
-    terms = _layer_terms(m, _with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute, share), again)
+    terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute, share), again)
     # the stage partition's inputs stay per distinct row (see evaluate)
     return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
 
@@ -699,7 +709,7 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
 def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, n: int) -> Phase:
     """Efficiency.layer_overhead_us of one block as a Phase for n layouts: a third in forward,
     two thirds in backward (autograd replays about two host operations per forward one);
-    recompute repeats the forward share (_with_recompute)."""
+    recompute repeats the forward share (recompute.with_recompute)."""
     s = hw.efficiency.layer_overhead_us.get(f"{kind}_{dtype}", 0.0) * 1e-6
     z = np.zeros(n)
     return Phase(z + s / 3, z + 2 * s / 3, z, z)
@@ -733,39 +743,7 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
     the embedding and LM head, a MoE layer's all-to-all seconds, the routed-load imbalance
     and per-layer activation bytes, for each layout of `lay` (its recompute included).
     Values are Phases or arrays (both support .take)."""
-    return _with_recompute(_layer_base(m, hw, lay, routing, dtype), lay.recompute, full_recompute_share(m, lay))
-
-
-def full_recompute_share(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
-    """Share of a rank's layers that full recompute re-runs: all of them, or with
-    Layout.recompute_layers N the first N of each pipeline chunk (Megatron-Core --recompute-method
-    block --recompute-num-layers N), of a chunk's mean L / (pp·vpp) layers, at most all."""
-    chunk = (m.num_layers + m.mtp_layers) / (lay.pp * lay.vpp).astype(float)
-    return np.where(lay.rc_layers > 0, np.minimum(lay.rc_layers / chunk, 1.0), 1.0)
-
-
-def _with_recompute(base: dict, recompute, share=1.0) -> dict:
-    """_layer_base's costs under each layout's recompute, for a layer of a rank's mean: full
-    re-runs the forward (r = f; only the layer input is saved) in `share` of the layers
-    (full_recompute_share) and nothing in the rest, selective what its modules list (r as
-    _layer_base priced it, with the attention's tensor-parallel collective again where the whole
-    attention block re-runs), none nothing."""
-    full, sel = recompute == 2, recompute == 1
-    part = np.where(full, share, 0.0)  # the share of layers that re-run their whole forward
-    out = dict(base)
-    for k in ("dense", "moe"):
-        ph = base[k]
-        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, part * ph.f, np.where(sel, ph.r, 0.0)))
-        kept = np.where(full, base[f"a_{k}_none"], np.where(sel, base[f"a_{k}_sel"], base[f"a_{k}_none"]))
-        out[f"a_{k}"] = part * base["a_in"] + (1.0 - part) * kept
-        # full recompute re-issues the forward: its host gap (in ph.f, so in r) again
-        out[f"{k}_host"] = base[f"{k}_host"] + part * base[f"{k}_host_f"]
-    for k in ("dense_comm", "moe_comm"):  # full recompute repeats the forward's collectives
-        ph = base[k]
-        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, part * ph.f, np.where(sel, base["attn_comm_r"], 0.0)))
-    # what of those the context-parallel ring exposes, a layer (either kind), reported apart
-    out["cp_layer"] = base["cp_f"] + base["cp_b"] + np.where(full, part * base["cp_f"], np.where(sel, base["cp_r"], 0.0))
-    return out
+    return with_recompute(_layer_base(m, hw, lay, routing, dtype), lay.recompute, full_recompute_share(m, lay))
 
 
 def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -> Phase:
@@ -818,7 +796,7 @@ def _tp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, tp
 def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
     """_layer_costs without recompute, whatever `lay` says, except that the dense and MoE
     phases' r is selective recompute's (the core attention forward) and activations come
-    both ways (a_<dense|moe>_<sel|none>, plus the layer input a_in): _with_recompute
+    both ways (a_<dense|moe>_<sel|none>, plus the layer input a_in): recompute.with_recompute
     derives each layout's recompute from these."""
     sel = replace(lay, recompute=np.ones(len(lay), int))  # attention_phase prices r = core.f
     eb = lay.act_bytes.astype(float)

@@ -25,16 +25,13 @@ def state_coeffs(group, lay: LayoutBatch, host: bool = False) -> dict[str, np.nd
     fp32 = lay.act_bytes == 4
     z = lay.zero
     # Layout.optimizer_offload of the master weights and moments sits in host memory
-    device = lay.opt_offload if host else 1.0 - lay.opt_offload
+    share = lay.opt_offload if host else 1.0 - lay.opt_offload
+    master = {"master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0) * share,
+              "optimizer": 8.0 / np.where(z >= 1, g, 1.0) * share}
     if host:
-        return {"master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0) * device,
-                "optimizer": 8.0 / np.where(z >= 1, g, 1.0) * device}
-    return {
-        "weights": lay.act_bytes / np.where(z >= 3, g, 1.0),
-        "grads": np.where(fp32, 4.0, lay.grad_bytes) / np.where(z >= 2, g, 1.0),
-        "master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0) * device,
-        "optimizer": 8.0 / np.where(z >= 1, g, 1.0) * device,
-    }
+        return master
+    return {"weights": lay.act_bytes / np.where(z >= 3, g, 1.0),
+            "grads": np.where(fp32, 4.0, lay.grad_bytes) / np.where(z >= 2, g, 1.0), **master}
 
 
 def state_bytes(params, group, lay: LayoutBatch, coeffs: dict | None = None) -> dict[str, np.ndarray]:
