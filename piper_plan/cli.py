@@ -337,23 +337,14 @@ def search_options(fn):
     return fn
 
 
-def _degrees(text: str, option: str) -> tuple[int, ...]:
-    """A comma-separated list of positive integers, checked."""
+def _ints(text: str, option: str, least: int = 1) -> tuple[int, ...]:
+    """A comma-separated list of integers of at least `least` (1: degrees; 0: counts), checked."""
     from .errors import LayoutError
 
     parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or not all(x.isdigit() and int(x) >= 1 for x in parts):
-        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of positive integers")
-    return tuple(sorted({int(x) for x in parts}))
-
-
-def _counts(text: str, option: str) -> tuple[int, ...]:
-    """A comma-separated list of whole numbers (0 allowed), checked."""
-    from .errors import LayoutError
-
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or not all(x.isdigit() for x in parts):
-        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of whole numbers")
+    if not parts or not all(x.isdigit() and int(x) >= least for x in parts):
+        what = "positive integers" if least >= 1 else "whole numbers"
+        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of {what}")
     return tuple(sorted({int(x) for x in parts}))
 
 
@@ -376,7 +367,7 @@ def _cps(kw, seq: int) -> tuple[int, ...]:
 
     if kw["cps"].strip() == "auto":
         return (1,) if kw.get("runtime") == "piper-train" else auto_cps(seq)
-    return _degrees(kw["cps"], "--cp")
+    return _ints(kw["cps"], "--cp")
 
 
 def _space(kw, model, gpus):
@@ -389,14 +380,14 @@ def _space(kw, model, gpus):
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                     etps=_degrees(kw["etps"], "--etp"), cps=_cps(kw, seq), expert_gemm=kw["expert_gemm"],
+                     etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      fp8=kw["fp8"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
-                     offload_layers=_counts(kw["offload_layers"], "--offload-layers"),
-                     recompute_layers=_counts(kw["recompute_layers"], "--recompute-layers"))
+                     offload_layers=_ints(kw["offload_layers"], "--offload-layers", least=0),
+                     recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", least=0))
     return for_runtime(sp, kw.get("runtime", "any"))
 
 

@@ -242,21 +242,9 @@ def _check_row(path, rid: str, r: dict) -> None:
             what = "a whole number" if c in MAY_BE_ZERO else "a positive whole number"
             raise TableError(path, rid, c, f"expected {what}, got {v!r}")
     for c in FLOATS:
-        v = r.get(c, "")
-        try:
-            ok = not v or float(v) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise TableError(path, rid, c, f"expected a positive number, got {v!r}")
-    v = r.get("optimizer_offload", "")
-    try:
-        ok = not v or 0.0 <= float(v) <= 1.0
-    except ValueError:
-        ok = False
-    if not ok:
-        raise TableError(path, rid, "optimizer_offload", f"expected a fraction from 0 to 1 (Megatron-Core "
-                         f"--optimizer-offload-fraction), got {v!r}")
+        _check_number(path, rid, r, c, lambda x: x > 0, "a positive number")
+    _check_number(path, rid, r, "optimizer_offload", lambda x: 0.0 <= x <= 1.0,
+                  "a fraction from 0 to 1 (Megatron-Core --optimizer-offload-fraction)")
     if r["metric"] == "mfu" and float(r["value"]) > 100.0:
         raise TableError(path, rid, "value", f"expected an MFU as a fraction or a percentage, got {r['value']!r}")
     if r["metric"] not in METRICS:
@@ -272,6 +260,17 @@ def _check_row(path, rid: str, r: dict) -> None:
         raise TableError(path, rid, "attention_flops", "expected causal (the planner's count: a query attends to "
                          f"the keys before it) or full (every key), or blank, got {r['attention_flops']!r}")
 
+
+
+def _check_number(path, rid: str, r: dict, column: str, ok, expected: str) -> None:
+    """Raise TableError unless the row's `column` is blank or a number `ok` accepts."""
+    v = r.get(column, "")
+    try:
+        good = not v or ok(float(v))
+    except ValueError:
+        good = False
+    if not good:
+        raise TableError(path, rid, column, f"expected {expected}, got {v!r}")
 
 
 def table_name(text: str) -> str:
