@@ -234,9 +234,10 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     nd_p, nm_p, emb_p, head_p = pick(n_dense_of), pick(n_moe_of), pick(has_emb), pick(has_head)
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
     comp = _phases(lc, nd_p, nm_p, emb_p, head_p)
-    comp["f"], comp["b"] = comp["f"] + chunk_mb / 3, comp["b"] + 2 * chunk_mb / 3  # as _layer_overhead
-    offload_mb = pick(parked_f) + pick(parked_b)  # activation copies to and from the host left exposed
-    comp["f"], comp["b"] = comp["f"] + pick(parked_f), comp["b"] + pick(parked_b)
+    # the extra chunks' overhead split as _layer_overhead's; the activation copies to and from the
+    # host left exposed
+    comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + pick(parked_f), comp["b"] + 2 * chunk_mb / 3 + pick(parked_b)
+    offload_mb = pick(parked_f) + pick(parked_b)
     cm = {c: nd_p * lc[f"dense_comm_{c}"] + nm_p * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     F = comp["f"] + cm["f"] + p2p_mb
@@ -341,7 +342,8 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
             P_exp: dict, edp, lc: dict, M):
     """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
     dense and MoE layer counts, P_rep / P_exp their replicated and expert parameters),
-    the worst rank's total, and each role's stage (-1: no such rank)."""
+    the worst rank's total, each role's stage (-1: no such rank) and the largest GiB a rank keeps
+    in host memory (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
     n = len(lay)
     t = lay.tokens
     tp = lay.tp.astype(float)

@@ -30,7 +30,7 @@ def with_recompute(base: dict, recompute, share=1.0) -> dict:
     for k in ("dense", "moe"):
         ph = base[k]
         out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, part * ph.f, np.where(sel, ph.r, 0.0)))
-        kept = np.where(full, base[f"a_{k}_none"], np.where(sel, base[f"a_{k}_sel"], base[f"a_{k}_none"]))
+        kept = np.where(sel, base[f"a_{k}_sel"], base[f"a_{k}_none"])  # full's other layers keep all
         out[f"a_{k}"] = part * base["a_in"] + (1.0 - part) * kept
         # full recompute re-issues the forward: its host gap (in ph.f, so in r) again
         out[f"{k}_host"] = base[f"{k}_host"] + part * base[f"{k}_host_f"]
