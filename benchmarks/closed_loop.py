@@ -3,7 +3,16 @@ cpu-local spec, for tiny-moe and small-moe-cpu under plans that differ in PP, EP
 micro-batch, schedule and all-to-all algorithm; plus the memory check.
 
 One command:  python benchmarks/closed_loop.py  [--steps 22] [--warmup 14] [--rounds 2]
-                                               [--hardware cpu-local] [--models tiny-moe,small-moe-cpu]
+                                               [--hardware SPEC] [--models tiny-moe,small-moe-cpu]
+
+By default it first calibrates this machine (`piper-plan calibrate --quick`, 8 ranks, under two
+minutes) into a temporary spec and plans on that: the claim is that a spec measured on a machine
+predicts piper-train there, and the bundled cpu-local was measured on another host (or another
+day of a shared VM). --hardware SPEC plans on a stored spec instead (bundled name or YAML path).
+On the shared 2-core VM of 2026-12-03 one plan's step time moved by up to 1.7x between runs
+minutes apart (pp2 dp4 ep4 1f1b: 327-564 ms), so one run's median error moved by +-15 points:
+tiny-moe read 15-33 % on the bundled spec in four one-round runs, 9 % and 39 % on two fresh
+calibrations (the second while calibrate's probes ran 1.1-1.5x slower than at its calibration).
 
 Each plan runs --steps optimizer steps on 8 local gloo ranks (one thread each); the first
 --warmup steps are dropped and the median of the rest is the plan's time in that round. The
@@ -104,6 +113,20 @@ def machine_speed(hw_name: str) -> float | None:
     return float(np.exp(np.mean(np.log([r[3] for r in rows])))) if rows else None
 
 
+def calibrate_here() -> str:
+    """Calibrate this machine (quick, 8 ranks, on cpu-local's unmeasured fields) into a temporary
+    folder; returns the spec's path (its .calibration.json beside it, for machine_speed)."""
+    import tempfile
+
+    from piper_plan.calibrate import calibrate
+
+    out = f"{tempfile.mkdtemp(prefix='piper-closed-loop-')}/cpu-here.yaml"
+    res = calibrate(output=out, base="cpu-local", ranks=8, device="cpu", kind="quick", name="cpu-here",
+                    timeout=120.0, show_progress=False)
+    print(f"calibrated this machine in {res['wall_s']:.0f} s -> {out}")
+    return out
+
+
 def run(hw_name: str, models: list[str], steps: int, warmup: int = 14, rounds: int = 2, drift: bool = True) -> dict:
     from piper_runtime.config import TrainConfig
     from piper_runtime.launch import spawn_jobs
@@ -159,7 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=22)
     ap.add_argument("--warmup", type=int, default=14, help="steps dropped before the median")
     ap.add_argument("--rounds", type=int, default=2, help="passes over the plans; the median is kept")
-    ap.add_argument("--hardware", default="cpu-local")
+    ap.add_argument("--hardware", default=None,
+                    help="plan on this stored spec (bundled name or YAML) instead of calibrating this machine first")
     ap.add_argument("--no-drift", action="store_true", help="skip the machine-speed reference before each round")
     ap.add_argument("--models", default="tiny-moe,small-moe-cpu")
     ap.add_argument("--skip-memory", action="store_true")
@@ -167,7 +191,7 @@ def main(argv=None) -> int:
     first, again = new_shape_cost_us()
     print(f"bf16 GEMM m×256@256×512, one thread: {first:.0f} µs CPU on a new row count, {again:.0f} µs on the same "
           f"ones again -> {first - again:.0f} µs per new shape (why --warmup is {a.warmup})")
-    run(a.hardware, a.models.split(","), a.steps, a.warmup, a.rounds, not a.no_drift)
+    run(a.hardware or calibrate_here(), a.models.split(","), a.steps, a.warmup, a.rounds, not a.no_drift)
     if not a.skip_memory:
         import memory_check
         print()

@@ -26,6 +26,7 @@ from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collect
                             fit_comm, fit_compute, fit_layer_overhead, fit_optimizer_tensor, fit_pipeline_chunk,
                             fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError
+from .plan import atomic_write_text
 from .specs.hardware import HardwareSpec
 from .specs.registry import device_tokens, hardware_by_device, load_hardware, parse
 
@@ -310,10 +311,10 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
            "spec": spec.model_dump(mode="json")}
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, out)
-        rec_path.write_text(json.dumps(rec, indent=1))
+        # both atomic (a failed write leaves the old spec and its record whole); the record first,
+        # so a spec on disk never names measurements that were not written
+        atomic_write_text(rec_path, json.dumps(rec, indent=1))
+        atomic_write_text(out, text)
         load_hardware(str(out))  # the file as written must load
     if show_progress:
         _summary(spec, residuals, wall)
@@ -387,7 +388,7 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
 @click.option("--ranks", type=click.IntRange(1, 1024), default=None,
               help="local ranks measured at once (CPU default 8, sharing the cores; CUDA: the GPU count)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--quick", is_flag=True, help="fewer shapes and shorter windows (about a minute on 2 cores)")
+@click.option("--quick", is_flag=True, help="fewer shapes and shorter windows (under 2 minutes with 8 ranks on 2 cores)")
 @click.option("--smoke", is_flag=True, hidden=True, help="seconds-long subset for tests; the fit is rough")
 @click.option("--name", default=None, help="spec name (default: the output file's stem, else the base's)")
 @click.option("--timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,

@@ -37,6 +37,7 @@ class BenchPlan:
     comm_kinds: tuple[str, ...] = ("p2p", "allreduce", "alltoall")
     layers: tuple[str, ...] = ()          # dtypes for the framework-overhead blocks (CPU: fp32, bf16)
     loaded_comm: bool = False             # measure the per-call collective cost under compute load
+    loaded_ends: bool = False             # ... over the smallest and the largest group only (quick)
     skew_bursts: tuple[int, ...] = ()     # longer bursts (× LOADED_BURST) for the arrival-skew probe
     window_s: float = 0.25
     comm_window_s: float = 0.1
@@ -60,10 +61,15 @@ class BenchPlan:
         """Group sizes measured: every n ≥ 2 that divides the rank count."""
         return [n for n in range(2, ranks + 1) if ranks % n == 0]
 
+    def loaded_groups(self, ranks: int) -> list[int]:
+        """Group sizes of the loaded-collective probe (its fit takes medians over them)."""
+        g = self.comm_groups(ranks)
+        return sorted({g[0], g[-1]}) if self.loaded_ends and g else g
+
     def items(self, ranks: int) -> int:
         """Number of progress ticks a run posts."""
         comm = len(self.comm_groups(ranks)) * len(self.comm_kinds) * len(self.comm_sizes)
-        loaded = (len(self.comm_groups(ranks)) * len(LOADED_KINDS) + len(self.skew_bursts)) if self.loaded_comm else 0
+        loaded = (len(self.loaded_groups(ranks)) * len(LOADED_KINDS) + len(self.skew_bursts)) if self.loaded_comm else 0
         return (len(self.gemm) + len(self.stream) + len(self.attention) + comm + 2 * len(self.layers) + loaded
                 + len(self.pipelines) + len(self.casts) + (len(OPT_PARTS) if self.optimizer_tensors else 0))
 
@@ -121,7 +127,7 @@ def _expert_shapes(dtypes, ms, kn):
 
 
 def make_plan(kind: str, device: str) -> BenchPlan:
-    """'quick' (≈1 min on 2 cores, 8 ranks), 'full', or 'smoke' (seconds; CI)."""
+    """'quick' (100-110 s with 8 ranks on 2 cores), 'full', or 'smoke' (seconds; CI)."""
     gpu = device == "cuda"
     dtypes = ("bf16",) if gpu else ("fp32", "bf16")
     if kind == "smoke":
@@ -149,7 +155,9 @@ def make_plan(kind: str, device: str) -> BenchPlan:
     # CPU: tiny-moe's expert GEMM (hidden 64 × 2·96 gated), a CPU-sized one (512 × 1024), squares
     kn = [(64, 192), (512, 1024)]
     if kind == "quick":
-        ms, sq, st = (16, 48, 96, 128, 384, 1024, 4096), (256, 512, 1024), [1, 64, 2**16, 2**20, 2**22, 2**24]
+        # the largest stream is 2**23 (96 MiB a rank, 10x the cache share): 2**24 read the same DRAM
+        # rate (3.6-3.8 GB/s a rank at 2**22-2**24) and took 7-9 s of the run, mostly first-touch faults
+        ms, sq, st = (16, 48, 96, 128, 384, 1024, 4096), (256, 512, 1024), [1, 64, 2**16, 2**20, 2**22, 2**23]
         attention = [(1, 4, 64, 16), (2, 8, 128, 32), (1, 4, 256, 64), (1, 4, 1024, 64), (1, 4, 512, 32),
                      (1, 4, 512, 128)]
         sizes = [2**10, 2**16, 2**20, 2**22]
@@ -162,7 +170,10 @@ def make_plan(kind: str, device: str) -> BenchPlan:
         sizes = [2**k for k in range(8, 26, 2)]
     gemm = _expert_shapes(dtypes, ms, kn) + [(dt, s, s, s, 1) for dt in dtypes for s in sq]
     gemm += [(dt, 48, 192, 64, 4) for dt in dtypes] + [(dt, 128, 1024, 512, 8) for dt in dtypes]
+    # quick: 12 pipeline steps (16 took 28 s of a 128 s run) and the loaded probe over the
+    # smallest and largest groups only; both feed fits that take medians
     return BenchPlan(gemm, st, attention, sizes, layers=dtypes, loaded_comm=True, pipeline_schedules=PIPE_SCHEDULES,
+                     loaded_ends=kind == "quick", pipeline_steps=12 if kind == "quick" else 16,
                      skew_bursts=(16, 64) if kind == "quick" else (4, 16, 64),
                      casts=[2**16, 2**20, 2**22], optimizer_tensors=OPT_TENSORS,
                      window_s=0.3 if kind == "quick" else 0.5,
@@ -481,7 +492,7 @@ def _loaded_comm(torch, dist, dev, plan, rank, world, out, tick):
         return min(p[1] for p in pairs) - alone, alone
 
     iters = max(10, int(plan.comm_window_s / 2e-3))
-    for n in plan.comm_groups(world):
+    for n in plan.loaded_groups(world):
         sub, _ = dist.new_subgroups(group_size=n)
         for kind in LOADED_KINDS:
             numel = 64 * n  # 256 B per peer: latency-bound, like the count exchange
@@ -563,16 +574,15 @@ def run_benchmarks(plan: BenchPlan, ranks: int, device: str = "cpu", *, timeout_
     on_tick(label) is called in this process for every finished point. A rank that fails or a
     run past deadline_s raises PiperError (one line); the ranks are stopped first."""
     import torch.multiprocessing as mp
+    from piper_runtime.procs import context, start_ranks
 
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
+    q = context().Queue()
     saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})  # children inherit: one thread a rank
     per_rank: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="piper-calibrate-") as tmp:
         try:
-            pc = mp.start_processes(_worker, args=(ranks, str(Path(tmp) / "store"), asdict(plan), device, q,
-                                                   timeout_s), nprocs=ranks, join=False, start_method="spawn")
+            pc = start_ranks(_worker, (ranks, str(Path(tmp) / "store"), asdict(plan), device, q, timeout_s), ranks)
         finally:
             for k, v in saved.items():
                 if v is None:

@@ -441,8 +441,11 @@ def fit_collective_skew(rows: list[dict]) -> tuple[float, float, dict]:
     """Efficiency.collective_skew_us and collective_skew_base_ms from the loaded all-to-alls
     over every rank: the short-burst row (burst W0, added time e0) and the long-burst rows
     (calibrate_bench skew_bursts): e(W) = e0 + k·(√W − √W0), W in ms, k by least squares
-    through the short point, floored at 0. Returns (k us/√ms, W0 ms, residual stats)."""
-    longs = [r for r in rows if r.get("skew")]
+    through the short point, floored at 0. A long row whose call added no time (the bursts alone
+    ran slower than bursts and calls: the machine's noise beat the signal; seen on a shared VM,
+    −16 ms after 134 ms bursts) measured nothing and is left out. Returns (k us/√ms, W0 ms,
+    residual stats)."""
+    longs = [r for r in rows if r.get("skew") and r["seconds"] > 0]
     if not longs:
         return 0.0, 0.0, {}
     n = longs[0]["n"]

@@ -92,10 +92,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write via a temp file in the same folder and os.replace: a failed write leaves the old file whole."""
+    """Write via a temp file in the same folder and os.replace: a failed write leaves the old file whole.
+    The file keeps the mode of the one it replaces, else gets what open() would give it (0666 less
+    the umask; mkstemp's own 0600 would hide a plan or spec from the other users of a machine)."""
     p = Path(path)
+    try:
+        mode = p.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

@@ -24,6 +24,7 @@ from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, runs, shown
 
 from .config import check_tp
 from .host import keep_freed_pages
+from .procs import start_ranks
 
 
 def check_supported(plan: Plan, world: int) -> None:
@@ -163,8 +164,7 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
     with tempfile.TemporaryDirectory(prefix="piper-train-") as tmp:
         os.mkdir(os.path.join(tmp, "err"))
         payload = [(p.model_dump_json(), c) for p, c in jobs]
-        ctx = mp.start_processes(_spawned, args=(n, payload, os.path.join(tmp, "store"), tmp, threads),
-                                 nprocs=n, join=False, start_method="spawn")
+        ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads), n)
         try:
             while not ctx.join():
                 pass

@@ -540,6 +540,10 @@ def test_collective_skew_fit_recovers_the_square_root_law():
     got_k, got_base, stats = fit_collective_skew(rows)
     assert got_k == pytest.approx(470.0, rel=1e-6) and got_base == pytest.approx(base)
     assert fit_collective_skew(rows[:2])[:2] == (0.0, 0.0)  # no long bursts measured: no term
+    # a long row whose call "added" negative time measured only noise: the others carry the fit
+    noisy = rows + [{"kind": "alltoall", "n": 8, "nbytes": 2048, "skew": True, "burst_s": 0.134, "seconds": -0.016}]
+    got_k, _, stats = fit_collective_skew(noisy)
+    assert got_k == pytest.approx(470.0, rel=1e-6) and stats["comm_skew"] == {"median_abs_pct": 0.0, "max_abs_pct": 0.0, "points": 2}
 
 
 def test_skew_adds_to_a_layouts_all_to_alls_only_with_expert_parallelism():

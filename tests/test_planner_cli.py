@@ -1,5 +1,6 @@
 """piper-plan's commands: one-line errors, estimate/search agreement, infeasibility reasons."""
 import json
+import os
 import subprocess
 import sys
 
@@ -140,6 +141,23 @@ def test_failed_plan_write_leaves_old_file(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         plan_mod.atomic_write_text(p, "new")
     assert p.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_written_files_are_readable_like_any_other(tmp_path):
+    """An atomic write gets open()'s mode (0666 less the umask), not mkstemp's 0600, and a
+    rewrite keeps the mode the file had."""
+    from piper_plan import plan as plan_mod
+
+    umask = os.umask(0o022)
+    try:
+        fresh, kept = tmp_path / "plan.json", tmp_path / "spec.yaml"
+        plan_mod.atomic_write_text(fresh, "new")
+        kept.write_text("old")
+        kept.chmod(0o640)
+        plan_mod.atomic_write_text(kept, "new")
+    finally:
+        os.umask(umask)
+    assert fresh.stat().st_mode & 0o777 == 0o644 and kept.stat().st_mode & 0o777 == 0o640
 
 
 def test_unknown_plan_schema_version(tmp_path):

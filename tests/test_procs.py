@@ -1,0 +1,36 @@
+"""piper_runtime.procs: ranks fork from a preloaded forkserver, yet each sees what a spawned
+rank saw: this process's environment and working directory at the start call (the server keeps
+those of its own first start)."""
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from piper_runtime.procs import start_ranks  # noqa: E402
+
+
+def _report(rank: int, out_dir: str) -> None:
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"env": os.environ.get("PIPER_PROCS_PROBE"), "cwd": os.getcwd()}, f)
+
+
+def _run(out_dir: str) -> list[dict]:
+    ctx = start_ranks(_report, (out_dir,), 2)
+    while not ctx.join(timeout=60):
+        pass
+    return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(2)]
+
+
+def test_ranks_see_the_environment_and_folder_of_each_start(tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    monkeypatch.chdir(first)
+    monkeypatch.setenv("PIPER_PROCS_PROBE", "one")
+    a = _run(str(first))  # may start the server here, under "one" in first/
+    monkeypatch.chdir(second)
+    monkeypatch.setenv("PIPER_PROCS_PROBE", "two")
+    b = _run(str(second))  # the same server: the ranks must still see "two" in second/
+    assert [r["env"] for r in a] == ["one", "one"] and [r["cwd"] for r in a] == [str(first)] * 2
+    assert [r["env"] for r in b] == ["two", "two"] and [r["cwd"] for r in b] == [str(second)] * 2
