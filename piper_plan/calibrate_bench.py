@@ -101,6 +101,7 @@ OPT_PARTS = ("adamw", "grad", "copy")
 OPT_TENSORS = 64
 OPT_TENSOR_SHAPE = (16, 16)
 LOADED_KINDS = ("p2p", "alltoall", "allreduce")
+SKEW_ITERS = 12
 LOADED_BURST = 48  # 64×64 fp32 GEMMs between two calls: ~0.5 ms of work a rank, ~2 ms with 8 ranks on 2 cores
 
 
@@ -506,8 +507,11 @@ def _loaded_comm(torch, dist, dev, plan, rank, world, out, tick):
     # longer than LOADED_BURST between its exchanges; what a call adds grows with it)
     numel = 64 * world
     op = _comm_fn(torch, dist, dev, "alltoall", rank, world, None, numel)
+    # at least SKEW_ITERS calls a long-burst row: with 4 (a 0.2-0.25 s window's share at 64x) a shared
+    # VM's 100 ms hiccups decided the row (measured: 1.8 ms added after 127 ms bursts against 3.9 after
+    # 2 ms, which zeroed the fitted term)
     for times in plan.skew_bursts if world > 1 else ():
-        extra, alone = added(op, times, max(4, iters // times))
+        extra, alone = added(op, times, max(SKEW_ITERS, iters // times))
         out.append({"kind": "alltoall", "n": world, "nbytes": 4 * numel, "seconds": extra, "burst_s": alone,
                     "skew": True})
         tick(f"alltoall after {times}× burst")
