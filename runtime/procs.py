@@ -28,7 +28,7 @@ def start_ranks(fn, args: tuple, nprocs: int):
     forkserver: fn(rank, *args) runs with this process's environment and working directory."""
     import torch.multiprocessing as mp
 
-    context()
+    context()  # the server's preload must be set before its first start
     return mp.start_processes(_enter, args=(fn, dict(os.environ), os.getcwd(), args), nprocs=nprocs,
                               join=False, start_method="forkserver")
 

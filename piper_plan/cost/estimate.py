@@ -236,8 +236,9 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     comp = _phases(lc, nd_p, nm_p, emb_p, head_p)
     # the extra chunks' overhead split as _layer_overhead's; the activation copies to and from the
     # host left exposed
-    comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + pick(parked_f), comp["b"] + 2 * chunk_mb / 3 + pick(parked_b)
-    offload_mb = pick(parked_f) + pick(parked_b)
+    pf, pb = pick(parked_f), pick(parked_b)
+    comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + pf, comp["b"] + 2 * chunk_mb / 3 + pb
+    offload_mb = pf + pb
     cm = {c: nd_p * lc[f"dense_comm_{c}"] + nm_p * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     F = comp["f"] + cm["f"] + p2p_mb
