@@ -25,7 +25,8 @@ from .calibrate_bench import (CPU_EXPERT_ROW_MULTIPLE, OPT_TENSORS, BenchPlan, m
 from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collective_overhead, fit_collective_skew,
                             fit_comm, fit_compute, fit_layer_overhead, fit_optimizer_tensor, fit_pipeline_chunk,
                             fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
-from .errors import PiperError
+from .errors import PiperError, SpecError
+from .files import check_writable
 from .plan import atomic_write_text
 from .specs.hardware import HardwareSpec
 from .specs.registry import device_tokens, hardware_by_device, load_hardware, parse
@@ -265,6 +266,13 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
     if plan.pipeline_schedules and not plan.pipelines:
         plan.pipelines = pipeline_probes(hw, ranks, plan.pipeline_schedules)
     out = Path(output) if output else None
+    if out:  # before minutes of measuring: a result that cannot be written would be lost
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpecError(str(out), "-o", f"cannot create its folder ({e.strerror or e})") from None
+        check_writable(out, "-o")
+        check_writable(out.with_name(out.stem + ".calibration.json"), "-o (its .calibration.json)")
     name = name or (out.stem if out else hw.name)
 
     total = plan.items(ranks)
@@ -401,17 +409,21 @@ def calibrate_cmd(output, base, ranks, device, quick, smoke, name, timeout, chec
     kind = "smoke" if smoke else "quick" if quick else "full"
     if check_spec is not None:
         from .calibrate_check import check, report
+        if ranks is not None or output or base or quick or name:
+            click.echo("error: --check SPEC repeats SPEC's recorded probes with its own rank count and base: "
+                       "--ranks, -o, --base, --quick and --name do not apply", err=True)
+            sys.exit(2)
         try:
             r = check(check_spec, timeout=timeout)
         except PiperError as e:
-            click.echo(str(e), err=True)
+            click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
         report(r)
         sys.exit(0 if r["ok"] else 1)
     try:
         r = calibrate(output=output, base=base, ranks=ranks, device=device, kind=kind, name=name, timeout=timeout)
     except PiperError as e:
-        click.echo(str(e), err=True)
+        click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
     if not output:
         click.echo(r["yaml"], nl=False)

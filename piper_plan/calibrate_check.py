@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .calibrate_bench import BenchPlan, run_benchmarks
 from .errors import PiperError
+from .files import read_text
 from .specs.registry import _resolve
 
 TOLERANCE = 1.5    # now/then beyond ×1.5 (or below ÷1.5) in a family: not the calibrated machine
@@ -33,9 +34,9 @@ def record_for(spec_ref: str) -> tuple[Path, dict]:
         raise PiperError(f"{path}: no {rec_path.name} beside it: only a spec written by "
                          "`piper-plan calibrate -o PATH` carries the measurements a check repeats")
     try:
-        rec = json.loads(rec_path.read_text())
+        rec = json.loads(read_text(rec_path))
         rec["plan"], rec["measurements"], rec["ranks"]  # noqa: B018 - the fields a check needs
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, KeyError, TypeError) as e:  # read_text's own errors are one line already
         raise PiperError(f"{rec_path}: not a calibration record ({type(e).__name__}: {e})") from None
     return rec_path, rec
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from .clitypes import GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat
 from .errors import PiperError
 
 
@@ -26,6 +27,8 @@ def one_line_errors(fn):
             sys.exit(2)
 
     return wrapper
+
+
 
 
 class _Group(click.Group):
@@ -84,7 +87,7 @@ MIGRATION_OPTIONS = (
                  help="expert migration re-places experts to even out per-rank load"),
     click.option("--migration-period", type=click.IntRange(1), default=50, show_default=True,
                  help="re-plan every K optimizer steps"),
-    click.option("--migration-threshold", type=click.FloatRange(1.0), default=1.1, show_default=True,
+    click.option("--migration-threshold", type=FiniteFloat(1.0), default=1.1, show_default=True,
                  help="... or when max/mean rank load passes this"),
     click.option("--migration-planner", type=click.Choice(["swap", "lpt"]), default="lpt", show_default=True),
     click.option("--migration-window", type=click.IntRange(1), default=20, show_default=True,
@@ -166,23 +169,23 @@ def layout_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
-        click.option("--gpus", "-n", type=int, required=True),
-        click.option("--tp", type=int, default=1, show_default=True),
+        click.option("--gpus", "-n", type=GPU_COUNT, required=True),
+        click.option("--tp", type=POSITIVE, default=1, show_default=True),
         click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size, "
                      "ring attention)"),
-        click.option("--pp", type=int, default=1, show_default=True),
-        click.option("--ep", type=int, default=1, show_default=True),
+        click.option("--pp", type=POSITIVE, default=1, show_default=True),
+        click.option("--ep", type=POSITIVE, default=1, show_default=True),
         click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True,
                      help="expert tensor parallel: ranks each expert is split over (Megatron-Core "
                      "--expert-tensor-parallel-size; its default when unset is --tp)"),
-        click.option("--dp", type=int, default=None, help="attention data parallel (default gpus/(tp*cp*pp))"),
-        click.option("--mbs", type=int, default=1, show_default=True, help="micro-batch size, sequences"),
-        click.option("--global-batch", type=int, default=None, help="sequences per step (default 4M tokens' worth)"),
-        click.option("--seq", type=int, default=None, help="sequence length (default: the model's)"),
+        click.option("--dp", type=POSITIVE, default=None, help="attention data parallel (default gpus/(tp*cp*pp))"),
+        click.option("--mbs", type=POSITIVE, default=1, show_default=True, help="micro-batch size, sequences"),
+        click.option("--global-batch", type=POSITIVE, default=None, help="sequences per step (default 4M tokens' worth)"),
+        click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]), default="1f1b",
                      show_default=True),
-        click.option("--vpp", type=int, default=None, help="chunks per rank (interleaved; zbv/dualpipev use 2)"),
+        click.option("--vpp", type=POSITIVE, default=None, help="chunks per rank (interleaved; zbv/dualpipev use 2)"),
         click.option("--recompute", type=click.Choice(["none", "selective", "full"]), default="none", show_default=True),
         click.option("--recompute-layers", type=click.IntRange(min=0), default=0, show_default=True,
                      help="with --recompute full, the layers of each pipeline chunk that re-run their forward (the "
@@ -203,7 +206,7 @@ def layout_options(fn):
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True),
-        click.option("--optimizer-offload", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+        click.option("--optimizer-offload", type=FiniteFloat(0.0, 1.0), default=0.0, show_default=True,
                      help=OFFLOAD_HELP["optimizer"]),
         click.option("--offload-layers", type=click.IntRange(min=0), default=0, show_default=True,
                      help=OFFLOAD_HELP["layers"]),
@@ -226,6 +229,14 @@ def _modules(text: str, option: str) -> tuple[str, ...]:
     return modules
 
 
+def _check_machine_size(hw, source: str, gpus: int) -> None:
+    """Say so where -n is beyond the machine the spec describes (its max_gpus). A warning, not an
+    error: a larger machine of the same parts is a fair question (the topology's top level prices it)."""
+    if hw.max_gpus and gpus > hw.max_gpus:
+        click.echo(f"warning: {source}: max_gpus: the machine has {hw.max_gpus} GPUs; -n {gpus} is priced as a "
+                   "larger machine of the same parts", err=True)
+
+
 def _layout_from(kw, model):
     from .errors import LayoutError
     from .layout import Layout
@@ -238,9 +249,9 @@ def _layout_from(kw, model):
             named = "tp*pp" if cp == 1 else "tp*cp*pp"  # cp named where it is used
             raise LayoutError(f"{named}*dp == gpus", f"{named} = {tp * cp * pp} does not divide {gpus} GPUs")
         dp = gpus // (tp * cp * pp)
-    seq = kw["seq"] or model.seq_len
-    gbs = kw["global_batch"] or default_global_batch(seq)
-    vpp = kw["vpp"] or (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1)
+    seq = model.seq_len if kw["seq"] is None else kw["seq"]
+    gbs = default_global_batch(seq) if kw["global_batch"] is None else kw["global_batch"]
+    vpp = (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1) if kw["vpp"] is None else kw["vpp"]
     modules = _modules(kw["recompute_modules"], "--recompute-modules")
     return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
                   global_batch=gbs, seq=seq,
@@ -271,6 +282,7 @@ def estimate(as_json, output, **kw):
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
+    _check_machine_size(hw, kw["hardware"], kw["gpus"])
     lay = _layout_from(kw, model)
     routing = parse_routing(kw["routing"])
     migration = _migration_from(kw)
@@ -298,13 +310,13 @@ def search_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
-        click.option("--global-batch", type=int, default=None, help="sequences per step (default 4M tokens' worth)"),
-        click.option("--seq", type=int, default=None, help="sequence length (default: the model's)"),
+        click.option("--global-batch", type=POSITIVE, default=None, help="sequences per step (default 4M tokens' worth)"),
+        click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--routing", default="uniform", show_default=True, help="uniform | zipf[:s] | metrics.jsonl"),
         click.option("--a2a", type=click.Choice(["flat", "halo", "dedup", "auto"]), default="auto", show_default=True,
                      help="auto: flat and halo (what piper-train runs); dedup: DeepEP / HybridEP token-level exchange"),
         *MIGRATION_OPTIONS,
-        click.option("--headroom-gib", type=float, default=0.0, show_default=True,
+        click.option("--headroom-gib", type=FiniteFloat(0.0), default=0.0, show_default=True,
                      help="memory kept free on top of the hardware's reserve"),
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
         click.option("--cp", "cps", default="auto", show_default=True,
@@ -341,8 +353,8 @@ def _ints(text: str, option: str, least: int = 1) -> tuple[int, ...]:
     """A comma-separated list of integers of at least `least` (1: degrees; 0: counts), checked."""
     from .errors import LayoutError
 
-    parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or not all(x.isdigit() and int(x) >= least for x in parts):
+    parts = [x.strip() for x in text.split(",")]
+    if not all(x.isdigit() and int(x) >= least for x in parts):
         what = "positive integers" if least >= 1 else "whole numbers"
         raise LayoutError(option, f"got {text!r}; expected a comma-separated list of {what}")
     return tuple(sorted({int(x) for x in parts}))
@@ -353,7 +365,7 @@ def _fractions(text: str, option: str) -> tuple[float, ...]:
     from .errors import LayoutError
 
     try:
-        vals = tuple(sorted({float(x) for x in text.split(",") if x.strip()}))
+        vals = tuple(sorted({float(x) for x in text.split(",")}))
     except ValueError:
         vals = ()
     if not vals or not all(0.0 <= v <= 1.0 for v in vals):
@@ -373,8 +385,8 @@ def _cps(kw, seq: int) -> tuple[int, ...]:
 def _space(kw, model, gpus):
     from .search import SearchSpace, default_global_batch, for_runtime
 
-    seq = kw["seq"] or model.seq_len
-    gbs = kw["global_batch"] or default_global_batch(seq)
+    seq = model.seq_len if kw["seq"] is None else kw["seq"]
+    gbs = default_global_batch(seq) if kw["global_batch"] is None else kw["global_batch"]
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     selective = tuple(_modules(text, "--selective") for text in kw["selective"])
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
@@ -399,10 +411,11 @@ def _load_for_search(kw):
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
     if kw["ep_in_domain"] and kw["ep_in_domain"] not in [lv.name for lv in hw.topology]:
         raise SpecError(kw["hardware"], "topology", f"no level named {kw['ep_in_domain']!r} for --ep-in-domain")
-    bad = [s for s in kw["schedules"].split(",") if s.strip() and s.strip() not in
+    bad = [s.strip() for s in kw["schedules"].split(",") if s.strip() not in
            ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")]
     if bad:
-        raise SpecError("--schedules", bad[0], "expected gpipe, 1f1b, interleaved, zbv or dualpipev")
+        raise SpecError("--schedules", repr(bad[0]), "expected a comma-separated list of gpipe, 1f1b, interleaved, "
+                        "zbv or dualpipev")
     routing = parse_routing(kw["routing"])
     migration = _migration_from(kw)
     routing.migration = migration if migration.enabled else None
@@ -411,9 +424,9 @@ def _load_for_search(kw):
 
 @main.command("search")
 @search_options
-@click.option("--gpus", "-n", type=int, required=True)
+@click.option("--gpus", "-n", type=GPU_COUNT, required=True)
 @click.option("--objective", type=click.Choice(["throughput", "mfu", "memory"]), default="throughput", show_default=True)
-@click.option("--top", "top_k", type=int, default=10, show_default=True)
+@click.option("--top", "top_k", type=POSITIVE, default=10, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the best layout as plan.json")
 @one_line_errors
@@ -428,6 +441,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
 
     t0 = time.perf_counter()
     model, hw, routing = _load_for_search(kw)
+    _check_machine_size(hw, kw["hardware"], gpus)
     sp = _space(kw, model, gpus)
     res = search(model, hw, sp, routing, objective, kw["headroom_gib"])
     wall = time.perf_counter() - t0
@@ -495,10 +509,10 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     from .sweep import plot, run_sweep, parse_vary
 
     model, hw, routing = _load_for_search(kw)
-    try:
-        counts = [int(x) for x in gpus.split(",") if x.strip()]
-    except ValueError:
-        raise SpecError("--gpus", gpus, "expected comma-separated integers") from None
+    parts = [x.strip() for x in gpus.split(",")]
+    if not all(x.isdigit() and 1 <= int(x) <= GPU_COUNT.max for x in parts) or len(set(map(int, parts))) != len(parts):
+        raise SpecError("--gpus", repr(gpus), "expected a comma-separated list of distinct positive GPU counts")
+    counts = [int(x) for x in parts]
     vary_d = parse_vary(list(vary))
     space = _space(kw, model, counts[0])
     n = len(counts)

@@ -23,9 +23,12 @@ def parse_routing(text: str | None) -> Routing:
     if text.startswith("zipf"):
         _, _, s = text.partition(":")
         try:
-            return Routing("zipf", float(s) if s else 1.0)
+            z = float(s) if s else 1.0
         except ValueError:
-            raise SpecError("--routing", "zipf", f"expected zipf:<s> with a number s, got {text!r}") from None
+            z = float("nan")
+        if not 0.0 <= z < float("inf"):  # NaN fails this too
+            raise SpecError("--routing", "zipf", f"expected zipf:<s> with a finite s >= 0, got {text!r}")
+        return Routing("zipf", z)
     p = Path(text)
     if p.suffix == ".jsonl" and not p.is_file():
         raise SpecError(text, "<file>", "no such metrics file")

@@ -2,20 +2,19 @@
 
 It embeds the model and hardware specs (with a hash of each), the degrees, the rank map,
 the layer -> stage partition, micro-batching, routing assumption and predicted metrics,
-so the runtime needs nothing else. Writes are atomic (temp file + os.replace)."""
+so the runtime needs nothing else. Writes are atomic (files.atomic_write_text)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import tempfile
-from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .errors import SpecError, from_validation
+from .files import atomic_write_text, read_text
 from .layout import Layout, RankCoord
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -46,7 +45,7 @@ class Migration(_Strict):
 
 
 class Predicted(_Strict):
-    step_time_s: float
+    step_time_s: float = Field(gt=0)
     tokens_per_s: float
     tflops_per_gpu: float
     hw_tflops_per_gpu: float
@@ -87,37 +86,6 @@ def spec_hash(spec: BaseModel) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write via a temp file in the same folder and os.replace: a failed write leaves the old file whole.
-    The file keeps the mode of the one it replaces, else gets what open() would give it (0666 less
-    the umask; mkstemp's own 0600 would hide a plan or spec from the other users of a machine)."""
-    p = Path(path)
-    try:
-        mode = p.stat().st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     atomic_write_text(path, plan.model_dump_json(indent=2) + "\n")
 
@@ -126,9 +94,7 @@ def read_plan(path: str | os.PathLike) -> Plan:
     """Load and validate plan.json; any problem is a one-line SpecError."""
     src = str(path)
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise SpecError(src, "<file>", f"cannot read ({e.strerror})") from None
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise SpecError(src, f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
     if not isinstance(data, dict):
@@ -148,7 +114,43 @@ def read_plan(path: str | os.PathLike) -> Plan:
         raise SpecError(src, "rank_map", f"expected {plan.layout.gpus} entries, got {len(plan.rank_map)}")
     if len(plan.partition) != plan.layout.stages:
         raise SpecError(src, "partition", f"expected {plan.layout.stages} chunks, got {len(plan.partition)}")
+    check_consistent(plan, src)
     return plan
+
+
+def check_consistent(plan: Plan, src: str) -> None:
+    """What the schema alone cannot say, checked before any rank starts: the layout's rules for
+    this model (check_layout), every layer in exactly one chunk in order, and a rank map holding
+    each rank once at coordinates inside the degrees (a custom placement may reorder it)."""
+    from .errors import LayoutError
+    from .layout import check_layout
+
+    lay, m = plan.layout, plan.model
+    try:
+        check_layout(lay, m.num_layers, m.moe.num_experts if m.moe else 0,
+                     expert_ffn=m.moe.expert_ffn_size if m.moe else 0)
+    except LayoutError as e:
+        raise SpecError(src, "layout", str(e).removeprefix("layout: ")) from None
+    if any(not chunk for chunk in plan.partition) or \
+            [i for chunk in plan.partition for i in chunk] != list(range(m.num_layers)):
+        raise SpecError(src, "partition", f"expected {lay.stages} non-empty chunks holding layers 0..{m.num_layers - 1} "
+                        "in order, each once")
+    gpn = plan.hardware.gpus_per_node
+    bounds = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "edp": lay.edp,
+              "etp": lay.etp, "local": gpn, "node": -(-lay.gpus // gpn)}
+    for i, c in enumerate(plan.rank_map):
+        if c.rank != i:
+            raise SpecError(src, f"rank_map[{i}].rank", f"expected {i} (entry i describes rank i)")
+        for k, n in bounds.items():
+            if not 0 <= getattr(c, k) < n:
+                raise SpecError(src, f"rank_map[{i}].{k}", f"expected 0..{n - 1}, got {getattr(c, k)}")
+    for what, key in (("(node, local)", lambda c: (c.node, c.local)), ("(pp, dp, cp, tp)", lambda c: (c.pp, c.dp, c.cp, c.tp)),
+                      ("(pp, edp, ep, etp)", lambda c: (c.pp, c.edp, c.ep, c.etp))):
+        seen = {}
+        for c in plan.rank_map:
+            if key(c) in seen:
+                raise SpecError(src, f"rank_map[{c.rank}]", f"{what} = {key(c)} is rank {seen[key(c)]}'s too")
+            seen[key(c)] = c.rank
 
 
 def json_schema() -> dict:

@@ -6,6 +6,7 @@ Every scenario re-runs the full search, so the table shows the best layout under
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 
 from .errors import SpecError
@@ -34,10 +35,16 @@ def parse_vary(items: list[str]) -> dict[str, list[float]]:
         key, eq, vals = it.partition("=")
         if not eq or not vals:
             raise SpecError("--vary", it, "expected FIELD=v1,v2,... (e.g. nic_gbps=12.5,25,50)")
+        field = ALIASES.get(key, key)
+        if field in out:
+            raise SpecError("--vary", key, "given twice: list every value in one --vary FIELD=v1,v2")
         try:
-            out[ALIASES.get(key, key)] = [float(v) for v in vals.split(",")]
+            values = [float(v) for v in vals.split(",")]
         except ValueError:
-            raise SpecError("--vary", key, f"values must be numbers, got {vals!r}") from None
+            values = [math.nan]
+        if not all(math.isfinite(v) for v in values):
+            raise SpecError("--vary", key, f"values must be finite numbers, got {vals!r}")
+        out[field] = values
     return out
 
 
@@ -113,7 +120,7 @@ def plot(rows: list[dict], keys: list[str], path: str) -> None:
     if len(groups) > 1:
         axes[1].legend(fontsize=7)
     fig.tight_layout()
-    from .plan import atomic_write_bytes
+    from .files import atomic_write_bytes
 
     import io
 

@@ -126,6 +126,10 @@ def read_rows(path: Path) -> list[dict]:
             if missing:
                 raise TableError(path, None, "header", f"columns {', '.join(missing)} are missing "
                                  f"(a table needs {', '.join(REQUIRED)})")
+            unknown = [c for c in header if c and c not in COLUMNS]
+            if unknown:  # a misspelt optional column would otherwise be dropped without a word
+                raise TableError(path, None, "header", f"column {unknown[0]!r} is not in the schema (the columns: "
+                                 f"{', '.join(COLUMNS)}; other information goes in notes)")
             twice = sorted({c for c in header if header.count(c) > 1})
             if twice:
                 raise TableError(path, None, "header", f"columns {', '.join(twice)} appear twice "

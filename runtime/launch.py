@@ -18,7 +18,9 @@ from typing import Optional
 
 import click
 
-from piper_plan.errors import PiperError
+from piper_plan.clitypes import POSITIVE, FiniteFloat
+from piper_plan.errors import PiperError, SpecError
+from piper_plan.files import check_writable
 from piper_plan.plan import Plan, read_plan
 from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, runs, shown
 
@@ -63,6 +65,10 @@ def preflight(plan: Plan, cfg, world: int) -> None:
     check_supported(plan, world)
     if cfg.steps < 1:
         raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
+    if cfg.metrics:  # checked before training: a run must not end by losing what it measured
+        check_writable(cfg.metrics, "--metrics")
+    if cfg.checkpoint:
+        _check_checkpoint_dir(cfg.checkpoint)
     if cfg.data:
         from .data import open_tokens
 
@@ -75,6 +81,20 @@ def preflight(plan: Plan, cfg, world: int) -> None:
         step = validate(cfg.checkpoint, plan)
         if step > cfg.steps:
             raise CheckpointError(f"{cfg.checkpoint}: checkpoint is at step {step}, beyond --steps {cfg.steps}")
+
+
+def _check_checkpoint_dir(path: str) -> None:
+    """--checkpoint names a folder that is, or can be made (its nearest existing parent writable)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise SpecError(path, "--checkpoint", "expected a folder; this is a file")
+    q = p
+    while not q.exists():
+        q = q.parent
+    if not q.is_dir():
+        raise SpecError(path, "--checkpoint", f"cannot create the folder: {str(q)!r} is a file")
+    if not os.access(q, os.W_OK | os.X_OK):
+        raise SpecError(path, "--checkpoint", f"cannot write: {str(q)!r} is not writable")
 
 
 def _init(rank: int, world: int, timeout_s: float, store_path: Optional[str]):
@@ -155,8 +175,13 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
     """Run (plan, TrainConfig) jobs one after another on the same plan.layout.gpus local
     processes (one process start for several runs: tests and benchmarks). Returns rank 0's
     per-step records of each job. Raises PiperError (a rank's input error) or RankFailed."""
+    import logging
+
     import torch.multiprocessing as mp
 
+    # torch logs a warning per peer it stops after one rank fails; the failure itself is reported
+    # below as one line, so those lines would only bury it
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     n = jobs[0][0].layout.gpus
     if any(p.layout.gpus != n for p, _ in jobs):
         raise ValueError("all jobs of one spawn need the same world size")
@@ -179,24 +204,27 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
 
 @click.command(context_settings=dict(help_option_names=["-h", "--help"]))
 @click.option("--plan", "plan_path", required=True, help="plan.json written by piper-plan")
-@click.option("--steps", default=10, show_default=True, help="optimizer steps (total, also when resuming)")
+@click.option("--steps", type=POSITIVE, default=10, show_default=True, help="optimizer steps (total, also when resuming)")
 @click.option("--seed", default=0, show_default=True, help="initialisation and synthetic-data seed")
 @click.option("--metrics", "metrics_path", default=None, help="append per-step JSONL records here")
 @click.option("--checkpoint", "ckdir", default=None, help="checkpoint folder (saved at the end, see --checkpoint-every)")
-@click.option("--checkpoint-every", default=0, show_default=True, help="also save every N steps (0: only at the end)")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True, help="also save every N steps (0: only at the end)")
 @click.option("--resume", is_flag=True, help="continue from the latest checkpoint in --checkpoint")
 @click.option("--data", default=None, help="pre-tokenised uint16/uint32 tokens (.npy, or raw .bin)")
 @click.option("--data-dtype", type=click.Choice(["uint16", "uint32"]), default=None,
               help="token dtype of a raw .bin (default uint16); for .npy, the dtype it must have")
-@click.option("--log-every", default=1, show_default=True, help="console update every N steps (0: silent)")
-@click.option("--lr", default=3e-4, show_default=True)
-@click.option("--weight-decay", default=0.1, show_default=True)
-@click.option("--clip", default=1.0, show_default=True, help="global gradient-norm clip (0: off)")
-@click.option("--aux-loss-coef", default=1e-2, show_default=True, help="MoE balance loss coefficient")
-@click.option("--z-loss-coef", default=0.0, show_default=True, help="router z-loss coefficient")
-@click.option("--capacity-factor", type=float, default=None, help="expert capacity factor (default: dropless)")
-@click.option("--timeout", "timeout_s", default=120.0, show_default=True, help="collective timeout, seconds")
-@click.option("--threads", default=1, show_default=True, help="CPU threads per rank")
+@click.option("--log-every", type=click.IntRange(min=0), default=1, show_default=True, help="console update every N steps (0: silent)")
+@click.option("--lr", type=FiniteFloat(0, min_open=True), default=3e-4, show_default=True)
+@click.option("--weight-decay", type=FiniteFloat(0), default=0.1, show_default=True)
+@click.option("--clip", type=FiniteFloat(0), default=1.0, show_default=True, help="global gradient-norm clip (0: off)")
+@click.option("--aux-loss-coef", type=FiniteFloat(0), default=1e-2, show_default=True,
+              help="MoE balance loss coefficient")
+@click.option("--z-loss-coef", type=FiniteFloat(0), default=0.0, show_default=True, help="router z-loss coefficient")
+@click.option("--capacity-factor", type=FiniteFloat(0, min_open=True), default=None,
+              help="expert capacity factor (default: dropless)")
+@click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=120.0, show_default=True,
+              help="collective timeout, seconds")
+@click.option("--threads", type=POSITIVE, default=1, show_default=True, help="CPU threads per rank")
 def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, data, data_dtype, log_every,
          lr, weight_decay, clip, aux_loss_coef, z_loss_coef, capacity_factor, timeout_s, threads):
     """Train with the layout of PLAN: pipelined (torch.distributed.pipelining) expert-parallel MoE."""

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from piper_plan.cli import main
+from piper_plan.errors import SpecError
 
 
 def run(*args):
@@ -138,7 +139,7 @@ def test_failed_plan_write_leaves_old_file(tmp_path, monkeypatch):
     p = tmp_path / "plan.json"
     p.write_text("old")
     monkeypatch.setattr(plan_mod.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
+    with pytest.raises(SpecError, match="cannot write"):
         plan_mod.atomic_write_text(p, "new")
     assert p.read_text() == "old" and [x.name for x in tmp_path.iterdir()] == ["plan.json"]
 

@@ -30,11 +30,12 @@ def expert_popularity(num_experts: int, distribution: str = "uniform", zipf_s: f
     if distribution == "histogram":
         h = np.asarray(histogram, dtype=float)
         h = h.mean(0) if h.ndim == 2 else h
-        if h.shape != (num_experts,) or h.sum() <= 0:
+        if h.shape != (num_experts,) or not h.sum() > 0:
             from ..errors import SpecError
 
-            raise SpecError("--routing", "tokens_per_expert",
-                            f"the histogram has {h.shape[-1] if h.ndim else 0} experts; the model has {num_experts}")
+            why = (f"the histogram has {h.shape[-1] if h.ndim else 0} experts; the model has {num_experts}"
+                   if h.shape != (num_experts,) else "the histogram routes no tokens (every count is 0)")
+            raise SpecError("--routing", "tokens_per_expert", why)
         return h / h.sum()
     raise ValueError(f"unknown routing distribution {distribution!r}")
 

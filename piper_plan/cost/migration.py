@@ -23,6 +23,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import SpecError
+from ..files import read_text
 from ..placement import (
     contiguous_placement, lower_bound, moved_experts, plan_placement, rank_loads, slot_lower_bound,
 )
@@ -131,7 +132,7 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
     """Routed tokens per expert [MoE layers, E] summed over the steps of a piper-train
     metrics JSONL (`tokens_per_expert`: {layer: [E counts]} per step record)."""
     rows: dict[str, np.ndarray] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -143,10 +144,16 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
             continue
         items = tpe.items() if isinstance(tpe, dict) else enumerate(np.atleast_2d(tpe))
         for layer, counts in items:
-            c = np.asarray(counts, dtype=float)
-            if c.ndim != 1 or (c < 0).any() or (num_experts and len(c) != num_experts):
-                raise SpecError(str(path), f"line {n}: tokens_per_expert[{layer}]",
-                                f"expected {num_experts or 'E'} non-negative counts")
+            want = num_experts or (len(next(iter(rows.values()))) if rows else None)
+            where = f"line {n}: tokens_per_expert[{layer}]"
+            try:
+                c = np.asarray(counts, dtype=float)
+            except (TypeError, ValueError):
+                c = np.array([np.nan])
+            if c.ndim != 1 or not len(c) or not np.isfinite(c).all() or (c < 0).any():
+                raise SpecError(str(path), where, "expected a list of finite, non-negative token counts")
+            if want and len(c) != want:
+                raise SpecError(str(path), where, f"expected {want} counts (one an expert), got {len(c)}")
             key = str(layer)
             rows[key] = rows[key] + c if key in rows else c
     if not rows:

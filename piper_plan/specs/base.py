@@ -6,7 +6,9 @@ from pydantic import BaseModel, ConfigDict, model_serializer
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a string or a bool where a number belongs is an error, not a conversion ("64" -> 64,
+    # true -> 1); no NaN or infinity in any float (a spec figure is a finite measurement)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class _Optional(_Strict):

@@ -6,7 +6,7 @@ Frontier). Every figure in a bundled YAML carries its source next to it.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 from pydantic import Field, model_validator
 
@@ -16,7 +16,7 @@ from .base import _Optional, _Strict
 class Accelerator(_Optional):
     _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib")
 
-    name: str
+    name: str = Field(min_length=1)
     memory_gib: float = Field(..., gt=0, description="device memory, GiB")
     peak_tflops: dict[str, float] = Field(..., description="dense peak TFLOP/s by dtype (bf16, fp16, fp8, fp32)")
     memory_bandwidth_gbps: float = Field(..., gt=0, description="HBM bandwidth, GB/s")
@@ -66,10 +66,11 @@ class Efficiency(_Optional):
         default_factory=dict, description="large-GEMM fraction of that dtype's dense peak where it differs from "
         "`gemm` (e.g. fp8 on Hopper reaches a smaller share of its doubled peak), keyed by dtype, or by FP8 recipe "
         "(mxfp8, fp8_blockwise) where its block-scaled GEMMs run below the dtype's")
-    gemm_tile: tuple[int, int] = Field((128, 128), description="output tile (m, n) for wave quantisation")
+    gemm_tile: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = Field(
+        (128, 128), strict=False, description="output tile (m, n) for wave quantisation")  # a YAML list is a tuple
     attention: float = Field(..., gt=0, le=1, description="fused (flash) attention fraction of dense peak")
-    attention_fp8: Optional[tuple[float, float]] = Field(
-        None, description="FP8 fused attention's speed over bf16's, (forward, backward), at sequence 4096 "
+    attention_fp8: Optional[tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(gt=0)]]] = Field(
+        None, strict=False, description="FP8 fused attention's speed over bf16's, (forward, backward), at sequence 4096 "
         "(Transformer Engine's fp8_dot_product_attention, Layout.attention_fp8); None: priced as bf16")
     attention_bwd: Optional[float] = Field(
         None, gt=0, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
@@ -166,9 +167,14 @@ class Efficiency(_Optional):
         for k, v in self.gemm_dtype.items():
             if not 0 < v <= 1:
                 raise ValueError(f"gemm_dtype.{k} must be in (0, 1]")
-        unknown = set(self.optimizer_tensor_us) - {"adamw", "grad", "copy"}
-        if unknown:
-            raise ValueError(f"optimizer_tensor_us keys must be adamw, grad or copy, not {sorted(unknown)}")
+        # a misspelt key would silently drop a measured cost: each dict names what it may hold
+        allowed = {"optimizer_tensor_us": {"adamw", "grad", "copy"},
+                   "layer_overhead_us": {f"{k}_{d}" for k in ("dense", "moe") for d in ("bf16", "fp16", "fp32")},
+                   "pipeline_chunk_us": {"interleaved", "zbv", "dualpipev"}}
+        for name, keys in allowed.items():
+            unknown = set(getattr(self, name)) - keys
+            if unknown:
+                raise ValueError(f"{name} keys must be among {', '.join(sorted(keys))}; not {sorted(unknown)}")
         return self
 
 
@@ -180,7 +186,7 @@ class Level(_Optional):
 
     _OMIT_AT_DEFAULT = ("shared_links", "comm", "mesh")
 
-    name: str
+    name: str = Field(min_length=1)
     size: int = Field(..., ge=1, description="GPUs in one domain of this level")
     bandwidth_gbps: Optional[float] = Field(None, gt=0, description="per-GPU, per-direction GB/s (levels not via_nic: "
                                             "inside a node, or a scale-up fabric such as NVL72)")
@@ -237,7 +243,7 @@ class Host(_Strict):
 class HardwareSpec(_Optional):
     _OMIT_AT_DEFAULT = ("host",)
 
-    name: str
+    name: str = Field(min_length=1)
     source: str = ""
     accelerator: Accelerator
     efficiency: Efficiency

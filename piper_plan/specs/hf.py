@@ -16,7 +16,7 @@ from typing import Any, Callable
 from pydantic import ValidationError
 
 from ..errors import SpecError, from_validation
-from .model import ModelSpec
+from .model import MAX_LAYERS, ModelSpec
 
 _MISSING = object()
 
@@ -74,9 +74,20 @@ class _Cfg:
         return default
 
 
+def _layer_indices(c: _Cfg, key: str, n: int, default: list) -> list:
+    """A list of layer indices, each in 0..n-1 (an index past the model is a typo, not a no-op)."""
+    idx = c.get(key, list, default=default)
+    bad = [i for i in idx if not 0 <= i < n]
+    if bad:
+        raise c._err(key, f"expected layer indices 0..{n - 1}, got {bad[0]}")
+    return idx
+
+
 def _base(c: _Cfg) -> dict:
     """Fields every decoder family shares (Llama naming)."""
     layers = c.get("num_hidden_layers")
+    if layers > MAX_LAYERS:  # before any per-layer list is built from it
+        raise c._err("num_hidden_layers", f"expected at most {MAX_LAYERS}, got {layers}")
     hidden = c.get("hidden_size")
     heads = c.get("num_attention_heads")
     out = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=c.get("vocab_size"))
@@ -157,7 +168,7 @@ def _qwen_moe(c: _Cfg) -> dict:
     out = _base(c)
     n = out["num_layers"]
     step = c.get("decoder_sparse_step", default=1)
-    only_mlp = set(c.get("mlp_only_layers", list, default=[]))
+    only_mlp = set(_layer_indices(c, "mlp_only_layers", n, []))
     mask = [i not in only_mlp and (i + 1) % step == 0 for i in range(n)]
     dense, every = _fit_layer_pattern(mask, c, "mlp_only_layers" if only_mlp else "decoder_sparse_step")
     shared_ffn = c.get("shared_expert_intermediate_size", default=0, min_value=0)
@@ -240,6 +251,8 @@ def _gpt_oss(c: _Cfg) -> dict:
     types = c.data.get("layer_types")
     if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise c._err("layer_types", "expected a list of layer type names")
+    if types is not None and len(types) != out["num_layers"]:
+        raise c._err("layer_types", f"expected one entry a layer ({out['num_layers']}), got {len(types)}")
     if window and types:
         full = [i for i, t in enumerate(types) if t == "full_attention"]
         every = full[0] + 1 if full else 0
@@ -274,7 +287,7 @@ def _llama4(c: _Cfg) -> dict:
     out = _base(t)
     n = out["num_layers"]
     step = t.get("interleave_moe_layer_step", default=1)
-    moe_layers = t.get("moe_layers", list, default=list(range(step - 1, n, step)))
+    moe_layers = _layer_indices(t, "moe_layers", n, list(range(step - 1, n, step)))
     mask = [i in set(moe_layers) for i in range(n)]
     dense, every = _fit_layer_pattern(mask, t, "moe_layers")
     moe = _moe_block(t, t.get("num_local_experts"), t.get("num_experts_per_tok"), t.get("intermediate_size"),

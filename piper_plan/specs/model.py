@@ -13,27 +13,34 @@ from pydantic import Field, model_validator
 from .base import _Optional, _Strict
 
 
+# Upper bounds on sizes: far beyond any published model (4,096 layers; widths to 2**20; a
+# 16M-token vocabulary or sequence), finite so a typo cannot overflow the cost model's integer
+# arithmetic or keep it looping over a billion layers.
+MAX_LAYERS, MAX_WIDTH, MAX_HEADS, MAX_EXPERTS = 4096, 1 << 20, 1 << 16, 1 << 16
+MAX_VOCAB = MAX_SEQ = 1 << 24
+
+
 class MLASpec(_Strict):
     """Multi-head latent attention (DeepSeek-V2/V3, arXiv 2405.04434 §2.1)."""
 
-    q_lora_rank: Optional[int] = Field(None, ge=1, description="query compression rank; null = no q compression")
-    kv_lora_rank: int = Field(..., ge=1)
-    qk_nope_head_dim: int = Field(..., ge=1)
-    qk_rope_head_dim: int = Field(..., ge=0)
-    v_head_dim: int = Field(..., ge=1)
+    q_lora_rank: Optional[int] = Field(None, ge=1, le=MAX_WIDTH, description="query compression rank; null = no q compression")
+    kv_lora_rank: int = Field(..., ge=1, le=MAX_WIDTH)
+    qk_nope_head_dim: int = Field(..., ge=1, le=MAX_WIDTH)
+    qk_rope_head_dim: int = Field(..., ge=0, le=MAX_WIDTH)
+    v_head_dim: int = Field(..., ge=1, le=MAX_WIDTH)
 
 
 class MoESpec(_Optional):
     _OMIT_AT_DEFAULT = ("route_groups", "route_group_limit", "expert_bias", "glu_clamp")
 
-    num_experts: int = Field(..., ge=1, description="routed experts per MoE layer")
+    num_experts: int = Field(..., ge=1, le=MAX_EXPERTS, description="routed experts per MoE layer")
     top_k: int = Field(..., ge=1)
-    expert_ffn_size: int = Field(..., ge=1, description="hidden width of one routed expert")
-    shared_experts: int = Field(0, ge=0)
-    shared_expert_ffn_size: Optional[int] = Field(None, ge=1, description="width of one shared expert (default expert_ffn_size)")
+    expert_ffn_size: int = Field(..., ge=1, le=MAX_WIDTH, description="hidden width of one routed expert")
+    shared_experts: int = Field(0, ge=0, le=MAX_EXPERTS)
+    shared_expert_ffn_size: Optional[int] = Field(None, ge=1, le=MAX_WIDTH, description="width of one shared expert (default expert_ffn_size)")
     gated: bool = Field(True, description="3-matrix SwiGLU expert (true) or 2-matrix up/down expert (false)")
     router: Literal["softmax", "sigmoid"] = "softmax"
-    every: int = Field(1, ge=1, description="an MoE layer every N layers after the leading dense ones (Llama 4 Maverick: 2)")
+    every: int = Field(1, ge=1, le=MAX_LAYERS, description="an MoE layer every N layers after the leading dense ones (Llama 4 Maverick: 2)")
     route_groups: Optional[int] = Field(
         None, ge=1, description="group-limited routing (DeepSeek-V2/V3 n_group): the experts form this many "
         "groups of consecutive ids, and a token's top-k experts come from route_group_limit of them")
@@ -84,19 +91,19 @@ class MoESpec(_Optional):
 class ModelSpec(_Optional):
     _OMIT_AT_DEFAULT = ("rope_scaling",)  # specs without it dump (and hash) as before
 
-    name: str
+    name: str = Field(min_length=1)
     source: str = Field("", description="where the architecture figures come from")
-    num_layers: int = Field(..., ge=1)
-    hidden_size: int = Field(..., ge=1)
-    num_heads: int = Field(..., ge=1)
-    num_kv_heads: Optional[int] = Field(None, ge=1, description="GQA key/value heads (default num_heads)")
-    head_dim: Optional[int] = Field(None, ge=1, description="default hidden_size / num_heads")
+    num_layers: int = Field(..., ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(..., ge=1, le=MAX_WIDTH)
+    num_heads: int = Field(..., ge=1, le=MAX_HEADS)
+    num_kv_heads: Optional[int] = Field(None, ge=1, le=MAX_HEADS, description="GQA key/value heads (default num_heads)")
+    head_dim: Optional[int] = Field(None, ge=1, le=MAX_WIDTH, description="default hidden_size / num_heads")
     mla: Optional[MLASpec] = None
-    vocab_size: int = Field(..., ge=1)
-    seq_len: int = Field(4096, ge=1, description="default training sequence length, tokens")
-    ffn_size: int = Field(0, ge=0, description="dense FFN width (dense layers; 0 if every layer is MoE)")
+    vocab_size: int = Field(..., ge=1, le=MAX_VOCAB)
+    seq_len: int = Field(4096, ge=1, le=MAX_SEQ, description="default training sequence length, tokens")
+    ffn_size: int = Field(0, ge=0, le=MAX_WIDTH, description="dense FFN width (dense layers; 0 if every layer is MoE)")
     ffn_gated: bool = Field(True, description="dense FFN is SwiGLU (3 matrices) rather than GELU (2)")
-    dense_layers: int = Field(0, ge=0, description="leading dense layers before the first MoE layer")
+    dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="leading dense layers before the first MoE layer")
     moe: Optional[MoESpec] = None
     tied_embeddings: bool = False
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
@@ -106,11 +113,11 @@ class ModelSpec(_Optional):
         "RoPE only for its plain 'rope' position embedding (Megatron-LM arguments.py; Megatron-Bridge "
         "utils/fusions.validate_rope_fusion_compatibility), so a YaRN model without MLA applies it with Megatron-Core's "
         "unfused PyTorch ops (cost.compute); MLA applies its own")
-    sliding_window: Optional[int] = Field(None, ge=1, description="attention window, tokens, of the windowed layers")
+    sliding_window: Optional[int] = Field(None, ge=1, le=MAX_SEQ, description="attention window, tokens, of the windowed layers")
     full_attention_every: int = Field(1, ge=1, description="with sliding_window: every Nth layer attends to the "
                                       "whole sequence, the others within the window (GPT-OSS: 2)")
     learned_positions: bool = Field(False, description="learned absolute position table of seq_len × hidden (Megatron GPT)")
-    mtp_layers: int = Field(0, ge=0, description="multi-token-prediction modules after the last layer (DeepSeek-V3: "
+    mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="multi-token-prediction modules after the last layer (DeepSeek-V3: "
                             "1): each a block like the last layer, a 2d→d projection and 3 norms, sharing the "
                             "embedding and LM head, whose logits it computes again")
 
@@ -124,6 +131,9 @@ class ModelSpec(_Optional):
             raise ValueError("moe.every > 1 interleaves dense layers, which need ffn_size > 0")
         if self.dense_layers > self.num_layers:
             raise ValueError("dense_layers exceeds num_layers")
+        if self.moe is not None and self.dense_layers + self.moe.every > self.num_layers:
+            raise ValueError(f"no layer is an MoE layer ({self.dense_layers} leading dense layers, then one MoE "
+                             f"layer every {self.moe.every}, in {self.num_layers} layers)")
         kv = self.num_kv_heads or self.num_heads
         if self.num_heads % kv:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({kv})")

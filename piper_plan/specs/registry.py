@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecError, from_validation
+from ..files import read_text
 from .hardware import HardwareSpec
 from .model import ModelSpec
 
@@ -57,16 +58,45 @@ def _resolve(ref: str, kind: str) -> Path:
                                    f"({_known(kind)})")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key repeated in one mapping: YAML itself lets the last one
+    win, which silently drops the first figure (and the source written beside it)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_keys(source: str):
+    """json.loads object_pairs_hook that refuses a key repeated in one object (JSON lets the last win)."""
+
+    def hook(pairs):
+        out = {}
+        for k, v in pairs:
+            if k in out:
+                raise SpecError(source, k, "appears twice in one JSON object")
+            out[k] = v
+        return out
+
+    return hook
+
+
 def read_yaml(path: Path) -> dict:
-    """safe_load a YAML mapping; a syntax error becomes a one-line SpecError."""
+    """A YAML mapping, loaded safely (SafeLoader, repeated keys refused); a syntax error becomes a one-line
+    SpecError."""
+    text = read_text(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "<yaml>"
         raise SpecError(str(path), where, f"malformed YAML ({getattr(e, 'problem', None) or e})") from None
-    except OSError as e:
-        raise SpecError(str(path), "<file>", f"cannot read ({e.strerror})") from None
     if not isinstance(data, dict):
         raise SpecError(str(path), "<root>", "expected a mapping of fields")
     return data
@@ -86,7 +116,7 @@ def load_model(ref: str) -> ModelSpec:
         from .hf import model_from_hf_config
 
         try:
-            cfg = json.loads(path.read_text())
+            cfg = json.loads(read_text(path), object_pairs_hook=_unique_keys(str(path)))
         except json.JSONDecodeError as e:
             raise SpecError(str(path), f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
         return model_from_hf_config(cfg, str(path))

@@ -1,0 +1,75 @@
+"""Reading and writing the project's files with one-line errors: a file that cannot be read
+(missing, unreadable, not text) or written (no such folder, read-only, a file where a folder
+should be) is a SpecError naming it, never a traceback. Writes are atomic (temp file in the
+same folder + os.replace), so a failed write leaves the old file whole."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import SpecError
+
+
+def read_text(path: str | os.PathLike, source: str | None = None) -> str:
+    """The file's text (UTF-8); a missing, unreadable or binary file is a SpecError."""
+    src = source or str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(src, "<file>", f"cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(src, "<file>", f"expected UTF-8 text (byte {e.start} is not)") from None
+
+
+def check_writable(path: str | os.PathLike, what: str = "<file>") -> None:
+    """Fail before any work where `path` cannot be written: its folder must exist, be a folder
+    and be writable, and the path itself must not be a folder. Checked up front so a long run
+    (a calibration, a training run) does not end by losing its result."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise SpecError(str(p), what, "cannot write: it is a folder")
+    if not parent.exists():
+        raise SpecError(str(p), what, f"cannot write: no folder {str(parent)!r}")
+    if not parent.is_dir():
+        raise SpecError(str(p), what, f"cannot write: {str(parent)!r} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpecError(str(p), what, f"cannot write: folder {str(parent)!r} is not writable")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write via a temp file in the same folder and os.replace: a failed write leaves the old file whole
+    and is a one-line SpecError. The file keeps the mode of the one it replaces, else gets what open()
+    would give it (0666 less the umask; mkstemp's own 0600 would hide a plan or spec from the other
+    users of a machine)."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
+    except OSError as e:
+        raise SpecError(str(p), "<file>", f"cannot write ({e.strerror or e})") from None
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise SpecError(str(p), "<file>", f"cannot write ({e.strerror or e})") from None
+        raise

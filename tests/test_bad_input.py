@@ -1,0 +1,277 @@
+"""Bad input to either command is a one-line error naming the file or option, the field and what
+was expected, with a non-zero exit: never a traceback, never nonsense accepted. Each case here is
+one a fuzzing pass over the CLIs found giving a traceback or exit 0 (session 33)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+EST = ["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
+SEARCH = ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
+
+
+def _run(args, cmd=main):
+    r = CliRunner().invoke(cmd, args)
+    out = r.output + (r.stderr if hasattr(r, "stderr") and r.stderr not in r.output else "")
+    return r.exit_code, out, r
+
+
+def one_line(args, *needles, cmd=main):
+    """The command exits 2 with exactly one line, `error: ...`, holding every needle."""
+    code, out, r = _run(args, cmd)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    lines = [x for x in out.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), out
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+def refused(args, *needles, cmd=main):
+    """click refuses the option value (its usage error, exit 2) or the command gives one line."""
+    code, out, r = _run(args, cmd)
+    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
+    assert code == 2 and "Traceback" not in out, out
+    for n in needles:
+        assert n in out, out
+
+
+def _spec(tmp_path, name, edit, kind="hardware"):
+    p = tmp_path / f"{name}.yaml"
+    text = (REPO / kind / f"{name}.yaml").read_text()
+    p.write_text(edit(text))
+    return str(p)
+
+
+# ---- files that cannot be read or written --------------------------------------------
+@pytest.mark.parametrize("flag", ["-m", "-H"])
+def test_a_binary_spec_is_one_line(tmp_path, flag):
+    p = tmp_path / "garbage.yaml"
+    p.write_bytes(bytes(range(128, 256)) * 3)
+    args = ["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4"]
+    args[args.index(flag) + 1] = str(p)
+    one_line(args, str(p), "UTF-8")
+
+
+def test_a_binary_plan_and_hf_config_are_one_line(tmp_path):
+    for name in ("plan.json", "config.json"):
+        (tmp_path / name).write_bytes(b"\xff\xfe\x00garbage")
+    one_line(["show", str(tmp_path / "plan.json")], "plan.json", "UTF-8")
+    one_line(["estimate", "-m", str(tmp_path / "config.json"), "-H", "cpu-local", "-n", "4"], "config.json", "UTF-8")
+
+
+@pytest.mark.parametrize("where", ["afile/plan.json", "nodir/sub/plan.json"])
+def test_an_unwritable_output_is_one_line_and_leaves_nothing_behind(tmp_path, where):
+    (tmp_path / "afile").write_text("a file where a folder should be")
+    out = tmp_path / where
+    one_line([*SEARCH, "-o", str(out)], str(out), "cannot write")
+    one_line([*EST, "-o", str(out)], str(out), "cannot write")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_readonly_folder_keeps_the_old_plan_whole(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    old = tmp_path / "plan.json"
+    old.write_text("old")
+    tmp_path.chmod(0o555)
+    try:
+        one_line([*SEARCH, "-o", str(old)], "cannot write")
+    finally:
+        tmp_path.chmod(0o755)
+    assert old.read_text() == "old"
+
+
+def test_calibrate_refuses_an_unwritable_output_before_measuring(tmp_path):
+    from piper_plan.calibrate import calibrate_cmd
+
+    (tmp_path / "afile").write_text("")
+    line = one_line(["-o", str(tmp_path / "afile" / "x.yaml"), "--smoke"], "cannot create its folder",
+                    cmd=calibrate_cmd)
+    assert "afile" in line
+
+
+# ---- option values ---------------------------------------------------------------------
+@pytest.mark.parametrize("opt,val", [("-n", "0"), ("-n", "-4"), ("--tp", "0"), ("--pp", "0"), ("--dp", "0"),
+                                     ("--mbs", "-1"), ("--global-batch", "0"), ("--seq", "0"), ("--vpp", "0"),
+                                     ("--optimizer-offload", "nan"), ("--migration-threshold", "nan")])
+def test_estimate_refuses_a_degree_or_size_below_one(opt, val):
+    args = list(EST)
+    if opt in args:
+        args[args.index(opt) + 1] = val
+    else:
+        args += [opt, val]
+    refused(args, opt)
+
+
+@pytest.mark.parametrize("extra,needle", [(["--schedules", ""], "--schedules"), (["--top", "0"], "--top"),
+                                          (["--headroom-gib", "-5"], "--headroom-gib"),
+                                          (["--headroom-gib", "nan"], "--headroom-gib"),
+                                          (["--etp", "1,,2"], "--etp"), (["--routing", "zipf:nan"], "zipf"),
+                                          (["--routing", "zipf:-1"], "zipf")])
+def test_search_refuses_empty_or_meaningless_options(extra, needle):
+    refused([*SEARCH, *extra], needle)
+
+
+@pytest.mark.parametrize("gpus", ["0", "-4", "", "4,", "4,4"])
+def test_sweep_refuses_bad_gpu_lists(gpus):
+    refused(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", gpus], "--gpus")
+
+
+@pytest.mark.parametrize("vary,needle", [(["nic_gbps=inf"], "finite"), (["hbm_gib=nan"], "finite"),
+                                         (["nic_gbps=1", "nic_gbps=2"], "twice")])
+def test_sweep_refuses_non_finite_or_repeated_what_ifs(vary, needle):
+    args = ["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8"]
+    for v in vary:
+        args += ["--vary", v]
+    one_line(args, "--vary", needle)
+
+
+def test_more_gpus_than_the_machine_is_said_not_silent():
+    code, out, _ = _run(["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "16", "--global-batch", "16"])
+    assert code == 0 and "warning: cpu-local: max_gpus: the machine has 8 GPUs" in out
+
+
+# ---- spec contents ---------------------------------------------------------------------
+@pytest.mark.parametrize("name,edit,field", [
+    ("cpu-local", lambda t: t.replace("max_gpus: 8", 'max_gpus: "8"'), "max_gpus"),          # a string
+    ("cpu-local", lambda t: t.replace("max_gpus: 8", "max_gpus: 8.0"), "max_gpus"),          # not whole
+    ("cpu-local", lambda t: t.replace("max_gpus: 8", "max_gpus: true"), "max_gpus"),         # a bool
+    ("cpu-local", lambda t: t.replace("    bf16: 181.823", "    bf16: .nan"), "gemm_overhead_us.bf16"),  # NaN
+    ("cpu-local", lambda t: t.replace("max_gpus: 8", "max_gpus: 8\nmax_gpus: 9"), "appears twice"),  # last wins
+    ("cpu-local", lambda t: t.replace("    zbv: ", "    zbvv: "), "pipeline_chunk_us"),      # a misspelt key
+    ("cpu-local", lambda t: t.replace("    moe_bf16: ", "    moe_bf61: "), "layer_overhead_us"),
+    ("frontier", lambda t: t.replace("memory_gib: 64", "memory_gib: .inf"), "memory_gib"),
+    ("frontier", lambda t: t.replace("nic_gbps: 25", "nic_gbps: .inf"), "nic_gbps"),
+    ("frontier", lambda t: t.replace("gemm_tile: [256, 128]", "gemm_tile: [0, 0]"), "gemm_tile"),
+])
+def test_a_mistyped_or_impossible_hardware_figure_is_refused(tmp_path, name, edit, field):
+    p = _spec(tmp_path, name, edit)
+    assert Path(p).read_text() != (REPO / "hardware" / f"{name}.yaml").read_text(), "the edit must apply"
+    one_line(["show-spec", p], p, field)
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda t: t.replace("hidden_size: 64", 'hidden_size: "64"'), "hidden_size"),
+    (lambda t: t.replace("num_layers: 4", "num_layers: 1000000000"), "num_layers"),
+    (lambda t: t.replace("vocab_size: ", "vocab_size: 100000000000000000000  # "), "vocab_size"),
+    (lambda t: t.replace("moe:\n", "moe:\n  every: 100\n"), "no layer is an MoE layer"),
+])
+def test_a_mistyped_or_impossible_model_is_refused(tmp_path, edit, field):
+    p = _spec(tmp_path, "tiny-moe", edit, kind="models")
+    assert Path(p).read_text() != (REPO / "models" / "tiny-moe.yaml").read_text(), "the edit must apply"
+    one_line(["show-spec", p], p, field)
+
+
+def _hf(tmp_path, **over):
+    cfg = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 4,
+           "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+           "vocab_size": 128, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 8,
+           "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
+           "max_position_embeddings": 256}
+    cfg.update(over)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    return str(p)
+
+
+def test_an_hf_config_that_reads_fine_is_accepted(tmp_path):
+    code, out, _ = _run(["show-spec", _hf(tmp_path)])
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("over,field", [({"mlp_only_layers": [0, 500]}, "mlp_only_layers"),
+                                        ({"mlp_only_layers": [-3]}, "mlp_only_layers"),
+                                        ({"num_hidden_layers": 10**9}, "num_hidden_layers")])
+def test_an_hf_layer_index_past_the_model_is_refused(tmp_path, over, field):
+    p = _hf(tmp_path, **over)
+    one_line(["show-spec", p], p, field)
+
+
+def test_a_repeated_hf_key_is_refused(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(Path(_hf(tmp_path)).read_text().replace('"hidden_size": 64', '"hidden_size": 64, "hidden_size": 128'))
+    one_line(["show-spec", str(p)], "hidden_size", "twice")
+
+
+# ---- routing histograms ------------------------------------------------------------------
+@pytest.mark.parametrize("counts,needle", [([1, 2, 3], "expected 8 counts"), (["a"] * 8, "finite, non-negative"),
+                                           ([None] * 8, "finite, non-negative"), ([0] * 8, "routes no tokens")])
+def test_a_bad_routing_histogram_is_one_line(tmp_path, counts, needle):
+    """The second step record of a metrics file disagrees with the first, or holds no counts."""
+    first = [0] * 8 if needle == "routes no tokens" else list(range(1, 9))
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(json.dumps({"step": s, "tokens_per_expert": {"1": c}}) + "\n"
+                         for s, c in ((1, first), (2, counts))))
+    one_line([*EST, "--ep", "4", "--routing", str(p)], needle)
+
+
+def test_a_histogram_for_another_model_is_one_line(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text(json.dumps({"step": 1, "tokens_per_expert": {"1": [1, 2, 3]}}) + "\n")
+    one_line([*EST, "--ep", "4", "--routing", str(p)], "the histogram has 3 experts; the model has 8")
+
+
+# ---- plan.json a hand edit broke -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def plan_doc(tmp_path_factory):
+    p = tmp_path_factory.mktemp("plan") / "plan.json"
+    code, out, _ = _run([*SEARCH, "--runtime", "piper-train", "-o", str(p)])
+    assert code == 0, out
+    return json.loads(p.read_text())
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: d["layout"].update(dp=3), "tp*pp*dp == gpus"),
+    (lambda d: d["layout"].update(ep=3), "ep divides"),
+    (lambda d: d["layout"].update(global_batch=7), "global_batch divisible"),
+    (lambda d: d["rank_map"][1].update(rank=0), "rank_map[1].rank"),
+    (lambda d: d["rank_map"][1].update(dp=7), "rank_map[1].dp"),
+    (lambda d: d["rank_map"][1].update(node=5), "rank_map[1].node"),
+    (lambda d: d["rank_map"][1].update(dp=0), "rank 0's too"),
+    (lambda d: d.update(partition=[[0, 1, 2, 9]]), "partition"),
+    (lambda d: d.update(partition=[[]]), "partition"),
+    (lambda d: d["predicted"].update(step_time_s=-1), "predicted.step_time_s"),
+])
+def test_a_plan_broken_by_hand_is_refused_before_any_rank_starts(tmp_path, plan_doc, edit, needle):
+    doc = json.loads(json.dumps(plan_doc))
+    edit(doc)
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(doc))
+    one_line(["show", str(p)], str(p), needle)
+
+
+def test_piper_train_refuses_bad_run_options_before_spawning(tmp_path, plan_doc):
+    pytest.importorskip("torch")
+    from piper_runtime.launch import main as train
+
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan_doc))
+    (tmp_path / "afile").write_text("")
+    for opt, val in [("--lr", "nan"), ("--lr", "-1"), ("--threads", "0"), ("--timeout", "0"),
+                     ("--timeout", "nan"), ("--clip", "-1"), ("--capacity-factor", "0"), ("--log-every", "-1")]:
+        refused(["--plan", str(p), "--steps", "1", opt, val], opt, cmd=train)
+    one_line(["--plan", str(p), "--steps", "1", "--metrics", str(tmp_path / "afile" / "m.jsonl")], "--metrics",
+             cmd=train)
+    one_line(["--plan", str(p), "--steps", "1", "--checkpoint", str(tmp_path / "afile")], "--checkpoint", cmd=train)
+    one_line(["--plan", str(p), "--steps", "1", "--checkpoint", str(tmp_path / "afile" / "ck")], "--checkpoint",
+             cmd=train)
+
+
+def test_a_misspelt_table_column_is_refused(tmp_path):
+    src = (REPO / "validation" / "published.csv").read_text(encoding="utf-8").splitlines()
+    p = tmp_path / "mine.csv"
+    p.write_text("\n".join([src[0].replace(",mbs,", ",mbz,"), src[1]]) + "\n")
+    one_line(["validate", "--table", str(p)], str(p), "'mbz' is not in the schema")
+
+
+def test_an_empty_name_is_refused(tmp_path):
+    p = _spec(tmp_path, "tiny-moe", lambda t: t.replace("name: tiny-moe", 'name: ""'), kind="models")
+    one_line(["show-spec", p], p, "name")
