@@ -270,7 +270,7 @@ def _check_number(path, rid: str, r: dict, column: str, ok, expected: str) -> No
     """Raise TableError unless the row's `column` is blank or a number `ok` accepts."""
     v = r.get(column, "")
     try:
-        good = not v or ok(float(v))
+        good = not v or (math.isfinite(float(v)) and ok(float(v)))  # no column holds an infinity
     except ValueError:
         good = False
     if not good:

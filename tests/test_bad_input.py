@@ -275,3 +275,12 @@ def test_a_misspelt_table_column_is_refused(tmp_path):
 def test_an_empty_name_is_refused(tmp_path):
     p = _spec(tmp_path, "tiny-moe", lambda t: t.replace("name: tiny-moe", 'name: ""'), kind="models")
     one_line(["show-spec", p], p, "name")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_a_table_figure_must_be_a_finite_positive_number(tmp_path, value):
+    src = (REPO / "validation" / "published.csv").read_text(encoding="utf-8").splitlines()
+    assert ",hw_tflops_per_gpu,137," in src[1]
+    p = tmp_path / "mine.csv"
+    p.write_text("\n".join([src[0], src[1].replace(",hw_tflops_per_gpu,137,", f",hw_tflops_per_gpu,{value},")]) + "\n")
+    one_line(["validate", "--table", str(p)], "value", "a positive number")
