@@ -284,3 +284,12 @@ def test_a_table_figure_must_be_a_finite_positive_number(tmp_path, value):
     p = tmp_path / "mine.csv"
     p.write_text("\n".join([src[0], src[1].replace(",hw_tflops_per_gpu,137,", f",hw_tflops_per_gpu,{value},")]) + "\n")
     one_line(["validate", "--table", str(p)], "value", "a positive number")
+
+
+def test_yaml_anchors_and_merge_keys_still_load(tmp_path):
+    """Refusing a repeated key must not refuse a merge key, nor a key that overrides a merged one."""
+    from piper_plan.specs.registry import read_yaml
+
+    p = tmp_path / "a.yaml"
+    p.write_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 3\n")
+    assert read_yaml(p) == {"base": {"x": 1, "y": 2}, "other": {"x": 1, "y": 3}}

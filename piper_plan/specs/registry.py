@@ -64,9 +64,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node, deep=False):
         seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str) and key in seen:
+        for key_node, _ in node.value:  # the keys as written: a merge key (<<: *anchor) may be overridden
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = key_node.value
+            if key in seen:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice in one mapping",
                                                         key_node.start_mark)
             seen.add(key)
