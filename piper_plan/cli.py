@@ -76,9 +76,28 @@ def show_spec(name):
     if name in bundled_names("models") or name.endswith(".json"):
         report.show(report.model_detail(load_model(name)))
         return
-    data = read_yaml(_resolve(name, "models"))
-    report.show(report.hardware_detail(load_hardware(name)) if "accelerator" in data
-                else report.model_detail(load_model(name)))
+    path = _resolve(name, "models")
+    if _is_hardware(path, read_yaml(path)):
+        report.show(report.hardware_detail(load_hardware(name)))
+    else:
+        report.show(report.model_detail(load_model(name)))
+
+
+def _is_hardware(path, data: dict) -> bool:
+    """A hardware spec holds an accelerator, or is a variant (`base:`) of one."""
+    from .specs import bundled_names
+    from .specs.registry import read_yaml
+
+    seen = set()
+    while "accelerator" not in data and isinstance(data.get("base"), str) and str(path) not in seen:
+        seen.add(str(path))
+        ref = data["base"]
+        local = path.parent / ref
+        if local.suffix in (".yaml", ".yml") and local.is_file():
+            path, data = local, read_yaml(local)
+        else:
+            return ref in bundled_names("hardware")
+    return "accelerator" in data
 
 
 # ---- one layout ----------------------------------------------------------------------
@@ -157,7 +176,7 @@ def _graph_scopes(kw) -> tuple[str, ...]:
     from .errors import LayoutError
 
     text = kw["cuda_graphs"].strip()
-    scopes = () if text in ("", "none") else tuple(x.strip() for x in text.split(",") if x.strip())
+    scopes = () if text in ("", "none") else tuple(x.strip() for x in text.split(","))
     bad = [x for x in scopes if x not in GRAPH_SCOPES]
     if bad:
         raise LayoutError("--cuda-graphs", f"got {bad[0]!r}; expected none or a comma-separated list of "
@@ -222,7 +241,7 @@ def _modules(text: str, option: str) -> tuple[str, ...]:
     from .cost.batch import RC_MODULES
     from .errors import LayoutError
 
-    modules = tuple(x.strip() for x in text.split(",") if x.strip())
+    modules = tuple(x.strip() for x in text.split(","))
     bad = [x for x in modules if x not in RC_MODULES]
     if bad or not modules:
         raise LayoutError(option, f"got {text!r}; expected a comma-separated list of {', '.join(RC_MODULES)}")

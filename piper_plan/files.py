@@ -47,7 +47,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     and is a one-line SpecError. The file keeps the mode of the one it replaces, else gets what open()
     would give it (0666 less the umask; mkstemp's own 0600 would hide a plan or spec from the other
     users of a machine)."""
-    p = Path(path)
+    p = Path(os.path.realpath(path))  # through a symlink to the file it names (not over the link)
+    if p.exists() and not p.is_file() and not p.is_dir():  # a device or a FIFO (/dev/stdout): write into it
+        try:
+            with open(p, "wb") as f:
+                f.write(data)
+            return
+        except OSError as e:
+            raise SpecError(str(path), "<file>", f"cannot write ({e.strerror or e})") from None
     try:
         mode = p.stat().st_mode & 0o777
     except OSError:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Literal, Optional
+import math
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import __version__
 from .errors import SpecError, from_validation
@@ -23,7 +24,7 @@ SCHEMA_VERSION = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Routing(_Strict):
@@ -32,7 +33,15 @@ class Routing(_Strict):
 
     distribution: Literal["uniform", "zipf", "histogram"] = "uniform"
     zipf_s: float = Field(1.0, ge=0)
-    histogram: Optional[list[list[float]]] = None
+    histogram: Optional[list[list[Annotated[float, Field(ge=0)]]]] = None
+
+    @model_validator(mode="after")
+    def _histogram(self):
+        if self.distribution == "histogram" and not self.histogram:
+            raise ValueError("distribution histogram needs the histogram (tokens per expert, a list per MoE layer)")
+        if self.histogram and len({len(h) for h in self.histogram}) != 1:
+            raise ValueError("every histogram row needs one count per expert (the rows differ in length)")
+        return self
 
 
 class Migration(_Strict):
@@ -135,6 +144,15 @@ def check_consistent(plan: Plan, src: str) -> None:
             [i for chunk in plan.partition for i in chunk] != list(range(m.num_layers)):
         raise SpecError(src, "partition", f"expected {lay.stages} non-empty chunks holding layers 0..{m.num_layers - 1} "
                         "in order, each once")
+    if plan.routing.histogram and m.moe and len(plan.routing.histogram[0]) != m.moe.num_experts:
+        raise SpecError(src, "routing.histogram", f"expected {m.moe.num_experts} counts a row (one an expert), "
+                        f"got {len(plan.routing.histogram[0])}")
+    if plan.predicted:
+        for i, st in enumerate(plan.predicted.memory_gib_per_stage):
+            if not (isinstance(st.get("stage"), int) and isinstance(st.get("role"), str) and "total" in st and
+                    all(isinstance(v, (int, float)) and math.isfinite(v) for k, v in st.items() if k != "role")):
+                raise SpecError(src, f"predicted.memory_gib_per_stage[{i}]", "expected stage, role, total and "
+                                "finite GiB figures per component")
     gpn = plan.hardware.gpus_per_node
     bounds = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "edp": lay.edp,
               "etp": lay.etp, "local": gpn, "node": -(-lay.gpus // gpn)}

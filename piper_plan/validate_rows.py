@@ -31,6 +31,7 @@ from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 
+import click
 from pydantic import ValidationError
 
 from .errors import PiperError, from_validation
@@ -128,8 +129,8 @@ def read_rows(path: Path) -> list[dict]:
                                  f"(a table needs {', '.join(REQUIRED)})")
             unknown = [c for c in header if c and c not in COLUMNS]
             if unknown:  # a misspelt optional column would otherwise be dropped without a word
-                raise TableError(path, None, "header", f"column {unknown[0]!r} is not in the schema (the columns: "
-                                 f"{', '.join(COLUMNS)}; other information goes in notes)")
+                click.echo(f"warning: {path}: column(s) {', '.join(unknown)} not in the schema, ignored (its "
+                           f"columns: {', '.join(COLUMNS)})", err=True)
             twice = sorted({c for c in header if header.count(c) > 1})
             if twice:
                 raise TableError(path, None, "header", f"columns {', '.join(twice)} appear twice "

@@ -214,7 +214,7 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
 @click.option("--data-dtype", type=click.Choice(["uint16", "uint32"]), default=None,
               help="token dtype of a raw .bin (default uint16); for .npy, the dtype it must have")
 @click.option("--log-every", type=click.IntRange(min=0), default=1, show_default=True, help="console update every N steps (0: silent)")
-@click.option("--lr", type=FiniteFloat(0, min_open=True), default=3e-4, show_default=True)
+@click.option("--lr", type=FiniteFloat(0), default=3e-4, show_default=True, help="0: a run that measures speed only")
 @click.option("--weight-decay", type=FiniteFloat(0), default=0.1, show_default=True)
 @click.option("--clip", type=FiniteFloat(0), default=1.0, show_default=True, help="global gradient-norm clip (0: off)")
 @click.option("--aux-loss-coef", type=FiniteFloat(0), default=1e-2, show_default=True,

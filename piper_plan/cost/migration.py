@@ -142,7 +142,9 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
         tpe = rec.get("tokens_per_expert") if isinstance(rec, dict) else None
         if not tpe:
             continue
-        items = tpe.items() if isinstance(tpe, dict) else enumerate(np.atleast_2d(tpe))
+        if not isinstance(tpe, (dict, list)):
+            raise SpecError(str(path), f"line {n}: tokens_per_expert", "expected {layer: [counts]} or a list of lists")
+        items = tpe.items() if isinstance(tpe, dict) else enumerate(tpe if tpe and isinstance(tpe[0], list) else [tpe])
         for layer, counts in items:
             want = num_experts or (len(next(iter(rows.values()))) if rows else None)
             where = f"line {n}: tokens_per_expert[{layer}]"
@@ -155,7 +157,9 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
             if want and len(c) != want:
                 raise SpecError(str(path), where, f"expected {want} counts (one an expert), got {len(c)}")
             key = str(layer)
+            if not key.isdigit():
+                raise SpecError(str(path), where, "expected a layer index as the key")
             rows[key] = rows[key] + c if key in rows else c
     if not rows:
         raise SpecError(str(path), "tokens_per_expert", "no step record carries tokens_per_expert")
-    return np.stack([rows[k] for k in sorted(rows, key=lambda k: int(k) if k.isdigit() else k)])
+    return np.stack([rows[k] for k in sorted(rows, key=int)])

@@ -23,7 +23,7 @@ class Accelerator(_Optional):
     cache_mib: Optional[float] = Field(
         None, gt=0, description="working set (MiB) that streams at efficiency.memory; bytes beyond it go at "
         "efficiency.memory_dram (a CPU rank's cache share, measured by calibrate; None: one rate)")
-    compute_units: int = Field(..., ge=1, description="SMs / CUs: GEMM tiles run in waves of this many")
+    compute_units: int = Field(..., ge=1, le=1 << 20, description="SMs / CUs: GEMM tiles run in waves of this many")
     ranks_per_core: float = Field(
         1.0, ge=1, description="CPU ranks only: local ranks per physical core (ranks / cores) when ranks share "
         "cores. The rates of such a spec are per rank with every rank busy, so time one rank spends idle (a "
@@ -275,6 +275,15 @@ class HardwareSpec(_Optional):
             if seen_nic and not lv.via_nic:
                 raise ValueError(f"level {lv.name!r} sits above a via_nic level and must be via_nic too")
             seen_nic |= lv.via_nic
+        # per-dtype tables: a misspelt key (bfloat16) would silently drop its figure
+        dtypes = {"bf16", "fp16", "fp32", "fp8"} | set(self.accelerator.peak_tflops)
+        for name, keys in (("gemm_overhead_us", dtypes), ("gemm_dtype", dtypes | {"mxfp8", "fp8_blockwise"})):
+            unknown = set(getattr(self.efficiency, name)) - keys
+            if unknown:
+                raise ValueError(f"efficiency.{name} keys must be among {', '.join(sorted(keys))}; not {sorted(unknown)}")
+        if self.efficiency.overlap_comm_units > self.accelerator.compute_units:
+            raise ValueError(f"efficiency.overlap_comm_units ({self.efficiency.overlap_comm_units}) exceeds the "
+                             f"device's compute_units ({self.accelerator.compute_units})")
         aff = self.network.nic_affinity
         if aff is not None:
             if len(aff) != self.gpus_per_node:

@@ -131,6 +131,8 @@ class ModelSpec(_Optional):
             raise ValueError("moe.every > 1 interleaves dense layers, which need ffn_size > 0")
         if self.dense_layers > self.num_layers:
             raise ValueError("dense_layers exceeds num_layers")
+        if self.sliding_window is not None and self.full_attention_every > self.num_layers:
+            raise ValueError(f"full_attention_every ({self.full_attention_every}) exceeds num_layers ({self.num_layers})")
         if self.moe is not None and self.dense_layers + self.moe.every > self.num_layers:
             raise ValueError(f"no layer is an MoE layer ({self.dense_layers} leading dense layers, then one MoE "
                              f"layer every {self.moe.every}, in {self.num_layers} layers)")

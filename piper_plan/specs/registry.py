@@ -75,6 +75,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.1 (PyYAML) reads 3.35e3, 5e1 and 1e-06 as strings (its floats need a dot and a signed
+# exponent); YAML 1.2 and JSON read them as numbers, and so do users writing a spec
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
+
+
 def _unique_keys(source: str):
     """json.loads object_pairs_hook that refuses a key repeated in one object (JSON lets the last win)."""
 
