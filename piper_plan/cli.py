@@ -272,6 +272,11 @@ def _layout_from(kw, model):
     gbs = default_global_batch(seq) if kw["global_batch"] is None else kw["global_batch"]
     vpp = (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1) if kw["vpp"] is None else kw["vpp"]
     modules = _modules(kw["recompute_modules"], "--recompute-modules")
+    absent = [x for x, has in (("mla_up_proj", model.mla is not None), ("moe", model.moe is not None),
+                               ("moe_act", model.moe is not None),
+                               ("shared_experts", bool(model.moe and model.moe.shared_experts))) if x in modules and not has]
+    if kw["recompute"] == "selective" and absent:
+        raise LayoutError("--recompute-modules", f"{absent[0]} names a part {model.name} does not have")
     return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
                   global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],

@@ -348,3 +348,9 @@ def test_a_malformed_metrics_record_is_one_line(tmp_path, tpe, needle):
                                            "--recompute-modules")])
 def test_an_empty_list_item_is_a_typo(extra, needle):
     refused([*EST, *extra], needle)
+
+
+def test_selective_recompute_of_a_part_the_model_lacks_is_refused():
+    one_line([*EST, "--recompute", "selective", "--recompute-modules", "mla_up_proj"], "mla_up_proj", "tiny-moe")
+    dense = ["estimate", "-m", "tiny-dense", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
+    one_line([*dense, "--recompute", "selective", "--recompute-modules", "moe_act"], "moe_act")
