@@ -111,8 +111,8 @@ def read_plan(path: str | os.PathLike) -> Plan:
     ver = data.get("schema_version")
     if ver != SCHEMA_VERSION:
         raise SpecError(src, "schema_version", f"expected {SCHEMA_VERSION}, got {ver!r}")
-    try:
-        plan = Plan.model_validate(data)
+    try:  # strict, in JSON mode (arrays are tuples there): "2" or 2.0 for a degree is an edit's slip, not a 2
+        plan = Plan.model_validate_json(json.dumps(data), strict=True)
     except ValidationError as e:
         raise from_validation(src, e) from None
     if spec_hash(plan.model) != plan.model_hash:

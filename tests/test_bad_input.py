@@ -233,6 +233,8 @@ def plan_doc(tmp_path_factory):
 
 @pytest.mark.parametrize("edit,needle", [
     (lambda d: d["layout"].update(dp=3), "tp*pp*dp == gpus"),
+    (lambda d: d["layout"].update(dp="4"), "layout.dp"),                 # a string for a degree
+    (lambda d: d["layout"].update(pp=1.0), "layout.pp"),
     (lambda d: d["layout"].update(ep=3), "ep divides"),
     (lambda d: d["layout"].update(global_batch=7), "global_batch divisible"),
     (lambda d: d["rank_map"][1].update(rank=0), "rank_map[1].rank"),
