@@ -248,6 +248,16 @@ def _modules(text: str, option: str) -> tuple[str, ...]:
     return modules
 
 
+def _warn_histogram(model, routing, source: str) -> None:
+    """Say so where a measured histogram has another count of MoE layers than the model: it is then a
+    routing shape borrowed from another run (averaged over its layers), not this model's own."""
+    h = routing.histogram
+    if h is not None and model.moe is not None and len(h) != model.num_moe_layers and \
+            len(h[0]) == model.moe.num_experts:  # (another expert count is an error, raised where it is priced)
+        click.echo(f"warning: {source}: tokens_per_expert: {len(h)} MoE layer(s) measured, {model.name} has "
+                   f"{model.num_moe_layers}; their average popularity is applied to every layer", err=True)
+
+
 def _check_machine_size(hw, source: str, gpus: int) -> None:
     """Say so where -n is beyond the machine the spec describes (its max_gpus). A warning, not an
     error: a larger machine of the same parts is a fair question (the topology's top level prices it)."""
@@ -309,6 +319,7 @@ def estimate(as_json, output, **kw):
     _check_machine_size(hw, kw["hardware"], kw["gpus"])
     lay = _layout_from(kw, model)
     routing = parse_routing(kw["routing"])
+    _warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
     routing.migration = migration if migration.enabled else None
     est = estimate_layout(model, hw, lay, routing)
@@ -441,6 +452,7 @@ def _load_for_search(kw):
         raise SpecError("--schedules", repr(bad[0]), "expected a comma-separated list of gpipe, 1f1b, interleaved, "
                         "zbv or dualpipev")
     routing = parse_routing(kw["routing"])
+    _warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
     routing.migration = migration if migration.enabled else None
     return model, hw, routing

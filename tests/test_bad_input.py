@@ -210,8 +210,8 @@ def test_a_repeated_hf_key_is_refused(tmp_path):
 def test_a_bad_routing_histogram_is_one_line(tmp_path, counts, needle):
     """The second step record of a metrics file disagrees with the first, or holds no counts."""
     first = [0] * 8 if needle == "routes no tokens" else list(range(1, 9))
-    p = tmp_path / "m.jsonl"
-    p.write_text("".join(json.dumps({"step": s, "tokens_per_expert": {"1": c}}) + "\n"
+    p = tmp_path / "m.jsonl"  # tiny-moe's three MoE layers, layer 3 disagreeing in the second record
+    p.write_text("".join(json.dumps({"step": s, "tokens_per_expert": {"1": first, "2": first, "3": c}}) + "\n"
                          for s, c in ((1, first), (2, counts))))
     one_line([*EST, "--ep", "4", "--routing", str(p)], needle)
 
@@ -356,3 +356,10 @@ def test_selective_recompute_of_a_part_the_model_lacks_is_refused():
     one_line([*EST, "--recompute", "selective", "--recompute-modules", "mla_up_proj"], "mla_up_proj", "tiny-moe")
     dense = ["estimate", "-m", "tiny-dense", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
     one_line([*dense, "--recompute", "selective", "--recompute-modules", "moe_act"], "moe_act")
+
+
+def test_a_histogram_from_a_model_with_other_layers_is_said(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text(json.dumps({"step": 1, "tokens_per_expert": {"1": list(range(1, 9))}}) + "\n")
+    code, out, _ = _run([*EST, "--ep", "4", "--routing", str(p)])
+    assert code == 0 and "1 MoE layer(s) measured, tiny-moe has 3" in out, out
