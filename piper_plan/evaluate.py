@@ -23,7 +23,7 @@ def parse_routing(text: str | None) -> Routing:
     if text.startswith("zipf"):
         _, _, s = text.partition(":")
         try:
-            z = float(s) if s or text == "zipf" else float("nan")  # "zipf:" with no s is a typo
+            z = 1.0 if text == "zipf" else float(s) if s else float("nan")  # "zipf:" with no s is a typo
         except ValueError:
             z = float("nan")
         if not 0.0 <= z < float("inf"):  # NaN fails this too

@@ -22,14 +22,18 @@ def read_text(path: str | os.PathLike, source: str | None = None) -> str:
         raise SpecError(src, "<file>", f"expected UTF-8 text (byte {e.start} is not)") from None
 
 
-def check_writable(path: str | os.PathLike, what: str = "<file>") -> None:
-    """Fail before any work where `path` cannot be written: its folder must exist, be a folder
-    and be writable, and the path itself must not be a folder. Checked up front so a long run
-    (a calibration, a training run) does not end by losing its result."""
+def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: bool = False) -> None:
+    """Fail before any work where `path` cannot be written: its folder must exist (or, with
+    make_parents, be creatable under the nearest folder that does), be a folder and be writable,
+    and the path itself must not be a folder. Checked up front so a long run (a calibration, a
+    training run) does not end by losing its result."""
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise SpecError(str(p), what, "cannot write: it is a folder")
+    if make_parents:
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
     if not parent.exists():
         raise SpecError(str(p), what, f"cannot write: no folder {str(parent)!r}")
     if not parent.is_dir():

@@ -66,7 +66,7 @@ def preflight(plan: Plan, cfg, world: int) -> None:
     if cfg.steps < 1:
         raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
     if cfg.metrics:  # checked before training: a run must not end by losing what it measured
-        check_writable(cfg.metrics, "--metrics")
+        check_writable(cfg.metrics, "--metrics", make_parents=True)  # metrics.py makes the folders
     if cfg.checkpoint:
         _check_checkpoint_dir(cfg.checkpoint)
     if cfg.data:

@@ -363,3 +363,22 @@ def test_a_histogram_from_a_model_with_other_layers_is_said(tmp_path):
     p.write_text(json.dumps({"step": 1, "tokens_per_expert": {"1": list(range(1, 9))}}) + "\n")
     code, out, _ = _run([*EST, "--ep", "4", "--routing", str(p)])
     assert code == 0 and "1 MoE layer(s) measured, tiny-moe has 3" in out, out
+
+
+def test_plain_zipf_means_s_1():
+    code, out, _ = _run([*EST, "--ep", "4", "--routing", "zipf", "--json"])
+    assert code == 0 and json.loads(out[out.index("{"):])["imbalance"] > 1.0, out
+
+
+def test_a_metrics_file_may_go_into_folders_the_run_will_make(tmp_path):
+    """piper-train makes --metrics' folders (metrics.py), so its pre-flight check accepts missing ones,
+    and still refuses a file standing where a folder must go."""
+    from piper_plan.errors import SpecError
+    from piper_plan.files import check_writable
+
+    check_writable(tmp_path / "runs" / "exp1" / "m.jsonl", "--metrics", make_parents=True)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SpecError, match="not a folder"):
+        check_writable(tmp_path / "afile" / "sub" / "m.jsonl", "--metrics", make_parents=True)
+    with pytest.raises(SpecError, match="no folder"):
+        check_writable(tmp_path / "runs2" / "m.jsonl", "--metrics")
