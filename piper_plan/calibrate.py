@@ -317,8 +317,7 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
                    "comm_split": fit["comm_split"], "datasheet_mode": datasheet},
            "proposals": fit["proposals"],
            "spec": spec.model_dump(mode="json")}
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
+    if out:  # (its folder was made before measuring)
         # both atomic (a failed write leaves the old spec and its record whole); the record first,
         # so a spec on disk never names measurements that were not written
         atomic_write_text(rec_path, json.dumps(rec, indent=1))

@@ -29,8 +29,6 @@ def one_line_errors(fn):
     return wrapper
 
 
-
-
 class _Group(click.Group):
     """Bare `piper-plan --model M --hardware H --gpus N` runs `search`."""
 
@@ -68,7 +66,7 @@ def show_spec(name):
     """Show one model or hardware spec (bundled name or YAML path) in detail."""
     from . import report
     from .specs import bundled_names
-    from .specs.registry import load_hardware, load_model, read_yaml, _resolve
+    from .specs.registry import is_hardware_spec, load_hardware, load_model, _resolve
 
     if name in bundled_names("hardware"):
         report.show(report.hardware_detail(load_hardware(name)))
@@ -76,40 +74,22 @@ def show_spec(name):
     if name in bundled_names("models") or name.endswith(".json"):
         report.show(report.model_detail(load_model(name)))
         return
-    path = _resolve(name, "models")
-    if _is_hardware(path, read_yaml(path)):
+    if is_hardware_spec(_resolve(name, "models")):
         report.show(report.hardware_detail(load_hardware(name)))
     else:
         report.show(report.model_detail(load_model(name)))
-
-
-def _is_hardware(path, data: dict) -> bool:
-    """A hardware spec holds an accelerator, or is a variant (`base:`) of one."""
-    from .specs import bundled_names
-    from .specs.registry import read_yaml
-
-    seen = set()
-    while "accelerator" not in data and isinstance(data.get("base"), str) and str(path) not in seen:
-        seen.add(str(path))
-        ref = data["base"]
-        local = path.parent / ref
-        if local.suffix in (".yaml", ".yml") and local.is_file():
-            path, data = local, read_yaml(local)
-        else:
-            return ref in bundled_names("hardware")
-    return "accelerator" in data
 
 
 # ---- one layout ----------------------------------------------------------------------
 MIGRATION_OPTIONS = (
     click.option("--migration/--no-migration", default=False, show_default=True,
                  help="expert migration re-places experts to even out per-rank load"),
-    click.option("--migration-period", type=click.IntRange(1), default=50, show_default=True,
+    click.option("--migration-period", type=POSITIVE, default=50, show_default=True,
                  help="re-plan every K optimizer steps"),
     click.option("--migration-threshold", type=FiniteFloat(1.0), default=1.1, show_default=True,
                  help="... or when max/mean rank load passes this"),
     click.option("--migration-planner", type=click.Choice(["swap", "lpt"]), default="lpt", show_default=True),
-    click.option("--migration-window", type=click.IntRange(1), default=20, show_default=True,
+    click.option("--migration-window", type=POSITIVE, default=20, show_default=True,
                  help="moving-average window of per-expert loads, steps"),
     click.option("--migration-max-moves", type=click.IntRange(0), default=None, help="cap on experts moved"),
 )
@@ -148,7 +128,7 @@ STACK_OPTIONS = [
         click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=False, show_default=True,
                      help="pipeline the tensor-parallel all-gathers and reduce-scatters with the GEMMs beside them "
                      "(Megatron-Core --tp-comm-overlap, Transformer Engine's userbuffers)"),
-        click.option("--a2a-sms", type=click.IntRange(min=1), default=None,
+        click.option("--a2a-sms", type=POSITIVE, default=None,
                      help="SMs an overlapped all-to-all holds (Megatron-Core --moe-hybridep-num-sms); default: the "
                      "hardware spec's efficiency.overlap_comm_units"),
         click.option("--cuda-graphs", default="none", show_default=True,
@@ -190,12 +170,12 @@ def layout_options(fn):
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
         click.option("--gpus", "-n", type=GPU_COUNT, required=True),
         click.option("--tp", type=POSITIVE, default=1, show_default=True),
-        click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+        click.option("--cp", type=POSITIVE, default=1, show_default=True,
                      help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size, "
                      "ring attention)"),
         click.option("--pp", type=POSITIVE, default=1, show_default=True),
         click.option("--ep", type=POSITIVE, default=1, show_default=True),
-        click.option("--etp", type=click.IntRange(min=1), default=1, show_default=True,
+        click.option("--etp", type=POSITIVE, default=1, show_default=True,
                      help="expert tensor parallel: ranks each expert is split over (Megatron-Core "
                      "--expert-tensor-parallel-size; its default when unset is --tp)"),
         click.option("--dp", type=POSITIVE, default=None, help="attention data parallel (default gpus/(tp*cp*pp))"),
@@ -266,10 +246,17 @@ def _check_machine_size(hw, source: str, gpus: int) -> None:
                    "larger machine of the same parts", err=True)
 
 
+def _seq_batch(kw, model) -> tuple[int, int]:
+    """--seq (default: the model's) and --global-batch (default: 4M tokens' worth of it)."""
+    from .search import default_global_batch
+
+    seq = model.seq_len if kw["seq"] is None else kw["seq"]
+    return seq, default_global_batch(seq) if kw["global_batch"] is None else kw["global_batch"]
+
+
 def _layout_from(kw, model):
     from .errors import LayoutError
     from .layout import Layout
-    from .search import default_global_batch
 
     gpus, tp, cp, pp = kw["gpus"], kw["tp"], kw["cp"], kw["pp"]
     dp = kw["dp"]
@@ -278,8 +265,7 @@ def _layout_from(kw, model):
             named = "tp*pp" if cp == 1 else "tp*cp*pp"  # cp named where it is used
             raise LayoutError(f"{named}*dp == gpus", f"{named} = {tp * cp * pp} does not divide {gpus} GPUs")
         dp = gpus // (tp * cp * pp)
-    seq = model.seq_len if kw["seq"] is None else kw["seq"]
-    gbs = default_global_batch(seq) if kw["global_batch"] is None else kw["global_batch"]
+    seq, gbs = _seq_batch(kw, model)
     vpp = (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1) if kw["vpp"] is None else kw["vpp"]
     modules = _modules(kw["recompute_modules"], "--recompute-modules")
     absent = [x for x, has in (("mla_up_proj", model.mla is not None), ("moe", model.moe is not None),
@@ -418,10 +404,9 @@ def _cps(kw, seq: int) -> tuple[int, ...]:
 
 
 def _space(kw, model, gpus):
-    from .search import SearchSpace, default_global_batch, for_runtime
+    from .search import SearchSpace, for_runtime
 
-    seq = model.seq_len if kw["seq"] is None else kw["seq"]
-    gbs = default_global_batch(seq) if kw["global_batch"] is None else kw["global_batch"]
+    seq, gbs = _seq_batch(kw, model)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     selective = tuple(_modules(text, "--selective") for text in kw["selective"])
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,

@@ -28,18 +28,30 @@ def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: 
     and the path itself must not be a folder. Checked up front so a long run (a calibration, a
     training run) does not end by losing its result."""
     p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
     if p.is_dir():
         raise SpecError(str(p), what, "cannot write: it is a folder")
+    _check_folder(p, p.parent, what, make_parents)
+
+
+def check_writable_folder(path: str | os.PathLike, what: str) -> None:
+    """As check_writable, for a folder a run writes into (made, with its parents, where missing)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise SpecError(str(p), what, "expected a folder; this is a file")
+    _check_folder(p, p, what, make_parents=True)
+
+
+def _check_folder(p: Path, folder: Path, what: str, make_parents: bool) -> None:
+    """`folder` (or, with make_parents, the nearest of its ancestors that exists) is a writable folder."""
     if make_parents:
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-    if not parent.exists():
-        raise SpecError(str(p), what, f"cannot write: no folder {str(parent)!r}")
-    if not parent.is_dir():
-        raise SpecError(str(p), what, f"cannot write: {str(parent)!r} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise SpecError(str(p), what, f"cannot write: folder {str(parent)!r} is not writable")
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    if not folder.exists():
+        raise SpecError(str(p), what, f"cannot write: no folder {str(folder)!r}")
+    if not folder.is_dir():
+        raise SpecError(str(p), what, f"cannot write: {str(folder)!r} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecError(str(p), what, f"cannot write: folder {str(folder)!r} is not writable")
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -66,9 +78,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         os.umask(umask)
         mode = 0o666 & ~umask
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     except OSError as e:
-        raise SpecError(str(p), "<file>", f"cannot write ({e.strerror or e})") from None
+        raise SpecError(str(path), "<file>", f"cannot write ({e.strerror or e})") from None
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
@@ -82,5 +94,5 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise SpecError(str(p), "<file>", f"cannot write ({e.strerror or e})") from None
+            raise SpecError(str(path), "<file>", f"cannot write ({e.strerror or e})") from None
         raise

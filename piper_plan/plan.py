@@ -14,9 +14,9 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import __version__
-from .errors import SpecError, from_validation
+from .errors import LayoutError, SpecError, from_validation
 from .files import atomic_write_text, read_text
-from .layout import Layout, RankCoord
+from .layout import Layout, RankCoord, check_layout
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -102,8 +102,9 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
 def read_plan(path: str | os.PathLike) -> Plan:
     """Load and validate plan.json; any problem is a one-line SpecError."""
     src = str(path)
+    text = read_text(path)
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(text)  # for the checks below, which say more than a schema error would
     except json.JSONDecodeError as e:
         raise SpecError(src, f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
     if not isinstance(data, dict):
@@ -112,7 +113,7 @@ def read_plan(path: str | os.PathLike) -> Plan:
     if ver != SCHEMA_VERSION:
         raise SpecError(src, "schema_version", f"expected {SCHEMA_VERSION}, got {ver!r}")
     try:  # strict, in JSON mode (arrays are tuples there): "2" or 2.0 for a degree is an edit's slip, not a 2
-        plan = Plan.model_validate_json(json.dumps(data), strict=True)
+        plan = Plan.model_validate_json(text, strict=True)
     except ValidationError as e:
         raise from_validation(src, e) from None
     if spec_hash(plan.model) != plan.model_hash:
@@ -131,9 +132,6 @@ def check_consistent(plan: Plan, src: str) -> None:
     """What the schema alone cannot say, checked before any rank starts: the layout's rules for
     this model (check_layout), every layer in exactly one chunk in order, and a rank map holding
     each rank once at coordinates inside the degrees (a custom placement may reorder it)."""
-    from .errors import LayoutError
-    from .layout import check_layout
-
     lay, m = plan.layout, plan.model
     try:
         check_layout(lay, m.num_layers, m.moe.num_experts if m.moe else 0,
@@ -191,7 +189,6 @@ def make_plan(model: ModelSpec, hardware: HardwareSpec, layout: Layout, *, layer
               migration: Migration | None = None, predicted: Predicted | None = None) -> Plan:
     """Assemble a Plan. `layer_cost` (shape [L], seconds) balances the partition; without
     it layers weigh by their active parameters (a proxy for their time)."""
-    from .layout import check_layout
     from .partition import balanced_partition
 
     check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0,

@@ -19,8 +19,8 @@ from typing import Optional
 import click
 
 from piper_plan.clitypes import POSITIVE, FiniteFloat
-from piper_plan.errors import PiperError, SpecError
-from piper_plan.files import check_writable
+from piper_plan.errors import PiperError
+from piper_plan.files import check_writable, check_writable_folder
 from piper_plan.plan import Plan, read_plan
 from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, runs, shown
 
@@ -68,7 +68,7 @@ def preflight(plan: Plan, cfg, world: int) -> None:
     if cfg.metrics:  # checked before training: a run must not end by losing what it measured
         check_writable(cfg.metrics, "--metrics", make_parents=True)  # metrics.py makes the folders
     if cfg.checkpoint:
-        _check_checkpoint_dir(cfg.checkpoint)
+        check_writable_folder(cfg.checkpoint, "--checkpoint")
     if cfg.data:
         from .data import open_tokens
 
@@ -81,20 +81,6 @@ def preflight(plan: Plan, cfg, world: int) -> None:
         step = validate(cfg.checkpoint, plan)
         if step > cfg.steps:
             raise CheckpointError(f"{cfg.checkpoint}: checkpoint is at step {step}, beyond --steps {cfg.steps}")
-
-
-def _check_checkpoint_dir(path: str) -> None:
-    """--checkpoint names a folder that is, or can be made (its nearest existing parent writable)."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise SpecError(path, "--checkpoint", "expected a folder; this is a file")
-    q = p
-    while not q.exists():
-        q = q.parent
-    if not q.is_dir():
-        raise SpecError(path, "--checkpoint", f"cannot create the folder: {str(q)!r} is a file")
-    if not os.access(q, os.W_OK | os.X_OK):
-        raise SpecError(path, "--checkpoint", f"cannot write: {str(q)!r} is not writable")
 
 
 def _init(rank: int, world: int, timeout_s: float, store_path: Optional[str]):

@@ -275,6 +275,17 @@ class HardwareSpec(_Optional):
             if seen_nic and not lv.via_nic:
                 raise ValueError(f"level {lv.name!r} sits above a via_nic level and must be via_nic too")
             seen_nic |= lv.via_nic
+        aff = self.network.nic_affinity
+        if aff is not None:
+            if len(aff) != self.gpus_per_node:
+                raise ValueError(f"network.nic_affinity needs {self.gpus_per_node} entries, got {len(aff)}")
+            if any(not 0 <= a < self.network.nics_per_node for a in aff):
+                raise ValueError(f"network.nic_affinity entries must lie in 0..{self.network.nics_per_node - 1}")
+        return self
+
+    @model_validator(mode="after")
+    def _efficiency_on_device(self):
+        """The efficiency figures that name the accelerator's dtypes or units (Efficiency alone does not see it)."""
         # per-dtype tables: a misspelt key (bfloat16) would silently drop its figure
         dtypes = {"bf16", "fp16", "fp32", "fp8"} | set(self.accelerator.peak_tflops)
         for name, keys in (("gemm_overhead_us", dtypes), ("gemm_dtype", dtypes | {"mxfp8", "fp8_blockwise"})):
@@ -284,12 +295,6 @@ class HardwareSpec(_Optional):
         if self.efficiency.overlap_comm_units > self.accelerator.compute_units:
             raise ValueError(f"efficiency.overlap_comm_units ({self.efficiency.overlap_comm_units}) exceeds the "
                              f"device's compute_units ({self.accelerator.compute_units})")
-        aff = self.network.nic_affinity
-        if aff is not None:
-            if len(aff) != self.gpus_per_node:
-                raise ValueError(f"network.nic_affinity needs {self.gpus_per_node} entries, got {len(aff)}")
-            if any(not 0 <= a < self.network.nics_per_node for a in aff):
-                raise ValueError(f"network.nic_affinity entries must lie in 0..{self.network.nics_per_node - 1}")
         return self
 
     # ---- derived figures -----------------------------------------------------------

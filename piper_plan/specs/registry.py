@@ -150,8 +150,7 @@ def _with_base(path: Path, data: dict, seen: tuple[str, ...], kind: str) -> dict
     ref = data.pop("base")
     if not isinstance(ref, str) or not ref:
         raise SpecError(str(path), "base", f"expected the name or path of another {what} spec")
-    local = path.parent / ref
-    base = local if local.suffix in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
+    base = _base_file(path, ref, kind)
     if base is None:
         raise SpecError(str(path), "base", f"{ref!r} is neither a YAML beside this file nor a bundled {what} "
                                            f"spec ({_known(kind)})")
@@ -159,6 +158,24 @@ def _with_base(path: Path, data: dict, seen: tuple[str, ...], kind: str) -> dict
     if str(base.resolve()) in chain:
         raise SpecError(str(path), "base", f"{ref!r} leads back to this spec (a cycle of bases)")
     return _merged(_with_base(base, read_yaml(base), chain, kind), data)
+
+
+def _base_file(path: Path, ref: str, kind: str) -> Path | None:
+    """The spec a `base: ref` in `path` names: a YAML beside it, else a bundled spec of `kind`."""
+    local = path.parent / ref
+    return local if local.suffix in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
+
+
+def is_hardware_spec(path: Path) -> bool:
+    """A YAML spec is hardware where it holds an accelerator or is a variant (`base:`) of one."""
+    data, seen = read_yaml(path), set()
+    while "accelerator" not in data and isinstance(data.get("base"), str) and path not in seen:
+        seen.add(path)
+        path = _base_file(path, data["base"], "hardware")
+        if path is None:
+            return False
+        data = read_yaml(path)
+    return "accelerator" in data
 
 
 def _merged(under: dict, over: dict) -> dict:
