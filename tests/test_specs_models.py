@@ -63,12 +63,25 @@ class Published:
     extra: str = ""        # key of EXTRA: parameters the figure includes that ModelSpec lacks
     unit: float = 1e9
     printed: str = "round"  # how the source shortened the exact count: "round" | "truncate"
+    mtp: bool = True       # False: the figure leaves out the multi-token-prediction module(s)
 
 
 _NAR = "Narayanan et al. 2021, arXiv 2104.04473 Table 1"
 _KOR = "Korthikanti et al. 2022, arXiv 2205.05198 Table 3"
 _XMOE = "X-MoE (arXiv 2508.13337) model sizes, brief §5; binary billions, embeddings excluded"
 _PIPER = "Piper (arXiv 2605.05049) weak-scaling family, brief §5"
+# GLM-4.5's published counts leave out its MTP module and count active parameters without the
+# embedding and head (the only reading under which Air's 12B holds: 12.2B; with them 13.4B)
+_GLM45 = "GLM-4.5, arXiv 2508.06471 abstract / zai-org/GLM-4.5 README"
+_GLM = [
+    Published("glm-4.5-air.json", "total", 106, 0, _GLM45 + ": GLM-4.5-Air 106B total", mtp=False),
+    Published("glm-4.5-air.json", "active", 12, 0, _GLM45 + ": 12B active", count="non_embedding", mtp=False),
+    # GLM-4.7 keeps GLM-4.5's architecture (models/glm-4.5.yaml)
+    Published("glm-4.7.json", "total", 355, 0, _GLM45 + ": GLM-4.5 355B total", mtp=False),
+    Published("glm-4.7.json", "active", 32, 0, _GLM45 + ": 32B active", count="non_embedding", mtp=False),
+    Published("glm-4.5", "total", 355, 0, _GLM45, mtp=False),
+    Published("glm-4.5-air", "total", 106, 0, _GLM45, mtp=False),
+]
 PUBLISHED = [
     Published("mixtral-8x7b", "total", 46.7, 1, "Mistral AI, 'Mixtral of experts' (2023-12-11): 46.7B total"),
     Published("mixtral-8x7b", "active", 12.9, 1, "same: 12.9B per token (embeddings included)"),
@@ -123,6 +136,24 @@ PUBLISHED = [
     Published("qwen1.5-moe-a2.7b.json", "total", 14.3, 1, "HF model card Qwen/Qwen1.5-MoE-A2.7B"),
     Published("qwen1.5-moe-a2.7b.json", "active", 2.7, 1, "same: 2.7B activated"),
     Published("llama-3.1-8b.json", "total", 8, 0, "Meta model card Llama 3.1 8B"),
+    # HF configs of the families added later (tests/data/hf/SOURCES.md says where each file is from)
+    *_GLM,
+    Published("dots.llm1.base.json", "total", 142, 0, "model card rednote-hilab/dots.llm1.base; arXiv 2506.05767"),
+    Published("dots.llm1.base.json", "active", 14, 0, "same: 14B activated"),
+    Published("olmoe-1b-7b-0924.json", "total", 7, 0, "model card allenai/OLMoE-1B-7B-0924 @c1b31da: '7B total'"),
+    Published("olmoe-1b-7b-0924.json", "active", 1, 0, "same: '1B active'"),
+    Published("granite-3.0-3b-a800m-instruct.json", "total", 3.3, 1, "model card ibm-granite/granite-3.0-3b-a800m"),
+    Published("granite-3.0-3b-a800m-instruct.json", "active", 800, 0, "same: 800M active (tied embedding not counted)",
+              count="non_embedding", unit=1e6),
+    Published("minimax-m2.json", "total", 230, 0, "model card MiniMaxAI/MiniMax-M2: '230 billion total parameters'"),
+    Published("minimax-m2.json", "active", 10, 0, "same: '10 billion active parameters'", count="no_input_embedding"),
+    Published("mistral-7b-v0.1.json", "total", 7, 0, "model card mistralai/Mistral-7B-v0.1: '7 billion parameters'"),
+    Published("qwen2.5-7b.json", "total", 7.61, 2, "HF model card Qwen/Qwen2.5-7B"),
+    Published("qwen2.5-7b.json", "non-embedding", 6.53, 2, "same", count="non_embedding"),
+    Published("qwen3-8b.json", "total", 8.2, 1, "HF model card Qwen/Qwen3-8B"),
+    Published("qwen3-8b.json", "non-embedding", 6.95, 2, "same", count="non_embedding"),
+    Published("qwen3-32b.json", "total", 32.8, 1, "HF model card Qwen/Qwen3-32B"),
+    Published("qwen3-32b.json", "non-embedding", 31.2, 1, "same", count="non_embedding"),
 ]
 
 
@@ -133,6 +164,8 @@ def _model(ref: str) -> ModelSpec:
 def computed(row: Published) -> float:
     """The row's quantity from ModelSpec in the row's convention, in the row's unit."""
     m = _model(row.model)
+    if not row.mtp:
+        m = m.model_copy(update={"mtp_layers": 0})
     n = m.active_params if row.what == "active" else m.total_params
     if row.count in ("no_input_embedding", "non_embedding"):
         n -= m.embedding_params
@@ -183,7 +216,8 @@ def test_bundled_model_loads_with_its_source(name):
 
 
 HF_PAIRS = ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v2", "deepseek-v3", "qwen3-30b-a3b",
-            "qwen3-235b-a22b", "llama4-scout", "llama4-maverick", "gpt-oss-120b", "qwen2-57b-a14b"]
+            "qwen3-235b-a22b", "llama4-scout", "llama4-maverick", "gpt-oss-120b", "qwen2-57b-a14b",
+            "glm-4.5-air"]
 _ARCH_ONLY = {"name", "source", "seq_len"}
 # a config.json describes the model as pre-trained: DeepSeek-V3's with its MTP module
 AS_TRAINED = {"deepseek-v3": "deepseek-v3-mtp"}
@@ -195,6 +229,61 @@ def test_hf_import_equals_bundled_architecture(name):
     bundled = load_model(AS_TRAINED.get(name, name))
     assert imported.model_dump(exclude=_ARCH_ONLY) == bundled.model_dump(exclude=_ARCH_ONLY)
     assert imported.name == name and str(HF / f"{name}.json") in imported.source
+
+
+def test_glm_4_7_config_is_glm_4_5s_architecture():
+    """models/glm-4.5.yaml is read from GLM-4.7's config.json (no GLM-4.5 file is stored here);
+    the two releases share the architecture, as the bundled spec's header says."""
+    imported = load_model(str(HF / "glm-4.7.json")).model_dump(exclude=_ARCH_ONLY)
+    assert imported == load_model("glm-4.5").model_dump(exclude=_ARCH_ONLY)
+
+
+def test_glm_moe_layers_shared_expert_mtp_and_sigmoid_router_as_transformers_builds_them():
+    m = load_model(str(HF / "glm-4.7.json"))
+    assert (m.num_dense_layers, m.num_moe_layers) == (3, 89)  # first_k_dense_replace 3
+    assert m.hd == 128 and m.kv_heads == 8 and m.ffn_size == 12288
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_size, m.moe.shared_experts) == (160, 8, 1536, 1)
+    assert m.moe.router == "sigmoid" and not m.moe.group_limited  # n_group 1: no group limit
+    assert m.mtp_layers == 1
+
+
+def test_dots1_is_deepseek_v3s_moe_under_grouped_query_attention():
+    m = load_model(str(HF / "dots.llm1.base.json"))
+    assert m.mla is None and m.kv_heads == m.num_heads == 32 and m.hd == 128
+    assert (m.num_dense_layers, m.num_moe_layers) == (1, 61)
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.shared_experts, m.moe.router) == (128, 6, 2, "sigmoid")
+
+
+def test_minimax_m2_and_olmoe_are_moe_in_every_layer_and_granite_ties_its_embedding():
+    mm = load_model(str(HF / "minimax-m2.json"))
+    assert mm.num_moe_layers == 62 and mm.moe.router == "sigmoid" and mm.hd == 128 and mm.mtp_layers == 0
+    ol = load_model(str(HF / "olmoe-1b-7b-0924.json"))
+    assert ol.num_moe_layers == 16 and (ol.moe.num_experts, ol.moe.top_k, ol.moe.expert_ffn_size) == (64, 8, 1024)
+    gr = load_model(str(HF / "granite-3.0-3b-a800m-instruct.json"))
+    assert gr.tied_embeddings and gr.lm_head_params == 0 and gr.moe.num_experts == 40
+
+
+def test_granite_moe_shared_reads_its_shared_expert_width():
+    cfg = json.loads((HF / "granite-3.0-3b-a800m-instruct.json").read_text())
+    cfg.update(model_type="granitemoeshared", architectures=["GraniteMoeSharedForCausalLM"],
+               shared_intermediate_size=1024)
+    m = model_from_hf_config(cfg, "granite-shared/config.json")
+    assert (m.moe.shared_experts, m.moe.shared_ffn) == (1, 1024)
+
+
+@pytest.mark.parametrize("name,hd,kv", [("qwen3-8b", 128, 8), ("qwen3-32b", 128, 8), ("qwen2.5-7b", 128, 4),
+                                        ("mistral-7b-v0.1", 128, 8)])
+def test_dense_llama_family_imports(name, hd, kv):
+    m = load_model(str(HF / f"{name}.json"))
+    assert m.moe is None and m.hd == hd and m.kv_heads == kv and m.ffn_gated
+
+
+def test_family_found_from_architectures_when_model_type_is_unknown():
+    """Kimi K2's config says model_type kimi_k2 with architectures DeepseekV3ForCausalLM."""
+    cfg = json.loads((HF / "glm-4.5-air.json").read_text())
+    cfg["model_type"] = "some_glm_derivative"
+    assert model_from_hf_config(cfg, "x/config.json").model_dump(exclude=_ARCH_ONLY) == \
+        load_model("glm-4.5-air").model_dump(exclude=_ARCH_ONLY)
 
 
 def test_deepseek_v3_mtp_module_adds_a_moe_block_a_projection_and_the_head_again():
@@ -279,6 +368,15 @@ BAD = [
                           lambda: json.loads((HF / "gpt-oss-120b.json").read_text())), "swiglu_limit",
      "expected a positive number"),
     ("root", [1, 2], "<root>", "expected a JSON object"),
+    ("glm all dense", _bad(lambda c: c.update(first_k_dense_replace=46),
+                           lambda: json.loads((HF / "glm-4.5-air.json").read_text())),
+     "first_k_dense_replace", "no layer is an MoE layer"),
+    ("minimax lightning", _bad(lambda c: c.update(attn_type_list=[0, 1] * 31),
+                               lambda: json.loads((HF / "minimax-m2.json").read_text())),
+     "attn_type_list", "lightning attention"),
+    ("hunyuan", {"model_type": "hunyuan", "architectures": ["HunYuanForCausalLM"]}, "model_type",
+     "no form for cross-layer attention"),
+    ("qwen3-next", {"model_type": "qwen3_next"}, "model_type", "Gated DeltaNet"),
 ]
 
 

@@ -1,7 +1,9 @@
 """Import a Hugging Face `config.json` as a ModelSpec.
 
 Families (keyed on `model_type`, else on `architectures[0]`): Mixtral, Qwen2-MoE / Qwen3-MoE,
-DeepSeek-V2 / V3, Llama (dense), GPT-OSS and Llama 4 (text decoder of the multimodal config).
+DeepSeek-V2 / V3 (and Kimi K2, a DeepseekV3ForCausalLM), GLM-4.5 and later (glm4_moe), dots.llm1,
+OLMoE, Granite MoE, MiniMax-M2, GPT-OSS, Llama 4 (text decoder of the multimodal config), and the
+dense Llama, Mistral, Qwen2 and Qwen3.
 Field names and layer-placement rules follow each family's transformers configuration and
 modelling code; what ModelSpec does not carry is listed per family below (each < 0.05% of the
 decoder's parameters). Only the decoder is imported: Llama 4's vision encoder (0.87B, 0.8% of
@@ -211,11 +213,12 @@ def _deepseek(c: _Cfg) -> dict:
     return out
 
 
-def _route_groups(c: _Cfg) -> dict:
+def _route_groups(c: _Cfg, method: str = "") -> dict:
     """DeepSeek's group-limited routing (modelling code: topk_method group_limited_greedy in V2,
     noaux_tc in V3): the routed experts form n_group groups of consecutive ids and a token picks
-    its experts inside its topk_group best groups. "greedy" (V2-Lite) routes over all experts."""
-    method = c.get("topk_method", str, default="greedy")
+    its experts inside its topk_group best groups. "greedy" (V2-Lite) routes over all experts.
+    `method`: the routing of a family whose code has no topk_method switch (GLM-4.5, dots.llm1)."""
+    method = method or c.get("topk_method", str, default="greedy")
     if method not in ("group_limited_greedy", "noaux_tc"):
         return {}
     groups, limit = c.get("n_group", default=1), c.get("topk_group", default=1)
@@ -231,6 +234,10 @@ def _route_groups(c: _Cfg) -> dict:
 
 
 def _llama(c: _Cfg) -> dict:
+    # Llama, and the families built on its decoder layer: Mistral, Qwen2, Qwen3 (dense).
+    # Not modelled: Mistral's and Qwen2's sliding_window (attention FLOPs only; Qwen2 applies it only
+    # under use_sliding_window), Qwen2's q/k/v biases (no attention_bias key; < 0.01%), Qwen3's
+    # per-head q/k norms.
     out = _base(c)
     out["ffn_size"] = c.get("intermediate_size")
     out["tied_embeddings"] = _tied(c, False)
@@ -298,21 +305,116 @@ def _llama4(c: _Cfg) -> dict:
     return out
 
 
+def _glm4_moe(c: _Cfg) -> dict:
+    # transformers Glm4MoeDecoderLayer: layer i is MoE when i >= first_k_dense_replace; its router
+    # (Glm4MoeTopkRouter) is DeepSeek-V3's: sigmoid scores, group-limited top-k over n_group /
+    # topk_group, whatever the config's topk_method; the shared experts are one MLP of
+    # moe_intermediate_size x n_shared_experts. num_nextn_predict_layers: MTP modules as in V3.
+    # Not modelled: q/k/v biases (attention_bias; o_proj has none, < 0.01%), use_qk_norm's per-head
+    # norms, the partial rotary embedding (no cost of its own), e_score_correction_bias.
+    out = _gqa_moe(c, "sigmoid", "noaux_tc")
+    mtp = c.get("num_nextn_predict_layers", default=0, min_value=0)
+    if mtp:
+        out["mtp_layers"] = mtp
+    return out
+
+
+def _dots1(c: _Cfg) -> dict:
+    # transformers Dots1 (rednote-hilab dots.llm1): DeepSeek-V3's MoE (sigmoid router, shared
+    # experts, first_k_dense_replace) with grouped-query attention instead of MLA; its config's
+    # scoring_func is not read by the modelling code. Not modelled: per-head q/k norms.
+    return _gqa_moe(c, "sigmoid", "noaux_tc")
+
+
+def _gqa_moe(c: _Cfg, router: str, method: str) -> dict:
+    """DeepSeek-style MoE fields (n_routed_experts, n_shared_experts, moe_intermediate_size,
+    first_k_dense_replace, n_group / topk_group) under ordinary grouped-query attention."""
+    out = _base(c)
+    n = out["num_layers"]
+    first = c.get("first_k_dense_replace", default=0, min_value=0)
+    dense, every = _fit_layer_pattern([i >= first for i in range(n)], c, "first_k_dense_replace")
+    shared = c.get("n_shared_experts", default=0, min_value=0)
+    moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
+                     every, router=router, **({"shared_experts": shared} if shared else {}),
+                     **_route_groups(c, method))
+    out = _with_layers(out, moe, dense, c, "intermediate_size")
+    out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
+def _olmoe(c: _Cfg) -> dict:
+    # transformers OlmoeDecoderLayer: every layer is MoE, softmax router, experts of
+    # intermediate_size. Not modelled: the q/k norms over the whole projection (2 d per layer).
+    out = _base(c)
+    out["moe"] = _moe_block(c, c.get("num_experts"), c.get("num_experts_per_tok"), c.get("intermediate_size"),
+                            router="softmax")
+    out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
+def _granitemoe(c: _Cfg) -> dict:
+    # transformers GraniteMoe / GraniteMoeShared: every layer is MoE (softmax over the top-k logits),
+    # experts of intermediate_size; GraniteMoeShared adds one shared MLP of shared_intermediate_size
+    # (0: none). The embedding / residual / attention / logit multipliers cost nothing measurable.
+    out = _base(c)
+    shared = c.get("shared_intermediate_size", default=0, min_value=0)
+    extra = dict(shared_experts=1, shared_expert_ffn_size=shared) if shared else {}
+    out["moe"] = _moe_block(c, c.get("num_local_experts"), c.get("num_experts_per_tok"),
+                            c.get("intermediate_size"), router="softmax", **extra)
+    out["tied_embeddings"] = _tied(c, True)
+    return out
+
+
+def _minimax_m2(c: _Cfg) -> dict:
+    # transformers MiniMaxM2: every layer is MoE with a sigmoid router (plus e_score_correction_bias),
+    # experts of intermediate_size, grouped-query attention of head_dim. Not modelled: the per-layer
+    # q/k norms, the partial rotary embedding, and the multi-token-prediction modules of the release
+    # config (use_mtp, num_mtp_modules): transformers' model does not build them and their structure
+    # is not published.
+    out = _base(c)
+    types = c.data.get("attn_type_list")
+    if types is not None and (not isinstance(types, list) or any(t != 1 for t in types)):
+        raise c._err("attn_type_list", "expected full softmax attention (1) in every layer; lightning attention "
+                                       "(MiniMax-01's 0) is not modelled")
+    out["moe"] = _moe_block(c, c.get("num_local_experts"), c.get("num_experts_per_tok"), c.get("intermediate_size"),
+                            router="sigmoid")
+    out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
 _FAMILIES: dict[str, Callable[[_Cfg], dict]] = {
     "mixtral": _mixtral,
     "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
     "deepseek_v2": _deepseek, "deepseek_v3": _deepseek,
-    "llama": _llama,
+    "llama": _llama, "mistral": _llama, "qwen2": _llama, "qwen3": _llama,
     "gpt_oss": _gpt_oss,
     "llama4": _llama4, "llama4_text": _llama4,
+    "glm4_moe": _glm4_moe, "dots1": _dots1, "olmoe": _olmoe, "granitemoe": _granitemoe,
+    "granitemoeshared": _granitemoe, "minimax_m2": _minimax_m2,
 }
 _ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
     "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
-    "LlamaForCausalLM": "llama",
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
     "GptOssForCausalLM": "gpt_oss",
     "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text",
+    "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1", "OlmoeForCausalLM": "olmoe",
+    "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
+}
+
+
+# families whose layers the spec cannot describe: refused with the reason, not priced as another
+_UNMODELLED = {
+    "qwen3_next": "its Gated DeltaNet linear-attention layers", "qwen3_5": "its Gated DeltaNet linear-attention layers",
+    "qwen3_5_moe": "its Gated DeltaNet linear-attention layers",
+    "deepseek_v32": "DeepSeek Sparse Attention (the lightning indexer and top-k key selection)",
+    "glm_moe_dsa": "DeepSeek Sparse Attention (the lightning indexer and top-k key selection)",
+    "minimax": "its lightning (linear) attention layers",
+    "hunyuan": "cross-layer attention (use_cla: layers sharing their key/value projections)",
+    "jamba": "its Mamba layers", "granitemoehybrid": "its Mamba layers", "nemotron_h": "its Mamba layers",
 }
 
 
@@ -320,6 +422,8 @@ def _family(cfg: dict, source: str) -> str:
     mt = cfg.get("model_type")
     if isinstance(mt, str) and mt in _FAMILIES:
         return mt
+    if isinstance(mt, str) and mt in _UNMODELLED:
+        raise SpecError(source, "model_type", f"{mt!r} is not modelled: ModelSpec has no form for {_UNMODELLED[mt]}")
     archs = cfg.get("architectures")
     if isinstance(archs, list) and archs and archs[0] in _ARCHITECTURES:
         return _ARCHITECTURES[archs[0]]
