@@ -420,7 +420,7 @@ def _space(kw, model, gpus):
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
                      offload_layers=_ints(kw["offload_layers"], "--offload-layers", least=0),
                      recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", least=0))
-    return for_runtime(sp, kw.get("runtime", "any"))
+    return for_runtime(sp, kw.get("runtime", "any"), model)
 
 
 def _load_for_search(kw):

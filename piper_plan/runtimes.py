@@ -54,6 +54,15 @@ PIPER_TRAIN: tuple[Support, ...] = (
 )
 
 
+def model_refusal(name: str, mtp_layers: int) -> str:
+    """Why piper-train cannot train this model ('' when it can): it builds no multi-token-prediction
+    module, and a run without the module would not be the model the plan priced."""
+    if not mtp_layers:
+        return ""
+    return (f"piper-train trains no multi-token-prediction module ({mtp_layers} in {name}); plan a spec with "
+            "mtp_layers 0 (num_nextn_predict_layers 0 in a config.json)")
+
+
 def runs(s: Support, value) -> bool:
     """Whether piper-train runs `value` of s.field (lists compare as tuples)."""
     return (tuple(value) if isinstance(value, (list, tuple)) else value) in s.allowed

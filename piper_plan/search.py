@@ -6,6 +6,7 @@ candidate. Rejections are counted by the rule that removed them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -91,23 +92,27 @@ def auto_cps(seq: int) -> tuple[int, ...]:
     return (1,) if seq < LONG_SEQ else (1, 2, 4, 8)
 
 
-def for_runtime(sp: SearchSpace, runtime: str) -> SearchSpace:
+def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None) -> SearchSpace:
     """`sp` cut to what `runtime` executes and priced as it executes it. "piper-train" (the
     bundled runtime; what it runs is the table runtimes.PIPER_TRAIN, which its launch check reads
     too): eager modules (fused_kernels False), gradients reduced after the pipeline (no overlap),
     the ZeRO stages it implements (ZeRO-2 not with zbv / dualpipev, a search rule), and none of
     the other stacks' features. A value the caller asked for that it cannot run raises
     PiperError naming the option; the ZeRO stages, which the space enumerates by itself, are
-    cut instead. "any" returns `sp` unchanged."""
+    cut instead; so does a `model` it cannot train (runtimes.model_refusal). "any" returns `sp`
+    unchanged."""
     from dataclasses import replace
 
     from .errors import PiperError
-    from .runtimes import PIPER_TRAIN, runs, shown
+    from .runtimes import PIPER_TRAIN, model_refusal, runs, shown
 
     if runtime == "any":
         return sp
     if runtime != "piper-train":
         raise PiperError(f"--runtime: {runtime!r}: expected one of {', '.join(RUNTIMES)}")
+    refusal = model_refusal(model.name, model.mtp_layers) if model is not None else ""
+    if refusal:
+        raise PiperError(f"--runtime piper-train: {refusal}")
     # fields the space tries sets of
     several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps",
                "recompute_layers": "recompute_layers", "optimizer_offload": "optimizer_offload",

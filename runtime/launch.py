@@ -22,7 +22,7 @@ from piper_plan.clitypes import POSITIVE, FiniteFloat
 from piper_plan.errors import PiperError
 from piper_plan.files import check_writable, check_writable_folder
 from piper_plan.plan import Plan, read_plan
-from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, runs, shown
+from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, model_refusal, runs, shown
 
 from .config import check_tp
 from .host import keep_freed_pages
@@ -55,9 +55,9 @@ def check_supported(plan: Plan, world: int) -> None:
         raise PiperError(f"plan.layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
                          f"them, and torch's {lay.schedule} schedule accumulates its weight gradients outside "
                          f"autograd; use zero 1, or schedule gpipe, 1f1b or interleaved")
-    if plan.model.mtp_layers:
-        raise PiperError(f"plan.model.mtp_layers: piper-train trains no multi-token-prediction module "
-                         f"({plan.model.mtp_layers} in {plan.model.name}); plan a model with mtp_layers 0")
+    refusal = model_refusal(plan.model.name, plan.model.mtp_layers)
+    if refusal:
+        raise PiperError(f"plan.model.mtp_layers: {refusal}")
 
 
 def preflight(plan: Plan, cfg, world: int) -> None:

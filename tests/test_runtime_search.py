@@ -99,3 +99,19 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         with pytest.raises(PiperError, match=f"it cannot run {s.option} "):
             for_runtime(sp, "piper-train")
     assert for_runtime(SearchSpace(gpus=2, global_batch=4, seq=32), "piper-train").zeros == (0, 1, 2)
+
+
+def test_a_model_with_an_mtp_module_is_refused_before_the_search_not_after_the_plan(tmp_path):
+    """piper-train builds no multi-token-prediction module, so a search for it must not write a plan
+    its launch check then refuses (an imported DeepSeek-V3 or GLM-4.5 config.json carries one)."""
+    from piper_plan.errors import PiperError
+
+    mtp = load_model("tiny-moe").model_copy(update={"mtp_layers": 1})
+    with pytest.raises(PiperError, match="--runtime piper-train: piper-train trains no multi-token-prediction"):
+        for_runtime(SearchSpace(gpus=2, global_batch=4, seq=32), "piper-train", mtp)
+    assert for_runtime(SearchSpace(gpus=2, global_batch=4, seq=32), "any", mtp).gpus == 2  # other stacks train it
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["search", "-m", "deepseek-v3-mtp", "-H", "cpu-local", "-n", "8",
+                                  "--runtime", "piper-train", "-o", str(out)])
+    assert r.exit_code != 0 and not out.exists()
+    assert r.output.strip().count("\n") == 0 and "mtp_layers 0" in r.output
