@@ -184,8 +184,7 @@ def _qwen_moe(c: _Cfg) -> dict:
 
 def _deepseek(c: _Cfg) -> dict:
     # DeepseekV2/V3 modelling code: layer i is MoE when n_routed_experts is set,
-    # i >= first_k_dense_replace and i % moe_layer_freq == 0. num_nextn_predict_layers: the V3
-    # multi-token-prediction modules pre-training runs after the main model (ModelSpec.mtp_layers).
+    # i >= first_k_dense_replace and i % moe_layer_freq == 0; V3's MTP modules (_with_mtp).
     # Not modelled: V3's e_score_correction_bias (n_routed_experts per MoE layer).
     out = _base(c)
     out.pop("num_kv_heads", None)  # MLA: num_key_value_heads is not a GQA figure
@@ -202,11 +201,25 @@ def _deepseek(c: _Cfg) -> dict:
     scoring = c.get("scoring_func", str, default="softmax")
     if scoring not in ("softmax", "sigmoid"):
         raise c._err("scoring_func", f"expected softmax or sigmoid, got {scoring!r}")
+    return _with_mtp(c, _deepseek_moe(c, out, dense, every, scoring))
+
+
+def _deepseek_moe(c: _Cfg, out: dict, dense: int, every: int, router: str, method: str = "") -> dict:
+    """DeepSeek's MoE fields (n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+    n_shared_experts, n_group / topk_group; intermediate_size for the dense layers), which GLM-4.5
+    and dots.llm1 keep under grouped-query attention. `method`: as _route_groups."""
     shared = c.get("n_shared_experts", default=0, min_value=0)
     moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
-                     every, router=scoring, **({"shared_experts": shared} if shared else {}), **_route_groups(c))
+                     every, router=router, **({"shared_experts": shared} if shared else {}),
+                     **_route_groups(c, method))
     out = _with_layers(out, moe, dense, c, "intermediate_size")
     out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
+def _with_mtp(c: _Cfg, out: dict) -> dict:
+    """num_nextn_predict_layers: the multi-token-prediction modules pre-training runs after the main
+    model (DeepSeek-V3, GLM-4.5; ModelSpec.mtp_layers)."""
     mtp = c.get("num_nextn_predict_layers", default=0, min_value=0)
     if mtp:
         out["mtp_layers"] = mtp
@@ -309,14 +322,10 @@ def _glm4_moe(c: _Cfg) -> dict:
     # transformers Glm4MoeDecoderLayer: layer i is MoE when i >= first_k_dense_replace; its router
     # (Glm4MoeTopkRouter) is DeepSeek-V3's: sigmoid scores, group-limited top-k over n_group /
     # topk_group, whatever the config's topk_method; the shared experts are one MLP of
-    # moe_intermediate_size x n_shared_experts. num_nextn_predict_layers: MTP modules as in V3.
+    # moe_intermediate_size x n_shared_experts; its MTP modules as V3's (_with_mtp).
     # Not modelled: q/k/v biases (attention_bias; o_proj has none, < 0.01%), use_qk_norm's per-head
     # norms, the partial rotary embedding (no cost of its own), e_score_correction_bias.
-    out = _gqa_moe(c, "sigmoid", "noaux_tc")
-    mtp = c.get("num_nextn_predict_layers", default=0, min_value=0)
-    if mtp:
-        out["mtp_layers"] = mtp
-    return out
+    return _with_mtp(c, _gqa_moe(c, "sigmoid", "noaux_tc"))
 
 
 def _dots1(c: _Cfg) -> dict:
@@ -327,19 +336,12 @@ def _dots1(c: _Cfg) -> dict:
 
 
 def _gqa_moe(c: _Cfg, router: str, method: str) -> dict:
-    """DeepSeek-style MoE fields (n_routed_experts, n_shared_experts, moe_intermediate_size,
-    first_k_dense_replace, n_group / topk_group) under ordinary grouped-query attention."""
+    """DeepSeek's MoE (_deepseek_moe) in every layer from first_k_dense_replace on, under ordinary
+    grouped-query attention."""
     out = _base(c)
-    n = out["num_layers"]
     first = c.get("first_k_dense_replace", default=0, min_value=0)
-    dense, every = _fit_layer_pattern([i >= first for i in range(n)], c, "first_k_dense_replace")
-    shared = c.get("n_shared_experts", default=0, min_value=0)
-    moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
-                     every, router=router, **({"shared_experts": shared} if shared else {}),
-                     **_route_groups(c, method))
-    out = _with_layers(out, moe, dense, c, "intermediate_size")
-    out["tied_embeddings"] = _tied(c, False)
-    return out
+    dense, every = _fit_layer_pattern([i >= first for i in range(out["num_layers"])], c, "first_k_dense_replace")
+    return _deepseek_moe(c, out, dense, every, router, method)
 
 
 def _olmoe(c: _Cfg) -> dict:
