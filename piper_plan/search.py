@@ -249,6 +249,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     keep = np.ones(shape, bool)
     weight = 1
     rule("zero 3 with pp > 1", on(zs == 3, 1) & on(pp > 1, 4))
+    rule("duplicate (recompute_layers covering a whole chunk equals every layer)", _rc_layer_duplicates(m, rc, rc_n, pp * vpp))
     moe_ep = (m.moe is not None) & (ep > 1)
     rule("duplicate (a2a choice without expert parallelism)", on(~moe_ep, 4) & on(a2 != 0, 2))
     rule("duplicate (placement choice when ep*etp == dp*cp*tp or ep == 1)",
@@ -290,6 +291,20 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
     batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi], rc_mod[ri], rc_n[ri])
     return _with_offload(m, sp, batch, rejected), rejected
+
+
+def _rc_layer_duplicates(m: ModelSpec, rc: np.ndarray, rc_n: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    """[recompute choice, 1, 1, 1, survivor] mask of the full-recompute layer counts that price as an
+    earlier choice: a count covering a chunk's mean layers re-runs every layer, as 0 does
+    (recompute.full_recompute_share), so of the counts that come to the same layers only the first stays."""
+    every = (rc_n[:, None] > 0) & (rc_n[:, None] >= (m.num_layers + m.mtp_layers) / chunks[None, :])
+    eff = np.where(every, 0, rc_n[:, None])  # [choice, survivor]
+    dup = np.zeros(eff.shape, bool)
+    for i in range(1, len(rc)):
+        for j in range(i):
+            if rc[j] == rc[i] and rc_n[i] != rc_n[j]:
+                dup[i] |= eff[j] == eff[i]
+    return dup.reshape(len(rc), 1, 1, 1, -1)
 
 
 def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: dict) -> LayoutBatch:

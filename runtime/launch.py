@@ -188,6 +188,10 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
         return [json.loads(Path(tmp, f"job{j:04d}.json").read_text()) for j in range(len(jobs))]
 
 
+# the CPUs this process may run on (a container's or taskset's share, not the machine's)
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 @click.command(context_settings=dict(help_option_names=["-h", "--help"]))
 @click.option("--plan", "plan_path", required=True, help="plan.json written by piper-plan")
 @click.option("--steps", type=POSITIVE, default=10, show_default=True, help="optimizer steps (total, also when resuming)")
@@ -210,7 +214,8 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
               help="expert capacity factor (default: dropless)")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(0, min_open=True), default=120.0, show_default=True,
               help="collective timeout, seconds")
-@click.option("--threads", type=POSITIVE, default=1, show_default=True, help="CPU threads per rank")
+@click.option("--threads", type=click.IntRange(1, _CPUS), default=1, show_default=True,
+              help="CPU threads per rank, at most the CPUs this process may run on")
 def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, data, data_dtype, log_every,
          lr, weight_decay, clip, aux_loss_coef, z_loss_coef, capacity_factor, timeout_s, threads):
     """Train with the layout of PLAN: pipelined (torch.distributed.pipelining) expert-parallel MoE."""

@@ -265,7 +265,7 @@ def test_piper_train_refuses_bad_run_options_before_spawning(tmp_path, plan_doc)
     p = tmp_path / "plan.json"
     p.write_text(json.dumps(plan_doc))
     (tmp_path / "afile").write_text("")
-    for opt, val in [("--lr", "nan"), ("--lr", "-1"), ("--threads", "0"), ("--timeout", "0"),
+    for opt, val in [("--lr", "nan"), ("--lr", "-1"), ("--threads", "0"), ("--threads", "100000"), ("--timeout", "0"),
                      ("--timeout", "nan"), ("--clip", "-1"), ("--capacity-factor", "0"), ("--log-every", "-1")]:
         refused(["--plan", str(p), "--steps", "1", opt, val], opt, cmd=train)
     one_line(["--plan", str(p), "--steps", "1", "--metrics", str(tmp_path / "afile" / "m.jsonl")], "--metrics",

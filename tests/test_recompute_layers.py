@@ -88,3 +88,18 @@ def test_a_table_s_recompute_num_layers_column_prices_the_partial_recompute(tmp_
     every, part = V.run(path=path)
     assert part.predicted / every.predicted == pytest.approx(_est(recompute="full")[0]
                                                              / _est(recompute="full", recompute_layers=20)[0], rel=1e-6)
+
+
+def test_the_search_prices_a_count_covering_a_whole_chunk_once():
+    # 80 layers of Llama 3 70B: 80 re-run layers cover every chunk of every layout, so they add nothing
+    sp = dict(gpus=64, global_batch=64, seq=8192, recomputes=("full",))
+    every = search(LLAMA70, H100, SearchSpace(**sp))
+    both = search(LLAMA70, H100, SearchSpace(**sp, recompute_layers=(0, 80)))
+    assert len(both.est.step_time_s) == len(every.est.step_time_s)
+    assert both.rejected["duplicate (recompute_layers covering a whole chunk equals every layer)"] > 0
+    # 20 and 40 both cover the chunks of pp * vpp >= 4 (20 layers or fewer): those are priced once
+    one = search(LLAMA70, H100, SearchSpace(**sp, recompute_layers=(20,)))
+    two = search(LLAMA70, H100, SearchSpace(**sp, recompute_layers=(20, 40)))
+    extra = [two.batch.layout(i) for i in range(len(two.est.step_time_s)) if two.batch.layout(i).recompute_layers == 40]
+    assert extra and all(lay.pp * lay.vpp < 4 for lay in extra)
+    assert len(two.est.step_time_s) == len(one.est.step_time_s) + len(extra)
