@@ -14,7 +14,7 @@ vocab, experts, topk, expert_ffn) are the row's own statement of the model, so w
 given they override the spec they name (a range, "2560-3072", counts as not given; ffn, for a
 model whose every layer is MoE, is unused). A model with no bundled spec is built from those
 columns on its family's spec: the bundled names sharing the longest prefix of words and numbers
-(gpt-oss-20b on gpt-oss-120b: its sliding windows, biases and clamp kept), else the bundled spec
+(a 64-expert gpt-oss-60b on gpt-oss-120b: its sliding windows, biases and clamp kept), else the bundled spec
 of its kind nearest in those columns (for a MoE row, among the specs without conventions its
 columns cannot state, unless it states one's exact shape: _template), else Megatron's GPT (gpt-175b).
 With no architecture columns a name that states a size takes its family's member of that size;

@@ -111,6 +111,9 @@ PUBLISHED = [
     Published("gpt-oss-120b", "total", 116.83, 2, "OpenAI gpt-oss model card, arXiv 2508.10925 Table 1"),
     Published("gpt-oss-120b", "active", 5.13, 2, "same: active parameters per token (unembedding counted, "
               "embedding not)", count="no_input_embedding"),
+    Published("gpt-oss-20b", "total", 20.91, 2, "OpenAI gpt-oss model card, arXiv 2508.10925 Table 1"),
+    Published("gpt-oss-20b", "active", 3.61, 2, "same: active parameters per token (unembedding counted, "
+              "embedding not)", count="no_input_embedding"),
     Published("gpt-1.7b", "total", 1.7, 1, _NAR, extra="position_table"),
     Published("gpt-3.6b", "total", 3.6, 1, _NAR, extra="position_table"),
     Published("gpt-7.5b", "total", 7.5, 1, _NAR, extra="position_table"),
@@ -216,7 +219,7 @@ def test_bundled_model_loads_with_its_source(name):
 
 
 HF_PAIRS = ["mixtral-8x7b", "mixtral-8x22b", "deepseek-v2", "deepseek-v3", "qwen3-30b-a3b",
-            "qwen3-235b-a22b", "llama4-scout", "llama4-maverick", "gpt-oss-120b", "qwen2-57b-a14b",
+            "qwen3-235b-a22b", "llama4-scout", "llama4-maverick", "gpt-oss-120b", "gpt-oss-20b", "qwen2-57b-a14b",
             "glm-4.5-air"]
 _ARCH_ONLY = {"name", "source", "seq_len"}
 # a config.json describes the model as pre-trained: DeepSeek-V3's with its MTP module

@@ -87,11 +87,12 @@ def test_a_tokens_per_second_row_is_priced_in_tokens(tmp_path, bundled):
 
 
 def test_a_model_without_a_bundled_spec_is_built_on_its_family(tmp_path):
-    row = {"id": "oss20", "model": "gpt-oss-20b", "layers": "24", "hidden": "2880", "heads": "64", "ffn": "",
-           "vocab": "201088", "experts": "32", "topk": "4", "expert_ffn": "2880"}
+    # a GPT-OSS of a size OpenAI did not publish (gpt-oss-20b and -120b are bundled)
+    row = {"id": "oss60", "model": "gpt-oss-60b", "layers": "36", "hidden": "2880", "heads": "64", "ffn": "",
+           "vocab": "201088", "experts": "64", "topk": "4", "expert_ffn": "2880"}
     m = row_model(tmp_path / "t.csv", row)
     big = V.row_specs({"model_spec": "gpt-oss-120b", "hardware_spec": "dgx-h100"}, {})[0]
-    assert (m.name, m.num_layers, m.moe.num_experts, m.moe.top_k) == ("gpt-oss-20b", 24, 32, 4)
+    assert (m.name, m.num_layers, m.moe.num_experts, m.moe.top_k) == ("gpt-oss-60b", 36, 64, 4)
     # the family's traits stay: sliding windows, expert biases and clamp, head_dim 64, GQA
     assert (m.sliding_window, m.moe.expert_bias, m.moe.glu_clamp, m.head_dim, m.num_kv_heads) == (
         big.sliding_window, True, big.moe.glu_clamp, 64, big.num_kv_heads)
@@ -411,8 +412,9 @@ def test_a_model_named_with_a_size_is_built_on_its_family_member_of_that_size(tm
     # no columns: the spec is the model, so its size decides (not the longest shared prefix)
     assert built_on(model("Llama 3.1 8B")) == "llama3-8b" and model("Llama 3.1 8B").total_params < 9e9
     assert model("Mixtral 8x7B").name == "mixtral-8x7b"
+    assert model("GPT-OSS 20B").name == "gpt-oss-20b"
     # a size its family has not, or no family at all: no spec, not a guess
-    for name in ("Llama 2 13B", "DeepSeek-V3 16B", "GPT-OSS 20B", "Gemma 7B", "Falcon"):
+    for name in ("Llama 2 13B", "DeepSeek-V3 16B", "GPT-OSS 60B", "Gemma 7B", "Falcon"):
         with pytest.raises(PiperError, match="model: no model spec"):
             model(name)
     # with its architecture columns, kv_heads among them, it is built on its family
