@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .cost.batch import from_layouts
 from .cost.estimate import Estimate, Routing, evaluate
+from .cost.imbalance import expert_popularity, step_imbalance
 from .cost.stages import materialise
 from .errors import SpecError
 from .layout import Layout, check_layout
@@ -60,17 +61,31 @@ def estimate_layout(model: ModelSpec, hw: HardwareSpec, layout: Layout, routing:
     return evaluate(model, hw, from_layouts([layout]), routing, headroom_gib)
 
 
-def predicted_of(est: Estimate, i: int) -> Predicted:
+def predicted_of(est: Estimate, i: int, ep_load_step: float = 1.0) -> Predicted:
     r = est.row(i)
     return Predicted(step_time_s=r["step_time_s"], tokens_per_s=r["tokens_per_s"], tflops_per_gpu=r["tflops_per_gpu"],
                      hw_tflops_per_gpu=r["hw_tflops_per_gpu"], mfu=r["mfu"], peak_memory_gib=r["peak_memory_gib"],
-                     fits=r["fits"], a2a_time_s=r["a2a_time_s"], memory_gib_per_stage=r["memory_gib_per_stage"],
+                     fits=r["fits"], a2a_time_s=r["a2a_time_s"], imbalance=max(1.0, r["imbalance"]),
+                     ep_load_step=ep_load_step, memory_gib_per_stage=r["memory_gib_per_stage"],
                      time_breakdown_s=r["time_breakdown_s"])
+
+
+def ep_load_step(model: ModelSpec, layout: Layout, routing: Routing) -> float:
+    """Expected max/mean routed rows per EP rank over one optimizer step (cost.imbalance
+    step_imbalance): a rank's rows are its DP replica's tokens, split as the estimate splits a
+    micro-batch's (over cp and tp, pooled over etp), times top-k, all micro-batches together."""
+    if model.moe is None or layout.ep <= 1:
+        return 1.0
+    p = expert_popularity(model.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
+    rows = layout.global_batch / layout.dp * layout.seq / layout.cp / layout.tp * model.moe.top_k * layout.etp
+    mig = routing.migration
+    return step_imbalance(p, layout.ep, rows, mig.planner if mig else None, mig.max_moves if mig else None)
 
 
 def build_plan(model: ModelSpec, hw: HardwareSpec, layout: Layout, est: Estimate, i: int = 0,
                routing: Routing | None = None, migration: Migration | None = None) -> Plan:
     """Plan for the i-th layout of an Estimate, with the partition the estimate assumed."""
     part = materialise(model.num_layers, layout.stages, est.chunks, i)
-    return make_plan_from(model, hw, layout, part, routing=to_plan_routing(routing or Routing()),
-                          migration=migration, predicted=predicted_of(est, i))
+    routing = routing or Routing()
+    return make_plan_from(model, hw, layout, part, routing=to_plan_routing(routing), migration=migration,
+                          predicted=predicted_of(est, i, ep_load_step(model, layout, routing)))

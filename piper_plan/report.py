@@ -177,5 +177,5 @@ def plan_tables(plan) -> list[Table]:
     t.add_row("model / hardware hash", f"{plan.model_hash} / {plan.hardware_hash}")
     out = [t]
     if plan.predicted:
-        out += estimate_tables({**plan.predicted.model_dump(), "imbalance": float("nan")}, "predicted")
+        out += estimate_tables(plan.predicted.model_dump(), "predicted")
     return out

@@ -162,6 +162,8 @@ class Reporter:
         meas = statistics.median(r["step_time_s"] for r in use)
         a2a = statistics.median(r["a2a_time_s"] for r in use)
         rss = max(r.get("peak_rss_gib", 0.0) for r in self.records)
+        loads = [v for r in use for g in r["ep_max_over_mean"].values() for v in g.values()]
+        load = statistics.median(loads) if loads else None  # every MoE layer's EP groups, every step
         p = self.plan.predicted
         pred = p.step_time_s if p else None
         p_a2a = p.a2a_time_s if p else None
@@ -172,7 +174,8 @@ class Reporter:
                        measured_over_predicted=ratio(meas, pred),
                        measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),
                        measured_peak_rss_gib=rss, predicted_peak_memory_gib=p_mem,
-                       memory_measured_over_predicted=ratio(rss, p_mem))
+                       memory_measured_over_predicted=ratio(rss, p_mem),
+                       measured_ep_max_over_mean=load, predicted_ep_max_over_mean=p.ep_load_step if p else None)
         if self.path:
             self._fh.write(json.dumps(summary) + "\n")
             self._fh.close()
@@ -187,6 +190,12 @@ class Reporter:
                                f"ratio {r_a2a}", highlight=False)
             self.console.print(f"memory: peak RSS {rss:.3f} GiB per rank (whole process), predicted peak "
                                f"{p_mem:.3f} GiB, ratio {rss / p_mem:.2f}", highlight=False)
+            if load is not None:
+                self.console.print(f"EP load: measured max/mean {load:.3f} (median over MoE layers and steps), "
+                                   f"predicted {p.ep_load_step:.3f} for {_routing_words(self.plan)}", highlight=False)
+                hint = routing_hint(self.plan, load, self.path)
+                if hint:
+                    self.console.print(hint, highlight=False)
             hint = machine_hint(self.plan, meas / pred)
             if hint:
                 self.console.print(hint, highlight=False)
@@ -194,6 +203,24 @@ class Reporter:
             self.console.print(f"step time: measured {meas * 1e3:.1f} ms; the plan has no prediction "
                                f"(plan.predicted is empty)", highlight=False)
         return summary
+
+
+def _routing_words(plan: Plan) -> str:
+    r = plan.routing
+    words = {"uniform": "uniform routing", "zipf": f"Zipf routing (s={r.zipf_s:g})",
+             "histogram": "the measured routing it was planned with"}[r.distribution]
+    return words + (f" with {plan.migration.planner} migration" if plan.migration.enabled else "")
+
+
+def routing_hint(plan: Plan, measured: float, metrics: Optional[Path], tolerance: float = 0.05) -> Optional[str]:
+    """What to run when the EP groups were measured more unevenly loaded than the plan assumed:
+    plan again with this run's per-expert loads (`--routing` reads a piper-train metrics file)."""
+    p = plan.predicted
+    if p is None or measured <= p.ep_load_step * (1 + tolerance):
+        return None
+    src = str(metrics) if metrics else "metrics.jsonl (piper-train --metrics)"
+    return (f"the EP groups ran {measured / p.ep_load_step - 1:.0%} more unevenly than planned: "
+            f"`piper-plan search ... --routing {src}` prices this run's per-expert loads")
 
 
 def machine_hint(plan: Plan, ratio: float, tolerance: float = 1.5) -> Optional[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -75,6 +76,36 @@ def test_search_then_train(tmp_path):
     assert summary["measured_over_predicted"] == pytest.approx(
         summary["measured_step_time_s"] / summary["predicted_step_time_s"])
     assert "predicted" in r.stdout and "ratio" in r.stdout
+
+
+def test_the_run_reports_its_ep_load_beside_the_plan_s(tmp_path):
+    from piper_plan.evaluate import build_plan, estimate_layout
+
+    spec, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    lay = Layout(gpus=2, dp=2, ep=2, global_batch=8, seq=32, dtype="fp32")
+    plan = tmp_path / "plan.json"
+    write_plan(build_plan(spec, hw, lay, estimate_layout(spec, hw, lay)), plan)
+    r = _run(["--plan", str(plan), "--steps", "3", "--metrics", str(tmp_path / "m.jsonl")])
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = _records(tmp_path / "m.jsonl")
+    summary, measured = recs[-1], [v for x in recs[1:-1] for g in x["ep_max_over_mean"].values() for v in g.values()]
+    assert summary["predicted_ep_max_over_mean"] > 1.0  # two ranks: some sampling noise is expected
+    # the median over the steps the step time is measured on (the second half: steps 2-3 here)
+    assert summary["measured_ep_max_over_mean"] == pytest.approx(statistics.median(measured))
+    assert "EP load: measured max/mean" in r.stdout
+
+
+def test_a_run_more_unevenly_loaded_than_planned_is_pointed_at_its_own_routing(tmp_path):
+    from piper_plan.evaluate import build_plan, estimate_layout
+    from piper_runtime.metrics import routing_hint
+
+    spec, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    lay = Layout(gpus=2, dp=2, ep=2, global_batch=8, seq=32, dtype="fp32")
+    plan = build_plan(spec, hw, lay, estimate_layout(spec, hw, lay))
+    planned = plan.predicted.ep_load_step
+    assert routing_hint(plan, planned, None) is None and routing_hint(plan, planned * 1.04, None) is None
+    hint = routing_hint(plan, planned * 1.5, tmp_path / "m.jsonl")
+    assert f"--routing {tmp_path / 'm.jsonl'}" in hint and "50% more unevenly" in hint
 
 
 def _one_line_error(result, *needles):

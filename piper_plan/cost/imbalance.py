@@ -75,3 +75,12 @@ def imbalance(p: np.ndarray, ep, rows_per_rank, planner: str | None = None, max_
     for e in sorted(set(ep.ravel().tolist())):  # np.unique would load numpy.ma on first use (~7 ms)
         place = np.where(ep == e, _placement_cached(key, int(e), planner, max_moves), place)
     return np.where(ep > 1, place * sampling_factor(ep, rows_per_rank), 1.0)
+
+
+def step_imbalance(p: np.ndarray, ep: int, rows_per_step: float, planner: str | None = None,
+                   max_moves: int | None = None) -> float:
+    """Expected max/mean of the routed rows an EP rank receives over a whole optimizer step
+    (`rows_per_step`: a rank's mean, all micro-batches): what piper-train reports as
+    ep_max_over_mean. The placement factor is the micro-batch's; sampling noise averages over
+    the step's M micro-batches, so the step's figure is nearer 1 than one micro-batch's."""
+    return float(imbalance(p, np.array([ep]), np.array([float(rows_per_step)]), planner, max_moves)[0])
