@@ -45,7 +45,7 @@ def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], ste
     return dict(rank=groups.rank, pp=groups.pp_rank, dp=groups.dp_rank, ep=groups.ep_rank, edp=groups.edp_rank,
                 losses=[float(x) for x in losses], step_s=step_s, grad_norm=grad_norm, a2a_s=a2a, aux=aux,
                 phases=phases or {},
-                peak_rss_gib=peak_rss_gib(),
+                peak_rss_gib=peak_rss_gib(), peak_device_gib=peak_device_gib(chunks),
                 chunks={c: (m.times.fwd_s, m.times.bwd_s) for c, m in chunks.items()}, moe=moe)
 
 
@@ -90,6 +90,8 @@ def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
                 phase_s=max(per_rank, key=lambda r: r["step_s"])["phases"],  # the slowest rank's
                 cpu_s_all_ranks=sum(v for r in per_rank for k, v in r["phases"].items() if k.endswith("_cpu")),
                 peak_rss_gib=max(r.get("peak_rss_gib", 0.0) for r in per_rank),
+                peak_device_gib=max((r["peak_device_gib"] for r in per_rank if r.get("peak_device_gib") is not None),
+                                    default=None),
                 stage_fwd_s=stage_fwd, stage_bwd_s=stage_bwd,
                 tokens_per_expert=tpe, ep_rank_tokens=loads, ep_max_over_mean=balance)
 
@@ -162,6 +164,9 @@ class Reporter:
         meas = statistics.median(r["step_time_s"] for r in use)
         a2a = statistics.median(r["a2a_time_s"] for r in use)
         rss = max(r.get("peak_rss_gib", 0.0) for r in self.records)
+        dev_peaks = [r["peak_device_gib"] for r in self.records if r.get("peak_device_gib") is not None]
+        device_gib = max(dev_peaks) if dev_peaks else None  # on a GPU its memory, not the host's, is planned
+        mem = device_gib if device_gib is not None else rss
         loads = [v for r in use for g in r["ep_max_over_mean"].values() for v in g.values()]
         load = statistics.median(loads) if loads else None  # every MoE layer's EP groups, every step
         p = self.plan.predicted
@@ -173,8 +178,8 @@ class Reporter:
                        measured_step_time_s=meas, predicted_step_time_s=pred,
                        measured_over_predicted=ratio(meas, pred),
                        measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),
-                       measured_peak_rss_gib=rss, predicted_peak_memory_gib=p_mem,
-                       memory_measured_over_predicted=ratio(rss, p_mem),
+                       measured_peak_rss_gib=rss, measured_peak_device_gib=device_gib, predicted_peak_memory_gib=p_mem,
+                       memory_measured_over_predicted=ratio(mem, p_mem),
                        measured_ep_max_over_mean=load, predicted_ep_max_over_mean=p.ep_load_step if p else None)
         if self.path:
             self._fh.write(json.dumps(summary) + "\n")
@@ -188,8 +193,10 @@ class Reporter:
             r_a2a = "-" if summary["a2a_measured_over_predicted"] is None else f"{summary['a2a_measured_over_predicted']:.2f}"
             self.console.print(f"all-to-all: measured {a2a * 1e3:.1f} ms/step, predicted {(p_a2a or 0) * 1e3:.1f} ms, "
                                f"ratio {r_a2a}", highlight=False)
-            self.console.print(f"memory: peak RSS {rss:.3f} GiB per rank (whole process), predicted peak "
-                               f"{p_mem:.3f} GiB, ratio {rss / p_mem:.2f}", highlight=False)
+            what = ("peak device memory {:.3f} GiB per rank (the caching allocator's, max_memory_reserved)"
+                    .format(device_gib) if device_gib is not None else f"peak RSS {rss:.3f} GiB per rank (whole process)")
+            self.console.print(f"memory: {what}, predicted peak {p_mem:.3f} GiB, ratio {mem / p_mem:.2f}",
+                               highlight=False)
             if load is not None:
                 self.console.print(f"EP load: measured max/mean {load:.3f} (median over MoE layers and steps), "
                                    f"predicted {p.ep_load_step:.3f} for {_routing_words(self.plan)}", highlight=False)
@@ -257,6 +264,15 @@ class PhaseClock:
     @property
     def total_s(self) -> float:
         return self._t - self._t0
+
+
+def peak_device_gib(chunks: dict[int, Chunk]) -> Optional[float]:
+    """Peak GPU memory the caching allocator held for this rank's device, GiB (what the plan's
+    per-rank memory is compared with on a GPU); None off CUDA."""
+    dev = next((p.device for c in chunks.values() for p in c.parameters()), None)
+    if dev is None or dev.type != "cuda":
+        return None
+    return torch.cuda.max_memory_reserved(dev) / 2**30
 
 
 def peak_rss_gib() -> float:

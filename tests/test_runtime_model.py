@@ -103,6 +103,27 @@ def test_grouped_gemm_equals_loop(gated):
     assert all(float(g[1].abs().sum()) == 0.0 for g in outs[0][2:])  # no rows for slot 1: no gradient
 
 
+def test_the_grouped_gemm_probe_can_first_run_inside_a_checkpointed_forward_or_under_no_grad():
+    from torch.utils.checkpoint import checkpoint
+
+    from piper_runtime.moe import experts as E
+
+    counts = torch.tensor([3, 5])
+    ex = GroupedExperts(2, 16, 32, gated=True)
+    with torch.no_grad():
+        for p in ex.parameters():
+            p.normal_()
+    x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    E._GROUPED_OK.clear()  # the probe runs on the first call: here, inside full recompute's checkpoint
+    y = checkpoint(lambda t: ex(t, counts), x, use_reentrant=False)
+    y.float().sum().backward()  # the recomputation saves what the forward saved (it raised before)
+    assert x.grad is not None and E._GROUPED_OK[("cpu", torch.bfloat16)]
+    E._GROUPED_OK.clear()  # an evaluation pass first: the probe still runs its backward
+    with torch.no_grad():
+        ex(x.detach(), counts)
+    assert E._GROUPED_OK[("cpu", torch.bfloat16)]
+
+
 def test_synthetic_stream_is_deterministic_per_step():
     s = SyntheticTokens(100, 12, seed=5)
     assert torch.equal(s.batch(3, 4), SyntheticTokens(100, 12, seed=5).batch(3, 4))

@@ -55,14 +55,19 @@ def _probe(device: torch.device, dt: torch.dtype) -> bool:
     e.g. CUDA kernels exist for bf16 on recent GPUs only)."""
     key = (device.type, dt)
     if key not in _GROUPED_OK:
-        try:
-            a = torch.randn(8, 16, device=device, dtype=dt, requires_grad=True)
-            b = torch.randn(2, 16, 16, device=device, dtype=dt, requires_grad=True)
-            offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
-            F.grouped_mm(a, b, offs=offs).square().sum().backward()
-            _GROUPED_OK[key] = True
-        except (RuntimeError, NotImplementedError, AttributeError):
-            _GROUPED_OK[key] = False
+        # the first call can come inside a checkpointed forward (full recompute): identity hooks
+        # keep the probe's tensors out of the checkpoint's saved set, which its recomputation,
+        # finding the answer cached, would not save again (a count mismatch at backward); and
+        # under no_grad the probe's backward would fail and wrongly cache False
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            try:
+                a = torch.randn(8, 16, device=device, dtype=dt, requires_grad=True)
+                b = torch.randn(2, 16, 16, device=device, dtype=dt, requires_grad=True)
+                offs = torch.tensor([3, 8], device=device, dtype=torch.int32)
+                F.grouped_mm(a, b, offs=offs).square().sum().backward()
+                _GROUPED_OK[key] = True
+            except (RuntimeError, NotImplementedError, AttributeError):
+                _GROUPED_OK[key] = False
     return _GROUPED_OK[key]
 
 
