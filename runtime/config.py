@@ -33,6 +33,17 @@ class TrainConfig:
     grouped_mm: Optional[bool] = None
 
 
+# the runtime's vocabulary rows (runtime/model.py): a multiple that keeps bf16 rows 16-byte aligned
+# with room for the GEMM tiles, and that every power-of-two tp up to 64 divides, so the padded
+# (logical) shape does not depend on the layout
+VOCAB_MULTIPLE = 64
+
+
+def padded_vocab(vocab_size: int) -> int:
+    """Rows of the runtime's embedding and LM head: the vocabulary rounded up to VOCAB_MULTIPLE."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
 def check_tp(plan) -> None:
     """The even splits tensor parallelism needs (runtime/tp.py), as one-line PiperErrors.
     tp is the fastest rank dimension; heads and kv heads are the planner's own rules."""
@@ -40,7 +51,7 @@ def check_tp(plan) -> None:
     tp = lay.tp
     if tp == 1:
         return
-    need = [("model.num_heads", m.num_heads), ("model.vocab_size", m.vocab_size)]
+    need = [("model.num_heads", m.num_heads), ("model.vocab_size (padded)", padded_vocab(m.vocab_size))]
     if not all(m.layer_is_moe(i) for i in range(m.num_layers)):
         need.append(("model.ffn_size", m.ffn_size))
     if m.moe is not None and m.moe.shared_experts:

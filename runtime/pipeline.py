@@ -21,6 +21,7 @@ from torch.distributed.pipelining.schedules import (
 
 from piper_plan.plan import Plan
 
+from .config import padded_vocab
 from .model import BuildCtx, Chunk, build_chunk
 
 SCHEDULE_CLASSES = {
@@ -55,7 +56,7 @@ def _stage_meta(plan: Plan, chunk: int, device):
     seq = lay.seq // lay.tp if lay.sp else lay.seq
     hid = torch.empty(lay.mbs, seq, spec.hidden_size, device=device, requires_grad=True)
     inp = torch.empty(lay.mbs, lay.seq, dtype=torch.long, device=device) if chunk == 0 else hid
-    out = (torch.empty(lay.mbs, lay.seq, spec.vocab_size // lay.tp, device=device, requires_grad=True)
+    out = (torch.empty(lay.mbs, lay.seq, padded_vocab(spec.vocab_size) // lay.tp, device=device, requires_grad=True)
            if chunk == lay.stages - 1 else hid)
     return inp, out
 

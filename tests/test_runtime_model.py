@@ -124,6 +124,23 @@ def test_the_grouped_gemm_probe_can_first_run_inside_a_checkpointed_forward_or_u
     assert E._GROUPED_OK[("cpu", torch.bfloat16)]
 
 
+def test_an_odd_vocabulary_is_padded_to_aligned_rows_that_no_target_names():
+    from piper_runtime.config import padded_vocab
+
+    spec = load_model("tiny-moe").model_copy(update={"vocab_size": 500})  # like Granite's 49,155
+    seq, rows = 16, padded_vocab(500)
+    assert rows == 512 and rows % 64 == 0
+    m = build_full(spec, BuildCtx(seq=seq, aux_coef=0.01), seed=0)
+    assert m.embed.weight.shape[0] == m.head.weight.shape[0] == rows
+    assert sum(p.numel() for p in m.parameters()) == spec.total_params + 2 * (rows - 500) * spec.hidden_size
+    x = torch.randint(0, 500, (2, seq), generator=torch.Generator().manual_seed(0))
+    y = m(x)
+    assert y.shape == (2, seq, rows) and torch.isfinite(y).all()
+    loss = torch.nn.functional.cross_entropy(y.flatten(0, 1), torch.roll(x, -1, 1).flatten())
+    loss.backward()
+    assert torch.isfinite(loss) and m.head.weight.grad[500:].abs().sum() > 0  # trained, as Megatron's are
+
+
 def test_synthetic_stream_is_deterministic_per_step():
     s = SyntheticTokens(100, 12, seed=5)
     assert torch.equal(s.batch(3, 4), SyntheticTokens(100, 12, seed=5).batch(3, 4))
@@ -198,3 +215,18 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
             assert torch.equal(p.detach(), saved[n]), n
     finally:
         dist.destroy_process_group()
+
+
+def test_tensor_parallelism_splits_the_padded_vocabulary():
+    from piper_plan.errors import PiperError
+    from piper_plan.layout import Layout
+    from piper_plan.plan import make_plan
+    from piper_plan.specs.registry import load_hardware
+    from piper_runtime.config import check_tp
+
+    hw = load_hardware("cpu-local")
+    odd = load_model("tiny-moe").model_copy(update={"vocab_size": 501})  # 512 rows: 256 a rank
+    check_tp(make_plan(odd, hw, Layout(gpus=2, tp=2, mbs=2, global_batch=2, seq=32)))
+    three = load_model("tiny-moe").model_copy(update={"num_heads": 6, "num_kv_heads": 6, "head_dim": 16})
+    with pytest.raises(PiperError, match="vocab_size"):  # 512 rows do not split three ways
+        check_tp(make_plan(three, hw, Layout(gpus=3, tp=3, mbs=3, global_batch=3, seq=33)))
