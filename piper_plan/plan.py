@@ -62,10 +62,12 @@ class Predicted(_Strict):
     peak_memory_gib: float
     fits: bool
     a2a_time_s: float = 0.0
-    imbalance: float = Field(1.0, ge=1.0, description="expected max/mean routed rows per rank of an EP group in "
-                             "one micro-batch (what the step time is priced with)")
-    ep_load_step: float = Field(1.0, ge=1.0, description="expected max/mean routed rows per rank of an EP group "
-                                "summed over one optimizer step: what piper-train measures as ep_max_over_mean")
+    # absent from plans written before they were recorded (None: not known, not 1)
+    imbalance: Optional[float] = Field(None, ge=1.0, description="expected max/mean routed rows per rank of an EP "
+                                       "group in one micro-batch (what the step time is priced with)")
+    ep_load_step: Optional[float] = Field(None, ge=1.0, description="expected max/mean routed rows per rank of an EP "
+                                          "group summed over one optimizer step: what piper-train measures as "
+                                          "ep_max_over_mean")
     memory_gib_per_stage: list[dict] = Field(default_factory=list)
     time_breakdown_s: dict[str, float] = Field(default_factory=dict)
 

@@ -105,7 +105,7 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
     for k, fmt in [("step_time_s", "{:.4g} s"), ("tokens_per_s", "{:,.0f}"), ("tflops_per_gpu", "{:.1f}"),
                    ("hw_tflops_per_gpu", "{:.1f}"), ("mfu", "{:.1%}"), ("peak_memory_gib", "{:.2f} GiB"),
                    ("imbalance", "{:.3f}"), ("fits", "{}")]:
-        s.add_row(k, fmt.format(row[k]))
+        s.add_row(k, "-" if row.get(k) is None else fmt.format(row[k]))  # a plan written before the field
     tt = Table(title="time per step")
     tt.add_column("component")
     tt.add_column("seconds", justify="right")

@@ -198,8 +198,10 @@ class Reporter:
             self.console.print(f"memory: {what}, predicted peak {p_mem:.3f} GiB, ratio {mem / p_mem:.2f}",
                                highlight=False)
             if load is not None:
+                planned = ("the plan records none" if p.ep_load_step is None
+                           else f"predicted {p.ep_load_step:.3f} for {_routing_words(self.plan)}")
                 self.console.print(f"EP load: measured max/mean {load:.3f} (median over MoE layers and steps), "
-                                   f"predicted {p.ep_load_step:.3f} for {_routing_words(self.plan)}", highlight=False)
+                                   f"{planned}", highlight=False)
                 hint = routing_hint(self.plan, load, self.path)
                 if hint:
                     self.console.print(hint, highlight=False)
@@ -223,7 +225,7 @@ def routing_hint(plan: Plan, measured: float, metrics: Optional[Path], tolerance
     """What to run when the EP groups were measured more unevenly loaded than the plan assumed:
     plan again with this run's per-expert loads (`--routing` reads a piper-train metrics file)."""
     p = plan.predicted
-    if p is None or measured <= p.ep_load_step * (1 + tolerance):
+    if p is None or p.ep_load_step is None or measured <= p.ep_load_step * (1 + tolerance):
         return None
     src = str(metrics) if metrics else "metrics.jsonl (piper-train --metrics)"
     return (f"the EP groups ran {measured / p.ep_load_step - 1:.0%} more unevenly than planned: "

@@ -56,3 +56,17 @@ def test_show_prints_the_plan_s_load_not_nan(tmp_path):
     shown = CliRunner().invoke(main, ["show", str(out)]).output
     assert "nan" not in shown
     assert f"{read_plan(out).predicted.imbalance:.3f}" in shown
+
+
+def test_a_plan_written_before_the_load_was_recorded_shows_it_as_unknown(tmp_path):
+    import json
+
+    plan, _ = _plan()
+    doc = json.loads(plan.model_dump_json())
+    for k in ("imbalance", "ep_load_step"):
+        del doc["predicted"][k]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(doc))
+    assert read_plan(old).predicted.ep_load_step is None
+    shown = CliRunner().invoke(main, ["show", str(old)]).output
+    assert "imbalance" in shown and "nan" not in shown and "1.000" not in shown.split("imbalance")[1].split("\n")[0]
