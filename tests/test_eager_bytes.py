@@ -25,3 +25,12 @@ def test_eager_modules_move_more_than_the_fused_passes_and_in_proportion_to_the_
     assert long["ops"] == short["ops"]
     assert long["bytes"]["elementwise"] == pytest.approx(2 * short["bytes"]["elementwise"], rel=0.02)
     assert long["bytes"]["weight_casts"] == short["bytes"]["weight_casts"]
+
+
+def test_a_moe_block_s_grouped_gemms_are_not_counted_as_elementwise_and_its_routed_rows_are():
+    b = _bench()
+    one, two = b.count_block("tiny-moe", 64, moe=True), b.count_block("tiny-moe", 64, moe=True, mbs=2)
+    assert one["ops"]["gemm_attention"] >= 3  # the experts' grouped GEMMs among them, forward and backward
+    # twice the micro-batch: about twice the traffic (the CPU path pads each expert's rows to a
+    # multiple, so small blocks grow a little faster than their tokens)
+    assert 1.8 < two["bytes"]["elementwise"] / one["bytes"]["elementwise"] < 2.5
