@@ -4,6 +4,7 @@ planner prices for a fused stack's elementwise passes (compute.attention_phase /
     python benchmarks/eager_bytes.py [--model llama3-8b] [--seq 512]
     python benchmarks/eager_bytes.py --moe --model tests/data/hf/granite-3.0-3b-a800m-instruct.json \
         --seq 2048 --mbs 4 --hardware dgx-h200
+    python benchmarks/eager_bytes.py --solve    # cost/eager.py's bytes per element, re-derived
 
 With --moe the block is the model's first MoE layer (router, dispatch, grouped experts,
 combine) and the bytes are printed with the time they take at a hardware spec's HBM rate
@@ -17,7 +18,8 @@ planner prices them as such), views move nothing, and the weight casts to bf16 a
 gradient accumulation are reported apart (the planner prices those, estimate._weight_casts).
 The ratio printed is eager elementwise bytes / the planner's fused elementwise bytes for the same
 layer: what the eager modules cost on a GPU beyond the priced passes, where HBM bandwidth bounds
-them. Measured, not priced: the planner adds none of it for GPU specs (validation/README.md).
+them. The planner prices it on GPU specs through cost/eager.py, whose bytes per element
+`--solve` derives from these counts.
 It is CPU dispatch: a composite op torch runs as several kernels here (rms_norm: pow, mean,
 rsqrt, mul) may be one fused kernel on a GPU, so on a GPU the eager excess is at most this."""
 from __future__ import annotations
@@ -36,20 +38,24 @@ GEMMS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_scaled_dot_produ
          "_scaled_dot_product_cudnn_attention_backward"}
 
 
-def count_block(spec_name: str, seq: int, moe: bool = False, mbs: int = 1) -> dict:
+def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str = "bf16") -> dict:
+    """Bytes and ops of one block's forward + backward by kind (elementwise, weight_casts,
+    gemm_attention), and of the forward alone (`forward_bytes`); `spec_name` a bundled name or
+    a ModelSpec, `dtype` piper-train's compute dtype (bf16: autocast over fp32 weights)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
     from piper_plan.specs import load_model
+    from piper_plan.specs.model import ModelSpec
     from piper_runtime.model import Block, BuildCtx
 
-    spec = load_model(spec_name)
+    spec = spec_name if isinstance(spec_name, ModelSpec) else load_model(spec_name)
     layer = next((i for i in range(spec.num_layers) if spec.layer_is_moe(i) == moe), None)
     if layer is None:
         raise SystemExit(f"{spec_name}: no {'MoE' if moe else 'dense'} layer to count")
     torch.manual_seed(0)
-    blk = Block(spec, layer, BuildCtx(seq=seq, dtype="bf16"))
+    blk = Block(spec, layer, BuildCtx(seq=seq, dtype=dtype))
     if moe:  # routed rows depend on the weights: draw them as training starts, not as allocated
         with torch.no_grad():
             for p in blk.parameters():
@@ -81,11 +87,12 @@ def count_block(spec_name: str, seq: int, moe: bool = False, mbs: int = 1) -> di
             return out
 
     mode = Count()
-    with mode, torch.autocast("cpu", dtype=torch.bfloat16):
+    with mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
         y = blk(x)
+    forward = dict(mode.bytes)
     with mode:
         y.float().sum().backward()
-    return {"spec": spec, "bytes": dict(mode.bytes), "ops": dict(mode.ops)}
+    return {"spec": spec, "bytes": dict(mode.bytes), "ops": dict(mode.ops), "forward_bytes": forward}
 
 
 def priced_fused(spec, seq: int) -> float:
@@ -102,6 +109,52 @@ def priced_fused(spec, seq: int) -> float:
     return 3.0 * t * eb * (attn + ffn)
 
 
+# the shapes cost/eager.py's bytes per element were solved on: (d, heads, kv heads, tokens) x
+# (three dense FFN widths | five expert layouts (E, k, f)); token counts avoid every weight
+# dimension, so no activation is taken for a weight cast by its shape
+SOLVE_ATTN = [(64, 4, 4, 136), (128, 8, 2, 136), (64, 4, 2, 264), (128, 4, 4, 264), (96, 6, 3, 200),
+              (160, 8, 8, 72), (64, 2, 2, 328), (192, 12, 4, 104)]
+
+
+def solve(dtype: str) -> dict:
+    """cost/eager.py's coefficients for `dtype`: piper-train's block counted at the SOLVE_ATTN
+    shapes, bytes per element by scipy's nnls, forward and backward, with the largest relative
+    miss."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from piper_plan.specs.model import ModelSpec
+
+    out = {}
+    for moe in (False, True):
+        X, Y = [], {"f": [], "b": []}
+        for d, h, kv, t in SOLVE_ATTN:
+            layers = ([dict(moe=dict(num_experts=E, top_k=k, expert_ffn_size=f, router="softmax"), ffn_size=0)
+                       for E, k, f in ((8, 2, 2 * d), (16, 4, d), (12, 3, 64), (32, 8, 48), (6, 1, 160))]
+                      if moe else [dict(ffn_size=w) for w in (2 * d, 5 * d, 96)])
+            for extra in layers:
+                spec = ModelSpec(name="solve", num_layers=1, hidden_size=d, num_heads=h, num_kv_heads=kv,
+                                 vocab_size=256, seq_len=t, **extra)
+                r = count_block(spec, t, moe=moe, dtype=dtype)
+                fwd = r["forward_bytes"].get("elementwise", 0)
+                Y["f"].append(fwd)
+                Y["b"].append(r["bytes"]["elementwise"] - fwd)
+                row = [t * d, t * kv * (d // h), t]
+                if moe:
+                    rows, mo = t * spec.moe.top_k, spec.moe
+                    row += [rows * d, rows * mo.expert_ffn_size, t * mo.num_experts, rows]
+                else:
+                    row += [t * spec.ffn_size]
+                X.append(row)
+        A = np.array(X, float)
+        for ph in ("f", "b"):
+            y = np.array(Y[ph], float)
+            c, _ = nnls(A, y)
+            out[("moe" if moe else "dense", ph)] = (np.round(c, 2).tolist(),
+                                                     float(np.max(np.abs(A @ c / y - 1))))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="llama3-8b")
@@ -109,7 +162,13 @@ def main() -> None:
     ap.add_argument("--mbs", type=int, default=1, help="sequences in the micro-batch")
     ap.add_argument("--moe", action="store_true", help="count the first MoE block instead of a dense one")
     ap.add_argument("--hardware", default="dgx-h200", help="spec whose HBM rate prices the MoE block's bytes")
+    ap.add_argument("--solve", action="store_true", help="re-derive cost/eager.py's bytes per element")
     a = ap.parse_args()
+    if a.solve:
+        for dt in ("bf16", "fp32"):
+            for (kind, ph), (c, miss) in solve(dt).items():
+                print(f"{dt} {kind:5s} {'forward' if ph == 'f' else 'backward':8s} {c}  (largest miss {miss:.1%})")
+        return
     r = count_block(a.model, a.seq, a.moe, a.mbs)
     b, ops = r["bytes"], r["ops"]
     print(f"{a.model}, one {'MoE' if a.moe else 'dense'} block, {a.mbs} x {a.seq} tokens, bf16 autocast over "

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
+from . import eager as eager_traffic
 from .activations import expected_pad
 from .batch import EXPERT_GEMM_STREAMS, LayoutBatch, per_expert_launch, recomputes
 from .kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
@@ -124,6 +125,11 @@ def _sum(phases: list[Phase]) -> Phase:
     for p in phases[1:]:
         out = out + p
     return out
+
+
+def _pick(mask, a: Phase, b: Phase) -> Phase:
+    """a where mask (per layout), else b."""
+    return Phase._of(np.where(np.asarray(mask)[None, :], a.v, b.v))
 
 
 def _elementwise(hw, nbytes, kernels) -> Phase:
@@ -232,6 +238,9 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     rope = 0.0 if m.mla is not None else 2.0 * (m.num_heads + m.kv_heads) * m.hd
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + rope / tp
     ew = _elementwise(hw, t * elems * eb, 4) + _unfused_rope(m, hw, lay, t * eb / tp)
+    eager = eager_traffic.applies(hw, lay)
+    if eager.any():  # piper-train's eager ops on a GPU: the whole block's token-level traffic here
+        ew = _pick(eager, Phase(*eager_traffic.token_phase(m, hw, lay), 0.0, 0.0), ew)
     # recompute: full re-runs the whole forward; selective what Layout.recompute_modules lists
     total = ph + core + ew
     norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-attention norm: read and write d
@@ -283,7 +292,11 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     sp_div = np.where(lay.sp, tp, 1.0)
     act = (3.0 if m.ffn_gated else 2.0) * f / tp
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + act
-    total = ph + _elementwise(hw, t * elems * eb, 4)
+    ew = _elementwise(hw, t * elems * eb, 4)
+    eager = eager_traffic.applies(hw, lay)
+    if eager.any():  # the norm and residual are in attention_phase's token-level count
+        ew = _pick(eager, Phase(*eager_traffic.ffn_phase(m, hw, lay, f / tp), 0.0, 0.0), ew)
+    total = ph + ew
     norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-MLP norm
     act_fc2 = stream_time(hw, t * act * eb, 1) + lin[1].f  # X-MoE's --checkpoint-intermediate
     mlp = recomputes(lay, "mlp")
@@ -331,7 +344,11 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
     extra, clamp_f = _expert_extras(m, hw, lay, rows + local * pad, eb)
-    total = ph + _elementwise(hw, elems * eb, 8) + extra + _dglu_dbias(m, hw, lay, m_e, local, dtype)
+    ew = _elementwise(hw, elems * eb, 8)
+    eager = eager_traffic.applies(hw, lay)
+    if eager.any():  # router, dispatch, expert activations and combine (norm, residual: attention_phase)
+        ew = _pick(eager, Phase(*eager_traffic.moe_phase(m, hw, lay, rows * etp + local * pad, fw), 0.0, 0.0), ew)
+    total = ph + ew + extra + _dglu_dbias(m, hw, lay, m_e, local, dtype)
     norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
     act_f = stream_time(hw, act * eb, 1) + clamp_f  # what moe_act recompute re-runs
     whole, fc2 = recomputes(lay, "moe"), recomputes(lay, "act_fc2")  # act_fc2: X-MoE's --checkpoint-intermediate

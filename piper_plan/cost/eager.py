@@ -1,0 +1,95 @@
+"""What piper-train's eager modules move through memory outside their GEMMs and attention, on a
+GPU: bytes and kernels per block pass, priced at the device's stream rate.
+
+A fused stack's norm, activation, RoPE, permutation and combine are a few kernels each
+(compute.attention_phase / ffn_phase / moe_phase price those passes). piper-train
+(Layout.fused_kernels false) runs them as PyTorch ops under bf16 autocast over fp32 weights:
+the RMSNorm in fp32 (pow, mean, rsqrt, two products), the casts autocast inserts, SwiGLU as
+three ops, the router's fp32 softmax and top-k, the dispatch's index_select and cast, and the
+combine's fp32 product and index_add over the routed rows, with their backward ops.
+
+The counts are piper-train's own: every aten op of one block's forward and backward, counted
+by a TorchDispatchMode (benchmarks/eager_bytes.py's method; the op sequence autograd dispatches
+is the same on a GPU), at 16 shapes per block kind and dtype (d 64-192, GQA and MHA, t 72-328,
+dense FFN 96-5d, 1-8 of 6-32 experts, expert widths 48-384); the bytes are linear in the
+tensors' element counts, and scipy's nnls on those counts gives the bytes per element below,
+within 2 % of every count solved on; at held-out shapes (tests/test_eager_traffic.py recounts
+them) within 3 % in bf16 and 8 % in fp32 (a MoE forward). Ops per block pass were the same at
+every shape (MoE forward: 60-68, by the router's top-k path).
+
+Where it applies: unfused layouts on a spec without a calibrated per-block overhead
+(efficiency.layer_overhead_us): calibrate fits that overhead on CPUs, where the host is the
+device and the eager cost is the host's; on a GPU spec the bytes are HBM traffic. One lent
+H200 ran Granite-3.0-3B-A800M's MoE block at 4 x 2,048 tokens: 14.4 GiB counted, 4.1 ms at the
+dgx-h200 stream rate, of about 6 ms the profile's eager kernels took (README)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from .batch import LayoutBatch
+from .kernels import stream_time
+
+# bytes per element, forward and backward, of one block pass's eager traffic, by dtype:
+# the block's token-level part (both norms and residuals, the attention's projections'
+# surroundings and RoPE) on t·d, t·kv_heads·head_dim and t; a dense FFN's on t·ffn;
+# a MoE layer's on its routed rows r = t·k: r·d, r·f, t·E, r (the MoE block's t·d and t
+# coefficients differ from the dense block's by under 5 %: the token-level part is shared)
+TOKEN = {"bf16": {"f": (125.54, 22.23, 471.56), "b": (329.16, 33.65, 237.01)},
+         "fp32": {"f": (122.05, 39.38, 386.30), "b": (318.14, 67.35, 407.55)}}
+FFN = {"bf16": {"f": 10.0, "b": 18.0}, "fp32": {"f": 20.0, "b": 36.0}}
+MOE = {"bf16": {"f": (32.01, 10.0, 11.92, 162.52), "b": (52.0, 18.0, 24.0, 68.0)},
+       "fp32": {"f": (20.01, 20.0, 11.48, 163.91), "b": (48.0, 36.0, 24.0, 68.0)}}
+# ops (kernels) per pass: the dense block's to the token-level part, the MoE block's excess to it
+OPS = {"bf16": {"token": (40, 67), "moe": (28, 11)}, "fp32": {"token": (31, 60), "moe": (28, 12)}}
+
+
+def applies(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
+    """Layouts whose eager traffic is priced here: unfused modules on a spec with no calibrated
+    per-block overhead (which holds that cost where it was measured)."""
+    return lay.unfused.astype(bool) & (not hw.efficiency.layer_overhead_us)
+
+
+def _dt(lay: LayoutBatch) -> np.ndarray:
+    return np.where(lay.act_bytes == 2, 0, 1)  # index into (bf16, fp32)
+
+
+def _coef(table: dict, lay: LayoutBatch, phase: str, i: int | None = None) -> np.ndarray:
+    vals = [table[d][phase] if i is None else table[d][phase][i] for d in ("bf16", "fp32")]
+    return np.choose(_dt(lay), vals)
+
+
+def token_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch):
+    """(forward, backward) seconds of a block pass's token-level eager traffic per rank: t/tp
+    tokens' share (sequence-parallel shards and the heads each tp rank holds)."""
+    t = lay.tokens / lay.tp
+    kvd = m.kv_heads * m.hd
+    out = []
+    for ph, j in (("f", 0), ("b", 1)):
+        nbytes = (_coef(TOKEN, lay, ph, 0) * t * m.hidden_size + _coef(TOKEN, lay, ph, 1) * t * kvd
+                  + _coef(TOKEN, lay, ph, 2) * t)
+        ops = np.choose(_dt(lay), [OPS[d]["token"][j] for d in ("bf16", "fp32")])
+        out.append(stream_time(hw, nbytes, ops))
+    return tuple(out)
+
+
+def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, width):
+    """(forward, backward) seconds of a dense FFN's eager activation traffic, `width` its
+    per-rank hidden width (gated or not: the count is SwiGLU's)."""
+    t = lay.tokens
+    return tuple(stream_time(hw, _coef(FFN, lay, ph) * t * width, 0) for ph in ("f", "b"))
+
+
+def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, rows, width):
+    """(forward, backward) seconds of a MoE layer's eager routing traffic on the straggler
+    rank: `rows` its routed rows, `width` the expert width it computes."""
+    t = lay.tokens / lay.tp
+    E = m.moe.num_experts
+    out = []
+    for ph, j in (("f", 0), ("b", 1)):
+        nbytes = (_coef(MOE, lay, ph, 0) * rows * m.hidden_size + _coef(MOE, lay, ph, 1) * rows * width
+                  + _coef(MOE, lay, ph, 2) * t * E + _coef(MOE, lay, ph, 3) * rows)
+        ops = np.choose(_dt(lay), [OPS[d]["moe"][j] for d in ("bf16", "fp32")])
+        out.append(stream_time(hw, nbytes, ops))
+    return tuple(out)
