@@ -229,9 +229,17 @@ def _modules(text: str, option: str) -> tuple[str, ...]:
 
 
 def _warn_histogram(model, routing, source: str) -> None:
-    """Say so where a measured histogram has another count of MoE layers than the model: it is then a
-    routing shape borrowed from another run (averaged over its layers), not this model's own."""
+    """Say so where a measured histogram is not this model's own: the run's summary names another
+    model spec, or it has another count of MoE layers (a routing shape borrowed from another run,
+    averaged over its layers)."""
+    from .cost.migration import metrics_model
+    from .plan import spec_hash
+
     h = routing.histogram
+    ran = metrics_model(source) if h is not None else None
+    if ran is not None and ran[1] != spec_hash(model):
+        click.echo(f"warning: {source}: model_hash: the run trained {ran[0] or 'another spec'} "
+                   f"({ran[1]}), not this {model.name} ({spec_hash(model)}); its routing is another model's", err=True)
     if h is not None and model.moe is not None and len(h) != model.num_moe_layers and \
             len(h[0]) == model.moe.num_experts:  # (another expert count is an error, raised where it is priced)
         click.echo(f"warning: {source}: tokens_per_expert: {len(h)} MoE layer(s) measured, {model.name} has "

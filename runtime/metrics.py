@@ -174,7 +174,8 @@ class Reporter:
         p_a2a = p.a2a_time_s if p else None
         p_mem = p.peak_memory_gib if p else None
         ratio = lambda a, b: (a / b if b else None)  # noqa: E731
-        summary = dict(summary=True, steps=len(times), measured_steps=[first + 1, len(times)],
+        summary = dict(summary=True, model=self.plan.model.name, model_hash=self.plan.model_hash,
+                       steps=len(times), measured_steps=[first + 1, len(times)],
                        measured_step_time_s=meas, predicted_step_time_s=pred,
                        measured_over_predicted=ratio(meas, pred),
                        measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),

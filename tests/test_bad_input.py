@@ -365,6 +365,22 @@ def test_a_histogram_from_a_model_with_other_layers_is_said(tmp_path):
     assert code == 0 and "1 MoE layer(s) measured, tiny-moe has 3" in out, out
 
 
+def test_a_histogram_from_another_model_of_the_same_shape_is_said(tmp_path):
+    from piper_plan.plan import spec_hash
+    from piper_plan.specs import load_model
+
+    tiny = load_model("tiny-moe")
+    loads = {str(i): list(range(1, 9)) for i in range(tiny.num_moe_layers)}  # tiny-moe's own shape
+    other, own = tmp_path / "other.jsonl", tmp_path / "own.jsonl"
+    for path, name, h in ((other, "tiny-moe-wider", "0123456789abcdef"), (own, "tiny-moe", spec_hash(tiny))):
+        path.write_text(json.dumps({"step": 0, "tokens_per_expert": loads}) + "\n"
+                        + json.dumps({"summary": True, "model": name, "model_hash": h}) + "\n")
+    code, out, _ = _run([*EST, "--ep", "4", "--routing", str(other)])
+    assert code == 0 and "the run trained tiny-moe-wider" in out and "another model's" in out, out
+    code, out, _ = _run([*EST, "--ep", "4", "--routing", str(own)])
+    assert code == 0 and "warning" not in out, out
+
+
 def test_plain_zipf_means_s_1():
     code, out, _ = _run([*EST, "--ep", "4", "--routing", "zipf", "--json"])
     assert code == 0 and json.loads(out[out.index("{"):])["imbalance"] > 1.0, out

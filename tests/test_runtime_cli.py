@@ -93,6 +93,14 @@ def test_the_run_reports_its_ep_load_beside_the_plan_s(tmp_path):
     # the median over the steps the step time is measured on (the second half: steps 2-3 here)
     assert summary["measured_ep_max_over_mean"] == pytest.approx(statistics.median(measured))
     assert "EP load: measured max/mean" in r.stdout
+    # the summary names the model it trained, so planning this model with its loads says nothing
+    assert (summary["model"], summary["model_hash"]) == ("tiny-moe", json.loads(plan.read_text())["model_hash"])
+    from piper_plan.cli import main as plan_cli
+
+    again = CliRunner().invoke(plan_cli, ["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "2", "--dp", "2",
+                                          "--ep", "2", "--global-batch", "8", "--seq", "32",
+                                          "--routing", str(tmp_path / "m.jsonl")])
+    assert again.exit_code == 0 and "warning" not in again.output, again.output
 
 
 def test_a_run_more_unevenly_loaded_than_planned_is_pointed_at_its_own_routing(tmp_path):

@@ -128,6 +128,19 @@ def predict_moe_layer_time(model: ModelSpec, hw: HardwareSpec, layout, imb: floa
     return float((ph.f + ph.b + ph.w)[0])
 
 
+def metrics_model(path: str | Path) -> Optional[tuple[str, str]]:
+    """(model name, model_hash) a piper-train metrics JSONL's summary record names, or None
+    (a run that did not finish, or one from before the summary carried them)."""
+    for line in reversed(read_text(path).splitlines()):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("summary") and rec.get("model_hash"):
+            return str(rec.get("model", "")), str(rec["model_hash"])
+    return None
+
+
 def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.ndarray:
     """Routed tokens per expert [MoE layers, E] summed over the steps of a piper-train
     metrics JSONL (`tokens_per_expert`: {layer: [E counts]} per step record)."""
