@@ -89,3 +89,20 @@ def test_the_bytes_per_element_are_what_the_benchmark_solves_for_today_s_runtime
         assert dense[:3] == pytest.approx(eager.TOKEN["bf16"][ph], rel=0.01)
         assert dense[3] == pytest.approx(eager.FFN["bf16"][ph], rel=0.01)
         assert moe[3:] == pytest.approx(eager.MOE["bf16"][ph], rel=0.01, abs=0.5)
+
+
+def test_a_shared_expert_s_activation_is_priced_beside_the_routed_ones():
+    from piper_plan.cost.compute import moe_phase
+
+    m = load_model("deepseek-v2")  # two shared experts
+    plain = m.model_copy(update={"moe": m.moe.model_copy(update={"shared_experts": 0})})
+    lay = from_layouts([Layout(gpus=64, pp=4, dp=16, ep=16, mbs=1, global_batch=64, seq=4096, fused_kernels=f)
+                        for f in (False, True)])
+
+    def fb(spec):  # forward + backward seconds of the MoE block, unfused and fused
+        ph = moe_phase(spec, H200, lay, "bf16", 1.0)
+        return ph.f + ph.b
+    shared = fb(m) - fb(plain)  # what the shared experts add: GEMMs in both, eager traffic unfused only
+    width = m.moe.shared_experts * m.moe.shared_ffn
+    f, b = eager.ffn_phase(m, H200, lay, width)
+    assert shared[0] - shared[1] == pytest.approx(f[0] + b[0], rel=1e-6)

@@ -347,7 +347,10 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     ew = _elementwise(hw, elems * eb, 8)
     eager = eager_traffic.applies(hw, lay)
     if eager.any():  # router, dispatch, expert activations and combine (norm, residual: attention_phase)
-        ew = _pick(eager, Phase(*eager_traffic.moe_phase(m, hw, lay, rows * etp + local * pad, fw), 0.0, 0.0), ew)
+        eg = Phase(*eager_traffic.moe_phase(m, hw, lay, rows * etp + local * pad, fw), 0.0, 0.0)
+        if mo.shared_experts:  # the shared experts' activation, as a dense FFN of their width
+            eg = eg + Phase(*eager_traffic.ffn_phase(m, hw, lay, mo.shared_experts * mo.shared_ffn / lay.tp), 0.0, 0.0)
+        ew = _pick(eager, eg, ew)
     total = ph + ew + extra + _dglu_dbias(m, hw, lay, m_e, local, dtype)
     norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
     act_f = stream_time(hw, act * eb, 1) + clamp_f  # what moe_act recompute re-runs
