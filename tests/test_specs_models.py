@@ -143,6 +143,10 @@ PUBLISHED = [
     *_GLM,
     Published("dots.llm1.base.json", "total", 142, 0, "model card rednote-hilab/dots.llm1.base; arXiv 2506.05767"),
     Published("dots.llm1.base.json", "active", 14, 0, "same: 14B activated"),
+    # computed 21.83B: the card's "21B" is truncated (no convention gives 20.5-21.5B)
+    Published("ernie-4.5-21b-a3b.json", "total", 21, 0, "model card baidu/ERNIE-4.5-21B-A3B-PT: 21B total",
+              printed="truncate"),
+    Published("ernie-4.5-21b-a3b.json", "active", 3, 0, "same: 3B activated per token"),
     Published("olmoe-1b-7b-0924.json", "total", 7, 0, "model card allenai/OLMoE-1B-7B-0924 @c1b31da: '7B total'"),
     Published("olmoe-1b-7b-0924.json", "active", 1, 0, "same: '1B active'"),
     Published("granite-3.0-3b-a800m-instruct.json", "total", 3.3, 1, "model card ibm-granite/granite-3.0-3b-a800m"),
@@ -415,3 +419,19 @@ def test_gpt_oss_import_carries_its_expert_biases_and_clamp():
     q = load_model("qwen3-30b-a3b")
     assert not q.moe.expert_bias and q.moe.glu_clamp is None
     assert "expert_bias" not in q.model_dump()["moe"]
+
+
+def test_ernie_4_5_routes_from_its_start_index_to_its_end_index_every_interval():
+    cfg = json.loads((HF / "ernie-4.5-21b-a3b.json").read_text())
+    m = load_model(str(HF / "ernie-4.5-21b-a3b.json"))
+    # layer 0 a dense MLP of intermediate_size, layers 1-27 MoE (end -1: the last layer)
+    assert m.moe_layer_mask == (False,) + (True,) * 27 and m.ffn_size == 12288
+    # the shared experts are one MLP of moe_intermediate_size x moe_num_shared_experts
+    assert m.moe.shared_experts * m.moe.shared_ffn == 2 * 1536 and m.tied_embeddings
+    every_other = model_from_hf_config({**cfg, "moe_layer_interval": 2}, "t")
+    assert every_other.moe_layer_mask == tuple((i + 1) % 2 == 0 for i in range(28))
+    # trailing dense layers have no form in the spec: said, not priced as something else
+    with pytest.raises(SpecError, match="moe_layer_start_index"):
+        model_from_hf_config({**cfg, "moe_layer_end_index": 25}, "t")
+    with pytest.raises(SpecError, match="moe_layer_end_index"):
+        model_from_hf_config({**cfg, "moe_layer_end_index": 28}, "t")

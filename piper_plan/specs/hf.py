@@ -384,6 +384,34 @@ def _minimax_m2(c: _Cfg) -> dict:
     return out
 
 
+def _ernie4_5_moe(c: _Cfg) -> dict:
+    # transformers Ernie4_5_MoeDecoderLayer: layer i is MoE when (i + 1) % moe_layer_interval == 0
+    # and moe_layer_start_index <= i <= moe_layer_end_index (-1: the last layer, as its config
+    # resolves it), else a dense MLP of intermediate_size; the router a softmax whose top-k is
+    # chosen on the probabilities plus e_score_correction_bias; the shared experts one MLP of
+    # moe_intermediate_size x moe_num_shared_experts; tied embeddings unless the config unties
+    # them. MTP modules (num_nextn_predict_layers) as DeepSeek's (_with_mtp): transformers does
+    # not build them, the released PT checkpoints carry them. Not modelled: use_bias (false in
+    # the releases), the interleaved (GLM-style) RoPE pairing (no cost of its own).
+    out = _base(c)
+    n = out["num_layers"]
+    start = c.get("moe_layer_start_index", default=1, min_value=0)
+    end = c.data.get("moe_layer_end_index", -1)
+    if not isinstance(end, int) or isinstance(end, bool) or end < -1 or end >= n:
+        raise c._err("moe_layer_end_index", f"expected -1 or a layer index 0..{n - 1}, got {_short(end)}")
+    end = n - 1 if end == -1 else end
+    interval = c.get("moe_layer_interval", default=1)
+    mask = [(i + 1) % interval == 0 and start <= i <= end for i in range(n)]
+    dense, every = _fit_layer_pattern(mask, c, "moe_layer_start_index")
+    shared = c.get("moe_num_shared_experts", default=0, min_value=0)
+    width = c.get("moe_intermediate_size")
+    extra = dict(shared_experts=1, shared_expert_ffn_size=width * shared) if shared else {}
+    moe = _moe_block(c, c.get("moe_num_experts"), c.get("moe_k"), width, every, router="softmax", **extra)
+    out = _with_layers(out, moe, dense, c, "intermediate_size")
+    out["tied_embeddings"] = _tied(c, True)
+    return _with_mtp(c, out)
+
+
 _FAMILIES: dict[str, Callable[[_Cfg], dict]] = {
     "mixtral": _mixtral,
     "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
@@ -392,7 +420,7 @@ _FAMILIES: dict[str, Callable[[_Cfg], dict]] = {
     "gpt_oss": _gpt_oss,
     "llama4": _llama4, "llama4_text": _llama4,
     "glm4_moe": _glm4_moe, "dots1": _dots1, "olmoe": _olmoe, "granitemoe": _granitemoe,
-    "granitemoeshared": _granitemoe, "minimax_m2": _minimax_m2,
+    "granitemoeshared": _granitemoe, "minimax_m2": _minimax_m2, "ernie4_5_moe": _ernie4_5_moe,
 }
 _ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
@@ -404,7 +432,7 @@ _ARCHITECTURES = {
     "Llama4ForConditionalGeneration": "llama4", "Llama4ForCausalLM": "llama4_text",
     "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1", "OlmoeForCausalLM": "olmoe",
     "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
-    "MiniMaxM2ForCausalLM": "minimax_m2",
+    "MiniMaxM2ForCausalLM": "minimax_m2", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 }
 
 
