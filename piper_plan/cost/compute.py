@@ -127,9 +127,14 @@ def _sum(phases: list[Phase]) -> Phase:
     return out
 
 
-def _pick(mask, a: Phase, b: Phase) -> Phase:
-    """a where mask (per layout), else b."""
-    return Phase._of(np.where(np.asarray(mask)[None, :], a.v, b.v))
+def _eager_or(hw: HardwareSpec, lay: LayoutBatch, ew: Phase, eager_fb) -> Phase:
+    """`ew` (the fused stack's elementwise passes), or where piper-train's eager traffic is
+    priced (cost/eager.py applies) the (forward, backward) seconds `eager_fb()` returns."""
+    on = eager_traffic.applies(hw, lay)
+    if not on.any():
+        return ew
+    f, b = eager_fb()
+    return Phase._of(np.where(on[None, :], Phase(f, b, 0.0, 0.0).v, ew.v))
 
 
 def _elementwise(hw, nbytes, kernels) -> Phase:
@@ -238,9 +243,8 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     rope = 0.0 if m.mla is not None else 2.0 * (m.num_heads + m.kv_heads) * m.hd
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + rope / tp
     ew = _elementwise(hw, t * elems * eb, 4) + _unfused_rope(m, hw, lay, t * eb / tp)
-    eager = eager_traffic.applies(hw, lay)
-    if eager.any():  # piper-train's eager ops on a GPU: the whole block's token-level traffic here
-        ew = _pick(eager, Phase(*eager_traffic.token_phase(m, hw, lay), 0.0, 0.0), ew)
+    # piper-train's eager ops on a GPU: the whole block's token-level traffic priced here
+    ew = _eager_or(hw, lay, ew, lambda: eager_traffic.token_phase(m, hw, lay))
     # recompute: full re-runs the whole forward; selective what Layout.recompute_modules lists
     total = ph + core + ew
     norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-attention norm: read and write d
@@ -293,9 +297,8 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     act = (3.0 if m.ffn_gated else 2.0) * f / tp
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + act
     ew = _elementwise(hw, t * elems * eb, 4)
-    eager = eager_traffic.applies(hw, lay)
-    if eager.any():  # the norm and residual are in attention_phase's token-level count
-        ew = _pick(eager, Phase(*eager_traffic.ffn_phase(m, hw, lay, f / tp), 0.0, 0.0), ew)
+    # eager: the activation only (the norm and residual are in attention_phase's token-level count)
+    ew = _eager_or(hw, lay, ew, lambda: eager_traffic.ffn_phase(m, hw, lay, f / tp))
     total = ph + ew
     norm_f = stream_time(hw, 2.0 * t * d * eb / sp_div, 1)  # the pre-MLP norm
     act_fc2 = stream_time(hw, t * act * eb, 1) + lin[1].f  # X-MoE's --checkpoint-intermediate
@@ -345,12 +348,14 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
     extra, clamp_f = _expert_extras(m, hw, lay, rows + local * pad, eb)
     ew = _elementwise(hw, elems * eb, 8)
-    eager = eager_traffic.applies(hw, lay)
-    if eager.any():  # router, dispatch, expert activations and combine (norm, residual: attention_phase)
-        eg = Phase(*eager_traffic.moe_phase(m, hw, lay, rows * etp + local * pad, fw), 0.0, 0.0)
-        if mo.shared_experts:  # the shared experts' activation, as a dense FFN of their width
-            eg = eg + Phase(*eager_traffic.ffn_phase(m, hw, lay, mo.shared_experts * mo.shared_ffn / lay.tp), 0.0, 0.0)
-        ew = _pick(eager, eg, ew)
+
+    def moe_eager():  # router, dispatch, expert activations, combine; the shared experts' activation
+        f, b = eager_traffic.moe_phase(m, hw, lay, rows * etp + local * pad, fw)
+        if mo.shared_experts:  # as a dense FFN of their width (norm, residual: attention_phase)
+            sf, sb = eager_traffic.ffn_phase(m, hw, lay, mo.shared_experts * mo.shared_ffn / lay.tp)
+            f, b = f + sf, b + sb
+        return f, b
+    ew = _eager_or(hw, lay, ew, moe_eager)
     total = ph + ew + extra + _dglu_dbias(m, hw, lay, m_e, local, dtype)
     norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
     act_f = stream_time(hw, act * eb, 1) + clamp_f  # what moe_act recompute re-runs
