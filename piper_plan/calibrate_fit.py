@@ -183,6 +183,9 @@ def fit_compute(hw: HardwareSpec, meas: dict, tiles, attn_dtype: str = "bf16") -
     if has_attn:
         peak_attn = hw.accelerator.peak_tflops.get(attn_dtype, np.inf)
         hi[len(dts) + has_stream + 1] = np.log(max(peak_attn, best["attention_tflops"]))
+    # fixed costs per call under a second: bounded, the search for a plateau under its cap can
+    # run them off to exp's overflow on a noisy smoke run
+    hi[len(dts) + has_stream] = hi[n_base:] = np.log(1e6)
     weights = {f: 1.0 / np.sqrt(v.size) for f, v in t_meas.items()}
     log_meas = {f: np.log(v) for f, v in t_meas.items()}
 
