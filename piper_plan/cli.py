@@ -237,9 +237,10 @@ def _warn_histogram(model, routing, source: str) -> None:
 
     h = routing.histogram
     ran = metrics_model(source) if h is not None else None
-    if ran is not None and ran[1] != spec_hash(model):
+    own = spec_hash(model) if ran is not None else None
+    if ran is not None and ran[1] != own:
         click.echo(f"warning: {source}: model_hash: the run trained {ran[0] or 'another spec'} "
-                   f"({ran[1]}), not this {model.name} ({spec_hash(model)}); its routing is another model's", err=True)
+                   f"({ran[1]}), not this {model.name} ({own}); its routing is another model's", err=True)
     if h is not None and model.moe is not None and len(h) != model.num_moe_layers and \
             len(h[0]) == model.moe.num_experts:  # (another expert count is an error, raised where it is priced)
         click.echo(f"warning: {source}: tokens_per_expert: {len(h)} MoE layer(s) measured, {model.name} has "

@@ -38,7 +38,7 @@ from .kernels import stream_time
 # coefficients differ from the dense block's by under 5 %: the token-level part is shared)
 TOKEN = {"bf16": {"f": (125.54, 22.23, 471.56), "b": (329.16, 33.65, 237.01)},
          "fp32": {"f": (122.05, 39.38, 386.30), "b": (318.14, 67.35, 407.55)}}
-FFN = {"bf16": {"f": 10.0, "b": 18.0}, "fp32": {"f": 20.0, "b": 36.0}}
+FFN = {"bf16": {"f": (10.0,), "b": (18.0,)}, "fp32": {"f": (20.0,), "b": (36.0,)}}
 MOE = {"bf16": {"f": (32.01, 10.0, 11.92, 162.52), "b": (52.0, 18.0, 24.0, 68.0)},
        "fp32": {"f": (20.01, 20.0, 11.48, 163.91), "b": (48.0, 36.0, 24.0, 68.0)}}
 # ops (kernels) per pass: the dense block's to the token-level part, the MoE block's excess to it
@@ -51,45 +51,33 @@ def applies(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
     return lay.unfused.astype(bool) & (not hw.efficiency.layer_overhead_us)
 
 
-def _dt(lay: LayoutBatch) -> np.ndarray:
-    return np.where(lay.act_bytes == 2, 0, 1)  # index into (bf16, fp32)
-
-
-def _coef(table: dict, lay: LayoutBatch, phase: str, i: int | None = None) -> np.ndarray:
-    vals = [table[d][phase] if i is None else table[d][phase][i] for d in ("bf16", "fp32")]
-    return np.choose(_dt(lay), vals)
+def _traffic(hw: HardwareSpec, lay: LayoutBatch, table: dict, terms: list, ops: str | None):
+    """(forward, backward) seconds of Σ bytes-per-element x element count over `terms` (the
+    order of `table`'s coefficients), with the kernels OPS[dtype][ops] a pass (none: 0)."""
+    dt = np.where(lay.act_bytes == 2, 0, 1)  # index into (bf16, fp32)
+    out = []
+    for j, ph in enumerate(("f", "b")):
+        nbytes = sum(np.choose(dt, [table[d][ph][i] for d in ("bf16", "fp32")]) * n for i, n in enumerate(terms))
+        kernels = 0 if ops is None else np.choose(dt, [OPS[d][ops][j] for d in ("bf16", "fp32")])
+        out.append(stream_time(hw, nbytes, kernels))
+    return tuple(out)
 
 
 def token_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch):
     """(forward, backward) seconds of a block pass's token-level eager traffic per rank: t/tp
     tokens' share (sequence-parallel shards and the heads each tp rank holds)."""
     t = lay.tokens / lay.tp
-    kvd = m.kv_heads * m.hd
-    out = []
-    for ph, j in (("f", 0), ("b", 1)):
-        nbytes = (_coef(TOKEN, lay, ph, 0) * t * m.hidden_size + _coef(TOKEN, lay, ph, 1) * t * kvd
-                  + _coef(TOKEN, lay, ph, 2) * t)
-        ops = np.choose(_dt(lay), [OPS[d]["token"][j] for d in ("bf16", "fp32")])
-        out.append(stream_time(hw, nbytes, ops))
-    return tuple(out)
+    return _traffic(hw, lay, TOKEN, [t * m.hidden_size, t * m.kv_heads * m.hd, t], "token")
 
 
 def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, width):
     """(forward, backward) seconds of a dense FFN's eager activation traffic, `width` its
     per-rank hidden width (gated or not: the count is SwiGLU's)."""
-    t = lay.tokens
-    return tuple(stream_time(hw, _coef(FFN, lay, ph) * t * width, 0) for ph in ("f", "b"))
+    return _traffic(hw, lay, FFN, [lay.tokens * width], None)
 
 
 def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, rows, width):
     """(forward, backward) seconds of a MoE layer's eager routing traffic on the straggler
     rank: `rows` its routed rows, `width` the expert width it computes."""
     t = lay.tokens / lay.tp
-    E = m.moe.num_experts
-    out = []
-    for ph, j in (("f", 0), ("b", 1)):
-        nbytes = (_coef(MOE, lay, ph, 0) * rows * m.hidden_size + _coef(MOE, lay, ph, 1) * rows * width
-                  + _coef(MOE, lay, ph, 2) * t * E + _coef(MOE, lay, ph, 3) * rows)
-        ops = np.choose(_dt(lay), [OPS[d]["moe"][j] for d in ("bf16", "fp32")])
-        out.append(stream_time(hw, nbytes, ops))
-    return tuple(out)
+    return _traffic(hw, lay, MOE, [rows * m.hidden_size, rows * width, t * m.moe.num_experts, rows], "moe")

@@ -396,9 +396,9 @@ def _ernie4_5_moe(c: _Cfg) -> dict:
     out = _base(c)
     n = out["num_layers"]
     start = c.get("moe_layer_start_index", default=1, min_value=0)
-    end = c.data.get("moe_layer_end_index", -1)
-    if not isinstance(end, int) or isinstance(end, bool) or end < -1 or end >= n:
-        raise c._err("moe_layer_end_index", f"expected -1 or a layer index 0..{n - 1}, got {_short(end)}")
+    end = c.get("moe_layer_end_index", default=-1, min_value=-1)
+    if end >= n:
+        raise c._err("moe_layer_end_index", f"expected -1 or a layer index 0..{n - 1}, got {end}")
     end = n - 1 if end == -1 else end
     interval = c.get("moe_layer_interval", default=1)
     mask = [(i + 1) % interval == 0 and start <= i <= end for i in range(n)]
