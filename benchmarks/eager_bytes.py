@@ -12,7 +12,8 @@ combine) and the bytes are printed with the time they take at a hardware spec's 
 on that GPU; the planner prices no eager MoE traffic either, so no ratio is printed for it.
 
 Counts, op by op, every tensor each aten op of one dense block's forward and backward reads and
-writes (a TorchDispatchMode on CPU: the same op sequence autograd dispatches on a GPU), under
+writes (a TorchDispatchMode on CPU: the same op sequence autograd dispatches on a GPU, the MoE
+token sums taken by slot as a GPU takes them, runtime/moe/permute.py), under
 piper-train's bf16 autocast over fp32 weights. GEMMs and the attention kernel are left out (the
 planner prices them as such), views move nothing, and the weight casts to bf16 and the fp32
 gradient accumulation are reported apart (the planner prices those, estimate._weight_casts).
@@ -49,6 +50,7 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
     from piper_plan.specs import load_model
     from piper_plan.specs.model import ModelSpec
     from piper_runtime.model import Block, BuildCtx
+    from piper_runtime.moe.permute import sums_by_slot
 
     spec = spec_name if isinstance(spec_name, ModelSpec) else load_model(spec_name)
     layer = next((i for i in range(spec.num_layers) if spec.layer_is_moe(i) == moe), None)
@@ -87,12 +89,13 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
             return out
 
     mode = Count()
-    with mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+    with sums_by_slot(), mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
         y = blk(x)
-    forward = dict(mode.bytes)
-    with mode:
+    forward, forward_ops = dict(mode.bytes), dict(mode.ops)
+    with sums_by_slot(), mode:
         y.float().sum().backward()
-    return {"spec": spec, "bytes": dict(mode.bytes), "ops": dict(mode.ops), "forward_bytes": forward}
+    return {"spec": spec, "bytes": dict(mode.bytes), "ops": dict(mode.ops), "forward_bytes": forward,
+            "forward_ops": forward_ops}
 
 
 def priced_fused(spec, seq: int) -> float:
@@ -119,13 +122,14 @@ SOLVE_ATTN = [(64, 4, 4, 136), (128, 8, 2, 136), (64, 4, 2, 264), (128, 4, 4, 26
 def solve(dtype: str) -> dict:
     """cost/eager.py's coefficients for `dtype`: piper-train's block counted at the SOLVE_ATTN
     shapes, bytes per element by scipy's nnls, forward and backward, with the largest relative
-    miss."""
+    miss; and under ("ops", kind, phase) the range of elementwise ops a pass (kind "token": the
+    dense block's; "moe": the MoE block's excess over the dense block of the same attention)."""
     import numpy as np
     from scipy.optimize import nnls
 
     from piper_plan.specs.model import ModelSpec
 
-    out = {}
+    out, ops = {}, {}
     for moe in (False, True):
         X, Y = [], {"f": [], "b": []}
         for d, h, kv, t in SOLVE_ATTN:
@@ -136,6 +140,14 @@ def solve(dtype: str) -> dict:
                 spec = ModelSpec(name="solve", num_layers=1, hidden_size=d, num_heads=h, num_kv_heads=kv,
                                  vocab_size=256, seq_len=t, **extra)
                 r = count_block(spec, t, moe=moe, dtype=dtype)
+                f_ops = r["forward_ops"].get("elementwise", 0)
+                per = (f_ops, r["ops"]["elementwise"] - f_ops)
+                if moe:
+                    per = tuple(a - b for a, b in zip(per, ops[(d, h, kv, t)]))
+                else:
+                    ops[(d, h, kv, t)] = per  # a dense block's ops do not depend on its FFN width
+                for ph, n in zip(("f", "b"), per):
+                    out.setdefault(("ops", "moe" if moe else "token", ph), set()).add(n)
                 fwd = r["forward_bytes"].get("elementwise", 0)
                 Y["f"].append(fwd)
                 Y["b"].append(r["bytes"]["elementwise"] - fwd)
@@ -166,8 +178,12 @@ def main() -> None:
     a = ap.parse_args()
     if a.solve:
         for dt in ("bf16", "fp32"):
-            for (kind, ph), (c, miss) in solve(dt).items():
-                print(f"{dt} {kind:5s} {'forward' if ph == 'f' else 'backward':8s} {c}  (largest miss {miss:.1%})")
+            for key, val in solve(dt).items():
+                phase = "forward" if key[-1] == "f" else "backward"
+                if key[0] == "ops":
+                    print(f"{dt} ops a pass, {key[1]:5s} {phase:8s} {min(val)}-{max(val)}")
+                else:
+                    print(f"{dt} {key[0]:5s} {phase:8s} {val[0]}  (largest miss {val[1]:.1%})")
         return
     r = count_block(a.model, a.seq, a.moe, a.mbs)
     b, ops = r["bytes"], r["ops"]

@@ -2,7 +2,8 @@
 rows, a rank with no tokens at all, dropped assignments, a non-contiguous placement --
 outputs and gradients equal a dense single-process computation of the same experts, with
 the flat exchange and with HALO over two virtual nodes, to which the dispatcher hands the
-counts it exchanged (HALO's own count exchange is disabled in that run)."""
+counts it exchanged (HALO's own count exchange is disabled in that run), and with the token
+sums a GPU takes (by slot, runtime/moe/permute.py) as well as the CPU's index_add."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from piper_runtime.moe.dispatch import EPDispatcher  # noqa: E402
 from piper_runtime.moe.exchange_flat import FlatExchange  # noqa: E402
 from piper_runtime.moe.experts import GroupedExperts  # noqa: E402
+from piper_runtime.moe.permute import sums_by_slot  # noqa: E402
 from piper_runtime.moe.placement import ExpertPlacement  # noqa: E402
 
 E, EP, D, F, K = 6, 3, 16, 32, 2
@@ -65,7 +67,7 @@ def _no_count_exchange(*_a, **_k):
     raise AssertionError("HALO exchanged counts itself: the dispatcher should pass them")
 
 
-def _worker(rank: int, store: str, grouped, a2a: str) -> None:
+def _worker(rank: int, store: str, grouped, a2a: str, slots: bool) -> None:
     torch.set_num_threads(1)
     from datetime import timedelta
     dist.init_process_group("gloo", store=dist.FileStore(store, EP), rank=rank, world_size=EP,
@@ -88,8 +90,9 @@ def _worker(rank: int, store: str, grouped, a2a: str) -> None:
         disp = EPDispatcher(PLACE, rank, dist.group.WORLD, ex)
         x, idx, w, gout = _inputs(rank)
         x.requires_grad_(True)
-        y = disp(x, idx, w, experts)
-        (y * gout).sum().backward()
+        with sums_by_slot(slots):
+            y = disp(x, idx, w, experts)
+            (y * gout).sum().backward()
 
         # dense reference over every rank's tokens (all inputs are reproducible anywhere)
         rws = [w.clone().requires_grad_() for w in ws]
@@ -117,11 +120,12 @@ def _worker(rank: int, store: str, grouped, a2a: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("grouped,a2a", [(None, "flat"), (False, "flat"), (None, "halo")],
-                         ids=["grouped_mm", "loop", "halo"])
-def test_dispatch_zero_and_uneven(tmp_path, grouped, a2a):
+@pytest.mark.parametrize("grouped,a2a,slots", [(None, "flat", False), (False, "flat", False), (None, "halo", False),
+                                               (None, "flat", True), (None, "halo", True)],
+                         ids=["grouped_mm", "loop", "halo", "grouped_mm-slot-sums", "halo-slot-sums"])
+def test_dispatch_zero_and_uneven(tmp_path, grouped, a2a, slots):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_worker, args=(str(tmp_path / "store"), grouped, a2a), nprocs=EP, join=True)
+    mp.spawn(_worker, args=(str(tmp_path / "store"), grouped, a2a, slots), nprocs=EP, join=True)
 
 
 def test_placement_rejects_bad_maps():

@@ -5,8 +5,9 @@ A fused stack's norm, activation, RoPE, permutation and combine are a few kernel
 (compute.attention_phase / ffn_phase / moe_phase price those passes). piper-train
 (Layout.fused_kernels false) runs them as PyTorch ops under bf16 autocast over fp32 weights:
 the RMSNorm in fp32 (pow, mean, rsqrt, two products), the casts autocast inserts, SwiGLU as
-three ops, the router's fp32 softmax and top-k, the dispatch's index_select and cast, and the
-combine's fp32 product and index_add over the routed rows, with their backward ops.
+three ops, the router's fp32 softmax and top-k, the dispatch's cast and index_select, and the
+combine's copy of each routed row to its (token, choice) slot, fp32 product and sum over the k
+choices (runtime/moe/permute.py's GPU path), with their backward ops.
 
 The counts are piper-train's own: every aten op of one block's forward and backward, counted
 by a TorchDispatchMode (benchmarks/eager_bytes.py's method; the op sequence autograd dispatches
@@ -15,13 +16,14 @@ dense FFN 96-5d, 1-8 of 6-32 experts, expert widths 48-384); the bytes are linea
 tensors' element counts, and scipy's nnls on those counts gives the bytes per element below,
 within 2 % of every count solved on; at held-out shapes (tests/test_eager_traffic.py recounts
 them) within 3 % in bf16 and 8 % in fp32 (a MoE forward). Ops per block pass were the same at
-every shape (MoE forward: 60-68, by the router's top-k path).
+every shape but the MoE forward's (58-66 in bf16, by the router's top-k path: the most is taken).
 
 Where it applies: unfused layouts on a spec without a calibrated per-block overhead
 (efficiency.layer_overhead_us): calibrate fits that overhead on CPUs, where the host is the
-device and the eager cost is the host's; on a GPU spec the bytes are HBM traffic. One lent
-H200 ran Granite-3.0-3B-A800M's MoE block at 4 x 2,048 tokens: 14.4 GiB counted, 4.1 ms at the
-dgx-h200 stream rate, of about 6 ms the profile's eager kernels took (README)."""
+device and the eager cost is the host's; on a GPU spec the bytes are HBM traffic.
+Granite-3.0-3B-A800M's MoE block at 4 x 2,048 tokens counts 14.2 GiB (13.1 elementwise, 1.1
+weight casts), 3.7 ms at the dgx-h200 stream rate; a lent H200 ran the whole step at 1.23x the
+price with these counts (README)."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,10 +41,10 @@ from .kernels import stream_time
 TOKEN = {"bf16": {"f": (125.54, 22.23, 471.56), "b": (329.16, 33.65, 237.01)},
          "fp32": {"f": (122.05, 39.38, 386.30), "b": (318.14, 67.35, 407.55)}}
 FFN = {"bf16": {"f": (10.0,), "b": (18.0,)}, "fp32": {"f": (20.0,), "b": (36.0,)}}
-MOE = {"bf16": {"f": (32.01, 10.0, 11.92, 162.52), "b": (52.0, 18.0, 24.0, 68.0)},
-       "fp32": {"f": (20.01, 20.0, 11.48, 163.91), "b": (48.0, 36.0, 24.0, 68.0)}}
+MOE = {"bf16": {"f": (22.02, 10.0, 12.05, 152.18), "b": (50.0, 18.0, 24.0, 40.0)},
+       "fp32": {"f": (36.02, 20.0, 11.62, 153.57), "b": (68.0, 36.0, 24.0, 40.0)}}
 # ops (kernels) per pass: the dense block's to the token-level part, the MoE block's excess to it
-OPS = {"bf16": {"token": (40, 67), "moe": (28, 11)}, "fp32": {"token": (31, 60), "moe": (28, 12)}}
+OPS = {"bf16": {"token": (40, 67), "moe": (26, 9)}, "fp32": {"token": (31, 60), "moe": (27, 11)}}
 
 
 def applies(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:

@@ -21,25 +21,8 @@ import torch.distributed as dist
 
 from .. import timing
 from .halo import Counts
+from .permute import combine, count, permute
 from .placement import ExpertPlacement
-
-
-class _GatherRows(torch.autograd.Function):
-    """rows = x[index].to(dtype); backward accumulates in x's dtype with index_add (each
-    token appears top-k times). Fusing the cast keeps the scatter-add out of bf16, where
-    autograd's index_put-accumulate is 2.4x slower on CPU (4,096 x 256, top-2)."""
-
-    @staticmethod
-    def forward(ctx, x, index, dtype):
-        ctx.save_for_backward(index)
-        ctx.n, ctx.xdtype = x.shape[0], x.dtype
-        return x.index_select(0, index).to(dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        (index,) = ctx.saved_tensors
-        gx = g.new_zeros((ctx.n,) + tuple(g.shape[1:]), dtype=ctx.xdtype)
-        return gx.index_add_(0, index, g.to(ctx.xdtype)), None, None
 
 
 class EPDispatcher:
@@ -48,7 +31,8 @@ class EPDispatcher:
     placement: logical -> (EP rank, slot) map; `ep_rank`: this rank's index in the group.
     exchange: row exchange (None when ep == 1). Statistics of the last step are kept in
     `tokens_per_expert` (logical, routed from this rank) and `tokens_per_slot` (rows this
-    rank's experts computed), both int64, reset by the caller."""
+    rank's experts computed), both int64 on the rows' device (read once a step), reset by
+    the caller."""
 
     def __init__(self, placement: ExpertPlacement, ep_rank: int = 0, group=None, exchange=None):
         self.placement, self.ep_rank, self.group, self.exchange = placement, ep_rank, group, exchange
@@ -73,31 +57,30 @@ class EPDispatcher:
 
     def __call__(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                  expert_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 compute_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                 compute_dtype: Optional[torch.dtype] = None, may_drop: bool = True) -> torch.Tensor:
         """x [N, d]; experts/weights [N, k] (id -1: dropped); expert_fn(rows, counts per
         slot) -> rows. Rows are cast to compute_dtype (default x.dtype) as they are
         gathered, so they also travel in it. Returns [N, d] = Σ_k weight · expert(x) in
-        x.dtype, combined in fp32."""
+        x.dtype, combined in fp32. may_drop False (a dropless router) skips the search for
+        dropped ids, a host synchronisation on a GPU."""
         N, k = experts.shape
         E, per = self.placement.num_experts, self.placement.per_rank
         dev = x.device
         if self._phys.device != dev:
             self._phys = self._phys.to(dev)
-        phys = self._phys
+            self.tokens_per_expert, self.tokens_per_slot = self.tokens_per_expert.to(dev), self.tokens_per_slot.to(dev)
         flat_e = experts.reshape(-1)
-        token = torch.arange(N * k, device=dev) // k
-        w = weights.reshape(-1)
-        keep: Optional[torch.Tensor] = None
-        if bool((flat_e < 0).any()):
-            keep = (flat_e >= 0).nonzero().squeeze(1)
-            flat_e, token, w = flat_e[keep], token[keep], w[keep]
-        p = phys[flat_e]
+        src: Optional[torch.Tensor] = None  # kept (token, choice) positions; None: all
+        if may_drop and bool((flat_e < 0).any()):
+            src = (flat_e >= 0).nonzero().squeeze(1)
+            flat_e = flat_e[src]
+        p = self._phys[flat_e]
         order = torch.argsort(p, stable=True)
-        tok_sorted, w_sorted = token[order], w[order]
-        counts = torch.bincount(p, minlength=E)                       # [E] by physical id
+        src = order if src is None else src[order]                  # expert order -> (token, choice)
+        counts = count(p, E)                                         # [E] by physical id
         if not timing.in_backward():
-            self.tokens_per_expert += torch.bincount(flat_e, minlength=E).cpu()
-        rows = _GatherRows.apply(x, tok_sorted, compute_dtype or x.dtype)  # permute: [A, d]
+            self.tokens_per_expert += count(flat_e, E)
+        rows = permute(x, src, k, compute_dtype or x.dtype)         # [A, d]
 
         if self.ep == 1:
             y = expert_fn(rows, counts)
@@ -116,16 +99,15 @@ class EPDispatcher:
             rows = timing.start(rows, self.a2a)
             got = timing.end(self.exchange(rows, send_splits, recv_splits, counts=full), self.a2a)
             # (src, slot) order -> (slot, src) order so each slot's rows are contiguous
-            slot_of_row = torch.arange(per, device=dev).repeat(W).repeat_interleave(recv_mat.reshape(-1))
+            slot_of_row = torch.arange(per, device=dev).repeat(W).repeat_interleave(
+                recv_mat.reshape(-1), output_size=sum(recv_splits))
             by_slot = torch.argsort(slot_of_row, stable=True)
             slot_counts = recv_mat.sum(0)
-            out_local = expert_fn(got[by_slot], slot_counts)
+            out_local = expert_fn(got.index_select(0, by_slot), slot_counts)
             back = torch.empty_like(by_slot)
             back[by_slot] = torch.arange(by_slot.numel(), device=dev)
-            out_local = timing.start(out_local[back], self.a2a)
+            out_local = timing.start(out_local.index_select(0, back), self.a2a)
             y = timing.end(self.exchange(out_local, recv_splits, send_splits, counts=full.transposed()), self.a2a)
         if not timing.in_backward():
-            self.tokens_per_slot += slot_counts.cpu()
-        contrib = y.float() * w_sorted.unsqueeze(1)  # combine in fp32
-        out = contrib.new_zeros(N, x.shape[1]).index_add(0, tok_sorted, contrib)
-        return out.to(x.dtype)
+            self.tokens_per_slot += slot_counts
+        return combine(y, src, weights, x.dtype)

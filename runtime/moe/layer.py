@@ -64,7 +64,8 @@ class MoELayer(nn.Module):
         split = tp.size > 1 and not tp.sp  # replicated tokens: each tp rank routes its share
         xr = tp.split_rows(xf) if split else xf
         r = self.router(xr)
-        y = self.dispatcher(xr, r.experts, r.weights, self.experts, self.compute_dtype)
+        y = self.dispatcher(xr, r.experts, r.weights, self.experts, self.compute_dtype,
+                            may_drop=self.router.capacity_factor is not None)
         if split:
             y = tp.gather_rows(y)
         if self.shared is not None:

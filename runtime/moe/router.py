@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .permute import count
+
 
 @dataclass
 class RouterOut:
@@ -56,7 +58,7 @@ class TopKRouter(nn.Module):
             top_w = top_w / (top_w.sum(-1, keepdim=True) + 1e-20)
         aux, logged = None, None
         if self.aux_coef or self.z_coef:
-            counts = torch.bincount(top_e.reshape(-1), minlength=self.E).to(probs.dtype)
+            counts = count(top_e.reshape(-1), self.E).to(probs.dtype)
             p = probs if self.score == "softmax" else probs / probs.sum(-1, keepdim=True)
             p_sum = p.sum(0)
             lse2 = torch.logsumexp(logits, dim=-1).square().sum() if self.z_coef else p_sum.new_zeros(())
@@ -86,7 +88,7 @@ class TopKRouter(nn.Module):
         cap = self.capacity(e.shape[0])
         flat = e.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.E)
+        counts = count(flat, self.E)
         start = torch.cumsum(counts, 0) - counts
         pos_sorted = torch.arange(flat.numel(), device=flat.device) - start[flat[order]]
         pos = torch.empty_like(pos_sorted)
