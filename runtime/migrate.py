@@ -159,9 +159,8 @@ class Migrator:
     # ---- load ----------------------------------------------------------------------------
     def gather_counts(self) -> np.ndarray:
         """This step's routed tokens per logical expert [L, E], summed over the stage."""
-        t = torch.stack([m.dispatcher.tokens_per_expert.to("cpu", torch.long) for m in self.layers.values()])
-        dev = self.layers[next(iter(self.layers))].experts.w1.device
-        t = t.to(dev)
+        dev = self.layers[next(iter(self.layers))].experts.w1.device  # the counts live there too
+        t = torch.stack([m.dispatcher.tokens_per_expert.to(dev, torch.long) for m in self.layers.values()])
         # every rank of the stage routes its own tokens (its sequence shard under tp): sum over
         # the whole stage so every EP group and every tp slice plans from the same counts
         dist.all_reduce(t, group=self._stage_group())
