@@ -1,17 +1,19 @@
 """piper-train's MoE permutation (runtime/moe/permute.py), both of its token sums, against the
-code it replaced, all measured in this run: forward and backward of the gather into expert
+index_add it replaced, all measured in this run: forward and backward of the gather into expert
 order plus the weighted combine, the expert computation left out (identity), at one layer's
 shape.
 
     python benchmarks/permute.py [--tokens 8192 --hidden 1536 --experts 40 --topk 8]
                                  [--dtype bf16] [--device cuda] [--repeats 20]
 
-The baseline is piper-train's code before: rows gathered in x's dtype then cast, combined by
-an fp32 product and an index_add over the tokens, whose backward index_adds the rows'
+"baseline" is piper-train's code before 5fa6972: rows gathered in x's dtype then cast, combined
+by an fp32 product and an index_add over the tokens, whose backward index_adds the rows'
 gradients back (k-way collisions: atomics on a GPU); counts by torch.bincount (two host
-synchronisations a call on CUDA). Defaults are Granite-3.0-3B-A800M's MoE layer at a 4 x 2,048
-token micro-batch. Prints the median seconds of each, baseline / each (above 1: faster) and
-which sum piper-train takes on this device; checks all agree (outputs and gradients) first."""
+synchronisations a call on CUDA). "slots" sums each token's rows through an [N·k, d] buffer of
+(token, choice) slots (what piper-train runs on a GPU), "gather_sum" by embedding_bag (what it
+runs on a CPU). Defaults are Granite-3.0-3B-A800M's MoE layer at a 4 x 2,048 token micro-batch.
+Prints the median seconds of each and baseline / each (above 1: faster), and which one
+piper-train takes on this device; checks all agree (outputs and gradients) first."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from piper_runtime.moe.permute import by_slot, combine, count, permute  # noqa: E402
+from piper_runtime.moe.permute import Pairs, by_slot, combine, count, permute, sums_by_slot  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -57,13 +59,15 @@ def baseline(x, experts, weights, E, dtype):
     return out.to(x.dtype), counts
 
 
-def new(x, experts, weights, E, dtype, slots=None):
-    k = experts.shape[1]
+def new(x, experts, weights, E, dtype, slots: bool):
+    N, k = experts.shape
     flat_e = experts.reshape(-1)
     src = torch.argsort(flat_e, stable=True)
     counts = count(flat_e, E)
-    rows = permute(x, src, k, dtype, slots)
-    return combine(rows, src, weights, x.dtype, slots), counts
+    with sums_by_slot(slots):
+        pairs = Pairs.of(src, N, k)
+    rows = permute(x, pairs, dtype)
+    return combine(rows, pairs, weights, x.dtype), counts
 
 
 def run(fn, x, experts, weights, E, dtype, sync):
@@ -92,14 +96,14 @@ def main(argv=None) -> int:
     w, e = torch.topk(torch.softmax(logits, -1), a.topk, -1)
     weights = w.contiguous().requires_grad_()
 
-    variants = {"baseline": baseline, "index_add": functools.partial(new, slots=False),
-                "slots": functools.partial(new, slots=True)}
+    variants = {"baseline": baseline, "slots": functools.partial(new, slots=True),
+                "gather_sum": functools.partial(new, slots=False)}
     res = {}
     for name, fn in variants.items():
         out = run(fn, x, e, weights, a.experts, dt, sync)
         res[name] = [t.detach().clone() for t in out] + [x.grad.clone(), weights.grad.clone()]
     tol = 1e-5 if dt == torch.float32 else 1e-2
-    for name in ("index_add", "slots"):
+    for name in ("slots", "gather_sum"):
         for what, r, n in zip(("output", "counts", "x.grad", "weights.grad"), res["baseline"], res[name]):
             if not torch.allclose(r.float(), n.float(), rtol=tol, atol=tol * float(r.float().abs().max())):
                 print(f"{name}: mismatch in {what}: max |diff| {float((r.float() - n.float()).abs().max()):.3g}")
@@ -112,8 +116,8 @@ def main(argv=None) -> int:
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
     print(f"{a.device} {a.dtype}: {a.tokens} tokens x top-{a.topk} of {a.experts}, d {a.hidden}; "
-          f"forward+backward, median of {a.repeats - 1}; piper-train sums "
-          f"{'by slot' if by_slot(dev) else 'by index_add'} here")
+          f"forward+backward, median of {a.repeats - 1}; piper-train takes "
+          f"{'slots' if by_slot(dev) else 'gather_sum'} here")
     for name, v in med.items():
         print(f"  {name:10s} {v * 1e3:9.3f} ms   baseline/{name} {med['baseline'] / v:.2f}")
     return 0

@@ -1,6 +1,7 @@
-"""The MoE token permutation (runtime/moe/permute.py): both token sums agree with each other and
-with a plain loop, forward and backward, with dropped pairs; and a dropless MoE layer's forward and
-backward dispatch no op that reads a device value back to the host (a GPU synchronisation)."""
+"""The MoE token permutation (runtime/moe/permute.py): both token sums (the GPU's slot buffer, the
+CPU's embedding_bag gather-sum) agree with each other and with a plain loop, forward and backward,
+with dropped pairs and with none routed at all; and a dropless MoE layer's forward and backward,
+on either sum, dispatch no op that reads a device value back to the host (a GPU synchronisation)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from piper_runtime.moe.permute import by_slot, combine, count, permute, sums_by_slot  # noqa: E402
+from piper_runtime.moe.permute import Pairs, by_slot, combine, count, permute, sums_by_slot  # noqa: E402
 
 
 def _routes(n=37, k=3, E=5, d=24, drop=True):
@@ -31,9 +32,11 @@ def _through(x, e, w, dtype, slots):
     flat = e.reshape(-1)
     kept = (flat >= 0).nonzero().squeeze(1)
     src = kept[torch.argsort(flat[kept], stable=True)]
-    rows = permute(x, src, k, dtype, slots)
+    with sums_by_slot(slots):
+        pairs = Pairs.of(src, n, k)
+    rows = permute(x, pairs, dtype)
     rows = rows * (flat[src] + 1).unsqueeze(1).to(rows.dtype)
-    y = combine(rows, src, w, x.dtype, slots)
+    y = combine(rows, pairs, w, x.dtype)
     (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
     return y.detach(), x.grad, w.grad
 
@@ -53,7 +56,7 @@ def test_count_is_bincount():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_slot_sums_and_index_add_give_the_same_output_and_gradients(dtype):
+def test_slot_sums_and_the_gather_sum_give_the_same_output_and_gradients(dtype):
     x, e, w = _routes()
     by_add, by_slots = _through(x, e, w, dtype, False), _through(x, e, w, dtype, True)
     tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
@@ -63,10 +66,19 @@ def test_slot_sums_and_index_add_give_the_same_output_and_gradients(dtype):
     assert by_add[0].dtype == torch.float32 and by_add[1].dtype == torch.float32  # back in x's dtype
 
 
-def test_dropped_pairs_get_no_gradient_through_their_weight():
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "gather-sum"])
+def test_dropped_pairs_get_no_gradient_through_their_weight(slots):
     x, e, w = _routes()
-    _, _, gw = _through(x, e, w, torch.float32, True)
+    _, _, gw = _through(x, e, w, torch.float32, slots)
     assert (gw[e < 0] == 0).all() and (gw[e >= 0] != 0).all()
+
+
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "gather-sum"])
+def test_a_layer_whose_pairs_were_all_dropped_returns_zeros(slots):
+    x, e, w = _routes(n=5, k=2)
+    e, w = torch.full_like(e, -1), torch.zeros_like(w)
+    y, gx, _ = _through(x, e, w, torch.float32, slots)
+    assert y.shape == x.shape and not y.any() and (gx is None or not gx.any())
 
 
 def test_the_device_picks_the_sum_and_a_context_can_force_it():
@@ -96,8 +108,9 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("slots", [True, False], ids=["slots", "gather-sum"])
 @pytest.mark.parametrize("aux", [0.0, 0.01], ids=["no-aux", "aux-loss"])
-def test_a_dropless_moe_layer_reads_nothing_back_from_the_device(aux, monkeypatch):
+def test_a_dropless_moe_layer_reads_nothing_back_from_the_device(aux, slots, monkeypatch):
     from piper_runtime.moe.dispatch import EPDispatcher
     from piper_runtime.moe.experts import GroupedExperts
     from piper_runtime.moe.layer import MoELayer
@@ -121,7 +134,7 @@ def test_a_dropless_moe_layer_reads_nothing_back_from_the_device(aux, monkeypatc
     for name in READBACKS:
         monkeypatch.setattr(torch.Tensor, name, recording(name, getattr(torch.Tensor, name)))
     mode = _Ops()
-    with mode, sums_by_slot():  # the GPU's path
+    with mode, sums_by_slot(slots):
         layer(x).square().sum().backward()
     monkeypatch.undo()
     assert x.grad is not None and int(layer.dispatcher.tokens_per_expert.sum()) == 2 * (2 * 24 * 2)

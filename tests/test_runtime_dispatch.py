@@ -3,7 +3,7 @@ rows, a rank with no tokens at all, dropped assignments, a non-contiguous placem
 outputs and gradients equal a dense single-process computation of the same experts, with
 the flat exchange and with HALO over two virtual nodes, to which the dispatcher hands the
 counts it exchanged (HALO's own count exchange is disabled in that run), and with the token
-sums a GPU takes (by slot, runtime/moe/permute.py) as well as the CPU's index_add."""
+sums a GPU takes (by slot, runtime/moe/permute.py) as well as the CPU's (embedding_bag)."""
 from __future__ import annotations
 
 import os

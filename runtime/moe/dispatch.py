@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .. import timing
 from .halo import Counts
-from .permute import combine, count, permute
+from .permute import Pairs, combine, count, permute
 from .placement import ExpertPlacement
 
 
@@ -80,7 +80,8 @@ class EPDispatcher:
         counts = count(p, E)                                         # [E] by physical id
         if not timing.in_backward():
             self.tokens_per_expert += count(flat_e, E)
-        rows = permute(x, src, k, compute_dtype or x.dtype)         # [A, d]
+        pairs = Pairs.of(src, N, k)
+        rows = permute(x, pairs, compute_dtype or x.dtype)          # [A, d]
 
         if self.ep == 1:
             y = expert_fn(rows, counts)
@@ -110,4 +111,4 @@ class EPDispatcher:
             y = timing.end(self.exchange(out_local, recv_splits, send_splits, counts=full.transposed()), self.a2a)
         if not timing.in_backward():
             self.tokens_per_slot += slot_counts
-        return combine(y, src, weights, x.dtype)
+        return combine(y, pairs, weights, x.dtype)
