@@ -140,3 +140,18 @@ def test_a_dropless_moe_layer_reads_nothing_back_from_the_device(aux, slots, mon
     assert x.grad is not None and int(layer.dispatcher.tokens_per_expert.sum()) == 2 * (2 * 24 * 2)
     assert not (mode.seen & SYNCING), sorted(mode.seen & SYNCING)
     assert not read, read
+
+
+def test_the_benchmark_s_three_forms_agree_before_it_times_them(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "permute.py"
+    spec = importlib.util.spec_from_file_location("permute_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for dtype in ("fp32", "bf16"):
+        assert mod.main(["--tokens", "96", "--hidden", "32", "--experts", "8", "--topk", "3", "--repeats", "3",
+                         "--device", "cpu", "--dtype", dtype]) == 0
+    out = capsys.readouterr().out
+    assert "mismatch" not in out and out.count("baseline/gather_sum") == 2 and "piper-train takes gather_sum" in out
