@@ -30,20 +30,38 @@ from piper_plan.plan import Plan
 from .model import Chunk
 
 
+def _read_back(tensors: list[torch.Tensor]) -> list[list[float]]:
+    """Each tensor's values as a flat list, all in one device-to-host copy (each .tolist() or
+    float() of a GPU tensor is a synchronisation of its own). float64 holds the int64 counts
+    exactly up to 2^53."""
+    if not tensors:
+        return []
+    dev = tensors[0].device
+    flat = torch.cat([t.detach().reshape(-1).to(dev, torch.float64) for t in tensors]).tolist()
+    out, at = [], 0
+    for t in tensors:
+        out.append(flat[at:at + t.numel()])
+        at += t.numel()
+    return out
+
+
 def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], step_s: float,
                grad_norm: float, phases: Optional[dict] = None) -> dict:
     """What this rank contributes to one step's record (small, picklable)."""
+    layers = [(layer, m) for c in chunks.values() for layer, m in c.moe_layers().items()]
+    stats = [t for _, m in layers for t in (m.dispatcher.tokens_per_slot, m.dispatcher.tokens_per_expert, m.aux_total)]
+    values = _read_back(stats + list(losses))
     moe, a2a, aux = {}, 0.0, 0.0
-    for c in chunks.values():
-        for layer, m in c.moe_layers().items():
-            d = m.dispatcher
-            moe[layer] = dict(experts=d.placement.local_experts(d.ep_rank),
-                              slot_tokens=d.tokens_per_slot.tolist(),
-                              routed=d.tokens_per_expert.tolist())
-            a2a += d.a2a.fwd_s + d.a2a.bwd_s
-            aux += float(m.aux_total)
+    for i, (layer, m) in enumerate(layers):
+        d = m.dispatcher
+        slot, routed, total = values[3 * i: 3 * i + 3]
+        moe[layer] = dict(experts=d.placement.local_experts(d.ep_rank),
+                          slot_tokens=[int(v) for v in slot], routed=[int(v) for v in routed])
+        a2a += d.a2a.fwd_s + d.a2a.bwd_s
+        aux += total[0]
+    losses = [v[0] for v in values[3 * len(layers):]]
     return dict(rank=groups.rank, pp=groups.pp_rank, dp=groups.dp_rank, ep=groups.ep_rank, edp=groups.edp_rank,
-                losses=[float(x) for x in losses], step_s=step_s, grad_norm=grad_norm, a2a_s=a2a, aux=aux,
+                losses=losses, step_s=step_s, grad_norm=grad_norm, a2a_s=a2a, aux=aux,
                 phases=phases or {},
                 peak_rss_gib=peak_rss_gib(), peak_device_gib=peak_device_gib(chunks),
                 chunks={c: (m.times.fwd_s, m.times.bwd_s) for c, m in chunks.items()}, moe=moe)
@@ -54,7 +72,7 @@ def reset(chunks: dict[int, Chunk]) -> None:
         c.times.reset()
         for m in c.moe_layers().values():
             m.dispatcher.reset_stats()
-            m.aux_total = torch.zeros(())
+            m.aux_total = torch.zeros((), device=m.aux_total.device)  # where the layer adds to it: no copy
 
 
 def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
