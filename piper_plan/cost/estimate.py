@@ -373,8 +373,12 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     peak = np.zeros(n)
     host_peak = np.zeros(n)
     offloads = bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
+    casts = {r: _cast_copies(m, lay, infl[r]) for r in roles}
+    with_casts = any(np.any(v > 0) for v in casts.values())
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
+        if with_casts:  # reported apart only where a layout holds more than one copy
+            comps["weight_casts"] = comps["weights"] * casts[r]
         layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
         parked = offloaded_share(lay, nd + nm) * layer_acts  # Layout.offload_layers' share, in host memory
         comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
@@ -390,6 +394,19 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
         peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
         host_peak = np.maximum(host_peak, np.where(stage_of[r] >= 0, on_host, 0.0))
     return mem, peak, stage_of, host_peak
+
+
+def _cast_copies(m: ModelSpec, lay: LayoutBatch, infl) -> np.ndarray:
+    """bf16 copies of a rank's weights held beyond the state's one ("weights"), per layout.
+    piper-train (unfused modules) keeps fp32 weights and autocast casts them to bf16 in each
+    micro-batch's forward; the copies stay saved for that micro-batch's backward (its matmuls'
+    inputs), so a rank holds one per micro-batch in flight, except in the layers full recompute
+    re-runs, which save only their input and cast again in the backward. Measured on the CPU
+    (tests/test_weight_casts.py): each micro-batch in flight holds its own copy of every matrix
+    of a block. The embedding table, which a lookup does not cast, is counted with the rest (an
+    upper bound by its share). 0 for fused stacks (bf16 weights kept once) and fp32 training."""
+    kept = np.where(lay.recompute == 2, 1.0 - full_recompute_share(m, lay), 1.0)
+    return np.where(lay.unfused & (lay.act_bytes == 2), np.maximum(np.asarray(infl, float) - 1.0, 0.0) * kept, 0.0)
 
 
 def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
