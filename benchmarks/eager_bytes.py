@@ -178,12 +178,16 @@ def main() -> None:
     a = ap.parse_args()
     if a.solve:
         for dt in ("bf16", "fp32"):
-            for key, val in solve(dt).items():
+            solved = solve(dt)
+            for key, val in solved.items():
                 phase = "forward" if key[-1] == "f" else "backward"
                 if key[0] == "ops":
                     print(f"{dt} ops a pass, {key[1]:5s} {phase:8s} {min(val)}-{max(val)}")
-                else:
-                    print(f"{dt} {key[0]:5s} {phase:8s} {val[0]}  (largest miss {val[1]:.1%})")
+                    continue
+                print(f"{dt} {key[0]:5s} {phase:8s} {val[0]}  (largest miss {val[1]:.1%})")
+                if key[0] == "moe":  # cost/eager.py's MOE: the row terms, then the t·d excess
+                    excess = round(val[0][0] - solved[("dense", key[1])][0][0], 2)
+                    print(f"{dt} MOE   {phase:8s} {val[0][3:] + [excess]}")
         return
     r = count_block(a.model, a.seq, a.moe, a.mbs)
     b, ops = r["bytes"], r["ops"]

@@ -4,11 +4,14 @@ per rank, against the planner's model (piper_plan.cost.activations, cost.memory.
 One command:  python benchmarks/memory_check.py
 
 Runtime side: saved_tensors_hooks around one block's forward (piper_runtime.metrics.
-saved_tensor_bytes: each storage once, parameters and buffers left out), fp32, one rank,
-experts local (ep 1), torch SDPA (the CPU flash kernel: output + fp32 log-sum-exp), so the
-matching model setting is attention_kernel='flash', dtype fp32, fused_kernels=False: the
-eager runtime saves the unfused-kernel tensors the model lists (cost/activations.py); the
-fused-kernel figure (Megatron) is printed beside it for reference."""
+saved_tensor_bytes: each storage once, parameters and buffers left out), one rank, experts
+local (ep 1), torch SDPA (the CPU flash kernel: output + fp32 log-sum-exp), in fp32 and under
+bf16 autocast, the MoE token sums as a GPU takes them (runtime/moe/permute.sums_by_slot), so the
+matching model setting is attention_kernel='flash', fused_kernels=False: the eager runtime saves
+the unfused-kernel tensors the model lists (cost/activations.py). Under bf16 the per-micro-batch
+bf16 copies of the block's weights are counted apart and compared with the weights' bf16 bytes
+(the model prices them with the state and estimate._cast_copies). The fused-kernel figure
+(Megatron) is printed beside it for reference."""
 from __future__ import annotations
 
 import sys
@@ -23,26 +26,44 @@ from piper_plan.specs.model import ModelSpec
 from piper_plan.specs.registry import load_model
 
 
-def measure(m: ModelSpec, seq: int, mbs: int, row_multiple: int = 1) -> dict[str, dict]:
-    """Per block kind: measured saved bytes, the model's (unfused) terms, the fused-kernel total;
+def measure(m: ModelSpec, seq: int, mbs: int, row_multiple: int = 1, dtype: str = "fp32") -> dict[str, dict]:
+    """Per block kind: measured saved bytes (bf16 weight copies apart: `casts`, against the
+    block's matrices at 2 B: `casts_model`), the model's (unfused) terms, the fused-kernel total;
     row_multiple: the experts' row padding (Accelerator.expert_row_multiple; cpu-local: 16)."""
     from piper_runtime.metrics import saved_tensor_bytes
     from piper_runtime.model import Block, BuildCtx
+    from piper_runtime.moe.permute import sums_by_slot
 
     torch.manual_seed(0)
-    ctx = BuildCtx(seq=seq, dtype="fp32", row_multiple=row_multiple)
+    ctx = BuildCtx(seq=seq, dtype=dtype, row_multiple=row_multiple)
     # piper-train runs eager PyTorch modules: the model's unfused-kernel terms apply
-    lay = from_layouts([Layout(gpus=1, global_batch=mbs, mbs=mbs, seq=seq, dtype="fp32", attention_kernel="flash",
+    lay = from_layouts([Layout(gpus=1, global_batch=mbs, mbs=mbs, seq=seq, dtype=dtype, attention_kernel="flash",
                                fused_kernels=False)])
-    fused = from_layouts([Layout(gpus=1, global_batch=mbs, mbs=mbs, seq=seq, dtype="fp32", attention_kernel="flash")])
+    fused = from_layouts([Layout(gpus=1, global_batch=mbs, mbs=mbs, seq=seq, dtype=dtype, attention_kernel="flash")])
     out = {}
     for layer in (0, m.dense_layers):
         kind = "moe" if m.layer_is_moe(layer) else "dense"
         blk = Block(m, layer, ctx)
+        with torch.no_grad():
+            for p in blk.parameters():
+                p.normal_(0.0, 0.02)
         x = torch.randn(mbs, seq, m.hidden_size, requires_grad=True)
-        blk(x).sum().backward()  # warm-up: one-time probes (grouped GEMM support) run outside the count
+
+        def fwd():
+            with sums_by_slot(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                return blk(x)
+
+        fwd().sum().backward()  # warm-up: one-time probes (grouped GEMM support) run outside the count
         state = list(blk.parameters()) + list(blk.buffers())
-        _, got, items = saved_tensor_bytes(lambda: blk(x), exclude=state)
+        _, got, items = saved_tensor_bytes(fwd, exclude=state)
+        # a bf16 storage of a matrix's shape (or its transpose: a linear saves its weight so) is a
+        # weight copy; the shapes used here match no activation
+        mats = [p for p in blk.parameters() if p.dim() >= 2]
+        shapes = {tuple(p.shape) for p in mats} | {tuple(p.shape[::-1]) for p in mats if p.dim() == 2}
+        casts = sum(b for shape, dt, b, _ in items if shape in shapes and dt == "bfloat16")
+        router = blk.moe.router.gate.weight if kind == "moe" else None  # fp32: not cast
+        casts_model = sum(2 * p.numel() for p in mats if p is not router) if dtype == "bf16" else 0
+        got -= casts
         def terms_of(b):
             t = act.attention_terms(m, b)
             t.update(act.moe_terms(m, b, 1.0, row_multiple) if kind == "moe" else act.ffn_terms(m, b))
@@ -50,7 +71,7 @@ def measure(m: ModelSpec, seq: int, mbs: int, row_multiple: int = 1) -> dict[str
 
         model, model_fused = terms_of(lay), terms_of(fused)
         out[kind] = dict(measured=got, model=sum(model.values()), model_fused=sum(model_fused.values()),
-                         terms=model, items=items)
+                         terms=model, items=items, casts=casts, casts_model=casts_model)
     return out
 
 
@@ -85,17 +106,19 @@ def main() -> int:
     from runtime_throughput import SMALL
 
     worst = 0.0
-    print("== saved-for-backward bytes per block (fp32, SDPA flash, ep 1) vs piper_plan.cost.activations")
-    for m, seq, mbs in ((load_model("tiny-moe"), 64, 2), (ModelSpec(**SMALL), 128, 1)):
-        for rm in (1, 16):  # expert rows unpadded, and padded to 16 as piper-train does on CPU ranks
-            for kind, r in measure(m, seq, mbs, rm).items():
-                if rm > 1 and kind != "moe":
-                    continue
-                err = r["model"] / r["measured"] - 1
-                worst = max(worst, abs(err))
-                print(f"{m.name:<14} {kind:<5} rows×{rm:<2} measured {r['measured']:>9,d} B  model (unfused kernels) "
-                      f"{r['model']:>11,.0f}  error {100 * err:+5.1f}%  (fused-kernel model "
-                      f"{100 * (r['model_fused'] / r['measured'] - 1):+5.1f}%)")
+    print("== saved-for-backward bytes per block (SDPA flash, ep 1, the GPU's token sums) vs piper_plan.cost.activations")
+    for m, seq, mbs in ((load_model("tiny-moe"), 72, 2), (ModelSpec(**SMALL), 136, 1)):
+        for dtype in ("fp32", "bf16"):
+            for rm in (1, 16):  # expert rows unpadded, and padded to 16 as piper-train does on CPU ranks
+                for kind, r in measure(m, seq, mbs, rm, dtype).items():
+                    if rm > 1 and kind != "moe":
+                        continue
+                    err = r["model"] / r["measured"] - 1
+                    worst = max(worst, abs(err))
+                    casts = f"; bf16 weight copies {r['casts']:,} B (2 B a weight: {r['casts_model']:,})" if r["casts"] else ""
+                    print(f"{m.name:<14} {dtype} {kind:<5} rows×{rm:<2} measured {r['measured']:>9,d} B  model (unfused "
+                          f"kernels) {r['model']:>11,.0f}  error {100 * err:+5.1f}%  (fused-kernel model "
+                          f"{100 * (r['model_fused'] / r['measured'] - 1):+5.1f}%){casts}")
         for ep in (1, 2):
             s = state_check(m, ep)
             print(f"{m.name:<14} ep{ep}: params dense {s['dense_params']:,} (model {s['dense_params_model']:,.0f}), "

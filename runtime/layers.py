@@ -55,6 +55,18 @@ def _row_out(lin: nn.Linear, h: torch.Tensor, tp: TP) -> torch.Tensor:
     return y if lin.bias is None else y + lin.bias
 
 
+def compute_input(x: torch.Tensor) -> torch.Tensor:
+    """A block's input in autocast's dtype, cast once. Autocast caches weight casts, not
+    activation casts: each linear reading an fp32 input (q, k and v; gate and up) would cast and
+    save a copy of its own (benchmarks/memory_check.py counts what a block saves); cast before
+    the tensor-parallel gather, the sequence all-gather also moves half the bytes."""
+    dev = x.device.type
+    if not torch.is_autocast_enabled(dev) or not x.is_floating_point():
+        return x
+    dt = torch.get_autocast_dtype(dev)
+    return x if x.dtype == dt else x.to(dt)
+
+
 def rope_tables(seq: int, dim: int, theta: float = 10000.0):
     """cos, sin [seq, dim/2] for rotary embedding on pairs (x[2i], x[2i+1]) (RoFormer)."""
     inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
@@ -117,7 +129,7 @@ class Attention(nn.Module):
         return F.linear(x, lin.weight[self.kv_rows], b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.tp.enter(x)
+        x = self.tp.enter(compute_input(x))
         B, S, _ = x.shape
         q = self.wq(x).view(B, S, self.H, self.hd).transpose(1, 2)
         k = self._kv(self.wk, x).view(B, S, self.KV, self.hd).transpose(1, 2)
@@ -164,7 +176,7 @@ class MLAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.tp.enter(x)
+        x = self.tp.enter(compute_input(x))
         B, S, _ = x.shape
         q = self.wq_b(self.q_norm(self.wq_a(x))) if hasattr(self, "wq_a") else self.wq(x)
         q = q.view(B, S, self.H, self.nope + self.rope).transpose(1, 2)
@@ -195,7 +207,7 @@ class FFN(nn.Module):
         self.w2 = _row(nn.Linear(fl, d, bias=bias), tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.tp.enter(x)
+        x = self.tp.enter(compute_input(x))
         h = F.silu(self.w1(x)) * self.w3(x) if self.gated else F.gelu(self.w1(x))
         return _row_out(self.w2, h, self.tp)
 

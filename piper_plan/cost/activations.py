@@ -20,12 +20,16 @@ log-sum-exp; `eager` (Megatron's fused scale-mask-softmax) keeps the softmax out
 1-byte mask and the dropped-out copy under dropout; `naive` (unfused: scores and
 probabilities both kept) is the assumption behind Piper's 4·H·b·s² term.
 
-Unfused (eager PyTorch) modules, as in piper-train, keep more: an unfused RMSNorm saves its
-fp32 1/rms per token and the normalised x (for the weight gradient) besides its output; the
-[b, h, s, d] -> [b, s, h·d] reshape before the output projection copies; an unfused SwiGLU
-keeps silu(gate) besides gate and up; the dispatcher keeps top-k ids and gather/scatter row
-indices (int64), combine weights and the fp32 combine input. Counted with saved-tensor hooks
-in benchmarks/memory_check.py.
+Unfused (eager PyTorch) modules, as in piper-train, keep more: its residual stream and norms
+run in fp32 whatever the compute dtype, so a norm's input, its fp32 1/rms per token and the
+normalised x (for the weight gradient) are fp32, as is the router's input; the norm output is
+cast once for the block's projections (and once more for the shared experts); the rotary
+tables are cast per rotation; the [b, h, s, d] -> [b, s, h·d] reshape before the output
+projection copies; an unfused SwiGLU keeps silu(gate) besides gate and up; the dispatcher keeps
+top-k ids, the rows' (token, choice) positions (int64) and the combine weights. Counted with
+saved-tensor hooks in benchmarks/memory_check.py: equal, tensor for tensor, in fp32 and bf16
+(tests/test_memory_check.py). The bf16 weight copies autocast saves are priced with the state
+(estimate._cast_copies).
 """
 from __future__ import annotations
 
@@ -89,8 +93,14 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
         a = m.mla
         out["qkv_in"] = out["qkv_in"] + eb * t * (a.kv_lora_rank + (a.q_lora_rank or 0))
     u = lay.unfused
-    out["attn_norm_unfused"] = np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0)
+    # piper-train's residual stream and norms run in fp32 whatever the compute dtype: the norm's
+    # input and its normalised x are fp32 (the output is cast once, compute_input, for q, k, v)
+    out["attn_norm_in"] = np.where(u, 4.0, eb) * t * d / sp_div
+    out["attn_norm_unfused"] = np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0)
     out["attn_out_copy"] = np.where(u, eb * t * heads * dv, 0.0)
+    # its rotary tables cast to bf16 in each of the two rotations (q, k): [s, rope / 2] cos and sin
+    rope = m.mla.qk_rope_head_dim if m.mla else m.hd - m.hd % 2
+    out["rope_tables_unfused"] = np.where(u & (eb < 4.0), 2.0 * eb * s * rope, 0.0)
     # X-MoE's attention-block checkpoint keeps only the layer input
     block = recomputes(lay, "attn_block")
     return {k: v if k == "attn_norm_in" else np.where(block, 0.0, v) for k, v in out.items()}
@@ -106,12 +116,12 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     return {
         # X-MoE's attention-block checkpoint runs this norm: its input is not kept (one d-wide
         # tensor stays where this block recomputes from its input)
-        "ffn_norm_in": np.where(recomputes(lay, "attn_block") & ~mlp, 0.0, eb * t * d / sp_div),
+        "ffn_norm_in": np.where(recomputes(lay, "attn_block") & ~mlp, 0.0, np.where(u, 4.0, eb) * t * d / sp_div),
         "ffn_in": np.where(ln | mlp, 0.0, qb * t * d / sp_div),
         "ffn_hidden": np.where(mlp, 0.0, eb * t * hid / tp),
         "ffn_act": np.where(mlp | recomputes(lay, "act_fc2"), 0.0, qb * t * f / tp),
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
-        "ffn_norm_unfused": np.where(u, (4.0 * t + eb * t * d) / sp_div, 0.0),
+        "ffn_norm_unfused": np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0),  # fp32 (attention_terms)
         "ffn_silu_out": np.where(u & m.ffn_gated, eb * t * f / tp, 0.0),
     }
 
@@ -143,11 +153,13 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     # attention-block checkpoint runs this block's norm, so the norm's input is not kept (unless
     # the whole block recomputes from it)
     whole, ln = recomputes(lay, "moe"), recomputes(lay, "layernorm")
+    u = lay.unfused
     act = recomputes(lay, "moe_act") | recomputes(lay, "act_fc2")
     keep = lambda x, drop=False: np.where(whole | drop, 0.0, x)  # noqa: E731
     out = {
-        "moe_norm_in": np.where(recomputes(lay, "attn_block") & ~whole, 0.0, eb * tm * d),
-        "router_in": keep(eb * tm * d, ln),
+        "moe_norm_in": np.where(recomputes(lay, "attn_block") & ~whole, 0.0, np.where(u, 4.0, eb) * tm * d),
+        # piper-train's router takes the fp32 norm output (attention_terms)
+        "router_in": keep(np.where(u, 4.0, eb) * tm * d, ln),
         "router_probs": keep(4.0 * tm * mo.num_experts),
         "expert_in": keep(qb * padded * d),
         "expert_hidden": keep(eb * padded * up * f),
@@ -163,14 +175,14 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
         # bf16 fc1 saves the norm output the router keeps)
         fp8_in = np.where(lay.fp8 > 0, qb * tm * d, 0.0)
         out["shared_hidden"] = keep((eb * up + qb) * tm * fs + fp8_in, recomputes(lay, "shared_experts"))
-    u = lay.unfused
-    out["moe_norm_unfused"] = np.where(u, 4.0 * tm + eb * tm * d, 0.0)
+    out["moe_norm_unfused"] = np.where(u, 4.0 * tm + 4.0 * tm * d, 0.0)
+    if mo.shared_experts:  # piper-train's shared experts take a cast of the fp32 norm output
+        out["shared_in_unfused"] = keep(np.where(u & (eb < 4.0), eb * tm * d, 0.0), recomputes(lay, "shared_experts"))
     out["expert_silu_out"] = np.where(u & mo.gated, eb * (padded * f + tm * fs), 0.0)
     if row_multiple > 1:  # the padded-row index (int64), kept to scatter and gather back
         out["expert_pad_index"] = 8.0 * rows
-    # top-k ids, gather and scatter row indices (int64), combine weights and fp32 combine input
-    out["routing_unfused"] = np.where(u, 8.0 * tm * k + 16.0 * rows + 4.0 * rows + 4.0 * rows * d
-                                      + 4.0 * mo.num_experts, 0.0)
+    # top-k ids, the rows' (token, choice) positions (int64), combine weights
+    out["routing_unfused"] = np.where(u, 8.0 * tm * k + 8.0 * rows + 4.0 * rows + 4.0 * mo.num_experts, 0.0)
     return out
 
 

@@ -16,7 +16,7 @@ dense FFN 96-5d, 1-8 of 6-32 experts, expert widths 48-384); the bytes are linea
 tensors' element counts, and scipy's nnls on those counts gives the bytes per element below,
 within 2 % of every count solved on; at held-out shapes (tests/test_eager_traffic.py recounts
 them) within 3 % in bf16 and 8 % in fp32 (a MoE forward). Ops per block pass were the same at
-every shape but the MoE forward's (58-66 in bf16, by the router's top-k path: the most is taken).
+every shape but the MoE forward's (56-64 in bf16, by the router's top-k path: the most is taken).
 
 Where it applies: unfused layouts on a spec without a calibrated per-block overhead
 (efficiency.layer_overhead_us): calibrate fits that overhead on CPUs, where the host is the
@@ -36,15 +36,16 @@ from .kernels import stream_time
 # bytes per element, forward and backward, of one block pass's eager traffic, by dtype:
 # the block's token-level part (both norms and residuals, the attention's projections'
 # surroundings and RoPE) on t·d, t·kv_heads·head_dim and t; a dense FFN's on t·ffn;
-# a MoE layer's on its routed rows r = t·k: r·d, r·f, t·E, r (the MoE block's t·d and t
-# coefficients differ from the dense block's by under 5 %: the token-level part is shared)
-TOKEN = {"bf16": {"f": (125.54, 22.23, 471.56), "b": (329.16, 33.65, 237.01)},
+# a MoE layer's on its routed rows r = t·k: r·d, r·f, t·E, r, and on t·d its token-level
+# excess over the dense block's (its residual add in fp32, the router's fp32 input, the cast
+# for the experts; the t and t·kv·head_dim coefficients agree within 1 %)
+TOKEN = {"bf16": {"f": (107.54, 22.23, 471.56), "b": (293.16, 33.65, 237.01)},
          "fp32": {"f": (122.05, 39.38, 386.30), "b": (318.14, 67.35, 407.55)}}
 FFN = {"bf16": {"f": (10.0,), "b": (18.0,)}, "fp32": {"f": (20.0,), "b": (36.0,)}}
-MOE = {"bf16": {"f": (22.02, 10.0, 12.05, 152.18), "b": (50.0, 18.0, 24.0, 40.0)},
-       "fp32": {"f": (36.02, 20.0, 11.62, 153.57), "b": (68.0, 36.0, 24.0, 40.0)}}
+MOE = {"bf16": {"f": (22.02, 10.0, 12.05, 152.18, 8.01), "b": (42.0, 18.0, 24.0, 40.0, 6.0)},
+       "fp32": {"f": (36.02, 20.0, 11.62, 153.57, 7.99), "b": (60.0, 36.0, 24.0, 40.0, 12.0)}}
 # ops (kernels) per pass: the dense block's to the token-level part, the MoE block's excess to it
-OPS = {"bf16": {"token": (40, 67), "moe": (26, 9)}, "fp32": {"token": (31, 60), "moe": (27, 11)}}
+OPS = {"bf16": {"token": (37, 64), "moe": (27, 10)}, "fp32": {"token": (31, 60), "moe": (27, 11)}}
 
 
 def applies(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
@@ -82,4 +83,5 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, rows, width):
     """(forward, backward) seconds of a MoE layer's eager routing traffic on the straggler
     rank: `rows` its routed rows, `width` the expert width it computes."""
     t = lay.tokens / lay.tp
-    return _traffic(hw, lay, MOE, [rows * m.hidden_size, rows * width, t * m.moe.num_experts, rows], "moe")
+    d = m.hidden_size
+    return _traffic(hw, lay, MOE, [rows * d, rows * width, t * m.moe.num_experts, rows, t * d], "moe")

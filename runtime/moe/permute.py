@@ -78,15 +78,38 @@ class Pairs:
         without a row: 0): rows [A, d] -> [n, d]."""
         d = rows.shape[1]
         if self.slots:
+            if weights is not None:
+                return _SlotCombine.apply(rows, weights.float(), self.src, self.n, self.k)
             yk = rows.new_zeros(self.n * self.k, d).index_copy(0, self.src, rows).view(self.n, self.k, d)
-            if weights is None:
-                return yk.sum(1, dtype=torch.float32)
-            return (yk * weights.float().unsqueeze(-1)).sum(1)  # bf16 x fp32: an fp32 product
+            return yk.sum(1, dtype=torch.float32)
         if rows.shape[0] == 0:  # no rows at all (no tokens, or all dropped): nothing to gather,
             # but the result stays in rows' graph as the slot sums' does (0 + an empty sum)
             return rows.new_zeros(self.n, d, dtype=torch.float32) + rows.float().sum()
         w = self.kept if weights is None else (weights.float() if self.kept is None else weights.float() * self.kept)
         return F.embedding_bag(self.rows, rows.float(), per_sample_weights=w, mode="sum")
+
+
+class _SlotCombine(torch.autograd.Function):
+    """out[t] = Σ_j w[t, j] · y[row of (t, j)] through the [n·k, d] slot buffer, in fp32 (bf16 x
+    fp32: an fp32 product). It saves the buffer and the weights only: autograd's index_copy
+    would keep its source too, a second rows x d copy of the expert outputs per layer and
+    micro-batch (benchmarks/memory_check.py counts what a block saves)."""
+
+    @staticmethod
+    def forward(ctx, y, w, src, n: int, k: int):
+        yk = y.new_zeros(n * k, y.shape[1]).index_copy_(0, src, y).view(n, k, y.shape[1])
+        ctx.save_for_backward(yk, w, src)
+        return (yk * w.unsqueeze(-1)).sum(1)
+
+    @staticmethod
+    def backward(ctx, g):
+        yk, w, src = ctx.saved_tensors
+        gw = (g.unsqueeze(1) * yk).sum(-1) if ctx.needs_input_grad[1] else None
+        gy = None
+        if ctx.needs_input_grad[0]:
+            gk = (g.unsqueeze(1) * w.unsqueeze(-1)).to(yk.dtype)
+            gy = gk.view(-1, yk.shape[2]).index_select(0, src)
+        return gy, gw, None, None, None
 
 
 class Permute(torch.autograd.Function):
