@@ -21,9 +21,10 @@ every shape but the MoE forward's (56-64 in bf16, by the router's top-k path: th
 Where it applies: unfused layouts on a spec without a calibrated per-block overhead
 (efficiency.layer_overhead_us): calibrate fits that overhead on CPUs, where the host is the
 device and the eager cost is the host's; on a GPU spec the bytes are HBM traffic.
-Granite-3.0-3B-A800M's MoE block at 4 x 2,048 tokens counts 14.2 GiB (13.1 elementwise, 1.1
-weight casts), 3.7 ms at the dgx-h200 stream rate; a lent H200 ran the whole step at 1.23x the
-price with these counts (README)."""
+Granite-3.0-3B-A800M's MoE block at 4 x 2,048 tokens counts 13.1 GiB (12.0 elementwise, 1.1
+weight casts), 3.45 ms at the dgx-h200 stream rate. A lent H200 ran the whole step at 1.23x its
+price with the counts of the runtime it ran (5fa6972: 14.2 GiB, 3.7 ms a block); the runtime
+since casts each block's input once (README)."""
 from __future__ import annotations
 
 import numpy as np
