@@ -18,7 +18,11 @@ torch = pytest.importorskip("torch")
 
 import torch.multiprocessing as mp  # noqa: E402
 
-RUNTIME = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "runtime"))
+import piper_runtime  # noqa: E402
+
+# where piper-train's code is imported from (the checkout, or site-packages when installed so)
+RUNTIME = os.path.realpath(os.path.dirname(piper_runtime.__file__))
+
 READBACKS = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 STEPS = 3
 
