@@ -284,7 +284,9 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     step = (t_pipe + t_dp + t_opt + t_mig) * share
 
     # ---- memory per representative rank ------------------------------------------------
-    mem, peak, stage_of, host_peak = _memory(m, hw, lay, roles, has_head, has_mid, P_rep, P_exp, edp, lc, M)
+    # an embedding table no LM head on the rank reads is looked up, never cast (_cast_copies)
+    uncast = {r: has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r])) for r in roles}
+    mem, peak, stage_of, host_peak = _memory(m, hw, lay, roles, has_head, has_mid, P_rep, P_exp, edp, lc, M, uncast)
     fits = peak + headroom_gib <= hw.accelerator.memory_gib
     if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
         fits &= host_peak <= hw.host.memory_gib
@@ -340,9 +342,10 @@ BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.
 
 
 def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, P_rep: dict,
-            P_exp: dict, edp, lc: dict, M):
+            P_exp: dict, edp, lc: dict, M, uncast: dict):
     """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
-    dense and MoE layer counts, P_rep / P_exp their replicated and expert parameters),
+    dense and MoE layer counts, P_rep / P_exp their replicated and expert parameters, `uncast`
+    the replicated ones piper-train never casts to bf16),
     the worst rank's total, each role's stage (-1: no such rank) and the largest GiB a rank keeps
     in host memory (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
     n = len(lay)
@@ -378,7 +381,7 @@ def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_h
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_casts:  # reported apart only where a layout holds more than one copy
-            comps["weight_casts"] = comps["weights"] * casts[r]
+            comps["weight_casts"] = (comps["weights"] - uncast[r] * c_rep["weights"]) * casts[r]
         layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
         parked = offloaded_share(lay, nd + nm) * layer_acts  # Layout.offload_layers' share, in host memory
         comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
@@ -403,8 +406,9 @@ def _cast_copies(m: ModelSpec, lay: LayoutBatch, infl) -> np.ndarray:
     inputs), so a rank holds one per micro-batch in flight, except in the layers full recompute
     re-runs, which save only their input and cast again in the backward. Measured on the CPU
     (tests/test_weight_casts.py): each micro-batch in flight holds its own copy of every matrix
-    of a block. The embedding table, which a lookup does not cast, is counted with the rest (an
-    upper bound by its share). 0 for fused stacks (bf16 weights kept once) and fp32 training."""
+    of a block. The copies are of the weights a rank casts: all but an embedding table that no
+    LM head on the rank reads (_memory's `uncast`; norms and routers, which stay fp32, are
+    counted: a few per mille). 0 for fused stacks (bf16 weights kept once) and fp32 training."""
     kept = np.where(lay.recompute == 2, 1.0 - full_recompute_share(m, lay), 1.0)
     return np.where(lay.unfused & (lay.act_bytes == 2), np.maximum(np.asarray(infl, float) - 1.0, 0.0) * kept, 0.0)
 
