@@ -80,13 +80,17 @@ class Pairs:
         if self.slots:
             if weights is not None:
                 return _SlotCombine.apply(rows, weights.float(), self.src, self.n, self.k)
-            yk = rows.new_zeros(self.n * self.k, d).index_copy(0, self.src, rows).view(self.n, self.k, d)
-            return yk.sum(1, dtype=torch.float32)
+            return _slots(rows, self.src, self.n, self.k).sum(1, dtype=torch.float32)
         if rows.shape[0] == 0:  # no rows at all (no tokens, or all dropped): nothing to gather,
             # but the result stays in rows' graph as the slot sums' does (0 + an empty sum)
             return rows.new_zeros(self.n, d, dtype=torch.float32) + rows.float().sum()
         w = self.kept if weights is None else (weights.float() if self.kept is None else weights.float() * self.kept)
         return F.embedding_bag(self.rows, rows.float(), per_sample_weights=w, mode="sum")
+
+
+def _slots(rows: torch.Tensor, src: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """rows [A, d] copied to their (token, choice) slots: [n, k, d], zeros where a pair has none."""
+    return rows.new_zeros(n * k, rows.shape[1]).index_copy_(0, src, rows).view(n, k, rows.shape[1])
 
 
 class _SlotCombine(torch.autograd.Function):
@@ -97,7 +101,7 @@ class _SlotCombine(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, w, src, n: int, k: int):
-        yk = y.new_zeros(n * k, y.shape[1]).index_copy_(0, src, y).view(n, k, y.shape[1])
+        yk = _slots(y, src, n, k)
         ctx.save_for_backward(yk, w, src)
         return (yk * w.unsqueeze(-1)).sum(1)
 
