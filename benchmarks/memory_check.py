@@ -10,7 +10,7 @@ bf16 autocast, the MoE token sums as a GPU takes them (runtime/moe/permute.sums_
 matching model setting is attention_kernel='flash', fused_kernels=False: the eager runtime saves
 the unfused-kernel tensors the model lists (cost/activations.py). Under bf16 the per-micro-batch
 bf16 copies of the block's weights are counted apart and compared with the weights' bf16 bytes
-(the model prices them with the state and estimate._cast_copies). The fused-kernel figure
+(the model prices them with the state and rank_memory.cast_copies). The fused-kernel figure
 (Megatron) is printed beside it for reference."""
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def _worker(rank, store):
                 # after the whole backward no rank holds a full gradient; owners hold the reduced sum
                 assert all(i.param.grad is None for i in hooked)
                 assert {id(i.param) for i in hooked if i.owner == rank} == set(opt._sums)
-                # what the planner prices for the full gradients held in buckets (estimate._bucket_gib):
+                # what the planner prices for the full gradients held in buckets (rank_memory.bucket_gib):
                 # an upper bound the runtime comes within a third of (here 0.76: the planner adds
                 # the largest bucket's flat copy, the runtime's last flush copies a small one)
                 priced = estimate_layout(plan.model, plan.hardware, lay).memory["first"]["grad_buckets"][0]

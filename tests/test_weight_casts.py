@@ -1,7 +1,7 @@
 """piper-train's bf16 weight copies: autocast casts the fp32 weights in each micro-batch's forward
 and the copies stay saved for that micro-batch's backward, so a pipeline rank holds one per
 micro-batch in flight (none saved where full recompute re-runs the block); the memory model
-prices the copies beyond the state's one as `weight_casts` (estimate._cast_copies)."""
+prices the copies beyond the state's one as `weight_casts` (rank_memory.cast_copies)."""
 from __future__ import annotations
 
 import pytest

@@ -29,7 +29,7 @@ projection copies; an unfused SwiGLU keeps silu(gate) besides gate and up; the d
 top-k ids, the rows' (token, choice) positions (int64) and the combine weights. Counted with
 saved-tensor hooks in benchmarks/memory_check.py: equal, tensor for tensor, in fp32 and bf16
 (tests/test_memory_check.py). The bf16 weight copies autocast saves are priced with the state
-(estimate._cast_copies).
+(rank_memory.cast_copies).
 """
 from __future__ import annotations
 

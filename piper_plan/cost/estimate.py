@@ -20,8 +20,9 @@ from .compute import (Phase, attention_phase, core_attention, embedding_phase, f
                       tp_overlappable)
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
-from .memory import GIB, in_flight, layer_params_per_rank, state_coeffs
+from .memory import grad_bytes, layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, optimizer_offload_time, require_host
+from .rank_memory import BUCKET_CAP_BYTES, rank_memory
 from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
 from .stages import chunk_sizes
@@ -284,9 +285,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     step = (t_pipe + t_dp + t_opt + t_mig) * share
 
     # ---- memory per representative rank ------------------------------------------------
-    # an embedding table no LM head on the rank reads is looked up, never cast (_cast_copies)
-    uncast = {r: has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r])) for r in roles}
-    mem, peak, stage_of, host_peak = _memory(m, hw, lay, roles, has_head, has_mid, P_rep, P_exp, edp, lc, M, uncast)
+    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, has_mid, P_rep, P_exp, edp, lc, M)
     fits = peak + headroom_gib <= hw.accelerator.memory_gib
     if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
         fits &= host_peak <= hw.host.memory_gib
@@ -338,102 +337,6 @@ def core_share(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
     return np.maximum(local / cores, 1.0) / rpc
 
 
-BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
-
-
-def _memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, P_rep: dict,
-            P_exp: dict, edp, lc: dict, M, uncast: dict):
-    """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
-    dense and MoE layer counts, P_rep / P_exp their replicated and expert parameters, `uncast`
-    the replicated ones piper-train never casts to bf16),
-    the worst rank's total, each role's stage (-1: no such rank) and the largest GiB a rank keeps
-    in host memory (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
-    n = len(lay)
-    t = lay.tokens
-    tp = lay.tp.astype(float)
-    eb = lay.act_bytes.astype(float)
-    d = m.hidden_size
-    stage_of = {"first": np.zeros(n, int), "mid": np.where(has_mid, 1, -1),
-                "last": np.where(lay.pp == 1, 0, lay.pp - 1)}
-    # micro-batches in flight depend on (pp, vpp, schedule, M) alone: once per distinct one
-    _, first, inv = distinct_rows(lay.pp, lay.vpp, lay.sched, M)
-    stages = np.maximum(np.stack([stage_of[r][first] for r in roles]), 0)
-    infl = dict(zip(roles, in_flight(lay.take(first), stages, M[first]).take(inv, axis=1)))
-    # per layer and micro-batch on a rank: the LM head's fp32 logits and their gradient,
-    # and the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
-    # each MTP module computes (and keeps for its loss's backward) another set of logits
-    logits = t * m.vocab_size / tp * (4.0 + eb) * (1 + m.mtp_layers)
-    # and saves its projection's input, [norm(h); norm(emb)], and the two norms' inputs
-    mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
-    a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
-    # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
-    c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
-    c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
-    h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
-    h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
-    gb = _grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
-    mem = {}
-    peak = np.zeros(n)
-    host_peak = np.zeros(n)
-    offloads = bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
-    casts = {r: _cast_copies(m, lay, infl[r]) for r in roles}
-    with_casts = any(np.any(v > 0) for v in casts.values())
-    for r, (nd, nm) in roles.items():
-        comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
-        if with_casts:  # reported apart only where a layout holds more than one copy
-            comps["weight_casts"] = (comps["weights"] - uncast[r] * c_rep["weights"]) * casts[r]
-        layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
-        parked = offloaded_share(lay, nd + nm) * layer_acts  # Layout.offload_layers' share, in host memory
-        comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
-        comps["logits"] = has_head[r] * logits / GIB
-        comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
-        comps["grad_buckets"] = _bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
-        comps["overhead"] = np.full(n, hw.memory_overhead_gib)
-        comps["total"] = sum(comps.values())
-        on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked  # offloaded: not in the device total
-        if offloads:
-            comps["host"] = on_host
-        mem[r] = comps
-        peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
-        host_peak = np.maximum(host_peak, np.where(stage_of[r] >= 0, on_host, 0.0))
-    return mem, peak, stage_of, host_peak
-
-
-def _cast_copies(m: ModelSpec, lay: LayoutBatch, infl) -> np.ndarray:
-    """bf16 copies of a rank's weights held beyond the state's one ("weights"), per layout.
-    piper-train (unfused modules) keeps fp32 weights and autocast casts them to bf16 in each
-    micro-batch's forward; the copies stay saved for that micro-batch's backward (its matmuls'
-    inputs), so a rank holds one per micro-batch in flight, except in the layers full recompute
-    re-runs, which save only their input and cast again in the backward. Measured on the CPU
-    (tests/test_weight_casts.py): each micro-batch in flight holds its own copy of every matrix
-    of a block. The copies are of the weights a rank casts: all but an embedding table that no
-    LM head on the rank reads (_memory's `uncast`; norms and routers, which stay fp32, are
-    counted: a few per mille). 0 for fused stacks (bf16 weights kept once) and fp32 training."""
-    kept = np.where(lay.recompute == 2, 1.0 - full_recompute_share(m, lay), 1.0)
-    return np.where(lay.unfused & (lay.act_bytes == 2), np.maximum(np.asarray(infl, float) - 1.0, 0.0) * kept, 0.0)
-
-
-def _bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
-    """GiB of full gradients a ZeRO-2 rank holds at its peak while one chunk's backward fills
-    the reduction buckets (rep_gib / exp_gib: that chunk's replicated and expert gradients).
-    Gradients wait in a bucket per owner and replication group until it is full or holds
-    BUCKET_CAP_BYTES; owners interleave along the backward (whole parameters balanced by size),
-    so every owner's bucket fills side by side: min(a group's gradients, owners x cap) per
-    group, plus the flat copy one bucket is reduced from, one owner's share at most
-    (runtime/optim.py, piper-train's ZeRO-2; torch DDP's 25 MiB bucket_cap_mb). 0 for other
-    stages (their full gradients are state: memory.state_coeffs) and for the fused stacks,
-    whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2
-    CPU ranks (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
-    cap = BUCKET_CAP_BYTES / GIB
-    dp, edp = lay.dpcp.astype(float), np.maximum(np.asarray(edp, float), 1.0)  # edp is 0 without experts
-    rep = np.where(dp > 1, rep_gib, 0.0)  # gradients reduced in buckets: groups of two or more
-    exp = np.where(edp > 1, exp_gib, 0.0)
-    held = np.minimum(rep, dp * cap) + np.minimum(exp, edp * cap)
-    # a bucket is one owner's share of its group (parameters balanced by size over the owners)
-    flat = np.minimum(np.maximum(rep / dp, exp / edp), cap)
-    return np.where((lay.zero == 2) & lay.unfused, held + flat, 0.0)
-
-
 def _split_extras(split, x_first, x_last):
     """What the partition counts the embedding and the LM head as, in layers (Layout.pipeline_split):
     their cost (balanced), nothing (even: Megatron-Core's default), one layer each (account)."""
@@ -467,7 +370,7 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, 
     t_opt = t_opt + np.where(lay.zero >= 1, copies, 0.0)  # the ZeRO gather's copies
     v = lay.vpp.astype(float)
     cap = BUCKET_CAP_BYTES  # a bucket also goes at this size (runtime/optim.py)
-    grads = _grad_bytes(lay, lay.act_bytes.astype(float))
+    grads = grad_bytes(lay, lay.act_bytes.astype(float))
     rep_b, exp_b = np.ceil(rep_p * grads / v / cap), np.ceil(exp_p * grads / v / cap)
     buckets = v * (np.maximum(np.minimum(lay.dpcp, rep_t / v), rep_b) * (lay.dpcp > 1)
                    + np.maximum(np.minimum(edp, exp_t / v), exp_b) * (edp > 1))
@@ -499,18 +402,13 @@ def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, w
     return _dp_comm_time(hw, lay, grp, p, eb, win), _optimizer_time(hw, lay, grp["edp"], p, eb)
 
 
-def _grad_bytes(lay: LayoutBatch, eb):
-    """Bytes per gradient element: fp32 runs keep fp32 gradients, others Layout.grad_dtype."""
-    return np.where(eb == 4, 4.0, lay.grad_bytes)
-
-
 def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
     """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
     pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
     rep_pr, exp_pr = p.rep, p.exp
     F, B, W, M = win.F, win.B, win.W, win.M
     edp, edp_stride = grp["edp"], grp["edp_stride"]
-    gb = _grad_bytes(lay, eb)
+    gb = grad_bytes(lay, eb)
     zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
     dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
     t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dpcp, lay.tp, zfrac, dp_span)
@@ -553,7 +451,7 @@ def _optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     """The optimizer step: clipping and AdamW over the rank's own parameters, plus an eager
     runtime's flat-buffer copies."""
     rep_pr, exp_pr = p.rep, p.exp
-    gb = _grad_bytes(lay, eb)
+    gb = grad_bytes(lay, eb)
     # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
     local = _owned(lay, edp, rep_pr, exp_pr)
     # global-norm clipping: read each gradient for its norm, then scale it (read + write);

@@ -88,3 +88,8 @@ def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float) -
     c_rep, c_exp = state_coeffs(lay.dpcp, lay), state_coeffs(lay.edp, lay)
     tot = rep * sum(c_rep.values()) + exp * sum(c_exp.values())
     return tot / GIB + overhead_gib
+
+
+def grad_bytes(lay: LayoutBatch, eb):
+    """Bytes per gradient element: fp32 runs keep fp32 gradients, others Layout.grad_dtype."""
+    return np.where(eb == 4, 4.0, lay.grad_bytes)

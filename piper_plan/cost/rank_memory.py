@@ -1,0 +1,113 @@
+"""What each pipeline role's rank holds in memory, GiB, vectorised over layouts: the parameter,
+gradient and optimizer state (memory.state_coeffs), the activations of its micro-batches in
+flight (cost/activations.py per layer, memory.in_flight), the LM head's logits, the all-to-all
+buffers, piper-train's ZeRO-2 gradient buckets and its bf16 weight copies per micro-batch, the
+runtime's fixed reserve; and what optimizer and activation offload keep in host memory instead.
+estimate.evaluate composes a step from it."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from .batch import LayoutBatch, distinct_rows
+from .memory import GIB, grad_bytes, in_flight, state_coeffs
+from .offload import offloaded_share
+from .recompute import full_recompute_share
+
+BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
+
+
+def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_emb: dict, has_head: dict, has_mid,
+                P_rep: dict, P_exp: dict, edp, lc: dict, M):
+    """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
+    dense and MoE layer counts, has_emb / has_head whether it holds the embedding / LM head,
+    P_rep / P_exp its replicated and expert parameters), the worst rank's total, each role's
+    stage (-1: no such rank) and the largest GiB a rank keeps in host memory
+    (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
+    n = len(lay)
+    t = lay.tokens
+    tp = lay.tp.astype(float)
+    eb = lay.act_bytes.astype(float)
+    d = m.hidden_size
+    stage_of = {"first": np.zeros(n, int), "mid": np.where(has_mid, 1, -1),
+                "last": np.where(lay.pp == 1, 0, lay.pp - 1)}
+    # micro-batches in flight depend on (pp, vpp, schedule, M) alone: once per distinct one
+    _, first, inv = distinct_rows(lay.pp, lay.vpp, lay.sched, M)
+    stages = np.maximum(np.stack([stage_of[r][first] for r in roles]), 0)
+    infl = dict(zip(roles, in_flight(lay.take(first), stages, M[first]).take(inv, axis=1)))
+    # per layer and micro-batch on a rank: the LM head's fp32 logits and their gradient,
+    # and the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
+    # each MTP module computes (and keeps for its loss's backward) another set of logits
+    logits = t * m.vocab_size / tp * (4.0 + eb) * (1 + m.mtp_layers)
+    # and saves its projection's input, [norm(h); norm(emb)], and the two norms' inputs
+    mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
+    a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
+    # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
+    c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
+    c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
+    h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
+    h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
+    gb = grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
+    mem = {}
+    peak = np.zeros(n)
+    host_peak = np.zeros(n)
+    offloads = bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
+    casts = {r: cast_copies(m, lay, infl[r]) for r in roles}
+    with_casts = any(np.any(v > 0) for v in casts.values())
+    # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
+    uncast = {r: has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r])) for r in roles}
+    for r, (nd, nm) in roles.items():
+        comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
+        if with_casts:  # reported apart only where a layout holds more than one copy
+            comps["weight_casts"] = (comps["weights"] - uncast[r] * c_rep["weights"]) * casts[r]
+        layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
+        parked = offloaded_share(lay, nd + nm) * layer_acts  # Layout.offload_layers' share, in host memory
+        comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
+        comps["logits"] = has_head[r] * logits / GIB
+        comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
+        comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
+        comps["overhead"] = np.full(n, hw.memory_overhead_gib)
+        comps["total"] = sum(comps.values())
+        on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked  # offloaded: not in the device total
+        if offloads:
+            comps["host"] = on_host
+        mem[r] = comps
+        peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
+        host_peak = np.maximum(host_peak, np.where(stage_of[r] >= 0, on_host, 0.0))
+    return mem, peak, stage_of, host_peak
+
+
+def cast_copies(m: ModelSpec, lay: LayoutBatch, infl) -> np.ndarray:
+    """bf16 copies of a rank's weights held beyond the state's one ("weights"), per layout.
+    piper-train (unfused modules) keeps fp32 weights and autocast casts them to bf16 in each
+    micro-batch's forward; the copies stay saved for that micro-batch's backward (its matmuls'
+    inputs), so a rank holds one per micro-batch in flight, except in the layers full recompute
+    re-runs, which save only their input and cast again in the backward. Measured on the CPU
+    (tests/test_weight_casts.py): each micro-batch in flight holds its own copy of every matrix
+    of a block. The copies are of the weights a rank casts: all but an embedding table that no
+    LM head on the rank reads (rank_memory's `uncast`; norms and routers, which stay fp32, are
+    counted: a few per mille). 0 for fused stacks (bf16 weights kept once) and fp32 training."""
+    kept = np.where(lay.recompute == 2, 1.0 - full_recompute_share(m, lay), 1.0)
+    return np.where(lay.unfused & (lay.act_bytes == 2), np.maximum(np.asarray(infl, float) - 1.0, 0.0) * kept, 0.0)
+
+
+def bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
+    """GiB of full gradients a ZeRO-2 rank holds at its peak while one chunk's backward fills
+    the reduction buckets (rep_gib / exp_gib: that chunk's replicated and expert gradients).
+    Gradients wait in a bucket per owner and replication group until it is full or holds
+    BUCKET_CAP_BYTES; owners interleave along the backward (whole parameters balanced by size),
+    so every owner's bucket fills side by side: min(a group's gradients, owners x cap) per
+    group, plus the flat copy one bucket is reduced from, one owner's share at most
+    (runtime/optim.py, piper-train's ZeRO-2; torch DDP's 25 MiB bucket_cap_mb). 0 for other
+    stages (their full gradients are state: memory.state_coeffs) and for the fused stacks,
+    whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2
+    CPU ranks (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
+    cap = BUCKET_CAP_BYTES / GIB
+    dp, edp = lay.dpcp.astype(float), np.maximum(np.asarray(edp, float), 1.0)  # edp is 0 without experts
+    rep = np.where(dp > 1, rep_gib, 0.0)  # gradients reduced in buckets: groups of two or more
+    exp = np.where(edp > 1, exp_gib, 0.0)
+    held = np.minimum(rep, dp * cap) + np.minimum(exp, edp * cap)
+    # a bucket is one owner's share of its group (parameters balanced by size over the owners)
+    flat = np.minimum(np.maximum(rep / dp, exp / edp), cap)
+    return np.where((lay.zero == 2) & lay.unfused, held + flat, 0.0)
