@@ -589,8 +589,11 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @click.option("--blind", is_flag=True, help="the bundled rows priced as a table that states no recipe and no spec "
               "would be: each row's recipe inferred from the rows of other setups only (piper_plan/"
               "validate_blind.py), and beside it the errors with no recipe at all")
+@click.option("--residuals", is_flag=True, help="where the errors cluster: the throughput rows' signed errors by "
+              "one recipe setting at a time (and by model crossed with one), rows of one setup counted once, each "
+              "level t-tested for a bias at a 5 % false-discovery rate (piper_plan/validate_residuals.py)")
 @one_line_errors
-def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind):
+def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
@@ -602,6 +605,12 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     if blind and (table_path or explain_id or sensitivity or batch_scan):
         raise click.UsageError("--blind prices the bundled table on its own: not with --table, --explain, "
                                "--sensitivity or --batch-scan")
+    if residuals and (blind or explain_id or sensitivity or batch_scan):
+        raise click.UsageError("--residuals reads one pass over a table: not with --blind, --explain, --sensitivity "
+                               "or --batch-scan")
+    if residuals:
+        _show_residuals(group, as_json, table_path)
+        return
     if sensitivity:
         _show_sensitivity(group, as_json, table_path)
         return
@@ -809,6 +818,35 @@ def _show_sensitivity(group, as_json, path=None):
         t.add_row(r["family"], f"{r['factor']:g}", *(f"{_pct(r[k]['mape'])} / {_pct(r[k]['max_abs_pct'])} / "
                                                      f"{r[k]['within_target_max']} of {r[k]['rows']}" for k in kinds))
     report.show([t])
+
+
+def _show_residuals(group, as_json, path=None):
+    from rich.table import Table
+
+    from . import report
+    from .validate import data_path, run
+    from .validate_residuals import BIAS_PCT, MAX_Q, MIN_SETUPS, residuals
+    from .validate_rows import read_rows
+
+    d = residuals(run(group, path), read_rows(path or data_path()))
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    shown = [s for s in d["levels"] if s["q"] < 4 * MAX_Q]
+    t = Table(title=f"where the errors cluster: {d['setups']} setups ({d['rows']} rows), mean error "
+                    f"{_pct(d['overall_pct'], '+')}; {len(d['levels'])} levels of {MIN_SETUPS}+ setups tested, those "
+                    f"with q < {4 * MAX_Q:g} shown (+: the model too fast)")
+    for c in ("setting", "level", "setups (rows)", "mean error", "spread (1 sd)", "q", f"bias (q < {MAX_Q:g}, "
+              f"|mean| > {BIAS_PCT:g}%)"):
+        t.add_column(c)
+    for s in shown:
+        t.add_row(s["factor"], s["level"], f"{s['setups']} ({s['rows']})", _pct(s["mean_pct"], "+"),
+                  _pct(s["sd_pct"]), f"{s['q']:.3f}", "yes" if s["bias"] else "")
+    report.show([t])
+    for s in d["levels"]:  # the setups behind each bias, by their first row (all in --json)
+        if s["bias"]:
+            more = f" and {len(s['ids']) - 6} more" if len(s["ids"]) > 6 else ""
+            click.echo(f"{s['level']}: {', '.join(s['ids'][:6])}{more}")
 
 
 def _show_batch_scan(group, as_json, path=None):
