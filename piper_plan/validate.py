@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -44,11 +43,11 @@ from .cost.estimate import evaluate
 from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
+from .specs.registry import bundled_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import (ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model,
                             table_name)
 
-_REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
 # the MoE sources issue 4's acceptance names (Megatron-Bridge, X-MoE, Piper's Fig. 13 and weak
 # scaling): summary() also reports their rows alone, against the MoE targets, beside all MoE rows
@@ -59,10 +58,9 @@ DENSE_ACCEPTANCE_GROUPS = ("narayanan2021-table1", "korthikanti2022-table5")
 
 
 def data_path() -> Path:
-    p = _REPO / "validation" / "published.csv"
-    if p.is_file():
-        return p
-    return Path(str(resources.files("piper_plan") / "validation_published.csv"))
+    """The bundled table: validation/published.csv, installed as package data
+    (piper_plan.bundled.validation) so a wheel install validates too."""
+    return bundled_dir("validation", "*.csv") / "published.csv"
 
 
 @dataclass

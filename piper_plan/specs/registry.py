@@ -22,22 +22,25 @@ T = TypeVar("T", bound=BaseModel)
 _REPO = Path(__file__).resolve().parents[2]
 
 
-def _bundled_dir(kind: str) -> Path:
-    """Installed package data (wheel) first, else the repository folder (source checkout)."""
+def bundled_dir(kind: str, pattern: str = "*.yaml") -> Path:
+    """Where the bundled files of a kind ("models", "hardware": YAML specs; "validation": the
+    measured tables) are: installed package data (wheel) first, else the repository folder
+    (source checkout)."""
     p = Path(__file__).resolve().parents[1] / "bundled" / kind
-    if p.is_dir() and any(p.glob("*.yaml")):
+    if p.is_dir() and any(p.glob(pattern)):
         return p
     return _REPO / kind
 
 
+
 def bundled_names(kind: str) -> list[str]:
     """Names of the bundled specs of a kind ('models' or 'hardware'), sorted."""
-    return sorted(p.stem for p in _bundled_dir(kind).glob("*.yaml"))
+    return sorted(p.stem for p in bundled_dir(kind).glob("*.yaml"))
 
 
 def _bundled(ref: str, kind: str) -> Path | None:
     """The bundled spec file of that name, if there is one."""
-    q = _bundled_dir(kind) / f"{ref}.yaml"
+    q = bundled_dir(kind) / f"{ref}.yaml"
     return q if q.is_file() else None
 
 
