@@ -247,6 +247,20 @@ def _warn_histogram(model, routing, source: str) -> None:
                    f"{model.num_moe_layers}; their average popularity is applied to every layer", err=True)
 
 
+def _show_track_record(model, hw) -> None:
+    """How far the model has been off on this model's and machine's published runs (track_record),
+    where they are the bundled specs of those names (a user's edited copy has no track record)."""
+    from .specs import load_hardware, load_model
+    from .specs.registry import bundled_names
+    from .track_record import lines
+
+    def name_if_bundled(spec, kind, load) -> str:
+        return spec.name if spec.name in bundled_names(kind) and load(spec.name) == spec else ""
+
+    for line in lines(name_if_bundled(model, "models", load_model), name_if_bundled(hw, "hardware", load_hardware)):
+        click.echo(line)
+
+
 def _check_machine_size(hw, source: str, gpus: int) -> None:
     """Say so where -n is beyond the machine the spec describes (its max_gpus). A warning, not an
     error: a larger machine of the same parts is a fair question (the topology's top level prices it)."""
@@ -333,6 +347,7 @@ def estimate(as_json, output, **kw):
     title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay)} "
              f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero} a2a={lay.a2a}")
     report.show(report.estimate_tables(row, title))
+    _show_track_record(model, hw)
 
 
 # ---- search ---------------------------------------------------------------------------
@@ -492,6 +507,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
         report.show([report.search_table(rows, f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts "
                                                f"evaluated in {wall:.2f} s, {len(res.order):,} fit")])
         report.show_rejections(res.rejected, why)
+        _show_track_record(model, hw)
         if output and rows:
             click.echo(f"wrote {output}")
     if not rows:
@@ -592,14 +608,22 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 @click.option("--residuals", is_flag=True, help="where the errors cluster: the throughput rows' signed errors by "
               "one recipe setting at a time (and by model crossed with one), rows of one setup counted once, each "
               "level t-tested for a bias at a 5 % false-discovery rate (piper_plan/validate_residuals.py)")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="with --json: write the JSON to this file (atomically) instead of printing it")
 @one_line_errors
-def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals):
+def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals, output):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
     from . import report
+    from .files import check_writable
     from .validate import check_group, explain, run, summary
 
+    if output is not None:
+        if not as_json:
+            raise click.UsageError("-o writes the JSON output: give --json with it")
+        check_writable(output, "-o")
+    emit = functools.partial(_emit_json, output=output)
     if group is not None:
         check_group(group, table_path)
     if blind and (table_path or explain_id or sensitivity or batch_scan):
@@ -609,18 +633,18 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         raise click.UsageError("--residuals reads one pass over a table: not with --blind, --explain, --sensitivity "
                                "or --batch-scan")
     if residuals:
-        _show_residuals(group, as_json, table_path)
+        _show_residuals(group, as_json, table_path, emit)
         return
     if sensitivity:
-        _show_sensitivity(group, as_json, table_path)
+        _show_sensitivity(group, as_json, table_path, emit)
         return
     if batch_scan:
-        _show_batch_scan(group, as_json, table_path)
+        _show_batch_scan(group, as_json, table_path, emit)
         return
     if explain_id:
         d = explain(explain_id, table_path)
         if as_json:
-            click.echo(json.dumps(d, indent=2))
+            emit(d)
             return
         t = Table(title=f"{explain_id}: {d['metric']} published {d['published']:g}, predicted {d['predicted']:.4g}")
         t.add_column("item")
@@ -649,9 +673,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     if as_json:
         extra = {"no_recipe_inferred": bare} if blind else {}
         nan = lambda x: None if x != x else x  # noqa: E731  (nothing fits: JSON has no NaN)
-        click.echo(json.dumps({"rows": [dict(r.__dict__, predicted=nan(r.predicted), error_pct=nan(r.error_pct))
-                                        for r in res], **summ,
-                               **(checks or {}), **extra}, indent=2))
+        emit({"rows": [dict(r.__dict__, predicted=nan(r.predicted), error_pct=nan(r.error_pct)) for r in res],
+              **summ, **(checks or {}), **extra})
         return
     t = Table(title="predicted vs published")
     for c in ("id", "metric", "published", "predicted", "error", "missed ms/layer·µb", "layout"):
@@ -798,7 +821,19 @@ def _show_bundled_checks(c: dict) -> None:
     report.show([fb])
 
 
-def _show_sensitivity(group, as_json, path=None):
+def _emit_json(obj, output=None) -> None:
+    """Print a JSON answer, or write it to `output` atomically (a failed write leaves the old file)."""
+    text = json.dumps(obj, indent=2)
+    if output is None:
+        click.echo(text)
+        return
+    from .files import atomic_write_text
+
+    atomic_write_text(output, text + "\n")
+    click.echo(f"wrote {output}")
+
+
+def _show_sensitivity(group, as_json, path=None, emit=_emit_json):
     from rich.table import Table
 
     from . import report
@@ -808,7 +843,7 @@ def _show_sensitivity(group, as_json, path=None):
     # the scan's x1 is the unscaled specs, priced already as the first row
     rows += compute_scan(factors=(0.6, 0.7, 0.8, 0.9), group=group, path=path) + [{**rows[0], "family": "+".join(COMPUTE)}]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        emit(rows)
         return
     kinds = [k for k in ("dense", "dense_named_sources", "memory", "moe", "moe_named_sources") if k in rows[0]]
     t = Table(title="errors with the hardware efficiencies scaled (factor > 1: faster kernels / links)")
@@ -820,7 +855,7 @@ def _show_sensitivity(group, as_json, path=None):
     report.show([t])
 
 
-def _show_residuals(group, as_json, path=None):
+def _show_residuals(group, as_json, path=None, emit=_emit_json):
     from rich.table import Table
 
     from . import report
@@ -830,7 +865,10 @@ def _show_residuals(group, as_json, path=None):
 
     d = residuals(run(group, path), read_rows(path or data_path()))
     if as_json:
-        click.echo(json.dumps(d, indent=2))
+        emit(d)
+        return
+    if not d["setups"]:
+        click.echo("no priced throughput rows (memory rows and in-sample rows are left out): nothing to group")
         return
     shown = [s for s in d["levels"] if s["q"] < 4 * MAX_Q]
     t = Table(title=f"where the errors cluster: {d['setups']} setups ({d['rows']} rows), mean error "
@@ -849,7 +887,7 @@ def _show_residuals(group, as_json, path=None):
             click.echo(f"{s['level']}: {', '.join(s['ids'][:6])}{more}")
 
 
-def _show_batch_scan(group, as_json, path=None):
+def _show_batch_scan(group, as_json, path=None, emit=_emit_json):
     from rich.table import Table
 
     from . import report
@@ -857,7 +895,7 @@ def _show_batch_scan(group, as_json, path=None):
 
     rows = batch_scan(group=group, path=path)
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        emit(rows)
         return
 
     def cell(pred, pub):

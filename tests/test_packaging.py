@@ -30,10 +30,10 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
-def test_the_wheel_holds_every_validation_table_and_calibration_record(wheel):
+def test_the_wheel_holds_every_validation_table_the_track_record_and_calibration_record(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for csv in (ROOT / "validation").glob("*.csv"):
-        assert f"piper_plan/bundled/validation/{csv.name}" in names
+    for table in [*(ROOT / "validation").glob("*.csv"), ROOT / "validation" / "track_record.json"]:
+        assert f"piper_plan/bundled/validation/{table.name}" in names
     for rec in (ROOT / "hardware").glob("*.calibration.json"):
         assert f"piper_plan/bundled/hardware/{rec.name}" in names
 
@@ -50,3 +50,8 @@ def test_validate_runs_from_the_installed_wheel_outside_the_checkout(wheel, tmp_
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "nar21-t1-1.7b" in out.stdout and "against the targets" in out.stdout
+    code = ("from piper_plan.track_record import lines; "
+            "assert lines('gpt-oss-120b', 'dgx-h100'), 'no track record in the wheel'")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]

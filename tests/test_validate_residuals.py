@@ -82,5 +82,7 @@ def test_cli_prints_the_clusters_and_their_json():
     d = json.loads(res.output)
     assert d["setups"] > 20 and d["levels"]
     assert all(0.0 <= s["q"] <= 1.0 and s["setups"] >= MIN_SETUPS for s in d["levels"])
+    none = CliRunner().invoke(main, ["validate", "--residuals", "--group", "korthikanti2022-fig1"])
+    assert none.exit_code == 0 and "nothing to group" in none.output
     bad = CliRunner().invoke(main, ["validate", "--residuals", "--blind"])
     assert bad.exit_code != 0 and "--residuals" in bad.output

@@ -1,0 +1,46 @@
+"""What the bundled validation says of the model and machine a plan is made for: their published
+runs' mean signed error and its bias test (validate_residuals), so a prediction is read beside
+how far the model has been off for that model and machine before.
+
+The figures are validate --residuals' own output for the bundled table, stored as
+validation/track_record.json (`piper-plan validate --residuals --json -o
+validation/track_record.json`); tests/test_track_record.py holds the file to a fresh pass over
+the table, so a change to the cost model that moves them fails until the file is written again.
+Reading a stored file keeps scipy and the table's pricing out of estimate's and search's start.
+"""
+from __future__ import annotations
+
+import json
+
+from .specs.registry import bundled_dir
+
+FILE = "track_record.json"
+
+
+def path():
+    return bundled_dir("validation", "*.csv") / FILE
+
+
+def levels_for(model_name: str, hardware_name: str) -> list[dict]:
+    """The stored levels that name this model, this machine, or the two together; [] where the
+    file is missing or unreadable (a track record is context, never a reason to fail a plan)."""
+    try:
+        d = json.loads(path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    want = {("model", model_name), ("hardware", hardware_name),
+            ("model x hardware", f"{model_name} x {hardware_name}")}
+    return [s for s in d.get("levels", []) if (s.get("factor"), s.get("level")) in want]
+
+
+def lines(model_name: str, hardware_name: str) -> list[str]:
+    """One sentence per stored level of this model and machine, biased ones said as such."""
+    out = []
+    for s in levels_for(model_name, hardware_name):
+        sign = "too fast" if s["mean_pct"] > 0 else "too slow"
+        verdict = (f"a bias (q {s['q']:.3f}): the model has been {sign} here" if s["bias"]
+                   else f"no bias at q 0.05 (q {s['q']:.2f})")
+        out.append(f"track record, {s['level']}: {s['setups']} published setups ({s['rows']} rows) read "
+                   f"{s['mean_pct']:+.1f} % on average (spread {s['sd_pct']:.1f} %), {verdict}; "
+                   "piper-plan validate --residuals")
+    return out
