@@ -881,6 +881,14 @@ def _show_residuals(group, as_json, path=None, emit=_emit_json):
         t.add_row(s["factor"], s["level"], f"{s['setups']} ({s['rows']})", _pct(s["mean_pct"], "+"),
                   _pct(s["sd_pct"]), f"{s['q']:.3f}", "yes" if s["bias"] else "")
     report.show([t])
+    if d["trends"]:
+        tr = Table(title="trends: Spearman's rho of the setups' errors against a numeric setting (+: the model "
+                         "grows too fast as it grows)")
+        for c in ("setting", "setups", "rho", "q", f"trend (q < {MAX_Q:g})"):
+            tr.add_column(c)
+        for x in d["trends"]:
+            tr.add_row(x["setting"], str(x["setups"]), f"{x['rho']:+.2f}", f"{x['q']:.3f}", "yes" if x["trend"] else "")
+        report.show([tr])
     for s in d["levels"]:  # the setups behind each bias, by their first row (all in --json)
         if s["bias"]:
             more = f" and {len(s['ids']) - 6} more" if len(s["ids"]) > 6 else ""

@@ -14,6 +14,11 @@ model crossed with one, every group tested for a bias.
   some would pass p < 0.05 by chance. It is called a bias where q < MAX_Q and its mean is beyond
   BIAS_PCT: significant, and large enough to move a plan's ranking.
 
+- Beside the levels, the trends: the Spearman rank correlation of the setups' errors with each
+  numeric setting (GPUs, EP, PP, micro-batch, sequence, hidden size, local experts, routed rows an
+  expert takes a micro-batch), over the setups that state it, Benjamini-Hochberg-corrected among
+  themselves. A trend with the GPU count would say the model drifts with scale.
+
 Nothing here changes a prediction: it says where the model's misses cluster, which is where a
 missing term is likely to sit (issue 4: "use what validation teaches"). Pure functions of the
 priced results (validate.Result) and the table's rows (validate_rows.read_rows).
@@ -21,7 +26,7 @@ priced results (validate.Result) and the table's rows (validate_rows.read_rows).
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import false_discovery_control, ttest_1samp
+from scipy.stats import false_discovery_control, spearmanr, ttest_1samp
 
 # the table's recipe columns a level is read from; "model" and "hardware" prefer the spec column
 FACTORS = ("model", "hardware", "precision", "dispatcher", "cuda_graphs", "a2a_overlap", "expert_gemm",
@@ -29,6 +34,33 @@ FACTORS = ("model", "hardware", "precision", "dispatcher", "cuda_graphs", "a2a_o
 MIN_SETUPS = 3   # fewer distinct setups give a t-test with one or no degree of freedom beyond the mean
 MAX_Q = 0.05     # false-discovery rate a reported bias is held to
 BIAS_PCT = 10.0  # smaller mean errors are within what one efficiency's source spread moves (validate --sensitivity)
+
+
+def _num(r: dict, column: str) -> float:
+    """A numeric column of a table row; nan where the row leaves it blank (a planner's-choice
+    row's degrees, a dense model's experts)."""
+    try:
+        return float(r.get(column) or "nan")
+    except ValueError:
+        return float("nan")
+
+
+def _experts(r: dict) -> float:
+    return _num(r, "experts") if _num(r, "experts") > 0 else float("nan")
+
+
+# numeric settings a trend is sought along, from the table's columns
+TRENDS = {
+    "gpus": lambda r: _num(r, "gpus"),
+    "ep": lambda r: _num(r, "ep"),
+    "pp": lambda r: _num(r, "pp"),
+    "mbs": lambda r: _num(r, "mbs"),
+    "seq": lambda r: _num(r, "seq"),
+    "hidden": lambda r: _num(r, "hidden"),
+    "local experts": lambda r: _experts(r) / _num(r, "ep"),
+    "routed rows an expert (a micro-batch)": lambda r: (_num(r, "mbs") * _num(r, "seq") * _num(r, "topk")
+                                                        * _num(r, "ep") / _experts(r)),
+}
 
 
 def _level(row: dict, factor: str) -> str:
@@ -94,11 +126,11 @@ def _levels(units: list[dict]) -> list[tuple[str, str, list[int]]]:
 def residuals(results, rows: list[dict]) -> dict:
     """Every tested level's bias statistics, most significant first, and the setups they are
     drawn from: {"setups", "rows", "overall_pct", "levels": [{factor, level, setups, rows,
-    mean_pct, sd_pct, p, q, bias}]}; mean_pct = 100·(exp(mean ln ratio) − 1), sd_pct the
+    mean_pct, sd_pct, p, q, bias}], "trends": [{setting, setups, rho, p, q, trend}]}; mean_pct = 100·(exp(mean ln ratio) − 1), sd_pct the
     setups' spread in the same units (one standard deviation of ln ratio, as %)."""
     units = setups(results, rows)
     if not units:
-        return {"setups": 0, "rows": 0, "overall_pct": None, "levels": []}
+        return {"setups": 0, "rows": 0, "overall_pct": None, "levels": [], "trends": []}
     err = np.array([u["error"] for u in units])
     levels = _levels(units)
     stats = []
@@ -116,4 +148,22 @@ def residuals(results, rows: list[dict]) -> dict:
             s["bias"] = bool(qi < MAX_Q and abs(s["mean_pct"]) > BIAS_PCT)
     stats.sort(key=lambda s: (s["q"], -abs(s["mean_pct"])))
     return {"setups": len(units), "rows": sum(len(u["ids"]) for u in units),
-            "overall_pct": 100.0 * float(np.expm1(err.mean())), "levels": stats}
+            "overall_pct": 100.0 * float(np.expm1(err.mean())), "levels": stats, "trends": _trends(units, err)}
+
+
+def _trends(units: list[dict], err: np.ndarray) -> list[dict]:
+    """Spearman's rho of the setups' errors against each TRENDS setting, where at least
+    MIN_SETUPS + 2 setups state it and it varies; q: Benjamini-Hochberg over these."""
+    out = []
+    for name, of in TRENDS.items():
+        x = np.array([of(u["row"]) for u in units])
+        ok = np.isfinite(x)
+        if ok.sum() < MIN_SETUPS + 2 or np.ptp(x[ok]) == 0:
+            continue
+        rho, p = spearmanr(x[ok], err[ok])
+        out.append({"setting": name, "setups": int(ok.sum()), "rho": float(rho), "p": float(p)})
+    if out:
+        for t, q in zip(out, false_discovery_control(np.array([t["p"] for t in out]), method="bh")):
+            t["q"] = float(q)
+            t["trend"] = bool(q < MAX_Q)
+    return out

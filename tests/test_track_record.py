@@ -29,6 +29,11 @@ def test_the_stored_track_record_is_what_the_table_gives_today():
         assert (o["setups"], o["rows"], o["bias"]) == (s["setups"], s["rows"], s["bias"]), f"{k} stale: {REWRITE}"
         for f in ("mean_pct", "sd_pct", "q"):
             assert math.isclose(o[f], s[f], rel_tol=1e-6, abs_tol=1e-9), f"{k} {f} stale: {REWRITE}"
+    old_t, new_t = {t["setting"]: t for t in stored["trends"]}, {t["setting"]: t for t in fresh["trends"]}
+    assert old_t.keys() == new_t.keys(), f"stale: {REWRITE}"
+    for k, t in new_t.items():
+        assert old_t[k]["setups"] == t["setups"] and old_t[k]["trend"] == t["trend"], f"{k} stale: {REWRITE}"
+        assert math.isclose(old_t[k]["rho"], t["rho"], rel_tol=1e-6, abs_tol=1e-9), f"{k} stale: {REWRITE}"
 
 
 def test_a_biased_model_is_said_to_be_and_an_unvalidated_one_says_nothing():

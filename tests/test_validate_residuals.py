@@ -86,3 +86,18 @@ def test_cli_prints_the_clusters_and_their_json():
     assert none.exit_code == 0 and "nothing to group" in none.output
     bad = CliRunner().invoke(main, ["validate", "--residuals", "--blind"])
     assert bad.exit_code != 0 and "--residuals" in bad.output
+
+
+def test_an_error_that_grows_with_the_gpu_count_is_a_trend_and_noise_is_not():
+    rows, res = [], []
+    for n, (g, e) in enumerate(zip((8, 16, 32, 64, 128, 256, 512, 1024), (-4, -1, 2, 5, 9, 12, 16, 21))):
+        r = _row(f"g{n}", "x")
+        r.update(gpus=str(g), ep="8", mbs="1", seq="4096", hidden="2048", experts="64", topk="4")
+        rows.append(r)
+        res.append(_result(f"g{n}", e, f"l{n}"))
+    trends = {t["setting"]: t for t in residuals(res, rows)["trends"]}
+    assert trends["gpus"]["trend"] and trends["gpus"]["rho"] > 0.95
+    assert "ep" not in trends  # one value: nothing to correlate
+    noisy = [_result(f"g{n}", e, f"l{n}") for n, e in enumerate((3, -2, 1, -4, 2, -1, 0, 2))]
+    assert not {t["setting"]: t for t in residuals(noisy, rows)["trends"]}["gpus"]["trend"]
+
