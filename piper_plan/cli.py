@@ -610,8 +610,12 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
               "level t-tested for a bias at a 5 % false-discovery rate (piper_plan/validate_residuals.py)")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="with --json: write the JSON to this file (atomically) instead of printing it")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also draw the priced rows to this PNG: predicted against published with the ±20 / ±35 %% "
+              "bands, and the signed throughput errors of the dense and MoE rows")
 @one_line_errors
-def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals, output):
+def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals, output,
+                 plot_path):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
 
@@ -623,6 +627,11 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         if not as_json:
             raise click.UsageError("-o writes the JSON output: give --json with it")
         check_writable(output, "-o")
+    if plot_path is not None:
+        if explain_id or sensitivity or batch_scan or residuals:
+            raise click.UsageError("--plot draws a pass over the table: not with --explain, --sensitivity, "
+                                   "--batch-scan or --residuals")
+        check_writable(plot_path, "--plot")
     emit = functools.partial(_emit_json, output=output)
     if group is not None:
         check_group(group, table_path)
@@ -670,6 +679,11 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         res, bare = run(group, table_path), None
         summ = summary(res)
         checks = _bundled_checks() if table_path is None else None  # they check the bundled specs, not a table
+    if plot_path is not None:
+        from .validate_plot import plot
+
+        plot(res, plot_path, f"piper-plan validate{' --blind' if blind else ''}: {table_path or 'bundled table'}"
+                             f"{f', group {group}' if group else ''}")
     if as_json:
         extra = {"no_recipe_inferred": bare} if blind else {}
         nan = lambda x: None if x != x else x  # noqa: E731  (nothing fits: JSON has no NaN)
@@ -722,6 +736,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
                    "of other setups only. With no recipe at all: " + "; ".join(
                        f"{labels.get(k, k)} MAPE {_pct(d['mape'])}, {d['within_target_max']} of {d['rows']} within "
                        f"{d['target_max']:g}%" for k, d in bare.items()))
+    if plot_path is not None:
+        click.echo(f"wrote {plot_path}")
     for name, d in summ["kinds"].items():  # the rows a target's max misses, by name
         if d["beyond_target_max"]:
             worst_first = sorted(d["beyond_target_max"].items(), key=lambda x: -abs(x[1]))

@@ -101,3 +101,4 @@ def test_an_error_that_grows_with_the_gpu_count_is_a_trend_and_noise_is_not():
     noisy = [_result(f"g{n}", e, f"l{n}") for n, e in enumerate((3, -2, 1, -4, 2, -1, 0, 2))]
     assert not {t["setting"]: t for t in residuals(noisy, rows)["trends"]}["gpus"]["trend"]
 
+
