@@ -623,24 +623,23 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
     from .files import check_writable
     from .validate import check_group, explain, run, summary
 
-    if output is not None:
-        if not as_json:
-            raise click.UsageError("-o writes the JSON output: give --json with it")
-        check_writable(output, "-o")
-    if plot_path is not None:
-        if explain_id or sensitivity or batch_scan or residuals:
-            raise click.UsageError("--plot draws a pass over the table: not with --explain, --sensitivity, "
-                                   "--batch-scan or --residuals")
-        check_writable(plot_path, "--plot")
+    # one answer a call: a mode other than the plain pass, and --blind / --plot only beside that pass
+    modes = [flag for flag, on in (("--explain", explain_id), ("--sensitivity", sensitivity),
+                                   ("--batch-scan", batch_scan), ("--residuals", residuals)) if on]
+    if len(modes) > 1:
+        raise click.UsageError(f"{' and '.join(modes)}: one of them a call")
+    if blind and (table_path or modes):
+        raise click.UsageError(f"--blind prices the bundled table on its own: not with {(modes or ['--table'])[0]}")
+    if plot_path is not None and modes:
+        raise click.UsageError(f"--plot draws the plain pass over the table: not with {modes[0]}")
+    if output is not None and not as_json:
+        raise click.UsageError("-o writes the JSON output: give --json with it")
+    for path, what in ((output, "-o"), (plot_path, "--plot")):
+        if path is not None:
+            check_writable(path, what)
     emit = functools.partial(_emit_json, output=output)
     if group is not None:
         check_group(group, table_path)
-    if blind and (table_path or explain_id or sensitivity or batch_scan):
-        raise click.UsageError("--blind prices the bundled table on its own: not with --table, --explain, "
-                               "--sensitivity or --batch-scan")
-    if residuals and (blind or explain_id or sensitivity or batch_scan):
-        raise click.UsageError("--residuals reads one pass over a table: not with --blind, --explain, --sensitivity "
-                               "or --batch-scan")
     if residuals:
         _show_residuals(group, as_json, table_path, emit)
         return

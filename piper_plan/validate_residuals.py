@@ -13,7 +13,6 @@ model crossed with one, every group tested for a bias.
   Benjamini-Hochberg false-discovery rate over every level tested, since with dozens of levels
   some would pass p < 0.05 by chance. It is called a bias where q < MAX_Q and its mean is beyond
   BIAS_PCT: significant, and large enough to move a plan's ranking.
-
 - Beside the levels, the trends: the Spearman rank correlation of the setups' errors with each
   numeric setting (GPUs, EP, PP, micro-batch, sequence, hidden size, local experts, routed rows an
   expert takes a micro-batch), over the setups that state it, Benjamini-Hochberg-corrected among

@@ -13,3 +13,9 @@ def test_validate_draws_its_rows_to_a_png_and_refuses_a_plot_it_cannot_draw(tmp_
     assert with_explain.exit_code != 0 and "--plot" in with_explain.output
     nowhere = CliRunner().invoke(main, ["validate", "--group", "xmoe2025", "--plot", str(tmp_path / "no" / "v.png")])
     assert nowhere.exit_code != 0 and "--plot" in nowhere.output and "Traceback" not in nowhere.output
+
+
+def test_validate_answers_one_question_a_call_instead_of_ignoring_the_second():
+    for args in (["--sensitivity", "--batch-scan"], ["--residuals", "--explain", "xmoe-f13-small"]):
+        out = CliRunner().invoke(main, ["validate", *args])
+        assert out.exit_code == 2 and "one of them a call" in out.output, args
