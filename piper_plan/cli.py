@@ -874,11 +874,10 @@ def _show_residuals(group, as_json, path=None, emit=_emit_json):
     from rich.table import Table
 
     from . import report
-    from .validate import data_path, run
+    from .validate import run_with_rows
     from .validate_residuals import BIAS_PCT, MAX_Q, MIN_SETUPS, residuals
-    from .validate_rows import read_rows
 
-    d = residuals(run(group, path), read_rows(path or data_path()))
+    d = residuals(*run_with_rows(group, path))
     if as_json:
         emit(d)
         return

@@ -12,34 +12,45 @@ from __future__ import annotations
 
 import json
 
-from .specs.registry import bundled_dir
+from .specs.registry import validation_dir
 
 FILE = "track_record.json"
 
 
 def path():
-    return bundled_dir("validation", "*.csv") / FILE
+    return validation_dir() / FILE
 
 
-def levels_for(model_name: str, hardware_name: str) -> list[dict]:
-    """The stored levels that name this model, this machine, or the two together; [] where the
-    file is missing or unreadable (a track record is context, never a reason to fail a plan)."""
+def _stored() -> dict:
+    """The stored residuals; {} where the file is missing or unreadable (a track record is
+    context, never a reason to fail a plan)."""
     try:
-        d = json.loads(path().read_text(encoding="utf-8"))
+        return json.loads(path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return []
+        return {}
+
+
+def _levels_of(d: dict, model_name: str, hardware_name: str) -> list[dict]:
     want = {("model", model_name), ("hardware", hardware_name),
             ("model x hardware", f"{model_name} x {hardware_name}")}
     return [s for s in d.get("levels", []) if (s.get("factor"), s.get("level")) in want]
 
 
+def levels_for(model_name: str, hardware_name: str) -> list[dict]:
+    """The stored levels that name this model, this machine, or the two together."""
+    return _levels_of(_stored(), model_name, hardware_name)
+
+
 def lines(model_name: str, hardware_name: str) -> list[str]:
     """One sentence per stored level of this model and machine, biased ones said as such."""
+    d = _stored()
+    max_q = d.get("thresholds", {}).get("max_q")
+    at = "" if max_q is None else f" at q {max_q:g}"
     out = []
-    for s in levels_for(model_name, hardware_name):
+    for s in _levels_of(d, model_name, hardware_name):
         sign = "too fast" if s["mean_pct"] > 0 else "too slow"
         verdict = (f"a bias (q {s['q']:.3f}): the model has been {sign} here" if s["bias"]
-                   else f"no bias at q 0.05 (q {s['q']:.2f})")
+                   else f"no bias{at} (q {s['q']:.2f})")
         out.append(f"track record, {s['level']}: {s['setups']} published setups ({s['rows']} rows) read "
                    f"{s['mean_pct']:+.1f} % on average (spread {s['sd_pct']:.1f} %), {verdict}; "
                    "piper-plan validate --residuals")

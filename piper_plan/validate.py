@@ -43,7 +43,7 @@ from .cost.estimate import evaluate
 from .errors import PiperError
 from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
-from .specs.registry import bundled_dir
+from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import (ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model,
                             table_name)
@@ -60,7 +60,7 @@ DENSE_ACCEPTANCE_GROUPS = ("narayanan2021-table1", "korthikanti2022-table5")
 def data_path() -> Path:
     """The bundled table: validation/published.csv, installed as package data
     (piper_plan.bundled.validation) so a wheel install validates too."""
-    return bundled_dir("validation", "*.csv") / "published.csv"
+    return validation_dir() / "published.csv"
 
 
 @dataclass
@@ -91,6 +91,12 @@ class Result:
     @property
     def error_pct(self) -> float:
         return 100.0 * (self.predicted - self.published) / self.published
+
+    @property
+    def is_time(self) -> bool:
+        """The metric is a step time, where a prediction below the published figure means the
+        model is too fast (for the throughput metrics, above it)."""
+        return self.metric == "iteration_time_s"
 
 
 def _i(x, default=None):
@@ -591,9 +597,16 @@ def run(group: str | None = None, path: Path | None = None, hw_edit=None) -> lis
     """Every row (or one group's) predicted; hw_edit, if given, maps each row's hardware spec
     to the one it is priced on (validate_sensitivity scales efficiencies with it). A table other
     than the bundled one has its rows' blank recipes inferred (validate_recipes)."""
+    return run_with_rows(group, path, hw_edit)[0]
+
+
+def run_with_rows(group: str | None = None, path: Path | None = None,
+                  hw_edit=None) -> tuple[list[Result], list[dict]]:
+    """run's results and the table's rows they were priced from, read once (validate_residuals
+    reads the rows' recipe columns beside the results)."""
     path = path or data_path()
     rows, specs = read_rows(path), {}
-    return price_rows(rows, path, specs, group, hw_edit, _inherit(rows, path, specs))
+    return price_rows(rows, path, specs, group, hw_edit, _inherit(rows, path, specs)), rows
 
 
 def _inherit(rows: list[dict], path: Path, specs: dict) -> dict[str, str]:

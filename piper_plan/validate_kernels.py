@@ -61,9 +61,9 @@ from .cost.batch import from_layouts
 from .cost.compute import gemm_dtype, moe_phase
 from .cost.kernels import burst, gemm_time
 from .layout import Layout
-from .specs.registry import bundled_dir, load_hardware, load_model
+from .specs.registry import load_hardware, load_model, validation_dir
 
-TABLES = bundled_dir("validation", "*.csv")  # the measured tables this module reads
+TABLES = validation_dir()  # the measured tables this module reads
 TIME_CLASSES_US = ((0.0, 20.0), (20.0, 100.0), (100.0, float("inf")))
 
 

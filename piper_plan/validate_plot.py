@@ -69,5 +69,5 @@ def plot(results, path: str, title: str = "piper-plan validate") -> None:
 
 def _signed(r) -> float:
     """validate's error of a row, signed so that + is the model too fast (an iteration time's flipped)."""
-    return -r.error_pct if r.metric.endswith("time_s") else r.error_pct
+    return -r.error_pct if r.is_time else r.error_pct
 

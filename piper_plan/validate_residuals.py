@@ -74,7 +74,7 @@ def _level(row: dict, factor: str) -> str:
 def _log_error(r) -> float:
     """ln(predicted / measured throughput) of one Result: an iteration time's ratio inverted."""
     ratio = r.predicted / r.published
-    return float(-np.log(ratio) if r.metric.endswith("time_s") else np.log(ratio))
+    return float(-np.log(ratio) if r.is_time else np.log(ratio))
 
 
 def setups(results, rows: list[dict]) -> list[dict]:
@@ -105,31 +105,34 @@ def _levels(units: list[dict]) -> list[tuple[str, str, list[int]]]:
             seen.add(frozenset(idx))
             found.append((factor, level, idx))
 
-    for f in FACTORS:
-        groups: dict[str, list[int]] = {}
+    def grouped(key_of) -> dict:  # key -> indices of the setups whose row gives it
+        groups: dict = {}
         for i, u in enumerate(units):
-            groups.setdefault(_level(u["row"], f), []).append(i)
-        for level, idx in groups.items():
+            groups.setdefault(key_of(u["row"]), []).append(i)
+        return groups
+
+    for f in FACTORS:
+        for level, idx in grouped(lambda r: _level(r, f)).items():
             add(f, level, idx)
     for f in FACTORS:
         if f in ("model", "group"):
             continue
-        groups = {}
-        for i, u in enumerate(units):
-            groups.setdefault((_level(u["row"], "model"), _level(u["row"], f)), []).append(i)
-        for (model, level), idx in groups.items():
+        for (model, level), idx in grouped(lambda r: (_level(r, "model"), _level(r, f))).items():
             add(f"model x {f}", f"{model} x {level}", idx)
     return found
 
 
 def residuals(results, rows: list[dict]) -> dict:
     """Every tested level's bias statistics, most significant first, and the setups they are
-    drawn from: {"setups", "rows", "overall_pct", "levels": [{factor, level, setups, rows,
-    mean_pct, sd_pct, p, q, bias}], "trends": [{setting, setups, rho, p, q, trend}]}; mean_pct = 100·(exp(mean ln ratio) − 1), sd_pct the
-    setups' spread in the same units (one standard deviation of ln ratio, as %)."""
+    drawn from: {"setups", "rows", "overall_pct", "thresholds", "levels": [{factor, level,
+    setups, rows, mean_pct, sd_pct, p, q, bias}], "trends": [{setting, setups, rho, p, q,
+    trend}]}. mean_pct = 100·(exp(mean ln ratio) − 1); sd_pct the setups' spread in the same
+    units (one standard deviation of ln ratio, as %); thresholds the MIN_SETUPS, MAX_Q and
+    BIAS_PCT the verdicts were drawn with, so a reader of the stored answer need not restate them."""
+    thresholds = {"min_setups": MIN_SETUPS, "max_q": MAX_Q, "bias_pct": BIAS_PCT}
     units = setups(results, rows)
     if not units:
-        return {"setups": 0, "rows": 0, "overall_pct": None, "levels": [], "trends": []}
+        return {"setups": 0, "rows": 0, "overall_pct": None, "thresholds": thresholds, "levels": [], "trends": []}
     err = np.array([u["error"] for u in units])
     levels = _levels(units)
     stats = []
@@ -147,7 +150,8 @@ def residuals(results, rows: list[dict]) -> dict:
             s["bias"] = bool(qi < MAX_Q and abs(s["mean_pct"]) > BIAS_PCT)
     stats.sort(key=lambda s: (s["q"], -abs(s["mean_pct"])))
     return {"setups": len(units), "rows": sum(len(u["ids"]) for u in units),
-            "overall_pct": 100.0 * float(np.expm1(err.mean())), "levels": stats, "trends": _trends(units, err)}
+            "overall_pct": 100.0 * float(np.expm1(err.mean())), "thresholds": thresholds, "levels": stats,
+            "trends": _trends(units, err)}
 
 
 def _trends(units: list[dict], err: np.ndarray) -> list[dict]:

@@ -7,9 +7,8 @@ from click.testing import CliRunner
 
 from piper_plan import track_record
 from piper_plan.cli import main
-from piper_plan.validate import data_path, run
+from piper_plan.validate import run_with_rows
 from piper_plan.validate_residuals import residuals
-from piper_plan.validate_rows import read_rows
 
 REWRITE = "piper-plan validate --residuals --json -o validation/track_record.json"
 
@@ -20,7 +19,7 @@ def _key(s):
 
 def test_the_stored_track_record_is_what_the_table_gives_today():
     stored = json.loads(track_record.path().read_text())
-    fresh = residuals(run(), read_rows(data_path()))
+    fresh = residuals(*run_with_rows())
     assert (stored["setups"], stored["rows"]) == (fresh["setups"], fresh["rows"]), f"stale: {REWRITE}"
     old, new = {_key(s): s for s in stored["levels"]}, {_key(s): s for s in fresh["levels"]}
     assert old.keys() == new.keys(), f"stale: {REWRITE}"

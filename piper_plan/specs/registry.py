@@ -32,6 +32,11 @@ def bundled_dir(kind: str, pattern: str = "*.yaml") -> Path:
     return _REPO / kind
 
 
+def validation_dir() -> Path:
+    """The bundled measured tables (validation/: published.csv and the tables validate checks
+    kernels against, track_record.json), installed as piper_plan.bundled.validation."""
+    return bundled_dir("validation", "*.csv")
+
 
 def bundled_names(kind: str) -> list[str]:
     """Names of the bundled specs of a kind ('models' or 'hardware'), sorted."""
