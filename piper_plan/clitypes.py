@@ -1,9 +1,13 @@
-"""click parameter types shared by piper-plan and piper-train."""
+"""click parameter types shared by piper-plan and piper-train, and piper-plan's one-line errors."""
 from __future__ import annotations
 
+import functools
 import math
+import sys
 
 import click
+
+from .errors import PiperError
 
 
 class FiniteFloat(click.FloatRange):
@@ -23,3 +27,20 @@ POSITIVE = click.IntRange(min=1)
 # finite bounds where a typo's value would overflow the cost model's integer arithmetic
 SEQUENCE = click.IntRange(1, 1 << 24)   # tokens (the model spec's own MAX_SEQ)
 GPU_COUNT = click.IntRange(1, 1 << 24)
+
+
+def one_line_errors(fn):
+    """Bad input -> one line on stderr, exit 2, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except PiperError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+        except KeyError as e:  # e.g. a dtype missing from the hardware's peak table
+            click.echo(f"error: {e.args[0] if e.args else e}", err=True)
+            sys.exit(2)
+
+    return wrapper
