@@ -6,7 +6,8 @@ Bytes per parameter with mixed-precision Adam (Megatron): weight 2 (bf16), main 
 of each parameter (experts: the expert-data-parallel group, dp·tp/ep):
 stage 1 shards master + moments, 2 also gradients (reduced every micro-batch to keep only the
 share: estimate._dp_comm_time), 3 also weights. Layout.optimizer_offload keeps that share of
-master + moments in host memory instead (cost/offload.py).
+master + moments in host memory instead (cost/offload.py). Stage 3 gathers what it shards one
+unit at a time, and those unsharded units are memory too (zero3_unit_bytes).
 """
 from __future__ import annotations
 
@@ -93,3 +94,19 @@ def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float) -
 def grad_bytes(lay: LayoutBatch, eb):
     """Bytes per gradient element: fp32 runs keep fp32 gradients, others Layout.grad_dtype."""
     return np.where(eb == 4, 4.0, lay.grad_bytes)
+
+
+def zero3_unit_bytes(lay: LayoutBatch, eb):
+    """Bytes per parameter of a ZeRO-3 rank's largest sharding unit that its gathers and
+    reductions hold unsharded at the peak, per layout (0 below stage 3). FSDP2 (torch
+    fully_shard, one unit per transformer block): in backward a unit computes with its gathered
+    parameters while the next unit's all-gather is prefetched, and its gradients accumulate
+    unsharded: 2 parameter copies + the gradient; after it, the unit is resharded and its
+    gradients are copied into the reduce-scatter input in the reduce dtype while the prefetched
+    unit stays gathered: a parameter copy + the gradient + its reduce-dtype copy (torch
+    BackwardPrefetch: "at the peak, it holds the current set of parameters, next set of
+    parameters, and current set of gradients"; _fsdp_collectives.foreach_reduce allocates the
+    reduce_scatter_input in reduce_dtype and copies the unsharded gradients into it). Forward holds
+    at most the current unit and the prefetched next one, which backward exceeds. So
+    eb·2 + max(eb, reduce bytes): 6 B with bf16 reduction, 8 with fp32."""
+    return np.where(lay.zero >= 3, 2.0 * eb + np.maximum(eb, grad_bytes(lay, eb)), 0.0)

@@ -11,7 +11,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch, distinct_rows
-from .memory import GIB, grad_bytes, in_flight, state_coeffs
+from .memory import GIB, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, zero3_unit_bytes
 from .offload import offloaded_share
 from .recompute import full_recompute_share
 
@@ -57,6 +57,8 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     with_casts = any(np.any(v > 0) for v in casts.values())
     # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
     uncast = {r: has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r])) for r in roles}
+    z3 = zero3_unit_bytes(lay, eb)
+    with_z3 = bool(np.any(z3 > 0))
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_casts:  # reported apart only where a layout holds more than one copy
@@ -67,6 +69,8 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         comps["logits"] = has_head[r] * logits / GIB
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
         comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
+        if with_z3:  # reported apart only where a layout shards its weights (ZeRO-3)
+            comps["zero3_units"] = largest_unit(m, lay, nd, nm, has_emb[r], has_head[r]) * z3 / GIB
         comps["overhead"] = np.full(n, hw.memory_overhead_gib)
         comps["total"] = sum(comps.values())
         on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked  # offloaded: not in the device total
@@ -111,3 +115,15 @@ def bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
     # a bucket is one owner's share of its group (parameters balanced by size over the owners)
     flat = np.minimum(np.maximum(rep / dp, exp / edp), cap)
     return np.where((lay.zero == 2) & lay.unfused, held + flat, 0.0)
+
+
+def largest_unit(m: ModelSpec, lay: LayoutBatch, nd, nm, has_emb, has_head):
+    """Parameters of the largest ZeRO-3 sharding unit on a rank holding nd dense and nm MoE
+    layers (its TP / EP share of one transformer block: a MoE block with its local experts),
+    the embedding table or the LM head (vocab x hidden, tied or not), per layout: FSDP2 wraps each block, and the embedding
+    and the head, as units of their own (torchtitan's fully_shard plan)."""
+    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
+    tp = lay.tp.astype(float)
+    units = [np.where(np.asarray(nd) > 0, dense_p, 0.0), np.where(np.asarray(nm) > 0, moe_rep_p + exp_p, 0.0),
+             has_emb * m.embedding_params / tp, has_head * float(m.vocab_size * m.hidden_size) / tp]
+    return np.maximum.reduce([np.broadcast_to(np.asarray(u, float), (len(lay),)) for u in units])
