@@ -6,6 +6,8 @@ runtime's fixed reserve; and what optimizer and activation offload keep in host 
 estimate.evaluate composes a step from it."""
 from __future__ import annotations
 
+from functools import reduce
+
 import numpy as np
 
 from ..specs.hardware import HardwareSpec
@@ -59,6 +61,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     uncast = {r: has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r])) for r in roles}
     z3 = zero3_unit_bytes(lay, eb)
     with_z3 = bool(np.any(z3 > 0))
+    blocks = layer_params_per_rank(m, lay) if with_z3 else None  # (dense, MoE replicated, experts) a layer
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_casts:  # reported apart only where a layout holds more than one copy
@@ -70,7 +73,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
         comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
         if with_z3:  # reported apart only where a layout shards its weights (ZeRO-3)
-            comps["zero3_units"] = largest_unit(m, lay, nd, nm, has_emb[r], has_head[r]) * z3 / GIB
+            comps["zero3_units"] = largest_unit(m, lay, blocks, nd, nm, has_emb[r], has_head[r]) * z3 / GIB
         comps["overhead"] = np.full(n, hw.memory_overhead_gib)
         comps["total"] = sum(comps.values())
         on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked  # offloaded: not in the device total
@@ -117,13 +120,14 @@ def bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
     return np.where((lay.zero == 2) & lay.unfused, held + flat, 0.0)
 
 
-def largest_unit(m: ModelSpec, lay: LayoutBatch, nd, nm, has_emb, has_head):
+def largest_unit(m: ModelSpec, lay: LayoutBatch, blocks, nd, nm, has_emb, has_head):
     """Parameters of the largest ZeRO-3 sharding unit on a rank holding nd dense and nm MoE
-    layers (its TP / EP share of one transformer block: a MoE block with its local experts),
-    the embedding table or the LM head (vocab x hidden, tied or not), per layout: FSDP2 wraps each block, and the embedding
-    and the head, as units of their own (torchtitan's fully_shard plan)."""
-    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
+    layers, per layout: its TP / EP share of one transformer block (`blocks`: the dense, MoE
+    replicated and expert parameters of a layer, memory.layer_params_per_rank), the embedding
+    table or the LM head (vocab x hidden, tied or not). FSDP2 wraps each block, and the
+    embedding and the head, as units of their own (torchtitan's fully_shard plan)."""
+    dense_p, moe_rep_p, exp_p = blocks
     tp = lay.tp.astype(float)
     units = [np.where(np.asarray(nd) > 0, dense_p, 0.0), np.where(np.asarray(nm) > 0, moe_rep_p + exp_p, 0.0),
              has_emb * m.embedding_params / tp, has_head * float(m.vocab_size * m.hidden_size) / tp]
-    return np.maximum.reduce([np.broadcast_to(np.asarray(u, float), (len(lay),)) for u in units])
+    return reduce(np.maximum, units)
