@@ -72,6 +72,13 @@ class Layout(BaseModel):
         "others keep their activations. 0: every layer")
     sequence_parallel: bool = True
     zero: int = Field(1, ge=0, le=3)
+    reshard_after_forward: bool = Field(
+        True, description="with zero 3, whether a sharding unit frees its gathered parameters after a micro-batch's "
+        "forward and gathers them again for its backward (torch fully_shard's reshard_after_forward); false keeps "
+        "them from forward to backward: one all-gather a micro-batch instead of two, and the rank's whole share "
+        "of the parameters gathered when its backward starts (FSDP's SHARD_GRAD_OP; torchtitan's "
+        "fsdp_reshard_after_forward='never'). Never chosen by the search: ZeRO-2 holds no more and gathers once a "
+        "step")
     a2a: A2A = Field("flat", description="flat all-to-all; halo (piper-train's hierarchical exchange); dedup "
                      "(DeepEP / HybridEP: each token crosses to a remote node once, then is forwarded to that "
                      "node's experts over the scale-up links)")
@@ -254,7 +261,13 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.schedule == "dualpipev" and m < 2 * lay.pp:
         raise LayoutError("dualpipev needs microbatches >= 2*pp", f"{m} micro-batches, pp={lay.pp}")
     if lay.zero == 3 and lay.pp > 1:
-        raise LayoutError("zero 3 with pp == 1", "ZeRO-3 re-gathers weights per micro-batch; use zero<=2 with pipelining")
+        raise LayoutError("zero 3 with pp == 1", "a pipeline stage under FSDP keeps its parameters gathered across "
+                          "its micro-batches and reduces its gradients once a step (torch.distributed.pipelining's "
+                          "stage turns resharding and gradient sync off until the last backward): that is zero 1's "
+                          "traffic and memory, so state zero 1")
+    if not lay.reshard_after_forward and lay.zero != 3:
+        raise LayoutError("reshard_after_forward false with zero 3",
+                          f"zero {lay.zero} keeps no sharded parameters to gather; reshard_after_forward is ZeRO-3's")
     check_offload(lay, num_layers)
     if lay.recompute_layers and lay.recompute != "full":
         raise LayoutError("recompute_layers with recompute full", f"recompute_layers={lay.recompute_layers} chooses "

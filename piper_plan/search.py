@@ -275,7 +275,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8,
                 fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation",
-                graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce,
+                graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
                 split=SPLITS.index(sp.pipeline_split),
                 act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4,
                 # the state bound below holds for every offload choice at the largest share offloaded

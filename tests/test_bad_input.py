@@ -398,3 +398,10 @@ def test_a_metrics_file_may_go_into_folders_the_run_will_make(tmp_path):
         check_writable(tmp_path / "afile" / "sub" / "m.jsonl", "--metrics", make_parents=True)
     with pytest.raises(SpecError, match="no folder"):
         check_writable(tmp_path / "runs2" / "m.jsonl", "--metrics")
+
+
+def test_fsdp_options_that_mean_nothing_for_the_layout_are_refused():
+    # keeping units gathered is ZeRO-3's choice; below it no weight is sharded
+    one_line([*EST, "--no-reshard-after-forward"], "reshard_after_forward", "zero 1")
+    # a pipelined FSDP stage gathers once and reduces once a step: the message says to state zero 1
+    one_line([*EST, "--zero", "3", "--pp", "2"], "zero 3 with pp == 1", "state zero 1")

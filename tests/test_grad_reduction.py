@@ -75,3 +75,17 @@ def test_zero3_gathers_and_reduce_scatters_hide_behind_compute_when_overlapped()
     assert off.time["dp_comm"][0] > M * 0.05  # 16 micro-batches each move the whole model 3 times
     assert on.time["dp_comm"][0] < 0.01 * off.time["dp_comm"][0]  # ... behind ~0.5 s of compute each
     assert on.step_time_s[0] == pytest.approx(z1.step_time_s[0], rel=0.01)
+
+
+def test_zero3_kept_gathered_to_the_backward_gathers_once_a_micro_batch():
+    """reshard_after_forward false (torchtitan's fsdp_reshard_after_forward="never"): a unit
+    gathered for a micro-batch's forward stays so for its backward, which reduce-scatters only.
+    Unoverlapped, each micro-batch then moves the parameters twice instead of three times: the
+    step saves one gather a micro-batch, a third of the traffic where gradients and parameters
+    are the same size (bf16 reduction)."""
+    m, hw = load_model("mixtral-8x7b"), load_hardware("frontier")
+    kw = dict(gpus=64, dp=64, ep=8, mbs=1, global_batch=128, seq=4096, recompute="full", zero=3,
+              overlap_grad_reduce=False, grad_dtype="bf16")
+    t3, t2 = (float(evaluate(m, hw, from_layouts([Layout(**kw, reshard_after_forward=r)])).time["dp_comm"][0])
+              for r in (True, False))
+    assert t2 == pytest.approx(t3 * 2 / 3, rel=0.01)  # the norm's all-reduce is the rest

@@ -434,8 +434,16 @@ def test_a_row_whose_model_has_no_spec_is_named_not_priced(tmp_path, bundled):
 def test_the_torchtitan_table_is_read_on_the_specs_its_rows_name():
     # validation/torchtitan.csv: torchtitan's published runs (another software stack, priced blind)
     res = V.run(path=Path(__file__).parents[1] / "validation" / "torchtitan.csv")
-    assert len(res) == 19 and all(r.predicted > 0 for r in res)
+    assert len(res) == 23 and all(r.predicted > 0 for r in res)
     by = {r.id: r for r in res}
+    # the DeepSeek-V3 report's runs keep FSDP units gathered (its "never" lifetime); under
+    # pipelining FSDP gathers once a step and reduces once a step, which is ZeRO-1
+    from piper_plan.validate_rows import read_rows
+
+    lay = {r["id"]: V._layout(r) for r in read_rows(Path(__file__).parents[1] / "validation" / "torchtitan.csv")}
+    assert lay["tt53"].zero == 3 and not lay["tt53"].reshard_after_forward and lay["tt27"].reshard_after_forward
+    assert lay["tt55"].zero == 1 and lay["tt55"].pp == 2 and lay["tt55"].vpp == 8
+    assert by["tt57"].layout == by["tt55"].layout and by["tt57"].predicted < by["tt55"].predicted  # MTP's extra layer
     assert by["tt27"].built_on == "llama3-8b" and by["tt27"].hardware_as == "dgx-h200"  # "Llama 3.1 8B", not the 405B
     assert by["tt38"].hardware_as == "amd-mi300x" and by["tt22"].built_on == "llama3-8b"
 

@@ -1,9 +1,10 @@
 """ZeRO-3 holds its largest sharding unit unsharded: FSDP2's gathered parameters, the prefetched
-next unit and the unit's gradients with their reduce-dtype copy (cost/memory.zero3_unit_bytes)."""
+next unit and the unit's gradients with their reduce-dtype copy (cost/memory.zero3_gathered_bytes);
+or, where units stay gathered from forward to backward, all of them."""
 import pytest
 
 from piper_plan.cost.batch import from_layouts
-from piper_plan.cost.memory import GIB, layer_params_per_rank, zero3_unit_bytes
+from piper_plan.cost.memory import GIB, layer_params_per_rank, zero3_gathered_bytes
 from piper_plan.evaluate import estimate_layout
 from piper_plan.layout import Layout
 from piper_plan.specs.registry import load_hardware, load_model
@@ -17,11 +18,14 @@ def _stage0(m, hw, **kw):
 
 def test_bytes_per_parameter_are_two_parameter_copies_and_the_larger_gradient_copy():
     def per_param(**kw):
-        return float(zero3_unit_bytes(from_layouts([Layout(gpus=8, dp=8, global_batch=8, seq=128, **kw)]), 2.0)[0])
+        lay = from_layouts([Layout(gpus=8, dp=8, global_batch=8, seq=128, **kw)])
+        return float(zero3_gathered_bytes(lay, 2.0, unit=1.0, held=10.0)[0])
 
     assert per_param(zero=3, grad_dtype="fp32") == 8.0  # bf16 params x2 + fp32 reduce-scatter input
     assert per_param(zero=3, grad_dtype="bf16") == 6.0
     assert per_param(zero=2) == per_param(zero=1) == 0.0  # their weights are whole on every rank
+    # kept gathered to the backward: all ten parameters in bf16, and the unit's fp32 gradient
+    assert per_param(zero=3, reshard_after_forward=False) == 10 * 2.0 + 4.0
 
 
 def test_deepseek_v3_without_expert_parallelism_gathers_a_whole_moe_layer():
@@ -43,6 +47,17 @@ def test_expert_parallelism_leaves_the_embedding_table_the_largest_unit():
     _, est, st = _stage0(m, hw, zero=3, ep=64)
     assert st["zero3_units"] == pytest.approx(m.vocab_size * m.hidden_size * 8.0 / GIB, abs=1e-4)
     assert est.fits[0]
+
+
+def test_units_kept_gathered_to_the_backward_hold_every_parameter_of_the_rank():
+    """torchtitan's DeepSeek-V3 GB300 runs keep every FSDP unit gathered from forward to backward
+    (fsdp_reshard_after_forward="never"): at the backward's start a rank holds its whole share of
+    the parameters unsharded, which is what ZeRO-1 holds as its weights, plus one unit's gradient."""
+    m, hw = load_model("deepseek-v3"), load_hardware("dgx-h100")
+    _, _, kept = _stage0(m, hw, zero=3, ep=64, reshard_after_forward=False)
+    _, _, z1 = _stage0(m, hw, zero=1, ep=64)
+    emb = m.vocab_size * m.hidden_size
+    assert kept["zero3_units"] == pytest.approx(z1["weights"] + emb * 4.0 / GIB, abs=2e-4)
 
 
 def test_below_stage_three_nothing_is_gathered():

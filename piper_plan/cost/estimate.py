@@ -428,9 +428,11 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     # overlapped, each layer's gather is prefetched behind the previous layer's compute and each
     # reduce-scatter runs behind the next layer's backward (FSDP2's forward/backward prefetch,
     # Megatron-FSDP; DeepSpeed turns overlap_comm on by default for stage 3), so a phase exposes
-    # only the traffic its compute cannot cover
+    # only the traffic its compute cannot cover. A unit kept gathered from forward to backward
+    # (Layout.reshard_after_forward false) is not gathered again for the backward
     z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag - F), t_ag)
-    z3_b = np.where(lay.overlap, np.maximum(0.0, t_ag + t_rs - (B + W)), t_ag + t_rs)
+    t_b = np.where(lay.reshard, t_ag, 0.0) + t_rs
+    z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
     t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level

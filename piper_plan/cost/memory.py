@@ -7,7 +7,7 @@ of each parameter (experts: the expert-data-parallel group, dp·tp/ep):
 stage 1 shards master + moments, 2 also gradients (reduced every micro-batch to keep only the
 share: estimate._dp_comm_time), 3 also weights. Layout.optimizer_offload keeps that share of
 master + moments in host memory instead (cost/offload.py). Stage 3 gathers what it shards one
-unit at a time, and those unsharded units are memory too (zero3_unit_bytes).
+unit at a time, and those unsharded units are memory too (zero3_gathered_bytes).
 """
 from __future__ import annotations
 
@@ -96,9 +96,9 @@ def grad_bytes(lay: LayoutBatch, eb):
     return np.where(eb == 4, 4.0, lay.grad_bytes)
 
 
-def zero3_unit_bytes(lay: LayoutBatch, eb):
-    """Bytes per parameter of a ZeRO-3 rank's largest sharding unit that its gathers and
-    reductions hold unsharded at the peak, per layout (0 below stage 3). FSDP2 (torch
+def zero3_gathered_bytes(lay: LayoutBatch, eb, unit, held):
+    """Bytes a ZeRO-3 rank holds unsharded at its peak, per layout (0 below stage 3), from the
+    parameters of its largest sharding unit (`unit`) and of all its units (`held`). FSDP2 (torch
     fully_shard, one unit per transformer block): in backward a unit computes with its gathered
     parameters while the next unit's all-gather is prefetched, and its gradients accumulate
     unsharded: 2 parameter copies + the gradient; after it, the unit is resharded and its
@@ -107,6 +107,9 @@ def zero3_unit_bytes(lay: LayoutBatch, eb):
     BackwardPrefetch: "at the peak, it holds the current set of parameters, next set of
     parameters, and current set of gradients"; _fsdp_collectives.foreach_reduce allocates the
     reduce_scatter_input in reduce_dtype and copies the unsharded gradients into it). Forward holds
-    at most the current unit and the prefetched next one, which backward exceeds. So
-    eb·2 + max(eb, reduce bytes): 6 B with bf16 reduction, 8 with fp32."""
-    return np.where(lay.zero >= 3, 2.0 * eb + np.maximum(eb, grad_bytes(lay, eb)), 0.0)
+    at most the current unit and the prefetched next one, which backward exceeds. So unit x
+    (eb·2 + max(eb, reduce bytes)): 6 B a parameter with bf16 reduction, 8 with fp32. A rank that
+    keeps its units gathered from forward to backward (Layout.reshard_after_forward false) starts
+    its backward with every unit gathered: held x eb + unit x max(eb, reduce bytes)."""
+    params = np.where(lay.reshard, 2.0 * np.asarray(unit, float), held) * eb
+    return np.where(lay.zero >= 3, params + np.maximum(eb, grad_bytes(lay, eb)) * unit, 0.0)

@@ -13,7 +13,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch, distinct_rows
-from .memory import GIB, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, zero3_unit_bytes
+from .memory import GIB, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, zero3_gathered_bytes
 from .offload import offloaded_share
 from .recompute import full_recompute_share
 
@@ -59,8 +59,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     with_casts = any(np.any(v > 0) for v in casts.values())
     # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
     uncast = {r: has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r])) for r in roles}
-    z3 = zero3_unit_bytes(lay, eb)
-    with_z3 = bool(np.any(z3 > 0))
+    with_z3 = bool(np.any(lay.zero >= 3))
     blocks = layer_params_per_rank(m, lay) if with_z3 else None  # (dense, MoE replicated, experts) a layer
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
@@ -73,7 +72,8 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
         comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
         if with_z3:  # reported apart only where a layout shards its weights (ZeRO-3)
-            comps["zero3_units"] = largest_unit(m, lay, blocks, nd, nm, has_emb[r], has_head[r]) * z3 / GIB
+            unit = largest_unit(m, lay, blocks, nd, nm, has_emb[r], has_head[r])
+            comps["zero3_units"] = zero3_gathered_bytes(lay, eb, unit, P_rep[r] + P_exp[r]) / GIB
         comps["overhead"] = np.full(n, hw.memory_overhead_gib)
         comps["total"] = sum(comps.values())
         on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked  # offloaded: not in the device total
