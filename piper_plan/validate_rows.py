@@ -204,13 +204,16 @@ def _precision(text: str) -> str:
     return {(True, False): "bf16", (False, True): "fp16", (True, True): "bf16/fp16"}.get(half, p)
 
 
+# columns a row answers with yes or no (blank: the reading its source's stack implies)
+YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduce", "reshard_after_forward", "fit")
+_YES_NO_WORDS = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes", "no": "no", "false": "no", "off": "no", "0": "no"}
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 def _normalise(r: dict) -> None:
     """Spellings a table may use for what the schema writes one way, in place: thousands
     separators in numbers ("1,024"), precision by its words (_precision), zero_stage "ZeRO-3",
-    fsdp yes/no, metric names (METRIC_ALIASES) and recompute words (_RECOMPUTE_WORDS) in any case."""
+    fsdp yes/no, the yes/no columns' true/false, on/off, 1/0, metric names (METRIC_ALIASES) and recompute words (_RECOMPUTE_WORDS) in any case."""
     for c in (*INTS, *FLOATS):
         if _THOUSANDS.fullmatch(r.get(c, "")):
             r[c] = r[c].replace(",", "")
@@ -218,6 +221,9 @@ def _normalise(r: dict) -> None:
     stage = re.fullmatch(r"(?:zero|z|stage)[-_\s]?([0-3])", r.get("zero_stage", "").strip().lower())
     if stage:  # "ZeRO-3", "stage 2"
         r["zero_stage"] = stage[1]
+    for c in YES_NO:
+        said = r.get(c, "").strip().lower()
+        r[c] = _YES_NO_WORDS.get(said, r.get(c, ""))
     fsdp = r.get("fsdp", "").strip().lower()
     r["fsdp"] = {"yes": "1", "true": "1", "no": "0", "false": "0"}.get(fsdp, r.get("fsdp", ""))
     metric = re.sub(r"\s+", "_", r["metric"].lower())
@@ -262,6 +268,9 @@ def _check_row(path, rid: str, r: dict) -> None:
     if r.get("precision", "") not in PRECISIONS:
         raise TableError(path, rid, "precision", f"expected one of {', '.join(p for p in PRECISIONS if p)} "
                          f"(or blank), got {r['precision']!r}")
+    for c in YES_NO:
+        if r.get(c, "") not in ("", "yes", "no"):
+            raise TableError(path, rid, c, f"expected yes or no (or blank), got {r[c]!r}")
     if r.get("attention_flops", "") not in ATTENTION_FLOPS:
         raise TableError(path, rid, "attention_flops", "expected causal (the planner's count: a query attends to "
                          f"the keys before it) or full (every key), or blank, got {r['attention_flops']!r}")

@@ -405,3 +405,24 @@ def test_fsdp_options_that_mean_nothing_for_the_layout_are_refused():
     one_line([*EST, "--no-reshard-after-forward"], "reshard_after_forward", "zero 1")
     # a pipelined FSDP stage gathers once and reduces once a step: the message says to state zero 1
     one_line([*EST, "--zero", "3", "--pp", "2"], "zero 3 with pp == 1", "state zero 1")
+
+
+@pytest.mark.parametrize("column", ["a2a_overlap", "overlap_grad_reduce", "reshard_after_forward"])
+def test_a_yes_no_column_takes_yes_or_no_only(tmp_path, column):
+    # "maybe" had read as whichever side the column's default was; true / false are yes / no
+    import csv
+
+    from piper_plan.validate_rows import read_rows
+
+    rows = list(csv.DictReader(open(REPO / "validation" / "torchtitan.csv", newline="")))[:1]
+    p = tmp_path / "mine.csv"
+    for word, read in (("maybe", None), ("TRUE", "yes"), ("off", "no")):
+        rows[0][column] = word
+        with open(p, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        if read is None:
+            one_line(["validate", "--table", str(p)], "mine.csv", column, "yes or no", "'maybe'")
+        else:
+            assert read_rows(p)[0][column] == read
