@@ -179,9 +179,8 @@ def _settings(row) -> dict:
                     overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
     graphs = row.get("cuda_graphs", "")
     # Megatron's distributed optimizer shards the optimizer state (ZeRO-1); Megatron-FSDP's
-    # optim_grads_params everything (the csv's zero_stage 3)
-    # FSDP's units kept gathered from forward to backward (the csv's reshard_after_forward "no":
-    # torchtitan's fsdp_reshard_after_forward="never")
+    # optim_grads_params everything (the csv's zero_stage 3), whose units a reshard_after_forward
+    # "no" keeps gathered from forward to backward (torchtitan's fsdp_reshard_after_forward="never")
     return dict(attention_kernel="flash", dropout=False, zero=_zero(row),
                 reshard_after_forward=row.get("reshard_after_forward") != "no",
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",

@@ -213,7 +213,8 @@ _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 def _normalise(r: dict) -> None:
     """Spellings a table may use for what the schema writes one way, in place: thousands
     separators in numbers ("1,024"), precision by its words (_precision), zero_stage "ZeRO-3",
-    fsdp yes/no, the yes/no columns' true/false, on/off, 1/0, metric names (METRIC_ALIASES) and recompute words (_RECOMPUTE_WORDS) in any case."""
+    yes / no columns and fsdp said as true / false, on / off or 1 / 0, metric names
+    (METRIC_ALIASES) and recompute words (_RECOMPUTE_WORDS) in any case."""
     for c in (*INTS, *FLOATS):
         if _THOUSANDS.fullmatch(r.get(c, "")):
             r[c] = r[c].replace(",", "")
@@ -224,8 +225,8 @@ def _normalise(r: dict) -> None:
     for c in YES_NO:
         said = r.get(c, "").strip().lower()
         r[c] = _YES_NO_WORDS.get(said, r.get(c, ""))
-    fsdp = r.get("fsdp", "").strip().lower()
-    r["fsdp"] = {"yes": "1", "true": "1", "no": "0", "false": "0"}.get(fsdp, r.get("fsdp", ""))
+    fsdp = _YES_NO_WORDS.get(r.get("fsdp", "").strip().lower())
+    r["fsdp"] = {"yes": "1", "no": "0"}.get(fsdp, r.get("fsdp", ""))
     metric = re.sub(r"\s+", "_", r["metric"].lower())
     r["metric"] = METRIC_ALIASES.get(metric, metric)
     rc = r.get("recompute", "")
