@@ -36,11 +36,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from pydantic import ValidationError
 from scipy.stats import kendalltau
 
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
-from .errors import PiperError
+from .errors import PiperError, from_validation
 from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.registry import validation_dir
@@ -138,7 +139,7 @@ def _default(row, column: str) -> str:
 
 # the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
 # copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
-DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
+DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}  # validate_rows.RECIPE_WORDS
 # SMs the flex dispatcher's kernels hold unless the recipe sets them (the csv's a2a_sms):
 # Megatron-Core's TransformerConfig defaults, moe_hybridep_num_sms = 16 ("In pure NVL scenarios, 16
 # SMs can generally achieve good bandwidth") and moe_deepep_num_sms = 20; NCCL's all-to-all keeps
@@ -471,6 +472,8 @@ def _priced(row, hw_edit=None, specs: dict | None = None, path: Path | None = No
         return (m, *_row_estimate(row, m, hw))
     except PiperError as e:  # an impossible layout: name the table and the row
         raise PiperError(f"{path or data_path()}: row {row['id']}: {e}") from None
+    except ValidationError as e:  # a value read_rows passed that the layout still refuses: its field
+        raise from_validation(f"{path or data_path()}: row {row['id']}: layout", e) from None
 
 
 def predict_row(row) -> tuple[float, str]:

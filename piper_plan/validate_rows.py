@@ -34,7 +34,10 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
+from typing import get_args
+
 from .errors import PiperError, from_validation
+from .layout import CudaGraphScope, ExpertGemm, RecomputeModule
 from .specs import load_hardware, load_model
 from .specs.model import ModelSpec
 from .specs.registry import bundled_names, hardware_by_device
@@ -204,6 +207,10 @@ def _precision(text: str) -> str:
     return {(True, False): "bf16", (False, True): "fp16", (True, True): "bf16/fp16"}.get(half, p)
 
 
+# the words of the recipe columns (validation/README.md): one word, or several joined by "+"
+RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
+                "dispatcher": ("alltoall", "hybridep", "deepep")}
+RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope)}
 # columns a row answers with yes or no (blank: the reading its source's stack implies)
 YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduce", "reshard_after_forward", "fit")
 _YES_NO_WORDS = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes", "no": "no", "false": "no", "off": "no", "0": "no"}
@@ -269,6 +276,15 @@ def _check_row(path, rid: str, r: dict) -> None:
     if r.get("precision", "") not in PRECISIONS:
         raise TableError(path, rid, "precision", f"expected one of {', '.join(p for p in PRECISIONS if p)} "
                          f"(or blank), got {r['precision']!r}")
+    if r.get("zero_stage", "") not in ("", "0", "1", "2", "3"):
+        raise TableError(path, rid, "zero_stage", f"expected 0, 1, 2 or 3 (or blank), got {r['zero_stage']!r}")
+    for c, words in RECIPE_WORDS.items():
+        if r.get(c, "") not in ("", *words):
+            raise TableError(path, rid, c, f"expected one of {', '.join(words)} (or blank), got {r[c]!r}")
+    for c, words in RECIPE_LISTS.items():
+        wrong = [x for x in r.get(c, "").split("+") if x not in ("", "none", *words)]
+        if wrong:
+            raise TableError(path, rid, c, f"expected none or {', '.join(words)} joined by '+', got {wrong[0]!r}")
     for c in YES_NO:
         if r.get(c, "") not in ("", "yes", "no"):
             raise TableError(path, rid, c, f"expected yes or no (or blank), got {r[c]!r}")

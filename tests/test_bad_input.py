@@ -426,3 +426,32 @@ def test_a_yes_no_column_takes_yes_or_no_only(tmp_path, column):
             one_line(["validate", "--table", str(p)], "mine.csv", column, "yes or no", "'maybe'")
         else:
             assert read_rows(p)[0][column] == read
+
+
+@pytest.mark.parametrize("column, value, needle", [
+    ("dispatcher", "abc", "alltoall, hybridep, deepep"),        # had been "error: abc" (a KeyError's text)
+    ("recompute_modules", "moe_act+abc", "joined by '+'"),       # the next four had been pydantic tracebacks
+    ("cuda_graphs", "attn+full", "full_iteration"),
+    ("expert_gemm", "cutlass", "grouped, multistream, loop"),
+    ("grad_reduce", "fp8", "fp32, bf16, fp16"),
+    ("zero_stage", "9", "0, 1, 2 or 3"),
+])
+def test_a_recipe_word_outside_its_vocabulary_is_one_line(tmp_path, column, value, needle):
+    import csv
+
+    rows = [r for r in csv.DictReader(open(REPO / "validation" / "published.csv", newline="", encoding="utf-8-sig"))
+            if r["id"] == "mb-dsv3-gb300-bf16"]
+    rows[0][column] = value
+    p = tmp_path / "mine.csv"
+    with open(p, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    one_line(["validate", "--table", str(p)], "mine.csv", "mb-dsv3-gb300-bf16", column, needle, repr(value.split("+")[-1]))
+
+
+def test_the_dispatchers_a_table_may_name_are_the_ones_validate_prices():
+    from piper_plan.validate import DISPATCHER_A2A
+    from piper_plan.validate_rows import RECIPE_WORDS
+
+    assert set(RECIPE_WORDS["dispatcher"]) == set(DISPATCHER_A2A) - {""}
