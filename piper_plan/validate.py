@@ -46,8 +46,8 @@ from .layout import Layout, check_batch, check_degrees, degrees_label, offload_l
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import (ARCH, built_on, missing_hardware, missing_model, read_rows, row_hardware, row_model,
-                            table_name)
+from .validate_rows import (ARCH, DISPATCHER_A2A, built_on, missing_hardware, missing_model, read_rows, row_hardware,
+                            row_model, table_name)
 
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
 # the MoE sources issue 4's acceptance names (Megatron-Bridge, X-MoE, Piper's Fig. 13 and weak
@@ -137,9 +137,6 @@ def _default(row, column: str) -> str:
     return ""
 
 
-# the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
-# copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
-DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}  # validate_rows.RECIPE_WORDS
 # SMs the flex dispatcher's kernels hold unless the recipe sets them (the csv's a2a_sms):
 # Megatron-Core's TransformerConfig defaults, moe_hybridep_num_sms = 16 ("In pure NVL scenarios, 16
 # SMs can generally achieve good bandwidth") and moe_deepep_num_sms = 20; NCCL's all-to-all keeps

@@ -30,11 +30,10 @@ import re
 from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
+from typing import get_args
 
 import click
 from pydantic import ValidationError
-
-from typing import get_args
 
 from .errors import PiperError, from_validation
 from .layout import CudaGraphScope, ExpertGemm, RecomputeModule
@@ -207,9 +206,12 @@ def _precision(text: str) -> str:
     return {(True, False): "bf16", (False, True): "fp16", (True, True): "bf16/fp16"}.get(half, p)
 
 
+# the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
+# copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
+DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
 # the words of the recipe columns (validation/README.md): one word, or several joined by "+"
 RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
-                "dispatcher": ("alltoall", "hybridep", "deepep")}
+                "dispatcher": tuple(k for k in DISPATCHER_A2A if k)}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope)}
 # columns a row answers with yes or no (blank: the reading its source's stack implies)
 YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduce", "reshard_after_forward", "fit")

@@ -450,8 +450,12 @@ def test_a_recipe_word_outside_its_vocabulary_is_one_line(tmp_path, column, valu
     one_line(["validate", "--table", str(p)], "mine.csv", "mb-dsv3-gb300-bf16", column, needle, repr(value.split("+")[-1]))
 
 
-def test_the_dispatchers_a_table_may_name_are_the_ones_validate_prices():
+def test_the_dispatchers_a_table_may_name_are_priced_as_exchanges_the_layout_has():
+    from typing import get_args
+
+    from piper_plan.layout import A2A
     from piper_plan.validate import DISPATCHER_A2A
     from piper_plan.validate_rows import RECIPE_WORDS
 
     assert set(RECIPE_WORDS["dispatcher"]) == set(DISPATCHER_A2A) - {""}
+    assert set(DISPATCHER_A2A.values()) <= set(get_args(A2A))
