@@ -245,6 +245,18 @@ def _show_track_record(model, hw) -> None:
         click.echo(line)
 
 
+def _check_peaks(hw, ref: str, kw) -> None:
+    """The spec must give the peak the options' GEMMs run at (fp32 for --dtype fp32, fp8 for an
+    --fp8 recipe; bf16, which fp16 is priced at, every spec has): one line naming the file,
+    before anything is priced."""
+    from .errors import SpecError
+    from .specs.registry import _resolve
+
+    for d in ({"fp32"} & {kw["dtype"]}) | ({"fp8"} if kw["fp8"] != "none" else set()):
+        if d not in hw.accelerator.peak_tflops:
+            raise SpecError(str(_resolve(ref, "hardware")), "accelerator.peak_tflops", hw.missing_peak(d))
+
+
 def _check_machine_size(hw, source: str, gpus: int) -> None:
     """Say so where -n is beyond the machine the spec describes (its max_gpus). A warning, not an
     error: a larger machine of the same parts is a fair question (the topology's top level prices it)."""
@@ -311,6 +323,7 @@ def estimate(as_json, output, **kw):
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
     _check_machine_size(hw, kw["hardware"], kw["gpus"])
+    _check_peaks(hw, kw["hardware"], kw)
     lay = _layout_from(kw, model)
     routing = parse_routing(kw["routing"])
     _warn_histogram(model, routing, kw["routing"])
@@ -472,7 +485,8 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     t0 = time.perf_counter()
     model, hw, routing = _load_for_search(kw)
     _check_machine_size(hw, kw["hardware"], gpus)
-    sp = _space(kw, model, gpus)
+    sp = _space(kw, model, gpus)  # before the peaks: a runtime that cannot run the options says so first
+    _check_peaks(hw, kw["hardware"], kw)
     res = search(model, hw, sp, routing, objective, kw["headroom_gib"])
     wall = time.perf_counter() - t0
     rows = []
@@ -546,6 +560,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     counts = [int(x) for x in parts]
     vary_d = parse_vary(list(vary))
     space = _space(kw, model, counts[0])
+    _check_peaks(hw, kw["hardware"], kw)
     n = len(counts)
     for v in vary_d.values():
         n *= len(v)

@@ -39,8 +39,5 @@ def one_line_errors(fn):
         except PiperError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
-        except KeyError as e:  # e.g. a dtype missing from the hardware's peak table
-            click.echo(f"error: {e.args[0] if e.args else e}", err=True)
-            sys.exit(2)
 
     return wrapper

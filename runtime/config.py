@@ -44,8 +44,9 @@ def padded_vocab(vocab_size: int) -> int:
     return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
-def check_tp(plan) -> None:
-    """The even splits tensor parallelism needs (runtime/tp.py), as one-line PiperErrors.
+def check_tp(plan, source: str = "plan") -> None:
+    """The even splits tensor parallelism needs (runtime/tp.py), as one-line PiperErrors naming
+    `source` (the plan's file).
     tp is the fastest rank dimension; heads and kv heads are the planner's own rules."""
     lay, m = plan.layout, plan.model
     tp = lay.tp
@@ -62,7 +63,7 @@ def check_tp(plan) -> None:
         need.append(("layout.mbs*seq (tokens split over tp before routing)", lay.mbs * lay.seq))
     for what, n in need:
         if n % tp:
-            raise PiperError(f"plan.{what}: {n} is not divisible by tp={tp}")
+            raise PiperError(f"{source}: {what}: {n} is not divisible by tp={tp}")
     kv = m.kv_heads
     if m.mla is None and kv % tp and tp % kv:
-        raise PiperError(f"plan.model.num_kv_heads: tp={tp} must divide the {kv} kv heads or be a multiple of them")
+        raise PiperError(f"{source}: model.num_kv_heads: tp={tp} must divide the {kv} kv heads or be a multiple of them")

@@ -29,8 +29,9 @@ from .host import keep_freed_pages
 from .procs import start_ranks
 
 
-def check_supported(plan: Plan, world: int) -> None:
-    """What this runtime cannot run, as one-line errors (before any process starts).
+def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
+    """What this runtime cannot run, as one-line errors naming `source` (the plan's file) and
+    the field (before any process starts).
 
     Layout fields that change no mathematics are accepted and not modelled exactly:
     attention_kernel (torch's scaled_dot_product_attention picks the kernel),
@@ -43,26 +44,27 @@ def check_supported(plan: Plan, world: int) -> None:
     comparison with the prediction would not hold."""
     lay = plan.layout
     if world != lay.gpus:
-        raise PiperError(f"plan.layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
-    check_tp(plan)
+        raise PiperError(f"{source}: layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
+    check_tp(plan, source)
     for s in PIPER_TRAIN:
         value = getattr(lay, s.field)
         if s.field == "recompute_modules" and lay.recompute != "selective":
             continue  # only selective recompute reads them
         if not runs(s, value):
-            raise PiperError(f"plan.layout.{s.field} = {shown(value)}: {s.does}; use {s.field} {choices(s)}")
+            raise PiperError(f"{source}: layout.{s.field} = {shown(value)}: {s.does}; use {s.field} {choices(s)}")
     if lay.zero == 2 and lay.schedule in WEIGHT_SPLIT:
-        raise PiperError(f"plan.layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
+        raise PiperError(f"{source}: layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
                          f"them, and torch's {lay.schedule} schedule accumulates its weight gradients outside "
                          f"autograd; use zero 1, or schedule gpipe, 1f1b or interleaved")
     refusal = model_refusal(plan.model.name, plan.model.mtp_layers)
     if refusal:
-        raise PiperError(f"plan.model.mtp_layers: {refusal}")
+        raise PiperError(f"{source}: model.mtp_layers: {refusal}")
 
 
-def preflight(plan: Plan, cfg, world: int) -> None:
-    """Every check that needs no process group (imports torch only where needed)."""
-    check_supported(plan, world)
+def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> None:
+    """Every check that needs no process group (imports torch only where needed); `source`
+    names the plan's file in its errors."""
+    check_supported(plan, world, source)
     if cfg.steps < 1:
         raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
     if cfg.metrics:  # checked before training: a run must not end by losing what it measured
@@ -229,9 +231,9 @@ def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, 
     try:
         plan = read_plan(plan_path)
         world = int(os.environ["WORLD_SIZE"]) if under_torchrun else plan.layout.gpus
-        preflight(plan, cfg, world)
+        preflight(plan, cfg, world, plan_path)
         if not under_torchrun:
-            _check_devices(plan)
+            _check_devices(plan, plan_path)
             spawn_jobs([(plan, cfg)], threads)
         else:
             run_rank(int(os.environ["RANK"]), world, plan, cfg, None, threads)
@@ -243,11 +245,11 @@ def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, 
         sys.exit(1)
 
 
-def _check_devices(plan: Plan) -> None:
+def _check_devices(plan: Plan, source: str) -> None:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() < plan.layout.gpus:
-        raise PiperError(f"plan.layout.gpus: the plan needs {plan.layout.gpus} local GPUs, "
+        raise PiperError(f"{source}: layout.gpus: the plan needs {plan.layout.gpus} local GPUs, "
                          f"this machine has {torch.cuda.device_count()} (use torchrun across nodes)")
 
 

@@ -275,6 +275,16 @@ def test_piper_train_refuses_bad_run_options_before_spawning(tmp_path, plan_doc)
              cmd=train)
 
 
+def test_piper_train_names_the_plan_file_for_a_layout_it_cannot_run(tmp_path, plan_doc):
+    """A plan the planner could price but piper-train cannot run: the file and the field."""
+    pytest.importorskip("torch")
+    from piper_runtime.launch import main as train
+
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps({**plan_doc, "layout": {**plan_doc["layout"], "dropout": True}}))
+    one_line(["--plan", str(p), "--steps", "1"], f"{p}: layout.dropout = true", cmd=train)
+
+
 def test_a_column_outside_the_schema_is_named_not_dropped_silently(tmp_path):
     """A spreadsheet's own columns (a date, a comment) are fine; a misspelt one must not vanish unsaid."""
     src = (REPO / "validation" / "published.csv").read_text(encoding="utf-8").splitlines()
@@ -459,3 +469,31 @@ def test_the_dispatchers_a_table_may_name_are_priced_as_exchanges_the_layout_has
 
     assert set(RECIPE_WORDS["dispatcher"]) == set(DISPATCHER_A2A) - {""}
     assert set(DISPATCHER_A2A.values()) <= set(get_args(A2A))
+
+
+@pytest.mark.parametrize("option,dtype", [(["--fp8", "current"], "fp8"), (["--dtype", "fp32"], "fp32")])
+def test_a_precision_the_hardware_has_no_peak_for_is_one_line_naming_the_file(tmp_path, option, dtype):
+    """An FP8 recipe on a spec without an fp8 peak, or fp32 math without an fp32 one: the
+    spec's file, the peak table and the dtype, from every command that prices layouts. fp32 had
+    been priced at the bf16 peak (15x the H100's fp32 rate) and an fp8 recipe had failed with
+    the hardware's name alone (session 40)."""
+    h = _spec(tmp_path, "dgx-h100", lambda t: t.replace("fp8: 1979, ", "").replace(", fp32: 67", "")
+              .replace("gemm_dtype: {fp8: 0.709}", "gemm_dtype: {}"))
+    base = ["-m", "mixtral-8x7b", "-H", h]
+    for args in (["estimate", *base, "-n", "64", "--ep", "8"], ["search", *base, "-n", "64"],
+                 ["sweep", *base, "--gpus", "64"]):
+        one_line([*args, *option], h, "accelerator.peak_tflops", f"entry for {dtype}")
+
+
+def test_fp32_is_priced_at_the_fp32_peak():
+    """An fp32 layout runs its GEMMs at the spec's fp32 peak, far below the bf16 one (H100: 67
+    against 989 TFLOP/s), so the step takes several times longer than the bf16 step."""
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_hardware, load_model
+
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    lay = Layout(gpus=64, dp=64, ep=8, global_batch=512, seq=4096)
+    bf16 = estimate_layout(m, hw, lay).step_time_s[0]
+    fp32 = estimate_layout(m, hw, lay.model_copy(update={"dtype": "fp32"})).step_time_s[0]
+    assert fp32 > 5 * bf16

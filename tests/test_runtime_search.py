@@ -90,7 +90,7 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures
         spec = hw.model_copy(update={"host": Host(link_gbps=10, memory_bandwidth_gbps=10, memory_gib=16)})
         plan = make_plan(m, spec, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
-        with pytest.raises(PiperError, match=f"plan.layout.{s.field} = "):
+        with pytest.raises(PiperError, match=f"plan: layout.{s.field} = "):
             check_supported(plan, 2)
         attr = several.get(s.field, s.field)
         if s.field in ("zero", "dropout"):

@@ -138,8 +138,6 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     One batch holds one FP8 recipe (the cost model's dtype is per call)."""
     routing = routing or Routing()
     dtype = "fp32" if int(lay.act_bytes.max()) == 4 else "bf16"
-    if dtype == "fp32" and "fp32" not in hw.accelerator.peak_tflops:
-        dtype = "bf16"
     mfu_dtype = dtype
     fp8 = int(lay.fp8.max()) if len(lay) else 0
     if len(lay) and int(lay.fp8.min()) != fp8:

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 from pydantic import Field, model_validator
 
+from ..errors import SpecError
 from .base import _Optional, _Strict
 
 
@@ -299,11 +300,17 @@ class HardwareSpec(_Optional):
 
     # ---- derived figures -----------------------------------------------------------
     def peak_flops(self, dtype: str = "bf16") -> float:
-        """Dense peak, FLOP/s."""
-        try:
-            return self.accelerator.peak_tflops[dtype] * 1e12
-        except KeyError:
-            raise KeyError(f"hardware {self.name}: no peak_tflops for dtype {dtype!r}") from None
+        """Dense peak, FLOP/s. A dtype the spec has no peak for is an error, never another
+        dtype's rate (fp32 GEMMs priced at the bf16 peak would be 15x fast on an H100); the CLI
+        checks first, naming the file (cli._check_peaks)."""
+        if dtype not in self.accelerator.peak_tflops:
+            raise SpecError(f"hardware {self.name}", "accelerator.peak_tflops", self.missing_peak(dtype))
+        return self.accelerator.peak_tflops[dtype] * 1e12
+
+    def missing_peak(self, dtype: str) -> str:
+        """What a layout running `dtype` math expects of accelerator.peak_tflops."""
+        return (f"expected an entry for {dtype} (the layout runs {dtype} math); "
+                f"it has {', '.join(sorted(self.accelerator.peak_tflops))}")
 
     @property
     def memory_bytes(self) -> float:
