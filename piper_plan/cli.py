@@ -246,13 +246,13 @@ def _show_track_record(model, hw) -> None:
 
 
 def _check_peaks(hw, ref: str, kw) -> None:
-    """The spec must give the peak the options' GEMMs run at (fp32 for --dtype fp32, fp8 for an
-    --fp8 recipe; bf16, which fp16 is priced at, every spec has): one line naming the file,
-    before anything is priced."""
+    """The spec must give the peak the options' GEMMs run at (--dtype's, and fp8's for an --fp8
+    recipe): one line naming the file, before anything is priced."""
     from .errors import SpecError
     from .specs.registry import _resolve
 
-    for d in ({"fp32"} & {kw["dtype"]}) | ({"fp8"} if kw["fp8"] != "none" else set()):
+    need = [kw["dtype"]] + (["fp8"] if kw["fp8"] != "none" else [])  # every FP8 recipe runs at the fp8 peak
+    for d in need:
         if d not in hw.accelerator.peak_tflops:
             raise SpecError(str(_resolve(ref, "hardware")), "accelerator.peak_tflops", hw.missing_peak(d))
 

@@ -156,7 +156,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     """All candidate layouts as columns, and how many were dropped by each rule. With
     `headroom_gib`, also drop those whose parameter and optimizer state alone (a lower
     bound on the worst stage) overflow device memory less that headroom (rule STATE_BOUND)."""
-    from .cost.batch import A2AS, PLACEMENTS, DTYPE_BYTES
+    from .cost.batch import A2AS, DTYPES, PLACEMENTS
     from .layout import RECOMPUTES, SCHEDULES
 
     N = sp.gpus
@@ -277,7 +277,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
                 split=SPLITS.index(sp.pipeline_split),
-                act_bytes=DTYPE_BYTES[sp.dtype], grad_bytes=4,
+                dtype=DTYPES.index(sp.dtype), grad_bytes=4,
                 # the state bound below holds for every offload choice at the largest share offloaded
                 opt_offload=float(max(sp.optimizer_offload)), offload_layers=0)
     if headroom_gib is not None:

@@ -23,6 +23,8 @@ FP8_COMPUTE = {"current": "fp8", "mxfp8": "mxfp8", "blockwise": "fp8_blockwise"}
 # multi_stream.cpp, num_compute_streams = 4)
 EXPERT_GEMM_STREAMS = np.array([0, 4, 1])
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPES = tuple(DTYPE_BYTES)  # Layout.dtype, as LayoutBatch.dtype's index
+_BYTES_OF = np.array([DTYPE_BYTES[d] for d in DTYPES])
 
 
 def rc_bits(modules) -> int:
@@ -88,7 +90,7 @@ class LayoutBatch:
     graphs: np.ndarray      # Layout.cuda_graphs as bits of GRAPH_SCOPES
     split: np.ndarray       # index into SPLITS (Layout.pipeline_split)
     overlap: np.ndarray     # bool: DP gradient reduction overlapped with backward
-    act_bytes: np.ndarray   # bytes per activation element (dtype)
+    dtype: np.ndarray       # index into DTYPES (Layout.dtype; fp16 and bf16 move the same bytes, not at the same peak)
     grad_bytes: np.ndarray  # bytes per gradient element
     opt_offload: np.ndarray    # float: share of the optimizer state on the host (Layout.optimizer_offload)
     rc_layers: np.ndarray      # layers of each chunk full recompute re-runs (Layout.recompute_layers; 0: all)
@@ -96,6 +98,11 @@ class LayoutBatch:
 
     def __len__(self) -> int:
         return len(self.gpus)
+
+    @property
+    def act_bytes(self) -> np.ndarray:
+        """Bytes per activation element (the dtype's)."""
+        return _BYTES_OF[self.dtype]
 
     @property
     def m(self) -> np.ndarray:
@@ -132,13 +139,12 @@ class LayoutBatch:
     def layout(self, i: int) -> Layout:
         """The i-th candidate as a Layout."""
         g = lambda k: int(getattr(self, k)[i])  # noqa: E731
-        dtype = {4: "fp32"}.get(g("act_bytes"), "bf16")
         return Layout(gpus=g("gpus"), tp=g("tp"), cp=g("cp"), pp=g("pp"), dp=g("dp"), ep=g("ep"), etp=g("etp"),
                       vpp=g("vpp"), mbs=g("mbs"), global_batch=g("gbs"), seq=g("seq"), schedule=SCHEDULES[g("sched")],
                       recompute=RECOMPUTES[g("recompute")],
                       recompute_modules=tuple(x for i, x in enumerate(RC_MODULES) if g("rc_mods") >> i & 1),
                       sequence_parallel=bool(self.sp[i]), zero=g("zero"), reshard_after_forward=bool(self.reshard[i]),
-                      a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=dtype,
+                      a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=DTYPES[g("dtype")],
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
                       a2a_overlap=bool(self.a2a_overlap[i]), a2a_sms=g("a2a_sms") or None, fp8=FP8S[g("fp8")],
@@ -169,7 +175,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         tp_overlap=col(lambda x: x.tp_comm_overlap), attn_fp8=col(lambda x: x.attention_fp8),
         fp8=col(lambda x: FP8S.index(x.fp8)), probs_act=col(lambda x: x.expert_probs == "activation"),
         graphs=col(lambda x: graph_bits(x.cuda_graphs)), split=col(lambda x: SPLITS.index(x.pipeline_split)),
-        overlap=col(lambda x: x.overlap_grad_reduce), act_bytes=col(lambda x: DTYPE_BYTES[x.dtype]),
+        overlap=col(lambda x: x.overlap_grad_reduce), dtype=col(lambda x: DTYPES.index(x.dtype)),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
         opt_offload=col(lambda x: float(x.optimizer_offload)), offload_layers=col(lambda x: x.offload_layers),
         rc_layers=col(lambda x: x.recompute_layers),

@@ -15,7 +15,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
-from .batch import FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
+from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
 from .compute import (Phase, attention_phase, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
                       tp_overlappable)
 from .imbalance import expert_popularity, imbalance
@@ -27,7 +27,6 @@ from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
 from .stages import chunk_sizes
 
-DTYPE_NAME = {2: "bf16", 4: "fp32"}
 ADAMW_EAGER_BYTES = 80.0  # per parameter, torch single-tensor AdamW (_dp_time)
 
 # parameter tensors an MTP module adds beyond its block: the projection and three norms
@@ -133,11 +132,11 @@ def _a2a(hw, lay, nbytes, m: ModelSpec):
 def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing | None = None,
              headroom_gib: float = 0.0, compute_dtype: str | None = None) -> Estimate:
     """compute_dtype: GEMM precision (default: the layouts' Layout.fp8 recipe, else from the
-    activation bytes, fp32 or bf16; 'fp8' (current scaling), 'mxfp8' and 'fp8_blockwise' run GEMMs at the fp8
-    peak with bf16 activations). MFU is always against the bf16 peak (or fp32 for fp32 runs).
+    layouts' Layout.dtype; 'fp8' (current scaling), 'mxfp8' and 'fp8_blockwise' run GEMMs at the fp8
+    peak with bf16 activations). MFU is against the peak of Layout.dtype.
     One batch holds one FP8 recipe (the cost model's dtype is per call)."""
     routing = routing or Routing()
-    dtype = "fp32" if int(lay.act_bytes.max()) == 4 else "bf16"
+    dtype = DTYPES[int(lay.dtype.max())]  # one dtype a call: a batch mixing them is priced in its last of DTYPES
     mfu_dtype = dtype
     fp8 = int(lay.fp8.max()) if len(lay) else 0
     if len(lay) and int(lay.fp8.min()) != fp8:
