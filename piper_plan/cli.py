@@ -248,13 +248,10 @@ def _show_track_record(model, hw) -> None:
 def _check_peaks(hw, ref: str, kw) -> None:
     """The spec must give the peak the options' GEMMs run at (--dtype's, and fp8's for an --fp8
     recipe): one line naming the file, before anything is priced."""
-    from .errors import SpecError
     from .specs.registry import _resolve
 
     need = [kw["dtype"]] + (["fp8"] if kw["fp8"] != "none" else [])  # every FP8 recipe runs at the fp8 peak
-    for d in need:
-        if d not in hw.accelerator.peak_tflops:
-            raise SpecError(str(_resolve(ref, "hardware")), "accelerator.peak_tflops", hw.missing_peak(d))
+    hw.require_peaks(need, str(_resolve(ref, "hardware")))
 
 
 def _check_machine_size(hw, source: str, gpus: int) -> None:

@@ -483,17 +483,3 @@ def test_a_precision_the_hardware_has_no_peak_for_is_one_line_naming_the_file(tm
     for args in (["estimate", *base, "-n", "64", "--ep", "8"], ["search", *base, "-n", "64"],
                  ["sweep", *base, "--gpus", "64"]):
         one_line([*args, *option], h, "accelerator.peak_tflops", f"entry for {dtype}")
-
-
-def test_fp32_is_priced_at_the_fp32_peak():
-    """An fp32 layout runs its GEMMs at the spec's fp32 peak, far below the bf16 one (H100: 67
-    against 989 TFLOP/s), so the step takes several times longer than the bf16 step."""
-    from piper_plan.evaluate import estimate_layout
-    from piper_plan.layout import Layout
-    from piper_plan.specs import load_hardware, load_model
-
-    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
-    lay = Layout(gpus=64, dp=64, ep=8, global_batch=512, seq=4096)
-    bf16 = estimate_layout(m, hw, lay).step_time_s[0]
-    fp32 = estimate_layout(m, hw, lay.model_copy(update={"dtype": "fp32"})).step_time_s[0]
-    assert fp32 > 5 * bf16

@@ -97,6 +97,20 @@ def test_a_searched_fp16_plan_is_fp16_and_priced_at_the_fp16_peak(tmp_path):
     assert estimate_layout(m, fast, lay).step_time_s[0] < 0.8 * estimate_layout(m, hw, lay).step_time_s[0]
 
 
+def test_fp32_is_priced_at_the_fp32_peak():
+    """An fp32 layout runs its GEMMs at the spec's fp32 peak, far below the bf16 one (H100: 67
+    against 989 TFLOP/s), so the step takes several times longer than the bf16 step."""
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_hardware, load_model
+
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    lay = Layout(gpus=64, dp=64, ep=8, global_batch=512, seq=4096)
+    bf16 = estimate_layout(m, hw, lay).step_time_s[0]
+    fp32 = estimate_layout(m, hw, lay.model_copy(update={"dtype": "fp32"})).step_time_s[0]
+    assert fp32 > 5 * bf16
+
+
 def test_search_plan_reproduces_under_estimate(tmp_path):
     out = tmp_path / "plan.json"
     code, text, _ = run("search", "-m", "mixtral-8x7b", "-H", "frontier", "-n", "64", "--json", "-o", str(out))

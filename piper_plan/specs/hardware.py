@@ -299,18 +299,20 @@ class HardwareSpec(_Optional):
         return self
 
     # ---- derived figures -----------------------------------------------------------
-    def peak_flops(self, dtype: str = "bf16") -> float:
-        """Dense peak, FLOP/s. A dtype the spec has no peak for is an error, never another
-        dtype's rate (fp32 GEMMs priced at the bf16 peak would be 15x fast on an H100); the CLI
-        checks first, naming the file (cli._check_peaks)."""
-        if dtype not in self.accelerator.peak_tflops:
-            raise SpecError(f"hardware {self.name}", "accelerator.peak_tflops", self.missing_peak(dtype))
-        return self.accelerator.peak_tflops[dtype] * 1e12
+    def require_peaks(self, dtypes, source: str | None = None) -> None:
+        """A one-line SpecError naming `source` (the spec's file; default its name) where the
+        spec has no peak for one of `dtypes`, the math a layout runs: never another dtype's rate
+        (fp32 GEMMs priced at the bf16 peak would be 15x fast on an H100)."""
+        peaks = self.accelerator.peak_tflops
+        for d in dtypes:
+            if d not in peaks:
+                raise SpecError(source or f"hardware {self.name}", "accelerator.peak_tflops",
+                                f"expected an entry for {d} (the layout runs {d} math); it has {', '.join(sorted(peaks))}")
 
-    def missing_peak(self, dtype: str) -> str:
-        """What a layout running `dtype` math expects of accelerator.peak_tflops."""
-        return (f"expected an entry for {dtype} (the layout runs {dtype} math); "
-                f"it has {', '.join(sorted(self.accelerator.peak_tflops))}")
+    def peak_flops(self, dtype: str = "bf16") -> float:
+        """Dense peak, FLOP/s (require_peaks: the CLI checks first, naming the file)."""
+        self.require_peaks((dtype,))
+        return self.accelerator.peak_tflops[dtype] * 1e12
 
     @property
     def memory_bytes(self) -> float:
