@@ -89,3 +89,32 @@ def test_zero3_kept_gathered_to_the_backward_gathers_once_a_micro_batch():
     t3, t2 = (float(evaluate(m, hw, from_layouts([Layout(**kw, reshard_after_forward=r)])).time["dp_comm"][0])
               for r in (True, False))
     assert t2 == pytest.approx(t3 * 2 / 3, rel=0.01)  # the norm's all-reduce is the rest
+
+
+def test_the_step_waits_for_the_stage_holding_the_most_parameters():
+    """Each pipeline stage reduces its own gradients and gathers its own parameters after its
+    last backward, so the step's reduction is the heaviest stage's, not the busiest one's. GPT-OSS
+    120B split by cost over 8 stages: the LM head's 201k-vocabulary GEMM makes the last stage the
+    busiest with 1 layer, while the others hold 5. The reduction priced must cover 5 layers' worth
+    of gradients and parameters (the embedding only adds); it had been priced for the last stage's
+    one, so a faster HBM, which moved the busiest stage, had doubled the predicted step."""
+    from piper_plan.cost.estimate import _group_terms
+    from piper_plan.cost.memory import layer_params_per_rank
+
+    m, hw = load_model("gpt-oss-120b"), load_hardware("dgx-b200")
+    lay = from_layouts([Layout(gpus=64, tp=2, pp=8, dp=4, mbs=4, global_batch=1024, seq=4096,
+                               recompute="selective", zero=1, overlap_grad_reduce=False, grad_dtype="bf16")])
+    est = evaluate(m, hw, lay)
+    assert (int(est.chunks.last[0]), int(est.chunks.first[0]), int(est.chunks.mid_hi[0])) == (1, 5, 5)
+    _, rep, exp = (float(x[0]) for x in layer_params_per_rank(m, lay))
+    grp = _group_terms(hw, lay, m.hidden_size)
+    # ZeRO-1, unoverlapped, bf16: reduce-scatter the gradients, all-gather the parameters (2 B each)
+    # over the replicated parameters' DP group and the experts' expert-DP group
+    moved = sum(comm.ring_allreduce(hw, 5 * p * 2.0, n, s, 1.0, span)
+                for p, n, s, span in ((rep, lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"])),
+                                      (exp, grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"]))))
+    assert est.time["dp_comm"][0] >= float(moved[0])
+    assert est.time["dp_comm"][0] < 1.3 * float(moved[0])  # the embedding (0.3B of the first stage's 16B) and skew
+    faster = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(
+        update={"memory_bandwidth_gbps": 1.5 * hw.accelerator.memory_bandwidth_gbps})})
+    assert evaluate(m, faster, lay).step_time_s[0] <= est.step_time_s[0]

@@ -97,6 +97,27 @@ def _phases(lc: dict, nd, nm, emb, head) -> dict:
             for c in "fbwr"}
 
 
+def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M):
+    """(phases, PipeWindow) of one role's rank per micro-batch: its compute phases (_phases) with
+    the extra chunks' executor work split as _layer_overhead's and its exposed activation copies,
+    and the forward / backward / weight-gradient seconds its reduction can run behind."""
+    comp = _phases(lc, nd, nm, emb, head)
+    comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
+    cm = {c: nd * lc[f"dense_comm_{c}"] + nm * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
+    F = comp["f"] + cm["f"] + p2p_mb
+    B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
+    return comp, PipeWindow(F, B, comp["w"], M)
+
+
+def _param_tensors(m: ModelSpec, nd, nm, emb, head):
+    """(replicated, expert) parameter tensors of a rank holding nd dense and nm MoE layers, with
+    the embedding and the LM head where it holds them (an eager optimizer's per-tensor costs)."""
+    nt = m.param_tensors
+    rep = (nd * nt["dense_layer"] + nm * nt["moe_replicated"] + emb * nt["embedding"]
+           + head * (nt["final_norm"] + 1 - m.tied_embeddings * emb + m.mtp_layers * MTP_TENSORS))
+    return rep, nm * nt["moe_experts"]
+
+
 def _offload_exposed(hw: HardwareSpec, lay: LayoutBatch, lc: dict, roles: dict, has_emb: dict, has_head: dict):
     """({role: forward seconds}, {role: backward seconds}) per micro-batch that each role's
     activation copies to and from the host leave exposed beyond its own compute (offload.py):
@@ -229,37 +250,43 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     is_first = totals["first"] >= peak_role_time  # the busiest role: first, else last, else mid
     is_last = ~is_first & (totals["last"] >= peak_role_time)
     pick = lambda per_role: np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))  # noqa: E731
-    nd_p, nm_p, emb_p, head_p = pick(n_dense_of), pick(n_moe_of), pick(has_emb), pick(has_head)
+    nd_p, nm_p = pick(n_dense_of), pick(n_moe_of)
+    # every role's rank at once, stacked on a leading axis (first, mid, last): the busiest one
+    # runs the pipeline, and each one's window hides its own reduction (below)
+    rs = list(roles)
+    st = lambda per_role: np.stack([np.broadcast_to(per_role[r], (n,)) for r in rs])  # noqa: E731
+    nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
+    comp_r, win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, st(parked_f), st(parked_b), p2p_mb, M)
+    busiest = np.where(is_first, rs.index("first"), np.where(is_last, rs.index("last"), rs.index("mid")))[None]
+    at = lambda a: np.take_along_axis(a, busiest, 0)[0]  # noqa: E731
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
-    comp = _phases(lc, nd_p, nm_p, emb_p, head_p)
-    # the extra chunks' overhead split as _layer_overhead's; the activation copies to and from the
-    # host left exposed
-    pf, pb = pick(parked_f), pick(parked_b)
-    comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + pf, comp["b"] + 2 * chunk_mb / 3 + pb
-    offload_mb = pf + pb
-    cm = {c: nd_p * lc[f"dense_comm_{c}"] + nm_p * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
+    comp = {c: at(v) for c, v in comp_r.items()}
+    win = PipeWindow(at(win_r.F), at(win_r.B), at(win_r.W), M)
+    offload_mb = pick(parked_f) + pick(parked_b)
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
-    F = comp["f"] + cm["f"] + p2p_mb
-    B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
-    W = comp["w"]
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
-    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, F, B, W, peak_role_time, total_sum, hidden)
+    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, win.F, win.B, win.W, peak_role_time, total_sum, hidden)
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
+    # every stage reduces its own gradients and steps its own parameters once its last backward
+    # is done, so the step waits for the stage whose reduction and step take longest, which
+    # need not be the busiest one: a balanced split gives the stage with the LM head fewer
+    # layers, whose parameters the others' outweigh (each stage priced with its own window)
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
              + has_emb[r] * m.embedding_params / tp
              + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
                               + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
-    nt = m.param_tensors  # the same rank's parameter tensors, for an eager optimizer's per-tensor costs
-    T_rep = (nd_p * nt["dense_layer"] + nm_p * nt["moe_replicated"] + emb_p * nt["embedding"]
-             + head_p * (nt["final_norm"] + 1 - m.tied_embeddings * emb_p + m.mtp_layers * MTP_TENSORS))
-    T_exp = nm_p * nt["moe_experts"]
-    params = RankParams(pick(P_rep), pick(P_exp), _owned(lay, grp["edp"], T_rep, T_exp))
-    t_dp, t_opt = _dp_time(hw, lay, grp, params, eb, PipeWindow(F, B, W, M))
-    host_dp, host_opt = _tensor_host_time(hw, lay, grp["edp"], T_rep, T_exp, M, pick(P_rep), pick(P_exp))
-    t_dp, t_opt = t_dp + host_dp, t_opt + host_opt
+    rep_t, exp_t = _param_tensors(m, nd_r, nm_r, emb_r, head_r)
+    stage_rep, stage_exp = st(P_rep), st(P_exp)
+    params = RankParams(stage_rep, stage_exp, _owned(lay, edp, rep_t, exp_t))
+    dp_r, opt_r = _dp_time(hw, lay, grp, params, eb, win_r)
+    host_dp, host_opt = _tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
+    dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
+    present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
+    last = np.argmax(np.where(present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
+    t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
 
     share = core_share(hw, lay)
     if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
@@ -359,6 +386,9 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, 
     them a chunk, more where a chunk's rep_p / exp_p parameters' gradients pass the bucket cap)
     with one collective at the per-call cost (Efficiency.collective_overhead_us;
     runtime/optim.py). Fused layouts (multi-tensor kernels): zero."""
+    if not lay.unfused.any():  # a search of fused layouts: nothing to price
+        z = np.zeros(np.broadcast(rep_t, lay.zero).shape)
+        return z, z
     us = hw.efficiency.optimizer_tensor_us
     edp = np.asarray(edp, float)
     held = rep_t * (lay.dpcp > 1) + exp_t * (edp > 1)  # tensors with a replication group
@@ -377,7 +407,7 @@ def _tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, 
 
 @dataclass
 class RankParams:
-    """The busiest rank's parameters: replicated over dp (rep), expert ones replicated over the
+    """One stage's rank's parameters: replicated over dp (rep), expert ones replicated over the
     expert-data-parallel group (exp), and the parameter tensors its optimizer steps (owned)."""
     rep: np.ndarray
     exp: np.ndarray
@@ -435,7 +465,8 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
     # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
     # fixed cost below
-    t_dp = t_dp + np.where(lay.unfused, comm.ring_allreduce(hw, 8.0, lay.gpus, 1), 0.0)
+    if lay.unfused.any():  # the world group's span is costly to find for every candidate of a search
+        t_dp = t_dp + np.where(lay.unfused, comm.ring_allreduce(hw, 8.0, lay.gpus, 1), 0.0)
     co = hw.efficiency.collective_overhead_us * 1e-6
     if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
         # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
