@@ -109,6 +109,17 @@ def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M
     return comp, PipeWindow(F, B, comp["w"], M)
 
 
+def _unhidden(win: "PipeWindow", hidden, lc: dict, nd, nm) -> "PipeWindow":
+    """A role's window less the exchange an overlapping schedule hides behind another
+    micro-batch's compute (evaluate: hidden_of, seconds a micro-batch): hidden, it takes no wall
+    time of its own, so it opens no window for the reduction either; taken off the forward and the
+    backward in proportion to their communication."""
+    cf = nd * lc["dense_comm_f"] + nm * lc["moe_comm_f"]
+    c_all = cf + nd * (lc["dense_comm_b"] + lc["dense_comm_r"]) + nm * (lc["moe_comm_b"] + lc["moe_comm_r"])
+    share_f = np.divide(cf, c_all, out=np.zeros(np.shape(c_all)), where=c_all > 0)
+    return PipeWindow(win.F - hidden * share_f, win.B - hidden * (1.0 - share_f), win.W, win.M)
+
+
 def _param_tensors(m: ModelSpec, nd, nm, emb, head):
     """(replicated, expert) parameter tensors of a rank holding nd dense and nm MoE layers, with
     the embedding and the LM head where it holds them (an eager optimizer's per-tensor costs)."""
@@ -281,7 +292,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     rep_t, exp_t = _param_tensors(m, nd_r, nm_r, emb_r, head_r)
     stage_rep, stage_exp = st(P_rep), st(P_exp)
     params = RankParams(stage_rep, stage_exp, _owned(lay, edp, rep_t, exp_t))
-    dp_r, opt_r = _dp_time(hw, lay, grp, params, eb, win_r)
+    dp_r, opt_r = _dp_time(hw, lay, grp, params, eb, _unhidden(win_r, st(hidden_of), lc, nd_r, nm_r))
     host_dp, host_opt = _tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
     dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
     present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
