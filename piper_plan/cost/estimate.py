@@ -97,27 +97,23 @@ def _phases(lc: dict, nd, nm, emb, head) -> dict:
             for c in "fbwr"}
 
 
-def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M):
-    """(phases, PipeWindow) of one role's rank per micro-batch: its compute phases (_phases) with
-    the extra chunks' executor work split as _layer_overhead's and its exposed activation copies,
-    and the forward / backward / weight-gradient seconds its reduction can run behind."""
+def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden):
+    """(phases, PipeWindow, reduction's PipeWindow) of one role's rank per micro-batch: its compute
+    phases (_phases) with the extra chunks' executor work split as _layer_overhead's and its exposed
+    activation copies; the forward / backward / weight-gradient seconds the pipeline runs; and
+    those the reduction can run behind, less the exchange an overlapping schedule hides behind
+    another micro-batch's compute (evaluate: hidden_of, seconds a micro-batch): hidden, it takes no
+    wall time of its own, so it opens no window either; taken off the forward and the backward in
+    proportion to their communication."""
     comp = _phases(lc, nd, nm, emb, head)
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
     cm = {c: nd * lc[f"dense_comm_{c}"] + nm * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
     F = comp["f"] + cm["f"] + p2p_mb
     B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
-    return comp, PipeWindow(F, B, comp["w"], M)
-
-
-def _unhidden(win: "PipeWindow", hidden, lc: dict, nd, nm) -> "PipeWindow":
-    """A role's window less the exchange an overlapping schedule hides behind another
-    micro-batch's compute (evaluate: hidden_of, seconds a micro-batch): hidden, it takes no wall
-    time of its own, so it opens no window for the reduction either; taken off the forward and the
-    backward in proportion to their communication."""
-    cf = nd * lc["dense_comm_f"] + nm * lc["moe_comm_f"]
-    c_all = cf + nd * (lc["dense_comm_b"] + lc["dense_comm_r"]) + nm * (lc["moe_comm_b"] + lc["moe_comm_r"])
-    share_f = np.divide(cf, c_all, out=np.zeros(np.shape(c_all)), where=c_all > 0)
-    return PipeWindow(win.F - hidden * share_f, win.B - hidden * (1.0 - share_f), win.W, win.M)
+    c_all = cm["f"] + cm["b"] + cm["r"]
+    share_f = np.divide(cm["f"], c_all, out=np.zeros(np.shape(c_all)), where=c_all > 0)
+    return (comp, PipeWindow(F, B, comp["w"], M),
+            PipeWindow(F - hidden * share_f, B - hidden * (1.0 - share_f), comp["w"], M))
 
 
 def _param_tensors(m: ModelSpec, nd, nm, emb, head):
@@ -267,12 +263,12 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     rs = list(roles)
     st = lambda per_role: np.stack([np.broadcast_to(per_role[r], (n,)) for r in rs])  # noqa: E731
     nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
-    comp_r, win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, st(parked_f), st(parked_b), p2p_mb, M)
-    busiest = np.where(is_first, rs.index("first"), np.where(is_last, rs.index("last"), rs.index("mid")))[None]
-    at = lambda a: np.take_along_axis(a, busiest, 0)[0]  # noqa: E731
+    comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, st(parked_f), st(parked_b), p2p_mb, M,
+                                      st(hidden_of))
+    row = lambda stacked: pick(dict(zip(rs, stacked)))  # noqa: E731
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
-    comp = {c: at(v) for c, v in comp_r.items()}
-    win = PipeWindow(at(win_r.F), at(win_r.B), at(win_r.W), M)
+    comp = {c: row(v) for c, v in comp_r.items()}
+    win = PipeWindow(row(win_r.F), row(win_r.B), row(win_r.W), M)
     offload_mb = pick(parked_f) + pick(parked_b)
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
@@ -292,7 +288,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     rep_t, exp_t = _param_tensors(m, nd_r, nm_r, emb_r, head_r)
     stage_rep, stage_exp = st(P_rep), st(P_exp)
     params = RankParams(stage_rep, stage_exp, _owned(lay, edp, rep_t, exp_t))
-    dp_r, opt_r = _dp_time(hw, lay, grp, params, eb, _unhidden(win_r, st(hidden_of), lc, nd_r, nm_r))
+    dp_r, opt_r = _dp_time(hw, lay, grp, params, eb, dp_win_r)
     host_dp, host_opt = _tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
     dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
     present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
