@@ -3,7 +3,8 @@
 Each case runs `piper-plan search` in a fresh interpreter (cold start) and reports its wall
 time (start-up included), the number of layouts evaluated and candidates per CPU-second of
 enumeration + evaluation (CPU time, so other load on the machine does not inflate it), both in
-that cold process and warm (best of 3 in one process, after numpy's first-call costs); the baseline in the same run is a
+that cold process and warm (best of 5 in one process, after one discarded search that pays numpy's
+first-call costs); the baseline in the same run is a
 per-candidate Python loop over the same cost model (the `estimate` path, one layout at a time)
 on a sample, to show what vectorising buys. Targets (issue 3): >= 1,000,000 candidates/s on
 one core, every case < 3 s wall.
@@ -34,13 +35,15 @@ def cold_search(model, hw, gpus, gbs):
     return wall, d
 
 
-def warm_rate(model, hw, gpus, gbs, reps=3):
-    """Candidates per CPU-second of enumeration + evaluation, best of `reps` warm runs."""
+def warm_rate(model, hw, gpus, gbs, reps=5):
+    """Candidates per CPU-second of enumeration + evaluation, best of `reps` warm runs after one
+    discarded run (its first calls into numpy's ufuncs and allocator cost a few ms)."""
     from piper_plan.search import SearchSpace, search
     from piper_plan.specs import load_hardware, load_model
 
     m, h = load_model(model), load_hardware(hw)
     sp = SearchSpace(gpus=gpus, global_batch=gbs, seq=m.seq_len)
+    search(m, h, sp)
     best = 0.0
     for _ in range(reps):
         r = search(m, h, sp)

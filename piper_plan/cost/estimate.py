@@ -6,7 +6,7 @@ layout); `Estimate.row(i)` is what `piper-plan estimate --json` prints. The sear
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 import numpy as np
 
@@ -176,13 +176,147 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     eb = lay.act_bytes.astype(float)
     tp = lay.tp.astype(float)
     d = m.hidden_size
-    L = m.num_layers
-    zero = np.zeros(n)
     M = lay.m
 
     require_host(hw, lay)
-    grp = _group_terms(hw, lay, d)
+    # the pipeline does not depend on the ZeRO stage, and a search tries each layout at several:
+    # priced once per layout without it, then spread over its stages
+    first, inv = _without_zero(lay)
+    pipe = _pipeline(m, hw, lay if first is None else lay.take(first), routing, dtype)
+    if first is not None:
+        pipe = _rows(pipe, inv)
+    grp, lc, cs, pp1, has_mid, roles, has_emb, has_head = (pipe.grp, pipe.lc, pipe.cs, pipe.pp1, pipe.has_mid,
+                                                            pipe.roles, pipe.has_emb, pipe.has_head)
+    is_first, is_last, t_pipe = pipe.is_first, pipe.is_last, pipe.t_pipe
     edp = grp["edp"]
+    pick = lambda per_role: _busiest(per_role, is_first, is_last)  # noqa: E731
+    n_dense_of = {r: nd for r, (nd, _) in roles.items()}
+    n_moe_of = {r: nm for r, (_, nm) in roles.items()}
+    nd_p, nm_p = pick(n_dense_of), pick(n_moe_of)
+    rs = list(roles)
+    st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
+    nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
+
+    # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
+    # every stage reduces its own gradients and steps its own parameters once its last backward
+    # is done, so the step waits for the stage whose reduction and step take longest, which
+    # need not be the busiest one: a balanced split gives the stage with the LM head fewer
+    # layers, whose parameters the others' outweigh (each stage priced with its own window)
+    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
+    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
+             + has_emb[r] * m.embedding_params / tp
+             + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
+                              + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
+    P_exp = {r: roles[r][1] * exp_p for r in roles}
+    rep_t, exp_t = _param_tensors(m, nd_r, nm_r, emb_r, head_r)
+    stage_rep, stage_exp = st(P_rep), st(P_exp)
+    params = RankParams(stage_rep, stage_exp, _owned(lay, edp, rep_t, exp_t))
+    dp_r, opt_r = _dp_time(hw, lay, grp, params, eb, pipe.dp_win_r)
+    host_dp, host_opt = _tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
+    dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
+    present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
+    last = np.argmax(np.where(present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
+    t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
+
+    share = core_share(hw, lay)
+    if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
+        # critical path runs at the spec's full-load rates, since a woken rank competes with the
+        # busy ones for a core even in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x
+        # summed CPU / cores), and the step is at least the mean busy time per rank (summed CPU /
+        # cores); a layout with at most a rank a core shares nothing
+        shared = share * hw.accelerator.ranks_per_core > 1
+        t_pipe = np.where(shared, np.maximum(t_pipe, M * pipe.total_sum / lay.pp), t_pipe)
+    # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
+    t_mig = np.zeros(n)
+    mig = routing.migration
+    if mig is not None and m.moe is not None:
+        from .migration import migration_step_time
+
+        p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
+        t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
+    # the first reduction after the pipeline waits for the rank the whole pipeline left last
+    t_dp = t_dp + np.where((lay.dpcp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
+    step = (t_pipe + t_dp + t_opt + t_mig) * share
+
+    # ---- memory per representative rank ------------------------------------------------
+    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, has_mid, P_rep, P_exp, edp, lc, M)
+    fits = peak + headroom_gib <= hw.accelerator.memory_gib
+    if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
+        fits &= host_peak <= hw.host.memory_gib
+
+    # ---- throughput --------------------------------------------------------------------
+    tokens = (lay.gbs * lay.seq).astype(float)
+    model_flops, rc_flops = _model_flops(m, lay, tokens)
+    gpus = lay.gpus.astype(float)
+    tflops = model_flops / step / gpus / 1e12
+    hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
+    mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
+
+    a2a_step = M * pick(pipe.a2a_per_mb)
+    p2p_step = M * pipe.p2p_one * lay.vpp * 2
+    cp_step = M * (nd_p + nm_p) * lc["cp_layer"]  # the context-parallel ring's exposed share
+    tp_step = M * pick(pipe.comm_t) - a2a_step - p2p_step - cp_step
+    a2a_step = a2a_step - M * pick(pipe.hidden_of)  # what stays exposed: the components add up to the step
+    # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
+    # the layers' phases, reported apart from the kernels' own time
+    host_step = M * (nd_p * lc["dense_host"] + nm_p * lc["moe_host"])
+    compute_step = M * (pipe.comp_total + pick(pipe.slow_of)) - host_step - M * pipe.offload_mb
+    bubble = np.maximum(t_pipe - M * pipe.peak_role_time, 0.0)
+    time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
+                                      ("tp_comm", np.maximum(tp_step, 0.0)), ("cp_comm", cp_step), ("p2p", p2p_step),
+                                      ("bubble", bubble),
+                                      ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
+    if np.any(lay.offload_layers > 0):  # reported apart only where activations are offloaded
+        time = {**time, "offload": M * pipe.offload_mb * share}
+    time["total"] = step
+    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
+                    mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
+                    chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]},
+                    host_memory_gib=host_peak)
+
+
+# the per-layer terms (_layer_terms) the reduction, memory and the step's breakdown read after the pipeline
+LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "cp_layer", "dense_host", "moe_host", "dense_layer", "moe_layer")
+
+
+@dataclass
+class PipelinePart:
+    """What _pipeline gives evaluate, per layout (roles: first, mid, last stage's rank)."""
+    grp: dict             # _group_terms: process groups' sizes, strides and spans
+    lc: dict              # per-layer terms the rest reads (LAYER_TERMS_AFTER)
+    cs: object            # stages.ChunkSizes
+    pp1: np.ndarray       # one stage
+    has_mid: np.ndarray   # a middle-stage rank exists
+    roles: dict           # role -> (dense, MoE) layers on its rank
+    has_emb: dict         # role -> holds the embedding
+    has_head: dict        # role -> holds the LM head
+    p2p_one: np.ndarray   # seconds of one stage-boundary message
+    a2a_per_mb: dict      # role -> all-to-all seconds a micro-batch
+    hidden_of: dict       # role -> of those, hidden behind another micro-batch's compute
+    slow_of: dict         # role -> compute slowed by the hidden exchange's units
+    comm_t: dict          # role -> communication seconds a micro-batch
+    is_first: np.ndarray  # the busiest role is the first stage's
+    is_last: np.ndarray   # ... else the last stage's (else a middle one's)
+    peak_role_time: np.ndarray  # the busiest role's seconds a micro-batch
+    total_sum: np.ndarray       # all stages' seconds a micro-batch
+    comp_total: np.ndarray      # the busiest role's compute seconds a micro-batch
+    offload_mb: np.ndarray      # its exposed activation copies a micro-batch
+    dp_win_r: "PipeWindow"      # each role's window for the reduction, stacked (first, mid, last)
+    t_pipe: np.ndarray          # the pipeline's seconds a step
+
+
+def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> PipelinePart:
+    """The pipeline's part of a step, per layout: per-layer costs (_per_layer), the chunks and the
+    three representative ranks (first, mid, last stage) with their layers, each role's
+    micro-batch time and windows, the busiest role and the pipeline's time (schedule.pipeline_time).
+    None of it reads the ZeRO stage; evaluate prices the reduction, the optimizer and memory,
+    which do, from what this returns."""
+    n = len(lay)
+    d = m.hidden_size
+    L = m.num_layers
+    zero = np.zeros(n)
+    M = lay.m
+    grp = _group_terms(hw, lay, d)
     lc, layer_row = _per_layer(m, hw, lay, grp["ep_stride"], routing, dtype)
     p2p_one = np.where(lay.pp == 1, 0.0, grp["p2p"])
     n_moe = m.num_moe_layers
@@ -235,7 +369,12 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
     # compute beside it runs on the rest, which costs `held` of its speed for that long
     held = np.where(lay.a2a_sms > 0, lay.a2a_sms, hw.efficiency.overlap_comm_units) / hw.accelerator.compute_units
-    paired_share = _paired_share(lay)
+    # the share matters only where an exchange hides; priced on those layouts alone
+    hides = np.flatnonzero(dualpipe_hides | lay.a2a_overlap)
+    paired_share = {r: np.zeros(n) for r in ("first", "mid", "last")}
+    if hides.size:
+        for r, v in _paired_share(lay.take(hides)).items():
+            paired_share[r][hides] = v
     comp_t, comm_t, a2a_per_mb, hidden_of, slow_of, totals = {}, {}, {}, {}, {}, {}
     parked_f, parked_b = _offload_exposed(hw, lay, lc, roles, has_emb, has_head)
     for r, (nd, nm) in roles.items():
@@ -256,12 +395,11 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     total_sum = np.where(pp1, totals["first"], totals["first"] + totals["last"] + mids * mid_avg_time)
     is_first = totals["first"] >= peak_role_time  # the busiest role: first, else last, else mid
     is_last = ~is_first & (totals["last"] >= peak_role_time)
-    pick = lambda per_role: np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))  # noqa: E731
-    nd_p, nm_p = pick(n_dense_of), pick(n_moe_of)
+    pick = lambda per_role: _busiest(per_role, is_first, is_last)  # noqa: E731
     # every role's rank at once, stacked on a leading axis (first, mid, last): the busiest one
-    # runs the pipeline, and each one's window hides its own reduction (below)
+    # runs the pipeline, and each one's window hides its own reduction (evaluate)
     rs = list(roles)
-    st = lambda per_role: np.stack([np.broadcast_to(per_role[r], (n,)) for r in rs])  # noqa: E731
+    st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
     nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
     comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, st(parked_f), st(parked_b), p2p_mb, M,
                                       st(hidden_of))
@@ -273,83 +411,49 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, win.F, win.B, win.W, peak_role_time, total_sum, hidden)
+    lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
+    return PipelinePart(grp, lc, cs, pp1, has_mid, roles, has_emb, has_head, p2p_one, a2a_per_mb, hidden_of, slow_of,
+                        comm_t, is_first, is_last, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r, t_pipe)
 
-    # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
-    # every stage reduces its own gradients and steps its own parameters once its last backward
-    # is done, so the step waits for the stage whose reduction and step take longest, which
-    # need not be the busiest one: a balanced split gives the stage with the LM head fewer
-    # layers, whose parameters the others' outweigh (each stage priced with its own window)
-    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
-    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
-             + has_emb[r] * m.embedding_params / tp
-             + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
-                              + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
-    P_exp = {r: roles[r][1] * exp_p for r in roles}
-    rep_t, exp_t = _param_tensors(m, nd_r, nm_r, emb_r, head_r)
-    stage_rep, stage_exp = st(P_rep), st(P_exp)
-    params = RankParams(stage_rep, stage_exp, _owned(lay, edp, rep_t, exp_t))
-    dp_r, opt_r = _dp_time(hw, lay, grp, params, eb, dp_win_r)
-    host_dp, host_opt = _tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
-    dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
-    present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
-    last = np.argmax(np.where(present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
-    t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
 
-    share = core_share(hw, lay)
-    if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
-        # critical path runs at the spec's full-load rates, since a woken rank competes with the
-        # busy ones for a core even in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x
-        # summed CPU / cores), and the step is at least the mean busy time per rank (summed CPU /
-        # cores); a layout with at most a rank a core shares nothing
-        shared = share * hw.accelerator.ranks_per_core > 1
-        t_pipe = np.where(shared, np.maximum(t_pipe, M * total_sum / lay.pp), t_pipe)
-    # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
-    t_mig = np.zeros(n)
-    mig = routing.migration
-    if mig is not None and m.moe is not None:
-        from .migration import migration_step_time
+def _busiest(per_role: dict, is_first, is_last):
+    """The busiest role's value per layout: the first stage's, else the last's, else a middle one's."""
+    return np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))
 
-        p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
-        t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
-    # the first reduction after the pipeline waits for the rank the whole pipeline left last
-    t_dp = t_dp + np.where((lay.dpcp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
-    step = (t_pipe + t_dp + t_opt + t_mig) * share
 
-    # ---- memory per representative rank ------------------------------------------------
-    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, has_mid, P_rep, P_exp, edp, lc, M)
-    fits = peak + headroom_gib <= hw.accelerator.memory_gib
-    if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
-        fits &= host_peak <= hw.host.memory_gib
+def _stacked(per_role: dict, roles: list, n: int) -> np.ndarray:
+    """[roles, n]: each role's value over the n layouts, in the order of `roles`."""
+    return np.stack([np.broadcast_to(per_role[r], (n,)) for r in roles])
 
-    # ---- throughput --------------------------------------------------------------------
-    tokens = (lay.gbs * lay.seq).astype(float)
-    model_flops, rc_flops = _model_flops(m, lay, tokens)
-    gpus = lay.gpus.astype(float)
-    tflops = model_flops / step / gpus / 1e12
-    hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
-    mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
 
-    a2a_step = M * pick(a2a_per_mb)
-    p2p_step = M * p2p_one * rank_chunks * 2
-    cp_step = M * (nd_p + nm_p) * lc["cp_layer"]  # the context-parallel ring's exposed share
-    tp_step = M * pick(comm_t) - a2a_step - p2p_step - cp_step
-    a2a_step = a2a_step - M * pick(hidden_of)  # what stays exposed: the components add up to the step
-    # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
-    # the layers' phases, reported apart from the kernels' own time
-    host_step = M * (nd_p * lc["dense_host"] + nm_p * lc["moe_host"])
-    compute_step = M * (comp_total + pick(slow_of)) - host_step - M * offload_mb
-    bubble = np.maximum(t_pipe - M * peak_role_time, 0.0)
-    time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
-                                      ("tp_comm", np.maximum(tp_step, 0.0)), ("cp_comm", cp_step), ("p2p", p2p_step),
-                                      ("bubble", bubble),
-                                      ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
-    if np.any(lay.offload_layers > 0):  # reported apart only where activations are offloaded
-        time = {**time, "offload": M * offload_mb * share}
-    time["total"] = step
-    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
-                    mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
-                    chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]},
-                    host_memory_gib=host_peak)
+def _without_zero(lay: LayoutBatch):
+    """(first, inverse) of the layouts' distinct rows over every column but the ZeRO stage
+    (batch.distinct_rows), or Nones where no two layouts differ in the stage alone."""
+    if len(lay) == 0 or lay.zero.min() == lay.zero.max():
+        return None, None
+    cols = []
+    for f in fields(lay):
+        c = getattr(lay, f.name)
+        if f.name == "zero":
+            continue
+        if c.dtype.kind == "f":  # a share (Layout.optimizer_offload): its distinct values as codes
+            c = np.unique(c, return_inverse=True)[1] if c.min() != c.max() else np.zeros(len(c), np.intp)
+        cols.append(c)
+    _, first, inv = distinct_rows(*cols)
+    return (None, None) if len(first) == len(lay) else (first, inv)
+
+
+def _rows(x, idx):
+    """`x` at layouts `idx`: arrays over layouts (on their last axis), in dicts, tuples and dataclasses."""
+    if isinstance(x, np.ndarray) and x.ndim:
+        return x.take(idx, axis=-1)
+    if isinstance(x, dict):
+        return {k: _rows(v, idx) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(_rows(v, idx) for v in x)
+    if is_dataclass(x):
+        return replace(x, **{f.name: _rows(getattr(x, f.name), idx) for f in fields(x)})
+    return x
 
 
 def core_share(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
@@ -464,10 +568,11 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     # Megatron-FSDP; DeepSpeed turns overlap_comm on by default for stage 3), so a phase exposes
     # only the traffic its compute cannot cover. A unit kept gathered from forward to backward
     # (Layout.reshard_after_forward false) is not gathered again for the backward
-    z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag - F), t_ag)
-    t_b = np.where(lay.reshard, t_ag, 0.0) + t_rs
-    z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
-    t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
+    if np.any(lay.zero >= 3):
+        z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag - F), t_ag)
+        t_b = np.where(lay.reshard, t_ag, 0.0) + t_rs
+        z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
+        t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
     # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's

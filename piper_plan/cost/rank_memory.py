@@ -48,40 +48,49 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
     c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
-    h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
-    h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
     gb = grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
     mem = {}
     peak = np.zeros(n)
     host_peak = np.zeros(n)
     offloads = bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
-    casts = {r: cast_copies(m, lay, infl[r]) for r in roles}
-    with_casts = any(np.any(v > 0) for v in casts.values())
-    # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
-    uncast = {r: has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r])) for r in roles}
-    with_z3 = bool(np.any(lay.zero >= 3))
-    blocks = layer_params_per_rank(m, lay) if with_z3 else None  # (dense, MoE replicated, experts) a layer
+    if offloads:  # what the host holds: nothing, and not worth pricing, where no layout offloads
+        h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
+        h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
+    # piper-train's (unfused) bf16 weight copies and ZeRO-2 buckets: priced only where a layout has them
+    with_casts = bool(np.any(lay.unfused & (lay.act_bytes == 2)))
+    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if with_casts else {}
+    with_casts = with_casts and any(np.any(v > 0) for v in casts.values())
+    with_buckets = bool(np.any((lay.zero == 2) & lay.unfused))
+    # ZeRO-3's gathered units, priced on the layouts that shard their weights only
+    z3 = np.flatnonzero(lay.zero >= 3)
+    with_z3 = z3.size > 0
+    if with_z3:
+        lz = lay.take(z3)
+        blocks = layer_params_per_rank(m, lz)  # (dense, MoE replicated, experts) a layer
+        sub = lambda x: np.broadcast_to(x, (n,))[z3]  # noqa: E731
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_casts:  # reported apart only where a layout holds more than one copy
-            comps["weight_casts"] = (comps["weights"] - uncast[r] * c_rep["weights"]) * casts[r]
+            # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
+            uncast = has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r]))
+            comps["weight_casts"] = (comps["weights"] - uncast * c_rep["weights"]) * casts[r]
         layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
-        parked = offloaded_share(lay, nd + nm) * layer_acts  # Layout.offload_layers' share, in host memory
-        comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
+        parked = offloaded_share(lay, nd + nm) * layer_acts if offloads else 0.0  # Layout.offload_layers' share, in host memory
+        comps["activations"] = (layer_acts - parked if offloads else layer_acts) + infl[r] * has_head[r] * mtp_in / GIB
         comps["logits"] = has_head[r] * logits / GIB
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
-        comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb)
+        comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb) if with_buckets else np.zeros(n)
         if with_z3:  # reported apart only where a layout shards its weights (ZeRO-3)
-            unit = largest_unit(m, lay, blocks, nd, nm, has_emb[r], has_head[r])
-            comps["zero3_units"] = zero3_gathered_bytes(lay, eb, unit, P_rep[r] + P_exp[r]) / GIB
+            unit = largest_unit(m, lz, blocks, sub(nd), sub(nm), sub(has_emb[r]), sub(has_head[r]))
+            comps["zero3_units"] = np.zeros(n)
+            comps["zero3_units"][z3] = zero3_gathered_bytes(lz, eb[z3], unit, sub(P_rep[r] + P_exp[r])) / GIB
         comps["overhead"] = np.full(n, hw.memory_overhead_gib)
         comps["total"] = sum(comps.values())
-        on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked  # offloaded: not in the device total
-        if offloads:
-            comps["host"] = on_host
+        if offloads:  # offloaded: not in the device total
+            comps["host"] = on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked
+            host_peak = np.maximum(host_peak, np.where(stage_of[r] >= 0, on_host, 0.0))
         mem[r] = comps
         peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
-        host_peak = np.maximum(host_peak, np.where(stage_of[r] >= 0, on_host, 0.0))
     return mem, peak, stage_of, host_peak
 
 
