@@ -612,10 +612,11 @@ def _optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
     # 2 for the division), and with ZeRO copy each gathered parameter out of its broadcast
     # buffer (read + write) after the owner packed it (read + write)
-    replicated = rep_pr * (lay.dpcp > 1) + exp_pr * (edp > 1)  # params with a replication group
-    red = 16.0 * replicated + np.where(lay.dpcp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
-    gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
-    opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
+    if lay.unfused.any():
+        replicated = rep_pr * (lay.dpcp > 1) + exp_pr * (edp > 1)  # params with a replication group
+        red = 16.0 * replicated + np.where(lay.dpcp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
+        gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
+        opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
     return stream_time(hw, opt_bytes, 0) + t_cached * on_device + optimizer_offload_time(hw, lay, local)
 
 

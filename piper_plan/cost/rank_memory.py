@@ -68,6 +68,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         lz = lay.take(z3)
         blocks = layer_params_per_rank(m, lz)  # (dense, MoE replicated, experts) a layer
         sub = lambda x: np.broadcast_to(x, (n,))[z3]  # noqa: E731
+    overhead = np.full(n, hw.memory_overhead_gib)  # the runtime's reserve, every rank's (shared, read only)
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_casts:  # reported apart only where a layout holds more than one copy
@@ -84,7 +85,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
             unit = largest_unit(m, lz, blocks, sub(nd), sub(nm), sub(has_emb[r]), sub(has_head[r]))
             comps["zero3_units"] = np.zeros(n)
             comps["zero3_units"][z3] = zero3_gathered_bytes(lz, eb[z3], unit, sub(P_rep[r] + P_exp[r])) / GIB
-        comps["overhead"] = np.full(n, hw.memory_overhead_gib)
+        comps["overhead"] = overhead
         comps["total"] = sum(comps.values())
         if offloads:  # offloaded: not in the device total
             comps["host"] = on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked
