@@ -403,6 +403,15 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
     comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, st(parked_f), st(parked_b), p2p_mb, M,
                                       st(hidden_of))
+    # in the steady state a rank with less work a micro-batch than the busiest one waits the
+    # difference each period: a forward and a backward (1F1B and the other interleaving
+    # schedules), a backward (gpipe runs the backwards back to back)
+    present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
+    bwd = win_r.B + win_r.W
+    wait_bwd = np.max(np.where(present, bwd, 0.0), axis=0) - bwd
+    wait_all = peak_role_time - st(totals)
+    gpipe = lay.sched == SCHEDULES.index("gpipe")
+    dp_win_r = replace(dp_win_r, slack=np.maximum(np.where(gpipe, wait_bwd, wait_all), 0.0))
     row = lambda stacked: pick(dict(zip(rs, stacked)))  # noqa: E731
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
     comp = {c: row(v) for c, v in comp_r.items()}
@@ -528,11 +537,15 @@ class RankParams:
 @dataclass
 class PipeWindow:
     """What the step overlaps the reduction with: the last micro-batch's forward, backward-input
-    and backward-weight seconds (F, B, W), and the micro-batches per step (M, for ZeRO-3)."""
+    and backward-weight seconds (F, B, W), the micro-batches per step (M, for ZeRO-2 and 3), and
+    the seconds a micro-batch the rank waits for the busiest stage in the pipeline's steady state
+    (slack: 0 on the busiest, the reduction's own window), which ZeRO-2's per-micro-batch
+    reduce-scatters also fill."""
     F: np.ndarray
     B: np.ndarray
     W: np.ndarray
     M: np.ndarray
+    slack: np.ndarray | float = 0.0
 
 
 def _dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
@@ -559,8 +572,12 @@ def _dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, 
     # so it reduce-scatters every micro-batch's gradients, each behind that micro-batch's own
     # backward where overlapped (DeepSpeed's engine: "ZeRO stage >= 2 communicates during non
     # gradient accumulation boundaries as well"); stages 0-1 reduce the accumulated sum once
-    rounds = np.where(lay.zero == 2, M, 1.0)
-    t_dp = rounds * np.maximum(0.0, t_rs - window_b) + np.maximum(0.0, t_ag - window_f)
+    # ZeRO-2's reduce-scatters of all but the last micro-batch also run while a stage with less
+    # work than the busiest one waits for its neighbours (win.slack): in the pipeline, such a
+    # stage's longer backward costs the step nothing up to its slack
+    per_round = np.maximum(0.0, t_rs - window_b)
+    z2 = np.where(win.slack > 0, (M - 1) * np.maximum(0.0, t_rs - window_b - win.slack) + per_round, M * per_round)
+    t_dp = np.where(lay.zero == 2, z2, per_round) + np.maximum(0.0, t_ag - window_f)
     # ZeRO-3 / FSDP holds parameters sharded: every micro-batch gathers them for its forward and
     # again for its backward, and reduce-scatters its gradients; that is all its traffic. Where
     # overlapped, each layer's gather is prefetched behind the previous layer's compute and each
