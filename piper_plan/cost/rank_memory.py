@@ -57,9 +57,8 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
         h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
     # piper-train's (unfused) bf16 weight copies and ZeRO-2 buckets: priced only where a layout has them
-    with_casts = bool(np.any(lay.unfused & (lay.act_bytes == 2)))
-    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if with_casts else {}
-    with_casts = with_casts and any(np.any(v > 0) for v in casts.values())
+    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if np.any(lay.unfused & (lay.act_bytes == 2)) else {}
+    with_casts = any(np.any(v > 0) for v in casts.values())
     with_buckets = bool(np.any((lay.zero == 2) & lay.unfused))
     # ZeRO-3's gathered units, priced on the layouts that shard their weights only
     z3 = np.flatnonzero(lay.zero >= 3)
@@ -76,8 +75,9 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
             uncast = has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r]))
             comps["weight_casts"] = (comps["weights"] - uncast * c_rep["weights"]) * casts[r]
         layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
-        parked = offloaded_share(lay, nd + nm) * layer_acts if offloads else 0.0  # Layout.offload_layers' share, in host memory
-        comps["activations"] = (layer_acts - parked if offloads else layer_acts) + infl[r] * has_head[r] * mtp_in / GIB
+        # Layout.offload_layers' share waits in host memory
+        parked = offloaded_share(lay, nd + nm) * layer_acts if offloads else 0.0
+        comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
         comps["logits"] = has_head[r] * logits / GIB
         comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
         comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb) if with_buckets else np.zeros(n)
