@@ -18,13 +18,15 @@ sees those products. `split_*` then turns rates into the schema's peak × effici
 Communication, α-β per message (the planner's model): a message of B bytes costs
 α + B/β with α = latency_us·1e-6 and β = bandwidth_gbps·1e9·comm. Ring all-reduce over n
 ranks: 2(n−1) steps of B/n bytes; all-to-all: n−1 messages of B/n bytes; P2P: one message.
+
+scipy.optimize is imported by the fits that use it: every piper-plan command loads this module
+(the CLI registers `calibrate`), and importing it took 0.26 of the 0.56 s the CLI took to start.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import least_squares, nnls
 
 from .cost.estimate import ADAMW_EAGER_BYTES
 from .cost.kernels import flash_attention_time, gemm_time, stream_time
@@ -157,6 +159,7 @@ def fit_compute(hw: HardwareSpec, meas: dict, tiles, attn_dtype: str = "bf16") -
     families ('grouped_<dtype>') to show how far the runtime's grouped kernel is from that.
     Each GEMM dtype also gets its own extra fixed cost per call (gemm_overhead_us, ≥ 0; values
     under 0.01 us are reported as 0) on top of the overhead every kernel shares."""
+    from scipy.optimize import least_squares
     grouped = [g for g in meas.get("gemm", []) if g.get("groups", 1) > 1]
     meas = {**meas, "gemm": [g for g in meas.get("gemm", []) if g.get("groups", 1) == 1]}
     t_meas = measured(meas)
@@ -264,6 +267,7 @@ def predict_comm(meas: list[dict], latency_us: float, bw_gbps: float) -> dict[st
 
 def fit_comm(meas: list[dict]) -> CommFit:
     """least_squares on log time for (α, β) of the α-β model over every collective measured."""
+    from scipy.optimize import least_squares
     if not meas:
         raise ValueError("no communication measurements to fit")
     t_meas = {f"comm_{k}": np.array([p["seconds"] for p in meas if p["kind"] == k])
@@ -290,6 +294,7 @@ def fit_stream_cache(rows: list[dict], overhead_us: float) -> tuple[dict, dict]:
     least_squares on log time (scipy). Returns ({cache_gbps, cache_mib, dram_gbps}, residual
     stats 'stream_cache'), or ({}, {}) when the points cannot say (fewer than 4, or no rate
     drop of a quarter or more beyond the cache)."""
+    from scipy.optimize import least_squares
     pts = sorted((float(p["nbytes"]), float(p["seconds"])) for p in rows)
     if len(pts) < 4:
         return {}, {}
@@ -338,6 +343,7 @@ def fit_attention_bwd(peak_tflops: float, overhead_us: float, rows: list[dict]) 
     relative error (each row divided by its measured time). `peak_tflops`: the spec's peak of
     the attention dtype. Returns ({attention_bwd, attention_bwd_row_us} or {} without backward
     points, residual stats 'attention_bwd')."""
+    from scipy.optimize import nnls
     pts = [r for r in rows if r.get("seconds_bwd")]
     if len(pts) < 2:
         return {}, {}
