@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost.estimate import ADAMW_EAGER_BYTES
+from .cost.reduction import ADAMW_EAGER_BYTES
 from .cost.kernels import flash_attention_time, gemm_time, stream_time
 from .specs.hardware import HardwareSpec
 
@@ -359,7 +359,7 @@ def fit_attention_bwd(peak_tflops: float, overhead_us: float, rows: list[dict]) 
 
 
 # bytes per element each optimizer-probe part streams (calibrate_bench._optimizer): eager AdamW's
-# passes (cost/estimate.ADAMW_EAGER_BYTES) + the norm's read; clip scale and ÷dp, read + write each;
+# passes (cost/reduction.ADAMW_EAGER_BYTES) + the norm's read; clip scale and ÷dp, read + write each;
 # flatten into a buffer and copy back, read + write each
 OPT_PART_BYTES = {"adamw": ADAMW_EAGER_BYTES + 4.0, "grad": 16.0, "copy": 16.0}
 

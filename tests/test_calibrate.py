@@ -361,7 +361,7 @@ def test_eager_adamw_streams_from_cache_when_a_tensor_state_fits():
     cache rate. A bigger tensor, a fused layout or a spec without a cache knee: not priced
     this way (all bytes stream as one call)."""
     from piper_plan.cost.batch import from_layouts
-    from piper_plan.cost.estimate import _eager_adam_in_cache
+    from piper_plan.cost.reduction import eager_adam_in_cache
     from piper_plan.layout import Layout
 
     hw = load_hardware("cpu-local")
@@ -371,13 +371,13 @@ def test_eager_adamw_streams_from_cache_when_a_tensor_state_fits():
     cache = acc.cache_mib * 2**20
     local = np.array([1e6, 1e6, 1e6])
     tensors = np.array([24e6 / cache * 1.01, 24e6 / cache * 0.99, 100.0])  # fits; just too big; fused
-    t, fits = _eager_adam_in_cache(hw, lays, local, tensors)
+    t, fits = eager_adam_in_cache(hw, lays, local, tensors)
     bw = acc.memory_bandwidth_gbps * 1e9
     assert fits.tolist() == [True, False, False]
     assert t[0] == pytest.approx(1e6 * (28 / (bw * eff.memory_dram) + 52 / (bw * eff.memory)))
     assert t[1] == t[2] == 0.0
     flat = hw.model_copy(update={"accelerator": acc.model_copy(update={"cache_mib": None})})
-    assert not _eager_adam_in_cache(flat, lays, local, tensors)[1].any()
+    assert not eager_adam_in_cache(flat, lays, local, tensors)[1].any()
 
 
 def test_eager_optimizer_pays_its_measured_cost_per_parameter_tensor():

@@ -69,7 +69,7 @@ def test_piper_train_zero2_holds_at_most_a_bucket_cap_per_owner_of_full_gradient
     """A big model's chunk has far more gradient than its owners' buckets hold: piper-train's
     ZeRO-2 keeps dp x 25 MiB of it (plus one bucket's flat copy), and only piper-train (eager)
     layouts under ZeRO-2 are charged."""
-    from piper_plan.cost.estimate import BUCKET_CAP_BYTES
+    from piper_plan.cost.rank_memory import BUCKET_CAP_BYTES
     from piper_plan.evaluate import estimate_layout
     from piper_plan.specs.registry import load_hardware, load_model
 

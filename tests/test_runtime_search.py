@@ -6,7 +6,7 @@ from click.testing import CliRunner
 
 from piper_plan.cli import main
 from piper_plan.cost.batch import from_layouts
-from piper_plan.cost.estimate import _tensor_host_time
+from piper_plan.cost.reduction import tensor_host_time
 from piper_plan.layout import Layout
 from piper_plan.search import SearchSpace, for_runtime, search
 from piper_plan.specs.registry import load_hardware, load_model
@@ -42,7 +42,7 @@ def test_piper_train_zero2_pays_a_call_per_bucket_and_a_copy_per_tensor_each_mic
                          for z in (1, 2)])
     rep_t, exp_t, M = np.array([40.0, 40.0]), np.array([9.0, 9.0]), np.array([4.0, 4.0])
     small = np.array([1e5, 1e5])  # parameters: their gradients far below a bucket's cap
-    red, _ = _tensor_host_time(hw, lays, np.array([4, 4]), rep_t, exp_t, M, small, small)
+    red, _ = tensor_host_time(hw, lays, np.array([4, 4]), rep_t, exp_t, M, small, small)
     # ep 1: experts replicate over all 4 ranks too; a bucket per owner and group (4 + 4), and
     # each of the 49 tensors packed into its bucket, every one of the 4 micro-batches
     eff = hw.efficiency
@@ -51,14 +51,14 @@ def test_piper_train_zero2_pays_a_call_per_bucket_and_a_copy_per_tensor_each_mic
 
 
 def test_zero2_buckets_also_go_at_the_cap_so_big_chunks_make_more_calls():
-    from piper_plan.cost.estimate import BUCKET_CAP_BYTES
+    from piper_plan.cost.rank_memory import BUCKET_CAP_BYTES
 
     hw = load_hardware("cpu-local")
     lays = from_layouts([Layout(gpus=4, dp=4, global_batch=16, seq=64, mbs=1, zero=2, fused_kernels=False,
                                 dtype="fp32")] * 2)
     t, M, none = np.array([40.0, 40.0]), np.array([1.0, 1.0]), np.array([0.0, 0.0])
     params = np.array([1e5, 40 * BUCKET_CAP_BYTES / 4])  # fp32 gradients: 40 caps' worth in the second
-    red, _ = _tensor_host_time(hw, lays, np.array([1, 1]), t, none, M, params, none)
+    red, _ = tensor_host_time(hw, lays, np.array([1, 1]), t, none, M, params, none)
     assert red[1] - red[0] == pytest.approx((40 - 4) * hw.efficiency.collective_overhead_us * 1e-6)
 
 

@@ -116,7 +116,7 @@ def test_zero2_buckets_per_chunk_train_like_zero1_under_the_interleaved_schedule
 
 
 def test_the_planner_prices_the_bucket_cap_the_runtime_uses():
-    from piper_plan.cost.estimate import BUCKET_CAP_BYTES as priced
+    from piper_plan.cost.rank_memory import BUCKET_CAP_BYTES as priced
     from piper_runtime.optim import BUCKET_CAP_BYTES as used
 
     assert priced == used == 25 * 2**20

@@ -5,7 +5,7 @@ Bytes per parameter with mixed-precision Adam (Megatron): weight 2 (bf16), main 
 16 B of Piper's equation with bf16 gradients (brief §2). ZeRO over the data-parallel group
 of each parameter (experts: the expert-data-parallel group, dp·tp/ep):
 stage 1 shards master + moments, 2 also gradients (reduced every micro-batch to keep only the
-share: estimate._dp_comm_time), 3 also weights. Layout.optimizer_offload keeps that share of
+share: reduction.dp_comm_time), 3 also weights. Layout.optimizer_offload keeps that share of
 master + moments in host memory instead (cost/offload.py). Stage 3 gathers what it shards one
 unit at a time, and those unsharded units are memory too (zero3_gathered_bytes).
 """

@@ -1,0 +1,196 @@
+"""The data-parallel side of a step, per pipeline role's rank, vectorised over layouts: the
+gradient reduction and ZeRO's gathers (each behind the window the pipeline leaves it), the
+optimizer step, and an eager runtime's per-tensor host work. estimate.evaluate prices each
+role's rank with these and waits for the slowest."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from . import comm
+from .batch import LayoutBatch
+from .kernels import stream_time
+from .memory import grad_bytes
+from .offload import optimizer_offload_time
+from .rank_memory import BUCKET_CAP_BYTES
+
+ADAMW_EAGER_BYTES = 80.0  # per parameter, torch single-tensor AdamW (dp_time)
+
+# parameter tensors an MTP module adds beyond its block: the projection and three norms
+MTP_TENSORS = 4
+
+
+def param_tensors(m: ModelSpec, nd, nm, emb, head):
+    """(replicated, expert) parameter tensors of a rank holding nd dense and nm MoE layers, with
+    the embedding and the LM head where it holds them (an eager optimizer's per-tensor costs)."""
+    nt = m.param_tensors
+    rep = (nd * nt["dense_layer"] + nm * nt["moe_replicated"] + emb * nt["embedding"]
+           + head * (nt["final_norm"] + 1 - m.tied_embeddings * emb + m.mtp_layers * MTP_TENSORS))
+    return rep, nm * nt["moe_experts"]
+
+
+def owned(lay: LayoutBatch, edp, rep, exp):
+    """What a rank's optimizer steps of `rep` replicated and `exp` expert parameters (or
+    tensors): all of them, or with ZeRO its share of each replication group."""
+    sharded = lay.zero >= 1
+    return np.where(sharded, rep / np.maximum(lay.dpcp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
+
+
+def tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, rep_p, exp_p):
+    """(reduction, optimizer) seconds per step of an eager optimizer's per-tensor host work
+    (Efficiency.optimizer_tensor_us) on a rank holding rep_t replicated and exp_t expert
+    parameter tensors: AdamW and the norm per owned tensor (its ZeRO share of each group),
+    clip scale and ÷dp per held gradient, and a copy out of the flat buffer per tensor of a
+    group of two or more, once for the reduction and, with ZeRO, once for the gather; under
+    ZeRO-2, piper-train's hooks also pack each such tensor into a flat bucket every micro-batch
+    and reduce each bucket (a chunk's tensors of one group and owner: min(group, tensors) of
+    them a chunk, more where a chunk's rep_p / exp_p parameters' gradients pass the bucket cap)
+    with one collective at the per-call cost (Efficiency.collective_overhead_us;
+    runtime/optim.py). Fused layouts (multi-tensor kernels): zero."""
+    if not lay.unfused.any():  # a search of fused layouts: nothing to price
+        z = np.zeros(np.broadcast(rep_t, lay.zero).shape)
+        return z, z
+    us = hw.efficiency.optimizer_tensor_us
+    edp = np.asarray(edp, float)
+    held = rep_t * (lay.dpcp > 1) + exp_t * (edp > 1)  # tensors with a replication group
+    copies = held * us.get("copy", 0.0) * 1e-6
+    t_opt = (owned(lay, edp, rep_t, exp_t) * us.get("adamw", 0.0) + (rep_t + exp_t) * us.get("grad", 0.0)) * 1e-6
+    t_opt = t_opt + np.where(lay.zero >= 1, copies, 0.0)  # the ZeRO gather's copies
+    v = lay.vpp.astype(float)
+    cap = BUCKET_CAP_BYTES  # a bucket also goes at this size (runtime/optim.py)
+    grads = grad_bytes(lay, lay.act_bytes.astype(float))
+    rep_b, exp_b = np.ceil(rep_p * grads / v / cap), np.ceil(exp_p * grads / v / cap)
+    buckets = v * (np.maximum(np.minimum(lay.dpcp, rep_t / v), rep_b) * (lay.dpcp > 1)
+                   + np.maximum(np.minimum(edp, exp_t / v), exp_b) * (edp > 1))
+    z2 = M * (buckets * hw.efficiency.collective_overhead_us * 1e-6 + copies)
+    return np.where(lay.unfused, copies + np.where(lay.zero == 2, z2, 0.0), 0.0), np.where(lay.unfused, t_opt, 0.0)
+
+
+@dataclass
+class RankParams:
+    """One stage's rank's parameters: replicated over dp (rep), expert ones replicated over the
+    expert-data-parallel group (exp), and the parameter tensors its optimizer steps (owned)."""
+    rep: np.ndarray
+    exp: np.ndarray
+    owned_tensors: np.ndarray
+
+
+@dataclass
+class PipeWindow:
+    """What the step overlaps the reduction with: the last micro-batch's forward, backward-input
+    and backward-weight seconds (F, B, W), the micro-batches per step (M, for ZeRO-2 and 3), and
+    the seconds a micro-batch the rank waits for the busiest stage in the pipeline's steady state
+    (slack: 0 on the busiest, the reduction's own window), which ZeRO-2's per-micro-batch
+    reduce-scatters also fill."""
+    F: np.ndarray
+    B: np.ndarray
+    W: np.ndarray
+    M: np.ndarray
+    slack: np.ndarray | float = 0.0
+
+
+def dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
+    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step."""
+    return dp_comm_time(hw, lay, grp, p, eb, win), optimizer_time(hw, lay, grp["edp"], p, eb)
+
+
+def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
+    """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
+    pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
+    rep_pr, exp_pr = p.rep, p.exp
+    F, B, W, M = win.F, win.B, win.W, win.M
+    edp, edp_stride = grp["edp"], grp["edp_stride"]
+    gb = grad_bytes(lay, eb)
+    zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
+    dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
+    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dpcp, lay.tp, zfrac, dp_span)
+            + comm.ring_allreduce(hw, exp_pr * gb, edp, edp_stride, zfrac, edp_span))
+    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dpcp, lay.tp, 0.5, dp_span)
+                    + comm.ring_allreduce(hw, exp_pr * eb, edp, edp_stride, 0.5, edp_span), 0.0)
+    window_b = np.where(lay.overlap, B + W, 0.0)
+    window_f = np.where(lay.overlap, F, 0.0)
+    # ZeRO-2 keeps only its shard of each gradient between micro-batches (memory.state_coeffs),
+    # so it reduce-scatters every micro-batch's gradients, each behind that micro-batch's own
+    # backward where overlapped (DeepSpeed's engine: "ZeRO stage >= 2 communicates during non
+    # gradient accumulation boundaries as well"), and all but the last also while a stage with
+    # less work than the busiest one waits for it (win.slack); stages 0-1 reduce the accumulated
+    # sum once
+    per_round = np.maximum(0.0, t_rs - window_b)
+    z2 = np.where(win.slack > 0, (M - 1) * np.maximum(0.0, t_rs - window_b - win.slack) + per_round, M * per_round)
+    t_dp = np.where(lay.zero == 2, z2, per_round) + np.maximum(0.0, t_ag - window_f)
+    # ZeRO-3 / FSDP holds parameters sharded: every micro-batch gathers them for its forward and
+    # again for its backward, and reduce-scatters its gradients; that is all its traffic. Where
+    # overlapped, each layer's gather is prefetched behind the previous layer's compute and each
+    # reduce-scatter runs behind the next layer's backward (FSDP2's forward/backward prefetch,
+    # Megatron-FSDP; DeepSpeed turns overlap_comm on by default for stage 3), so a phase exposes
+    # only the traffic its compute cannot cover. A unit kept gathered from forward to backward
+    # (Layout.reshard_after_forward false) is not gathered again for the backward
+    if np.any(lay.zero >= 3):
+        z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag - F), t_ag)
+        t_b = np.where(lay.reshard, t_ag, 0.0) + t_rs
+        z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
+        t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
+    # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
+    # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
+    # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
+    # fixed cost below
+    if lay.unfused.any():  # the world group's span is costly to find for every candidate of a search
+        t_dp = t_dp + np.where(lay.unfused, comm.ring_allreduce(hw, 8.0, lay.gpus, 1), 0.0)
+    co = hw.efficiency.collective_overhead_us * 1e-6
+    if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
+        # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
+        # piper-train do), and the global gradient norm's all-reduce
+        dpn, edpn = lay.dpcp.astype(float), edp.astype(float)
+        gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
+        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
+    return t_dp
+
+
+def optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
+    """The optimizer step: clipping and AdamW over the rank's own parameters, plus an eager
+    runtime's flat-buffer copies."""
+    rep_pr, exp_pr = p.rep, p.exp
+    gb = grad_bytes(lay, eb)
+    # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
+    local = owned(lay, edp, rep_pr, exp_pr)
+    # global-norm clipping: read each gradient for its norm, then scale it (read + write);
+    # ZeRO-2 ranks hold only their share of the gradients
+    grads = np.where(lay.zero >= 2, local, rep_pr + exp_pr)
+    # a fused Adam reads p, m, v, g and writes p, m, v (+ the low-precision weight); eager
+    # runtimes (piper-train: torch.optim.AdamW(foreach=False), torch/optim/adam.py
+    # _single_tensor_adam over fp32 p, g, m, v) run 8 passes: decay p (r+w 8 B), m.lerp_(g) 12,
+    # v.mul_ 8, v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, + eps 8, p.addcdiv_ 16
+    per_param = np.where(lay.unfused, ADAMW_EAGER_BYTES, 2 * 12.0 + gb + eb)
+    t_cached, cached = eager_adam_in_cache(hw, lay, local, p.owned_tensors)
+    # the host steps Layout.optimizer_offload of the shard (offload.py); the device the rest
+    on_device = 1.0 - lay.opt_offload
+    opt_bytes = np.where(cached, 0.0, local * per_param * on_device) + 3.0 * gb * grads
+    # eager runtimes without contiguous gradient/parameter buffers (piper-train) also copy
+    # each reduced gradient into a flat buffer and back and divide it by dp (4 passes of 4 B +
+    # 2 for the division), and with ZeRO copy each gathered parameter out of its broadcast
+    # buffer (read + write) after the owner packed it (read + write)
+    if lay.unfused.any():
+        replicated = rep_pr * (lay.dpcp > 1) + exp_pr * (edp > 1)  # params with a replication group
+        red = 16.0 * replicated + np.where(lay.dpcp > 1, 8.0 * (rep_pr + exp_pr), 0.0)
+        gath = np.where(lay.zero >= 1, 16.0 * replicated, 0.0)
+        opt_bytes = opt_bytes + np.where(lay.unfused, red + gath, 0.0)
+    return stream_time(hw, opt_bytes, 0) + t_cached * on_device + optimizer_offload_time(hw, lay, local)
+
+
+def eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):
+    """Eager single-tensor AdamW runs its 8 passes one tensor at a time: where a tensor's fp32
+    p, g, m, v and the two temporaries (sqrt, denominator: 24 B a parameter, for the mean
+    owned tensor of local/tensors parameters) fit in the rank's cache share
+    (accelerator.cache_mib), only the first reads of p, g, m, v and the write-backs of p, m, v
+    (28 B) reach DRAM, and the other 52 of its 80 B stream at the cache rate. Returns
+    (seconds where that holds, mask); specs without a cache knee stream all 80 B as one call."""
+    acc, eff = hw.accelerator, hw.efficiency
+    if acc.cache_mib is None or eff.memory_dram is None:
+        return np.zeros(len(lay)), np.zeros(len(lay), bool)
+    fits = lay.unfused & (24.0 * local / np.maximum(tensors, 1.0) <= acc.cache_mib * 2.0**20)
+    bw = acc.memory_bandwidth_gbps * 1e9
+    t = local * (28.0 / (bw * eff.memory_dram) + (ADAMW_EAGER_BYTES - 28.0) / (bw * eff.memory))
+    return np.where(fits, t, 0.0), fits
