@@ -45,7 +45,7 @@ def test_an_even_split_leaves_the_last_stage_the_bottleneck_and_a_balanced_one_m
 
 
 def test_v_schedules_run_the_module_on_rank_zero_with_the_head():
-    main, mtp = _est(MAIN, schedule="dualpipev"), _est(MTP, schedule="dualpipev")
+    main, mtp = _est(MAIN, schedule="dualpipev", vpp=2), _est(MTP, schedule="dualpipev", vpp=2)
     assert mtp.memory["first"]["logits"][0] == pytest.approx(2 * main.memory["first"]["logits"][0])
     assert mtp.memory["first"]["weights"][0] > main.memory["first"]["weights"][0]
     assert mtp.memory["last"]["weights"][0] == main.memory["last"]["weights"][0]

@@ -76,12 +76,66 @@ def test_61_layers_on_32_stages_leave_the_lm_head_a_stage_of_one_layer():
     assert est.step_time_s[0] < est.step_time_s[1]
 
 
-def test_v_schedules_balance_rank_zeros_two_end_chunks_as_a_pair():
+def _ranks(sizes, pp, v_shape):
+    """Each rank's chunk sizes: rank r runs chunks r and 2·pp - 1 - r (V) or r, r + pp, ... (looped)."""
+    C = len(sizes)
+    if v_shape:
+        return [[sizes[r], sizes[C - 1 - r]] for r in range(pp)]
+    return [sizes[r::pp] for r in range(pp)]
+
+
+def _sizes(L, C, f, la):
+    """Chunk sizes materialise gives ends of f and la layers: the first middle chunks one more."""
+    import numpy as np
+
+    from piper_plan.cost.stages import ChunkSizes
+
+    rem, mids = L - f - la, C - 2
+    cs = ChunkSizes(np.array(f), np.array(la), np.array(-(-rem // mids)), np.array(rem / mids), np.array(rem % mids))
+    return [len(c) for c in materialise(L, C, cs)]
+
+
+def _busiest(L, C, pp, v_shape, f, la, xf, xl):
+    """The busiest rank's layers (+ the embedding and head where it runs them), counted chunk by chunk."""
+    ranks = _ranks(_sizes(L, C, f, la), pp, v_shape)
+    load = [sum(r) for r in ranks]
+    load[0] += xf + (xl if v_shape else 0.0)
+    if not v_shape:
+        load[-1] += xl
+    return max(load)
+
+
+@pytest.mark.parametrize("v_shape", [True, False], ids=["V (zbv, dualpipev)", "looped (interleaved)"])
+def test_each_ranks_layers_are_counted_chunk_by_chunk(v_shape):
+    """rank_layers gives rank 0, the busiest middle rank and the last rank the layers their chunks
+    hold (V: rank r runs chunks r and C-1-r; looped: r, r + pp, ...). The larger middle chunks,
+    the first few, fall one a rank, so a middle rank runs vpp of them only once every rank has
+    one: counting vpp larger chunks on every middle rank gave a DualPipeV middle rank 8 layers
+    for 7 (48 layers, 16 chunks, a 1.2-layer head) and tipped the balanced split."""
+    import itertools
+
+    import numpy as np
+
+    from piper_plan.cost.stages import chunk_sizes, rank_layers
+
+    one = np.array([True])
+    cases = ((61, 16, 2), (48, 8, 2), (30, 4, 2), (94, 16, 2), (26, 6, 2)) if v_shape else \
+        ((61, 8, 4), (48, 8, 2), (30, 4, 2), (94, 8, 4), (26, 3, 4), (80, 4, 2), (30, 8, 1))
+    for (L, pp, vpp), xf, xl in itertools.product(cases, (0.0, 0.05, 0.6), (0.0, 0.6, 1.2, 2.5, 3.8)):
+        cs = chunk_sizes(L, np.array([pp * vpp]), np.array([xf]), np.array([xl]), minimise=one,
+                         v_shape=np.array([v_shape]))
+        ranks = [sum(r) for r in _ranks(_sizes(L, pp * vpp, int(cs.first[0]), int(cs.last[0])), pp, v_shape)]
+        got = [int(x[0]) for x in rank_layers(L, cs, np.array([pp]), np.array([vpp]), np.array([v_shape]))]
+        assert got == [ranks[0], max(ranks[1:] if v_shape else ranks[1:-1]), max(ranks[1:]) if v_shape else ranks[-1]], \
+            (L, pp, vpp, xf, xl)
+
+
+def test_v_schedules_balance_rank_zeros_two_end_chunks_against_the_busiest_middle_rank():
     """zbv / dualpipev: rank 0 runs the first and the last chunk. Against a brute-force search
-    over both ends' sizes, rank 0's pair (layers + embedding + head) weighed against a middle
-    rank's pair of chunks gives the same bottleneck, including heads heavier than a chunk's share
-    (x_l 2.5, 3.8: DeepSeek-V3 with its MTP module beside the head), where one end at a time
-    could only bring the head's chunk down to one layer."""
+    over both ends' sizes with each rank's chunks counted one by one, the balanced split reaches
+    the same busiest rank (layers + embedding + head), including heads heavier than a chunk's
+    share (x_l 2.5, 3.8: DeepSeek-V3 with its MTP module beside the head), where one end at a
+    time could only bring the head's chunk down to one layer."""
     import itertools
 
     import numpy as np
@@ -89,10 +143,37 @@ def test_v_schedules_balance_rank_zeros_two_end_chunks_as_a_pair():
     from piper_plan.cost.stages import chunk_sizes
 
     one = np.array([True])
-    for L, C in ((61, 32), (48, 16), (30, 8), (94, 32), (26, 12)):
-        for xf, xl in itertools.product((0.0, 0.05, 0.6), (0.0, 0.6, 1.2, 2.5, 3.8)):
-            cs = chunk_sizes(L, np.array([C]), np.array([xf]), np.array([xl]), minimise=one, v_shape=one)
-            ours = max(cs.first[0] + xf + cs.last[0] + xl, 2 * cs.mid_hi[0])
-            exact = min(max(f + xf + la + xl, 2 * -(-(L - f - la) // (C - 2)))
-                        for f in range(1, L) for la in range(1, L) if L - f - la >= C - 2)
-            assert ours == pytest.approx(exact), (L, C, xf, xl)
+    for (L, pp), xf, xl in itertools.product(((61, 16), (48, 8), (30, 4), (94, 16), (26, 6)), (0.0, 0.05, 0.6),
+                                             (0.0, 0.6, 1.2, 2.5, 3.8)):
+        C = 2 * pp
+        cs = chunk_sizes(L, np.array([C]), np.array([xf]), np.array([xl]), minimise=one, v_shape=one)
+        ours = _busiest(L, C, pp, True, int(cs.first[0]), int(cs.last[0]), xf, xl)
+        exact = min(_busiest(L, C, pp, True, f, la, xf, xl)
+                    for f in range(1, L) for la in range(1, L) if L - f - la >= C - 2)
+        assert ours == pytest.approx(exact), (L, pp, xf, xl)
+
+
+def test_a_model_with_more_layers_never_prices_faster_on_the_same_layout():
+    """Qwen3-30B-A3B on 64 Frontier GCDs, DualPipeV over PP 8: 48 layers priced 33.1 s a step and
+    52 layers 30.4 s, because a middle rank was counted at two larger chunks (8 layers) where it
+    runs one (7), which tipped the 48-layer split towards rank 0. Layers 44 to 56 now price in order."""
+    m, hw = load_model("qwen3-30b-a3b"), load_hardware("frontier")
+    lay = Layout(gpus=64, tp=2, pp=8, dp=4, ep=8, vpp=2, mbs=2, global_batch=1024, seq=4096, schedule="dualpipev",
+                 recompute="full", sequence_parallel=True, zero=1)
+    steps = [float(evaluate(m.model_copy(update={"num_layers": L}), hw, from_layouts([lay])).step_time_s[0])
+             for L in (44, 48, 52, 56)]
+    assert steps == sorted(steps), steps
+
+
+def test_a_rank_with_less_work_but_more_exchange_sets_the_zero_bubble_schedules_bubble():
+    """zbv's bubble, (pp - 1)(F + B - 2W) / 2, grows with a rank's all-to-all, which runs in F and
+    B but not in the weight pass W. DeepSeek-V2 on 128 MI300X, ZB-V over PP 8: with 64 layers rank 0
+    (the embedding, the LM head, one dense layer) has the most work, a middle rank (8 MoE layers)
+    the most exchange. Pricing the bubble of the busiest rank alone priced 64 layers 1.6 % faster
+    than 60; each rank's own micro-batches and bubble, the longest of them, prices them in order."""
+    m, hw = load_model("deepseek-v2"), load_hardware("amd-mi300x")
+    lay = Layout(gpus=128, pp=8, dp=16, ep=8, vpp=2, mbs=8, global_batch=1024, seq=4096, schedule="zbv",
+                 recompute="full", zero=2, a2a="halo", placement="spread")
+    steps = [float(evaluate(m.model_copy(update={"num_layers": L}), hw, from_layouts([lay])).step_time_s[0])
+             for L in (56, 60, 64, 68)]
+    assert steps == sorted(steps), steps

@@ -26,7 +26,7 @@ from .rank_memory import rank_memory
 from .reduction import PipeWindow, RankParams, dp_time, owned, param_tensors, tensor_host_time
 from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
-from .stages import chunk_sizes
+from .stages import chunk_sizes, rank_layers
 
 
 
@@ -318,11 +318,8 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     row = layer_row[first]
     x_first, x_last = _split_extras(lay.split[first], lc["x_first"][row], lc["x_last"][row])
     cs = chunk_sizes(L, chunks[first], x_first, x_last, minimise=lay.split[first] == 0, v_shape=v_shape[first]).take(inv)
-    vm1 = (lay.vpp - 1).astype(float)
     pp1 = lay.pp == 1
-    first_layers = np.where(pp1, L, np.where(v_shape, cs.first + cs.last, cs.first + vm1 * cs.mid_hi))
-    last_layers = np.where(pp1, L, np.where(v_shape, 2 * cs.mid_hi, cs.last + vm1 * cs.mid_hi))
-    mid_layers = lay.vpp * cs.mid_hi
+    first_layers, mid_layers, last_layers = (x.astype(float) for x in rank_layers(L, cs, lay.pp, lay.vpp, v_shape))
     has_mid = (lay.pp > 2) | (v_shape & (lay.pp > 1))
     first_dense = np.minimum(D, cs.first).astype(float)
 
@@ -402,11 +399,16 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     row = lambda stacked: pick(dict(zip(rs, stacked)))  # noqa: E731
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
     comp = {c: row(v) for c, v in comp_r.items()}
-    win = PipeWindow(row(win_r.F), row(win_r.B), row(win_r.W), M)
     offload_mb = pick(parked_f) + pick(parked_b)
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
-    hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
-    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, win.F, win.B, win.W, peak_role_time, total_sum, hidden)
+    hidden_r = np.where(dualpipe_hides, np.minimum(st(a2a_per_mb), sum(comp_r.values())), 0.0)
+    # each role's rank runs its own micro-batches and the bubble its own F, B and W leave (zbv's and
+    # dualpipev's read them; the other schedules' grow with the rank's work alone, so the busiest
+    # rank bounds them): the step waits for the longest. Pricing the busiest rank's bubble alone
+    # let a rank with less work but more exchange outside the weight pass, and so a larger
+    # zero-bubble bubble, go unseen, and a longer model price faster where that moved the busiest rank
+    t_r = pipeline_time(lay.sched, lay.pp, M, lay.vpp, win_r.F, win_r.B, win_r.W, st(totals), total_sum, hidden_r)
+    t_pipe = np.max(np.where(present, t_r, -np.inf), axis=0)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
     return PipelinePart(grp, lc, cs, has_mid, present, roles, has_emb, has_head, p2p_one, a2a_per_mb, hidden_of, slow_of,
                         comm_t, is_first, is_last, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r, t_pipe)

@@ -9,7 +9,9 @@ fall in the first chunk(s).
 
 Per rank the cost model needs three representatives: the rank holding chunk 0 (rank 0),
 the rank holding the last chunk (rank pp-1 looped; rank 0 for V schedules) and the
-busiest middle rank (vpp middle chunks of the larger size).
+busiest middle rank, each with the layers its chunks hold (rank_layers): rank r holds chunks
+r, r + pp, ... (looped) or r and C-1-r (V), so the larger middle chunks, the first few,
+fall one a rank before any rank holds two.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None, v_shape=None) ->
     true (a cost-balanced split), the end chunks are then moved a layer either way if that
     lowers the largest chunk (_min_max_ends); elsewhere the rounded rule stands (Megatron's
     fixed splits). v_shape: where true (zbv, dualpipev) rank 0 runs both end chunks, so they
-    are balanced as a pair against two middle chunks: an LM head heavier than a chunk's share
+    are balanced as a pair against the busiest middle rank's two: an LM head heavier than a chunk's share
     (a large vocabulary, a multi-token-prediction module) then takes layers off the first chunk
     too, where one end at a time could only bring the last chunk down to one layer."""
     C = np.asarray(chunks)
@@ -71,29 +73,63 @@ def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None, v_shape=None) ->
     return ChunkSizes(first, last, np.where(mids > 0, mid_hi, 0), mid_avg, n_hi)
 
 
-def _min_max_ends(L: int, mids, first, last, x_first, x_last, on, v=None):
+def _min_max_ends(L: int, mids, first, last, x_first, x_last, on, v):
     """(first, last) within one layer of the rounded rule's that minimise the largest chunk,
     max(first + x_f, last + x_l, ceil(middle layers / middle chunks)), keeping the rounded
     choice on ties. Rounding each end on its own misses that the middle chunks' size is an
     integer: 61 layers on 32 stages give the middle 2 layers each whatever the ends hold, so
     the LM head's stage should hold 1 layer (1 + 0.3), not the rounded 2 (2.3, the pipeline's
-    straggler). Where v (a V schedule), rank 0's pair of end chunks is weighed against a
-    middle rank's pair: max(first + x_f + last + x_l, 2 · ceil(middle layers / middle chunks))."""
+    straggler). Where v (a V schedule), rank 0's pair of end chunks is weighed against the
+    busiest middle rank's pair (_rank_loads): max(first + x_f + last + x_l, that pair). Looped
+    schedules keep the largest chunk, not the busiest rank: an interleaved pipeline passes every
+    chunk on in turn, so one chunk larger than the rest stalls the ranks after it, and
+    Megatron-Core's hand-written layouts balance chunks (DeepSeek-V3 with MTP on PP 2 × VPP 8,
+    "Et*4|(t*4|)*14tmL", which this reproduces)."""
     offsets = np.array([(0, 0), (0, -1), (-1, 0), (-1, -1), (0, 1), (1, 0), (1, -1), (-1, 1), (1, 1)])
     f = first[None, :] + offsets[:, :1]
     la = last[None, :] + offsets[:, 1:]
     rem = L - f - la
     ok = (f >= 1) & (la >= 1) & (rem >= mids[None, :])  # every middle chunk keeps a layer
-    mid = np.where(mids[None, :] > 0, -(-rem // np.maximum(mids[None, :], 1)), 0)
+    m1 = np.maximum(mids[None, :], 1)
+    mid = np.where(mids[None, :] > 0, -(-rem // m1), 0)
     worst = np.maximum(np.maximum(f + x_first[None, :], la + x_last[None, :]), mid)
-    if v is not None:
-        worst = np.where(v[None, :], np.maximum(f + x_first[None, :] + la + x_last[None, :], 2 * mid), worst)
+    if v.any():  # a V schedule's middle rank runs chunks r and C - 1 - r
+        base, n_hi = np.where(mids[None, :] > 0, rem // m1, 0), np.where(mids[None, :] > 0, rem % m1, 0)
+        pair = _rank_loads(f, la, base, n_hi, (mids[None, :] + 2) // 2, 2, True)[1]
+        worst = np.where(v[None, :], np.maximum(f + x_first[None, :] + la + x_last[None, :], pair), worst)
     worst = np.where(ok, worst, np.inf)
     # the rounded choice unless another is better by more than rounding noise
     best = np.argmin(worst + 1e-9 * np.arange(len(offsets))[:, None], axis=0)
     cols = np.arange(len(first))
     pick = on & (mids > 0) & (worst[best, cols] < worst[0] - 1e-9)
     return np.where(pick, f[best, cols], first), np.where(pick, la[best, cols], last)
+
+
+def _rank_loads(first, last, base, n_hi, pp, vpp, v):
+    """(rank 0, busiest middle rank, last rank) layers when the end chunks hold first and last
+    layers and the middle chunks base, the first n_hi of them one more (materialise's rule).
+    Looped (rank r runs chunks r + j·pp): the larger chunks fall one a rank, in rank order, so
+    rank 0 runs floor(n_hi / pp) of them besides chunk 0, rank 1 (the busiest middle rank)
+    ceil(n_hi / pp), rank pp - 1 floor((n_hi + 1) / pp) besides the last chunk. V schedules
+    (zbv, dualpipev; rank r runs chunks r and 2·pp - 1 - r): rank 0 runs both ends, and a middle
+    rank two larger chunks only once n_hi >= pp (ranks 1 .. pp - 1 each run one chunk of the
+    first half); the last rank is a middle one."""
+    others = (vpp - 1) * base
+    mid = np.where(v, 2 * base + (n_hi >= 1) + (n_hi >= pp), vpp * base + -(-n_hi // pp))
+    return (np.where(v, first + last, first + others + n_hi // pp), mid,
+            np.where(v, mid, last + others + (n_hi + 1) // pp))
+
+
+def rank_layers(L: int, cs: ChunkSizes, pp, vpp, v_shape):
+    """(rank 0, busiest middle rank, last rank) layers per layout (_rank_loads); one stage: every
+    layer. Counting vpp·mid_hi layers on every middle rank overstated the busiest one wherever
+    the middle chunks are uneven, so a model with more layers could price faster where that
+    tipped the balanced split."""
+    pp, vpp = np.asarray(pp), np.asarray(vpp)
+    base = np.where(cs.mid_hi > 0, cs.mid_hi - (cs.n_hi > 0), 0)
+    first, mid, last = _rank_loads(cs.first, cs.last, base, cs.n_hi, pp, vpp, np.asarray(v_shape, bool))
+    one = pp == 1
+    return np.where(one, L, first), np.where(one, 0, mid), np.where(one, L, last)
 
 
 def materialise(L: int, chunks: int, cs: ChunkSizes, i: int = 0) -> list[list[int]]:
