@@ -7,11 +7,11 @@ import sys
 import click
 
 from .cli_validate import validate_cmd
-from .clitypes import GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, one_line_errors
+from .clitypes import GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, OneLineUsage, one_line_errors
 
 
-class _Group(click.Group):
-    """Bare `piper-plan --model M --hardware H --gpus N` runs `search`."""
+class _Group(OneLineUsage, click.Group):
+    """Bare `piper-plan --model M --hardware H --gpus N` runs `search`; usage errors are one line."""
 
     def parse_args(self, ctx, args):
         if args and args[0].startswith("--") and args[0] not in ("--help", "--version"):

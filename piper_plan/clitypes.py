@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 
 import click
@@ -41,3 +42,32 @@ def one_line_errors(fn):
             sys.exit(e.exit_code)
 
     return wrapper
+
+
+class OneLineUsage:
+    """Mixin for a click command or group: click's own usage errors (a bad option value, an
+    unknown option or command) as one line, `error: <command>: <what>`, exit 2, like every other
+    bad input, instead of click's usage block, hint and message on three or four lines."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            # non-standalone, click returns the code of a ctx.exit() (--help, --version) instead of exiting
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            where = (e.ctx.command_path if e.ctx is not None else "") or prog_name or os.path.basename(sys.argv[0])
+            click.echo(f"error: {where}: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+
+class OneLineCommand(OneLineUsage, click.Command):
+    """A click command whose usage errors are one line (OneLineUsage)."""

@@ -11,7 +11,7 @@ from .cost.estimate import Estimate, Routing, evaluate
 from .cost.imbalance import expert_popularity, step_imbalance
 from .cost.stages import materialise
 from .errors import SpecError
-from .layout import Layout, check_layout
+from .layout import Layout, check_for
 from .plan import Migration, Plan, Predicted, Routing as PlanRouting, make_plan_from
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -56,8 +56,7 @@ def from_plan_routing(r: PlanRouting, migration: Migration | None = None) -> Rou
 def estimate_layout(model: ModelSpec, hw: HardwareSpec, layout: Layout, routing: Routing | None = None,
                     headroom_gib: float = 0.0) -> Estimate:
     """Check the layout's constraints, then evaluate it (one-element Estimate)."""
-    check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0,
-                 expert_ffn=model.moe.expert_ffn_size if model.moe else 0)
+    check_for(layout, model, hw)
     return evaluate(model, hw, from_layouts([layout]), routing, headroom_gib)
 
 

@@ -34,11 +34,19 @@ def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: 
 
 
 def check_writable_folder(path: str | os.PathLike, what: str) -> None:
-    """As check_writable, for a folder a run writes into (made, with its parents, where missing)."""
+    """As check_writable, for a folder a run writes into: made, with its parents, where missing,
+    and a file written into it and removed, since permission bits do not stop root where the
+    file system refuses (/proc, a read-only mount)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise SpecError(str(p), what, "expected a folder; this is a file")
     _check_folder(p, p, what, make_parents=True)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".piper-probe-"):
+            pass
+    except OSError as e:
+        raise SpecError(str(p), what, f"cannot write: {e.strerror or e}") from None
 
 
 def _check_folder(p: Path, folder: Path, what: str, make_parents: bool) -> None:

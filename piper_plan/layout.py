@@ -272,7 +272,28 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.recompute_layers and lay.recompute != "full":
         raise LayoutError("recompute_layers with recompute full", f"recompute_layers={lay.recompute_layers} chooses "
                           f"the layers full recompute re-runs; recompute is {lay.recompute!r}")
+    if lay.recompute_layers > num_layers - lay.stages + 1:
+        raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
+                          f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than "
+                          f"{num_layers - lay.stages + 1}")
     check_stack(lay.expert_probs, lay.fused_kernels)
+
+
+def check_for(lay: Layout, model, hw=None) -> None:
+    """check_layout with `model`'s layers and experts, plus the rules that read the model's
+    heads and the device: tensor parallelism splits the query heads evenly and the kv heads evenly
+    or replicates them (tp a multiple of them; the search's rule), and an overlapped all-to-all
+    holds fewer compute units than the device has (Layout.a2a_sms)."""
+    moe = model.moe
+    check_layout(lay, model.num_layers, moe.num_experts if moe else 0, expert_ffn=moe.expert_ffn_size if moe else 0)
+    kv = model.kv_heads
+    if model.num_heads % lay.tp or (kv % lay.tp and lay.tp % kv):
+        raise LayoutError("tp divides the attention heads", f"tp={lay.tp} for {model.num_heads} query heads and {kv} "
+                          "kv heads: tp must divide the query heads, and divide the kv heads or be a multiple of them")
+    units = hw.accelerator.compute_units if hw is not None else None
+    if units is not None and lay.a2a_sms is not None and lay.a2a_sms >= units:
+        raise LayoutError("a2a_sms < the device's compute units", f"a2a_sms={lay.a2a_sms} of the {units} the device "
+                          "has would leave no compute beside the hidden all-to-all")
 
 
 def offload_limit(num_layers: int, pp):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from . import __version__
 from .errors import LayoutError, SpecError, from_validation
 from .files import atomic_write_text, read_text
-from .layout import Layout, RankCoord, check_layout
+from .layout import Layout, RankCoord, check_for
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -136,12 +136,11 @@ def read_plan(path: str | os.PathLike) -> Plan:
 
 def check_consistent(plan: Plan, src: str) -> None:
     """What the schema alone cannot say, checked before any rank starts: the layout's rules for
-    this model (check_layout), every layer in exactly one chunk in order, and a rank map holding
+    this model (layout.check_for), every layer in exactly one chunk in order, and a rank map holding
     each rank once at coordinates inside the degrees (a custom placement may reorder it)."""
     lay, m = plan.layout, plan.model
     try:
-        check_layout(lay, m.num_layers, m.moe.num_experts if m.moe else 0,
-                     expert_ffn=m.moe.expert_ffn_size if m.moe else 0)
+        check_for(lay, m, plan.hardware)
     except LayoutError as e:
         raise SpecError(src, "layout", str(e).removeprefix("layout: ")) from None
     if any(not chunk for chunk in plan.partition) or \
@@ -197,8 +196,7 @@ def make_plan(model: ModelSpec, hardware: HardwareSpec, layout: Layout, *, layer
     it layers weigh by their active parameters (a proxy for their time)."""
     from .partition import balanced_partition
 
-    check_layout(layout, model.num_layers, model.moe.num_experts if model.moe else 0,
-                 expert_ffn=model.moe.expert_ffn_size if model.moe else 0)
+    check_for(layout, model, hardware)
     if layer_cost is None:
         act = model.moe_layer_nonexpert_params + (model.moe.top_k * model.expert_params if model.moe else 0)
         layer_cost = [act if model.layer_is_moe(i) else model.dense_layer_params for i in range(model.num_layers)]

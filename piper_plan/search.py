@@ -409,10 +409,15 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
         n2 = sp.gpus * f
         if hw.max_gpus and n2 > hw.max_gpus:
             break
-        r2 = search(m, hw, replace(sp, gpus=n2, global_batch=max(sp.global_batch, n2)), routing, "throughput",
-                    headroom_gib)
+        # the batch asked for first; a larger one only where that batch cannot occupy the GPUs, and said
+        gb2 = sp.global_batch
+        r2 = search(m, hw, replace(sp, gpus=n2), routing, "throughput", headroom_gib)
+        if r2.best is None and gb2 < n2:
+            gb2 = n2
+            r2 = search(m, hw, replace(sp, gpus=n2, global_batch=n2), routing, "throughput", headroom_gib)
         if r2.best is not None:
-            lines.append(f"fits with {n2} GPUs ({n2 - sp.gpus} more), best {r2.est.tokens_per_s[r2.best]:,.0f} tokens/s")
+            lines.append(f"fits with {n2} GPUs ({n2 - sp.gpus} more), best {r2.est.tokens_per_s[r2.best]:,.0f} tokens/s"
+                         + (f" at a global batch of {gb2} sequences" if gb2 != sp.global_batch else ""))
             break
     else:
         lines.append(f"no fit up to {sp.gpus * 64} GPUs")

@@ -111,7 +111,13 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
         tmp.mkdir()
     dist.barrier()
     state = {k: v.detach().clone() for k, v in _entries(opt, chunks, True)}
-    dcp.save(state, checkpoint_id=str(tmp))
+    try:
+        dcp.save(state, checkpoint_id=str(tmp))
+    except (CheckpointException, OSError) as e:  # every rank raises (DCP gathers the failures)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint and `latest` stay as they were
+        raise CheckpointError(f"{d}: cannot write checkpoint step {step} ({_first_os_error(e)}); the previous "
+                              "checkpoint is kept") from None
     dist.barrier()
     if rank == 0:
         meta = dict(step=step, model_name=plan.model.name, model_hash=plan.model_hash,
@@ -126,6 +132,21 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def _first_os_error(e: BaseException) -> str:
+    """The reason a checkpoint write failed, in a few words: the first OSError among DCP's
+    per-rank failures (CheckpointException.failures: rank -> (exception, traceback)) or e's cause."""
+    seen = [e]
+    for v in (getattr(e, "failures", None) or {}).values():
+        seen.append(v[0] if isinstance(v, tuple) else v)
+    while seen:
+        x = seen.pop(0)
+        if isinstance(x, OSError):
+            return x.strerror or str(x)
+        if isinstance(x, BaseException) and x.__cause__ is not None:
+            seen.append(x.__cause__)
+    return type(e).__name__
 
 
 def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk]) -> int:

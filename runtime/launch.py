@@ -18,7 +18,7 @@ from typing import Optional
 
 import click
 
-from piper_plan.clitypes import POSITIVE, FiniteFloat
+from piper_plan.clitypes import POSITIVE, FiniteFloat, OneLineCommand
 from piper_plan.errors import PiperError
 from piper_plan.files import check_writable, check_writable_folder
 from piper_plan.plan import Plan, read_plan
@@ -35,13 +35,14 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
 
     Layout fields that change no mathematics are accepted and not modelled exactly:
     attention_kernel (torch's scaled_dot_product_attention picks the kernel),
-    overlap_grad_reduce (gradients are reduced after the pipeline step, ZeRO-2's inside each
-    micro-batch's backward, blocking it: never overlapped),
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). What it runs of the rest is the table piper_plan.runtimes.PIPER_TRAIN
     (which `piper-plan search --runtime piper-train` reads too); runtime features of other stacks
     that the planner can price, and multi-token prediction (model.mtp_layers), are refused: the
-    comparison with the prediction would not hold."""
+    comparison with the prediction would not hold; so are plans priced with fused kernels or an
+    overlapped gradient reduction (gradients are reduced after the pipeline step, ZeRO-2's inside
+    each micro-batch's backward, blocking it: never overlapped), which search --runtime
+    piper-train never writes."""
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"{source}: layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
@@ -59,12 +60,25 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
     refusal = model_refusal(plan.model.name, plan.model.mtp_layers)
     if refusal:
         raise PiperError(f"{source}: model.mtp_layers: {refusal}")
+    # how piper-train runs every plan, which a plan priced another way would misstate (a tiny-moe plan
+    # priced fused and overlapped reads 66.7 ms a step, as piper-train runs it 88.4 ms)
+    for field, what in (("fused_kernels", "fused kernels (piper-train runs eager modules)"),
+                        ("overlap_grad_reduce", "a gradient reduction overlapped with the backward (piper-train "
+                         "reduces after the pipeline)")):
+        if getattr(lay, field):
+            raise PiperError(f"{source}: layout.{field} = true: the plan is priced for {what}, so its prediction "
+                             "would not hold; plan it with --runtime piper-train")
 
 
 def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> None:
     """Every check that needs no process group (imports torch only where needed); `source`
     names the plan's file in its errors."""
     check_supported(plan, world, source)
+    p, hw = plan.predicted, plan.hardware
+    if p is not None and not p.fits:  # the planner's own verdict: the run would run out of memory
+        raise PiperError(f"{source}: predicted.fits = false: the planner prices the busiest rank at "
+                         f"{p.peak_memory_gib:.2f} GiB against {hw.accelerator.memory_gib:g} GiB on {hw.name} "
+                         "(or its host memory); plan a layout that fits")
     if cfg.steps < 1:
         raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
     if cfg.metrics:  # checked before training: a run must not end by losing what it measured
@@ -194,7 +208,7 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-@click.command(context_settings=dict(help_option_names=["-h", "--help"]))
+@click.command(cls=OneLineCommand, context_settings=dict(help_option_names=["-h", "--help"]))
 @click.option("--plan", "plan_path", required=True, help="plan.json written by piper-plan")
 @click.option("--steps", type=POSITIVE, default=10, show_default=True, help="optimizer steps (total, also when resuming)")
 @click.option("--seed", default=0, show_default=True, help="initialisation and synthetic-data seed")
@@ -246,11 +260,46 @@ def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, 
 
 
 def _check_devices(plan: Plan, source: str) -> None:
+    """Whether this machine can hold the plan's ranks, before any starts: one GPU each, or on the
+    CPU one process each whose resident memory, at least a bare rank's, sums within the host's."""
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.device_count() < plan.layout.gpus:
-        raise PiperError(f"{source}: layout.gpus: the plan needs {plan.layout.gpus} local GPUs, "
-                         f"this machine has {torch.cuda.device_count()} (use torchrun across nodes)")
+    n = plan.layout.gpus
+    if torch.cuda.is_available():
+        if torch.cuda.device_count() < n:
+            raise PiperError(f"{source}: layout.gpus: the plan needs {n} local GPUs, "
+                             f"this machine has {torch.cuda.device_count()} (use torchrun across nodes)")
+        return
+    avail = host_available_gib()
+    if avail is None:
+        return
+    per_rank = max(plan.predicted.peak_memory_gib if plan.predicted else 0.0, _bare_rank_gib())
+    if n * per_rank > avail:
+        raise PiperError(f"{source}: layout.gpus: {n} local ranks of {per_rank:.2f} GiB each need "
+                         f"{n * per_rank:,.1f} GiB, this host has {avail:.1f} GiB available; run the plan on "
+                         "the hardware it was planned for (torchrun across nodes)")
+
+
+def host_available_gib() -> Optional[float]:
+    """Memory the host can give new processes, GiB (Linux MemAvailable; else free pages; None if unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bare_rank_gib() -> float:
+    """A rank's resident memory once it has imported torch and joined the gloo group, before any
+    model: hardware/cpu-local.yaml's memory_overhead_gib, measured on this project's CPU host."""
+    from piper_plan.specs import load_hardware
+
+    return load_hardware("cpu-local").memory_overhead_gib
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ def _cmd(name: str, module: str) -> list[str]:
 
 
 def _write(tmp_path, name="plan.json", model=None, **kw):
-    lay = dict(gpus=2, pp=1, dp=2, ep=2, global_batch=4, seq=32, dtype="fp32")
+    # priced as piper-train runs it (search --runtime piper-train): eager modules, reduction after the pipeline
+    lay = dict(gpus=2, pp=1, dp=2, ep=2, global_batch=4, seq=32, dtype="fp32", fused_kernels=False,
+               overlap_grad_reduce=False)
     lay.update(kw)
     p = tmp_path / name
     write_plan(make_plan(model or load_model("tiny-moe"), load_hardware("cpu-local"), Layout(**lay)), p)
@@ -66,7 +68,8 @@ def test_train_ep2_bf16_from_token_file(tmp_path):
 def test_search_then_train(tmp_path):
     plan = tmp_path / "plan.json"
     s = subprocess.run(_cmd("piper-plan", "piper_plan.cli") + ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4",
-                                                                "--global-batch", "8", "-o", str(plan)],
+                                                                "--global-batch", "8", "--runtime", "piper-train",
+                                                                "-o", str(plan)],
                        capture_output=True, text=True, timeout=120)
     assert s.returncode == 0, s.stderr[-2000:]
     r = _run(["--plan", str(plan), "--steps", "3", "--metrics", str(tmp_path / "m.jsonl")])
@@ -82,7 +85,8 @@ def test_the_run_reports_its_ep_load_beside_the_plan_s(tmp_path):
     from piper_plan.evaluate import build_plan, estimate_layout
 
     spec, hw = load_model("tiny-moe"), load_hardware("cpu-local")
-    lay = Layout(gpus=2, dp=2, ep=2, global_batch=8, seq=32, dtype="fp32")
+    lay = Layout(gpus=2, dp=2, ep=2, global_batch=8, seq=32, dtype="fp32", fused_kernels=False,
+                 overlap_grad_reduce=False)
     plan = tmp_path / "plan.json"
     write_plan(build_plan(spec, hw, lay, estimate_layout(spec, hw, lay)), plan)
     r = _run(["--plan", str(plan), "--steps", "3", "--metrics", str(tmp_path / "m.jsonl")])
@@ -145,7 +149,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.expert_gemm", "multistream")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "f8.json", fp8="mxfp8"))]), "layout.fp8", "mxfp8")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "dd.json", a2a="dedup"))]), "layout.a2a", "dedup")
-    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "pa.json", expert_probs="activation"))]),
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "pa.json", expert_probs="activation", fused_kernels=True))]),
                     "layout.expert_probs", "activation")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "cg.json", cuda_graphs=("attn",)))]),
                     "layout.cuda_graphs", "attn")
@@ -153,6 +157,12 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.attention_fp8", "FP8")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tpo.json", tp_comm_overlap=True))]),
                     "layout.tp_comm_overlap", "pipelined")
+    # a plan priced another way than piper-train runs: its prediction would not hold (tiny-moe on 4 CPU
+    # ranks: 66.7 ms a step priced fused and overlapped, 88.4 ms as piper-train runs it)
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "fk.json", fused_kernels=True))]),
+                    "layout.fused_kernels", "--runtime piper-train")
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "og.json", overlap_grad_reduce=True))]),
+                    "layout.overlap_grad_reduce", "--runtime piper-train")
     mtp = load_model("tiny-moe").model_copy(update={"mtp_layers": 1})
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "mtp.json", model=mtp))]), "model.mtp_layers", "1")
     # ZeRO-2 reduces as autograd accumulates; torch's weight-split schedules accumulate by hand
@@ -195,3 +205,44 @@ def test_damaged_checkpoint_shard_is_one_line_error(tmp_path):
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     _one_line_error(run(main, ["--plan", str(plan), "--steps", "2", "--checkpoint", str(ck), "--resume"]),
                     "cannot load")
+
+
+def test_a_plan_whose_ranks_outgrow_this_hosts_memory_is_refused_before_any_rank_starts(tmp_path):
+    """On the CPU every rank is a local process: DeepSeek-V3's 1,024-GCD plan (51 GiB a rank)
+    started a thousand processes on a 2-core host and hung in the rendezvous. The ranks' predicted
+    peak memory, summed, is now held against the host's available memory first."""
+    from piper_plan.evaluate import build_plan, estimate_layout
+
+    spec, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    lay = Layout(gpus=2, dp=2, ep=2, global_batch=4, seq=32, dtype="fp32", fused_kernels=False,
+                 overlap_grad_reduce=False)
+    doc = json.loads(build_plan(spec, hw, lay, estimate_layout(spec, hw, lay)).model_dump_json())
+    doc["predicted"]["peak_memory_gib"] = 1e6  # more than any host has, per rank
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(doc))
+    _one_line_error(CliRunner().invoke(main, ["--plan", str(plan), "--steps", "1"]), "layout.gpus",
+                    "2 local ranks of 1000000.00 GiB each", "GiB available")
+
+
+def test_a_checkpoint_the_disk_cannot_hold_is_one_line_and_keeps_the_previous_one(tmp_path):
+    """A full file system mid-run: DeepCheckpoint's exception (every rank's traceback, 466 lines in
+    an audit) becomes one line naming the folder and the reason, and the last good checkpoint and
+    its `latest` stay. Needs a small tmpfs, so root."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)],
+                                           capture_output=True).returncode:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        plan, ck = _write(tmp_path), small / "ck"
+        first = _run(["--plan", str(plan), "--steps", "1", "--checkpoint", str(ck), "--log-every", "0"])
+        assert first.returncode == 0, first.stderr[-2000:]
+        st = os.statvfs(small)  # leave 1 MiB: less than a checkpoint of this plan (about 8 MiB)
+        (small / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 2**20))
+        r = _run(["--plan", str(plan), "--steps", "2", "--checkpoint", str(ck), "--resume", "--log-every", "0"])
+        lines = (r.stdout + r.stderr).strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, lines[:5]
+        assert lines[0].startswith(f"error: {ck}: cannot write checkpoint step 2") and "No space left" in lines[0]
+        assert (ck / "latest").read_text().strip() == "step_00000001" and not list(ck.glob(".step_*"))
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)

@@ -205,8 +205,10 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         with torch.no_grad():
             for _, p in named:
                 p.add_(1.0)
-        with pytest.raises(OSError):
+        # one line naming the folder and the reason (a PiperError), the half-written step removed
+        with pytest.raises(checkpoint.CheckpointError, match=r"cannot write checkpoint step 2 \(disk full \(simulated\)\)"):
             checkpoint.save(ck, 2, plan, opt, chunks)
+        assert not list(ck.glob(".step_*"))
         monkeypatch.setattr(checkpoint.dcp, "save", real_save)
         assert checkpoint.latest(ck).name == "step_00000001"
         assert checkpoint.validate(ck, plan) == 1
