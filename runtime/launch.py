@@ -70,9 +70,9 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
                              "would not hold; plan it with --runtime piper-train")
 
 
-def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> None:
+def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
     """Every check that needs no process group (imports torch only where needed); `source`
-    names the plan's file in its errors."""
+    names the plan's file in its errors. Returns the step a --resume starts from (0 without)."""
     check_supported(plan, world, source)
     p, hw = plan.predicted, plan.hardware
     if p is not None and not p.fits:  # the planner's own verdict: the run would run out of memory
@@ -97,6 +97,8 @@ def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> None:
         step = validate(cfg.checkpoint, plan)
         if step > cfg.steps:
             raise CheckpointError(f"{cfg.checkpoint}: checkpoint is at step {step}, beyond --steps {cfg.steps}")
+        return step
+    return 0
 
 
 def _init(rank: int, world: int, timeout_s: float, store_path: Optional[str]):
@@ -245,7 +247,10 @@ def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, 
     try:
         plan = read_plan(plan_path)
         world = int(os.environ["WORLD_SIZE"]) if under_torchrun else plan.layout.gpus
-        preflight(plan, cfg, world, plan_path)
+        if preflight(plan, cfg, world, plan_path) == cfg.steps:  # a resume with nothing left to run
+            click.echo(f"{cfg.checkpoint}: the checkpoint is at step {cfg.steps} already; nothing to train "
+                       "(raise --steps to continue)")
+            return
         if not under_torchrun:
             _check_devices(plan, plan_path)
             spawn_jobs([(plan, cfg)], threads)

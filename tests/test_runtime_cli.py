@@ -201,6 +201,9 @@ def test_damaged_checkpoint_shard_is_one_line_error(tmp_path):
     run = CliRunner().invoke
     ok = run(main, ["--plan", str(plan), "--steps", "1", "--checkpoint", str(ck)])
     assert ok.exit_code == 0, ok.output
+    # resuming a run that has nothing left to do says so (it exited silently)
+    done = run(main, ["--plan", str(plan), "--steps", "1", "--checkpoint", str(ck), "--resume"])
+    assert done.exit_code == 0 and "at step 1 already; nothing to train" in done.output, done.output
     shard = next((ck / "step_00000001").glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     _one_line_error(run(main, ["--plan", str(plan), "--steps", "2", "--checkpoint", str(ck), "--resume"]),

@@ -285,6 +285,30 @@ def test_dense_llama_family_imports(name, hd, kv):
     assert m.moe is None and m.hd == hd and m.kv_heads == kv and m.ffn_gated
 
 
+@pytest.mark.parametrize("name,kv", [("mixtral-8x7b", 8), ("qwen3-30b-a3b", 4), ("gpt-oss-120b", 8),
+                                     ("llama-3.1-8b", 32), ("mistral-7b-v0.1", 8)])
+def test_a_config_without_kv_heads_gets_the_default_transformers_gives_its_family(name, kv):
+    """transformers' config classes default num_key_value_heads per family (MixtralConfig 8,
+    Qwen3MoeConfig 4, GptOssConfig 8; LlamaConfig: the query heads), not always the query heads."""
+    cfg = json.loads((HF / f"{name}.json").read_text())
+    del cfg["num_key_value_heads"]
+    assert model_from_hf_config(cfg, "x/config.json").kv_heads == kv
+
+
+def test_a_missing_kv_head_default_that_cannot_divide_the_heads_says_it_was_the_default():
+    cfg = json.loads((HF / "qwen2.5-7b.json").read_text())  # 28 heads; Qwen2Config defaults 32 kv heads
+    del cfg["num_key_value_heads"]
+    with pytest.raises(SpecError, match=r"num_key_value_heads: .*got 32 \(missing: transformers' qwen2 default\)"):
+        model_from_hf_config(cfg, "x/config.json")
+
+
+def test_deepseek_v3_without_its_routing_groups_gets_transformers_8_groups_of_which_4():
+    cfg = json.loads((HF / "deepseek-v3.json").read_text())
+    del cfg["n_group"], cfg["topk_group"]
+    m = model_from_hf_config(cfg, "x/config.json")
+    assert (m.moe.route_groups, m.moe.route_group_limit) == (8, 4)
+
+
 def test_family_found_from_architectures_when_model_type_is_unknown():
     """Kimi K2's config says model_type kimi_k2 with architectures DeepseekV3ForCausalLM."""
     cfg = json.loads((HF / "glm-4.5-air.json").read_text())

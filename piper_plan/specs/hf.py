@@ -85,6 +85,15 @@ def _layer_indices(c: _Cfg, key: str, n: int, default: list) -> list:
     return idx
 
 
+# what transformers reads for a config.json that omits num_key_value_heads, per model_type (the
+# config classes' defaults: huggingface/transformers src/transformers/models/<type>/
+# configuration_<type>.py @008e574, gpt_oss @02b8f42); the others (Llama, OLMoE, Granite MoE)
+# fall back to num_attention_heads there too, and DeepSeek's MLA has no kv heads to count
+_KV_HEADS_DEFAULT = {"mixtral": 8, "mistral": 8, "qwen2_moe": 16, "qwen3_moe": 4, "qwen2": 32, "qwen3": 32,
+                     "gpt_oss": 8, "llama4": 8, "llama4_text": 8, "glm4_moe": 8, "dots1": 32, "minimax_m2": 8,
+                     "ernie4_5_moe": 4}
+
+
 def _base(c: _Cfg) -> dict:
     """Fields every decoder family shares (Llama naming)."""
     layers = c.get("num_hidden_layers")
@@ -93,9 +102,10 @@ def _base(c: _Cfg) -> dict:
     hidden = c.get("hidden_size")
     heads = c.get("num_attention_heads")
     out = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=c.get("vocab_size"))
-    kv = c.get("num_key_value_heads", default=heads)
+    kv = c.get("num_key_value_heads", default=_KV_HEADS_DEFAULT.get(c.family, heads))
     if heads % kv:
-        raise c._err("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv}")
+        said = "" if c.data.get("num_key_value_heads") is not None else f" (missing: transformers' {c.family} default)"
+        raise c._err("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv}{said}")
     if kv != heads:
         out["num_kv_heads"] = kv
     head_dim = c.get("head_dim", default=None)
@@ -234,7 +244,10 @@ def _route_groups(c: _Cfg, method: str = "") -> dict:
     method = method or c.get("topk_method", str, default="greedy")
     if method not in ("group_limited_greedy", "noaux_tc"):
         return {}
-    groups, limit = c.get("n_group", default=1), c.get("topk_group", default=1)
+    # missing: transformers' defaults, DeepseekV3Config's 8 groups of which 4 (configuration_deepseek_v3.py
+    # @008e574), one group elsewhere (DeepseekV2Config's None, Glm4MoeConfig's 1: no limit)
+    d_groups, d_limit = (8, 4) if c.family == "deepseek_v3" else (1, 1)
+    groups, limit = c.get("n_group", default=d_groups), c.get("topk_group", default=d_limit)
     experts, k = c.get("n_routed_experts"), c.get("num_experts_per_tok")
     if experts % groups:
         raise c._err("n_group", f"must divide n_routed_experts ({experts}), got {groups}")
