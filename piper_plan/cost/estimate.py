@@ -401,14 +401,22 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     comp = {c: row(v) for c, v in comp_r.items()}
     offload_mb = pick(parked_f) + pick(parked_b)
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
-    hidden_r = np.where(dualpipe_hides, np.minimum(st(a2a_per_mb), sum(comp_r.values())), 0.0)
-    # each role's rank runs its own micro-batches and the bubble its own F, B and W leave (zbv's and
-    # dualpipev's read them; the other schedules' grow with the rank's work alone, so the busiest
-    # rank bounds them): the step waits for the longest. Pricing the busiest rank's bubble alone
-    # let a rank with less work but more exchange outside the weight pass, and so a larger
-    # zero-bubble bubble, go unseen, and a longer model price faster where that moved the busiest rank
-    t_r = pipeline_time(lay.sched, lay.pp, M, lay.vpp, win_r.F, win_r.B, win_r.W, st(totals), total_sum, hidden_r)
-    t_pipe = np.max(np.where(present, t_r, -np.inf), axis=0)
+    hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
+    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, row(win_r.F), row(win_r.B), row(win_r.W), peak_role_time,
+                           total_sum, hidden)
+    # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
+    # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
+    # with less work but more exchange outside the weight pass go unseen (a longer model priced faster
+    # where that moved the busiest rank). The other schedules' time grows with a rank's work alone, so
+    # the busiest rank bounds them (the same figure, not recomputed)
+    zb = np.flatnonzero(lay.sched >= 3)
+    if zb.size:
+        on = lambda x: x[..., zb]  # noqa: E731
+        on_r = lambda per_role: np.stack([np.broadcast_to(per_role[r], (n,))[zb] for r in rs])  # noqa: E731
+        hid = np.where(dualpipe_hides[zb], np.minimum(on_r(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
+        t_r = pipeline_time(lay.sched[zb], lay.pp[zb], M[zb], lay.vpp[zb], on(win_r.F), on(win_r.B), on(win_r.W),
+                            on_r(totals), total_sum[zb], hid)
+        t_pipe[zb] = np.max(np.where(on(present), t_r, -np.inf), axis=0)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
     return PipelinePart(grp, lc, cs, has_mid, present, roles, has_emb, has_head, p2p_one, a2a_per_mb, hidden_of, slow_of,
                         comm_t, is_first, is_last, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r, t_pipe)

@@ -90,12 +90,11 @@ def _min_max_ends(L: int, mids, first, last, x_first, x_last, on, v):
     la = last[None, :] + offsets[:, 1:]
     rem = L - f - la
     ok = (f >= 1) & (la >= 1) & (rem >= mids[None, :])  # every middle chunk keeps a layer
-    m1 = np.maximum(mids[None, :], 1)
-    mid = np.where(mids[None, :] > 0, -(-rem // m1), 0)
+    mid = np.where(mids[None, :] > 0, -(-rem // np.maximum(mids[None, :], 1)), 0)
     worst = np.maximum(np.maximum(f + x_first[None, :], la + x_last[None, :]), mid)
-    if v.any():  # a V schedule's middle rank runs chunks r and C - 1 - r
-        base, n_hi = np.where(mids[None, :] > 0, rem // m1, 0), np.where(mids[None, :] > 0, rem % m1, 0)
-        pair = _rank_loads(f, la, base, n_hi, (mids[None, :] + 2) // 2, 2, True)[1]
+    if v.any():  # a V schedule's middle rank runs chunks r and C - 1 - r (mids = 2·pp - 2 > 0)
+        m1 = np.maximum(mids[None, :], 1)
+        pair = _v_mid_pair(rem // m1, rem % m1, (mids[None, :] + 2) // 2)
         worst = np.where(v[None, :], np.maximum(f + x_first[None, :] + la + x_last[None, :], pair), worst)
     worst = np.where(ok, worst, np.inf)
     # the rounded choice unless another is better by more than rounding noise
@@ -115,9 +114,15 @@ def _rank_loads(first, last, base, n_hi, pp, vpp, v):
     rank two larger chunks only once n_hi >= pp (ranks 1 .. pp - 1 each run one chunk of the
     first half); the last rank is a middle one."""
     others = (vpp - 1) * base
-    mid = np.where(v, 2 * base + (n_hi >= 1) + (n_hi >= pp), vpp * base + -(-n_hi // pp))
+    mid = np.where(v, _v_mid_pair(base, n_hi, pp), vpp * base + -(-n_hi // pp))
     return (np.where(v, first + last, first + others + n_hi // pp), mid,
             np.where(v, mid, last + others + (n_hi + 1) // pp))
+
+
+def _v_mid_pair(base, n_hi, pp):
+    """A V schedule's busiest middle rank, layers: two chunks of base, one more each for the larger
+    ones it runs (one from n_hi >= 1, both from n_hi >= pp: _rank_loads)."""
+    return 2 * base + (n_hi >= 1) + (n_hi >= pp)
 
 
 def rank_layers(L: int, cs: ChunkSizes, pp, vpp, v_shape):
