@@ -131,6 +131,23 @@ def test_search_plan_reproduces_under_estimate(tmp_path):
         assert est[k] == pytest.approx(best[k], rel=1e-12) == plan["predicted"][k]
 
 
+def test_a_plan_written_by_search_and_by_estimate_predicts_the_same_memory_parts(tmp_path):
+    """Parts the batch reports only where some layout has them (piper-train's weight copies, ZeRO-3's
+    gathered units) are not written as 0.0 for a layout without them: the two plans agree key for key."""
+    s, e = tmp_path / "s.json", tmp_path / "e.json"
+    base = ["-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
+    code, text, _ = run("search", *base, "--runtime", "piper-train", "-o", str(s))
+    assert code == 0, text
+    lay = json.loads(s.read_text())["layout"]
+    code, text, _ = run("estimate", *base, "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--ep", str(lay["ep"]),
+                        "--mbs", str(lay["mbs"]), "--schedule", lay["schedule"], "--recompute", lay["recompute"],
+                        "--zero", str(lay["zero"]), "--a2a", lay["a2a"], "--kernels", "unfused",
+                        "--no-overlap-grad-reduce", "-o", str(e))
+    assert code == 0, text
+    searched, estimated = (json.loads(p.read_text())["predicted"]["memory_gib_per_stage"] for p in (s, e))
+    assert searched == estimated and all("weight_casts" not in d and "zero3_units" not in d for d in searched)
+
+
 def test_deepseek_v3_on_8_gpus_says_states_do_not_fit():
     code, text, _ = run("search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "8", "--json")
     assert code == 1

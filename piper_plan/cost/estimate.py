@@ -77,6 +77,12 @@ class Estimate:
             d = {"stage": st, "role": role, **d}
             mem.append(d)
         mem.sort(key=lambda d: d["stage"])
+        # parts rank_memory reports only where some layout of the batch has them: kept for this
+        # layout only where one of its ranks does, so a plan reads the same from search and estimate
+        for k in _OPTIONAL_PARTS:
+            if all(not d.get(k) for d in mem):
+                for d in mem:
+                    d.pop(k, None)
         return dict(
             step_time_s=f(self.step_time_s), tokens_per_s=f(self.tokens_per_s),
             tflops_per_gpu=f(self.tflops_per_gpu), hw_tflops_per_gpu=f(self.hw_tflops_per_gpu),
@@ -85,6 +91,9 @@ class Estimate:
             time_breakdown_s={k: f(v) for k, v in self.time.items()},
             a2a_time_s=f(self.time["a2a"]),
         )
+
+
+_OPTIONAL_PARTS = ("weight_casts", "zero3_units", "host")
 
 
 def _phases(lc: dict, nd, nm, emb, head) -> dict:
