@@ -68,6 +68,5 @@ class OneLineUsage:
         sys.exit(code if isinstance(code, int) else 0)
 
 
-
 class OneLineCommand(OneLineUsage, click.Command):
     """A click command whose usage errors are one line (OneLineUsage)."""

@@ -279,19 +279,24 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     check_stack(lay.expert_probs, lay.fused_kernels)
 
 
-def check_for(lay: Layout, model, hw=None) -> None:
+def tp_splits_heads(num_heads: int, kv_heads: int, tp: int) -> bool:
+    """Whether tensor parallelism of degree tp splits the query heads evenly and the kv heads
+    evenly or replicates them (tp a multiple of them): the search enumerates only these."""
+    return num_heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0)
+
+
+def check_for(lay: Layout, model, hw) -> None:
     """check_layout with `model`'s layers and experts, plus the rules that read the model's
-    heads and the device: tensor parallelism splits the query heads evenly and the kv heads evenly
-    or replicates them (tp a multiple of them; the search's rule), and an overlapped all-to-all
-    holds fewer compute units than the device has (Layout.a2a_sms)."""
+    heads and the device `hw`: tp splits the heads (tp_splits_heads), and an overlapped
+    all-to-all holds fewer compute units than the device has (Layout.a2a_sms)."""
     moe = model.moe
     check_layout(lay, model.num_layers, moe.num_experts if moe else 0, expert_ffn=moe.expert_ffn_size if moe else 0)
     kv = model.kv_heads
-    if model.num_heads % lay.tp or (kv % lay.tp and lay.tp % kv):
+    if not tp_splits_heads(model.num_heads, kv, lay.tp):
         raise LayoutError("tp divides the attention heads", f"tp={lay.tp} for {model.num_heads} query heads and {kv} "
                           "kv heads: tp must divide the query heads, and divide the kv heads or be a multiple of them")
-    units = hw.accelerator.compute_units if hw is not None else None
-    if units is not None and lay.a2a_sms is not None and lay.a2a_sms >= units:
+    units = hw.accelerator.compute_units
+    if lay.a2a_sms is not None and lay.a2a_sms >= units:
         raise LayoutError("a2a_sms < the device's compute units", f"a2a_sms={lay.a2a_sms} of the {units} the device "
                           "has would leave no compute beside the hidden all-to-all")
 

@@ -157,13 +157,13 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     `headroom_gib`, also drop those whose parameter and optimizer state alone (a lower
     bound on the worst stage) overflow device memory less that headroom (rule STATE_BOUND)."""
     from .cost.batch import A2AS, DTYPES, PLACEMENTS
-    from .layout import RECOMPUTES, SCHEDULES
+    from .layout import RECOMPUTES, SCHEDULES, tp_splits_heads
 
     N = sp.gpus
     rejected: dict[str, int] = {}
     E = m.moe.num_experts if m.moe else 1
     tps = [t for t in (sp.tps or _divisors(min(N, hw.gpus_per_node))) if N % t == 0]
-    tps = [t for t in tps if m.num_heads % t == 0 and (m.kv_heads % t == 0 or t % m.kv_heads == 0)]
+    tps = [t for t in tps if tp_splits_heads(m.num_heads, m.kv_heads, t)]
     # (tp, cp, pp, dp, ep, etp) tuples
     tri = []
     eps = sp.eps or _divisors(E)

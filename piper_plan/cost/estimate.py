@@ -421,7 +421,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     zb = np.flatnonzero(lay.sched >= 3)
     if zb.size:
         on = lambda x: x[..., zb]  # noqa: E731
-        on_r = lambda per_role: np.stack([np.broadcast_to(per_role[r], (n,))[zb] for r in rs])  # noqa: E731
+        on_r = lambda per_role: _stacked(per_role, rs, n, zb)  # noqa: E731
         hid = np.where(dualpipe_hides[zb], np.minimum(on_r(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
         t_r = pipeline_time(lay.sched[zb], lay.pp[zb], M[zb], lay.vpp[zb], on(win_r.F), on(win_r.B), on(win_r.W),
                             on_r(totals), total_sum[zb], hid)
@@ -436,9 +436,9 @@ def _busiest(per_role: dict, is_first, is_last):
     return np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))
 
 
-def _stacked(per_role: dict, roles: list, n: int) -> np.ndarray:
-    """[roles, n]: each role's value over the n layouts, in the order of `roles`."""
-    return np.stack([np.broadcast_to(per_role[r], (n,)) for r in roles])
+def _stacked(per_role: dict, roles: list, n: int, at=slice(None)) -> np.ndarray:
+    """[roles, n]: each role's value over the n layouts (or the layouts `at`), in the order of `roles`."""
+    return np.stack([np.broadcast_to(per_role[r], (n,))[at] for r in roles])
 
 
 def _without_zero(lay: LayoutBatch):
