@@ -292,7 +292,7 @@ def _layout_from(kw, model):
     return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
                   global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],
-                  sequence_parallel=kw["sequence_parallel"],
+                  sequence_parallel=kw["sequence_parallel"] and tp > 1,  # as search writes it: no-op at tp 1
                   recompute_modules=modules,
                   zero=kw["zero"], reshard_after_forward=kw["reshard_after_forward"],
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],

@@ -55,13 +55,13 @@ class Migration(_Strict):
 
 class Predicted(_Strict):
     step_time_s: float = Field(gt=0)
-    tokens_per_s: float
-    tflops_per_gpu: float
-    hw_tflops_per_gpu: float
-    mfu: float
-    peak_memory_gib: float
+    tokens_per_s: float = Field(gt=0)
+    tflops_per_gpu: float = Field(gt=0)
+    hw_tflops_per_gpu: float = Field(gt=0, description="model FLOPs plus recomputed ones, per GPU")
+    mfu: float = Field(gt=0, description="tflops_per_gpu over the peak of layout.dtype (FP8 GEMMs may pass 1)")
+    peak_memory_gib: float = Field(ge=0)
     fits: bool
-    a2a_time_s: float = 0.0
+    a2a_time_s: float = Field(0.0, ge=0)
     # absent from plans written before they were recorded (None: not known, not 1)
     imbalance: Optional[float] = Field(None, ge=1.0, description="expected max/mean routed rows per rank of an EP "
                                        "group in one micro-batch (what the step time is priced with)")
@@ -151,6 +151,7 @@ def check_consistent(plan: Plan, src: str) -> None:
         raise SpecError(src, "routing.histogram", f"expected {m.moe.num_experts} counts a row (one an expert), "
                         f"got {len(plan.routing.histogram[0])}")
     if plan.predicted:
+        _check_predicted(plan, src)
         for i, st in enumerate(plan.predicted.memory_gib_per_stage):
             if not (isinstance(st.get("stage"), int) and isinstance(st.get("role"), str) and "total" in st and
                     all(isinstance(v, (int, float)) and math.isfinite(v) for k, v in st.items() if k != "role")):
@@ -172,6 +173,23 @@ def check_consistent(plan: Plan, src: str) -> None:
             if key(c) in seen:
                 raise SpecError(src, f"rank_map[{c.rank}]", f"{what} = {key(c)} is rank {seen[key(c)]}'s too")
             seen[key(c)] = c.rank
+
+
+def _check_predicted(plan: Plan, src: str) -> None:
+    """The predicted figures derive from one another; a plan whose figures disagree was edited by
+    hand, and piper-train would compare its measurements with figures no model priced."""
+    p, lay = plan.predicted, plan.layout
+    tokens = lay.global_batch * lay.seq / p.step_time_s
+    if not math.isclose(p.tokens_per_s, tokens, rel_tol=1e-6):
+        raise SpecError(src, "predicted.tokens_per_s", f"expected global_batch*seq/step_time_s = {tokens:.6g}, "
+                        f"got {p.tokens_per_s:.6g}")
+    if p.hw_tflops_per_gpu < p.tflops_per_gpu * (1 - 1e-9):
+        raise SpecError(src, "predicted.hw_tflops_per_gpu", f"expected at least tflops_per_gpu "
+                        f"({p.tflops_per_gpu:.6g}; recomputation only adds FLOPs), got {p.hw_tflops_per_gpu:.6g}")
+    peak = plan.hardware.accelerator.peak_tflops.get(lay.dtype)
+    if peak and not math.isclose(p.mfu, p.tflops_per_gpu / peak, rel_tol=1e-6):
+        raise SpecError(src, "predicted.mfu", f"expected tflops_per_gpu / {lay.dtype} peak = "
+                        f"{p.tflops_per_gpu / peak:.6g}, got {p.mfu:.6g}")
 
 
 def json_schema() -> dict:

@@ -279,6 +279,12 @@ def plan_doc(tmp_path_factory):
     (lambda d: d["routing"].update(distribution="histogram", histogram=[[1, -2, 3, 4, 5, 6, 7, 8]]), "routing"),
     (lambda d: d["routing"].update(distribution="histogram", histogram=[[1, 2, 3]]), "routing.histogram"),
     (lambda d: d["predicted"].update(mfu=float("nan")), "predicted.mfu"),
+    (lambda d: d["predicted"].update(mfu=5.0), "predicted.mfu: expected tflops_per_gpu / bf16 peak"),
+    (lambda d: d["predicted"].update(tokens_per_s=-1), "predicted.tokens_per_s"),
+    (lambda d: d["predicted"].update(tokens_per_s=d["predicted"]["tokens_per_s"] * 2),
+     "predicted.tokens_per_s: expected global_batch*seq/step_time_s"),
+    (lambda d: d["predicted"].update(hw_tflops_per_gpu=d["predicted"]["tflops_per_gpu"] / 2),
+     "predicted.hw_tflops_per_gpu: expected at least tflops_per_gpu"),
     (lambda d: d["predicted"].update(memory_gib_per_stage=[{"x": 1}]), "predicted.memory_gib_per_stage[0]"),
     (lambda d: d["layout"].update(recompute="full", recompute_layers=99), "recompute_layers <= the layers of a chunk"),
 ])

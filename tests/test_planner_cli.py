@@ -131,9 +131,10 @@ def test_search_plan_reproduces_under_estimate(tmp_path):
         assert est[k] == pytest.approx(best[k], rel=1e-12) == plan["predicted"][k]
 
 
-def test_a_plan_written_by_search_and_by_estimate_predicts_the_same_memory_parts(tmp_path):
+def test_a_plan_written_by_search_and_by_estimate_reads_the_same(tmp_path):
     """Parts the batch reports only where some layout has them (piper-train's weight copies, ZeRO-3's
-    gathered units) are not written as 0.0 for a layout without them: the two plans agree key for key."""
+    gathered units) are not written as 0.0 for a layout without them: the two plans agree key for key,
+    and so do their layouts (sequence_parallel is written false at tp 1, where it does nothing)."""
     s, e = tmp_path / "s.json", tmp_path / "e.json"
     base = ["-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
     code, text, _ = run("search", *base, "--runtime", "piper-train", "-o", str(s))
@@ -146,6 +147,7 @@ def test_a_plan_written_by_search_and_by_estimate_predicts_the_same_memory_parts
     assert code == 0, text
     searched, estimated = (json.loads(p.read_text())["predicted"]["memory_gib_per_stage"] for p in (s, e))
     assert searched == estimated and all("weight_casts" not in d and "zero3_units" not in d for d in searched)
+    assert lay["tp"] == 1 and json.loads(e.read_text())["layout"] == lay
 
 
 def test_deepseek_v3_on_8_gpus_says_states_do_not_fit():
