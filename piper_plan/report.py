@@ -143,12 +143,18 @@ def layout_str(lay: dict) -> str:
         (" spread" if lay.get("placement") == "spread" else "") + offload_label(lay)
 
 
+def sig3(x: float) -> str:
+    """Three significant digits, trailing zeros kept so a column reads evenly (18.0 beside 18.6);
+    whole numbers from 1,000 up rather than an exponent."""
+    return f"{x:,.0f}" if abs(x) >= 999.5 else f"{x:#.3g}".rstrip(".")
+
+
 def search_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title)
     for c in ("#", "layout", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "worst stage GiB", "dominant"):
         t.add_column(c, justify="left" if c in ("layout", "dominant") else "right")
     for k, r in enumerate(rows, 1):
-        t.add_row(str(k), layout_str(r["layout"]), f"{r['step_time_s']:.3g}", f"{r['tokens_per_s']:,.0f}",
+        t.add_row(str(k), layout_str(r["layout"]), sig3(r["step_time_s"]), f"{r['tokens_per_s']:,.0f}",
                   f"{r['tflops_per_gpu']:.1f}", f"{r['mfu']:.1%}", f"{r['peak_memory_gib']:.1f}", r["dominant"])
     return t
 

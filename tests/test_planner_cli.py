@@ -346,3 +346,10 @@ def test_cuda_graph_scopes_are_a_stack_option_the_estimate_prices():
     assert host > graphed > 0
     code, out, _ = run(*eager, "--cuda-graphs", "attn,everything")
     assert "--cuda-graphs" in err_line(code, out) and "everything" in out
+
+
+def test_the_search_tables_step_column_reads_three_significant_digits_evenly():
+    from piper_plan.report import sig3
+
+    assert [sig3(x) for x in (18.0, 18.63, 0.0857, 5.0, 123.4, 999.6, 1234.5)] == \
+        ["18.0", "18.6", "0.0857", "5.00", "123", "1,000", "1,234"]
