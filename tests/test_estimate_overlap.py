@@ -177,3 +177,15 @@ def test_piper_train_s_dualpipev_hides_no_all_to_all():
     assert est.time["a2a"][0] < est.time["a2a"][1]
     # unfused: what is exposed is the whole exchange, as under a schedule that overlaps nothing
     assert est.time["a2a"][1] == pytest.approx(unhidden.time["a2a"][0], rel=1e-9)
+
+
+def test_a_layout_without_tensor_parallelism_reports_no_tensor_parallel_time():
+    """tp_comm is what is left of the communication after the other parts: at tp 1 the leftover is
+    rounding (6.9e-16 s printed in estimate's table), reported as 0."""
+    from piper_plan.search import SearchSpace, enumerate_layouts
+
+    m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
+    lay, _ = enumerate_layouts(m, hw, SearchSpace(gpus=2048, global_batch=4096, seq=m.seq_len))
+    t = evaluate(m, hw, lay).time["tp_comm"]
+    none = (lay.tp == 1) & (lay.etp == 1)
+    assert none.sum() > 1000 and not t[none].any() and (t[~none] > 0).all()

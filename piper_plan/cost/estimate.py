@@ -251,7 +251,9 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     a2a_step = M * pick(pipe.a2a_per_mb)
     p2p_step = M * pipe.p2p_one * lay.vpp * 2
     cp_step = M * (nd_p + nm_p) * lc["cp_layer"]  # the context-parallel ring's exposed share
-    tp_step = M * pick(pipe.comm_t) - a2a_step - p2p_step - cp_step
+    comm_step = M * pick(pipe.comm_t)
+    tp_step = comm_step - a2a_step - p2p_step - cp_step
+    tp_step = np.where(tp_step > 1e-9 * comm_step, tp_step, 0.0)  # a residual: rounding, not seconds, below that
     a2a_step = a2a_step - M * pick(pipe.hidden_of)  # what stays exposed: the components add up to the step
     # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
     # the layers' phases, reported apart from the kernels' own time
@@ -259,7 +261,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     compute_step = M * (pipe.comp_total + pick(pipe.slow_of)) - host_step - M * pipe.offload_mb
     bubble = np.maximum(t_pipe - M * pipe.peak_role_time, 0.0)
     time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
-                                      ("tp_comm", np.maximum(tp_step, 0.0)), ("cp_comm", cp_step), ("p2p", p2p_step),
+                                      ("tp_comm", tp_step), ("cp_comm", cp_step), ("p2p", p2p_step),
                                       ("bubble", bubble),
                                       ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
     if np.any(lay.offload_layers > 0):  # reported apart only where activations are offloaded
