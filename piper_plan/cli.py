@@ -500,8 +500,12 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
         click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
                                "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why}, indent=2))
     else:
-        report.show([report.search_table(rows, f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts "
-                                               f"evaluated in {wall:.2f} s, {len(res.order):,} fit")])
+        title = f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts evaluated in {wall:.2f} s, " \
+                f"{len(res.order):,} fit"
+        if rows:
+            report.show([report.search_table(rows, title)])
+        else:  # no empty table: the rejections and the diagnosis below say why
+            click.echo(title)
         report.show_rejections(res.rejected, why)
         _show_track_record(model, hw)
         if output and rows:

@@ -158,6 +158,12 @@ def test_deepseek_v3_on_8_gpus_says_states_do_not_fit():
     assert "more)" in why  # a computed GPU count that fits
 
 
+def test_a_search_where_nothing_fits_prints_no_empty_table_and_exits_1():
+    code, text, _ = run("search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "8")
+    assert code == 1 and "0 fit" in text and "nothing fits" in text
+    assert "TFLOP/s/GPU" not in text  # the ranked table's header
+
+
 def test_batch_that_cannot_split_names_the_rule():
     # 1 sequence on 8 ranks: dp > 1 cannot split it, and pp > 1 has fewer micro-batches than stages
     code, text, _ = run("search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "8", "--global-batch", "1",
