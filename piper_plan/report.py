@@ -102,10 +102,11 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
     s = Table(title=title)
     s.add_column("metric")
     s.add_column("value", justify="right")
-    for k, fmt in [("step_time_s", "{:.4g} s"), ("tokens_per_s", "{:,.0f}"), ("tflops_per_gpu", "{:.1f}"),
+    for k, fmt in [("step_time_s", lambda x: f"{sig(x, 4)} s"), ("tokens_per_s", "{:,.0f}"), ("tflops_per_gpu", "{:.1f}"),
                    ("hw_tflops_per_gpu", "{:.1f}"), ("mfu", "{:.1%}"), ("peak_memory_gib", "{:.2f} GiB"),
                    ("imbalance", "{:.3f}"), ("fits", "{}")]:
-        s.add_row(k, "-" if row.get(k) is None else fmt.format(row[k]))  # a plan written before the field
+        v = row.get(k)
+        s.add_row(k, "-" if v is None else fmt(v) if callable(fmt) else fmt.format(v))  # "-": a plan before the field
     tt = Table(title="time per step")
     tt.add_column("component")
     tt.add_column("seconds", justify="right")
@@ -143,10 +144,10 @@ def layout_str(lay: dict) -> str:
         (" spread" if lay.get("placement") == "spread" else "") + offload_label(lay)
 
 
-def sig3(x: float) -> str:
-    """Three significant digits, trailing zeros kept so a column reads evenly (18.0 beside 18.6);
-    whole numbers from 1,000 up rather than an exponent."""
-    return f"{x:,.0f}" if abs(x) >= 999.5 else f"{x:#.3g}".rstrip(".")
+def sig(x: float, n: int = 3) -> str:
+    """n (>= 3) significant digits, trailing zeros kept so figures read evenly (18.0 beside 18.6);
+    from 1,000 up, whole numbers with separators rather than an exponent."""
+    return f"{x:,.0f}" if abs(x) >= 999.5 else f"{x:#.{n}g}".rstrip(".")
 
 
 def search_table(rows: list[dict], title: str) -> Table:
@@ -154,7 +155,7 @@ def search_table(rows: list[dict], title: str) -> Table:
     for c in ("#", "layout", "step s", "tokens/s", "TFLOP/s/GPU", "MFU", "worst stage GiB", "dominant"):
         t.add_column(c, justify="left" if c in ("layout", "dominant") else "right")
     for k, r in enumerate(rows, 1):
-        t.add_row(str(k), layout_str(r["layout"]), sig3(r["step_time_s"]), f"{r['tokens_per_s']:,.0f}",
+        t.add_row(str(k), layout_str(r["layout"]), sig(r["step_time_s"]), f"{r['tokens_per_s']:,.0f}",
                   f"{r['tflops_per_gpu']:.1f}", f"{r['mfu']:.1%}", f"{r['peak_memory_gib']:.1f}", r["dominant"])
     return t
 

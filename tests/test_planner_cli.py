@@ -355,7 +355,8 @@ def test_cuda_graph_scopes_are_a_stack_option_the_estimate_prices():
 
 
 def test_the_search_tables_step_column_reads_three_significant_digits_evenly():
-    from piper_plan.report import sig3
+    from piper_plan.report import sig
 
-    assert [sig3(x) for x in (18.0, 18.63, 0.0857, 5.0, 123.4, 999.6, 1234.5)] == \
+    assert [sig(x) for x in (18.0, 18.63, 0.0857, 5.0, 123.4, 999.6, 1234.5)] == \
         ["18.0", "18.6", "0.0857", "5.00", "123", "1,000", "1,234"]
+    assert [sig(x, 4) for x in (17.9999, 0.08591, 1234.5, 12345.6)] == ["18.00", "0.08591", "1,234", "12,346"]
