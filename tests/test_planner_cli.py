@@ -360,3 +360,10 @@ def test_the_search_tables_step_column_reads_three_significant_digits_evenly():
     assert [sig(x) for x in (18.0, 18.63, 0.0857, 5.0, 123.4, 999.6, 1234.5)] == \
         ["18.0", "18.6", "0.0857", "5.00", "123", "1,000", "1,234"]
     assert [sig(x, 4) for x in (17.9999, 0.08591, 1234.5, 12345.6)] == ["18.00", "0.08591", "1,234", "12,346"]
+
+
+def test_a_misspelt_spec_name_is_answered_with_the_nearest_bundled_one():
+    code, out, _ = run("search", "-m", "deepseek-v3", "-H", "fronteir", "-n", "8")
+    assert code == 2 and "did you mean frontier?" in out and len(out.strip().splitlines()) == 1
+    code, out, _ = run("search", "-m", "zzz", "-H", "frontier", "-n", "8")
+    assert code == 2 and "did you mean" not in out

@@ -4,6 +4,7 @@ Bundled YAML lives in the repository's models/ and hardware/ folders, installed 
 package data `piper_plan.bundled.models|hardware`, so a plain wheel install finds them."""
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from functools import lru_cache
@@ -62,8 +63,10 @@ def _resolve(ref: str, kind: str) -> Path:
     q = _bundled(ref, kind)
     if q is not None:
         return q
+    close = difflib.get_close_matches(ref, bundled_names(kind), n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
     raise SpecError(ref, "<name>", f"not a file and not a bundled {kind[:-1] if kind.endswith('s') else kind} "
-                                   f"({_known(kind)})")
+                                   f"({hint}{_known(kind)})")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
