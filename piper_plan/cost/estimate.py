@@ -22,7 +22,7 @@ from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
 from .memory import layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, require_host
-from .rank_memory import rank_memory
+from .rank_memory import rank_memory, role_activations
 from .reduction import PipeWindow, RankParams, dp_time, owned, param_tensors, tensor_host_time
 from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
@@ -94,6 +94,7 @@ class Estimate:
 
 
 _OPTIONAL_PARTS = ("weight_casts", "zero3_units", "host")
+ROLES = ("first", "mid", "last")  # the pipeline's representative ranks, in _stacked's order
 
 
 def _phases(lc: dict, nd, nm, emb, head) -> dict:
@@ -182,17 +183,15 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     pipe = _pipeline(m, hw, lay if first is None else lay.take(first), routing, dtype)
     if first is not None:
         pipe = _rows(pipe, inv)
-    grp, lc, cs, has_mid, roles, has_emb, has_head = (pipe.grp, pipe.lc, pipe.cs, pipe.has_mid, pipe.roles,
-                                                      pipe.has_emb, pipe.has_head)
-    is_first, is_last, t_pipe = pipe.is_first, pipe.is_last, pipe.t_pipe
+    grp, lc, cs = pipe.grp, pipe.lc, pipe.cs
+    t_pipe, busy = pipe.t_pipe, pipe.busiest
     edp = grp["edp"]
-    pick = lambda per_role: _busiest(per_role, is_first, is_last)  # noqa: E731
-    n_dense_of = {r: nd for r, (nd, _) in roles.items()}
-    n_moe_of = {r: nm for r, (_, nm) in roles.items()}
-    nd_p, nm_p = pick(n_dense_of), pick(n_moe_of)
-    rs = list(roles)
+    rs = ROLES
+    roles = {r: (pipe.nd_r[i], pipe.nm_r[i]) for i, r in enumerate(rs)}
+    has_emb, has_head = dict(zip(rs, pipe.emb_r)), dict(zip(rs, pipe.head_r))
+    nd_p, nm_p = busy["nd"], busy["nm"]
+    nd_r, nm_r, emb_r, head_r = pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r
     st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
-    nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
     # every stage reduces its own gradients and steps its own parameters once its last backward
@@ -235,7 +234,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     step = (t_pipe + t_dp + t_opt + t_mig) * share
 
     # ---- memory per representative rank ------------------------------------------------
-    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, has_mid, P_rep, P_exp, edp, lc, M)
+    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, pipe.acts, P_rep, P_exp, edp)
     fits = peak + headroom_gib <= hw.accelerator.memory_gib
     if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
         fits &= host_peak <= hw.host.memory_gib
@@ -248,15 +247,15 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
     mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
 
-    a2a_step = M * pick(pipe.a2a_per_mb)
+    a2a_step = M * busy["a2a"]
     p2p_step = M * pipe.p2p_one * lay.vpp * 2
     cp_step = M * (nd_p + nm_p) * lc["cp_layer"]  # the context-parallel ring's exposed share
-    tp_step = M * pick(pipe.comm_t) - a2a_step - p2p_step - cp_step
-    a2a_step = a2a_step - M * pick(pipe.hidden_of)  # what stays exposed: the components add up to the step
+    tp_step = M * busy["comm"] - a2a_step - p2p_step - cp_step
+    a2a_step = a2a_step - M * busy["hidden"]  # what stays exposed: the components add up to the step
     # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
     # the layers' phases, reported apart from the kernels' own time
     host_step = M * (nd_p * lc["dense_host"] + nm_p * lc["moe_host"])
-    compute_step = M * (pipe.comp_total + pick(pipe.slow_of)) - host_step - M * pipe.offload_mb
+    compute_step = M * (pipe.comp_total + busy["slow"]) - host_step - M * pipe.offload_mb
     bubble = np.maximum(t_pipe - M * pipe.peak_role_time, 0.0)
     time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
                                       ("tp_comm", np.maximum(tp_step, 0.0)), ("cp_comm", cp_step), ("p2p", p2p_step),
@@ -283,21 +282,22 @@ class PipelinePart:
     cs: object            # stages.ChunkSizes
     has_mid: np.ndarray   # a middle-stage rank exists
     present: np.ndarray   # [roles, n]: which of the roles' ranks exist (first always, mid, last)
-    roles: dict           # role -> (dense, MoE) layers on its rank
-    has_emb: dict         # role -> holds the embedding
-    has_head: dict        # role -> holds the LM head
+    nd_r: np.ndarray      # [roles, n]: dense layers on each role's rank
+    nm_r: np.ndarray      # [roles, n]: MoE layers on it
+    emb_r: np.ndarray     # [roles, n]: it holds the embedding
+    head_r: np.ndarray    # [roles, n]: it holds the LM head
     p2p_one: np.ndarray   # seconds of one stage-boundary message
-    a2a_per_mb: dict      # role -> all-to-all seconds a micro-batch
-    hidden_of: dict       # role -> of those, hidden behind another micro-batch's compute
-    slow_of: dict         # role -> compute slowed by the hidden exchange's units
-    comm_t: dict          # role -> communication seconds a micro-batch
-    is_first: np.ndarray  # the busiest role is the first stage's
-    is_last: np.ndarray   # ... else the last stage's (else a middle one's)
+    # the busiest role's (first, else last, else mid) dense and MoE layers (nd, nm) and, per
+    # micro-batch, all-to-all seconds (a2a), of those hidden behind another micro-batch's compute
+    # (hidden), compute slowed by the hidden exchange's units (slow), communication seconds (comm):
+    # picked here, on the distinct layouts, rather than after they are spread over the ZeRO stages
+    busiest: dict
     peak_role_time: np.ndarray  # the busiest role's seconds a micro-batch
     total_sum: np.ndarray       # all stages' seconds a micro-batch
     comp_total: np.ndarray      # the busiest role's compute seconds a micro-batch
     offload_mb: np.ndarray      # its exposed activation copies a micro-batch
     dp_win_r: "PipeWindow"      # each role's window for the reduction, stacked (first, mid, last)
+    acts: dict                  # rank_memory.role_activations: each role's memory the ZeRO stage leaves alone
     t_pipe: np.ndarray          # the pipeline's seconds a step
 
 
@@ -420,15 +420,18 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # the busiest rank bounds them (the same figure, not recomputed)
     zb = np.flatnonzero(lay.sched >= 3)
     if zb.size:
-        on = lambda x: x[..., zb]  # noqa: E731
+        on = lambda x: x.take(zb, axis=-1)  # noqa: E731
         on_r = lambda per_role: _stacked(per_role, rs, n, zb)  # noqa: E731
         hid = np.where(dualpipe_hides[zb], np.minimum(on_r(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
         t_r = pipeline_time(lay.sched[zb], lay.pp[zb], M[zb], lay.vpp[zb], on(win_r.F), on(win_r.B), on(win_r.W),
                             on_r(totals), total_sum[zb], hid)
         t_pipe[zb] = np.max(np.where(on(present), t_r, -np.inf), axis=0)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
-    return PipelinePart(grp, lc, cs, has_mid, present, roles, has_emb, has_head, p2p_one, a2a_per_mb, hidden_of, slow_of,
-                        comm_t, is_first, is_last, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r, t_pipe)
+    busiest = dict(nd=pick(n_dense_of), nm=pick(n_moe_of), a2a=pick(a2a_per_mb), hidden=pick(hidden_of),
+                   slow=pick(slow_of), comm=pick(comm_t))
+    acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
+    return PipelinePart(grp, lc, cs, has_mid, present, nd_r, nm_r, emb_r, head_r, p2p_one, busiest, peak_role_time,
+                        total_sum, comp_total, offload_mb, dp_win_r, acts, t_pipe)
 
 
 def _busiest(per_role: dict, is_first, is_last):
