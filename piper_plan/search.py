@@ -329,7 +329,7 @@ def _batch(cols: dict, j, zero, recompute, a2a, placement, rc_mods, rc_layers) -
     """Layouts from stage-1 survivors `j` (per-survivor arrays in `cols`, or scalars shared
     by all) and the stage-2 choices."""
     n = len(j)
-    col = lambda k: cols[k][j] if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
+    col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
     return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, recompute=recompute, a2a=a2a,
                        placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 

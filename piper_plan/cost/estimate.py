@@ -15,7 +15,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
-from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
+from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, first_rows, recomputes
 from .compute import (Phase, attention_phase, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
                       tp_overlappable)
 from .imbalance import expert_popularity, imbalance
@@ -100,8 +100,14 @@ ROLES = ("first", "mid", "last")  # the pipeline's representative ranks, in _sta
 def _phases(lc: dict, nd, nm, emb, head) -> dict:
     """A rank's forward / backward-input / backward-weight / recompute seconds of one micro-batch
     through its nd dense and nm MoE layers, with the embedding and the LM head where it holds them."""
-    return {c: nd * lc[f"dense_{c}"] + nm * lc[f"moe_{c}"] + emb * lc[f"emb_{c}"] + head * lc[f"head_{c}"]
-            for c in "fbwr"}
+    v = (_each_phase(nd) * lc["dense_v"] + _each_phase(nm) * lc["moe_v"] + _each_phase(emb) * lc["emb_v"]
+         + _each_phase(head) * lc["head_v"])  # [..., f b w r, n]: one operation for the four phases
+    return {c: v[..., i, :] for i, c in enumerate("fbwr")}
+
+
+def _each_phase(x):
+    """Layer counts [..., n] against a Phase's [4, n] values."""
+    return np.asarray(x)[..., None, :]
 
 
 def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden):
@@ -114,7 +120,8 @@ def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M
     proportion to their communication."""
     comp = _phases(lc, nd, nm, emb, head)
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
-    cm = {c: nd * lc[f"dense_comm_{c}"] + nm * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
+    cm = _each_phase(nd) * lc["dense_comm_v"] + _each_phase(nm) * lc["moe_comm_v"]
+    cm = {c: cm[..., i, :] for i, c in enumerate("fbwr") if c != "w"}  # comm has no W
     F = comp["f"] + cm["f"] + p2p_mb
     B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
     c_all = cm["f"] + cm["b"] + cm["r"]
@@ -439,9 +446,14 @@ def _busiest(per_role: dict, is_first, is_last):
     return np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))
 
 
-def _stacked(per_role: dict, roles: list, n: int, at=slice(None)) -> np.ndarray:
-    """[roles, n]: each role's value over the n layouts (or the layouts `at`), in the order of `roles`."""
-    return np.stack([np.broadcast_to(per_role[r], (n,))[at] for r in roles])
+def _stacked(per_role: dict, roles, n: int, at=None) -> np.ndarray:
+    """[roles, n]: each role's value over the n layouts (or the layouts `at`), in the order of `roles`.
+    Filled row by row (a scalar broadcasts): np.stack of broadcast views costs more in overhead."""
+    vals = [per_role[r] for r in roles]
+    out = np.empty((len(vals), n if at is None else len(at)), np.result_type(*vals))
+    for i, v in enumerate(vals):
+        out[i] = v if at is None or np.ndim(v) == 0 else v.take(at)
+    return out
 
 
 def _without_zero(lay: LayoutBatch):
@@ -548,8 +560,11 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
            lay.dropout, lay.act_bytes,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
-    _, first1, inv1 = distinct_rows(*key, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
-    _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
+    # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
+    _, first_key, code = distinct_rows(*key)
+    _, first1, inv1 = distinct_rows(code, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
+    inv0 = code.take(first1)  # every key's combination has a row among first1: the same codes
+    first0 = first_rows(inv0, len(first_key))
     sub = lay.take(first1)
     base = _layer_base(m, hw, sub.take(first0), routing, dtype)
     share = full_recompute_share(m, sub)
@@ -557,7 +572,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     again = np.where(sub.recompute == 2, share, recomputes(sub, "moe").astype(float))
     terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute, share), again)
     # the stage partition's inputs stay per distinct row (see evaluate)
-    return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
+    return {k: v if k in ("x_first", "x_last") else v.take(inv1, axis=-1) for k, v in terms.items()}, inv1
 
 
 def _paired_share(lay: LayoutBatch) -> dict:
@@ -604,8 +619,8 @@ def _a2a_off_stream(lay: LayoutBatch) -> np.ndarray:
 
 
 def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
-    """What the step model reads from per-layer costs (_layer_costs), as 1-D arrays: phase
-    components `<dense|moe|emb|head>_<f|b|w|r>` and `<dense|moe>_comm_<f|b|r>`, their totals
+    """What the step model reads from per-layer costs (_layer_costs), as arrays: phases
+    `<dense|moe|emb|head|dense_comm|moe_comm>_v` ([f b w r, n]), their totals
     (Td, Tm, Te, Th, Tdc, Tmc), whole-layer seconds, the embedding and head in
     layer-equivalents (x_first, x_last: the stage partition's input), one MoE layer's
     all-to-all seconds per micro-batch (a2a_layer), imb and activation bytes."""
@@ -625,10 +640,9 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], cp_layer=lc["cp_layer"],
                dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"])
-    for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head)):
-        out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr")})
-    for name, ph in (("dense_comm", dense_comm), ("moe_comm", moe_comm)):
-        out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr") if c != "w"})
+    for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head), ("dense_comm", dense_comm),
+                     ("moe_comm", moe_comm)):
+        out[f"{name}_v"] = ph.v
     return out
 
 
