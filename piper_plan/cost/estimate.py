@@ -179,46 +179,113 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     dtype = compute_dtype or dtype
     n = len(lay)
     eb = lay.act_bytes.astype(float)
-    tp = lay.tp.astype(float)
-    d = m.hidden_size
     M = lay.m
 
     require_host(hw, lay)
-    # the pipeline does not depend on the ZeRO stage, and a search tries each layout at several:
-    # priced once per layout without it, then spread over its stages
+    # most of a step does not depend on the ZeRO stage, and a search tries each layout at several:
+    # priced once per layout without it (_zero_free), then spread over its stages
     first, inv = _without_zero(lay)
-    pipe = _pipeline(m, hw, lay if first is None else lay.take(first), routing, dtype)
+    part = _zero_free(m, hw, lay if first is None else lay.take(first), routing, dtype)
     if first is not None:
-        pipe = _rows(pipe, inv)
-    grp, lc, cs = pipe.grp, pipe.lc, pipe.cs
-    t_pipe, busy = pipe.t_pipe, pipe.busiest
+        part = _rows(part, inv)
+    grp, t_pipe, share = part.grp, part.t_pipe, part.share
     edp = grp["edp"]
-    rs = ROLES
-    roles = {r: (pipe.nd_r[i], pipe.nm_r[i]) for i, r in enumerate(rs)}
-    has_emb, has_head = dict(zip(rs, pipe.emb_r)), dict(zip(rs, pipe.head_r))
-    nd_p, nm_p = busy["nd"], busy["nm"]
-    nd_r, nm_r, emb_r, head_r = pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r
-    st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
+    roles = {r: (part.nd_r[i], part.nm_r[i]) for i, r in enumerate(ROLES)}
+    has_emb, has_head = dict(zip(ROLES, part.emb_r)), dict(zip(ROLES, part.head_r))
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
     # every stage reduces its own gradients and steps its own parameters once its last backward
     # is done, so the step waits for the stage whose reduction and step take longest, which
     # need not be the busiest one: a balanced split gives the stage with the LM head fewer
     # layers, whose parameters the others' outweigh (each stage priced with its own window)
+    stage_rep, stage_exp, rep_t, exp_t = part.stage_rep, part.stage_exp, part.rep_t, part.exp_t
+    params = RankParams(stage_rep, stage_exp, owned(lay, edp, rep_t, exp_t))
+    dp_r, opt_r = dp_time(hw, lay, grp, params, eb, part.dp_win_r)
+    host_dp, host_opt = tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
+    dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
+    last = np.argmax(np.where(part.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
+    t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
+
+    # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
+    t_mig = np.zeros(n)
+    mig = routing.migration
+    if mig is not None and m.moe is not None:
+        from .migration import migration_step_time
+
+        p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
+        t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
+    t_dp = t_dp + part.dp_skew
+    step = (t_pipe + t_dp + t_opt + t_mig) * share
+
+    # ---- memory per representative rank ------------------------------------------------
+    P_rep, P_exp = dict(zip(ROLES, stage_rep)), dict(zip(ROLES, stage_exp))
+    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, part.acts, P_rep, P_exp, edp)
+    fits = peak + headroom_gib <= hw.accelerator.memory_gib
+    if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
+        fits &= host_peak <= hw.host.memory_gib
+
+    # ---- throughput --------------------------------------------------------------------
+    gpus = lay.gpus.astype(float)
+    tflops = part.model_flops / step / gpus / 1e12
+    hw_tflops = part.hw_flops / step / gpus / 1e12
+    mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
+    time = {**part.time, "dp_comm": t_dp * share, "optimizer": t_opt * share, "migration": t_mig * share,
+            **part.time_after}
+    time["total"] = step
+    lc = part.lc
+    return Estimate(step_time_s=step, tokens_per_s=part.tokens / step, tflops_per_gpu=tflops,
+                    hw_tflops_per_gpu=hw_tflops, mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time,
+                    stage_of_role=stage_of, chunks=part.cs, imbalance=lc["imb"],
+                    layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]}, host_memory_gib=host_peak)
+
+
+@dataclass
+class ZeroFree:
+    """What evaluate reads of a step that the ZeRO stage does not change, per layout."""
+    grp: dict               # _group_terms: the reduction's groups
+    lc: dict                # per-layer terms the Estimate reports (imb, dense_layer, moe_layer)
+    cs: object              # stages.ChunkSizes
+    present: np.ndarray     # [roles, n]: which of the roles' ranks exist (first always, mid, last)
+    nd_r: np.ndarray        # [roles, n]: dense layers on each role's rank
+    nm_r: np.ndarray        # [roles, n]: MoE layers on it
+    emb_r: np.ndarray       # [roles, n]: it holds the embedding
+    head_r: np.ndarray      # [roles, n]: it holds the LM head
+    stage_rep: np.ndarray   # [roles, n]: its replicated parameters
+    stage_exp: np.ndarray   # [roles, n]: its expert parameters
+    rep_t: np.ndarray       # [roles, n]: its replicated parameter tensors (reduction.param_tensors)
+    exp_t: np.ndarray       # [roles, n]: its expert ones
+    dp_win_r: "PipeWindow"  # each role's window for the reduction
+    acts: dict              # rank_memory.role_activations
+    t_pipe: np.ndarray      # the pipeline's seconds a step
+    share: np.ndarray       # core_share
+    dp_skew: np.ndarray     # what the first reduction waits for the rank the pipeline left last
+    tokens: np.ndarray      # tokens a step
+    model_flops: np.ndarray  # model FLOPs a step
+    hw_flops: np.ndarray    # those and recompute's
+    time: dict              # the step's breakdown before the reduction (compute ... bubble), seconds
+    time_after: dict        # and after the optimizer (offload, where a layout offloads activations)
+
+
+def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> ZeroFree:
+    """The pipeline (_pipeline), each role's parameters, the FLOPs and the step's breakdown but
+    for the reduction and the optimizer: none of them reads the ZeRO stage."""
+    n = len(lay)
+    tp = lay.tp.astype(float)
+    d = m.hidden_size
+    M = lay.m
+    pipe = _pipeline(m, hw, lay, routing, dtype)
+    lc, busy, t_pipe = pipe.lc, pipe.busiest, pipe.t_pipe
+    roles = {r: (pipe.nd_r[i], pipe.nm_r[i]) for i, r in enumerate(ROLES)}
+    has_emb, has_head = dict(zip(ROLES, pipe.emb_r)), dict(zip(ROLES, pipe.head_r))
+    nd_p, nm_p = busy["nd"], busy["nm"]
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
              + has_emb[r] * m.embedding_params / tp
              + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
                               + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
-    rep_t, exp_t = param_tensors(m, nd_r, nm_r, emb_r, head_r)
-    stage_rep, stage_exp = st(P_rep), st(P_exp)
-    params = RankParams(stage_rep, stage_exp, owned(lay, edp, rep_t, exp_t))
-    dp_r, opt_r = dp_time(hw, lay, grp, params, eb, pipe.dp_win_r)
-    host_dp, host_opt = tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
-    dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
-    last = np.argmax(np.where(pipe.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
-    t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
+    rep_t, exp_t = param_tensors(m, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r)
+    st = lambda per_role: _stacked(per_role, ROLES, n)  # noqa: E731
 
     share = core_share(hw, lay)
     if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
@@ -228,31 +295,11 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
         # cores); a layout with at most a rank a core shares nothing
         shared = share * hw.accelerator.ranks_per_core > 1
         t_pipe = np.where(shared, np.maximum(t_pipe, M * pipe.total_sum / lay.pp), t_pipe)
-    # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
-    t_mig = np.zeros(n)
-    mig = routing.migration
-    if mig is not None and m.moe is not None:
-        from .migration import migration_step_time
-
-        p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
-        t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
     # the first reduction after the pipeline waits for the rank the whole pipeline left last
-    t_dp = t_dp + np.where((lay.dpcp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
-    step = (t_pipe + t_dp + t_opt + t_mig) * share
+    dp_skew = np.where((lay.dpcp > 1) | (pipe.grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
 
-    # ---- memory per representative rank ------------------------------------------------
-    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, pipe.acts, P_rep, P_exp, edp)
-    fits = peak + headroom_gib <= hw.accelerator.memory_gib
-    if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
-        fits &= host_peak <= hw.host.memory_gib
-
-    # ---- throughput --------------------------------------------------------------------
     tokens = (lay.gbs * lay.seq).astype(float)
     model_flops, rc_flops = _model_flops(m, lay, tokens)
-    gpus = lay.gpus.astype(float)
-    tflops = model_flops / step / gpus / 1e12
-    hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
-    mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
 
     a2a_step = M * busy["a2a"]
     p2p_step = M * pipe.p2p_one * lay.vpp * 2
@@ -266,18 +313,16 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     bubble = np.maximum(t_pipe - M * pipe.peak_role_time, 0.0)
     time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
                                       ("tp_comm", np.maximum(tp_step, 0.0)), ("cp_comm", cp_step), ("p2p", p2p_step),
-                                      ("bubble", bubble),
-                                      ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
-    if np.any(lay.offload_layers > 0):  # reported apart only where activations are offloaded
-        time = {**time, "offload": M * pipe.offload_mb * share}
-    time["total"] = step
-    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
-                    mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
-                    chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]},
-                    host_memory_gib=host_peak)
+                                      ("bubble", bubble))}
+    # reported apart only where activations are offloaded
+    time_after = {"offload": M * pipe.offload_mb * share} if np.any(lay.offload_layers > 0) else {}
+    grp = {k: pipe.grp[k] for k in ("edp", "edp_stride", "dp_bw", "dp_lat", "edp_bw", "edp_lat")}
+    return ZeroFree(grp, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, pipe.cs, pipe.present, pipe.nd_r,
+                    pipe.nm_r, pipe.emb_r, pipe.head_r, st(P_rep), st(P_exp), rep_t, exp_t, pipe.dp_win_r,
+                    pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops, time, time_after)
 
 
-# the per-layer terms (_layer_terms) the reduction, memory and the step's breakdown read after the pipeline
+# the per-layer terms (_layer_terms) memory, the step's breakdown and the Estimate read after the pipeline
 LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "cp_layer", "dense_host", "moe_host", "dense_layer", "moe_layer")
 
 
