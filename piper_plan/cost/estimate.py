@@ -789,16 +789,14 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     t = lay.tokens
     d = m.hidden_size
     zero = np.zeros(len(lay))
-    core = core_attention(m, hw, lay, dtype)  # recompute changes what re-runs, not the core's cost
-    attn = attention_phase(m, hw, sel, dtype, core)
-    tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
-    dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
-    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
-    dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
-    tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
-    cpx = _cp_exposed(m, hw, lay, core)
-    tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
-    dense_comm = Phase(tp_dense.f, tp_dense.b, zero, zero)
+    # the attention and the dense FFN read a few of the columns: priced once per distinct combination
+    _, first, inv = distinct_rows(*_dense_key(lay))
+    blk = _dense_block(m, hw, lay if len(first) == len(lay) else lay.take(first), dtype)
+    if len(first) < len(lay):
+        blk = {k: v.take(inv) if isinstance(v, Phase) else _rows(v, inv) for k, v in blk.items()}
+    attn, tp_ar, dense, tp_moe, cpx, dense_comm = (blk[k] for k in ("attn", "tp_ar", "dense", "tp_moe", "cpx",
+                                                                    "dense_comm"))
+    _, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
     dense_host = host.host_gap(host.host_time(hw, host_dense), dense, dense_comm)
     dense = dense + dense_host
@@ -869,13 +867,44 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                attn_comm_r=attn_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
-               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay),
-               head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
+               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
     # only the attention's saved tensors depend on recompute
-    a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
     a_experts = sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else None
+    for rc in ("sel", "none"):
+        out[f"a_dense_{rc}"] = blk[f"a_dense_{rc}"]
+        out[f"a_moe_{rc}"] = blk[f"a_attn_{rc}"] + a_experts if m.moe else zero
+    return out
+
+
+def _dense_key(lay: LayoutBatch) -> tuple:
+    """The columns _dense_block reads."""
+    return (lay.mbs, lay.seq, lay.cp, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager,
+            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap)
+
+
+def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:
+    """_layer_base's parts that read neither the experts nor the host's issue: the attention
+    (attn; its core's context-parallel ring, cpx; one tensor-parallel all-reduce, tp_ar), a dense
+    layer without its host gap (dense; its exposed collectives, dense_comm; a MoE layer's,
+    tp_moe), the embedding and LM head phases, the layer input's bytes and the saved
+    activations of the attention (a_attn_<sel|none>) and of a dense layer (a_dense_<sel|none>)."""
+    sel = replace(lay, recompute=np.ones(len(lay), int))  # attention_phase prices r = core.f
+    eb = lay.act_bytes.astype(float)
+    zero = np.zeros(len(lay))
+    core = core_attention(m, hw, lay, dtype)  # recompute changes what re-runs, not the core's cost
+    attn = attention_phase(m, hw, sel, dtype, core)
+    tp_ar = _tp_allreduce(hw, lay, lay.tokens * m.hidden_size * eb)  # one all-reduce (or RS+AG pair with SP)
+    dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
+    dense_p = layer_params_per_rank(m, lay)[0]
+    dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
+    tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
+    cpx = _cp_exposed(m, hw, lay, core)
+    tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
+    out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
+               dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero), emb=embedding_phase(m, hw, lay),
+               head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
+    a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
     for rc, variant in (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int)))):
-        a_attn = sum(act.attention_terms(m, variant).values())
+        out[f"a_attn_{rc}"] = a_attn = sum(act.attention_terms(m, variant).values())
         out[f"a_dense_{rc}"] = a_attn + a_ffn
-        out[f"a_moe_{rc}"] = a_attn + a_experts if m.moe else zero
     return out
