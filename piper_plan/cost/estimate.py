@@ -414,57 +414,55 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
     # compute beside it runs on the rest, which costs `held` of its speed for that long
     held = np.where(lay.a2a_sms > 0, lay.a2a_sms, hw.efficiency.overlap_comm_units) / hw.accelerator.compute_units
-    # the share matters only where an exchange hides; priced on those layouts alone
-    hides = np.flatnonzero(dualpipe_hides | lay.a2a_overlap)
-    paired_share = {r: np.zeros(n) for r in ("first", "mid", "last")}
-    if hides.size:
-        for r, v in _paired_share(lay.take(hides)).items():
-            paired_share[r][hides] = v
-    comp_t, comm_t, a2a_per_mb, hidden_of, slow_of, totals = {}, {}, {}, {}, {}, {}
-    parked_f, parked_b = _offload_exposed(hw, lay, lc, roles, has_emb, has_head)
-    for r, (nd, nm) in roles.items():
-        comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb + parked_f[r] + parked_b[r]
-        comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
-        a2a_per_mb[r] = lc["a2a_layer"] * nm
-        # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
-        # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide); both
-        # in their steady state's paired steps only (_paired_share)
-        paired = np.minimum(a2a_per_mb[r], nm * lc["a2a_hide"])
-        hidden_of[r] = paired_share[r] * np.where(dualpipe_hides, np.minimum(a2a_per_mb[r], comp_t[r]),
-                                                  np.where(lay.a2a_overlap, np.minimum(paired, comp_t[r]), 0.0))
-        slow_of[r] = held * hidden_of[r]
-        totals[r] = comp_t[r] + comm_t[r] - hidden_of[r] + slow_of[r]
-    peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
-    mids = np.maximum(lay.pp - 2, 0).astype(float)
-    mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
-    total_sum = np.where(pp1, totals["first"], totals["first"] + totals["last"] + mids * mid_avg_time)
-    is_first = totals["first"] >= peak_role_time  # the busiest role: first, else last, else mid
-    is_last = ~is_first & (totals["last"] >= peak_role_time)
-    pick = lambda per_role: _busiest(per_role, is_first, is_last)  # noqa: E731
     # every role's rank at once, stacked on a leading axis (first, mid, last): the busiest one
     # runs the pipeline, and each one's window hides its own reduction (evaluate)
     rs = list(roles)
     st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
     nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
-    comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, st(parked_f), st(parked_b), p2p_mb, M,
-                                      st(hidden_of))
+    # the share matters only where an exchange hides; priced on those layouts alone
+    hides = np.flatnonzero(dualpipe_hides | lay.a2a_overlap)
+    paired_share = np.zeros((len(rs), n))
+    if hides.size:
+        paired_share[:, hides] = _stacked(_paired_share(lay.take(hides)), rs, hides.size)
+    parked_f, parked_b = _offload_exposed(hw, lay, lc, roles, has_emb, has_head)
+    parked_f, parked_b = st(parked_f), st(parked_b)
+    comp_t = nd_r * Td + nm_r * Tm + emb_r * Te + head_r * Th + chunk_mb + parked_f + parked_b
+    comm_t = nd_r * Tdc + nm_r * Tmc + 2 * p2p_mb
+    a2a_per_mb = lc["a2a_layer"] * nm_r
+    # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
+    # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide); both
+    # in their steady state's paired steps only (_paired_share)
+    paired = np.minimum(a2a_per_mb, nm_r * lc["a2a_hide"])
+    hidden_of = paired_share * np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
+                                        np.where(lay.a2a_overlap, np.minimum(paired, comp_t), 0.0))
+    slow_of = held * hidden_of
+    totals = comp_t + comm_t - hidden_of + slow_of
+    t_first, t_mid, t_last = totals
+    peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
+    mids = np.maximum(lay.pp - 2, 0).astype(float)
+    mid_avg_time = np.where(cs.mid_hi > 0, t_mid * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
+    total_sum = np.where(pp1, t_first, t_first + t_last + mids * mid_avg_time)
+    is_first = t_first >= peak_role_time  # the busiest role: first, else last, else mid
+    is_last = ~is_first & (t_last >= peak_role_time)
+    pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
+    comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, parked_f, parked_b, p2p_mb, M,
+                                      hidden_of)
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
     # difference each period: a forward and a backward (1F1B and the other interleaving
     # schedules), a backward (gpipe runs the backwards back to back)
     present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
     bwd = win_r.B + win_r.W
     wait_bwd = np.max(np.where(present, bwd, 0.0), axis=0) - bwd
-    wait_all = peak_role_time - st(totals)
+    wait_all = peak_role_time - totals
     gpipe = lay.sched == SCHEDULES.index("gpipe")
     dp_win_r = replace(dp_win_r, slack=np.maximum(np.where(gpipe, wait_bwd, wait_all), 0.0))
-    row = lambda stacked: pick(dict(zip(rs, stacked)))  # noqa: E731
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
-    comp = {c: row(v) for c, v in comp_r.items()}
+    comp = {c: pick(v) for c, v in comp_r.items()}
     offload_mb = pick(parked_f) + pick(parked_b)
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
-    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, row(win_r.F), row(win_r.B), row(win_r.W), peak_role_time,
-                           total_sum, hidden)
+    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, pick(win_r.F), pick(win_r.B), pick(win_r.W),
+                           peak_role_time, total_sum, hidden)
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
     # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
     # with less work but more exchange outside the weight pass go unseen (a longer model priced faster
@@ -473,14 +471,13 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     zb = np.flatnonzero(lay.sched >= 3)
     if zb.size:
         on = lambda x: x.take(zb, axis=-1)  # noqa: E731
-        on_r = lambda per_role: _stacked(per_role, rs, n, zb)  # noqa: E731
-        hid = np.where(dualpipe_hides[zb], np.minimum(on_r(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
+        hid = np.where(dualpipe_hides[zb], np.minimum(on(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
         t_r = pipeline_time(lay.sched[zb], lay.pp[zb], M[zb], lay.vpp[zb], on(win_r.F), on(win_r.B), on(win_r.W),
-                            on_r(totals), total_sum[zb], hid)
+                            on(totals), total_sum[zb], hid)
         t_pipe[zb] = np.max(np.where(on(present), t_r, -np.inf), axis=0)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
-    busiest = dict(nd=pick(n_dense_of), nm=pick(n_moe_of), a2a=pick(a2a_per_mb), hidden=pick(hidden_of),
-                   slow=pick(slow_of), comm=pick(comm_t))
+    busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of), slow=pick(slow_of),
+                   comm=pick(comm_t))
     acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
     return PipelinePart(grp, lc, cs, has_mid, present, nd_r, nm_r, emb_r, head_r, p2p_one, busiest, peak_role_time,
                         total_sum, comp_total, offload_mb, dp_win_r, acts, t_pipe)
