@@ -37,16 +37,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.hardware import HardwareSpec
-from .batch import distinct_rows
 from .routing import dedup_fraction
 
 
 def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
     """Members of the group inside one domain of each level around a rank: [levels, ...]."""
+    # a few operations on [levels, n]: cheaper than grouping the layouts' (n, stride) pairs first
     n, stride = np.broadcast_arrays(np.asarray(n), np.asarray(stride))
-    if n.ndim == 1 and len(n) > 64:  # many layouts share a few (n, stride) pairs: count each once
-        _, first, inv = distinct_rows(n, stride)
-        return level_counts(hw, n[first], stride[first]).take(inv, axis=1)
     sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * n.ndim)
     c = np.minimum(n, np.maximum(1, sizes // np.maximum(stride, 1)))
     c = np.array(c)
