@@ -23,7 +23,7 @@ from .kernels import stream_time
 from .memory import layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, require_host
 from .rank_memory import rank_memory, role_activations
-from .reduction import PipeWindow, RankParams, dp_time, owned, param_tensors, tensor_host_time
+from .reduction import PipeWindow, RankParams, collectives, dp_time, owned, param_tensors, tensor_host_time
 from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
 from .stages import chunk_sizes, rank_layers
@@ -179,7 +179,6 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     dtype = compute_dtype or dtype
     n = len(lay)
     eb = lay.act_bytes.astype(float)
-    M = lay.m
 
     require_host(hw, lay)
     # most of a step does not depend on the ZeRO stage, and a search tries each layout at several:
@@ -188,8 +187,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     part = _zero_free(m, hw, lay if first is None else lay.take(first), routing, dtype)
     if first is not None:
         part = _rows(part, inv)
-    grp, t_pipe, share = part.grp, part.t_pipe, part.share
-    edp = grp["edp"]
+    edp, t_pipe, share = part.edp, part.t_pipe, part.share
     roles = {r: (part.nd_r[i], part.nm_r[i]) for i, r in enumerate(ROLES)}
     has_emb, has_head = dict(zip(ROLES, part.emb_r)), dict(zip(ROLES, part.head_r))
 
@@ -200,8 +198,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # layers, whose parameters the others' outweigh (each stage priced with its own window)
     stage_rep, stage_exp, rep_t, exp_t = part.stage_rep, part.stage_exp, part.rep_t, part.exp_t
     params = RankParams(stage_rep, stage_exp, owned(lay, edp, rep_t, exp_t))
-    dp_r, opt_r = dp_time(hw, lay, grp, params, eb, part.dp_win_r)
-    host_dp, host_opt = tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
+    dp_r, opt_r = dp_time(hw, lay, edp, params, eb, part.dp_win_r, part.coll)
+    host_dp, host_opt = tensor_host_time(hw, lay, edp, rep_t, exp_t, part.dp_win_r.M, stage_rep, stage_exp)
     dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
     last = np.argmax(np.where(part.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
     t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
@@ -242,7 +240,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
 @dataclass
 class ZeroFree:
     """What evaluate reads of a step that the ZeRO stage does not change, per layout."""
-    grp: dict               # _group_terms: the reduction's groups
+    edp: np.ndarray         # expert-data-parallel ranks (_group_terms)
+    coll: object            # reduction.Collectives of each role's rank
     lc: dict                # per-layer terms the Estimate reports (imb, dense_layer, moe_layer)
     cs: object              # stages.ChunkSizes
     present: np.ndarray     # [roles, n]: which of the roles' ranks exist (first always, mid, last)
@@ -316,10 +315,12 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
                                       ("bubble", bubble))}
     # reported apart only where activations are offloaded
     time_after = {"offload": M * pipe.offload_mb * share} if np.any(lay.offload_layers > 0) else {}
-    grp = {k: pipe.grp[k] for k in ("edp", "edp_stride", "dp_bw", "dp_lat", "edp_bw", "edp_lat")}
-    return ZeroFree(grp, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, pipe.cs, pipe.present, pipe.nd_r,
-                    pipe.nm_r, pipe.emb_r, pipe.head_r, st(P_rep), st(P_exp), rep_t, exp_t, pipe.dp_win_r,
-                    pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops, time, time_after)
+    stage_rep, stage_exp = st(P_rep), st(P_exp)
+    coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float))
+    return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, pipe.cs,
+                    pipe.present, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r, stage_rep, stage_exp, rep_t, exp_t,
+                    pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops,
+                    time, time_after)
 
 
 # the per-layer terms (_layer_terms) memory, the step's breakdown and the Estimate read after the pipeline

@@ -22,9 +22,9 @@ BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.
 
 def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, lc: dict, M) -> dict:
     """What each role's rank (`roles`: its dense and MoE layer counts) holds that the ZeRO stage
-    does not change, per layout: its stage (-1: no such rank, "stage_of"), its micro-batches in
-    flight ("infl"), and its activations, logits and all-to-all buffers in GiB ("parts") with the
-    GiB of activations it offloads to the host ("parked"). evaluate prices these once per layout
+    does not change, per layout: its stage (-1: no such rank, "stage_of"), its bf16 weight copies
+    ("casts", cast_copies; none where no layout casts), and its activations, logits and all-to-all
+    buffers in GiB ("parts") with the GiB of activations it offloads to the host ("parked"). evaluate prices these once per layout
     without the stage, as the pipeline, and rank_memory adds the state the stage shards."""
     n = len(lay)
     t = lay.tokens
@@ -52,7 +52,9 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
         parked[r] = offloaded_share(lay, nd + nm) * layer_acts if offloads else 0.0
         parts[r] = {"activations": layer_acts - parked[r] + infl[r] * has_head[r] * mtp_in / GIB,
                     "logits": has_head[r] * logits / GIB, "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB}
-    return {"stage_of": stage_of, "infl": infl, "parts": parts, "parked": parked}
+    # piper-train's (unfused) bf16 weight copies: priced only where a layout has them
+    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if np.any(lay.unfused & (lay.act_bytes == 2)) else {}
+    return {"stage_of": stage_of, "casts": casts, "parts": parts, "parked": parked}
 
 
 def _offloads(lay: LayoutBatch) -> bool:
@@ -71,7 +73,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     n = len(lay)
     tp = lay.tp.astype(float)
     eb = lay.act_bytes.astype(float)
-    stage_of, infl = acts["stage_of"], acts["infl"]
+    stage_of = acts["stage_of"]
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
     c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
@@ -84,7 +86,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
         h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
     # piper-train's (unfused) bf16 weight copies and ZeRO-2 buckets: priced only where a layout has them
-    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if np.any(lay.unfused & (lay.act_bytes == 2)) else {}
+    casts = acts["casts"]
     with_casts = any(np.any(v > 0) for v in casts.values())
     with_buckets = bool(np.any((lay.zero == 2) & lay.unfused))
     # ZeRO-3's gathered units, priced on the layouts that shard their weights only

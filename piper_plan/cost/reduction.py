@@ -92,24 +92,45 @@ class PipeWindow:
     slack: np.ndarray | float = 0.0
 
 
-def dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
-    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step."""
-    return dp_comm_time(hw, lay, grp, p, eb, win), optimizer_time(hw, lay, grp["edp"], p, eb)
+@dataclass
+class Collectives:
+    """Each role's rank's data-parallel collectives, seconds a step, whatever its ZeRO stage
+    (collectives; dp_comm_time picks by the stage): the gradients' reduction as an all-reduce
+    (rs_full) and as a reduce-scatter (rs_half, ZeRO >= 1), and ZeRO's parameter all-gather (ag)."""
+    rs_full: np.ndarray
+    rs_half: np.ndarray
+    ag: np.ndarray
 
 
-def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
-    """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
-    pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
-    rep_pr, exp_pr = p.rep, p.exp
-    F, B, W, M = win.F, win.B, win.W, win.M
+def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> Collectives:
+    """Collectives of ranks holding `rep` replicated and `exp` expert parameters over the groups
+    `grp` (estimate._group_terms). None reads the ZeRO stage: a search prices them once per
+    layout without it (estimate._zero_free)."""
     edp, edp_stride = grp["edp"], grp["edp_stride"]
     gb = grad_bytes(lay, eb)
-    zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
     dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
-    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dpcp, lay.tp, zfrac, dp_span)
-            + comm.ring_allreduce(hw, exp_pr * gb, edp, edp_stride, zfrac, edp_span))
-    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dpcp, lay.tp, 0.5, dp_span)
-                    + comm.ring_allreduce(hw, exp_pr * eb, edp, edp_stride, 0.5, edp_span), 0.0)
+
+    def reduction(fraction):
+        return (comm.ring_allreduce(hw, rep * gb, lay.dpcp, lay.tp, fraction, dp_span)
+                + comm.ring_allreduce(hw, exp * gb, edp, edp_stride, fraction, edp_span))
+
+    ag = (comm.ring_allreduce(hw, rep * eb, lay.dpcp, lay.tp, 0.5, dp_span)
+          + comm.ring_allreduce(hw, exp * eb, edp, edp_stride, 0.5, edp_span))
+    return Collectives(reduction(1.0), reduction(0.5), ag)
+
+
+def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
+    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step."""
+    return dp_comm_time(hw, lay, edp, win, coll), optimizer_time(hw, lay, edp, p, eb)
+
+
+def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll: Collectives):
+    """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
+    pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
+    F, B, W, M = win.F, win.B, win.W, win.M
+    sharded = lay.zero >= 1  # ZeRO >= 1 reduce-scatters the gradients and gathers the parameters
+    t_rs = np.where(sharded, coll.rs_half, coll.rs_full)
+    t_ag = np.where(sharded, coll.ag, 0.0)
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
     # ZeRO-2 keeps only its shard of each gradient between micro-batches (memory.state_coeffs),
