@@ -23,7 +23,7 @@ from .kernels import stream_time
 from .memory import layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, require_host
 from .rank_memory import rank_memory, role_activations
-from .reduction import PipeWindow, RankParams, collectives, dp_time, owned, param_tensors, tensor_host_time
+from .reduction import PipeWindow, RankParams, collectives, dp_time, param_tensors, tensor_host_time
 from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
 from .stages import chunk_sizes, rank_layers
@@ -197,7 +197,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # need not be the busiest one: a balanced split gives the stage with the LM head fewer
     # layers, whose parameters the others' outweigh (each stage priced with its own window)
     stage_rep, stage_exp, rep_t, exp_t = part.stage_rep, part.stage_exp, part.rep_t, part.exp_t
-    params = RankParams(stage_rep, stage_exp, owned(lay, edp, rep_t, exp_t))
+    params = RankParams(stage_rep, stage_exp, (rep_t, exp_t))
     dp_r, opt_r = dp_time(hw, lay, edp, params, eb, part.dp_win_r, part.coll)
     host_dp, host_opt = tensor_host_time(hw, lay, edp, rep_t, exp_t, part.dp_win_r.M, stage_rep, stage_exp)
     dp_r, opt_r = dp_r + host_dp, opt_r + host_opt

@@ -24,8 +24,9 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     """What each role's rank (`roles`: its dense and MoE layer counts) holds that the ZeRO stage
     does not change, per layout: its stage (-1: no such rank, "stage_of"), its bf16 weight copies
     ("casts", cast_copies; none where no layout casts), and its activations, logits and all-to-all
-    buffers in GiB ("parts") with the GiB of activations it offloads to the host ("parked"). evaluate prices these once per layout
-    without the stage, as the pipeline, and rank_memory adds the state the stage shards."""
+    buffers in GiB ("parts") with the GiB of activations it offloads to the host ("parked").
+    evaluate prices these once per layout without the stage, as the pipeline, and rank_memory
+    adds the state the stage shards."""
     n = len(lay)
     t = lay.tokens
     tp = lay.tp.astype(float)
@@ -71,13 +72,11 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     stage (-1: no such rank) and the largest GiB a rank keeps in host memory
     (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
     n = len(lay)
-    tp = lay.tp.astype(float)
     eb = lay.act_bytes.astype(float)
     stage_of = acts["stage_of"]
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
     c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
-    gb = grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
     mem = {}
     peak = np.zeros(n)
     host_peak = np.zeros(n)
@@ -89,6 +88,8 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     casts = acts["casts"]
     with_casts = any(np.any(v > 0) for v in casts.values())
     with_buckets = bool(np.any((lay.zero == 2) & lay.unfused))
+    if with_buckets:
+        gb = grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
     # ZeRO-3's gathered units, priced on the layouts that shard their weights only
     z3 = np.flatnonzero(lay.zero >= 3)
     with_z3 = z3.size > 0
@@ -101,7 +102,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_casts:  # reported apart only where a layout holds more than one copy
             # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
-            uncast = has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r]))
+            uncast = has_emb[r] * m.embedding_params / lay.tp.astype(float) * (1 - (m.tied_embeddings & has_head[r]))
             comps["weight_casts"] = (comps["weights"] - uncast * c_rep["weights"]) * casts[r]
         comps.update(acts["parts"][r])  # activations, logits, all-to-all buffers
         comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb) if with_buckets else np.zeros(n)

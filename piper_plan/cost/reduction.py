@@ -72,10 +72,10 @@ def tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, r
 @dataclass
 class RankParams:
     """One stage's rank's parameters: replicated over dp (rep), expert ones replicated over the
-    expert-data-parallel group (exp), and the parameter tensors its optimizer steps (owned)."""
+    expert-data-parallel group (exp), and its (replicated, expert) parameter tensors (tensors)."""
     rep: np.ndarray
     exp: np.ndarray
-    owned_tensors: np.ndarray
+    tensors: tuple
 
 
 @dataclass
@@ -185,7 +185,9 @@ def optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     # _single_tensor_adam over fp32 p, g, m, v) run 8 passes: decay p (r+w 8 B), m.lerp_(g) 12,
     # v.mul_ 8, v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, + eps 8, p.addcdiv_ 16
     per_param = np.where(lay.unfused, ADAMW_EAGER_BYTES, 2 * 12.0 + gb + eb)
-    t_cached, cached = eager_adam_in_cache(hw, lay, local, p.owned_tensors)
+    # the tensors the rank's optimizer steps, where the spec's cache knee makes them matter
+    tensors = owned(lay, edp, *p.tensors) if _cache_knee(hw) else None
+    t_cached, cached = eager_adam_in_cache(hw, lay, local, tensors)
     # the host steps Layout.optimizer_offload of the shard (offload.py); the device the rest
     on_device = 1.0 - lay.opt_offload
     opt_bytes = np.where(cached, 0.0, local * per_param * on_device) + 3.0 * gb * grads
@@ -201,6 +203,11 @@ def optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     return stream_time(hw, opt_bytes, 0) + t_cached * on_device + optimizer_offload_time(hw, lay, local)
 
 
+def _cache_knee(hw: HardwareSpec) -> bool:
+    """Whether the spec streams through a cache faster than from DRAM (a CPU's, calibrated)."""
+    return hw.accelerator.cache_mib is not None and hw.efficiency.memory_dram is not None
+
+
 def eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):
     """Eager single-tensor AdamW runs its 8 passes one tensor at a time: where a tensor's fp32
     p, g, m, v and the two temporaries (sqrt, denominator: 24 B a parameter, for the mean
@@ -209,7 +216,7 @@ def eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):
     (28 B) reach DRAM, and the other 52 of its 80 B stream at the cache rate. Returns
     (seconds where that holds, mask); specs without a cache knee stream all 80 B as one call."""
     acc, eff = hw.accelerator, hw.efficiency
-    if acc.cache_mib is None or eff.memory_dram is None:
+    if not _cache_knee(hw):
         return np.zeros(len(lay)), np.zeros(len(lay), bool)
     fits = lay.unfused & (24.0 * local / np.maximum(tensors, 1.0) <= acc.cache_mib * 2.0**20)
     bw = acc.memory_bandwidth_gbps * 1e9
