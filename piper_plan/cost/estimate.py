@@ -23,7 +23,8 @@ from .kernels import stream_time
 from .memory import layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, require_host
 from .rank_memory import rank_memory, role_activations
-from .reduction import PipeWindow, RankParams, collectives, dp_time, param_tensors, tensor_host_time
+from .reduction import (PipeWindow, RankParams, collectives, dp_time, param_tensors, prices_tensors,
+                        tensor_host_time)
 from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
 from .stages import chunk_sizes, rank_layers
@@ -196,11 +197,12 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # is done, so the step waits for the stage whose reduction and step take longest, which
     # need not be the busiest one: a balanced split gives the stage with the LM head fewer
     # layers, whose parameters the others' outweigh (each stage priced with its own window)
-    stage_rep, stage_exp, rep_t, exp_t = part.stage_rep, part.stage_exp, part.rep_t, part.exp_t
-    params = RankParams(stage_rep, stage_exp, (rep_t, exp_t))
+    stage_rep, stage_exp = part.stage_rep, part.stage_exp
+    params = RankParams(stage_rep, stage_exp, part.tensors)
     dp_r, opt_r = dp_time(hw, lay, edp, params, eb, part.dp_win_r, part.coll)
-    host_dp, host_opt = tensor_host_time(hw, lay, edp, rep_t, exp_t, part.dp_win_r.M, stage_rep, stage_exp)
-    dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
+    if part.tensors is not None:  # an eager runtime's per-tensor host work
+        host_dp, host_opt = tensor_host_time(hw, lay, edp, *part.tensors, part.dp_win_r.M, stage_rep, stage_exp)
+        dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
     last = np.argmax(np.where(part.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
     t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
 
@@ -251,8 +253,7 @@ class ZeroFree:
     head_r: np.ndarray      # [roles, n]: it holds the LM head
     stage_rep: np.ndarray   # [roles, n]: its replicated parameters
     stage_exp: np.ndarray   # [roles, n]: its expert parameters
-    rep_t: np.ndarray       # [roles, n]: its replicated parameter tensors (reduction.param_tensors)
-    exp_t: np.ndarray       # [roles, n]: its expert ones
+    tensors: tuple | None   # ([roles, n] replicated, expert) parameter tensors, where priced (prices_tensors)
     dp_win_r: "PipeWindow"  # each role's window for the reduction
     acts: dict              # rank_memory.role_activations
     t_pipe: np.ndarray      # the pipeline's seconds a step
@@ -283,7 +284,7 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
              + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
                               + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
-    rep_t, exp_t = param_tensors(m, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r)
+    tensors = param_tensors(m, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r) if prices_tensors(hw, lay) else None
     st = lambda per_role: _stacked(per_role, ROLES, n)  # noqa: E731
 
     share = core_share(hw, lay)
@@ -318,7 +319,7 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     stage_rep, stage_exp = st(P_rep), st(P_exp)
     coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float))
     return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, pipe.cs,
-                    pipe.present, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r, stage_rep, stage_exp, rep_t, exp_t,
+                    pipe.present, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r, stage_rep, stage_exp, tensors,
                     pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops,
                     time, time_after)
 
@@ -608,12 +609,12 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     _, first1, inv1 = distinct_rows(code, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
     inv0 = code.take(first1)  # every key's combination has a row among first1: the same codes
     first0 = first_rows(inv0, len(first_key))
-    sub = lay.take(first1)
-    base = _layer_base(m, hw, sub.take(first0), routing, dtype)
-    share = full_recompute_share(m, sub)
+    base = _layer_base(m, hw, lay.take(first1.take(first0)), routing, dtype)
+    # what recompute changes, per distinct row (the few columns it reads, not a batch of them all)
+    recompute, share = lay.recompute.take(first1), full_recompute_share(m, lay).take(first1)
     # the forward's all-to-all runs again in backward: in the layers full recompute re-runs
-    again = np.where(sub.recompute == 2, share, recomputes(sub, "moe").astype(float))
-    terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute, share), again)
+    again = np.where(recompute == 2, share, recomputes(lay, "moe").take(first1).astype(float))
+    terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, recompute, share), again)
     # the stage partition's inputs stay per distinct row (see evaluate)
     return {k: v if k in ("x_first", "x_last") else v.take(inv1, axis=-1) for k, v in terms.items()}, inv1
 

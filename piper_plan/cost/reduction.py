@@ -203,6 +203,12 @@ def optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     return stream_time(hw, opt_bytes, 0) + t_cached * on_device + optimizer_offload_time(hw, lay, local)
 
 
+def prices_tensors(hw: HardwareSpec, lay: LayoutBatch) -> bool:
+    """Whether the optimizer's cost reads its parameter tensors (param_tensors): eager runtimes'
+    per-tensor host work (tensor_host_time), and the cache knee (eager_adam_in_cache)."""
+    return bool(lay.unfused.any()) or _cache_knee(hw)
+
+
 def _cache_knee(hw: HardwareSpec) -> bool:
     """Whether the spec streams through a cache faster than from DRAM (a CPU's, calibrated)."""
     return hw.accelerator.cache_mib is not None and hw.efficiency.memory_dram is not None
