@@ -257,7 +257,7 @@ class ZeroFree:
     dp_win_r: "PipeWindow"  # each role's window for the reduction
     acts: dict              # rank_memory.role_activations
     t_pipe: np.ndarray      # the pipeline's seconds a step
-    share: np.ndarray       # core_share
+    share: object           # core_share (1.0 on GPUs)
     dp_skew: np.ndarray     # what the first reduction waits for the rank the pipeline left last
     tokens: np.ndarray      # tokens a step
     model_flops: np.ndarray  # model FLOPs a step
@@ -287,7 +287,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     tensors = param_tensors(m, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r) if prices_tensors(hw, lay) else None
     st = lambda per_role: _stacked(per_role, ROLES, n)  # noqa: E731
 
-    share = core_share(hw, lay)
+    # 1 on GPUs (a rank a device): a scalar, nothing to spread over the layouts or multiply per layout
+    share = core_share(hw, lay) if hw.accelerator.ranks_per_core > 1 else 1.0
     if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
         # critical path runs at the spec's full-load rates, since a woken rank competes with the
         # busy ones for a core even in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x
