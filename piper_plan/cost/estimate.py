@@ -335,7 +335,6 @@ class PipelinePart:
     grp: dict             # _group_terms: process groups' sizes, strides and spans
     lc: dict              # per-layer terms the rest reads (LAYER_TERMS_AFTER)
     cs: object            # stages.ChunkSizes
-    has_mid: np.ndarray   # a middle-stage rank exists
     present: np.ndarray   # [roles, n]: which of the roles' ranks exist (first always, mid, last)
     nd_r: np.ndarray      # [roles, n]: dense layers on each role's rank
     nm_r: np.ndarray      # [roles, n]: MoE layers on it
@@ -482,7 +481,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of), slow=pick(slow_of),
                    comm=pick(comm_t))
     acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
-    return PipelinePart(grp, lc, cs, has_mid, present, nd_r, nm_r, emb_r, head_r, p2p_one, busiest, peak_role_time,
+    return PipelinePart(grp, lc, cs, present, nd_r, nm_r, emb_r, head_r, p2p_one, busiest, peak_role_time,
                         total_sum, comp_total, offload_mb, dp_win_r, acts, t_pipe)
 
 
@@ -491,13 +490,13 @@ def _busiest(per_role: dict, is_first, is_last):
     return np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))
 
 
-def _stacked(per_role: dict, roles, n: int, at=None) -> np.ndarray:
-    """[roles, n]: each role's value over the n layouts (or the layouts `at`), in the order of `roles`.
-    Filled row by row (a scalar broadcasts): np.stack of broadcast views costs more in overhead."""
+def _stacked(per_role: dict, roles, n: int) -> np.ndarray:
+    """[roles, n]: each role's value over the n layouts, in the order of `roles`. Filled row by
+    row (a scalar broadcasts): np.stack of broadcast views costs more in overhead."""
     vals = [per_role[r] for r in roles]
-    out = np.empty((len(vals), n if at is None else len(at)), np.result_type(*vals))
+    out = np.empty((len(vals), n), np.result_type(*vals))
     for i, v in enumerate(vals):
-        out[i] = v if at is None or np.ndim(v) == 0 else v.take(at)
+        out[i] = v
     return out
 
 
