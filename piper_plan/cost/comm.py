@@ -43,8 +43,8 @@ from .routing import dedup_fraction
 def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
     """Members of the group inside one domain of each level around a rank: [levels, ...]."""
     # a few operations on [levels, n]: cheaper than grouping the layouts' (n, stride) pairs first
-    n, stride = np.broadcast_arrays(np.asarray(n), np.asarray(stride))
-    sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * n.ndim)
+    ndim = np.broadcast(n, stride).ndim
+    sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * ndim)
     c = np.minimum(n, np.maximum(1, sizes // np.maximum(stride, 1)))
     c = np.array(c)
     c[-1] = n  # the top level holds the whole group

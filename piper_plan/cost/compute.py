@@ -33,7 +33,7 @@ class Phase:
 
     def __init__(self, f, b, w, r):
         parts = (f, b, w, r)
-        self.v = np.empty((4,) + np.broadcast_shapes(*(np.shape(x) for x in parts)))
+        self.v = np.empty((4,) + np.broadcast(*parts).shape)  # np.broadcast: in C, unlike broadcast_shapes
         for i, x in enumerate(parts):
             self.v[i] = x
 
@@ -92,7 +92,7 @@ def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
     one Phase of forward, dgrad and wgrad per layer, all their GEMMs priced in one vectorised
     gemm_time call (a call per GEMM costs more in numpy overhead than in work)."""
     full = [(*s[:3], s[3] if len(s) > 3 else 1, s[4] if len(s) > 4 else 0) for s in shapes]
-    shape = np.broadcast_shapes(np.shape(eb), *(np.shape(x) for s in full for x in s))
+    shape = np.broadcast(eb, *(x for s in full for x in s)).shape
     # [m, n, k, groups, streams, element bytes] of every GEMM, each layer's forward (m×n, k),
     # dgrad (m×k, n) and wgrad (k×n, m) in turn (the backward launches as the forward does),
     # filled by broadcasting into one buffer: np.broadcast_arrays and a concatenate per call cost more
