@@ -72,7 +72,6 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     stage (-1: no such rank) and the largest GiB a rank keeps in host memory
     (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
     n = len(lay)
-    eb = lay.act_bytes.astype(float)
     stage_of = acts["stage_of"]
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
@@ -88,13 +87,14 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     casts = acts["casts"]
     with_casts = any(np.any(v > 0) for v in casts.values())
     with_buckets = bool(np.any((lay.zero == 2) & lay.unfused))
-    if with_buckets:
-        gb = grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
+    if with_buckets:  # GiB of gradient per parameter of one chunk
+        gb = grad_bytes(lay, lay.act_bytes.astype(float)) / lay.vpp.astype(float) / GIB
     # ZeRO-3's gathered units, priced on the layouts that shard their weights only
     z3 = np.flatnonzero(lay.zero >= 3)
     with_z3 = z3.size > 0
     if with_z3:
         lz = lay.take(z3)
+        eb_z3 = lz.act_bytes.astype(float)
         blocks = layer_params_per_rank(m, lz)  # (dense, MoE replicated, experts) a layer
         sub = lambda x: np.broadcast_to(x, (n,))[z3]  # noqa: E731
     overhead = np.full(n, hw.memory_overhead_gib)  # the runtime's reserve, every rank's (shared, read only)
@@ -109,7 +109,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         if with_z3:  # reported apart only where a layout shards its weights (ZeRO-3)
             unit = largest_unit(m, lz, blocks, sub(nd), sub(nm), sub(has_emb[r]), sub(has_head[r]))
             comps["zero3_units"] = np.zeros(n)
-            comps["zero3_units"][z3] = zero3_gathered_bytes(lz, eb[z3], unit, sub(P_rep[r] + P_exp[r])) / GIB
+            comps["zero3_units"][z3] = zero3_gathered_bytes(lz, eb_z3, unit, sub(P_rep[r] + P_exp[r])) / GIB
         comps["overhead"] = overhead
         comps["total"] = sum(comps.values())
         if offloads:  # offloaded: not in the device total
