@@ -212,13 +212,14 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     # Stage 1 crosses (tp, pp, ep) × schedule × micro-batch size and applies the rules that
     # depend on those alone; stage 2 crosses the survivors with recompute × ZeRO × a2a ×
     # placement. Stage-1 rejections count once per stage-2 combination, as in a full product.
-    grid1 = np.meshgrid(np.arange(len(tri)), np.arange(len(sched)), np.arange(len(mb)), indexing="ij")
-    ti, si, mi = (g.ravel() for g in grid1)
+    # the grid [degrees, schedule, micro-batch size] flattened, each column built contiguous by
+    # repeating (indexing rows of `tri` would give strided views, slower in every rule below)
+    n_t, n_s, n_b = len(tri), len(sched), len(mb)
     per_combo = len(rc) * len(zs) * len(a2) * len(pl)
-    tp, cp, pp, dp, ep, etp = tri[ti].T
-    s_idx, vpp = sched[si].T
-    mbs = mb[mi]
-    keep = np.ones(len(ti), bool)
+    tp, cp, pp, dp, ep, etp = (np.repeat(c, n_s * n_b) for c in tri.T)
+    s_idx, vpp = (np.tile(np.repeat(c, n_b), n_t) for c in sched.T)
+    mbs = np.tile(mb, n_t * n_s)
+    keep = np.ones(n_t * n_s * n_b, bool)
     weight = per_combo
 
     def rule(name, bad):
@@ -239,7 +240,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
     k1 = np.nonzero(keep)[0]
-    tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs = (x[k1] for x in (tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs))
+    tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs = (x.take(k1) for x in (tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs))
     # stage 2's rules broadcast from the few axes each reads over the grid [recompute, ZeRO,
     # a2a, placement, stage-1 survivor] (survivors innermost, so numpy's inner loops are long);
     # the layouts come out in [survivor, recompute, ZeRO, a2a, placement] order
@@ -329,7 +330,7 @@ def _batch(cols: dict, j, zero, recompute, a2a, placement, rc_mods, rc_layers) -
     """Layouts from stage-1 survivors `j` (per-survivor arrays in `cols`, or scalars shared
     by all) and the stage-2 choices."""
     n = len(j)
-    col = lambda k: cols[k][j] if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
+    col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
     return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, recompute=recompute, a2a=a2a,
                        placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 
@@ -350,7 +351,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     cpu_s = time.process_time() - t0
     fits = est.fits
     device_ok = est.peak_memory_gib + headroom_gib <= hw.accelerator.memory_gib
-    n_mem, n_host = int((~device_ok).sum()), int((device_ok & ~fits).sum())
+    n_mem, n_host = int(np.count_nonzero(~device_ok)), int(np.count_nonzero(device_ok & ~fits))
     if n_mem:
         rejected["worst stage exceeds device memory"] = n_mem
     if n_host:

@@ -37,17 +37,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.hardware import HardwareSpec
-from .batch import distinct_rows
 from .routing import dedup_fraction
 
 
 def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
     """Members of the group inside one domain of each level around a rank: [levels, ...]."""
-    n, stride = np.broadcast_arrays(np.asarray(n), np.asarray(stride))
-    if n.ndim == 1 and len(n) > 64:  # many layouts share a few (n, stride) pairs: count each once
-        _, first, inv = distinct_rows(n, stride)
-        return level_counts(hw, n[first], stride[first])[:, inv]
-    sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * n.ndim)
+    # a few operations on [levels, n]: cheaper than grouping the layouts' (n, stride) pairs first
+    ndim = np.broadcast(n, stride).ndim
+    sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * ndim)
     c = np.minimum(n, np.maximum(1, sizes // np.maximum(stride, 1)))
     c = np.array(c)
     c[-1] = n  # the top level holds the whole group

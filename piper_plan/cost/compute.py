@@ -33,7 +33,7 @@ class Phase:
 
     def __init__(self, f, b, w, r):
         parts = (f, b, w, r)
-        self.v = np.empty((4,) + np.broadcast_shapes(*(np.shape(x) for x in parts)))
+        self.v = np.empty((4,) + np.broadcast(*parts).shape)  # np.broadcast: in C, unlike broadcast_shapes
         for i, x in enumerate(parts):
             self.v[i] = x
 
@@ -52,7 +52,7 @@ class Phase:
         return Phase._of(self.v + o.v)
 
     def take(self, idx) -> "Phase":
-        return Phase._of(self.v[:, idx])
+        return Phase._of(self.v.take(idx, axis=1))  # a fancy index on the second axis costs several times more
 
     def scale(self, x) -> "Phase":
         return Phase._of(self.v * x)
@@ -91,14 +91,20 @@ def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
     groups) or (m, n_out, k_in, groups, streams) (gemm_time's streams: 0 = one grouped kernel):
     one Phase of forward, dgrad and wgrad per layer, all their GEMMs priced in one vectorised
     gemm_time call (a call per GEMM costs more in numpy overhead than in work)."""
-    dims = []
-    for s in shapes:
-        extra = (s[3] if len(s) > 3 else 1, s[4] if len(s) > 4 else 0)
-        m, n_out, k_in, groups, st, e = np.broadcast_arrays(*(np.asarray(x, dtype=float)
-                                                              for x in (*s[:3], *extra, eb)))
-        # forward (m×n, k), dgrad (m×k, n), wgrad (k×n, m): the backward launches as the forward does
-        dims += [(m, n_out, k_in, groups, st, e), (m, k_in, n_out, groups, st, e), (k_in, n_out, m, groups, st, e)]
-    m, n, k, g, st, e = (np.concatenate([d[i] for d in dims]) for i in range(6))
+    full = [(*s[:3], s[3] if len(s) > 3 else 1, s[4] if len(s) > 4 else 0) for s in shapes]
+    shape = np.broadcast(eb, *(x for s in full for x in s)).shape
+    # [m, n, k, groups, streams, element bytes] of every GEMM, each layer's forward (m×n, k),
+    # dgrad (m×k, n) and wgrad (k×n, m) in turn (the backward launches as the forward does),
+    # filled by broadcasting into one buffer: np.broadcast_arrays and a concatenate per call cost more
+    cols = np.empty((6, 3 * len(shapes)) + shape)
+    for i, (m, n_out, k_in, groups, st) in enumerate(full):
+        for j, mnk in enumerate(((m, n_out, k_in), (m, k_in, n_out), (k_in, n_out, m))):
+            for d, x in enumerate(mnk):
+                cols[d, 3 * i + j] = x
+        cols[3, 3 * i:3 * i + 3] = groups
+        cols[4, 3 * i:3 * i + 3] = st
+    cols[5] = eb
+    m, n, k, g, st, e = (c.reshape((-1,) + shape[1:]) for c in cols)
     t = gemm_time(hw, m, n, k, groups=g, dtype=gemm_dtype(dtype), elt_bytes=e, streams=st,
                   recipe=dtype).reshape(len(shapes), 3, -1)
     v = np.zeros((len(shapes), 4, t.shape[-1]))

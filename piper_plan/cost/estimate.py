@@ -15,15 +15,16 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
-from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes
+from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, first_rows, recomputes
 from .compute import (Phase, attention_phase, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
                       tp_overlappable)
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
 from .memory import layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, require_host
-from .rank_memory import rank_memory
-from .reduction import PipeWindow, RankParams, dp_time, owned, param_tensors, tensor_host_time
+from .rank_memory import rank_memory, role_activations
+from .reduction import (PipeWindow, RankParams, collectives, dp_time, param_tensors, prices_tensors,
+                        tensor_host_time)
 from .recompute import full_recompute_share, with_recompute
 from .schedule import pipeline_time
 from .stages import chunk_sizes, rank_layers
@@ -94,13 +95,20 @@ class Estimate:
 
 
 _OPTIONAL_PARTS = ("weight_casts", "zero3_units", "host")
+ROLES = ("first", "mid", "last")  # the pipeline's representative ranks, in _stacked's order
 
 
 def _phases(lc: dict, nd, nm, emb, head) -> dict:
     """A rank's forward / backward-input / backward-weight / recompute seconds of one micro-batch
     through its nd dense and nm MoE layers, with the embedding and the LM head where it holds them."""
-    return {c: nd * lc[f"dense_{c}"] + nm * lc[f"moe_{c}"] + emb * lc[f"emb_{c}"] + head * lc[f"head_{c}"]
-            for c in "fbwr"}
+    v = (_each_phase(nd) * lc["dense_v"] + _each_phase(nm) * lc["moe_v"] + _each_phase(emb) * lc["emb_v"]
+         + _each_phase(head) * lc["head_v"])  # [..., f b w r, n]: one operation for the four phases
+    return {c: v[..., i, :] for i, c in enumerate("fbwr")}
+
+
+def _each_phase(x):
+    """Layer counts [..., n] against a Phase's [4, n] values."""
+    return np.asarray(x)[..., None, :]
 
 
 def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden):
@@ -113,7 +121,8 @@ def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M
     proportion to their communication."""
     comp = _phases(lc, nd, nm, emb, head)
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
-    cm = {c: nd * lc[f"dense_comm_{c}"] + nm * lc[f"moe_comm_{c}"] for c in "fbr"}  # comm has no W
+    cm = _each_phase(nd) * lc["dense_comm_v"] + _each_phase(nm) * lc["moe_comm_v"]
+    cm = {c: cm[..., i, :] for i, c in enumerate("fbwr") if c != "w"}  # comm has no W
     F = comp["f"] + cm["f"] + p2p_mb
     B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
     c_all = cm["f"] + cm["b"] + cm["r"]
@@ -171,57 +180,32 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     dtype = compute_dtype or dtype
     n = len(lay)
     eb = lay.act_bytes.astype(float)
-    tp = lay.tp.astype(float)
-    d = m.hidden_size
-    M = lay.m
 
     require_host(hw, lay)
-    # the pipeline does not depend on the ZeRO stage, and a search tries each layout at several:
-    # priced once per layout without it, then spread over its stages
+    # most of a step does not depend on the ZeRO stage, and a search tries each layout at several:
+    # priced once per layout without it (_zero_free), then spread over its stages
     first, inv = _without_zero(lay)
-    pipe = _pipeline(m, hw, lay if first is None else lay.take(first), routing, dtype)
+    part = _zero_free(m, hw, lay if first is None else lay.take(first), routing, dtype)
     if first is not None:
-        pipe = _rows(pipe, inv)
-    grp, lc, cs, has_mid, roles, has_emb, has_head = (pipe.grp, pipe.lc, pipe.cs, pipe.has_mid, pipe.roles,
-                                                      pipe.has_emb, pipe.has_head)
-    is_first, is_last, t_pipe = pipe.is_first, pipe.is_last, pipe.t_pipe
-    edp = grp["edp"]
-    pick = lambda per_role: _busiest(per_role, is_first, is_last)  # noqa: E731
-    n_dense_of = {r: nd for r, (nd, _) in roles.items()}
-    n_moe_of = {r: nm for r, (_, nm) in roles.items()}
-    nd_p, nm_p = pick(n_dense_of), pick(n_moe_of)
-    rs = list(roles)
-    st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
-    nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
+        part = _rows(part, inv)
+    edp, t_pipe, share = part.edp, part.t_pipe, part.share
+    roles = {r: (part.nd_r[i], part.nm_r[i]) for i, r in enumerate(ROLES)}
+    has_emb, has_head = dict(zip(ROLES, part.emb_r)), dict(zip(ROLES, part.head_r))
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
     # every stage reduces its own gradients and steps its own parameters once its last backward
     # is done, so the step waits for the stage whose reduction and step take longest, which
     # need not be the busiest one: a balanced split gives the stage with the LM head fewer
     # layers, whose parameters the others' outweigh (each stage priced with its own window)
-    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
-    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
-             + has_emb[r] * m.embedding_params / tp
-             + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
-                              + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
-    P_exp = {r: roles[r][1] * exp_p for r in roles}
-    rep_t, exp_t = param_tensors(m, nd_r, nm_r, emb_r, head_r)
-    stage_rep, stage_exp = st(P_rep), st(P_exp)
-    params = RankParams(stage_rep, stage_exp, owned(lay, edp, rep_t, exp_t))
-    dp_r, opt_r = dp_time(hw, lay, grp, params, eb, pipe.dp_win_r)
-    host_dp, host_opt = tensor_host_time(hw, lay, edp, rep_t, exp_t, M, stage_rep, stage_exp)
-    dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
-    last = np.argmax(np.where(pipe.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
+    stage_rep, stage_exp = part.stage_rep, part.stage_exp
+    params = RankParams(stage_rep, stage_exp, part.tensors)
+    dp_r, opt_r = dp_time(hw, lay, edp, params, eb, part.dp_win_r, part.coll)
+    if part.tensors is not None:  # an eager runtime's per-tensor host work
+        host_dp, host_opt = tensor_host_time(hw, lay, edp, *part.tensors, part.dp_win_r.M, stage_rep, stage_exp)
+        dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
+    last = np.argmax(np.where(part.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
     t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
 
-    share = core_share(hw, lay)
-    if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
-        # critical path runs at the spec's full-load rates, since a woken rank competes with the
-        # busy ones for a core even in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x
-        # summed CPU / cores), and the step is at least the mean busy time per rank (summed CPU /
-        # cores); a layout with at most a rank a core shares nothing
-        shared = share * hw.accelerator.ranks_per_core > 1
-        t_pipe = np.where(shared, np.maximum(t_pipe, M * pipe.total_sum / lay.pp), t_pipe)
     # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
     t_mig = np.zeros(n)
     mig = routing.migration
@@ -230,50 +214,120 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
 
         p_pop = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
         t_mig = migration_step_time(m, hw, lay, mig.period_steps, p_pop, mig.planner, mig.max_moves)
-    # the first reduction after the pipeline waits for the rank the whole pipeline left last
-    t_dp = t_dp + np.where((lay.dpcp > 1) | (grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
+    t_dp = t_dp + part.dp_skew
     step = (t_pipe + t_dp + t_opt + t_mig) * share
 
     # ---- memory per representative rank ------------------------------------------------
-    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, has_mid, P_rep, P_exp, edp, lc, M)
+    P_rep, P_exp = dict(zip(ROLES, stage_rep)), dict(zip(ROLES, stage_exp))
+    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, part.acts, P_rep, P_exp, edp)
     fits = peak + headroom_gib <= hw.accelerator.memory_gib
     if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
         fits &= host_peak <= hw.host.memory_gib
 
     # ---- throughput --------------------------------------------------------------------
+    gpus = lay.gpus.astype(float)
+    tflops = part.model_flops / step / gpus / 1e12
+    hw_tflops = part.hw_flops / step / gpus / 1e12
+    mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
+    time = {**part.time, "dp_comm": t_dp * share, "optimizer": t_opt * share, "migration": t_mig * share,
+            **part.time_after}
+    time["total"] = step
+    lc = part.lc
+    return Estimate(step_time_s=step, tokens_per_s=part.tokens / step, tflops_per_gpu=tflops,
+                    hw_tflops_per_gpu=hw_tflops, mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time,
+                    stage_of_role=stage_of, chunks=part.cs, imbalance=lc["imb"],
+                    layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]}, host_memory_gib=host_peak)
+
+
+@dataclass
+class ZeroFree:
+    """What evaluate reads of a step that the ZeRO stage does not change, per layout."""
+    edp: np.ndarray         # expert-data-parallel ranks (_group_terms)
+    coll: object            # reduction.Collectives of each role's rank
+    lc: dict                # per-layer terms the Estimate reports (imb, dense_layer, moe_layer)
+    cs: object              # stages.ChunkSizes
+    present: np.ndarray     # [roles, n]: which of the roles' ranks exist (first always, mid, last)
+    nd_r: np.ndarray        # [roles, n]: dense layers on each role's rank
+    nm_r: np.ndarray        # [roles, n]: MoE layers on it
+    emb_r: np.ndarray       # [roles, n]: it holds the embedding
+    head_r: np.ndarray      # [roles, n]: it holds the LM head
+    stage_rep: np.ndarray   # [roles, n]: its replicated parameters
+    stage_exp: np.ndarray   # [roles, n]: its expert parameters
+    tensors: tuple | None   # ([roles, n] replicated, expert) parameter tensors, where priced (prices_tensors)
+    dp_win_r: "PipeWindow"  # each role's window for the reduction
+    acts: dict              # rank_memory.role_activations
+    t_pipe: np.ndarray      # the pipeline's seconds a step
+    share: object           # core_share (1.0 on GPUs)
+    dp_skew: np.ndarray     # what the first reduction waits for the rank the pipeline left last
+    tokens: np.ndarray      # tokens a step
+    model_flops: np.ndarray  # model FLOPs a step
+    hw_flops: np.ndarray    # those and recompute's
+    time: dict              # the step's breakdown before the reduction (compute ... bubble), seconds
+    time_after: dict        # and after the optimizer (offload, where a layout offloads activations)
+
+
+def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> ZeroFree:
+    """The pipeline (_pipeline), each role's parameters, the FLOPs and the step's breakdown but
+    for the reduction and the optimizer: none of them reads the ZeRO stage."""
+    n = len(lay)
+    tp = lay.tp.astype(float)
+    d = m.hidden_size
+    M = lay.m
+    pipe = _pipeline(m, hw, lay, routing, dtype)
+    lc, busy, t_pipe = pipe.lc, pipe.busiest, pipe.t_pipe
+    roles = {r: (pipe.nd_r[i], pipe.nm_r[i]) for i, r in enumerate(ROLES)}
+    has_emb, has_head = dict(zip(ROLES, pipe.emb_r)), dict(zip(ROLES, pipe.head_r))
+    nd_p, nm_p = busy["nd"], busy["nm"]
+    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
+    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
+             + has_emb[r] * m.embedding_params / tp
+             + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
+                              + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
+    P_exp = {r: roles[r][1] * exp_p for r in roles}
+    tensors = param_tensors(m, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r) if prices_tensors(hw, lay) else None
+    st = lambda per_role: _stacked(per_role, ROLES, n)  # noqa: E731
+
+    # 1 on GPUs (a rank a device): a scalar, nothing to spread over the layouts or multiply per layout
+    share = core_share(hw, lay) if hw.accelerator.ranks_per_core > 1 else 1.0
+    if hw.accelerator.ranks_per_core > 1:  # ranks share cores (Accelerator.ranks_per_core): the
+        # critical path runs at the spec's full-load rates, since a woken rank competes with the
+        # busy ones for a core even in fill and drain (benchmarks/pipeline_hop.py: pp4 wall = 1.4 x
+        # summed CPU / cores), and the step is at least the mean busy time per rank (summed CPU /
+        # cores); a layout with at most a rank a core shares nothing
+        shared = share * hw.accelerator.ranks_per_core > 1
+        t_pipe = np.where(shared, np.maximum(t_pipe, M * pipe.total_sum / lay.pp), t_pipe)
+    # the first reduction after the pipeline waits for the rank the whole pipeline left last
+    dp_skew = np.where((lay.dpcp > 1) | (pipe.grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
+
     tokens = (lay.gbs * lay.seq).astype(float)
     model_flops, rc_flops = _model_flops(m, lay, tokens)
-    gpus = lay.gpus.astype(float)
-    tflops = model_flops / step / gpus / 1e12
-    hw_tflops = (model_flops + rc_flops) / step / gpus / 1e12
-    mfu = tflops * 1e12 / hw.peak_flops(mfu_dtype)
 
-    a2a_step = M * pick(pipe.a2a_per_mb)
+    a2a_step = M * busy["a2a"]
     p2p_step = M * pipe.p2p_one * lay.vpp * 2
     cp_step = M * (nd_p + nm_p) * lc["cp_layer"]  # the context-parallel ring's exposed share
-    comm_step = M * pick(pipe.comm_t)
+    comm_step = M * busy["comm"]
     tp_step = comm_step - a2a_step - p2p_step - cp_step
     tp_step = np.where(tp_step > 1e-9 * comm_step, tp_step, 0.0)  # a residual: rounding, not seconds, below that
-    a2a_step = a2a_step - M * pick(pipe.hidden_of)  # what stays exposed: the components add up to the step
+    a2a_step = a2a_step - M * busy["hidden"]  # what stays exposed: the components add up to the step
     # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
     # the layers' phases, reported apart from the kernels' own time
     host_step = M * (nd_p * lc["dense_host"] + nm_p * lc["moe_host"])
-    compute_step = M * (pipe.comp_total + pick(pipe.slow_of)) - host_step - M * pipe.offload_mb
+    compute_step = M * (pipe.comp_total + busy["slow"]) - host_step - M * pipe.offload_mb
     bubble = np.maximum(t_pipe - M * pipe.peak_role_time, 0.0)
     time = {k: v * share for k, v in (("compute", compute_step), ("host", host_step), ("a2a", a2a_step),
                                       ("tp_comm", tp_step), ("cp_comm", cp_step), ("p2p", p2p_step),
-                                      ("bubble", bubble),
-                                      ("dp_comm", t_dp), ("optimizer", t_opt), ("migration", t_mig))}
-    if np.any(lay.offload_layers > 0):  # reported apart only where activations are offloaded
-        time = {**time, "offload": M * pipe.offload_mb * share}
-    time["total"] = step
-    return Estimate(step_time_s=step, tokens_per_s=tokens / step, tflops_per_gpu=tflops, hw_tflops_per_gpu=hw_tflops,
-                    mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time, stage_of_role=stage_of,
-                    chunks=cs, imbalance=lc["imb"], layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]},
-                    host_memory_gib=host_peak)
+                                      ("bubble", bubble))}
+    # reported apart only where activations are offloaded
+    time_after = {"offload": M * pipe.offload_mb * share} if np.any(lay.offload_layers > 0) else {}
+    stage_rep, stage_exp = st(P_rep), st(P_exp)
+    coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float))
+    return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, pipe.cs,
+                    pipe.present, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r, stage_rep, stage_exp, tensors,
+                    pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops,
+                    time, time_after)
 
 
-# the per-layer terms (_layer_terms) the reduction, memory and the step's breakdown read after the pipeline
+# the per-layer terms (_layer_terms) memory, the step's breakdown and the Estimate read after the pipeline
 LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "cp_layer", "dense_host", "moe_host", "dense_layer", "moe_layer")
 
 
@@ -283,23 +337,23 @@ class PipelinePart:
     grp: dict             # _group_terms: process groups' sizes, strides and spans
     lc: dict              # per-layer terms the rest reads (LAYER_TERMS_AFTER)
     cs: object            # stages.ChunkSizes
-    has_mid: np.ndarray   # a middle-stage rank exists
     present: np.ndarray   # [roles, n]: which of the roles' ranks exist (first always, mid, last)
-    roles: dict           # role -> (dense, MoE) layers on its rank
-    has_emb: dict         # role -> holds the embedding
-    has_head: dict        # role -> holds the LM head
+    nd_r: np.ndarray      # [roles, n]: dense layers on each role's rank
+    nm_r: np.ndarray      # [roles, n]: MoE layers on it
+    emb_r: np.ndarray     # [roles, n]: it holds the embedding
+    head_r: np.ndarray    # [roles, n]: it holds the LM head
     p2p_one: np.ndarray   # seconds of one stage-boundary message
-    a2a_per_mb: dict      # role -> all-to-all seconds a micro-batch
-    hidden_of: dict       # role -> of those, hidden behind another micro-batch's compute
-    slow_of: dict         # role -> compute slowed by the hidden exchange's units
-    comm_t: dict          # role -> communication seconds a micro-batch
-    is_first: np.ndarray  # the busiest role is the first stage's
-    is_last: np.ndarray   # ... else the last stage's (else a middle one's)
+    # the busiest role's (first, else last, else mid) dense and MoE layers (nd, nm) and, per
+    # micro-batch, all-to-all seconds (a2a), of those hidden behind another micro-batch's compute
+    # (hidden), compute slowed by the hidden exchange's units (slow), communication seconds (comm):
+    # picked here, on the distinct layouts, rather than after they are spread over the ZeRO stages
+    busiest: dict
     peak_role_time: np.ndarray  # the busiest role's seconds a micro-batch
     total_sum: np.ndarray       # all stages' seconds a micro-batch
     comp_total: np.ndarray      # the busiest role's compute seconds a micro-batch
     offload_mb: np.ndarray      # its exposed activation copies a micro-batch
     dp_win_r: "PipeWindow"      # each role's window for the reduction, stacked (first, mid, last)
+    acts: dict                  # rank_memory.role_activations: each role's memory the ZeRO stage leaves alone
     t_pipe: np.ndarray          # the pipeline's seconds a step
 
 
@@ -364,57 +418,55 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # while a hidden all-to-all runs, its kernels hold some compute units (DeepEP: 20 SMs): the
     # compute beside it runs on the rest, which costs `held` of its speed for that long
     held = np.where(lay.a2a_sms > 0, lay.a2a_sms, hw.efficiency.overlap_comm_units) / hw.accelerator.compute_units
-    # the share matters only where an exchange hides; priced on those layouts alone
-    hides = np.flatnonzero(dualpipe_hides | lay.a2a_overlap)
-    paired_share = {r: np.zeros(n) for r in ("first", "mid", "last")}
-    if hides.size:
-        for r, v in _paired_share(lay.take(hides)).items():
-            paired_share[r][hides] = v
-    comp_t, comm_t, a2a_per_mb, hidden_of, slow_of, totals = {}, {}, {}, {}, {}, {}
-    parked_f, parked_b = _offload_exposed(hw, lay, lc, roles, has_emb, has_head)
-    for r, (nd, nm) in roles.items():
-        comp_t[r] = nd * Td + nm * Tm + has_emb[r] * Te + has_head[r] * Th + chunk_mb + parked_f[r] + parked_b[r]
-        comm_t[r] = nd * Tdc + nm * Tmc + 2 * p2p_mb
-        a2a_per_mb[r] = lc["a2a_layer"] * nm
-        # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
-        # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide); both
-        # in their steady state's paired steps only (_paired_share)
-        paired = np.minimum(a2a_per_mb[r], nm * lc["a2a_hide"])
-        hidden_of[r] = paired_share[r] * np.where(dualpipe_hides, np.minimum(a2a_per_mb[r], comp_t[r]),
-                                                  np.where(lay.a2a_overlap, np.minimum(paired, comp_t[r]), 0.0))
-        slow_of[r] = held * hidden_of[r]
-        totals[r] = comp_t[r] + comm_t[r] - hidden_of[r] + slow_of[r]
-    peak_role_time = np.maximum(np.maximum(totals["first"], totals["last"]), np.where(has_mid, totals["mid"], 0.0))
-    mids = np.maximum(lay.pp - 2, 0).astype(float)
-    mid_avg_time = np.where(cs.mid_hi > 0, totals["mid"] * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
-    total_sum = np.where(pp1, totals["first"], totals["first"] + totals["last"] + mids * mid_avg_time)
-    is_first = totals["first"] >= peak_role_time  # the busiest role: first, else last, else mid
-    is_last = ~is_first & (totals["last"] >= peak_role_time)
-    pick = lambda per_role: _busiest(per_role, is_first, is_last)  # noqa: E731
     # every role's rank at once, stacked on a leading axis (first, mid, last): the busiest one
     # runs the pipeline, and each one's window hides its own reduction (evaluate)
     rs = list(roles)
     st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
     nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
-    comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, st(parked_f), st(parked_b), p2p_mb, M,
-                                      st(hidden_of))
+    # the share matters only where an exchange hides; priced on those layouts alone
+    hides = np.flatnonzero(dualpipe_hides | lay.a2a_overlap)
+    paired_share = np.zeros((len(rs), n))
+    if hides.size:
+        paired_share[:, hides] = _stacked(_paired_share(lay.take(hides)), rs, hides.size)
+    parked_f, parked_b = _offload_exposed(hw, lay, lc, roles, has_emb, has_head)
+    parked_f, parked_b = st(parked_f), st(parked_b)
+    comp_t = nd_r * Td + nm_r * Tm + emb_r * Te + head_r * Th + chunk_mb + parked_f + parked_b
+    comm_t = nd_r * Tdc + nm_r * Tmc + 2 * p2p_mb
+    a2a_per_mb = lc["a2a_layer"] * nm_r
+    # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
+    # exchange with one compute node of the other micro-batch (_layer_base: a2a_hide); both
+    # in their steady state's paired steps only (_paired_share)
+    paired = np.minimum(a2a_per_mb, nm_r * lc["a2a_hide"])
+    hidden_of = paired_share * np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
+                                        np.where(lay.a2a_overlap, np.minimum(paired, comp_t), 0.0))
+    slow_of = held * hidden_of
+    totals = comp_t + comm_t - hidden_of + slow_of
+    t_first, t_mid, t_last = totals
+    peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
+    mids = np.maximum(lay.pp - 2, 0).astype(float)
+    mid_avg_time = np.where(cs.mid_hi > 0, t_mid * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
+    total_sum = np.where(pp1, t_first, t_first + t_last + mids * mid_avg_time)
+    is_first = t_first >= peak_role_time  # the busiest role: first, else last, else mid
+    is_last = ~is_first & (t_last >= peak_role_time)
+    pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
+    comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, parked_f, parked_b, p2p_mb, M,
+                                      hidden_of)
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
     # difference each period: a forward and a backward (1F1B and the other interleaving
     # schedules), a backward (gpipe runs the backwards back to back)
     present = st({"first": np.ones(n, bool), "mid": has_mid, "last": ~pp1})
     bwd = win_r.B + win_r.W
     wait_bwd = np.max(np.where(present, bwd, 0.0), axis=0) - bwd
-    wait_all = peak_role_time - st(totals)
+    wait_all = peak_role_time - totals
     gpipe = lay.sched == SCHEDULES.index("gpipe")
     dp_win_r = replace(dp_win_r, slack=np.maximum(np.where(gpipe, wait_bwd, wait_all), 0.0))
-    row = lambda stacked: pick(dict(zip(rs, stacked)))  # noqa: E731
     # the busiest rank's forward / backward-input / backward-weight / recompute seconds
-    comp = {c: row(v) for c, v in comp_r.items()}
+    comp = {c: pick(v) for c, v in comp_r.items()}
     offload_mb = pick(parked_f) + pick(parked_b)
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
-    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, row(win_r.F), row(win_r.B), row(win_r.W), peak_role_time,
-                           total_sum, hidden)
+    t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, pick(win_r.F), pick(win_r.B), pick(win_r.W),
+                           peak_role_time, total_sum, hidden)
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
     # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
     # with less work but more exchange outside the weight pass go unseen (a longer model priced faster
@@ -422,15 +474,17 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # the busiest rank bounds them (the same figure, not recomputed)
     zb = np.flatnonzero(lay.sched >= 3)
     if zb.size:
-        on = lambda x: x[..., zb]  # noqa: E731
-        on_r = lambda per_role: _stacked(per_role, rs, n, zb)  # noqa: E731
-        hid = np.where(dualpipe_hides[zb], np.minimum(on_r(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
+        on = lambda x: x.take(zb, axis=-1)  # noqa: E731
+        hid = np.where(dualpipe_hides[zb], np.minimum(on(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
         t_r = pipeline_time(lay.sched[zb], lay.pp[zb], M[zb], lay.vpp[zb], on(win_r.F), on(win_r.B), on(win_r.W),
-                            on_r(totals), total_sum[zb], hid)
+                            on(totals), total_sum[zb], hid)
         t_pipe[zb] = np.max(np.where(on(present), t_r, -np.inf), axis=0)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
-    return PipelinePart(grp, lc, cs, has_mid, present, roles, has_emb, has_head, p2p_one, a2a_per_mb, hidden_of, slow_of,
-                        comm_t, is_first, is_last, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r, t_pipe)
+    busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of), slow=pick(slow_of),
+                   comm=pick(comm_t))
+    acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
+    return PipelinePart(grp, lc, cs, present, nd_r, nm_r, emb_r, head_r, p2p_one, busiest, peak_role_time,
+                        total_sum, comp_total, offload_mb, dp_win_r, acts, t_pipe)
 
 
 def _busiest(per_role: dict, is_first, is_last):
@@ -438,9 +492,14 @@ def _busiest(per_role: dict, is_first, is_last):
     return np.where(is_first, per_role["first"], np.where(is_last, per_role["last"], per_role["mid"]))
 
 
-def _stacked(per_role: dict, roles: list, n: int, at=slice(None)) -> np.ndarray:
-    """[roles, n]: each role's value over the n layouts (or the layouts `at`), in the order of `roles`."""
-    return np.stack([np.broadcast_to(per_role[r], (n,))[at] for r in roles])
+def _stacked(per_role: dict, roles, n: int) -> np.ndarray:
+    """[roles, n]: each role's value over the n layouts, in the order of `roles`. Filled row by
+    row (a scalar broadcasts): np.stack of broadcast views costs more in overhead."""
+    vals = [per_role[r] for r in roles]
+    out = np.empty((len(vals), n), np.result_type(*vals))
+    for i, v in enumerate(vals):
+        out[i] = v
+    return out
 
 
 def _without_zero(lay: LayoutBatch):
@@ -547,16 +606,19 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
            lay.dropout, lay.act_bytes,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
-    _, first1, inv1 = distinct_rows(*key, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
-    _, first0, inv0 = distinct_rows(*(c[first1] for c in key))
-    sub = lay.take(first1)
-    base = _layer_base(m, hw, sub.take(first0), routing, dtype)
-    share = full_recompute_share(m, sub)
+    # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
+    _, first_key, code = distinct_rows(*key)
+    _, first1, inv1 = distinct_rows(code, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
+    inv0 = code.take(first1)  # every key's combination has a row among first1: the same codes
+    first0 = first_rows(inv0, len(first_key))
+    base = _layer_base(m, hw, lay.take(first1.take(first0)), routing, dtype)
+    # what recompute changes, per distinct row (the few columns it reads, not a batch of them all)
+    recompute, share = lay.recompute.take(first1), full_recompute_share(m, lay).take(first1)
     # the forward's all-to-all runs again in backward: in the layers full recompute re-runs
-    again = np.where(sub.recompute == 2, share, recomputes(sub, "moe").astype(float))
-    terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, sub.recompute, share), again)
+    again = np.where(recompute == 2, share, recomputes(lay, "moe").take(first1).astype(float))
+    terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, recompute, share), again)
     # the stage partition's inputs stay per distinct row (see evaluate)
-    return {k: v if k in ("x_first", "x_last") else v.take(inv1) for k, v in terms.items()}, inv1
+    return {k: v if k in ("x_first", "x_last") else v.take(inv1, axis=-1) for k, v in terms.items()}, inv1
 
 
 def _paired_share(lay: LayoutBatch) -> dict:
@@ -603,8 +665,8 @@ def _a2a_off_stream(lay: LayoutBatch) -> np.ndarray:
 
 
 def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
-    """What the step model reads from per-layer costs (_layer_costs), as 1-D arrays: phase
-    components `<dense|moe|emb|head>_<f|b|w|r>` and `<dense|moe>_comm_<f|b|r>`, their totals
+    """What the step model reads from per-layer costs (_layer_costs), as arrays: phases
+    `<dense|moe|emb|head|dense_comm|moe_comm>_v` ([f b w r, n]), their totals
     (Td, Tm, Te, Th, Tdc, Tmc), whole-layer seconds, the embedding and head in
     layer-equivalents (x_first, x_last: the stage partition's input), one MoE layer's
     all-to-all seconds per micro-batch (a2a_layer), imb and activation bytes."""
@@ -624,10 +686,9 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], cp_layer=lc["cp_layer"],
                dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"])
-    for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head)):
-        out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr")})
-    for name, ph in (("dense_comm", dense_comm), ("moe_comm", moe_comm)):
-        out.update({f"{name}_{c}": ph.v[i] for i, c in enumerate("fbwr") if c != "w"})
+    for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head), ("dense_comm", dense_comm),
+                     ("moe_comm", moe_comm)):
+        out[f"{name}_v"] = ph.v
     return out
 
 
@@ -729,16 +790,14 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     t = lay.tokens
     d = m.hidden_size
     zero = np.zeros(len(lay))
-    core = core_attention(m, hw, lay, dtype)  # recompute changes what re-runs, not the core's cost
-    attn = attention_phase(m, hw, sel, dtype, core)
-    tp_ar = _tp_allreduce(hw, lay, t * d * eb)  # one all-reduce (or RS+AG pair with SP)
-    dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
-    dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
-    dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
-    tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
-    cpx = _cp_exposed(m, hw, lay, core)
-    tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
-    dense_comm = Phase(tp_dense.f, tp_dense.b, zero, zero)
+    # the attention and the dense FFN read a few of the columns: priced once per distinct combination
+    _, first, inv = distinct_rows(*_dense_key(lay))
+    blk = _dense_block(m, hw, lay if len(first) == len(lay) else lay.take(first), dtype)
+    if len(first) < len(lay):
+        blk = {k: v.take(inv) if isinstance(v, Phase) else _rows(v, inv) for k, v in blk.items()}
+    attn, tp_ar, dense, tp_moe, cpx, dense_comm = (blk[k] for k in ("attn", "tp_ar", "dense", "tp_moe", "cpx",
+                                                                    "dense_comm"))
+    _, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
     dense_host = host.host_gap(host.host_time(hw, host_dense), dense, dense_comm)
     dense = dense + dense_host
@@ -809,13 +868,44 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                attn_comm_r=attn_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
-               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=embedding_phase(m, hw, lay),
-               head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
+               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
     # only the attention's saved tensors depend on recompute
-    a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
     a_experts = sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else None
+    for rc in ("sel", "none"):
+        out[f"a_dense_{rc}"] = blk[f"a_dense_{rc}"]
+        out[f"a_moe_{rc}"] = blk[f"a_attn_{rc}"] + a_experts if m.moe else zero
+    return out
+
+
+def _dense_key(lay: LayoutBatch) -> tuple:
+    """The columns _dense_block reads."""
+    return (lay.mbs, lay.seq, lay.cp, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager,
+            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap)
+
+
+def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:
+    """_layer_base's parts that read neither the experts nor the host's issue: the attention
+    (attn; its core's context-parallel ring, cpx; one tensor-parallel all-reduce, tp_ar), a dense
+    layer without its host gap (dense; its exposed collectives, dense_comm; a MoE layer's,
+    tp_moe), the embedding and LM head phases, the layer input's bytes and the saved
+    activations of the attention (a_attn_<sel|none>) and of a dense layer (a_dense_<sel|none>)."""
+    sel = replace(lay, recompute=np.ones(len(lay), int))  # attention_phase prices r = core.f
+    eb = lay.act_bytes.astype(float)
+    zero = np.zeros(len(lay))
+    core = core_attention(m, hw, lay, dtype)  # recompute changes what re-runs, not the core's cost
+    attn = attention_phase(m, hw, sel, dtype, core)
+    tp_ar = _tp_allreduce(hw, lay, lay.tokens * m.hidden_size * eb)  # one all-reduce (or RS+AG pair with SP)
+    dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
+    dense_p = layer_params_per_rank(m, lay)[0]
+    dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
+    tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
+    cpx = _cp_exposed(m, hw, lay, core)
+    tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
+    out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
+               dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero), emb=embedding_phase(m, hw, lay),
+               head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
+    a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
     for rc, variant in (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int)))):
-        a_attn = sum(act.attention_terms(m, variant).values())
+        out[f"a_attn_{rc}"] = a_attn = sum(act.attention_terms(m, variant).values())
         out[f"a_dense_{rc}"] = a_attn + a_ffn
-        out[f"a_moe_{rc}"] = a_attn + a_experts if m.moe else zero
     return out

@@ -23,15 +23,16 @@ def state_coeffs(group, lay: LayoutBatch, host: bool = False) -> dict[str, np.nd
     """Bytes per parameter of weights / grads / master / optimizer, ZeRO-sharded over `group`,
     in device memory, or with `host` the master and optimizer bytes offloaded to the host."""
     g = np.maximum(np.asarray(group, dtype=float), 1.0)
-    fp32 = lay.act_bytes == 4
+    eb = lay.act_bytes
+    fp32 = eb == 4
     z = lay.zero
     # Layout.optimizer_offload of the master weights and moments sits in host memory
     share = lay.opt_offload if host else 1.0 - lay.opt_offload
-    master = {"master": np.where(fp32, 0.0, 4.0) / np.where(z >= 1, g, 1.0) * share,
-              "optimizer": 8.0 / np.where(z >= 1, g, 1.0) * share}
+    over = np.where(z >= 1, g, 1.0)  # what ZeRO >= 1 shards the master weights and moments over
+    master = {"master": np.where(fp32, 0.0, 4.0) / over * share, "optimizer": 8.0 / over * share}
     if host:
         return master
-    return {"weights": lay.act_bytes / np.where(z >= 3, g, 1.0),
+    return {"weights": eb / np.where(z >= 3, g, 1.0),
             "grads": np.where(fp32, 4.0, lay.grad_bytes) / np.where(z >= 2, g, 1.0), **master}
 
 

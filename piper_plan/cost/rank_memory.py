@@ -20,13 +20,13 @@ from .recompute import full_recompute_share
 BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
 
 
-def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_emb: dict, has_head: dict, has_mid,
-                P_rep: dict, P_exp: dict, edp, lc: dict, M):
-    """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
-    dense and MoE layer counts, has_emb / has_head whether it holds the embedding / LM head,
-    P_rep / P_exp its replicated and expert parameters), the worst rank's total, each role's
-    stage (-1: no such rank) and the largest GiB a rank keeps in host memory
-    (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
+def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, lc: dict, M) -> dict:
+    """What each role's rank (`roles`: its dense and MoE layer counts) holds that the ZeRO stage
+    does not change, per layout: its stage (-1: no such rank, "stage_of"), its bf16 weight copies
+    ("casts", cast_copies; none where no layout casts), and its activations, logits and all-to-all
+    buffers in GiB ("parts") with the GiB of activations it offloads to the host ("parked").
+    evaluate prices these once per layout without the stage, as the pipeline, and rank_memory
+    adds the state the stage shards."""
     n = len(lay)
     t = lay.tokens
     tp = lay.tp.astype(float)
@@ -45,26 +45,56 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     # and saves its projection's input, [norm(h); norm(emb)], and the two norms' inputs
     mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
     a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
+    offloads = _offloads(lay)
+    parts, parked = {}, {}
+    for r, (nd, nm) in roles.items():
+        layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
+        # Layout.offload_layers' share waits in host memory
+        parked[r] = offloaded_share(lay, nd + nm) * layer_acts if offloads else 0.0
+        parts[r] = {"activations": layer_acts - parked[r] + infl[r] * has_head[r] * mtp_in / GIB,
+                    "logits": has_head[r] * logits / GIB, "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB}
+    # piper-train's (unfused) bf16 weight copies: priced only where a layout has them
+    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if np.any(lay.unfused & (lay.act_bytes == 2)) else {}
+    return {"stage_of": stage_of, "casts": casts, "parts": parts, "parked": parked}
+
+
+def _offloads(lay: LayoutBatch) -> bool:
+    """Whether any layout keeps optimizer state or activations in host memory."""
+    return bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
+
+
+def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_emb: dict, has_head: dict,
+                acts: dict, P_rep: dict, P_exp: dict, edp):
+    """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
+    dense and MoE layer counts, has_emb / has_head whether it holds the embedding / LM head,
+    `acts` what it holds whatever the ZeRO stage (role_activations), P_rep / P_exp its
+    replicated and expert parameters), the worst rank's total, each role's
+    stage (-1: no such rank) and the largest GiB a rank keeps in host memory
+    (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
+    n = len(lay)
+    stage_of = acts["stage_of"]
     # bytes per parameter, in GiB (dividing by a power of two first changes no bit of the result)
     c_rep = {k: v / GIB for k, v in state_coeffs(lay.dpcp, lay).items()}
     c_exp = {k: v / GIB for k, v in state_coeffs(edp, lay).items()}
-    gb = grad_bytes(lay, eb) / lay.vpp.astype(float) / GIB  # GiB of gradient per parameter of one chunk
     mem = {}
     peak = np.zeros(n)
     host_peak = np.zeros(n)
-    offloads = bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
+    offloads = _offloads(lay)
     if offloads:  # what the host holds: nothing, and not worth pricing, where no layout offloads
         h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
         h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
     # piper-train's (unfused) bf16 weight copies and ZeRO-2 buckets: priced only where a layout has them
-    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if np.any(lay.unfused & (lay.act_bytes == 2)) else {}
+    casts = acts["casts"]
     with_casts = any(np.any(v > 0) for v in casts.values())
     with_buckets = bool(np.any((lay.zero == 2) & lay.unfused))
+    if with_buckets:  # GiB of gradient per parameter of one chunk
+        gb = grad_bytes(lay, lay.act_bytes.astype(float)) / lay.vpp.astype(float) / GIB
     # ZeRO-3's gathered units, priced on the layouts that shard their weights only
     z3 = np.flatnonzero(lay.zero >= 3)
     with_z3 = z3.size > 0
     if with_z3:
         lz = lay.take(z3)
+        eb_z3 = lz.act_bytes.astype(float)
         blocks = layer_params_per_rank(m, lz)  # (dense, MoE replicated, experts) a layer
         sub = lambda x: np.broadcast_to(x, (n,))[z3]  # noqa: E731
     overhead = np.full(n, hw.memory_overhead_gib)  # the runtime's reserve, every rank's (shared, read only)
@@ -72,23 +102,18 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_casts:  # reported apart only where a layout holds more than one copy
             # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
-            uncast = has_emb[r] * m.embedding_params / tp * (1 - (m.tied_embeddings & has_head[r]))
+            uncast = has_emb[r] * m.embedding_params / lay.tp.astype(float) * (1 - (m.tied_embeddings & has_head[r]))
             comps["weight_casts"] = (comps["weights"] - uncast * c_rep["weights"]) * casts[r]
-        layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
-        # Layout.offload_layers' share waits in host memory
-        parked = offloaded_share(lay, nd + nm) * layer_acts if offloads else 0.0
-        comps["activations"] = layer_acts - parked + infl[r] * has_head[r] * mtp_in / GIB
-        comps["logits"] = has_head[r] * logits / GIB
-        comps["a2a_buffers"] = np.where(nm > 0, a2a_buf, 0.0) / GIB
+        comps.update(acts["parts"][r])  # activations, logits, all-to-all buffers
         comps["grad_buckets"] = bucket_gib(lay, edp, P_rep[r] * gb, P_exp[r] * gb) if with_buckets else np.zeros(n)
         if with_z3:  # reported apart only where a layout shards its weights (ZeRO-3)
             unit = largest_unit(m, lz, blocks, sub(nd), sub(nm), sub(has_emb[r]), sub(has_head[r]))
             comps["zero3_units"] = np.zeros(n)
-            comps["zero3_units"][z3] = zero3_gathered_bytes(lz, eb[z3], unit, sub(P_rep[r] + P_exp[r])) / GIB
+            comps["zero3_units"][z3] = zero3_gathered_bytes(lz, eb_z3, unit, sub(P_rep[r] + P_exp[r])) / GIB
         comps["overhead"] = overhead
         comps["total"] = sum(comps.values())
         if offloads:  # offloaded: not in the device total
-            comps["host"] = on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + parked
+            comps["host"] = on_host = P_rep[r] * h_rep + P_exp[r] * h_exp + acts["parked"][r]
             host_peak = np.maximum(host_peak, np.where(stage_of[r] >= 0, on_host, 0.0))
         mem[r] = comps
         peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))

@@ -72,10 +72,10 @@ def tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, r
 @dataclass
 class RankParams:
     """One stage's rank's parameters: replicated over dp (rep), expert ones replicated over the
-    expert-data-parallel group (exp), and the parameter tensors its optimizer steps (owned)."""
+    expert-data-parallel group (exp), and its (replicated, expert) parameter tensors (tensors)."""
     rep: np.ndarray
     exp: np.ndarray
-    owned_tensors: np.ndarray
+    tensors: tuple
 
 
 @dataclass
@@ -92,24 +92,45 @@ class PipeWindow:
     slack: np.ndarray | float = 0.0
 
 
-def dp_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
-    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step."""
-    return dp_comm_time(hw, lay, grp, p, eb, win), optimizer_time(hw, lay, grp["edp"], p, eb)
+@dataclass
+class Collectives:
+    """Each role's rank's data-parallel collectives, seconds a step, whatever its ZeRO stage
+    (collectives; dp_comm_time picks by the stage): the gradients' reduction as an all-reduce
+    (rs_full) and as a reduce-scatter (rs_half, ZeRO >= 1), and ZeRO's parameter all-gather (ag)."""
+    rs_full: np.ndarray
+    rs_half: np.ndarray
+    ag: np.ndarray
 
 
-def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, grp: dict, p: RankParams, eb, win: PipeWindow):
-    """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
-    pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
-    rep_pr, exp_pr = p.rep, p.exp
-    F, B, W, M = win.F, win.B, win.W, win.M
+def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> Collectives:
+    """Collectives of ranks holding `rep` replicated and `exp` expert parameters over the groups
+    `grp` (estimate._group_terms). None reads the ZeRO stage: a search prices them once per
+    layout without it (estimate._zero_free)."""
     edp, edp_stride = grp["edp"], grp["edp_stride"]
     gb = grad_bytes(lay, eb)
-    zfrac = np.where(lay.zero >= 1, 0.5, 1.0)
     dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
-    t_rs = (comm.ring_allreduce(hw, rep_pr * gb, lay.dpcp, lay.tp, zfrac, dp_span)
-            + comm.ring_allreduce(hw, exp_pr * gb, edp, edp_stride, zfrac, edp_span))
-    t_ag = np.where(lay.zero >= 1, comm.ring_allreduce(hw, rep_pr * eb, lay.dpcp, lay.tp, 0.5, dp_span)
-                    + comm.ring_allreduce(hw, exp_pr * eb, edp, edp_stride, 0.5, edp_span), 0.0)
+
+    def reduction(fraction):
+        return (comm.ring_allreduce(hw, rep * gb, lay.dpcp, lay.tp, fraction, dp_span)
+                + comm.ring_allreduce(hw, exp * gb, edp, edp_stride, fraction, edp_span))
+
+    ag = (comm.ring_allreduce(hw, rep * eb, lay.dpcp, lay.tp, 0.5, dp_span)
+          + comm.ring_allreduce(hw, exp * eb, edp, edp_stride, 0.5, edp_span))
+    return Collectives(reduction(1.0), reduction(0.5), ag)
+
+
+def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
+    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step."""
+    return dp_comm_time(hw, lay, edp, win, coll), optimizer_time(hw, lay, edp, p, eb)
+
+
+def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll: Collectives):
+    """Gradient reduction, ZeRO gathers and the gradient norm's all-reduce, less what the
+    pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
+    F, B, W, M = win.F, win.B, win.W, win.M
+    sharded = lay.zero >= 1  # ZeRO >= 1 reduce-scatters the gradients and gathers the parameters
+    t_rs = np.where(sharded, coll.rs_half, coll.rs_full)
+    t_ag = np.where(sharded, coll.ag, 0.0)
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
     # ZeRO-2 keeps only its shard of each gradient between micro-batches (memory.state_coeffs),
@@ -164,7 +185,9 @@ def optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     # _single_tensor_adam over fp32 p, g, m, v) run 8 passes: decay p (r+w 8 B), m.lerp_(g) 12,
     # v.mul_ 8, v.addcmul_(g, g) 12, v.sqrt() 8, / bias correction 8, + eps 8, p.addcdiv_ 16
     per_param = np.where(lay.unfused, ADAMW_EAGER_BYTES, 2 * 12.0 + gb + eb)
-    t_cached, cached = eager_adam_in_cache(hw, lay, local, p.owned_tensors)
+    # the tensors the rank's optimizer steps, where the spec's cache knee makes them matter
+    tensors = owned(lay, edp, *p.tensors) if _cache_knee(hw) else None
+    t_cached, cached = eager_adam_in_cache(hw, lay, local, tensors)
     # the host steps Layout.optimizer_offload of the shard (offload.py); the device the rest
     on_device = 1.0 - lay.opt_offload
     opt_bytes = np.where(cached, 0.0, local * per_param * on_device) + 3.0 * gb * grads
@@ -180,6 +203,17 @@ def optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     return stream_time(hw, opt_bytes, 0) + t_cached * on_device + optimizer_offload_time(hw, lay, local)
 
 
+def prices_tensors(hw: HardwareSpec, lay: LayoutBatch) -> bool:
+    """Whether the optimizer's cost reads its parameter tensors (param_tensors): eager runtimes'
+    per-tensor host work (tensor_host_time), and the cache knee (eager_adam_in_cache)."""
+    return bool(lay.unfused.any()) or _cache_knee(hw)
+
+
+def _cache_knee(hw: HardwareSpec) -> bool:
+    """Whether the spec streams through a cache faster than from DRAM (a CPU's, calibrated)."""
+    return hw.accelerator.cache_mib is not None and hw.efficiency.memory_dram is not None
+
+
 def eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):
     """Eager single-tensor AdamW runs its 8 passes one tensor at a time: where a tensor's fp32
     p, g, m, v and the two temporaries (sqrt, denominator: 24 B a parameter, for the mean
@@ -188,7 +222,7 @@ def eager_adam_in_cache(hw: HardwareSpec, lay: LayoutBatch, local, tensors):
     (28 B) reach DRAM, and the other 52 of its 80 B stream at the cache rate. Returns
     (seconds where that holds, mask); specs without a cache knee stream all 80 B as one call."""
     acc, eff = hw.accelerator, hw.efficiency
-    if acc.cache_mib is None or eff.memory_dram is None:
+    if not _cache_knee(hw):
         return np.zeros(len(lay)), np.zeros(len(lay), bool)
     fits = lay.unfused & (24.0 * local / np.maximum(tensors, 1.0) <= acc.cache_mib * 2.0**20)
     bw = acc.memory_bandwidth_gbps * 1e9

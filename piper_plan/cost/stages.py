@@ -60,8 +60,8 @@ def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None, v_shape=None) ->
         first, last = _min_max_ends(L, mids, first, last, x_first, x_last, np.asarray(minimise, bool), v)
     rem = L - first - last
     mids_safe = np.maximum(mids, 1)
-    base = np.where(mids > 0, rem // mids_safe, 0)
-    n_hi = np.where(mids > 0, rem % mids_safe, 0)
+    q, r = np.divmod(rem, mids_safe)
+    base, n_hi = np.where(mids > 0, q, 0), np.where(mids > 0, r, 0)
     mid_hi = base + (n_hi > 0)
     # two chunks: whatever is left joins them (rem may be non-zero after rounding)
     two = C == 2
@@ -90,11 +90,11 @@ def _min_max_ends(L: int, mids, first, last, x_first, x_last, on, v):
     la = last[None, :] + offsets[:, 1:]
     rem = L - f - la
     ok = (f >= 1) & (la >= 1) & (rem >= mids[None, :])  # every middle chunk keeps a layer
-    mid = np.where(mids[None, :] > 0, -(-rem // np.maximum(mids[None, :], 1)), 0)
+    base, n_hi = np.divmod(rem, np.maximum(mids[None, :], 1))  # one integer division for both
+    mid = np.where(mids[None, :] > 0, base + (n_hi > 0), 0)  # the middle chunks' ceil
     worst = np.maximum(np.maximum(f + x_first[None, :], la + x_last[None, :]), mid)
     if v.any():  # a V schedule's middle rank runs chunks r and C - 1 - r (mids = 2·pp - 2 > 0)
-        m1 = np.maximum(mids[None, :], 1)
-        pair = _v_mid_pair(rem // m1, rem % m1, (mids[None, :] + 2) // 2)
+        pair = _v_mid_pair(base, n_hi, (mids[None, :] + 2) // 2)
         worst = np.where(v[None, :], np.maximum(f + x_first[None, :] + la + x_last[None, :], pair), worst)
     worst = np.where(ok, worst, np.inf)
     # the rounded choice unless another is better by more than rounding noise
