@@ -124,7 +124,7 @@ def read_rows(path: Path) -> list[dict]:
     bad one)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(f, delimiter=_delimiter(f))
             header = [_column(h) for h in (reader.fieldnames or [])]
             missing = [c for c in REQUIRED if c not in header]
             if missing:
@@ -134,15 +134,20 @@ def read_rows(path: Path) -> list[dict]:
             if unknown:  # a misspelt optional column would otherwise be dropped without a word
                 click.echo(f"warning: {path}: column(s) {', '.join(unknown)} not in the schema, ignored (its "
                            f"columns: {', '.join(COLUMNS)})", err=True)
-            twice = sorted({c for c in header if header.count(c) > 1})
+            # blank headings are a spreadsheet's empty trailing columns, not one column twice
+            twice = sorted({c for c in header if c and header.count(c) > 1})
             if twice:
                 raise TableError(path, None, "header", f"columns {', '.join(twice)} appear twice "
                                  "(as written or by another name for them)")
             blank = dict.fromkeys(COLUMNS, "")
-            rows = [{**blank, **{_column(k): (v or "").strip() for k, v in r.items() if k}} for r in reader]
+            rows = [{**blank, **{_column(k): (v or "").strip() for k, v in _cells(path, reader, r).items() if k}}
+                    for r in reader]
     except OSError as e:
         raise TableError(path, None, "file", f"cannot be read ({e.strerror or e})") from None
-    except (csv.Error, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:  # a spreadsheet's "CSV" in its own code page (cp1252) or UTF-16
+        raise TableError(path, None, "file", f"expected UTF-8 text (byte 0x{e.object[e.start]:02x} is not); a "
+                         "spreadsheet saves it as \"CSV UTF-8\"") from None
+    except csv.Error as e:
         raise TableError(path, None, "file", f"not a readable csv ({e})") from None
     if not rows:
         raise TableError(path, None, "rows", "the table has no rows")
@@ -160,6 +165,33 @@ def read_rows(path: Path) -> list[dict]:
         if r["metric"] == "mfu" and not missing_hardware(r):
             _mfu_as_tflops(path, r)
     return rows
+
+
+def _delimiter(f) -> str:
+    """The table's separator: a comma, or where the header holds none, the semicolon or tab a
+    spreadsheet in a decimal-comma locale exports with (csv.Sniffer reads it off the header)."""
+    first = f.readline()
+    f.seek(0)
+    if "," in first:
+        return ","
+    try:
+        return csv.Sniffer().sniff(first, delimiters=";\t").delimiter
+    except csv.Error:  # one column: the header check names what is missing
+        return ","
+
+
+def _cells(path, reader: csv.DictReader, r: dict) -> dict:
+    """A row as read, refused where it holds more cells than the header has columns: an unquoted
+    comma inside a cell ("Mixtral 8x7B, 2 nodes") shifts every cell after it, and what spills past
+    the last column would otherwise be dropped without a word."""
+    spill = r.get(None)  # DictReader's cells beyond the header
+    if spill:
+        width = len(reader.fieldnames)
+        rid = next((v.strip() for k, v in r.items() if k and _column(k) == "id" and v and v.strip()),
+                   f"at line {reader.line_num}")
+        raise TableError(path, rid, "cells", f"{width + len(spill)} cells where the header has {width} columns; a "
+                         "cell holding a comma must be quoted")
+    return r
 
 
 def _mfu_as_tflops(path, r: dict) -> None:

@@ -480,3 +480,44 @@ def test_the_primus_table_prices_amd_s_own_mi355x_runs_within_the_moe_targets():
     # DeepSeek-V3 run as slower, as it ran (its reduction spans more nodes)
     assert by["primus-q3-mi355x-bf16-tuned"].predicted > by["primus-q3-mi355x-bf16-shipped"].predicted
     assert by["primus-dsv3-mi355x-128n-default"].predicted > by["primus-dsv3-mi355x-32n-default"].predicted
+
+
+# ---- a user's own table as a spreadsheet exports it (audit) -----------------------------
+def _export(path, rows, delimiter=",", extra_blank=0, encoding="utf-8-sig"):
+    """rows in the schema as a spreadsheet saves them: a byte-order mark, CRLF line ends, empty
+    trailing columns, the locale's separator."""
+    with open(path, "w", newline="", encoding=encoding) as f:
+        w = csv.writer(f, delimiter=delimiter, lineterminator="\r\n")
+        w.writerow(SCHEMA + [""] * extra_blank)
+        w.writerows([[r.get(c, "") for c in SCHEMA] + [""] * extra_blank for r in rows])
+    return path
+
+
+@pytest.mark.parametrize("delimiter,extra_blank", [(",", 3), (";", 0), ("\t", 0)])
+def test_a_spreadsheet_export_prices_as_the_same_rows_written_plainly(tmp_path, bundled, delimiter, extra_blank):
+    # empty trailing columns had read as one column "" twice; a semicolon or tab export as a
+    # table missing every required column
+    ids = ["kor22-t5-175b-full", "nar21-t1-7.5b"]
+    rows = [{**bundled[i], "notes": "median of 3 runs, 2% spread"} for i in ids]
+    mine = {r.id: r.predicted for r in V.run(path=_export(tmp_path / "x.csv", rows, delimiter, extra_blank))}
+    assert mine == {r.id: r.predicted for r in V.run(path=write(tmp_path / "plain.csv", rows))}
+    ours = {r.id: r.predicted for r in V.run() if r.id in ids}
+    assert mine == pytest.approx(ours, rel=1e-12)
+
+
+@pytest.mark.parametrize("line", ["u1,mine,Mixtral 8x7B,H100,64,4096,tokens_per_s_per_gpu,2500,median, 3 runs",
+                                  "u1,mine,Mixtral 8x7B, 2 nodes,H100,64,4096,tokens_per_s_per_gpu,2500,"])
+def test_a_row_with_more_cells_than_the_header_is_refused_not_cut(tmp_path, line):
+    # an unquoted comma: what spilled past the last column had been dropped without a word, or
+    # every later cell shifted into a misleading error ("gpus: expected ..., got 'H100'")
+    p = tmp_path / "u.csv"
+    p.write_text("id,group,model,hardware,gpus,seq,metric,value,notes\n" + line + "\n")
+    code, out = cli("--table", str(p))
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert f"{p}: row u1: cells: 10 cells where the header has 9 columns" in out and "must be quoted" in out
+
+
+def test_a_table_not_in_utf8_is_one_line_saying_what_is_expected(tmp_path, bundled):
+    path = _export(tmp_path / "cp1252.csv", [{**bundled["kor22-t5-175b-full"], "notes": "Zürich"}], encoding="cp1252")
+    code, out = cli("--table", str(path))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and "file: expected UTF-8 text" in out, out
