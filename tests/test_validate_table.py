@@ -521,3 +521,16 @@ def test_a_table_not_in_utf8_is_one_line_saying_what_is_expected(tmp_path, bundl
     path = _export(tmp_path / "cp1252.csv", [{**bundled["kor22-t5-175b-full"], "notes": "Zürich"}], encoding="cp1252")
     code, out = cli("--table", str(path))
     assert code == 2 and len(out.strip().splitlines()) == 1 and "file: expected UTF-8 text" in out, out
+
+
+def test_a_megatron_2021_row_that_states_no_layout_is_searched_not_a_traceback(tmp_path, bundled):
+    # only the required columns, in Korthikanti's group: searched_space had read the MoE recipe
+    # keys (a2a, expert_gemm, ...) the 2021-22 Megatron-LM settings do not have (KeyError 'a2a')
+    src = bundled["kor22-t5-175b-full"]
+    p = tmp_path / "req.csv"
+    p.write_text("id,group,model,hardware,gpus,seq,metric,value\n"
+                 f"k,{src['group']},gpt-175b,dgx-a100-80gb,64,2048,iteration_time_s,18.13\n")
+    (res,) = V.run(path=p)
+    assert res.predicted > 0 and res.layout.startswith("tp")
+    code, out = cli("--table", str(p))
+    assert code == 0 and "Traceback" not in out
