@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from difflib import SequenceMatcher
+from difflib import SequenceMatcher, get_close_matches
 from functools import lru_cache
 from pathlib import Path
 from typing import get_args
@@ -425,7 +425,21 @@ def missing_hardware(row: dict) -> str | None:
     if _named(name, "hardware") in bundled_names("hardware") or Path(name).is_file():
         return None
     return (f"no hardware spec: {row['hardware']!r} is none of the bundled systems "
-            f"({', '.join(bundled_names('hardware'))}); name a spec file in a hardware_spec column")
+            f"({', '.join(bundled_names('hardware'))});{_did_you_mean(name, 'hardware')} name a spec file in a "
+            "hardware_spec column")
+
+
+def _did_you_mean(name: str, kind: str) -> str:
+    """" did you mean X?" where a bundled name is close to a table's (a misspelling is otherwise
+    read as a machine or model Piper has no spec for, and only not priced); else ""."""
+    close = get_close_matches(name, bundled_names(kind), n=1)
+    return f" did you mean {close[0]}?" if close else ""
+
+
+def _path_like(name: str) -> bool:
+    """Whether a table's model name is written as a spec file's path (a YAML or a Hugging Face
+    config.json), which must then exist; a repository id such as meta-llama/Llama-3.1-8B is a name."""
+    return name.startswith(("/", "./", "../", "~")) or Path(name).suffix in (".yaml", ".yml", ".json")
 
 
 def row_hardware(path, row: dict):
@@ -500,15 +514,18 @@ def missing_model(row: dict) -> str | None:
         return None
     size = stated_size(_tokens(name))
     said = f" of {size / 1e9:g}B parameters" if size else ""
-    return (f"no model spec: {row['model']!r} is no bundled model{said} and the row gives no architecture "
-            f"columns (layers, hidden, heads, ffn, vocab, experts, topk, expert_ffn) to build it from")
+    return (f"no model spec: {row['model']!r} is no bundled model{said} and the "
+            f"row gives no architecture columns (layers, hidden, heads, ffn, vocab, experts, topk, expert_ffn) to "
+            f"build it from" + (f";{hint}" if (hint := _did_you_mean(name, "models")) else ""))
 
 
 def _base_name(name: str, row: dict) -> str | None:
     """The spec a row's model (table_name `name`, no model_spec) is built on: the bundled spec or
     file it names, else _template's; None where there is none (missing_model)."""
     base = _named(name, "models")
-    return base if base in bundled_names("models") or Path(base).is_file() else _template(name, row)
+    if base in bundled_names("models") or Path(base).is_file() or _path_like(base):
+        return base  # a path that is no file: load_model names it (row_model), not a model to leave unpriced
+    return _template(name, row)
 
 
 @lru_cache(maxsize=None)

@@ -534,3 +534,25 @@ def test_a_megatron_2021_row_that_states_no_layout_is_searched_not_a_traceback(t
     assert res.predicted > 0 and res.layout.startswith("tp")
     code, out = cli("--table", str(p))
     assert code == 0 and "Traceback" not in out
+
+
+def test_a_model_written_as_a_path_that_is_no_file_is_an_error_not_a_skipped_row(tmp_path, bundled):
+    # it had been "not priced" (counted as a dense row) as if the path were a model's name
+    row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "model": "configs/my-model/config.json", "model_spec": ""}
+    code, out = cli("--table", str(write(tmp_path / "p.csv", [row])))
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "model: configs/my-model/config.json" in out and "no such file" in out
+    # a Hugging Face config.json that is there is the row's model
+    hf = str(Path(__file__).parent / "data" / "hf" / "gpt-oss-20b.json")
+    (res,) = V.run(path=write(tmp_path / "hf.csv", [{**row, "model": hf, "ep": "8"}]))
+    assert res.predicted > 0
+
+
+def test_a_misspelt_model_or_machine_is_not_priced_with_the_bundled_name_it_is_near(tmp_path, bundled):
+    src = bundled["kor22-t5-175b-full"]
+    arch = dict.fromkeys(("layers", "hidden", "heads", "ffn", "vocab", "experts", "topk", "expert_ffn"), "")
+    rows = [{**src, **arch, "id": "m", "model": "gtp-175b"}, {**src, "id": "h", "hardware": "dgx-a10O-80gb"}]
+    res = {r.id: r for r in V.run(path=write(tmp_path / "typo.csv", rows))}
+    assert "did you mean gpt-175b?" in res["m"].layout and "did you mean dgx-a100-80gb?" in res["h"].layout
+    gaudi = V.run(path=write(tmp_path / "g.csv", [{**src, "hardware": "Intel Gaudi 3"}]))[0]
+    assert "did you mean" not in gaudi.layout
