@@ -35,6 +35,7 @@ from typing import get_args
 import click
 from pydantic import ValidationError
 
+from .clitypes import GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
 from .layout import CudaGraphScope, ExpertGemm, RecomputeModule
 from .specs import load_hardware, load_model
@@ -85,6 +86,8 @@ INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "h
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp", "offload_layers", "recompute_layers")
 FLOATS = ("value", "tokens_per_s_per_gpu")
+# the bounds the CLI puts on the same figures (clitypes.GPU_COUNT, SEQUENCE: the model spec's MAX_SEQ)
+MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max}
 # architecture column -> ModelSpec field (moe.* inside the MoE block)
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
         "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size",
@@ -295,6 +298,8 @@ def _check_row(path, rid: str, r: dict) -> None:
         if v and not (v.isdigit() and (int(v) > 0 or c in MAY_BE_ZERO)):
             what = "a whole number" if c in MAY_BE_ZERO else "a positive whole number"
             raise TableError(path, rid, c, f"expected {what}, got {v!r}")
+        if c in MAXIMA and v and int(v) > MAXIMA[c]:  # a typo's extra digits: no run is that large
+            raise TableError(path, rid, c, f"expected at most {MAXIMA[c]:,} (the CLI's bound), got {v!r}")
     for c in FLOATS:
         _check_number(path, rid, r, c, lambda x: x > 0, "a positive number")
     _check_number(path, rid, r, "optimizer_offload", lambda x: 0.0 <= x <= 1.0,

@@ -556,3 +556,10 @@ def test_a_misspelt_model_or_machine_is_not_priced_with_the_bundled_name_it_is_n
     assert "did you mean gpt-175b?" in res["m"].layout and "did you mean dgx-a100-80gb?" in res["h"].layout
     gaudi = V.run(path=write(tmp_path / "g.csv", [{**src, "hardware": "Intel Gaudi 3"}]))[0]
     assert "did you mean" not in gaudi.layout
+
+
+@pytest.mark.parametrize("column,value", [("seq", "999999999999"), ("gpus", "99999999999999999999")])
+def test_a_sequence_or_gpu_count_beyond_the_cli_s_bound_is_refused(tmp_path, bundled, column, value):
+    # a sequence of 10^12 tokens had been priced (-100 %), as the CLI's --seq would refuse
+    code, out = cli("--table", str(write(tmp_path / "b.csv", [{**bundled["kor22-t5-175b-full"], column: value}])))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and f"{column}: expected at most 16,777,216" in out, out
