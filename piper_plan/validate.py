@@ -577,8 +577,8 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     metric, pub = _compared(row, m)
     out = {"id": row_id, "metric": metric, "published": pub, "predicted": pred,
            "source": row["source"], "notes": row["notes"]}
-    if lay is None:
-        return out
+    if lay is None:  # JSON has no NaN: no prediction, and why
+        return {**out, "predicted": None, "not_priced": "nothing fits: no layout of the searched space fits the device"}
     out.update(layout=lay.model_dump(mode="json"), step_time_s=float(est.step_time_s[i]),
                time_breakdown_s={k: float(v[i]) for k, v in est.time.items()})
     out.update(_step_gap(row, m, lay, est, i))

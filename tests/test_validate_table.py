@@ -563,3 +563,14 @@ def test_a_sequence_or_gpu_count_beyond_the_cli_s_bound_is_refused(tmp_path, bun
     # a sequence of 10^12 tokens had been priced (-100 %), as the CLI's --seq would refuse
     code, out = cli("--table", str(write(tmp_path / "b.csv", [{**bundled["kor22-t5-175b-full"], column: value}])))
     assert code == 2 and len(out.strip().splitlines()) == 1 and f"{column}: expected at most 16,777,216" in out, out
+
+
+def test_explaining_a_row_for_which_nothing_fits_says_so_and_writes_valid_json(tmp_path):
+    p = tmp_path / "n.csv"
+    p.write_text("id,group,model,hardware,gpus,seq,metric,value,recompute\n"
+                 "big,mine,deepseek-v3,H100,8,4096,tokens_per_s_per_gpu,100,planner's choice\n")
+    code, out = cli("--table", str(p), "--explain", "big", "--json")
+    d = json.loads(out)  # NaN had been written, which no JSON reader takes
+    assert code == 0 and d["predicted"] is None and d["not_priced"].startswith("nothing fits")
+    code, out = cli("--table", str(p), "--explain", "big")
+    assert code == 0 and "nothing fits" in out and "nan" not in out
