@@ -551,8 +551,9 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 
     from . import report
     from .errors import SpecError
+    from .files import check_writable
     from .plan import atomic_write_text
-    from .sweep import plot, run_sweep, parse_vary
+    from .sweep import CSV_COLUMNS, plot, run_sweep, parse_vary
 
     model, hw, routing = _load_for_search(kw)
     parts = [x.strip() for x in gpus.split(",")]
@@ -562,6 +563,11 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     vary_d = parse_vary(list(vary))
     space = _space(kw, model, counts[0])
     _check_peaks(hw, kw["hardware"], kw)
+    for path, what in ((csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")):
+        if path:  # before the sweep: a path that cannot be written would lose it, or leave half the outputs
+            check_writable(path, what)
+    for c in counts:
+        _check_machine_size(hw, kw["hardware"], c)
     n = len(counts)
     for v in vary_d.values():
         n *= len(v)
@@ -577,8 +583,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     report.show([t])
     if csv_path:
         buf = io.StringIO()
-        fields = sorted({k for r in rows for k in r}, key=lambda k: (k not in keys, k))
-        w = csv.DictWriter(buf, fieldnames=fields)
+        w = csv.DictWriter(buf, fieldnames=[*keys, *CSV_COLUMNS])  # the scenario, then its answer, as the table
         w.writeheader()
         w.writerows(rows)
         atomic_write_text(csv_path, buf.getvalue())

@@ -79,6 +79,9 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         if as_json:
             emit(d)
             return
+        if d.get("not_priced"):  # nothing to break down
+            click.echo(f"{explain_id}: {d['metric']} published {d['published']:g}, {d['not_priced']}")
+            return
         t = Table(title=f"{explain_id}: {d['metric']} published {d['published']:g}, predicted {d['predicted']:.4g}")
         t.add_column("item")
         t.add_column("value")

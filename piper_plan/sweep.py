@@ -29,11 +29,17 @@ ALIASES = {
 }
 
 
+# --csv's columns after the scenario's (gpus, then each varied field's dotted path), the same set
+# whatever fits: tokens_per_s is the whole job's, mfu a fraction, peak_memory_gib the busiest
+# rank's; a scenario where nothing fits leaves step_time_s and peak_memory_gib blank
+CSV_COLUMNS = ("fits", "tokens_per_s", "tflops_per_gpu", "mfu", "step_time_s", "peak_memory_gib", "layout")
+
+
 def parse_vary(items: list[str]) -> dict[str, list[float]]:
     out = {}
     for it in items:
         key, eq, vals = it.partition("=")
-        if not eq or not vals:
+        if not eq or not vals or not key.strip():
             raise SpecError("--vary", it, "expected FIELD=v1,v2,... (e.g. nic_gbps=12.5,25,50)")
         field = ALIASES.get(key, key)
         if field in out:
@@ -44,6 +50,8 @@ def parse_vary(items: list[str]) -> dict[str, list[float]]:
             values = [math.nan]
         if not all(math.isfinite(v) for v in values):
             raise SpecError("--vary", key, f"values must be finite numbers, got {vals!r}")
+        if len(set(values)) != len(values):  # as --gpus: a repeat is a typo, and one scenario priced twice
+            raise SpecError("--vary", key, f"values must be distinct, got {vals!r}")
         out[field] = values
     return out
 
@@ -59,24 +67,35 @@ def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
         key = int(last) if isinstance(node, list) else last
         old = node[key]
     except (KeyError, IndexError, ValueError, TypeError):
-        raise SpecError(hw.name, path, "no such field in the hardware spec") from None
+        raise SpecError(hw.name, path, "no such field in the hardware spec (expected a dotted path such as "
+                        f"network.nic_gbps or topology.0.bandwidth_gbps, or one of {', '.join(ALIASES)})") from None
     if not isinstance(old, (int, float)) or isinstance(old, bool):
         raise SpecError(hw.name, path, f"not a numeric field (holds {type(old).__name__})")
     node[key] = type(old)(value) if isinstance(old, int) and float(value).is_integer() else value
     return parse(HardwareSpec, data, f"{hw.name} with {path}={value:g}")
 
 
+def scenarios(hw: HardwareSpec, vary: dict[str, list[float]]) -> dict[tuple, HardwareSpec]:
+    """The hardware spec of each combination of the varied values, in sweep order: a value the
+    spec refuses (a negative bandwidth, zero memory) is an error before any search runs, not
+    after the scenarios before it."""
+    out = {}
+    for vals in itertools.product(*vary.values()):
+        h = hw
+        for k, v in zip(vary, vals):
+            h = set_field(h, k, v)
+        out[vals] = h
+    return out
+
+
 def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[float]], space: SearchSpace,
               routing=None, progress=None) -> list[dict]:
     """One row per (gpus × varied values) scenario with the best plan found."""
     keys = list(vary)
-    combos = list(itertools.product(gpus, *[vary[k] for k in keys]))
+    specs = scenarios(hw, vary)  # every value checked before the first search
     rows = []
-    for combo in combos:
-        n, vals = combo[0], combo[1:]
-        h = hw
-        for k, v in zip(keys, vals):
-            h = set_field(h, k, v)
+    for n, vals in itertools.product(gpus, specs):
+        h = specs[vals]
         res = search(model, h, replace(space, gpus=n, global_batch=round_batch(space.global_batch, n)), routing)
         row = {"gpus": n, **dict(zip(keys, vals))}
         if res.best is None:

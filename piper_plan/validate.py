@@ -349,6 +349,9 @@ def piper_space(gpus: int, seq: int) -> SearchSpace:
     return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, paper_mesh=True, schedules=("1f1b",))
 
 
+MEGATRON_STACKS = ("megatron-core", "megatron-lm-2021")  # Megatron's schedules: 1F1B, interleaved
+
+
 def searched_space(row, global_batch: int | None = None) -> SearchSpace:
     """The space a searched row's best plan is sought in: Piper's mesh for the planner's choice,
     for X-MoE (the DeepSpeed-MoE lineage) no pipeline, for another row that states no layout the
@@ -366,10 +369,12 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
         x = _settings(row)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
                 "expert_probs", "cuda_graphs", "overlap_grad_reduce")
+        # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
+        # the space's defaults stand for those
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),
-                           a2as=(x["a2a"],), zeros=(x["zero"],), **{k: x[k] for k in kept},
+                           a2as=(x.get("a2a", "flat"),), zeros=(x["zero"],), **{k: x[k] for k in kept if k in x},
                            pipeline_split=_split(row),
-                           **({"schedules": ("1f1b", "interleaved")} if stack(row) == "megatron-core" else {}))
+                           **({"schedules": ("1f1b", "interleaved")} if stack(row) in MEGATRON_STACKS else {}))
     space = piper_space(gpus, seq)
     return space if global_batch is None else replace(space, global_batch=global_batch)
 
@@ -572,8 +577,8 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     metric, pub = _compared(row, m)
     out = {"id": row_id, "metric": metric, "published": pub, "predicted": pred,
            "source": row["source"], "notes": row["notes"]}
-    if lay is None:
-        return out
+    if lay is None:  # JSON has no NaN: no prediction, and why
+        return {**out, "predicted": None, "not_priced": "nothing fits: no layout of the searched space fits the device"}
     out.update(layout=lay.model_dump(mode="json"), step_time_s=float(est.step_time_s[i]),
                time_breakdown_s={k: float(v[i]) for k, v in est.time.items()})
     out.update(_step_gap(row, m, lay, est, i))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from difflib import SequenceMatcher
+from difflib import SequenceMatcher, get_close_matches
 from functools import lru_cache
 from pathlib import Path
 from typing import get_args
@@ -35,6 +35,7 @@ from typing import get_args
 import click
 from pydantic import ValidationError
 
+from .clitypes import GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
 from .layout import CudaGraphScope, ExpertGemm, RecomputeModule
 from .specs import load_hardware, load_model
@@ -85,6 +86,8 @@ INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "h
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp", "offload_layers", "recompute_layers")
 FLOATS = ("value", "tokens_per_s_per_gpu")
+# the bounds the CLI puts on the same figures (clitypes.GPU_COUNT, SEQUENCE: the model spec's MAX_SEQ)
+MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max}
 # architecture column -> ModelSpec field (moe.* inside the MoE block)
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
         "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size",
@@ -124,7 +127,7 @@ def read_rows(path: Path) -> list[dict]:
     bad one)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f)
+            reader = csv.DictReader(f, delimiter=_delimiter(f))
             header = [_column(h) for h in (reader.fieldnames or [])]
             missing = [c for c in REQUIRED if c not in header]
             if missing:
@@ -134,15 +137,20 @@ def read_rows(path: Path) -> list[dict]:
             if unknown:  # a misspelt optional column would otherwise be dropped without a word
                 click.echo(f"warning: {path}: column(s) {', '.join(unknown)} not in the schema, ignored (its "
                            f"columns: {', '.join(COLUMNS)})", err=True)
-            twice = sorted({c for c in header if header.count(c) > 1})
+            # blank headings are a spreadsheet's empty trailing columns, not one column twice
+            twice = sorted({c for c in header if c and header.count(c) > 1})
             if twice:
                 raise TableError(path, None, "header", f"columns {', '.join(twice)} appear twice "
                                  "(as written or by another name for them)")
             blank = dict.fromkeys(COLUMNS, "")
-            rows = [{**blank, **{_column(k): (v or "").strip() for k, v in r.items() if k}} for r in reader]
+            rows = [{**blank, **{_column(k): (v or "").strip() for k, v in _cells(path, reader, r).items() if k}}
+                    for r in reader]
     except OSError as e:
         raise TableError(path, None, "file", f"cannot be read ({e.strerror or e})") from None
-    except (csv.Error, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:  # a spreadsheet's "CSV" in its own code page (cp1252) or UTF-16
+        raise TableError(path, None, "file", f"expected UTF-8 text (byte 0x{e.object[e.start]:02x} is not); a "
+                         "spreadsheet saves it as \"CSV UTF-8\"") from None
+    except csv.Error as e:
         raise TableError(path, None, "file", f"not a readable csv ({e})") from None
     if not rows:
         raise TableError(path, None, "rows", "the table has no rows")
@@ -160,6 +168,33 @@ def read_rows(path: Path) -> list[dict]:
         if r["metric"] == "mfu" and not missing_hardware(r):
             _mfu_as_tflops(path, r)
     return rows
+
+
+def _delimiter(f) -> str:
+    """The table's separator: a comma, or where the header holds none, the semicolon or tab a
+    spreadsheet in a decimal-comma locale exports with (csv.Sniffer reads it off the header)."""
+    first = f.readline()
+    f.seek(0)
+    if "," in first:
+        return ","
+    try:
+        return csv.Sniffer().sniff(first, delimiters=";\t").delimiter
+    except csv.Error:  # one column: the header check names what is missing
+        return ","
+
+
+def _cells(path, reader: csv.DictReader, r: dict) -> dict:
+    """A row as read, refused where it holds more cells than the header has columns: an unquoted
+    comma inside a cell ("Mixtral 8x7B, 2 nodes") shifts every cell after it, and what spills past
+    the last column would otherwise be dropped without a word."""
+    spill = r.get(None)  # DictReader's cells beyond the header
+    if spill:
+        width = len(reader.fieldnames)
+        rid = next((v.strip() for k, v in r.items() if k and _column(k) == "id" and v and v.strip()),
+                   f"at line {reader.line_num}")
+        raise TableError(path, rid, "cells", f"{width + len(spill)} cells where the header has {width} columns; a "
+                         "cell holding a comma must be quoted")
+    return r
 
 
 def _mfu_as_tflops(path, r: dict) -> None:
@@ -263,6 +298,8 @@ def _check_row(path, rid: str, r: dict) -> None:
         if v and not (v.isdigit() and (int(v) > 0 or c in MAY_BE_ZERO)):
             what = "a whole number" if c in MAY_BE_ZERO else "a positive whole number"
             raise TableError(path, rid, c, f"expected {what}, got {v!r}")
+        if c in MAXIMA and v and int(v) > MAXIMA[c]:  # a typo's extra digits: no run is that large
+            raise TableError(path, rid, c, f"expected at most {MAXIMA[c]:,} (the CLI's bound), got {v!r}")
     for c in FLOATS:
         _check_number(path, rid, r, c, lambda x: x > 0, "a positive number")
     _check_number(path, rid, r, "optimizer_offload", lambda x: 0.0 <= x <= 1.0,
@@ -393,7 +430,21 @@ def missing_hardware(row: dict) -> str | None:
     if _named(name, "hardware") in bundled_names("hardware") or Path(name).is_file():
         return None
     return (f"no hardware spec: {row['hardware']!r} is none of the bundled systems "
-            f"({', '.join(bundled_names('hardware'))}); name a spec file in a hardware_spec column")
+            f"({', '.join(bundled_names('hardware'))});{_did_you_mean(name, 'hardware')} name a spec file in a "
+            "hardware_spec column")
+
+
+def _did_you_mean(name: str, kind: str) -> str:
+    """" did you mean X?" where a bundled name is close to a table's (a misspelling is otherwise
+    read as a machine or model Piper has no spec for, and only not priced); else ""."""
+    close = get_close_matches(name, bundled_names(kind), n=1)
+    return f" did you mean {close[0]}?" if close else ""
+
+
+def _path_like(name: str) -> bool:
+    """Whether a table's model name is written as a spec file's path (a YAML or a Hugging Face
+    config.json), which must then exist; a repository id such as meta-llama/Llama-3.1-8B is a name."""
+    return name.startswith(("/", "./", "../", "~")) or Path(name).suffix in (".yaml", ".yml", ".json")
 
 
 def row_hardware(path, row: dict):
@@ -468,15 +519,18 @@ def missing_model(row: dict) -> str | None:
         return None
     size = stated_size(_tokens(name))
     said = f" of {size / 1e9:g}B parameters" if size else ""
-    return (f"no model spec: {row['model']!r} is no bundled model{said} and the row gives no architecture "
-            f"columns (layers, hidden, heads, ffn, vocab, experts, topk, expert_ffn) to build it from")
+    return (f"no model spec: {row['model']!r} is no bundled model{said} and the "
+            f"row gives no architecture columns (layers, hidden, heads, ffn, vocab, experts, topk, expert_ffn) to "
+            f"build it from" + (f";{hint}" if (hint := _did_you_mean(name, "models")) else ""))
 
 
 def _base_name(name: str, row: dict) -> str | None:
     """The spec a row's model (table_name `name`, no model_spec) is built on: the bundled spec or
     file it names, else _template's; None where there is none (missing_model)."""
     base = _named(name, "models")
-    return base if base in bundled_names("models") or Path(base).is_file() else _template(name, row)
+    if base in bundled_names("models") or Path(base).is_file() or _path_like(base):
+        return base  # a path that is no file: load_model names it (row_model), not a model to leave unpriced
+    return _template(name, row)
 
 
 @lru_cache(maxsize=None)

@@ -134,6 +134,46 @@ def test_sweep_refuses_non_finite_or_repeated_what_ifs(vary, needle):
     one_line(args, "--vary", needle)
 
 
+SWEEP = ["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("vary,needle", [(["nic_gbps=1,1"], "distinct"), (["=1"], "expected FIELD=v1,v2"),
+                                         (["nic=1"], "one of nic_gbps, hbm_gib")])
+def test_sweep_refuses_repeated_values_and_nameless_or_unknown_fields_saying_what_it_takes(vary, needle):
+    # a repeat had priced one scenario twice; "=1" read "cpu-local: : no such field"
+    args = list(SWEEP)
+    for v in vary:
+        args += ["--vary", v]
+    one_line(args, needle)
+
+
+def test_sweep_refuses_a_value_the_spec_refuses_before_it_searches_any_scenario(monkeypatch):
+    # the last value had been checked only after every scenario before it was searched
+    import piper_plan.sweep
+
+    def searched(*a, **k):
+        raise AssertionError("a scenario was searched before every value was checked")
+
+    monkeypatch.setattr(piper_plan.sweep, "search", searched)
+    one_line([*SWEEP, "--vary", "nic_gbps=12.5,-1"], "network.nic_gbps", "greater than 0")
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--json", "--plot"])
+def test_sweep_checks_every_output_before_it_sweeps_and_leaves_the_others_whole(tmp_path, flag):
+    # an output it could not write had failed after the sweep, with the outputs before it written
+    kept = tmp_path / "kept.csv"
+    kept.write_text("an earlier sweep\n")
+    bad = str(tmp_path / "no-such-folder" / "out")
+    args = [*SWEEP, "--vary", "nic_gbps=12.5,25"] + (["--csv", str(kept)] if flag != "--csv" else [])
+    one_line([*args, flag, bad], bad, flag, "no folder")
+    assert kept.read_text() == "an earlier sweep\n"
+
+
+def test_sweep_says_when_a_gpu_count_is_beyond_the_machine():
+    code, out, _ = _run(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4,16", "--global-batch", "16"])
+    assert code == 0 and "warning: cpu-local: max_gpus: the machine has 8 GPUs; -n 16" in out
+
+
 def test_more_gpus_than_the_machine_is_said_not_silent():
     code, out, _ = _run(["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "16", "--global-batch", "16"])
     assert code == 0 and "warning: cpu-local: max_gpus: the machine has 8 GPUs" in out

@@ -246,6 +246,20 @@ def test_sweep_writes_table_csv_and_png(tmp_path):
     assert len((tmp_path / "s.csv").read_text().splitlines()) == 4
 
 
+def test_sweep_csv_has_the_same_columns_in_the_table_s_order_whatever_fits(tmp_path):
+    # the columns had been sorted by name (a varied field before gpus) and taken from the rows, so a
+    # sweep where nothing fits had no step_time_s or peak_memory_gib column at all
+    heads = {}
+    for hbm in ("1", "1,64"):
+        p = tmp_path / f"s{hbm}.csv"
+        code, text, _ = run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary", f"hbm_gib={hbm}",
+                            "--csv", str(p))
+        assert code == 0, text
+        heads[hbm] = p.read_text().splitlines()[0]
+    assert heads["1"] == heads["1,64"] == ("gpus,accelerator.memory_gib,fits,tokens_per_s,tflops_per_gpu,mfu,"
+                                          "step_time_s,peak_memory_gib,layout")
+
+
 def test_sweep_unknown_field_is_one_line():
     line = err_line(*run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary", "network.nope=1")[:2])
     assert "network.nope" in line

@@ -480,3 +480,97 @@ def test_the_primus_table_prices_amd_s_own_mi355x_runs_within_the_moe_targets():
     # DeepSeek-V3 run as slower, as it ran (its reduction spans more nodes)
     assert by["primus-q3-mi355x-bf16-tuned"].predicted > by["primus-q3-mi355x-bf16-shipped"].predicted
     assert by["primus-dsv3-mi355x-128n-default"].predicted > by["primus-dsv3-mi355x-32n-default"].predicted
+
+
+# ---- a user's own table as a spreadsheet exports it (audit) -----------------------------
+def _export(path, rows, delimiter=",", extra_blank=0, encoding="utf-8-sig"):
+    """rows in the schema as a spreadsheet saves them: a byte-order mark, CRLF line ends, empty
+    trailing columns, the locale's separator."""
+    with open(path, "w", newline="", encoding=encoding) as f:
+        w = csv.writer(f, delimiter=delimiter, lineterminator="\r\n")
+        w.writerow(SCHEMA + [""] * extra_blank)
+        w.writerows([[r.get(c, "") for c in SCHEMA] + [""] * extra_blank for r in rows])
+    return path
+
+
+@pytest.mark.parametrize("delimiter,extra_blank", [(",", 3), (";", 0), ("\t", 0)])
+def test_a_spreadsheet_export_prices_as_the_same_rows_written_plainly(tmp_path, bundled, delimiter, extra_blank):
+    # empty trailing columns had read as one column "" twice; a semicolon or tab export as a
+    # table missing every required column
+    ids = ["kor22-t5-175b-full", "nar21-t1-7.5b"]
+    rows = [{**bundled[i], "notes": "median of 3 runs, 2% spread"} for i in ids]
+    mine = {r.id: r.predicted for r in V.run(path=_export(tmp_path / "x.csv", rows, delimiter, extra_blank))}
+    assert mine == {r.id: r.predicted for r in V.run(path=write(tmp_path / "plain.csv", rows))}
+    ours = {r.id: r.predicted for r in V.run() if r.id in ids}
+    assert mine == pytest.approx(ours, rel=1e-12)
+
+
+@pytest.mark.parametrize("line", ["u1,mine,Mixtral 8x7B,H100,64,4096,tokens_per_s_per_gpu,2500,median, 3 runs",
+                                  "u1,mine,Mixtral 8x7B, 2 nodes,H100,64,4096,tokens_per_s_per_gpu,2500,"])
+def test_a_row_with_more_cells_than_the_header_is_refused_not_cut(tmp_path, line):
+    # an unquoted comma: what spilled past the last column had been dropped without a word, or
+    # every later cell shifted into a misleading error ("gpus: expected ..., got 'H100'")
+    p = tmp_path / "u.csv"
+    p.write_text("id,group,model,hardware,gpus,seq,metric,value,notes\n" + line + "\n")
+    code, out = cli("--table", str(p))
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert f"{p}: row u1: cells: 10 cells where the header has 9 columns" in out and "must be quoted" in out
+
+
+def test_a_table_not_in_utf8_is_one_line_saying_what_is_expected(tmp_path, bundled):
+    path = _export(tmp_path / "cp1252.csv", [{**bundled["kor22-t5-175b-full"], "notes": "Zürich"}], encoding="cp1252")
+    code, out = cli("--table", str(path))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and "file: expected UTF-8 text" in out, out
+
+
+def test_a_megatron_2021_row_that_states_no_layout_is_searched_not_a_traceback(tmp_path, bundled):
+    # only the required columns, in Korthikanti's group: searched_space had read the MoE recipe
+    # keys (a2a, expert_gemm, ...) the 2021-22 Megatron-LM settings do not have (KeyError 'a2a')
+    src = bundled["kor22-t5-175b-full"]
+    p = tmp_path / "req.csv"
+    p.write_text("id,group,model,hardware,gpus,seq,metric,value\n"
+                 f"k,{src['group']},gpt-175b,dgx-a100-80gb,64,2048,iteration_time_s,18.13\n")
+    (res,) = V.run(path=p)
+    assert res.predicted > 0 and res.layout.startswith("tp")
+    code, out = cli("--table", str(p))
+    assert code == 0 and "Traceback" not in out
+
+
+def test_a_model_written_as_a_path_that_is_no_file_is_an_error_not_a_skipped_row(tmp_path, bundled):
+    # it had been "not priced" (counted as a dense row) as if the path were a model's name
+    row = {**bundled["mb-qwen3-30b-h100-fp8-2606"], "model": "configs/my-model/config.json", "model_spec": ""}
+    code, out = cli("--table", str(write(tmp_path / "p.csv", [row])))
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "model: configs/my-model/config.json" in out and "no such file" in out
+    # a Hugging Face config.json that is there is the row's model
+    hf = str(Path(__file__).parent / "data" / "hf" / "gpt-oss-20b.json")
+    (res,) = V.run(path=write(tmp_path / "hf.csv", [{**row, "model": hf, "ep": "8"}]))
+    assert res.predicted > 0
+
+
+def test_a_misspelt_model_or_machine_is_not_priced_with_the_bundled_name_it_is_near(tmp_path, bundled):
+    src = bundled["kor22-t5-175b-full"]
+    arch = dict.fromkeys(("layers", "hidden", "heads", "ffn", "vocab", "experts", "topk", "expert_ffn"), "")
+    rows = [{**src, **arch, "id": "m", "model": "gtp-175b"}, {**src, "id": "h", "hardware": "dgx-a10O-80gb"}]
+    res = {r.id: r for r in V.run(path=write(tmp_path / "typo.csv", rows))}
+    assert "did you mean gpt-175b?" in res["m"].layout and "did you mean dgx-a100-80gb?" in res["h"].layout
+    gaudi = V.run(path=write(tmp_path / "g.csv", [{**src, "hardware": "Intel Gaudi 3"}]))[0]
+    assert "did you mean" not in gaudi.layout
+
+
+@pytest.mark.parametrize("column,value", [("seq", "999999999999"), ("gpus", "99999999999999999999")])
+def test_a_sequence_or_gpu_count_beyond_the_cli_s_bound_is_refused(tmp_path, bundled, column, value):
+    # a sequence of 10^12 tokens had been priced (-100 %), as the CLI's --seq would refuse
+    code, out = cli("--table", str(write(tmp_path / "b.csv", [{**bundled["kor22-t5-175b-full"], column: value}])))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and f"{column}: expected at most 16,777,216" in out, out
+
+
+def test_explaining_a_row_for_which_nothing_fits_says_so_and_writes_valid_json(tmp_path):
+    p = tmp_path / "n.csv"
+    p.write_text("id,group,model,hardware,gpus,seq,metric,value,recompute\n"
+                 "big,mine,deepseek-v3,H100,8,4096,tokens_per_s_per_gpu,100,planner's choice\n")
+    code, out = cli("--table", str(p), "--explain", "big", "--json")
+    d = json.loads(out)  # NaN had been written, which no JSON reader takes
+    assert code == 0 and d["predicted"] is None and d["not_priced"].startswith("nothing fits")
+    code, out = cli("--table", str(p), "--explain", "big")
+    assert code == 0 and "nothing fits" in out and "nan" not in out
