@@ -31,19 +31,29 @@ def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: 
     if p.is_dir():
         raise SpecError(str(p), what, "cannot write: it is a folder")
     _check_folder(p, p.parent, what, make_parents)
+    if p.parent.is_dir():  # the write makes its temporary file there (atomic_write_bytes): make one now
+        _probe(p, p.parent, what)
 
 
 def check_writable_folder(path: str | os.PathLike, what: str) -> None:
     """As check_writable, for a folder a run writes into: made, with its parents, where missing,
-    and a file written into it and removed, since permission bits do not stop root where the
-    file system refuses (/proc, a read-only mount)."""
+    and a file written into it and removed (_probe)."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise SpecError(str(p), what, "expected a folder; this is a file")
     _check_folder(p, p, what, make_parents=True)
     try:
         p.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=p, prefix=".piper-probe-"):
+    except OSError as e:
+        raise SpecError(str(p), what, f"cannot write: {e.strerror or e}") from None
+    _probe(p, p, what)
+
+
+def _probe(p: Path, folder: Path, what: str) -> None:
+    """Write a file into `folder` and remove it: permission bits do not stop root where the file
+    system refuses (/proc, a read-only mount)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".piper-probe-"):
             pass
     except OSError as e:
         raise SpecError(str(p), what, f"cannot write: {e.strerror or e}") from None

@@ -169,6 +169,16 @@ def test_sweep_checks_every_output_before_it_sweeps_and_leaves_the_others_whole(
     assert kept.read_text() == "an earlier sweep\n"
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs a folder the file system refuses writes into")
+def test_an_output_in_a_folder_that_refuses_files_is_refused_before_the_sweep_even_for_root(tmp_path):
+    # /proc passes os.access for root; the probe writes a file there as the atomic write would
+    kept = tmp_path / "kept.csv"
+    kept.write_text("an earlier sweep\n")
+    one_line([*SWEEP, "--vary", "nic_gbps=12.5,25", "--csv", str(kept), "--plot", "/proc/x.png"], "/proc/x.png",
+             "--plot", "cannot write")
+    assert kept.read_text() == "an earlier sweep\n"
+
+
 def test_sweep_says_when_a_gpu_count_is_beyond_the_machine():
     code, out, _ = _run(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4,16", "--global-batch", "16"])
     assert code == 0 and "warning: cpu-local: max_gpus: the machine has 8 GPUs; -n 16" in out
