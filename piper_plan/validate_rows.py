@@ -308,6 +308,10 @@ def _check_row(path, rid: str, r: dict) -> None:
         raise TableError(path, rid, "value", f"expected an MFU as a fraction or a percentage, got {r['value']!r}")
     if r["metric"] not in METRICS:
         raise TableError(path, rid, "metric", f"expected one of {', '.join(METRICS)}, got {r['metric']!r}")
+    if r["metric"] == "iteration_time_s" and not r.get("gbs"):  # a rate holds near a default batch; a step's time not
+        click.echo(f"warning: {path}: row {rid}: gbs: blank on an iteration time, which grows with the batch: priced "
+                   "at the planner's default batch (4M tokens), so its error says little; give the batch it ran",
+                   err=True)
     rc = r.get("recompute", "")
     if not (rc in ("", "none", "full", "per recipe", "planner's choice") or rc.startswith(("selective", "X-MoE recipe"))):
         raise TableError(path, rid, "recompute", "expected none, full, selective (e.g. selective+seqpar), per recipe "

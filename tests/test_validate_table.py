@@ -534,6 +534,8 @@ def test_a_megatron_2021_row_that_states_no_layout_is_searched_not_a_traceback(t
     assert res.predicted > 0 and res.layout.startswith("tp")
     code, out = cli("--table", str(p))
     assert code == 0 and "Traceback" not in out
+    # and an iteration time without its batch is priced at the default one, with a warning saying so
+    assert "row k: gbs: blank on an iteration time" in out
 
 
 def test_a_model_written_as_a_path_that_is_no_file_is_an_error_not_a_skipped_row(tmp_path, bundled):
