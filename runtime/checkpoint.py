@@ -107,7 +107,8 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
     rank = dist.get_rank()
     if rank == 0:
         d.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in d.glob(".step_*.tmp"):  # this save's, or one an interrupted run left (a step it never reached again)
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     dist.barrier()
     state = {k: v.detach().clone() for k, v in _entries(opt, chunks, True)}

@@ -85,6 +85,10 @@ def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
         check_writable(cfg.metrics, "--metrics", make_parents=True)  # metrics.py makes the folders
     if cfg.checkpoint:
         check_writable_folder(cfg.checkpoint, "--checkpoint")
+        held = _held_checkpoint(cfg.checkpoint)
+        if held and not cfg.resume:  # a fresh run's saves would replace it, re-point `latest` and prune it
+            raise PiperError(f"--checkpoint {cfg.checkpoint}: holds a checkpoint already ({held}); add --resume "
+                             "to continue it, or give a new folder")
     if cfg.data:
         from .data import open_tokens
 
@@ -99,6 +103,19 @@ def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
             raise CheckpointError(f"{cfg.checkpoint}: checkpoint is at step {step}, beyond --steps {cfg.steps}")
         return step
     return 0
+
+
+def _held_checkpoint(ckdir: str) -> Optional[str]:
+    """The checkpoint a --checkpoint folder holds (what `latest` names, else its newest step_*
+    folder), or None (torch-free: checked before any rank starts)."""
+    d = Path(ckdir)
+    try:
+        if (d / "latest").is_file():
+            return (d / "latest").read_text().strip() or "latest"
+        steps = sorted(p.name for p in d.glob("step_*") if p.is_dir())
+    except OSError:
+        return None
+    return steps[-1] if steps else None
 
 
 def _init(rank: int, world: int, timeout_s: float, store_path: Optional[str]):
@@ -146,10 +163,15 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
     """Entry point of a spawned rank: runs each (plan, config) job in turn on one process
     group. PiperError -> error file + exit 2; anything else -> traceback + exit 1 (torch
     multiprocessing then stops the other ranks, so nobody waits for a dead peer)."""
+    import signal
+
     import torch.distributed as dist
 
     from .train import train
 
+    # Ctrl-C reaches every rank of the terminal's process group: die at once and quietly (a rank
+    # that raised KeyboardInterrupt printed its traceback, one per rank); the launcher reports it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         import torch
 
@@ -197,6 +219,9 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
         try:
             while not ctx.join():
                 pass
+        except KeyboardInterrupt:  # the ranks are the forkserver's children: stop them before leaving
+            _stop(ctx.processes)
+            raise
         except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
             errs = sorted(Path(tmp, "err").glob("*.err"))
             if errs:
@@ -204,6 +229,21 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
             crashes = sorted(Path(tmp, "err").glob("*.crash"))
             raise RankFailed(crashes[0].read_text().strip() if crashes else str(e).splitlines()[0]) from None
         return [json.loads(Path(tmp, f"job{j:04d}.json").read_text()) for j in range(len(jobs))]
+
+
+def _stop(procs, grace_s: float = 5.0) -> None:
+    """Terminate the ranks still running (SIGTERM, then SIGKILL after grace_s) and reap them."""
+    import time
+
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 # the CPUs this process may run on (a container's or taskset's share, not the machine's)
@@ -262,6 +302,11 @@ def main(plan_path, steps, seed, metrics_path, ckdir, checkpoint_every, resume, 
     except RankFailed as e:
         click.echo(f"error: a rank failed: {e}", err=True)
         sys.exit(1)
+    except KeyboardInterrupt:
+        held = _held_checkpoint(cfg.checkpoint) if cfg.checkpoint else None
+        kept = f"; {cfg.checkpoint} holds {held} (--resume continues from it)" if held else ""
+        click.echo(f"error: interrupted, every rank stopped{kept}", err=True)
+        sys.exit(130)
 
 
 def _check_devices(plan: Plan, source: str) -> None:

@@ -193,7 +193,7 @@ class Reporter:
         p_mem = p.peak_memory_gib if p else None
         ratio = lambda a, b: (a / b if b else None)  # noqa: E731
         summary = dict(summary=True, model=self.plan.model.name, model_hash=self.plan.model_hash,
-                       steps=len(times), measured_steps=[first + 1, len(times)],
+                       steps=len(times), measured_steps=[use[0]["step"] + 1, use[-1]["step"] + 1],
                        measured_step_time_s=meas, predicted_step_time_s=pred,
                        measured_over_predicted=ratio(meas, pred),
                        measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),
@@ -206,7 +206,8 @@ class Reporter:
         if self.log_every <= 0:
             pass
         elif pred:
-            self.console.print(f"step time: measured {meas * 1e3:.1f} ms (median of steps {first + 1}-{len(times)}), "
+            a, b = summary["measured_steps"]  # 1-based step numbers of the run (a resumed run's start past 1)
+            self.console.print(f"step time: measured {meas * 1e3:.1f} ms (median of steps {a}-{b}), "
                                f"predicted {pred * 1e3:.1f} ms, "
                                f"ratio {meas / pred:.2f}", highlight=False)
             r_a2a = "-" if summary["a2a_measured_over_predicted"] is None else f"{summary['a2a_measured_over_predicted']:.2f}"

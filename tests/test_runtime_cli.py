@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,3 +252,67 @@ def test_a_checkpoint_the_disk_cannot_hold_is_one_line_and_keeps_the_previous_on
         assert (ck / "latest").read_text().strip() == "step_00000001" and not list(ck.glob(".step_*"))
     finally:
         subprocess.run(["umount", str(small)], capture_output=True)
+
+
+def _live(pgid: int) -> list[int]:
+    """Processes of a process group that have not exited (zombies aside)."""
+    out = []
+    for st in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            f = st.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if int(f[2]) == pgid and f[0] != "Z":
+            out.append(int(st.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")
+def test_ctrl_c_stops_every_rank_in_one_line_and_the_checkpoint_resumes(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) mid-run: each rank printed a KeyboardInterrupt
+    traceback (87 lines on 2 ranks, then click's "Aborted!", exit 1), and a SIGINT to the launcher
+    alone left the ranks training to the end. Now: one line naming the checkpoint to resume, exit
+    130, no rank left; that checkpoint resumes, and its save clears the temp folder an interrupted
+    save left. A fresh run into a folder that holds a checkpoint is refused (it re-pointed `latest`
+    and replaced or pruned the old run's steps)."""
+    plan, ck = _write(tmp_path), tmp_path / "ck"
+
+    def ctrl_c():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job's ignored SIGINT would be inherited
+        os.setsid()
+
+    r = subprocess.Popen(_cmd("piper-train", "piper_runtime.launch") + [
+        "--plan", str(plan), "--steps", "100000", "--checkpoint", str(ck), "--checkpoint-every", "2",
+        "--log-every", "0", "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=ctrl_c)
+    try:
+        end = time.monotonic() + 90
+        while not (ck / "latest").is_file() and r.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        assert (ck / "latest").is_file(), r.communicate(timeout=30)
+        os.killpg(r.pid, signal.SIGINT)
+        out, err = r.communicate(timeout=30)
+    finally:
+        if r.poll() is None:
+            os.killpg(r.pid, signal.SIGKILL)
+    held = (ck / "latest").read_text().strip()
+    assert r.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines() == [f"error: interrupted, every rank stopped; {ck} holds {held} "
+                                        "(--resume continues from it)"]
+    end = time.monotonic() + 10
+    while _live(r.pid) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _live(r.pid)
+
+    fresh = CliRunner().invoke(main, ["--plan", str(plan), "--steps", "1", "--checkpoint", str(ck)])
+    _one_line_error(fresh, f"--checkpoint {ck}: holds a checkpoint already ({held})", "--resume")
+
+    (ck / ".step_99999999.tmp").mkdir()  # what a save interrupted at a step never reached again leaves
+    step = int(held.split("_")[1])
+    again = _run(["--plan", str(plan), "--steps", str(step + 2), "--checkpoint", str(ck), "--resume",
+                  "--metrics", str(tmp_path / "m.jsonl")])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (ck / "latest").read_text().strip() == f"step_{step + 2:08d}" and not list(ck.glob(".step_*"))
+    # the summary numbers the steps it measured as the run does: a resumed run's second half is its last step
+    summary = _records(tmp_path / "m.jsonl")[-1]
+    assert summary["measured_steps"] == [step + 2, step + 2]

@@ -132,8 +132,8 @@ def runs(tmp_path_factory):
              (_plan("1f1b", dtype="bf16"), TrainConfig(steps=2, timeout_s=60))]
     names += ["resume_a", "resume_b", "straight", "bf16"]
 
-    # the stale temp folder must be in place before job resume_b; jobs run in order inside
-    # one spawn, so create it now (resume_a's save removes only its own temp folder)
+    # jobs run in order inside one spawn, so the stale temp folder is made now; resume_a's save
+    # removes it already (every save clears the temp folders interrupted saves left)
     ck.mkdir(parents=True)
     (ck / ".step_00000004.tmp").mkdir()
     (ck / ".step_00000004.tmp" / "__0_0.distcp").write_bytes(b"half-written")
