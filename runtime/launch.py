@@ -12,6 +12,8 @@ import json
 import os
 import sys
 import tempfile
+import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Optional
@@ -159,7 +161,7 @@ def run_rank(rank: int, world: int, plan: Plan, cfg, store_path: Optional[str], 
 
 
 def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_path: str, tmp: str,
-             threads: int) -> None:
+             threads: int, launcher: int) -> None:
     """Entry point of a spawned rank: runs each (plan, config) job in turn on one process
     group. PiperError -> error file + exit 2; anything else -> traceback + exit 1 (torch
     multiprocessing then stops the other ranks, so nobody waits for a dead peer)."""
@@ -172,6 +174,7 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
     # Ctrl-C reaches every rank of the terminal's process group: die at once and quietly (a rank
     # that raised KeyboardInterrupt printed its traceback, one per rank); the launcher reports it
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    threading.Thread(target=_exit_with, args=(launcher,), daemon=True).start()
     try:
         import torch
 
@@ -191,6 +194,21 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
         traceback.print_exc()
         Path(tmp, "err", f"rank{rank:05d}.crash").write_text(f"{type(e).__name__}: {e}".splitlines()[0])
         sys.exit(1)
+
+
+def _exit_with(launcher: int, every_s: float = 1.0) -> None:
+    """A rank's watchdog: exit once the launcher is gone. A launcher killed outright (SIGKILL, an
+    OOM kill) runs no handler, and its ranks, the forkserver's children, trained on to --steps,
+    writing checkpoints and metrics nobody waited for (and a --resume started meanwhile would
+    race them)."""
+    while True:
+        time.sleep(every_s)
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:  # the pid now belongs to another user's process: ours is gone
+            os._exit(1)
 
 
 class RankFailed(RuntimeError):
@@ -215,7 +233,7 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
     with tempfile.TemporaryDirectory(prefix="piper-train-") as tmp:
         os.mkdir(os.path.join(tmp, "err"))
         payload = [(p.model_dump_json(), c) for p, c in jobs]
-        ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads), n)
+        ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads, os.getpid()), n)
         try:
             while not ctx.join():
                 pass
@@ -233,8 +251,6 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
 
 def _stop(procs, grace_s: float = 5.0) -> None:
     """Terminate the ranks still running (SIGTERM, then SIGKILL after grace_s) and reap them."""
-    import time
-
     for p in procs:
         if p.is_alive():
             p.terminate()

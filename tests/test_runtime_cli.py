@@ -316,3 +316,29 @@ def test_ctrl_c_stops_every_rank_in_one_line_and_the_checkpoint_resumes(tmp_path
     # the summary numbers the steps it measured as the run does: a resumed run's second half is its last step
     summary = _records(tmp_path / "m.jsonl")[-1]
     assert summary["measured_steps"] == [step + 2, step + 2]
+
+
+def test_the_ranks_exit_when_the_launcher_is_killed_outright(tmp_path):
+    """A launcher killed with SIGKILL (or by the OOM killer) runs no handler: its ranks, the
+    forkserver's children, trained on to --steps, writing checkpoints and metrics nobody waited for.
+    Each rank's watchdog now exits once the launcher is gone."""
+    plan, m = _write(tmp_path), tmp_path / "m.jsonl"
+    r = subprocess.Popen(_cmd("piper-train", "piper_runtime.launch") + [
+        "--plan", str(plan), "--steps", "100000", "--metrics", str(m), "--log-every", "0", "--timeout", "30"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True)
+    try:
+        end = time.monotonic() + 90
+        while not (m.is_file() and m.read_text().count("\n") >= 2) and r.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)  # two steps' records: the ranks are training
+        assert r.poll() is None and m.is_file(), "the run did not start"
+        os.kill(r.pid, signal.SIGKILL)  # the launcher alone
+        r.wait(timeout=10)
+        end = time.monotonic() + 15
+        while _live(r.pid) and time.monotonic() < end:
+            time.sleep(0.2)
+        left = _live(r.pid)
+    finally:
+        if _live(r.pid):
+            os.killpg(r.pid, signal.SIGKILL)
+    assert not left, f"{len(left)} processes of the run still alive 15 s after the launcher died"
