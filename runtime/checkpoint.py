@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -137,17 +138,21 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
 
 def _first_os_error(e: BaseException) -> str:
     """The reason a checkpoint write failed, in a few words: the first OSError among DCP's
-    per-rank failures (CheckpointException.failures: rank -> (exception, traceback)) or e's cause."""
-    seen = [e]
-    for v in (getattr(e, "failures", None) or {}).values():
-        seen.append(v[0] if isinstance(v, tuple) else v)
-    while seen:
-        x = seen.pop(0)
-        if isinstance(x, OSError):
+    per-rank failures (CheckpointException.failures: rank -> (exception, traceback)), nested ones
+    (a phase that gathers another's failures) and the causes and contexts of each; else an
+    "[Errno N] reason" in the text (a writer that re-raises it as a RuntimeError)."""
+    queue, seen = [e], set()
+    while queue:
+        x = queue.pop(0)
+        if not isinstance(x, BaseException) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and (x.strerror or str(x)):
             return x.strerror or str(x)
-        if isinstance(x, BaseException) and x.__cause__ is not None:
-            seen.append(x.__cause__)
-    return type(e).__name__
+        queue += [v[0] if isinstance(v, tuple) else v for v in (getattr(x, "failures", None) or {}).values()]
+        queue += [x.__cause__, x.__context__]
+    found = re.search(r"\[Errno \d+\] ([^:\n'\"]+)", str(e))
+    return found.group(1).strip() if found else type(e).__name__
 
 
 def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk]) -> int:

@@ -230,6 +230,29 @@ def test_a_plan_whose_ranks_outgrow_this_hosts_memory_is_refused_before_any_rank
                     "2 local ranks of 1000000.00 GiB each", "GiB available")
 
 
+def test_a_failed_checkpoint_write_is_named_by_its_os_error_wherever_dcp_nests_it():
+    """DCP gathers each rank's failure into a CheckpointException, and a later phase can gather those
+    again; a writer may re-raise ENOSPC as a RuntimeError. The disk test below read
+    "(CheckpointException)" in one CI run where the reason sat one level deeper."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from piper_runtime.checkpoint import _first_os_error
+
+    enospc = OSError(28, "No space left on device")
+    inner = CheckpointException("write", {1: (enospc, None)})
+    assert _first_os_error(CheckpointException("finish", {0: (inner, None)})) == "No space left on device"
+    try:
+        try:
+            raise enospc
+        except OSError:
+            raise RuntimeError("file write failed")  # the OSError is its __context__
+    except RuntimeError as e:
+        assert _first_os_error(CheckpointException("write", {0: (e, None)})) == "No space left on device"
+    text = RuntimeError("PytorchStreamWriter failed writing file data/0: [Errno 28] No space left on device")
+    assert _first_os_error(CheckpointException("write", {0: (text, None)})) == "No space left on device"
+    assert _first_os_error(CheckpointException("write", {0: (ValueError("odd"), None)})) == "CheckpointException"
+
+
 def test_a_checkpoint_the_disk_cannot_hold_is_one_line_and_keeps_the_previous_one(tmp_path):
     """A full file system mid-run: DeepCheckpoint's exception (every rank's traceback, 466 lines in
     an audit) becomes one line naming the folder and the reason, and the last good checkpoint and
