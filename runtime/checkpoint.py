@@ -116,9 +116,12 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
     try:
         dcp.save(state, checkpoint_id=str(tmp))
     except (CheckpointException, OSError) as e:  # every rank raises (DCP gathers the failures)
+        why = _first_os_error(e)
+        if not _is_os_reason(why, e):  # the OSError was lost on the way (below): say what the disk says
+            why = _space_left(tmp, sum(v.numel() * v.element_size() for v in state.values())) or why
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint and `latest` stay as they were
-        raise CheckpointError(f"{d}: cannot write checkpoint step {step} ({_first_os_error(e)}); the previous "
+        raise CheckpointError(f"{d}: cannot write checkpoint step {step} ({why}); the previous "
                               "checkpoint is kept") from None
     dist.barrier()
     if rank == 0:
@@ -153,6 +156,25 @@ def _first_os_error(e: BaseException) -> str:
         queue += [x.__cause__, x.__context__]
     found = re.search(r"\[Errno \d+\] ([^:\n'\"]+)", str(e))
     return found.group(1).strip() if found else type(e).__name__
+
+
+def _is_os_reason(why: str, e: BaseException) -> bool:
+    """Whether _first_os_error found an OS error (else it fell back to the exception's name)."""
+    return why != type(e).__name__
+
+
+def _space_left(folder: Path, need: int) -> Optional[str]:
+    """"No space left on device" with the figures, where the file system holds less than this
+    rank's share of the checkpoint (`need` bytes); None where it does. DCP gathers every rank's
+    failure by pickling it, which drops the OSError torch.save's RuntimeError ("unexpected pos")
+    carries as its context, so a full disk could read as a bare CheckpointException."""
+    try:
+        free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    except OSError:
+        return None
+    if free >= need:
+        return None
+    return f"No space left on device: {free / 2**20:.1f} MiB free there, a rank's share is {need / 2**20:.1f} MiB"
 
 
 def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk]) -> int:

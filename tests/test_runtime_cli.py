@@ -253,6 +253,18 @@ def test_a_failed_checkpoint_write_is_named_by_its_os_error_wherever_dcp_nests_i
     assert _first_os_error(CheckpointException("write", {0: (ValueError("odd"), None)})) == "CheckpointException"
 
 
+def test_a_checkpoint_write_whose_os_error_was_lost_is_named_by_the_space_left(tmp_path):
+    """gather_object pickles each rank's failure, which drops the OSError that torch.save's
+    RuntimeError ("unexpected pos") carries as its context: the file system's free space says it."""
+    import shutil
+
+    from piper_runtime.checkpoint import _space_left
+
+    free = shutil.disk_usage(tmp_path).free
+    assert _space_left(tmp_path / ".step_00000002.tmp", free * 2).startswith("No space left on device: ")
+    assert _space_left(tmp_path, 1) is None  # a disk with room: the failure was something else
+
+
 def test_a_checkpoint_the_disk_cannot_hold_is_one_line_and_keeps_the_previous_one(tmp_path):
     """A full file system mid-run: DeepCheckpoint's exception (every rank's traceback, 466 lines in
     an audit) becomes one line naming the folder and the reason, and the last good checkpoint and
