@@ -114,6 +114,17 @@ def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
                 tokens_per_expert=tpe, ep_rank_tokens=loads, ep_max_over_mean=balance)
 
 
+def migration_line(ev: dict) -> str:
+    """One console line for an expert migration event (runtime/migrate.Migrator.after_step)."""
+    if not ev.get("ok"):
+        return f"step {ev['step'] + 1}: expert migration failed, placement unchanged ({ev.get('error')})"
+    moved = sum(ev["moved"].values())
+    loads = ", ".join(f"L{k} {a:.2f}->{b:.2f}" for k, (a, b) in ev.get("max_over_mean", {}).items())
+    return (f"step {ev['step'] + 1}: migrated {moved} expert{'s' * (moved != 1)} in {len(ev['layers'])} layer"
+            f"{'s' * (len(ev['layers']) != 1)} ({ev['trigger']}, {ev['seconds'] * 1e3:.1f} ms); "
+            f"EP max/mean {loads}")
+
+
 class Reporter:
     """Rank 0: append records to JSONL, show a rich live table, print the end summary."""
 
@@ -134,13 +145,18 @@ class Reporter:
                 self.live = Live(console=self.console, refresh_per_second=4)
                 self.live.start()
 
-    def step(self, step: int, stats: dict) -> Optional[dict]:
-        """Collective: gather every rank's stats; rank 0 records them."""
+    def step(self, step: int, stats: dict, migration: Optional[dict] = None) -> Optional[dict]:
+        """Collective: gather every rank's stats; rank 0 records them, with the expert migration
+        its stage ran after the step (runtime/migrate.py), where one ran."""
         out: Optional[list] = [None] * dist.get_world_size() if self.rank0 else None
         dist.gather_object(stats, out, dst=0)
         if not self.rank0:
             return None
         rec = summarise(self.plan, step, out)
+        if migration is not None:
+            rec["migration"] = migration
+            if self.log_every > 0:  # a run's only sign that experts moved, beside the load figures
+                self.console.print(migration_line(migration), highlight=False)
         self.records.append(rec)
         if self.path:
             self._fh.write(json.dumps(rec) + "\n")

@@ -108,9 +108,7 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         clock.mark("optimizer")
         stats = metrics.rank_stats(groups, chunks, losses, clock.total_s, norm, clock.phases)
         event = mig.after_step(step) if mig is not None else None  # step boundary: before stats reset
-        rec = rep.step(step, stats)
-        if rec is not None and event is not None:
-            rec["migration"] = event  # rank 0's stage (returned records only; not in the JSONL)
+        rep.step(step, stats, event)  # the event: rank 0's stage's migration, into the record and the JSONL
         done = step + 1
         if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
             checkpoint.save(cfg.checkpoint, done, plan, opt, chunks)

@@ -38,7 +38,8 @@ def runs(tmp_path_factory):
     cfg = lambda **kw: TrainConfig(timeout_s=60, log_every=0, **kw)  # noqa: E731
     jobs = {
         "a": (_plan(1, 4, 1), cfg(steps=5, checkpoint=str(tmp / "a"), checkpoint_every=3)),
-        "a_mig": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=3, checkpoint=str(tmp / "a_mig"))),
+        "a_mig": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=3, checkpoint=str(tmp / "a_mig"),
+                                                  metrics=str(tmp / "a_mig.jsonl"))),
         "a_resumed": (_plan(1, 4, 1), cfg(steps=5, checkpoint=str(tmp / "a_mig"), resume=True)),
         "c": (_plan(2, 2, 2), cfg(steps=3, checkpoint=str(tmp / "c"))),
         "c_mig": (_plan(2, 2, 2, _mig("swap")), cfg(steps=3, checkpoint=str(tmp / "c_mig"))),
@@ -68,6 +69,29 @@ def test_migration_changes_where_not_what(runs, base, mig):
     assert any(k.startswith("optim.") for k in experts)  # Adam moments per logical expert too
     bad = [k for k in ref if torch.is_tensor(ref[k]) and not _close(got[k], ref[k])]
     assert not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}"
+
+
+def test_a_runs_metrics_file_records_each_migration_as_its_records_do(runs):
+    # the events had reached only the records returned to Python: a command-line user could not
+    # see that experts moved
+    import json
+
+    recs, tmp = runs
+    lines = [json.loads(x) for x in (tmp / "a_mig.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if not x.get("summary")]
+    assert [x.get("migration") for x in steps] == [r.get("migration") for r in recs["a_mig"]]
+    assert any(x.get("migration") for x in steps)
+
+
+def test_a_migration_reads_as_one_console_line():
+    from piper_runtime.metrics import migration_line
+
+    ev = dict(ok=True, step=4, trigger="period", seconds=0.0123, layers=[0, 1], moved={"0": 2, "1": 1},
+              max_over_mean={"0": [1.31, 1.02], "1": [1.2, 1.05]})
+    assert migration_line(ev) == ("step 5: migrated 3 experts in 2 layers (period, 12.3 ms); "
+                                  "EP max/mean L0 1.31->1.02, L1 1.20->1.05")
+    assert migration_line(dict(ok=False, step=0, error="rank 2: checksum")) == \
+        "step 1: expert migration failed, placement unchanged (rank 2: checksum)"
 
 
 def test_checkpoint_from_one_placement_loads_under_another(runs):
