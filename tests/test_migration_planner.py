@@ -117,6 +117,20 @@ def test_histogram_from_metrics_file(tmp_path):
         load_histogram(bad, 4)
 
 
+def test_a_metrics_file_holding_several_runs_gives_the_last_runs_histogram(tmp_path):
+    # piper-train appends each run; the counts of an earlier run (perhaps another plan or model,
+    # with other experts) had been summed into the last one's
+    f = tmp_path / "m.jsonl"
+    recs = [{"step": 0, "tokens_per_expert": {"0": [9, 9, 9, 9]}}, {"summary": True},
+            {"step": 0, "tokens_per_expert": {"1": [3, 1, 0, 0]}}, {"step": 1, "tokens_per_expert": {"1": [5, 1, 2, 0]}},
+            {"summary": True}]
+    f.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert load_histogram(f, 4).tolist() == [[8, 2, 2, 0]]
+    # a last run stopped before its summary is still the last run
+    f.write_text("\n".join(json.dumps(r) for r in recs[:3]) + "\n")
+    assert load_histogram(f, 4).tolist() == [[3, 1, 0, 0]]
+
+
 def test_migration_cost_model():
     # bf16 weights + bf16 grads + fp32 master + Adam = brief §4's 16 B/param
     assert float(bytes_per_param(2, 2, 0, 1)) == 16.0

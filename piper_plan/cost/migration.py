@@ -143,8 +143,11 @@ def metrics_model(path: str | Path) -> Optional[tuple[str, str]]:
 
 def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.ndarray:
     """Routed tokens per expert [MoE layers, E] summed over the steps of a piper-train
-    metrics JSONL (`tokens_per_expert`: {layer: [E counts]} per step record)."""
+    metrics JSONL (`tokens_per_expert`: {layer: [E counts]} per step record), of its last run:
+    piper-train appends each run to the file and ends it with a summary record, and the runs
+    before may have trained another plan or model (metrics_model reads the last one's too)."""
     rows: dict[str, np.ndarray] = {}
+    ended = False  # a summary record closed the run the rows hold
     for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
@@ -152,9 +155,14 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
             rec = json.loads(line)
         except json.JSONDecodeError:
             raise SpecError(str(path), f"line {n}", "expected one JSON object per line") from None
+        if isinstance(rec, dict) and rec.get("summary"):
+            ended = True
+            continue
         tpe = rec.get("tokens_per_expert") if isinstance(rec, dict) else None
         if not tpe:
             continue
+        if ended:  # the first step of a later run
+            rows, ended = {}, False
         if not isinstance(tpe, (dict, list)):
             raise SpecError(str(path), f"line {n}: tokens_per_expert", "expected {layer: [counts]} or a list of lists")
         items = tpe.items() if isinstance(tpe, dict) else enumerate(tpe if tpe and isinstance(tpe[0], list) else [tpe])
