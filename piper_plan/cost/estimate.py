@@ -189,8 +189,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     if first is not None:
         part = _rows(part, inv)
     edp, t_pipe, share = part.edp, part.t_pipe, part.share
-    roles = {r: (part.nd_r[i], part.nm_r[i]) for i, r in enumerate(ROLES)}
-    has_emb, has_head = dict(zip(ROLES, part.emb_r)), dict(zip(ROLES, part.head_r))
+    roles, has_emb, has_head = part.ranks.per_role()
 
     # ---- data-parallel reduction, ZeRO gathers, optimizer ------------------------------
     # every stage reduces its own gradients and steps its own parameters once its last backward
@@ -203,7 +202,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     if part.tensors is not None:  # an eager runtime's per-tensor host work
         host_dp, host_opt = tensor_host_time(hw, lay, edp, *part.tensors, part.dp_win_r.M, stage_rep, stage_exp)
         dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
-    last = np.argmax(np.where(part.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
+    last = np.argmax(np.where(part.ranks.present, dp_r + opt_r, -np.inf), axis=0)  # the stage the step waits for
     t_dp, t_opt = np.take_along_axis(dp_r, last[None], 0)[0], np.take_along_axis(opt_r, last[None], 0)[0]
 
     # expert migration: one re-placement every period_steps steps, amortised (cost/migration.py)
@@ -235,8 +234,26 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     lc = part.lc
     return Estimate(step_time_s=step, tokens_per_s=part.tokens / step, tflops_per_gpu=tflops,
                     hw_tflops_per_gpu=hw_tflops, mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time,
-                    stage_of_role=stage_of, chunks=part.cs, imbalance=lc["imb"],
+                    stage_of_role=stage_of, chunks=part.ranks.cs, imbalance=lc["imb"],
                     layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]}, host_memory_gib=host_peak)
+
+
+@dataclass
+class RoleLayers:
+    """The pipeline's representative ranks (first, mid, last stage: ROLES), each a row of a
+    [roles, n] array: whether it exists, its dense and MoE layers, whether it holds the embedding
+    and the LM head; with the chunk sizes they come from. _pipeline finds them; evaluate reads them."""
+    cs: object            # stages.ChunkSizes
+    present: np.ndarray   # which of the roles' ranks exist (first always, mid, last)
+    nd: np.ndarray        # dense layers on each role's rank
+    nm: np.ndarray        # MoE layers on it
+    emb: np.ndarray       # it holds the embedding
+    head: np.ndarray      # it holds the LM head
+
+    def per_role(self) -> tuple[dict, dict, dict]:
+        """(role -> (dense, MoE) layers, role -> holds the embedding, role -> holds the LM head)."""
+        return ({r: (self.nd[i], self.nm[i]) for i, r in enumerate(ROLES)}, dict(zip(ROLES, self.emb)),
+                dict(zip(ROLES, self.head)))
 
 
 @dataclass
@@ -245,12 +262,7 @@ class ZeroFree:
     edp: np.ndarray         # expert-data-parallel ranks (_group_terms)
     coll: object            # reduction.Collectives of each role's rank
     lc: dict                # per-layer terms the Estimate reports (imb, dense_layer, moe_layer)
-    cs: object              # stages.ChunkSizes
-    present: np.ndarray     # [roles, n]: which of the roles' ranks exist (first always, mid, last)
-    nd_r: np.ndarray        # [roles, n]: dense layers on each role's rank
-    nm_r: np.ndarray        # [roles, n]: MoE layers on it
-    emb_r: np.ndarray       # [roles, n]: it holds the embedding
-    head_r: np.ndarray      # [roles, n]: it holds the LM head
+    ranks: RoleLayers       # the pipeline's representative ranks
     stage_rep: np.ndarray   # [roles, n]: its replicated parameters
     stage_exp: np.ndarray   # [roles, n]: its expert parameters
     tensors: tuple | None   # ([roles, n] replicated, expert) parameter tensors, where priced (prices_tensors)
@@ -275,8 +287,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     M = lay.m
     pipe = _pipeline(m, hw, lay, routing, dtype)
     lc, busy, t_pipe = pipe.lc, pipe.busiest, pipe.t_pipe
-    roles = {r: (pipe.nd_r[i], pipe.nm_r[i]) for i, r in enumerate(ROLES)}
-    has_emb, has_head = dict(zip(ROLES, pipe.emb_r)), dict(zip(ROLES, pipe.head_r))
+    ranks = pipe.ranks
+    roles, has_emb, has_head = ranks.per_role()
     nd_p, nm_p = busy["nd"], busy["nm"]
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
     P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
@@ -284,7 +296,7 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
              + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
                               + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
-    tensors = param_tensors(m, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r) if prices_tensors(hw, lay) else None
+    tensors = param_tensors(m, ranks.nd, ranks.nm, ranks.emb, ranks.head) if prices_tensors(hw, lay) else None
     st = lambda per_role: _stacked(per_role, ROLES, n)  # noqa: E731
 
     # 1 on GPUs (a rank a device): a scalar, nothing to spread over the layouts or multiply per layout
@@ -321,8 +333,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     time_after = {"offload": M * pipe.offload_mb * share} if np.any(lay.offload_layers > 0) else {}
     stage_rep, stage_exp = st(P_rep), st(P_exp)
     coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float))
-    return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, pipe.cs,
-                    pipe.present, pipe.nd_r, pipe.nm_r, pipe.emb_r, pipe.head_r, stage_rep, stage_exp, tensors,
+    return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, ranks,
+                    stage_rep, stage_exp, tensors,
                     pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops,
                     time, time_after)
 
@@ -336,12 +348,7 @@ class PipelinePart:
     """What _pipeline gives evaluate, per layout (roles: first, mid, last stage's rank)."""
     grp: dict             # _group_terms: process groups' sizes, strides and spans
     lc: dict              # per-layer terms the rest reads (LAYER_TERMS_AFTER)
-    cs: object            # stages.ChunkSizes
-    present: np.ndarray   # [roles, n]: which of the roles' ranks exist (first always, mid, last)
-    nd_r: np.ndarray      # [roles, n]: dense layers on each role's rank
-    nm_r: np.ndarray      # [roles, n]: MoE layers on it
-    emb_r: np.ndarray     # [roles, n]: it holds the embedding
-    head_r: np.ndarray    # [roles, n]: it holds the LM head
+    ranks: RoleLayers     # the representative ranks
     p2p_one: np.ndarray   # seconds of one stage-boundary message
     # the busiest role's (first, else last, else mid) dense and MoE layers (nd, nm) and, per
     # micro-batch, all-to-all seconds (a2a), of those hidden behind another micro-batch's compute
@@ -483,8 +490,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of), slow=pick(slow_of),
                    comm=pick(comm_t))
     acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
-    return PipelinePart(grp, lc, cs, present, nd_r, nm_r, emb_r, head_r, p2p_one, busiest, peak_role_time,
-                        total_sum, comp_total, offload_mb, dp_win_r, acts, t_pipe)
+    ranks = RoleLayers(cs, present, nd_r, nm_r, emb_r, head_r)
+    return PipelinePart(grp, lc, ranks, p2p_one, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
+                        acts, t_pipe)
 
 
 def _busiest(per_role: dict, is_first, is_last):
