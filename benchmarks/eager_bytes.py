@@ -16,7 +16,7 @@ writes (a TorchDispatchMode on CPU: the same op sequence autograd dispatches on 
 token sums taken by slot as a GPU takes them, runtime/moe/permute.py), under
 piper-train's bf16 autocast over fp32 weights. GEMMs and the attention kernel are left out (the
 planner prices them as such), views move nothing, and the weight casts to bf16 and the fp32
-gradient accumulation are reported apart (the planner prices those, estimate._weight_casts).
+gradient accumulation are reported apart (the planner prices those, layer._weight_casts).
 The ratio printed is eager elementwise bytes / the planner's fused elementwise bytes for the same
 layer: what the eager modules cost on a GPU beyond the priced passes, where HBM bandwidth bounds
 them. The planner prices it on GPU specs through cost/eager.py, whose bytes per element

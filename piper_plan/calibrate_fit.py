@@ -385,7 +385,8 @@ def fit_layer_overhead(hw: HardwareSpec, rows: list[dict]) -> tuple[dict[str, fl
     Returns ({'<kind>_<dtype>': us}, {'<kind>_<dtype>': {'measured_us', 'kernel_model_us'}})."""
     from .calibrate_bench import LAYER_SEQ, LAYER_SPEC
     from .cost.batch import from_layouts
-    from .cost.estimate import Routing, _layer_costs
+    from .cost.estimate import Routing
+    from .cost.layer import _layer_costs
     from .layout import Layout
     from .specs.model import ModelSpec
 

@@ -273,7 +273,8 @@ def test_eager_bf16_blocks_pay_their_weight_casts():
     that a fused runtime with bf16 weights does not: two 6 B casts at the measured cast rate and
     the 12 B gradient accumulation at the streaming rate; fp32 runs cast nothing."""
     from piper_plan.cost.batch import from_layouts
-    from piper_plan.cost.estimate import Routing, _layer_costs
+    from piper_plan.cost.estimate import Routing
+    from piper_plan.cost.layer import _layer_costs
     from piper_plan.cost.memory import layer_params_per_rank
     from piper_plan.layout import Layout
     from piper_plan.specs import load_model
@@ -516,7 +517,7 @@ def test_weight_casts_run_at_the_measured_cast_rate():
     parameter) 2.5x slower while the gradient accumulation (12 B) keeps the streaming rate."""
     from piper_plan.calibrate_fit import fit_cast
     from piper_plan.cost.batch import from_layouts
-    from piper_plan.cost.estimate import _weight_casts
+    from piper_plan.cost.layer import _weight_casts
     from piper_plan.cost.kernels import stream_time
     from piper_plan.layout import Layout
 

@@ -9,7 +9,8 @@ from piper_plan.cost import comm
 from piper_plan.cost.activations import attention_terms
 from piper_plan.cost.batch import from_layouts
 from piper_plan.cost.compute import core_attention
-from piper_plan.cost.estimate import _cp_exposed, evaluate
+from piper_plan.cost.estimate import evaluate
+from piper_plan.cost.layer import _cp_exposed
 from piper_plan.errors import LayoutError, PiperError
 from piper_plan.layout import Layout, check_layout, rank_coords
 from piper_plan.search import SearchSpace, enumerate_layouts, for_runtime

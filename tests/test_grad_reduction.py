@@ -4,7 +4,8 @@ import pytest
 
 from piper_plan.cost import comm
 from piper_plan.cost.batch import from_layouts
-from piper_plan.cost.estimate import Routing, _layer_costs, evaluate
+from piper_plan.cost.estimate import Routing, evaluate
+from piper_plan.cost.layer import _layer_costs
 from piper_plan.layout import Layout
 from piper_plan.specs import load_hardware, load_model
 

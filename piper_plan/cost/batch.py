@@ -1,7 +1,7 @@
 """Many layouts as columns of numpy arrays, so the cost model runs once over all of them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
 
@@ -251,3 +251,16 @@ def first_rows(inv: np.ndarray, k: int) -> np.ndarray:
     first = np.empty(k, np.intp)
     first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)  # the last write, the first row, wins
     return first
+
+
+def take_rows(x, idx):
+    """`x` at layouts `idx`: arrays over layouts (on their last axis), in dicts, tuples and dataclasses."""
+    if isinstance(x, np.ndarray) and x.ndim:
+        return x.take(idx, axis=-1)
+    if isinstance(x, dict):
+        return {k: take_rows(v, idx) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(take_rows(v, idx) for v in x)
+    if is_dataclass(x):
+        return replace(x, **{f.name: take_rows(getattr(x, f.name), idx) for f in fields(x)})
+    return x

@@ -1,5 +1,5 @@
 """What recompute changes in a layer's costs: the backward's re-run forward, what stays saved,
-the collectives, all-to-all and host issue run again (estimate._layer_base prices a layer once
+the collectives, all-to-all and host issue run again (layer._layer_base prices a layer once
 without recompute; these derive each layout's variant from it)."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def full_recompute_share(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
 
 
 def with_recompute(base: dict, recompute, share=1.0) -> dict:
-    """estimate._layer_base's costs under each layout's recompute, for a layer of a rank's mean:
+    """layer._layer_base's costs under each layout's recompute, for a layer of a rank's mean:
     full re-runs the forward (r = f; only the layer input is saved) in `share` of the layers
     (full_recompute_share) and nothing in the rest, selective what its modules list (r as
     _layer_base priced it, with the attention's tensor-parallel collective again where the whole

@@ -1,0 +1,321 @@
+"""One layer's costs under many layouts at once: the per-micro-batch phases of a dense and a MoE
+layer (compute and communication), the embedding and the LM head, a MoE layer's all-to-all, the
+routed-load imbalance and the activation bytes, priced once per distinct combination of the
+columns they read (_per_layer). estimate._pipeline builds a pipeline's ranks from them.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..layout import SCHEDULES
+from ..specs.hardware import HardwareSpec
+from ..specs.model import ModelSpec
+from . import activations as act
+from . import comm, host
+from .batch import LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
+from .compute import (Phase, attention_phase, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
+                      tp_overlappable)
+from .imbalance import expert_popularity, imbalance
+from .kernels import stream_time
+from .memory import layer_params_per_rank
+from .recompute import full_recompute_share, with_recompute
+
+if TYPE_CHECKING:  # estimate imports this module
+    from .estimate import Routing
+
+
+def _tp_allreduce(hw, lay, nbytes):
+    return comm.ring_allreduce(hw, nbytes, lay.tp, 1)
+
+
+def _a2a(hw, lay, nbytes, m: ModelSpec):
+    stride = lay.ep_stride
+    flat = comm.a2a_flat(hw, nbytes, lay.ep, stride)
+    halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat)
+    out = np.where(lay.a2a == 1, halo, flat)
+    if (lay.a2a == 2).any():  # token-level (DeepEP / HybridEP)
+        mo = m.moe
+        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, mo.num_experts, mo.top_k, *mo.routing_groups)
+        out = np.where(lay.a2a == 2, dedup, out)
+    return out
+
+
+def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, routing: Routing, dtype: str):
+    """(per-layer terms of every layout (_layer_terms; x_first and x_last stay per distinct
+    row), each layout's distinct row). Per-layer costs depend on few columns, so each
+    distinct combination (~1-3 thousand in a search) is priced once; recompute only changes
+    what the backward re-runs and what is saved, so the costs are priced once per combination
+    without it (_layer_base) and the recompute variants derived from them (recompute.with_recompute)."""
+    # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
+    key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
+           lay.dropout, lay.act_bytes,
+           lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
+    # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
+    _, first_key, code = distinct_rows(*key)
+    _, first1, inv1 = distinct_rows(code, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
+    inv0 = code.take(first1)  # every key's combination has a row among first1: the same codes
+    first0 = first_rows(inv0, len(first_key))
+    base = _layer_base(m, hw, lay.take(first1.take(first0)), routing, dtype)
+    # what recompute changes, per distinct row (the few columns it reads, not a batch of them all)
+    recompute, share = lay.recompute.take(first1), full_recompute_share(m, lay).take(first1)
+    # the forward's all-to-all runs again in backward: in the layers full recompute re-runs
+    again = np.where(recompute == 2, share, recomputes(lay, "moe").take(first1).astype(float))
+    terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, recompute, share), again)
+    # the stage partition's inputs stay per distinct row (see estimate._pipeline)
+    return {k: v if k in ("x_first", "x_last") else v.take(inv1, axis=-1) for k, v in terms.items()}, inv1
+
+
+def _dualpipe_overlaps(lay: LayoutBatch) -> np.ndarray:
+    """dualpipev layouts whose runtime overlaps a forward chunk with another micro-batch's
+    backward chunk: DeepSeek's DualPipe does (fused stacks); piper-train (Layout.fused_kernels
+    false) runs torch's ScheduleDualPipeV, whose OVERLAP_F_B actions perform their forward and
+    backward sub-actions in turn unless a custom function is registered for them
+    (torch/distributed/pipelining/schedules.py, _PipelineScheduleRuntime), and registers none."""
+    return (lay.sched == SCHEDULES.index("dualpipev")) & ~lay.unfused
+
+
+def _a2a_off_stream(lay: LayoutBatch) -> np.ndarray:
+    """Whether a layout's all-to-all runs beside another micro-batch's compute rather than in
+    its own layer's stream (Layout.a2a_overlap, an overlapping dualpipev): the host floor
+    compares the host's issue time with the stream without it (cost/host.py)."""
+    return lay.a2a_overlap | _dualpipe_overlaps(lay)
+
+
+def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
+    """What the step model reads from per-layer costs (_layer_costs), as arrays: phases
+    `<dense|moe|emb|head|dense_comm|moe_comm>_v` ([f b w r, n]), their totals
+    (Td, Tm, Te, Th, Tdc, Tmc), whole-layer seconds, the embedding and head in
+    layer-equivalents (x_first, x_last: the stage partition's input), one MoE layer's
+    all-to-all seconds per micro-batch (a2a_layer), imb and activation bytes."""
+    dense, dense_comm, moe, moe_comm, emb, head = (lc[k] for k in ("dense", "dense_comm", "moe", "moe_comm", "emb",
+                                                                   "head"))
+    dense_layer, moe_layer = (dense + dense_comm).total, (moe + moe_comm).total
+    avg_layer = (m.num_dense_layers * dense_layer + m.num_moe_layers * moe_layer) / m.num_layers
+    again = np.asarray(a2a_again, dtype=float)
+    # MTP: each module's projection (2d -> d) and its pass through the shared head ride on the
+    # head's phase, the projection at the head GEMM's rate (2d/V of its FLOPs); its block joins
+    # the head's rank as a layer (estimate.evaluate), so the partition counts it with the head
+    head = head.scale(1.0 + m.mtp_layers * (1.0 + 2.0 * m.hidden_size / m.vocab_size))
+    block = m.mtp_layers * (moe_layer if m.mtp_is_moe else dense_layer)
+    Te, Th = emb.total, head.total
+    out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=(Th + block) / avg_layer,
+               Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
+               a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
+               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], cp_layer=lc["cp_layer"],
+               dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"])
+    for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head), ("dense_comm", dense_comm),
+                     ("moe_comm", moe_comm)):
+        out[f"{name}_v"] = ph.v
+    return out
+
+
+def _layer_overhead(hw: HardwareSpec, kind: str, dtype: str, n: int) -> Phase:
+    """Efficiency.layer_overhead_us of one block as a Phase for n layouts: a third in forward,
+    two thirds in backward (autograd replays about two host operations per forward one);
+    recompute repeats the forward share (recompute.with_recompute)."""
+    s = hw.efficiency.layer_overhead_us.get(f"{kind}_{dtype}", 0.0) * 1e-6
+    z = np.zeros(n)
+    return Phase(z + s / 3, z + 2 * s / 3, z, z)
+
+
+def _weight_casts(hw: HardwareSpec, lay: LayoutBatch, params) -> Phase:
+    """Eager bf16 under autocast over fp32 weights (piper-train: Layout.fused_kernels false):
+    every micro-batch casts each local weight to bf16 (read 4 B, write 2 B) and, in backward,
+    casts its bf16 gradient back (read 2, write 4) and adds it into the fp32 .grad (read 4 + 4,
+    write 4): 6 and 18 bytes per parameter. Fused-kernel runtimes keep bf16 weights: none."""
+    on = lay.unfused & (lay.act_bytes == 2)
+    p = np.where(on, params, 0.0)
+    z = np.zeros(len(lay))
+    c = hw.efficiency.cast or 1.0  # a CPU's conversion kernel runs below its streaming rate (calibrate)
+    cast = stream_time(hw, 6.0 * p, 0) / c
+    return Phase(cast, cast + stream_time(hw, 12.0 * p, 0), z, z)
+
+
+def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
+    """Per-micro-batch phases of one dense and one MoE layer (compute and communication),
+    the embedding and LM head, a MoE layer's all-to-all seconds, the routed-load imbalance
+    and per-layer activation bytes, for each layout of `lay` (its recompute included).
+    Values are Phases or arrays (both support .take)."""
+    return with_recompute(_layer_base(m, hw, lay, routing, dtype), lay.recompute, full_recompute_share(m, lay))
+
+
+def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -> Phase:
+    """Context parallelism's ring (Layout.cp) in one attention layer for one micro-batch, beside
+    that layer's `core` attention (compute.core_attention): the
+    rank's K and V chunk passes round the cp ranks (tp apart), cp - 1 steps, each behind the
+    attention kernel of a chunk already held (Transformer Engine's AttnFuncWithCPAndKVP2P); the
+    backward passes K, V and their gradients, twice the bytes. A step exposes what its transfer
+    takes beyond its kernel's share of the core attention. Megatron-Core's default
+    cp_comm_type p2p; MLA passes its full-width K and V heads."""
+    z = np.zeros(len(lay))
+    if not (lay.cp > 1).any():
+        return Phase(z, z, z, z)
+    dqk, dv = m.qk_v_dims
+    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / lay.tp, 1.0)
+    kv = lay.tokens * kv_heads * (dqk + dv) * lay.act_bytes
+    cp = lay.cp.astype(float)
+    more = cp - 1.0
+    # one step: one of a ring all-gather's cp - 1 steps over the levels the group spans
+    step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5) / np.maximum(more, 1.0)
+    f = more * np.maximum(step - core.f / cp, 0.0)
+    b = more * np.maximum(2.0 * step - core.b / cp, 0.0)
+    return Phase(f, b, z, z)
+
+
+def _tp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, tp_ar) -> tuple[Phase, Phase]:
+    """(dense layer, MoE layer) tensor-parallel collective seconds a micro-batch's forward and
+    backward expose: a dense layer's two all-reduce equivalents (an all-gather and a
+    reduce-scatter each with sequence parallelism), a MoE layer's attention one. Under
+    Layout.tp_comm_overlap each collective is split into chunks pipelined with the GEMM beside
+    it (Transformer Engine's userbuffers: the all-gathers before QKV and fc1 and the
+    reduce-scatters after the projections by ring exchange or a pipelined GEMM, the backward's by
+    bulk overlap with the dgrad and wgrad GEMMs, Megatron-Bridge's TransformerLayerTPOverlapCfg),
+    so only what the block's linear layers cannot cover stays exposed. The SMs some of those
+    methods hold (1-24 of a GPU's in the published configs) are not priced."""
+    z = np.zeros(len(lay))
+    dense, moe = Phase(2 * tp_ar, 2 * tp_ar, z, z), Phase(tp_ar, tp_ar, z, z)
+    on = lay.tp_overlap & (lay.tp > 1)
+    if not on.any():
+        return dense, moe
+    lin_a, lin_f = tp_overlappable(m, hw, lay, dtype)
+
+    def hide(comm: Phase, gemm: Phase) -> Phase:
+        return Phase(np.where(on, np.maximum(comm.f - gemm.f, 0.0), comm.f),
+                     np.where(on, np.maximum(comm.b - gemm.b - gemm.w, 0.0), comm.b), z, z)
+
+    return hide(dense, lin_a + lin_f), hide(moe, lin_a)
+
+
+def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing, dtype: str) -> dict:
+    """_layer_costs without recompute, whatever `lay` says, except that the dense and MoE
+    phases' r is selective recompute's (the core attention forward) and activations come
+    both ways (a_<dense|moe>_<sel|none>, plus the layer input a_in): recompute.with_recompute
+    derives each layout's recompute from these."""
+    sel = replace(lay, recompute=np.ones(len(lay), int))  # attention_phase prices r = core.f
+    eb = lay.act_bytes.astype(float)
+    tp = lay.tp.astype(float)
+    t = lay.tokens
+    d = m.hidden_size
+    zero = np.zeros(len(lay))
+    # the attention and the dense FFN read a few of the columns: priced once per distinct combination
+    _, first, inv = distinct_rows(*_dense_key(lay))
+    blk = _dense_block(m, hw, lay if len(first) == len(lay) else lay.take(first), dtype)
+    if len(first) < len(lay):
+        blk = {k: v.take(inv) if isinstance(v, Phase) else take_rows(v, inv) for k, v in blk.items()}
+    attn, tp_ar, dense, tp_moe, cpx, dense_comm = (blk[k] for k in ("attn", "tp_ar", "dense", "tp_moe", "cpx",
+                                                                    "dense_comm"))
+    _, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
+    host_dense, host_moe = host.layer_ops(m, lay) if hw.efficiency.host_op_us > 0 else (zero, zero)
+    dense_host = host.host_gap(host.host_time(hw, host_dense), dense, dense_comm)
+    dense = dense + dense_host
+    imb = np.ones(len(lay))
+    a2a_fwd = a2a_bwd = zero  # all-to-all seconds of one MoE layer per micro-batch, forward / backward
+    if m.moe is not None:
+        p = expert_popularity(m.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
+        mig = routing.migration
+        # an EP rank's routed rows: its etp group's, pooled by the all-gather (Layout.etp)
+        imb = imbalance(p, lay.ep, t / tp * m.moe.top_k * lay.etp, mig.planner if mig else None,
+                        mig.max_moves if mig else None)
+        experts = moe_phase(m, hw, sel, dtype, imb)
+        ovh = _layer_overhead(hw, "moe", dtype, len(lay))
+        moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
+        a2a_bytes = t / tp * m.moe.top_k * d * eb
+        a2a_one = _a2a(hw, lay, a2a_bytes, m) * imb  # the busiest rank receives imb×
+        stride = lay.ep_stride
+        # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call;
+        # under expert tensor parallelism the dispatch all-gathers the etp group's rows after it and
+        # the combine reduce-scatters them before it (AllGather-V / ReduceScatter-V, arXiv
+        # 2504.14960 §3.3; the backward mirrors them): an all-reduce's traffic each way
+        etp_ex = np.where(lay.etp > 1, comm.ring_allreduce(hw, a2a_bytes * imb * lay.etp, lay.etp, 1), 0.0)
+        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one)
+        # dispatch + combine each way; forward first exchanges the per-expert row counts (an int64
+        # an expert: a flat exchange of a few bytes a peer, so its floor and a set-up per peer)
+        counts = 8.0 * m.moe.num_experts
+        call = np.where(lay.ep > 1, comm.a2a_call(hw, counts, lay.ep, stride, False,
+                                                  wire=comm.a2a_flat(hw, counts, lay.ep, stride)), 0.0)
+        # arrival skew (comm.skew): the forward's count exchange follows the attention, its combine
+        # the experts; the backward's exchanges follow the layer above's and the experts' backward
+        # (the host overhead split between the two stretches)
+        on = lay.ep > 1
+        a2a_fwd = (2 * a2a_ex + etp_ex + call
+                   + on * (comm.skew(hw, attn.f + ovh.f / 2) + comm.skew(hw, experts.f + ovh.f / 2)))
+        a2a_bwd = 2 * a2a_ex + etp_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
+                                              + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
+        moe_comm = Phase(tp_moe.f + a2a_fwd, tp_moe.b + a2a_bwd, zero, zero)
+        ovl = _a2a_off_stream(lay)
+        stream = Phase(tp_moe.f + np.where(ovl, 0.0, a2a_fwd), tp_moe.b + np.where(ovl, 0.0, a2a_bwd), zero, zero)
+        # the dropless dispatcher's host sync: the GPU work after the layer's last expert issue
+        # up to the next sync (the combine, unless overlapped, and the next layer's attention)
+        # waits for that issue (host.host_gap)
+        after = host.post_sync_ops(m, lay) * hw.efficiency.host_op_us * 1e-6
+        tail = attn.f + np.where(ovl, 0.0, a2a_ex)
+        moe_host = host.host_gap(host.host_time(hw, host_moe), moe, stream, after, tail)
+        moe = moe + moe_host
+        # Megatron-Core's 1F1B EP overlap (combined_1f1b schedule_layer_1f1b) runs one layer's
+        # forward beside another micro-batch's backward as four pairs: the backward combine with
+        # the forward attention, the forward dispatch with the backward experts, the backward
+        # dispatch with the forward experts, the forward combine with the backward attention.
+        # Each exchange hides only behind its partner node, which lasts its compute or, where the
+        # host issues slower, its share of the issue time (recompute, re-run inside a backward
+        # node, is left out of the partner: conservative)
+        e_f, e_b = a2a_fwd / 2, a2a_bwd / 2
+        f_attn, f_moe = (x.f + (ovh.f + moe_host.f) / 2 for x in (attn, experts))
+        b_attn, b_moe = (x.b + x.w + (ovh.b + moe_host.b) / 2 for x in (attn, experts))
+        a2a_hide = (np.minimum(e_b, f_attn) + np.minimum(e_f, b_moe) + np.minimum(e_b, f_moe)
+                    + np.minimum(e_f, b_attn))
+    else:
+        moe = Phase(zero, zero, zero, zero)
+        moe_comm = Phase(zero, zero, zero, zero)
+        moe_host = moe
+        a2a_hide = zero
+    # X-MoE's attention-block checkpoint re-runs the block's tensor-parallel collective too; a
+    # re-run core attention its context-parallel ring
+    cp_r = np.where(recomputes(lay, "attn_block") | recomputes(lay, "core_attn"), cpx.f, 0.0)
+    attn_comm_r = np.where(recomputes(lay, "attn_block"), tp_ar, 0.0) + cp_r
+    out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
+               attn_comm_r=attn_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
+               dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
+               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
+    # only the attention's saved tensors depend on recompute
+    a_experts = sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else None
+    for rc in ("sel", "none"):
+        out[f"a_dense_{rc}"] = blk[f"a_dense_{rc}"]
+        out[f"a_moe_{rc}"] = blk[f"a_attn_{rc}"] + a_experts if m.moe else zero
+    return out
+
+
+def _dense_key(lay: LayoutBatch) -> tuple:
+    """The columns _dense_block reads."""
+    return (lay.mbs, lay.seq, lay.cp, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager,
+            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap)
+
+
+def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:
+    """_layer_base's parts that read neither the experts nor the host's issue: the attention
+    (attn; its core's context-parallel ring, cpx; one tensor-parallel all-reduce, tp_ar), a dense
+    layer without its host gap (dense; its exposed collectives, dense_comm; a MoE layer's,
+    tp_moe), the embedding and LM head phases, the layer input's bytes and the saved
+    activations of the attention (a_attn_<sel|none>) and of a dense layer (a_dense_<sel|none>)."""
+    sel = replace(lay, recompute=np.ones(len(lay), int))  # attention_phase prices r = core.f
+    eb = lay.act_bytes.astype(float)
+    zero = np.zeros(len(lay))
+    core = core_attention(m, hw, lay, dtype)  # recompute changes what re-runs, not the core's cost
+    attn = attention_phase(m, hw, sel, dtype, core)
+    tp_ar = _tp_allreduce(hw, lay, lay.tokens * m.hidden_size * eb)  # one all-reduce (or RS+AG pair with SP)
+    dense = attn + (ffn_phase(m, hw, sel, dtype) if m.ffn_size else Phase(zero, zero, zero, zero))
+    dense_p = layer_params_per_rank(m, lay)[0]
+    dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
+    tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
+    cpx = _cp_exposed(m, hw, lay, core)
+    tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
+    out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
+               dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero), emb=embedding_phase(m, hw, lay),
+               head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
+    a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
+    for rc, variant in (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int)))):
+        out[f"a_attn_{rc}"] = a_attn = sum(act.attention_terms(m, variant).values())
+        out[f"a_dense_{rc}"] = a_attn + a_ffn
+    return out
