@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import math
 import re
-from difflib import SequenceMatcher, get_close_matches
+from difflib import SequenceMatcher
 from functools import lru_cache
 from pathlib import Path
 from typing import get_args
@@ -40,7 +40,7 @@ from .errors import PiperError, from_validation
 from .layout import CudaGraphScope, ExpertGemm, RecomputeModule
 from .specs import load_hardware, load_model
 from .specs.model import ModelSpec
-from .specs.registry import bundled_names, hardware_by_device
+from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
 
 # the bundled table's columns (validation/README.md): a table lacking some reads them as blank
 COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn", "vocab", "experts", "topk",
@@ -441,8 +441,8 @@ def missing_hardware(row: dict) -> str | None:
 def _did_you_mean(name: str, kind: str) -> str:
     """" did you mean X?" where a bundled name is close to a table's (a misspelling is otherwise
     read as a machine or model Piper has no spec for, and only not priced); else ""."""
-    close = get_close_matches(name, bundled_names(kind), n=1)
-    return f" did you mean {close[0]}?" if close else ""
+    close = nearest_bundled(name, kind)
+    return f" did you mean {close}?" if close else ""
 
 
 def _path_like(name: str) -> bool:

@@ -44,6 +44,12 @@ def bundled_names(kind: str) -> list[str]:
     return sorted(p.stem for p in bundled_dir(kind).glob("*.yaml"))
 
 
+def nearest_bundled(name: str, kind: str) -> str | None:
+    """The bundled spec name closest to a misspelt one (difflib), or None where none is close."""
+    close = difflib.get_close_matches(name, bundled_names(kind), n=1)
+    return close[0] if close else None
+
+
 def _bundled(ref: str, kind: str) -> Path | None:
     """The bundled spec file of that name, if there is one."""
     q = bundled_dir(kind) / f"{ref}.yaml"
@@ -63,8 +69,8 @@ def _resolve(ref: str, kind: str) -> Path:
     q = _bundled(ref, kind)
     if q is not None:
         return q
-    close = difflib.get_close_matches(ref, bundled_names(kind), n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
+    close = nearest_bundled(ref, kind)
+    hint = f"did you mean {close}? " if close else ""
     raise SpecError(ref, "<name>", f"not a file and not a bundled {kind[:-1] if kind.endswith('s') else kind} "
                                    f"({hint}{_known(kind)})")
 
