@@ -1,7 +1,8 @@
 """Checkpoints with torch.distributed.checkpoint (DCP), keyed by logical names.
 
 Layout of DIR:  step_00000004/ (a DCP checkpoint + meta.json),  latest (text: the folder
-name). Keys: "model.<name>" and "optim.<name>.<exp_avg|exp_avg_sq|step>", where routed
+name), experts.json (where each MoE layer's logical experts live, and expert migration's load
+window: runtime/migrate.stage_state). Keys: "model.<name>" and "optim.<name>.<exp_avg|exp_avg_sq|step>", where routed
 expert weights are split per logical expert ("layers.3.moe.experts.5.w1"), so a later
 re-placement -- or another layout altogether -- loads them. Replicated tensors are written
 once (DCP de-duplicates equal keys); ZeRO-1 state is written by its owner.
@@ -17,21 +18,44 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from torch.distributed.checkpoint.api import CheckpointException
 
 from piper_plan.errors import PiperError
 from piper_plan.plan import Plan, atomic_write_text
 
 from .model import EXPERT_TAG, Chunk
+from .moe.placement import ExpertPlacement
 from .optim import DistOptimizer
 from .tp import global_view
 
 KEEP = 2  # checkpoints kept (the newest and one before it)
+EXPERTS = "experts.json"
+
+
+class LayerExperts(BaseModel):
+    """One MoE layer's entry of experts.json (see runtime/migrate.stage_state)."""
+    model_config = ConfigDict(extra="forbid")
+    ep: int = Field(ge=1)
+    rank_of: list[Annotated[int, Field(ge=0)]]
+    slot_of: list[Annotated[int, Field(ge=0)]]
+    loads: Optional[list[list[Annotated[int, Field(ge=0)]]]] = None
+    since: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _a_placement(self):
+        ExpertPlacement(len(self.rank_of), self.ep, self.rank_of, self.slot_of)  # ValueError says what is wrong
+        if any(len(row) != len(self.rank_of) for row in self.loads or []):
+            raise ValueError(f"loads: every row needs {len(self.rank_of)} entries, one per expert")
+        return self
+
+
+_EXPERTS_FILE = TypeAdapter(dict[str, LayerExperts])
 
 
 class CheckpointError(PiperError):
@@ -93,6 +117,7 @@ def validate(ckdir: str | os.PathLike, plan: Plan) -> int:
     if meta.get("model_hash") != plan.model_hash:
         raise CheckpointError(f"{p}: model_hash: checkpoint holds model {meta.get('model_name')!r} "
                               f"({meta.get('model_hash')}), plan has {plan.model.name!r} ({plan.model_hash})")
+    read_experts(p)
     try:
         dcp.FileSystemReader(str(p)).read_metadata()
     except (Exception, CheckpointException) as e:  # DCP raises pickle/EOF/OSError variants for a damaged .metadata
@@ -100,8 +125,38 @@ def validate(ckdir: str | os.PathLike, plan: Plan) -> int:
     return step
 
 
-def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, chunks: dict[int, Chunk]) -> Path:
-    """Write checkpoint `step` (the number of optimizer steps done). Collective."""
+def read_experts(p: Path) -> dict[str, dict]:
+    """Checkpoint folder p's experts.json as {layer id: LayerExperts fields}; {} where there is
+    none (a dense model, or a checkpoint written before the file existed)."""
+    f = p / EXPERTS
+    if not f.is_file():
+        return {}
+    try:
+        got = _EXPERTS_FILE.validate_json(f.read_bytes())
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = "layer " + ".".join(str(x) for x in err["loc"]) if err["loc"] else "(top level)"
+        raise CheckpointError(f"{f}: {where}: {err['msg']}") from None
+    except OSError as e:
+        raise CheckpointError(f"{f}: unreadable ({e.strerror or type(e).__name__})") from None
+    return {k: v.model_dump() for k, v in got.items()}
+
+
+def _gather_experts(experts: dict[str, dict]) -> dict[str, dict]:
+    """Every stage's experts state on rank 0 ({} elsewhere). The ranks of one stage hold the
+    same state (migration plans from stage-wide counts), so a layer's entries agree."""
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(experts, parts, dst=0)
+    out: dict[str, dict] = {}
+    for part in parts or []:
+        out.update(part)
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0])))
+
+
+def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, chunks: dict[int, Chunk],
+         experts: Optional[dict[str, dict]] = None) -> Path:
+    """Write checkpoint `step` (the number of optimizer steps done), with this rank's MoE
+    layers' `experts` state (runtime/migrate.stage_state; None: nothing to keep). Collective."""
     d = Path(ckdir)
     final = d / f"step_{step:08d}"
     tmp = d / f".step_{step:08d}.tmp"
@@ -124,7 +179,10 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
         raise CheckpointError(f"{d}: cannot write checkpoint step {step} ({why}); the previous "
                               "checkpoint is kept") from None
     dist.barrier()
+    kept = _gather_experts(experts or {})
     if rank == 0:
+        if kept:
+            atomic_write_text(tmp / EXPERTS, json.dumps(kept, separators=(",", ":")))
         meta = dict(step=step, model_name=plan.model.name, model_hash=plan.model_hash,
                     layout=plan.layout.model_dump(mode="json"))
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=1))
@@ -178,10 +236,14 @@ def _space_left(folder: Path, need: int) -> Optional[str]:
 
 
 def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk]) -> int:
-    """Load the latest checkpoint into parameters and owned optimizer state. Collective."""
+    """Load the latest checkpoint into parameters and owned optimizer state, each MoE layer's
+    experts placed where the saved run had them where the layout allows. Collective."""
+    from .migrate import restore_placements
+
     p = latest(ckdir)
     if p is None:
         raise CheckpointError(f"{ckdir}: no checkpoint to resume from (missing 'latest')")
+    restore_placements(chunks, read_experts(p))
     entries = list(_entries(opt, chunks, True))
     state = {k: torch.empty_like(v) for k, v in entries}
     try:

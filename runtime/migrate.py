@@ -332,3 +332,50 @@ class Migrator:
                         parts.append(cache[key])
                 out[i, e] = _combine(parts)
         return out
+
+
+# ---- what a checkpoint keeps of it -------------------------------------------------------
+def stage_state(chunks, mig: Optional[Migrator]) -> dict[str, dict]:
+    """This rank's MoE layers, by layer id: where each logical expert lives (ep, rank_of,
+    slot_of) and, while a Migrator runs, its load window (loads: oldest first, [E] routed
+    tokens per step each) and the steps since its last period. A resumed run needs all of it
+    to place and move experts as the uninterrupted run would (the weights are stored per
+    logical expert, so they load under any placement)."""
+    out = {}
+    for i, (layer, moe) in enumerate(stage_moe_layers(chunks).items()):
+        pl = moe.dispatcher.placement
+        st = dict(ep=pl.ep, rank_of=list(pl.rank_of), slot_of=list(pl.slot_of))
+        if mig is not None and mig.active:
+            st.update(loads=[h[i].tolist() for h in mig.tracker.hist], since=mig.since)
+        out[str(layer)] = st
+    return out
+
+
+def restore_placements(chunks, saved: dict[str, dict]) -> list[int]:
+    """Install the saved placement of every local MoE layer whose EP degree and expert count
+    are the run's (another layout keeps the contiguous one). Before the weights load: the
+    slots they load into follow the placement. Returns the layers restored."""
+    done = []
+    for layer, moe in stage_moe_layers(chunks).items():
+        st, d = saved.get(str(layer)), moe.dispatcher
+        if st and st["ep"] == d.placement.ep and len(st["rank_of"]) == d.placement.num_experts:
+            d.set_placement(ExpertPlacement(d.placement.num_experts, d.placement.ep,
+                                            list(st["rank_of"]), list(st["slot_of"])))
+            done.append(layer)
+    return done
+
+
+def restore_window(mig: Migrator, saved: dict[str, dict]) -> bool:
+    """Refill the Migrator's load window and period count from a checkpoint, where every
+    layer of its stage was saved with a window of the same length (else it starts empty)."""
+    sts = [saved.get(str(layer)) for layer in mig.layers]
+    if not mig.active or not all(st and "loads" in st for st in sts):
+        return False
+    E = mig.tracker.shape[1]
+    n = {len(st["loads"]) for st in sts}
+    if len(n) != 1 or any(len(row) != E for st in sts for row in st["loads"]):
+        return False
+    for j in range(n.pop()):
+        mig.tracker.push(np.array([st["loads"][j] for st in sts], dtype=np.int64))
+    mig.since = int(sts[0]["since"])
+    return True

@@ -16,6 +16,7 @@ from . import checkpoint, metrics
 from .config import TrainConfig
 from .data import make_source, rank_rows
 from .mesh import Groups, build_groups, tp_of
+from .migrate import stage_state
 from .model import BuildCtx
 from .pipeline import Pipeline, build_local_chunks
 from .tp import TP, vocab_parallel_cross_entropy
@@ -88,8 +89,10 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
     rep = metrics.Reporter(plan, cfg.metrics, cfg.log_every)
     mig = None
     if plan.migration.enabled and lay.ep > 1:  # expert migration (runtime/migrate.py)
-        from .migrate import Migrator
+        from .migrate import Migrator, restore_window
         mig = Migrator(plan.migration, groups, chunks, opt)
+        if cfg.resume:  # the load window the saved run had, so the same experts move next
+            restore_window(mig, checkpoint.read_experts(checkpoint.latest(cfg.checkpoint)))
     for step in range(start, cfg.steps):
         rows = rank_rows(source.batch(step, lay.global_batch), lay.dp, groups.dp_rank)
         tokens, targets = rows[:, :-1].to(device), rows[:, 1:].to(device)
@@ -111,6 +114,6 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         rep.step(step, stats, event)  # the event: rank 0's stage's migration, into the record and the JSONL
         done = step + 1
         if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
-            checkpoint.save(cfg.checkpoint, done, plan, opt, chunks)
+            checkpoint.save(cfg.checkpoint, done, plan, opt, chunks, stage_state(chunks, mig))
     rep.finish()
     return rep.records if rep.rank0 else []

@@ -3,8 +3,9 @@ expert lives, not what it computes), and checkpoints move between placements.
 
 One spawn of 4 CPU ranks (gloo) runs: pp1 x dp4 x ep2 (edp 2, ZeRO-1) with and without
 migration (LPT planner, re-planned every step); pp2 x dp2 x ep2 (ZeRO-2, 1f1b) with and
-without (swap planner); and a run that resumes the migrated run's checkpoint under the
-default contiguous placement, compared with an uninterrupted run."""
+without (swap planner); a run that resumes the migrated run's checkpoint under another EP
+degree (so the default contiguous placement), compared with an uninterrupted run; and a
+migrating run resumed from a migrated checkpoint, against one that never stopped."""
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,8 @@ from runtime_test_support import read_checkpoint  # noqa: E402
 REL = 1e-6
 
 
-def _plan(pp, dp, zero, migration=None, schedule="1f1b"):
-    lay = Layout(gpus=pp * dp, pp=pp, dp=dp, ep=2, mbs=1, global_batch=8, seq=32, schedule=schedule, zero=zero,
+def _plan(pp, dp, zero, migration=None, schedule="1f1b", ep=2):
+    lay = Layout(gpus=pp * dp, pp=pp, dp=dp, ep=ep, mbs=1, global_batch=8, seq=32, schedule=schedule, zero=zero,
                  dtype="fp32")
     return make_plan(load_model("tiny-moe"), load_hardware("cpu-local"), lay, migration=migration)
 
@@ -40,7 +41,11 @@ def runs(tmp_path_factory):
         "a": (_plan(1, 4, 1), cfg(steps=5, checkpoint=str(tmp / "a"), checkpoint_every=3)),
         "a_mig": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=3, checkpoint=str(tmp / "a_mig"),
                                                   metrics=str(tmp / "a_mig.jsonl"))),
-        "a_resumed": (_plan(1, 4, 1), cfg(steps=5, checkpoint=str(tmp / "a_mig"), resume=True)),
+        "a_resumed": (_plan(1, 4, 1, ep=4), cfg(steps=5, checkpoint=str(tmp / "a_mig"), resume=True)),
+        # the same migrating run straight through 5 steps, and stopped after 3 and resumed
+        "m5": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=5, checkpoint=str(tmp / "m5"))),
+        "m3": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=3, checkpoint=str(tmp / "m"))),
+        "m3_5": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=5, checkpoint=str(tmp / "m"), resume=True)),
         "c": (_plan(2, 2, 2), cfg(steps=3, checkpoint=str(tmp / "c"))),
         "c_mig": (_plan(2, 2, 2, _mig("swap")), cfg(steps=3, checkpoint=str(tmp / "c_mig"))),
     }
@@ -96,9 +101,44 @@ def test_a_migration_reads_as_one_console_line():
 
 def test_checkpoint_from_one_placement_loads_under_another(runs):
     recs, tmp = runs
-    # a_mig saved step 3 under a migrated placement; a_resumed loads it into the contiguous one
+    # a_mig saved step 3 under a migrated placement; a_resumed loads it at EP 4, into the contiguous one
     assert [r["step"] for r in recs["a_resumed"]] == [3, 4]
     assert [r["loss"] for r in recs["a_resumed"]] == pytest.approx([r["loss"] for r in recs["a"][3:]], rel=REL)
     ref, got = read_checkpoint(tmp / "a" / "step_00000005"), read_checkpoint(tmp / "a_mig" / "step_00000005")
     bad = [k for k in ref if torch.is_tensor(ref[k]) and not _close(got[k], ref[k])]
     assert not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}"
+
+
+def test_a_resumed_migrating_run_places_and_moves_experts_as_the_uninterrupted_one(runs):
+    # the checkpoint had kept the weights per logical expert but not where they lived nor the
+    # load window, so a resumed run restarted from the contiguous placement and an empty
+    # window: other experts moved, and its step times were not the uninterrupted run's
+    import json
+
+    recs, tmp = runs
+    straight, resumed = recs["m5"][3:], recs["m3_5"]
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert [r.get("migration") is not None for r in resumed] == [r.get("migration") is not None for r in straight]
+    for a, b in zip(straight, resumed):
+        if "migration" in a:
+            for k in ("ok", "layers", "moved", "max_over_mean", "checksum"):
+                assert b["migration"][k] == a["migration"][k], k
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], rel=REL)
+    saved = [json.loads((tmp / d / "step_00000005" / "experts.json").read_text()) for d in ("m5", "m")]
+    assert saved[0] == saved[1]
+    assert any(st["rank_of"] != sorted(st["rank_of"]) for st in saved[0].values())  # experts did move
+    assert all(len(st["loads"]) == 2 for st in saved[0].values())  # the window (2 steps) is kept
+
+
+def test_a_damaged_experts_file_is_refused_before_any_rank_starts(runs, tmp_path):
+    import shutil
+
+    from piper_runtime.checkpoint import CheckpointError, validate
+
+    _, tmp = runs
+    ck = tmp_path / "ck"
+    shutil.copytree(tmp / "m5", ck)
+    f = ck / "step_00000005" / "experts.json"
+    f.write_text(f.read_text().replace('"ep":2', '"ep":3', 1))
+    with pytest.raises(CheckpointError, match=r"experts\.json: layer \d+: .*does not divide 8 experts"):
+        validate(ck, _plan(1, 4, 1, _mig("lpt")))
