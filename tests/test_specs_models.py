@@ -154,6 +154,13 @@ PUBLISHED = [
               count="non_embedding", unit=1e6),
     Published("minimax-m2.json", "total", 230, 0, "model card MiniMaxAI/MiniMax-M2: '230 billion total parameters'"),
     Published("minimax-m2.json", "active", 10, 0, "same: '10 billion active parameters'", count="no_input_embedding"),
+    Published("dbrx-instruct.json", "total", 132, 0, "Databricks, 'Introducing DBRX' (2024-03-27): '132B total "
+              "parameters of which 36B parameters are active on any input'"),
+    Published("dbrx-instruct.json", "active", 36, 0, "same: 36B active"),
+    Published("phi-3.5-moe-instruct.json", "active", 6.6, 1, "model card microsoft/Phi-3.5-MoE-instruct: '6.6B "
+              "active parameters when using 2 experts'"),
+    Published("phi-3.5-moe-instruct.json", "total", 42, 0, "Microsoft's Phi-3.5-MoE release as quoted by product "
+              "pages (datatunnel.io, traictory.com): '42B parameters in total'"),
     Published("mistral-7b-v0.1.json", "total", 7, 0, "model card mistralai/Mistral-7B-v0.1: '7 billion parameters'"),
     Published("qwen2.5-7b.json", "total", 7.61, 2, "HF model card Qwen/Qwen2.5-7B"),
     Published("qwen2.5-7b.json", "non-embedding", 6.53, 2, "same", count="non_embedding"),
@@ -374,6 +381,10 @@ def _qwen3() -> dict:
     return json.loads((HF / "qwen3-30b-a3b.json").read_text())
 
 
+def _dbrx() -> dict:
+    return json.loads((HF / "dbrx-instruct.json").read_text())
+
+
 def _bad(mutate, base=_mixtral):
     cfg = base()
     mutate(cfg)
@@ -408,6 +419,15 @@ BAD = [
     ("hunyuan", {"model_type": "hunyuan", "architectures": ["HunYuanForCausalLM"]}, "model_type",
      "no form for cross-layer attention"),
     ("qwen3-next", {"model_type": "qwen3_next"}, "model_type", "Gated DeltaNet"),
+    # DBRX keeps attention and experts in nested blocks: an error names the block's field
+    ("dbrx top-k", _bad(lambda c: c["ffn_config"].update(moe_top_k=17), _dbrx), "ffn_config.moe_top_k",
+     "exceeds the 16 routed"),
+    ("dbrx kv", _bad(lambda c: c["attn_config"].update(kv_n_heads=7), _dbrx), "attn_config.kv_n_heads", "must divide"),
+    ("dbrx block", _bad(lambda c: c.update(ffn_config=[16]), _dbrx), "ffn_config", "expected an object"),
+    ("dbrx act", _bad(lambda c: c["ffn_config"].update(ffn_act_fn={"name": "gelu"}), _dbrx),
+     "ffn_config.ffn_act_fn", "GLU experts"),
+    ("dbrx width", _bad(lambda c: c["ffn_config"].update(ffn_hidden_size="wide"), _dbrx),
+     "ffn_config.ffn_hidden_size", "expected an integer"),
 ]
 
 
@@ -459,3 +479,18 @@ def test_ernie_4_5_routes_from_its_start_index_to_its_end_index_every_interval()
         model_from_hf_config({**cfg, "moe_layer_end_index": 25}, "t")
     with pytest.raises(SpecError, match="moe_layer_end_index"):
         model_from_hf_config({**cfg, "moe_layer_end_index": 28}, "t")
+
+
+def test_dbrx_reads_its_nested_blocks_and_phi_moe_is_mixtral_with_layernorm():
+    dbrx = load_model(str(HF / "dbrx-instruct.json"))
+    assert (dbrx.num_layers, dbrx.hidden_size, dbrx.num_heads, dbrx.num_kv_heads) == (40, 6144, 48, 8)
+    assert (dbrx.moe.num_experts, dbrx.moe.top_k, dbrx.moe.expert_ffn_size, dbrx.moe.gated) == (16, 4, 10752, True)
+    assert dbrx.norm == "layernorm" and not dbrx.tied_embeddings
+    # a block left out takes transformers' defaults (DbrxAttentionConfig / DbrxFFNConfig)
+    bare = _dbrx()
+    del bare["attn_config"], bare["ffn_config"]
+    m = model_from_hf_config(bare, "dbrx/config.json")
+    assert (m.num_kv_heads, m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_size) == (1, 4, 1, 3584)
+    phi = load_model(str(HF / "phi-3.5-moe-instruct.json"))
+    assert (phi.moe.num_experts, phi.moe.top_k, phi.moe.expert_ffn_size, phi.num_kv_heads) == (16, 2, 6400, 8)
+    assert phi.norm == "layernorm" and phi.dense_layers == 0

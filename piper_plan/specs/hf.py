@@ -2,7 +2,7 @@
 
 Families (keyed on `model_type`, else on `architectures[0]`): Mixtral, Qwen2-MoE / Qwen3-MoE,
 DeepSeek-V2 / V3 (and Kimi K2, a DeepseekV3ForCausalLM), GLM-4.5 and later (glm4_moe), dots.llm1,
-OLMoE, Granite MoE, MiniMax-M2, GPT-OSS, Llama 4 (text decoder of the multimodal config), and the
+OLMoE, Granite MoE, MiniMax-M2, ERNIE 4.5, Phi-3.5-MoE (phimoe), DBRX, GPT-OSS, Llama 4 (text decoder of the multimodal config), and the
 dense Llama, Mistral, Qwen2 and Qwen3.
 Field names and layer-placement rules follow each family's transformers configuration and
 modelling code; what ModelSpec does not carry is listed per family below (each < 0.05% of the
@@ -91,7 +91,7 @@ def _layer_indices(c: _Cfg, key: str, n: int, default: list) -> list:
 # fall back to num_attention_heads there too, and DeepSeek's MLA has no kv heads to count
 _KV_HEADS_DEFAULT = {"mixtral": 8, "mistral": 8, "qwen2_moe": 16, "qwen3_moe": 4, "qwen2": 32, "qwen3": 32,
                      "gpt_oss": 8, "llama4": 8, "llama4_text": 8, "glm4_moe": 8, "dots1": 32, "minimax_m2": 8,
-                     "ernie4_5_moe": 4}
+                     "ernie4_5_moe": 4, "phimoe": 8}
 
 
 def _base(c: _Cfg) -> dict:
@@ -140,7 +140,8 @@ def _fit_layer_pattern(mask: list[bool], c: _Cfg, field: str) -> tuple[int, int]
 def _moe_block(c: _Cfg, num_experts: int, top_k: int, ffn: int, every: int = 1, **kw) -> dict:
     """A gated (SwiGLU) MoE block: every family imported here uses 3-matrix experts."""
     if top_k > num_experts:
-        key = "num_experts_per_tok" if "num_experts_per_tok" in c.data else "experts_per_token"
+        key = next((k for k in ("num_experts_per_tok", "experts_per_token", "moe_top_k", "moe_k") if k in c.data),
+                   "num_experts_per_tok")
         raise c._err(key, f"top-k {top_k} exceeds the {num_experts} routed experts")
     moe = dict(num_experts=num_experts, top_k=top_k, expert_ffn_size=ffn, gated=True, **kw)
     if every != 1:
@@ -397,6 +398,53 @@ def _minimax_m2(c: _Cfg) -> dict:
     return out
 
 
+def _phimoe(c: _Cfg) -> dict:
+    # transformers Phimoe (Phi-3.5-MoE): Mixtral's layout (every layer MoE, SwiGLU experts w1/w3/w2 of
+    # intermediate_size) with LayerNorm. Its SparseMixer router picks the top 2 of a softmax, priced
+    # as Mixtral's. Not modelled: the q/k/v/o biases (attention_bias) and the LM head's bias
+    # (lm_head_bias): 2 d + 2 kv-width + vocab per model, < 0.01 %.
+    out = _mixtral(c)
+    out["norm"] = "layernorm"
+    return out
+
+
+def _sub(c: _Cfg, key: str) -> _Cfg:
+    """A nested config block (DBRX's attn_config / ffn_config) with the same checks; absent or
+    null reads as {} (transformers builds the block's defaults then)."""
+    v = c.data.get(key)
+    if v is None:
+        v = {}
+    if not isinstance(v, dict):
+        raise c._err(key, f"expected an object, got {_short(v)}")
+    return _Cfg(v, c.source, c.family, prefix=f"{c.prefix}{key}.")
+
+
+def _dbrx(c: _Cfg) -> dict:
+    # transformers DbrxConfig: d_model / n_heads / n_layers at the top, attention in attn_config
+    # (kv_n_heads, default 1), experts in ffn_config (ffn_hidden_size, moe_num_experts, moe_top_k;
+    # defaults 3584 / 4 / 1). Every layer is MoE with GLU experts (w1, v1, w2), a softmax router whose
+    # top-k weights are renormalised, and bias-free LayerNorm. Not modelled: clip_qkv (a clamp).
+    attn, ffn = _sub(c, "attn_config"), _sub(c, "ffn_config")
+    layers = c.first(("n_layers", "num_hidden_layers"))
+    if layers > MAX_LAYERS:
+        raise c._err("n_layers", f"expected at most {MAX_LAYERS}, got {layers}")
+    hidden, heads = c.first(("d_model", "hidden_size")), c.first(("n_heads", "num_attention_heads"))
+    out = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=c.get("vocab_size"))
+    kv = attn.get("kv_n_heads", default=1)
+    if heads % kv:
+        raise attn._err("kv_n_heads", f"must divide n_heads ({heads}), got {kv}")
+    if kv != heads:
+        out["num_kv_heads"] = kv
+    act = ffn.data.get("ffn_act_fn")
+    if act is not None and not (isinstance(act, dict) and act.get("name", "silu") == "silu"):
+        raise ffn._err("ffn_act_fn", f"expected {{'name': 'silu'}} (DBRX's GLU experts), got {_short(act)}")
+    out["moe"] = _moe_block(ffn, ffn.get("moe_num_experts", default=4), ffn.get("moe_top_k", default=1),
+                            ffn.get("ffn_hidden_size", default=3584), router="softmax")
+    out["norm"] = "layernorm"
+    out["tied_embeddings"] = _tied(c, False)
+    return out
+
+
 def _ernie4_5_moe(c: _Cfg) -> dict:
     # transformers Ernie4_5_MoeDecoderLayer: layer i is MoE when (i + 1) % moe_layer_interval == 0
     # and moe_layer_start_index <= i <= moe_layer_end_index (-1: the last layer, as its config
@@ -434,6 +482,7 @@ _FAMILIES: dict[str, Callable[[_Cfg], dict]] = {
     "llama4": _llama4, "llama4_text": _llama4,
     "glm4_moe": _glm4_moe, "dots1": _dots1, "olmoe": _olmoe, "granitemoe": _granitemoe,
     "granitemoeshared": _granitemoe, "minimax_m2": _minimax_m2, "ernie4_5_moe": _ernie4_5_moe,
+    "phimoe": _phimoe, "dbrx": _dbrx,
 }
 _ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
@@ -446,6 +495,7 @@ _ARCHITECTURES = {
     "Glm4MoeForCausalLM": "glm4_moe", "Dots1ForCausalLM": "dots1", "OlmoeForCausalLM": "olmoe",
     "GraniteMoeForCausalLM": "granitemoe", "GraniteMoeSharedForCausalLM": "granitemoeshared",
     "MiniMaxM2ForCausalLM": "minimax_m2", "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
+    "PhimoeForCausalLM": "phimoe", "PhiMoEForCausalLM": "phimoe", "DbrxForCausalLM": "dbrx",
 }
 
 
