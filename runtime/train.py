@@ -114,6 +114,8 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         rep.step(step, stats, event)  # the event: rank 0's stage's migration, into the record and the JSONL
         done = step + 1
         if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
-            checkpoint.save(cfg.checkpoint, done, plan, opt, chunks, stage_state(chunks, mig))
+            # the ranks of a stage hold the same experts state: one of them sends it to rank 0
+            lead = groups.dp_rank == 0 and groups.tp_rank == 0
+            checkpoint.save(cfg.checkpoint, done, plan, opt, chunks, stage_state(chunks, mig) if lead else None)
     rep.finish()
     return rep.records if rep.rank0 else []

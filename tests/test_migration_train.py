@@ -46,6 +46,10 @@ def runs(tmp_path_factory):
         "m5": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=5, checkpoint=str(tmp / "m5"))),
         "m3": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=3, checkpoint=str(tmp / "m"))),
         "m3_5": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=5, checkpoint=str(tmp / "m"), resume=True)),
+        # and over two pipeline stages, whose layers' states rank 0 merges
+        "cm5": (_plan(2, 2, 2, _mig("swap")), cfg(steps=5, checkpoint=str(tmp / "cm5"))),
+        "cm3": (_plan(2, 2, 2, _mig("swap")), cfg(steps=3, checkpoint=str(tmp / "cm"))),
+        "cm3_5": (_plan(2, 2, 2, _mig("swap")), cfg(steps=5, checkpoint=str(tmp / "cm"), resume=True)),
         "c": (_plan(2, 2, 2), cfg(steps=3, checkpoint=str(tmp / "c"))),
         "c_mig": (_plan(2, 2, 2, _mig("swap")), cfg(steps=3, checkpoint=str(tmp / "c_mig"))),
     }
@@ -109,14 +113,16 @@ def test_checkpoint_from_one_placement_loads_under_another(runs):
     assert not bad, f"{len(bad)} tensors differ, e.g. {bad[:3]}"
 
 
-def test_a_resumed_migrating_run_places_and_moves_experts_as_the_uninterrupted_one(runs):
+@pytest.mark.parametrize("straight_id,resumed_id,folder", [("m5", "m3_5", "m"), ("cm5", "cm3_5", "cm")])
+def test_a_resumed_migrating_run_places_and_moves_experts_as_the_uninterrupted_one(runs, straight_id, resumed_id,
+                                                                                   folder):
     # the checkpoint had kept the weights per logical expert but not where they lived nor the
     # load window, so a resumed run restarted from the contiguous placement and an empty
     # window: other experts moved, and its step times were not the uninterrupted run's
     import json
 
     recs, tmp = runs
-    straight, resumed = recs["m5"][3:], recs["m3_5"]
+    straight, resumed = recs[straight_id][3:], recs[resumed_id]
     assert [r["step"] for r in resumed] == [3, 4]
     assert [r.get("migration") is not None for r in resumed] == [r.get("migration") is not None for r in straight]
     for a, b in zip(straight, resumed):
@@ -124,7 +130,7 @@ def test_a_resumed_migrating_run_places_and_moves_experts_as_the_uninterrupted_o
             for k in ("ok", "layers", "moved", "max_over_mean", "checksum"):
                 assert b["migration"][k] == a["migration"][k], k
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], rel=REL)
-    saved = [json.loads((tmp / d / "step_00000005" / "experts.json").read_text()) for d in ("m5", "m")]
+    saved = [json.loads((tmp / d / "step_00000005" / "experts.json").read_text()) for d in (straight_id, folder)]
     assert saved[0] == saved[1]
     assert any(st["rank_of"] != sorted(st["rank_of"]) for st in saved[0].values())  # experts did move
     assert all(len(st["loads"]) == 2 for st in saved[0].values())  # the window (2 steps) is kept
