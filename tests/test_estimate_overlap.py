@@ -189,3 +189,16 @@ def test_a_layout_without_tensor_parallelism_reports_no_tensor_parallel_time():
     t = evaluate(m, hw, lay).time["tp_comm"]
     none = (lay.tp == 1) & (lay.etp == 1)
     assert none.sum() > 1000 and not t[none].any() and (t[~none] > 0).all()
+
+
+def test_gpipe_pairs_no_forward_with_a_backward():
+    """GPipe runs all of a step's forwards before its backwards: no exchange has another
+    micro-batch's compute beside it, so the overlap hides nothing (and never makes the step
+    faster through a ZeRO-2 window it no longer fills)."""
+    m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
+    base = dict(gpus=256, tp=2, pp=4, dp=32, ep=2, mbs=8, global_batch=1024, seq=4096, schedule="gpipe", zero=2,
+                placement="spread", pipeline_split="even")
+    lay = from_layouts([Layout(**base, a2a_overlap=True)])
+    assert all(float(s[0]) == 0.0 for s in _paired_share(lay).values())
+    est = evaluate(m, hw, from_layouts([Layout(**base), Layout(**base, a2a_overlap=True)]))
+    assert est.step_time_s[1] == pytest.approx(est.step_time_s[0], rel=1e-12)

@@ -605,7 +605,8 @@ def _paired_share(lay: LayoutBatch) -> dict:
       no a2a overlapping"): (M - 1) / M. Interleaved, a rank's W = 2(pp - rank - 1) +
       (vpp - 1)·pp + 1 warm-up forwards and as many cool-down backwards run alone, of M·vpp
       (schedules.get_pp_rank_microbatches: one extra warm-up micro-batch under the overlap;
-      microbatch_group_size_per_vp_stage at its default, pp).
+      microbatch_group_size_per_vp_stage at its default, pp). GPipe over a pipeline pairs none:
+      all its forwards run before its backwards.
     - dualpipev: of a rank's 2M chunk forwards, DualPipeV's main step pairs
       2(M - 2pp + rank + 1) with a backward and its step 5 another pp - rank - 1; the last rank
       leaves its main step's first pair apart (deepseek-ai/DualPipe dualpipev.py, steps 1-8)."""
@@ -614,12 +615,15 @@ def _paired_share(lay: LayoutBatch) -> dict:
     pp = lay.pp.astype(float)
     base = (lay.vpp - 1) * pp + 1.0
     dualpipe = lay.sched == SCHEDULES.index("dualpipev")
+    # GPipe runs every forward before any backward: no forward has a backward beside it
+    apart = (lay.sched == SCHEDULES.index("gpipe")) & (lay.pp > 1)
     share = {}
     for role, rank in (("first", 0.0), ("mid", np.floor((pp - 1) / 2)), ("last", pp - 1)):
         warm = np.where(lay.pp == 1, 1.0, 2.0 * (pp - rank - 1) + base)
         megatron = np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0)
         pairs = 2.0 * M - 3.0 * pp + rank + 1.0 - (rank == pp - 1)
-        share[role] = np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0), megatron)
+        share[role] = np.where(apart, 0.0, np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0),
+                                                      megatron))
     return share
 
 
