@@ -426,15 +426,20 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # exchange with one compute node of the other micro-batch (layer._layer_base: a2a_hide); both
     # in their steady state's paired steps only (_paired_share)
     paired = np.minimum(a2a_per_mb, nm_r * lc["a2a_hide"])
-    hidden_of = paired_share * np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
-                                        np.where(lay.a2a_overlap, np.minimum(paired, comp_t), 0.0))
+    per_pair = np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
+                        np.where(lay.a2a_overlap, np.minimum(paired, comp_t), 0.0))
+    hidden_of = paired_share * per_pair
     slow_of = held * hidden_of
     # an off-stream exchange's host gap: what it absorbs in the steady state (beside the partner's
     # hiding) and in the unpaired micro-batches (all of the exchange exposed); dualpipev prices its
     # own bubble's hiding (schedule.pipeline_time)
     gap = nm_r * lc["moe_host"]
-    absorbed = _absorbed_by_host(lay, gap, a2a_per_mb - hidden_of + slow_of, comp_t + slow_of - hidden_of)
-    unpaired = np.where(dualpipe_hides, 0.0, _absorbed_by_host(lay, gap, a2a_per_mb, comp_t))
+    alone = _absorbed_by_host(lay, gap, a2a_per_mb)
+    # a paired micro-batch's partner lasted its compute, then the gap: what its hiding took of the gap is gone
+    free = np.maximum(gap - np.maximum(per_pair - (comp_t - gap), 0.0), 0.0)
+    absorbed = (paired_share * _absorbed_by_host(lay, free, a2a_per_mb - (1.0 - held) * per_pair)
+                + (1.0 - paired_share) * alone)
+    unpaired = np.where(dualpipe_hides, 0.0, alone)
     totals = comp_t + comm_t - hidden_of + slow_of - absorbed
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
@@ -486,7 +491,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                         acts, t_pipe)
 
 
-def _absorbed_by_host(lay: LayoutBatch, gap, exposed, room):
+def _absorbed_by_host(lay: LayoutBatch, gap, exposed):
     """Seconds a micro-batch of an off-stream all-to-all's `exposed` work (Layout.a2a_overlap, an
     overlapping dualpipev: layer._a2a_off_stream) that run inside the host's issue gap, per role's
     rank. Off the stream, a MoE layer's host gap (`gap`: the GPU's idle seconds while the host
@@ -494,10 +499,11 @@ def _absorbed_by_host(lay: LayoutBatch, gap, exposed, room):
     the exchange's part no partner hides, and the slow-down of the units the hidden part holds,
     run on the GPU while it waits for the host all the same, so the gap absorbs up to that much
     of them (a host-bound layer lasts max(host, GPU work), the exchange's exposure within the GPU
-    work). Without it a host-bound layer priced slower with the overlap on than off. At most
-    `room`: the compute stream's seconds (the gap in them) the partners' hiding left free, so
-    the rank's micro-batch never lasts less than its exchanges on the communication stream."""
-    return np.where(_a2a_off_stream(lay), np.clip(np.minimum(np.minimum(gap, exposed), room), 0.0, None), 0.0)
+    work). Without it a host-bound layer priced slower with the overlap on than off. A paired
+    micro-batch passes only the gap its partner's hiding left free (the partner lasts its
+    compute, then the gap), so no gap second hides two exchanges and a micro-batch never lasts
+    less than its exchanges on the communication stream."""
+    return np.where(_a2a_off_stream(lay), np.clip(np.minimum(gap, exposed), 0.0, None), 0.0)
 
 
 def _busiest(per_role: dict, is_first, is_last):
