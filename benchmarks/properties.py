@@ -20,6 +20,7 @@ import numpy as np
 
 from piper_plan.cost.batch import SPLITS, LayoutBatch, rc_bits
 from piper_plan.cost.estimate import evaluate
+from piper_plan.cost.memory import in_flight
 from piper_plan.errors import PiperError
 from piper_plan.layout import check_for
 from piper_plan.layout import Layout
@@ -129,13 +130,19 @@ def checks(sv: Survey, m, hw, pair: str, a: LayoutBatch, only: str | None):
     # 1. global batch: twice the micro-batches
     b = vary(a, gbs=2 * a.gbs)
     run("batch: time/seq", b, a, per_seq)  # per-seq time of the larger batch <= the smaller's
-    fam = a.sched >= 1  # 1F1B family: in-flight micro-batches capped by the pipeline, not M
+    # 1F1B family: in-flight micro-batches capped by the pipeline, not M, once M reaches the
+    # schedule's warm-up (interleaved's first rank holds pp + (pp-1)/v > pp: memory.in_flight)
+    fam = (a.sched >= 1) & np.all(in_flight(a, np.arange(2)[:, None] * (a.pp - 1)) == in_flight(b, np.arange(2)[:, None] * (b.pp - 1)), axis=0)
     run("batch: peak mem (1f1b family)", a.take(fam), b.take(fam), peak, expect="==")
+    run("batch: peak mem (gpipe grows)", a.take(a.sched == 0), b.take(a.sched == 0), peak)
     # 2. sequence length: time per token never falls as seq grows
-    run("seq x2, same mbs: time/token", a, vary(a, seq=2 * a.seq), per_token)
+    even_b = a.gbs % (2 * a.dp * a.mbs) == 0  # the same tokens a step: half the sequences
+    a1 = a.take(even_b)
+    run("seq x2, same mbs: time/token", a1, vary(a1, seq=2 * a1.seq, gbs=a1.gbs // 2), per_token)
     even = a.mbs % 2 == 0
     a2 = a.take(even)
-    run("seq x2, same tokens/mb: time/token", a2, vary(a2, seq=2 * a2.seq, mbs=a2.mbs // 2, gbs=a2.gbs // 2),
+    run("seq x2, same tokens/mb, same tokens/step: time/token", a2,
+        vary(a2, seq=2 * a2.seq, mbs=a2.mbs // 2, gbs=a2.gbs // 2),
         per_token)
     # 3. recompute: none <= selective <= full in time, the reverse in memory
     none, sel, full = (vary(a, recompute=r, rc_mods=rc_bits(("core_attn",)), rc_layers=0) for r in (0, 1, 2))
