@@ -16,7 +16,7 @@ from ..specs.model import ModelSpec
 from . import comm
 from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes, take_rows
 from .imbalance import expert_popularity
-from .layer import _dualpipe_overlaps, _per_layer
+from .layer import _a2a_off_stream, _dualpipe_overlaps, _per_layer
 from .memory import layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, require_host
 from .rank_memory import rank_memory, role_activations
@@ -106,13 +106,16 @@ def _each_phase(x):
     return np.asarray(x)[..., None, :]
 
 
-def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden):
+def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden, absorbed):
     """(phases, PipeWindow, reduction's PipeWindow) of one role's rank per micro-batch: its compute
     phases (_phases) with the extra chunks' executor work split as layer._layer_overhead's and its exposed
-    activation copies; the forward / backward / weight-gradient seconds the pipeline runs; and
-    those the reduction can run behind, less the exchange an overlapping schedule hides behind
-    another micro-batch's compute (evaluate: hidden_of, seconds a micro-batch): hidden, it takes no
-    wall time of its own, so it opens no window either; taken off the forward and the backward in
+    activation copies; the forward / backward / weight-gradient seconds the pipeline runs, less the
+    exchange an off-stream all-to-all runs inside the host's issue gap when no partner hides it
+    (`absorbed`: _absorbed_by_host, as in the schedule's unpaired warm-up and cool-down); and
+    those the reduction can run behind, less what an overlapping schedule takes off the rank's
+    micro-batch (`hidden`: the exchange hidden behind another micro-batch's compute or inside the
+    host's gap, net of the slow-down of the units it holds; seconds a micro-batch): hidden, it takes no
+    wall time of its own, so it opens no window either. Both taken off the forward and the backward in
     proportion to their communication."""
     comp = _phases(lc, nd, nm, emb, head)
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
@@ -122,7 +125,7 @@ def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M
     B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
     c_all = cm["f"] + cm["b"] + cm["r"]
     share_f = np.divide(cm["f"], c_all, out=np.zeros(np.shape(c_all)), where=c_all > 0)
-    return (comp, PipeWindow(F, B, comp["w"], M),
+    return (comp, PipeWindow(F - absorbed * share_f, B - absorbed * (1.0 - share_f), comp["w"], M),
             PipeWindow(F - hidden * share_f, B - hidden * (1.0 - share_f), comp["w"], M))
 
 
@@ -423,10 +426,21 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # exchange with one compute node of the other micro-batch (layer._layer_base: a2a_hide); both
     # in their steady state's paired steps only (_paired_share)
     paired = np.minimum(a2a_per_mb, nm_r * lc["a2a_hide"])
-    hidden_of = paired_share * np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
-                                        np.where(lay.a2a_overlap, np.minimum(paired, comp_t), 0.0))
+    per_pair = np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
+                        np.where(lay.a2a_overlap, np.minimum(paired, comp_t), 0.0))
+    hidden_of = paired_share * per_pair
     slow_of = held * hidden_of
-    totals = comp_t + comm_t - hidden_of + slow_of
+    # an off-stream exchange's host gap: what it absorbs in the steady state (beside the partner's
+    # hiding) and in the unpaired micro-batches (all of the exchange exposed); dualpipev prices its
+    # own bubble's hiding (schedule.pipeline_time)
+    gap = nm_r * lc["moe_host"]
+    alone = _absorbed_by_host(lay, gap, a2a_per_mb)
+    # a paired micro-batch's partner lasted its compute, then the gap: what its hiding took of the gap is gone
+    free = np.maximum(gap - np.maximum(per_pair - (comp_t - gap), 0.0), 0.0)
+    absorbed = (paired_share * _absorbed_by_host(lay, free, a2a_per_mb - (1.0 - held) * per_pair)
+                + (1.0 - paired_share) * alone)
+    unpaired = np.where(dualpipe_hides, 0.0, alone)
+    totals = comp_t + comm_t - hidden_of + slow_of - absorbed
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
     mids = np.maximum(lay.pp - 2, 0).astype(float)
@@ -436,7 +450,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     is_last = ~is_first & (t_last >= peak_role_time)
     pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
     comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, parked_f, parked_b, p2p_mb, M,
-                                      hidden_of)
+                                      hidden_of - slow_of + absorbed, unpaired)
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
     # difference each period: a forward and a backward (1F1B and the other interleaving
     # schedules), a backward (gpipe runs the backwards back to back)
@@ -466,12 +480,30 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                             on(totals), total_sum[zb], hid)
         t_pipe[zb] = np.max(np.where(on(present), t_r, -np.inf), axis=0)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
-    busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of), slow=pick(slow_of),
+    # reported apart: what the host's gap absorbs as hidden exchange, then as the units' slow-down
+    absorbed_a2a = np.minimum(absorbed, a2a_per_mb - hidden_of)
+    busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of + absorbed_a2a),
+                   slow=pick(slow_of - (absorbed - absorbed_a2a)),
                    comm=pick(comm_t))
     acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
     ranks = RoleLayers(cs, present, nd_r, nm_r, emb_r, head_r)
     return PipelinePart(grp, lc, ranks, p2p_one, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
                         acts, t_pipe)
+
+
+def _absorbed_by_host(lay: LayoutBatch, gap, exposed):
+    """Seconds a micro-batch of an off-stream all-to-all's `exposed` work (Layout.a2a_overlap, an
+    overlapping dualpipev: layer._a2a_off_stream) that run inside the host's issue gap, per role's
+    rank. Off the stream, a MoE layer's host gap (`gap`: the GPU's idle seconds while the host
+    issues, layer._layer_base) is priced against the compute alone, the exchange taken out; but
+    the exchange's part no partner hides, and the slow-down of the units the hidden part holds,
+    run on the GPU while it waits for the host all the same, so the gap absorbs up to that much
+    of them (a host-bound layer lasts max(host, GPU work), the exchange's exposure within the GPU
+    work). Without it a host-bound layer priced slower with the overlap on than off. A paired
+    micro-batch passes only the gap its partner's hiding left free (the partner lasts its
+    compute, then the gap), so no gap second hides two exchanges and a micro-batch never lasts
+    less than its exchanges on the communication stream."""
+    return np.where(_a2a_off_stream(lay), np.clip(np.minimum(gap, exposed), 0.0, None), 0.0)
 
 
 def _busiest(per_role: dict, is_first, is_last):
@@ -579,7 +611,8 @@ def _paired_share(lay: LayoutBatch) -> dict:
       no a2a overlapping"): (M - 1) / M. Interleaved, a rank's W = 2(pp - rank - 1) +
       (vpp - 1)·pp + 1 warm-up forwards and as many cool-down backwards run alone, of M·vpp
       (schedules.get_pp_rank_microbatches: one extra warm-up micro-batch under the overlap;
-      microbatch_group_size_per_vp_stage at its default, pp).
+      microbatch_group_size_per_vp_stage at its default, pp). GPipe over a pipeline pairs none:
+      all its forwards run before its backwards.
     - dualpipev: of a rank's 2M chunk forwards, DualPipeV's main step pairs
       2(M - 2pp + rank + 1) with a backward and its step 5 another pp - rank - 1; the last rank
       leaves its main step's first pair apart (deepseek-ai/DualPipe dualpipev.py, steps 1-8)."""
@@ -588,12 +621,15 @@ def _paired_share(lay: LayoutBatch) -> dict:
     pp = lay.pp.astype(float)
     base = (lay.vpp - 1) * pp + 1.0
     dualpipe = lay.sched == SCHEDULES.index("dualpipev")
+    # GPipe runs every forward before any backward: no forward has a backward beside it
+    apart = (lay.sched == SCHEDULES.index("gpipe")) & (lay.pp > 1)
     share = {}
     for role, rank in (("first", 0.0), ("mid", np.floor((pp - 1) / 2)), ("last", pp - 1)):
         warm = np.where(lay.pp == 1, 1.0, 2.0 * (pp - rank - 1) + base)
         megatron = np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0)
         pairs = 2.0 * M - 3.0 * pp + rank + 1.0 - (rank == pp - 1)
-        share[role] = np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0), megatron)
+        share[role] = np.where(apart, 0.0, np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0),
+                                                      megatron))
     return share
 
 
