@@ -150,3 +150,16 @@ def test_moe_recompute_never_speeds_up_a_dualpipev_step():
     for tp in (1, 2, 4):
         est = _moe_pair(m, hw, gpus=256, tp=tp, pp=16, ep=16, global_batch=1024, seq=4096, schedule="dualpipev")
         assert est.step_time_s[1] >= est.step_time_s[0]
+
+
+@pytest.mark.parametrize("mods, cp", [(("attn_block", "act_fc2"), 1), (("core_attn",), 2), (("moe",), 1)])
+def test_a_selective_layout_prices_alike_whatever_shares_its_batch(mods, cp):
+    """The collectives a selective recompute re-runs (the attention block's tensor-parallel one,
+    the core attention's context-parallel ring, the MoE block's all-to-all) are the layout's own:
+    a layout without recompute but the same module list, ahead of it in a batch, takes none away."""
+    m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
+    base = dict(gpus=256, tp=8, cp=cp, pp=8, ep=16, global_batch=1024, seq=4096, recompute_modules=mods)
+    sel = Layout(**base, recompute="selective")
+    alone = evaluate(m, hw, from_layouts([sel])).step_time_s[0]
+    after_none = evaluate(m, hw, from_layouts([Layout(**base, recompute="none"), sel])).step_time_s[1]
+    assert after_none == pytest.approx(alone, rel=1e-12)
