@@ -125,3 +125,41 @@ def test_xmoe_intermediate_checkpoint_reruns_every_expert_s_activation_and_down_
     assert terms["expert_act"][0] > 0 and terms["expert_act"][1] == terms["expert_act"][2] == 0.0
     assert terms["expert_hidden"][2] == terms["expert_hidden"][0] > 0  # fc1's output is the checkpoint's input
     assert est.step_time_s[0] < est.step_time_s[1] < est.step_time_s[2]
+
+
+def _moe_pair(m, hw, **base):
+    lays = [Layout(**base, recompute=r, recompute_modules=mods)
+            for r, mods in (("none", ("core_attn",)), ("selective", ("moe",)))]
+    return evaluate(m, hw, from_layouts(lays))
+
+
+def test_moe_recompute_puts_its_rerun_all_to_all_in_the_step(qwen):
+    """A re-run MoE block exchanges its tokens again: under 1F1B nothing hides that exchange, so
+    the step grows by at least the all-to-all it adds, and no other collective changes."""
+    m, hw = qwen
+    est = _moe_pair(m, hw, gpus=64, tp=2, pp=4, ep=8, global_batch=256, seq=4096, schedule="1f1b")
+    assert est.time["a2a"][1] > est.time["a2a"][0]
+    assert est.step_time_s[1] - est.step_time_s[0] >= est.time["a2a"][1] - est.time["a2a"][0]
+    assert est.time["tp_comm"][1] == pytest.approx(est.time["tp_comm"][0], rel=1e-9)
+
+
+def test_moe_recompute_never_speeds_up_a_dualpipev_step():
+    """dualpipev hides the exchanges behind the other micro-batch's compute: the re-run one hides
+    at most the compute it came with, so recomputing the MoE block cannot make the step faster."""
+    m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
+    for tp in (1, 2, 4):
+        est = _moe_pair(m, hw, gpus=256, tp=tp, pp=16, ep=16, global_batch=1024, seq=4096, schedule="dualpipev")
+        assert est.step_time_s[1] >= est.step_time_s[0]
+
+
+@pytest.mark.parametrize("mods, cp", [(("attn_block", "act_fc2"), 1), (("core_attn",), 2), (("moe",), 1)])
+def test_a_selective_layout_prices_alike_whatever_shares_its_batch(mods, cp):
+    """The collectives a selective recompute re-runs (the attention block's tensor-parallel one,
+    the core attention's context-parallel ring, the MoE block's all-to-all) are the layout's own:
+    a layout without recompute but the same module list, ahead of it in a batch, takes none away."""
+    m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
+    base = dict(gpus=256, tp=8, cp=cp, pp=8, ep=16, global_batch=1024, seq=4096, recompute_modules=mods)
+    sel = Layout(**base, recompute="selective")
+    alone = evaluate(m, hw, from_layouts([sel])).step_time_s[0]
+    after_none = evaluate(m, hw, from_layouts([Layout(**base, recompute="none"), sel])).step_time_s[1]
+    assert after_none == pytest.approx(alone, rel=1e-12)

@@ -272,11 +272,15 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         moe_host = moe
         a2a_hide = zero
     # X-MoE's attention-block checkpoint re-runs the block's tensor-parallel collective too; a
-    # re-run core attention its context-parallel ring
-    cp_r = np.where(recomputes(lay, "attn_block") | recomputes(lay, "core_attn"), cpx.f, 0.0)
-    attn_comm_r = np.where(recomputes(lay, "attn_block"), tp_ar, 0.0) + cp_r
+    # re-run core attention its context-parallel ring; a re-run MoE block its forward's exchanges
+    # (dispatch, combine, the row counts: a2a_fwd). Read off `sel`, as the phases' r: a row stands
+    # here for every recompute of its key (_per_layer), and with_recompute keeps these for the
+    # selective layouts alone
+    cp_r = np.where(recomputes(sel, "attn_block") | recomputes(sel, "core_attn"), cpx.f, 0.0)
+    attn_comm_r = np.where(recomputes(sel, "attn_block"), tp_ar, 0.0) + cp_r
+    moe_comm_r = attn_comm_r + np.where(recomputes(sel, "moe"), a2a_fwd, 0.0)
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
-               attn_comm_r=attn_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
+               dense_comm_r=attn_comm_r, moe_comm_r=moe_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
                a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
     # only the attention's saved tensors depend on recompute

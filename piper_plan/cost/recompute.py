@@ -22,8 +22,9 @@ def with_recompute(base: dict, recompute, share=1.0) -> dict:
     """layer._layer_base's costs under each layout's recompute, for a layer of a rank's mean:
     full re-runs the forward (r = f; only the layer input is saved) in `share` of the layers
     (full_recompute_share) and nothing in the rest, selective what its modules list (r as
-    _layer_base priced it, with the attention's tensor-parallel collective again where the whole
-    attention block re-runs), none nothing."""
+    _layer_base priced it, with the collectives of the modules it re-runs: the attention's
+    tensor-parallel one where the whole attention block re-runs, the all-to-all where the MoE block
+    does), none nothing."""
     full, sel = recompute == 2, recompute == 1
     part = np.where(full, share, 0.0)  # the share of layers that re-run their whole forward
     out = dict(base)
@@ -34,9 +35,11 @@ def with_recompute(base: dict, recompute, share=1.0) -> dict:
         out[f"a_{k}"] = part * base["a_in"] + (1.0 - part) * kept
         # full recompute re-issues the forward: its host gap (in ph.f, so in r) again
         out[f"{k}_host"] = base[f"{k}_host"] + part * base[f"{k}_host_f"]
-    for k in ("dense_comm", "moe_comm"):  # full recompute repeats the forward's collectives
+    # full recompute repeats the forward's collectives; selective those of the modules it re-runs
+    # (layer._layer_base: <k>_r), the MoE block's all-to-all among them
+    for k in ("dense_comm", "moe_comm"):
         ph = base[k]
-        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, part * ph.f, np.where(sel, base["attn_comm_r"], 0.0)))
+        out[k] = Phase(ph.f, ph.b, ph.w, np.where(full, part * ph.f, np.where(sel, base[f"{k}_r"], 0.0)))
     # what of those the context-parallel ring exposes, a layer (either kind), reported apart
     out["cp_layer"] = base["cp_f"] + base["cp_b"] + np.where(full, part * base["cp_f"], np.where(sel, base["cp_r"], 0.0))
     return out
