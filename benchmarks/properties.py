@@ -135,10 +135,9 @@ def checks(sv: Survey, m, hw, pair: str, a: LayoutBatch, only: str | None):
     fam = (a.sched >= 1) & np.all(in_flight(a, np.arange(2)[:, None] * (a.pp - 1)) == in_flight(b, np.arange(2)[:, None] * (b.pp - 1)), axis=0)
     run("batch: peak mem (1f1b family)", a.take(fam), b.take(fam), peak, expect="==")
     run("batch: peak mem (gpipe grows)", a.take(a.sched == 0), b.take(a.sched == 0), peak)
-    # 2. sequence length: time per token never falls as seq grows
-    even_b = a.gbs % (2 * a.dp * a.mbs) == 0  # the same tokens a step: half the sequences
-    a1 = a.take(even_b)
-    run("seq x2, same mbs: time/token", a1, vary(a1, seq=2 * a1.seq, gbs=a1.gbs // 2), per_token)
+    # 2. sequence length: time per token never falls as seq grows, at the same tokens a micro-batch
+    # and a step (at the same mbs, half the sequences a step is half the micro-batches: another
+    # schedule, whose bubble and per-step costs move the other way, so no ordering holds there)
     even = a.mbs % 2 == 0
     a2 = a.take(even)
     run("seq x2, same tokens/mb, same tokens/step: time/token", a2,
@@ -172,10 +171,11 @@ def checks(sv: Survey, m, hw, pair: str, a: LayoutBatch, only: str | None):
     run("zero3 reshard off: mem", vary(z3, reshard=True), vary(z3, reshard=False), peak)
     for g in (1, 2, 4, 8, 16):  # a CUDA-graph scope replaces per-op launches with one
         run(f"cuda graph bit {g}: time", vary(a, graphs=g), vary(a, graphs=0), step)
-    # all-to-all on one node: halo and dedup equal flat
+    # all-to-all on one node: halo is flat there (no node to aggregate); dedup sends a token once
+    # per destination rank rather than once per routed expert, so never more than flat
     onenode = a.take(a.ep * a.ep_stride <= hw.gpus_per_node)
-    for alg in (1, 2):
-        run(f"a2a {alg} on one node == flat: time", vary(onenode, a2a=0), vary(onenode, a2a=alg), step, expect="==")
+    run("a2a halo on one node == flat: time", vary(onenode, a2a=0), vary(onenode, a2a=1), step, expect="==")
+    run("a2a dedup on one node <= flat: time", vary(onenode, a2a=2), vary(onenode, a2a=0), step)
     # ZeRO: a higher stage never holds more
     for z in (0, 1):
         run(f"zero {z}->{z + 1}: peak mem", vary(a, zero=z + 1), vary(a, zero=z), peak)
