@@ -369,7 +369,7 @@ def restore_window(mig: Migrator, saved: dict[str, dict]) -> bool:
     """Refill the Migrator's load window and period count from a checkpoint, where every
     layer of its stage was saved with a window of the same length (else it starts empty)."""
     sts = [saved.get(str(layer)) for layer in mig.layers]
-    if not mig.active or not all(st and "loads" in st for st in sts):
+    if not mig.active or not all(st and st.get("loads") is not None for st in sts):  # saved without migration
         return False
     E = mig.tracker.shape[1]
     n = {len(st["loads"]) for st in sts}

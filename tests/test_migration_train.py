@@ -148,3 +148,21 @@ def test_a_damaged_experts_file_is_refused_before_any_rank_starts(runs, tmp_path
     f.write_text(f.read_text().replace('"ep":2', '"ep":3', 1))
     with pytest.raises(CheckpointError, match=r"experts\.json: layer \d+: .*does not divide 8 experts"):
         validate(ck, _plan(1, 4, 1, _mig("lpt")))
+
+
+def test_a_window_is_restored_only_from_a_checkpoint_that_kept_one():
+    # a checkpoint written without migration has placements but no load window: a migrating
+    # resume starts its window empty rather than failing on the missing loads
+    import numpy as np
+
+    from piper_runtime.migrate import LoadTracker, Migrator, restore_window
+
+    mig = Migrator.__new__(Migrator)
+    mig.layers, mig.ep_ranks, mig.since = {1: None, 2: None}, [0, 1], 0
+    mig.tracker = LoadTracker(2, 4, window=2)
+    placed = dict(ep=2, rank_of=[0, 0, 1, 1], slot_of=[0, 1, 0, 1], since=0)
+    assert not restore_window(mig, {"1": dict(placed, loads=None), "2": dict(placed, loads=None)})
+    assert not mig.tracker.hist
+    kept = {"1": dict(placed, loads=[[1, 2, 3, 4]], since=1), "2": dict(placed, loads=[[4, 3, 2, 1]], since=1)}
+    assert restore_window(mig, kept) and mig.since == 1
+    assert np.array_equal(mig.tracker.mean(), [[1, 2, 3, 4], [4, 3, 2, 1]])
