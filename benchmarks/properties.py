@@ -10,6 +10,7 @@ model moves the other way. Not a test: a survey, run by hand:
 
 It prints, per check and model/hardware pair, the layouts compared, the violations, the worst
 relative one and the smallest layouts among them (as layout strings), so each can be reduced.
+The orderings that hold on every sampled layout are held by tests/test_cost_orderings.py.
 """
 from __future__ import annotations
 
