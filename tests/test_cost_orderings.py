@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from piper_plan.cost.batch import SPLITS
+from piper_plan.cost.batch import SPLITS, rc_bits
 from piper_plan.specs import load_hardware, load_model
 
 PAIRS = [("mixtral-8x7b", "frontier", 64), ("qwen3-235b-a22b", "gb200-nvl72", 256)]
@@ -80,3 +80,14 @@ def test_inside_one_node_halo_is_flat_and_dedup_never_slower(sample):
     assert n > 20 and bad == 0, f"halo: {bad} of {n}, worst {worst:.2%}"
     n, bad, worst = _violations(sample, P.vary(one, a2a=2), P.vary(one, a2a=0), P.step)
     assert n > 20 and bad == 0, f"dedup: {bad} of {n}, worst {worst:.2%}"
+
+
+@pytest.mark.parametrize("mods", [("moe",), ("attn_block", "act_fc2")], ids="+".join)
+def test_recomputing_more_never_makes_a_step_faster(sample, mods):
+    # a re-run exchange is the backward's: had the forward's window lost a share of what the
+    # overlap hides, the ZeRO-2 reduction's backward window would have grown by more than the step
+    a = sample[2]
+    none, sel, full = (P.vary(a, recompute=r, rc_mods=rc_bits(mods), rc_layers=0) for r in (0, 1, 2))
+    for lo, hi, what in ((none, sel, "none <= selective"), (sel, full, "selective <= full")):
+        n, bad, worst = _violations(sample, lo, hi, P.step)
+        assert n > 100 and bad == 0, f"{what} {mods}: {bad} of {n}, worst {worst:.2%}"

@@ -115,18 +115,25 @@ def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M
     those the reduction can run behind, less what an overlapping schedule takes off the rank's
     micro-batch (`hidden`: the exchange hidden behind another micro-batch's compute or inside the
     host's gap, net of the slow-down of the units it holds; seconds a micro-batch): hidden, it takes no
-    wall time of its own, so it opens no window either. Both taken off the forward and the backward in
-    proportion to their communication."""
+    wall time of its own, so it opens no window either. Each given as (all of it, the forward's):
+    only the all-to-all hides, so each phase loses what its own exchanges hide (_pipeline); a
+    recompute's re-run exchange is the backward's, so more recompute never shrinks the forward and
+    widens the backward's window (the reduction's) by more than the micro-batch grows."""
     comp = _phases(lc, nd, nm, emb, head)
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
     cm = _each_phase(nd) * lc["dense_comm_v"] + _each_phase(nm) * lc["moe_comm_v"]
     cm = {c: cm[..., i, :] for i, c in enumerate("fbwr") if c != "w"}  # comm has no W
     F = comp["f"] + cm["f"] + p2p_mb
     B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
-    c_all = cm["f"] + cm["b"] + cm["r"]
-    share_f = np.divide(cm["f"], c_all, out=np.zeros(np.shape(c_all)), where=c_all > 0)
-    return (comp, PipeWindow(F - absorbed * share_f, B - absorbed * (1.0 - share_f), comp["w"], M),
-            PipeWindow(F - hidden * share_f, B - hidden * (1.0 - share_f), comp["w"], M))
+    (ab, ab_f), (hid, hid_f) = absorbed, hidden
+    return (comp, PipeWindow(F - ab_f, B - (ab - ab_f), comp["w"], M),
+            PipeWindow(F - hid_f, B - (hid - hid_f), comp["w"], M))
+
+
+def _share(part, whole):
+    """part / whole, 0 where whole is not positive."""
+    return np.divide(part, whole, out=np.zeros(np.broadcast_shapes(np.shape(part), np.shape(whole))),
+                     where=np.asarray(whole) > 0)
 
 
 def _offload_exposed(hw: HardwareSpec, lay: LayoutBatch, lc: dict, roles: dict, has_emb: dict, has_head: dict):
@@ -437,9 +444,30 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     alone = _absorbed_by_host(lay, gap, a2a_per_mb)
     # a paired micro-batch's partner lasted its compute, then the gap: what its hiding took of the gap is gone
     free = np.maximum(gap - np.maximum(per_pair - (comp_t - gap), 0.0), 0.0)
-    absorbed = (paired_share * _absorbed_by_host(lay, free, a2a_per_mb - (1.0 - held) * per_pair)
-                + (1.0 - paired_share) * alone)
+    exposed = a2a_per_mb - (1.0 - held) * per_pair
+    absorbed_paired = _absorbed_by_host(lay, free, exposed)
+    absorbed = paired_share * absorbed_paired + (1.0 - paired_share) * alone
     unpaired = np.where(dualpipe_hides, 0.0, alone)
+    # the forward's part of each (_window): its own exchanges (not a recompute's re-run) and what
+    # they hide, behind the partner (Megatron-Core's overlap pairs each exchange with one node,
+    # layer._layer_base: a2a_hide_f) or behind the chunk pair (dualpipev); the units' slow-down
+    # and the host gap's absorption go with the exchange they come of
+    a2a_f = lc["a2a_f_layer"] * nm_r
+    a2a_once = (lc["a2a_f_layer"] + lc["a2a_bwd_layer"]) * nm_r  # without a re-run
+    # what it hides is priced without the recompute: a re-run's compute, in the backward, lets the
+    # partner hide more, and that is the backward's
+    comp_r = _phases(lc, nd_r, nm_r, emb_r, head_r)["r"]
+    once = np.minimum(np.where(dualpipe_hides, a2a_once, np.minimum(a2a_once, nm_r * lc["a2a_hide"])),
+                      np.maximum(comp_t - comp_r, 0.0))
+    f_pair = np.minimum(per_pair, once * np.where(dualpipe_hides, _share(a2a_f, a2a_once),
+                                                  _share(lc["a2a_hide_f"], lc["a2a_hide"])))
+    f_pair = np.where(dualpipe_hides | lay.a2a_overlap, f_pair, 0.0)
+    # the host gap absorbs the forward's exchange inside the forward's gap
+    alone_f = np.minimum(_absorbed_by_host(lay, nm_r * lc["moe_host_f"], a2a_f), alone)
+    absorbed_f = (paired_share * np.minimum(_absorbed_by_host(lay, nm_r * lc["moe_host_f"], a2a_f - (1.0 - held) * f_pair),
+                                            absorbed_paired)
+                  + (1.0 - paired_share) * alone_f)
+    hidden_f = (1.0 - held) * paired_share * f_pair + absorbed_f
     totals = comp_t + comm_t - hidden_of + slow_of - absorbed
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
@@ -450,7 +478,8 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     is_last = ~is_first & (t_last >= peak_role_time)
     pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
     comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, parked_f, parked_b, p2p_mb, M,
-                                      hidden_of - slow_of + absorbed, unpaired)
+                                      (hidden_of - slow_of + absorbed, hidden_f),
+                                      (unpaired, np.where(dualpipe_hides, 0.0, alone_f)))
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
     # difference each period: a forward and a backward (1F1B and the other interleaving
     # schedules), a backward (gpipe runs the backwards back to back)

@@ -89,7 +89,8 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
     `<dense|moe|emb|head|dense_comm|moe_comm>_v` ([f b w r, n]), their totals
     (Td, Tm, Te, Th, Tdc, Tmc), whole-layer seconds, the embedding and head in
     layer-equivalents (x_first, x_last: the stage partition's input), one MoE layer's
-    all-to-all seconds per micro-batch (a2a_layer), imb and activation bytes."""
+    all-to-all seconds per micro-batch (a2a_layer; the forward's own, a2a_f_layer; what a paired
+    schedule hides of them, a2a_hide, and of the forward's, a2a_hide_f), imb and activation bytes."""
     dense, dense_comm, moe, moe_comm, emb, head = (lc[k] for k in ("dense", "dense_comm", "moe", "moe_comm", "emb",
                                                                    "head"))
     dense_layer, moe_layer = (dense + dense_comm).total, (moe + moe_comm).total
@@ -104,8 +105,10 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
     out = dict(dense_layer=dense_layer, moe_layer=moe_layer, x_first=Te / avg_layer, x_last=(Th + block) / avg_layer,
                Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
+               a2a_f_layer=lc["a2a_fwd"], a2a_bwd_layer=lc["a2a_bwd"],  # the forward's own (a re-run is the backward's)
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], cp_layer=lc["cp_layer"],
-               dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"])
+               dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"],
+               a2a_hide_f=lc["a2a_hide_f"], moe_host_f=lc["moe_host_f"])
     for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head), ("dense_comm", dense_comm),
                      ("moe_comm", moe_comm)):
         out[f"{name}_v"] = ph.v
@@ -264,13 +267,13 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         e_f, e_b = a2a_fwd / 2, a2a_bwd / 2
         f_attn, f_moe = (x.f + (ovh.f + moe_host.f) / 2 for x in (attn, experts))
         b_attn, b_moe = (x.b + x.w + (ovh.b + moe_host.b) / 2 for x in (attn, experts))
-        a2a_hide = (np.minimum(e_b, f_attn) + np.minimum(e_f, b_moe) + np.minimum(e_b, f_moe)
-                    + np.minimum(e_f, b_attn))
+        a2a_hide_f = np.minimum(e_f, b_moe) + np.minimum(e_f, b_attn)  # the forward's exchanges' share
+        a2a_hide = np.minimum(e_b, f_attn) + np.minimum(e_b, f_moe) + a2a_hide_f
     else:
         moe = Phase(zero, zero, zero, zero)
         moe_comm = Phase(zero, zero, zero, zero)
         moe_host = moe
-        a2a_hide = zero
+        a2a_hide = a2a_hide_f = zero
     # X-MoE's attention-block checkpoint re-runs the block's tensor-parallel collective too; a
     # re-run core attention its context-parallel ring; a re-run MoE block its forward's exchanges
     # (dispatch, combine, the row counts: a2a_fwd). Read off `sel`, as the phases' r: a row stands
@@ -282,7 +285,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                dense_comm_r=attn_comm_r, moe_comm_r=moe_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
-               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
+               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, a2a_hide_f=a2a_hide_f, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
     # only the attention's saved tensors depend on recompute
     a_experts = sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else None
     for rc in ("sel", "none"):
