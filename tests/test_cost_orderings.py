@@ -2,11 +2,9 @@
 (benchmarks/properties.py surveys more of them): each layout beside its twin that differs in one
 setting. Priced on the even pipeline split, which no cost moves: the cost-balanced split may give
 the twins different layer-to-stage maps (validation/README.md, the property pass)."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from benchmark_support import load_benchmark
 
 from piper_plan.cost.batch import SPLITS, rc_bits
 from piper_plan.specs import load_hardware, load_model
@@ -14,15 +12,7 @@ from piper_plan.specs import load_hardware, load_model
 PAIRS = [("mixtral-8x7b", "frontier", 64), ("qwen3-235b-a22b", "gb200-nvl72", 256)]
 
 
-def _props():
-    path = Path(__file__).parents[1] / "benchmarks" / "properties.py"
-    spec = importlib.util.spec_from_file_location("properties", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-P = _props()
+P = load_benchmark("properties")
 
 
 @pytest.fixture(scope="module", params=PAIRS, ids=lambda p: f"{p[0]}@{p[1]}")

@@ -1,19 +1,13 @@
 """benchmarks/eager_bytes.py: piper-train's eager block, op by op, against the planner's fused
 elementwise passes."""
-import importlib.util
-from pathlib import Path
-
 import pytest
+from benchmark_support import load_benchmark
 
 pytest.importorskip("torch")
 
 
 def _bench():
-    path = Path(__file__).parents[1] / "benchmarks" / "eager_bytes.py"
-    spec = importlib.util.spec_from_file_location("eager_bytes", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("eager_bytes")
 
 
 def test_eager_modules_move_more_than_the_fused_passes_and_in_proportion_to_the_tokens():

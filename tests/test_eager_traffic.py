@@ -1,10 +1,8 @@
 """piper-train's eager traffic on a GPU (cost/eager.py): its bytes per element reproduce the
 runtime's own op-by-op count at shapes the coefficients were not solved on, and the planner
 prices it only where nothing calibrated holds it already."""
-import importlib.util
-from pathlib import Path
-
 import pytest
+from benchmark_support import load_benchmark
 
 from piper_plan.cost import eager
 from piper_plan.cost.batch import from_layouts
@@ -18,10 +16,7 @@ H200 = load_hardware("dgx-h200")
 
 def _count(spec, t, moe, dtype):
     pytest.importorskip("torch")
-    path = Path(__file__).parents[1] / "benchmarks" / "eager_bytes.py"
-    mod_spec = importlib.util.spec_from_file_location("eager_bytes", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
+    mod = load_benchmark("eager_bytes")
     r = mod.count_block(spec, t, moe=moe, dtype=dtype)
     fwd = r["forward_bytes"].get("elementwise", 0)
     return fwd, r["bytes"]["elementwise"] - fwd
@@ -79,10 +74,7 @@ def test_piper_train_s_eager_block_costs_a_gpu_more_than_the_fused_passes_it_rep
 def test_the_bytes_per_element_are_what_the_benchmark_solves_for_today_s_runtime():
     # a change to piper-train's ops moves these: re-derive with `benchmarks/eager_bytes.py --solve`
     pytest.importorskip("torch")
-    path = Path(__file__).parents[1] / "benchmarks" / "eager_bytes.py"
-    mod_spec = importlib.util.spec_from_file_location("eager_bytes", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
+    mod = load_benchmark("eager_bytes")
     solved = mod.solve("bf16")
     for ph in ("f", "b"):
         dense, moe = solved[("dense", ph)][0], solved[("moe", ph)][0]

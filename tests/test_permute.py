@@ -143,13 +143,9 @@ def test_a_dropless_moe_layer_reads_nothing_back_from_the_device(aux, slots, mon
 
 
 def test_the_benchmark_s_three_forms_agree_before_it_times_them(capsys):
-    import importlib.util
-    from pathlib import Path
+    from benchmark_support import load_benchmark
 
-    path = Path(__file__).parents[1] / "benchmarks" / "permute.py"
-    spec = importlib.util.spec_from_file_location("permute_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("permute")
     for dtype in ("fp32", "bf16"):
         assert mod.main(["--tokens", "96", "--hidden", "32", "--experts", "8", "--topk", "3", "--repeats", "3",
                          "--device", "cpu", "--dtype", dtype]) == 0
