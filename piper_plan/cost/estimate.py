@@ -106,9 +106,9 @@ def _each_phase(x):
     return np.asarray(x)[..., None, :]
 
 
-def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden, absorbed):
+def _window(lc: dict, phases: dict, nd, nm, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden, absorbed):
     """(phases, PipeWindow, reduction's PipeWindow) of one role's rank per micro-batch: its compute
-    phases (_phases) with the extra chunks' executor work split as layer._layer_overhead's and its exposed
+    `phases` (_phases, not changed) with the extra chunks' executor work split as layer._layer_overhead's and its exposed
     activation copies; the forward / backward / weight-gradient seconds the pipeline runs, less the
     exchange an off-stream all-to-all runs inside the host's issue gap when no partner hides it
     (`absorbed`: _absorbed_by_host, as in the schedule's unpaired warm-up and cool-down); and
@@ -119,7 +119,7 @@ def _window(lc: dict, nd, nm, emb, head, chunk_mb, parked_f, parked_b, p2p_mb, M
     only the all-to-all hides, so each phase loses what its own exchanges hide (_pipeline); a
     recompute's re-run exchange is the backward's, so more recompute never shrinks the forward and
     widens the backward's window (the reduction's) by more than the micro-batch grows."""
-    comp = _phases(lc, nd, nm, emb, head)
+    comp = dict(phases)
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
     cm = _each_phase(nd) * lc["dense_comm_v"] + _each_phase(nm) * lc["moe_comm_v"]
     cm = {c: cm[..., i, :] for i, c in enumerate("fbwr") if c != "w"}  # comm has no W
@@ -456,9 +456,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     a2a_once = (lc["a2a_f_layer"] + lc["a2a_bwd_layer"]) * nm_r  # without a re-run
     # what it hides is priced without the recompute: a re-run's compute, in the backward, lets the
     # partner hide more, and that is the backward's
-    comp_r = _phases(lc, nd_r, nm_r, emb_r, head_r)["r"]
+    phases = _phases(lc, nd_r, nm_r, emb_r, head_r)
     once = np.minimum(np.where(dualpipe_hides, a2a_once, np.minimum(a2a_once, nm_r * lc["a2a_hide"])),
-                      np.maximum(comp_t - comp_r, 0.0))
+                      np.maximum(comp_t - phases["r"], 0.0))
     f_pair = np.minimum(per_pair, once * np.where(dualpipe_hides, _share(a2a_f, a2a_once),
                                                   _share(lc["a2a_hide_f"], lc["a2a_hide"])))
     f_pair = np.where(dualpipe_hides | lay.a2a_overlap, f_pair, 0.0)
@@ -477,7 +477,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     is_first = t_first >= peak_role_time  # the busiest role: first, else last, else mid
     is_last = ~is_first & (t_last >= peak_role_time)
     pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
-    comp_r, win_r, dp_win_r = _window(lc, nd_r, nm_r, emb_r, head_r, chunk_mb, parked_f, parked_b, p2p_mb, M,
+    comp_r, win_r, dp_win_r = _window(lc, phases, nd_r, nm_r, chunk_mb, parked_f, parked_b, p2p_mb, M,
                                       (hidden_of - slow_of + absorbed, hidden_f),
                                       (unpaired, np.where(dualpipe_hides, 0.0, alone_f)))
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
