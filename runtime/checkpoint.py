@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from piper_plan.errors import PiperError
 from piper_plan.plan import Plan, atomic_write_text
 
+from .migrate import restore_placements
 from .model import EXPERT_TAG, Chunk
 from .moe.placement import ExpertPlacement
 from .optim import DistOptimizer
@@ -240,8 +241,6 @@ def _space_left(folder: Path, need: int) -> Optional[str]:
 def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk]) -> int:
     """Load the latest checkpoint into parameters and owned optimizer state, each MoE layer's
     experts placed where the saved run had them where the layout allows. Collective."""
-    from .migrate import restore_placements
-
     p = latest(ckdir)
     if p is None:
         raise CheckpointError(f"{ckdir}: no checkpoint to resume from (missing 'latest')")
