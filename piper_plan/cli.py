@@ -592,6 +592,9 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
         atomic_write_text(json_path, json.dumps(rows, indent=2))
     if plot_path:
         plot(rows, list(vary_d), plot_path)
+    if not any(r["fits"] for r in rows):  # as search: an answer with no plan in it is a failure to a script
+        click.echo("nothing fits in any scenario; `piper-plan search` on one of them says why", err=True)
+        sys.exit(1)
 
 
 def _register_optional():

@@ -254,10 +254,20 @@ def test_sweep_csv_has_the_same_columns_in_the_table_s_order_whatever_fits(tmp_p
         p = tmp_path / f"s{hbm}.csv"
         code, text, _ = run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary", f"hbm_gib={hbm}",
                             "--csv", str(p))
-        assert code == 0, text
+        assert code == (1 if hbm == "1" else 0), text  # nothing fitting anywhere is a failure, its table still written
         heads[hbm] = p.read_text().splitlines()[0]
     assert heads["1"] == heads["1,64"] == ("gpus,accelerator.memory_gib,fits,tokens_per_s,tflops_per_gpu,mfu,"
                                           "step_time_s,peak_memory_gib,layout")
+
+
+def test_a_sweep_where_nothing_fits_in_any_scenario_exits_non_zero_and_says_so(tmp_path):
+    # as search does: a script reading the exit status must not take an empty answer for a plan
+    code, text, _ = run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary", "hbm_gib=1,2",
+                        "--json", str(tmp_path / "s.json"))
+    assert code == 1 and "nothing fits in any scenario" in text
+    assert [r["fits"] for r in json.loads((tmp_path / "s.json").read_text())] == [False, False]
+    code, text, _ = run("sweep", "-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "64", "--vary", "hbm_gib=1,64")
+    assert code == 0 and "nothing fits in any scenario" not in text  # one scenario with a plan is an answer
 
 
 def test_sweep_unknown_field_is_one_line():
