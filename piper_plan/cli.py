@@ -175,6 +175,10 @@ def layout_options(fn):
                      "core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts"),
         click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True),
         click.option("--zero", type=click.IntRange(0, 3), default=1, show_default=True),
+        click.option("--zero-replicas", type=POSITIVE, default=1, show_default=True,
+                     help="hybrid sharding: copies of each ZeRO shard, each shard over dp·cp / N neighbouring ranks "
+                     "(torch fully_shard's HSDP, Megatron-Core --num-distributed-optimizer-instances); 1: ZeRO over "
+                     "the whole data-parallel group"),
         click.option("--reshard-after-forward/--no-reshard-after-forward", default=True, show_default=True,
                      help="with --zero 3: free each unit's gathered parameters after forward and gather them again "
                      "for backward (torch fully_shard's reshard_after_forward), or keep them to the backward"),
@@ -294,7 +298,7 @@ def _layout_from(kw, model):
                   schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],
                   sequence_parallel=kw["sequence_parallel"] and tp > 1,  # as search writes it: no-op at tp 1
                   recompute_modules=modules,
-                  zero=kw["zero"], reshard_after_forward=kw["reshard_after_forward"],
+                  zero=kw["zero"], zero_replicas=kw["zero_replicas"], reshard_after_forward=kw["reshard_after_forward"],
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
@@ -340,7 +344,8 @@ def estimate(as_json, output, **kw):
         click.echo(json.dumps(row, indent=2))
         return
     title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay)} "
-             f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero} a2a={lay.a2a}")
+             f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero}"
+             + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "") + f" a2a={lay.a2a}")
     report.show(report.estimate_tables(row, title))
     _show_track_record(model, hw)
 
@@ -375,6 +380,10 @@ def search_options(fn):
                      help="layers of each pipeline chunk that full recompute re-runs, comma-separated, each a choice "
                      "(e.g. 0,1,2,4; Megatron-Core --recompute-method block --recompute-num-layers); 0: every layer"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
+        click.option("--hsdp/--no-hsdp", default=False, show_default=True,
+                     help="also try each ZeRO stage hybrid-sharded: sharded inside the scale-up domain (a node, an "
+                     "NVL72 rack) and replicated across domains, the copies all-reducing once a step (Layout."
+                     "zero_replicas)"),
         click.option("--selective", "selective", multiple=True, default=("core_attn",), show_default=True,
                      help="a set of modules selective recompute re-runs, comma-separated (Megatron-Core "
                      "--recompute-modules: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts); "
@@ -439,7 +448,8 @@ def _space(kw, model, gpus):
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
                      offload_layers=_ints(kw["offload_layers"], "--offload-layers", least=0),
-                     recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", least=0))
+                     recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", least=0),
+                     hsdp=kw["hsdp"])
     return for_runtime(sp, kw.get("runtime", "any"), model)
 
 

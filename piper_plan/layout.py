@@ -72,6 +72,12 @@ class Layout(BaseModel):
         "others keep their activations. 0: every layer")
     sequence_parallel: bool = True
     zero: int = Field(1, ge=0, le=3)
+    zero_replicas: int = Field(
+        1, ge=1, description="copies of each ZeRO shard (hybrid sharding): ZeRO shards a parameter's state over "
+        "dp·cp / zero_replicas neighbouring ranks of its data-parallel group (an expert's over edp / "
+        "zero_replicas), and the copies all-reduce their reduced shard once a step (torch fully_shard on a 2-D "
+        "mesh, HSDP, with set_requires_all_reduce off until the last micro-batch; Megatron-Core "
+        "--num-distributed-optimizer-instances). 1: ZeRO over the whole group")
     reshard_after_forward: bool = Field(
         True, description="with zero 3, whether a sharding unit frees its gathered parameters after a micro-batch's "
         "forward and gathers them again for its backward (torch fully_shard's reshard_after_forward); false keeps "
@@ -227,6 +233,25 @@ def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> Non
         raise LayoutError("etp divides the expert width", f"etp={lay.etp} does not divide expert_ffn_size={expert_ffn}")
 
 
+def check_replicas(lay: Layout) -> None:
+    """Raise LayoutError where Layout.zero_replicas cannot split the data-parallel groups: it
+    needs a ZeRO stage to replicate, must divide dp·cp and the expert-data-parallel group, and
+    must leave a shard of two ranks or more (a shard of one rank is zero 0)."""
+    r = lay.zero_replicas
+    if r == 1:
+        return
+    group = "dp" if lay.cp == 1 else "dp*cp"
+    if lay.zero == 0:
+        raise LayoutError("zero_replicas == 1 with zero 0", f"zero_replicas={r} copies ZeRO shards, and zero 0 shards "
+                          "nothing; use zero 1, 2 or 3")
+    if lay.dpcp % r or lay.dpcp // r < 2:
+        raise LayoutError(f"zero_replicas divides {group} into shards of 2 ranks or more",
+                          f"zero_replicas={r} for {group}={lay.dpcp}")
+    if lay.edp % r:
+        raise LayoutError("zero_replicas divides the expert-data-parallel group",
+                          f"zero_replicas={r} does not divide edp={lay.edp} (dp*cp*tp / (ep*etp))")
+
+
 def check_batch(lay: Layout) -> None:
     """Raise LayoutError unless the global batch is whole micro-batches on every replica."""
     if lay.global_batch % (lay.dp * lay.mbs):
@@ -265,6 +290,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           "its micro-batches and reduces its gradients once a step (torch.distributed.pipelining's "
                           "stage turns resharding and gradient sync off until the last backward): that is zero 1's "
                           "traffic and memory, so state zero 1")
+    check_replicas(lay)
     if not lay.reshard_after_forward and lay.zero != 3:
         raise LayoutError("reshard_after_forward false with zero 3",
                           f"zero {lay.zero} keeps no sharded parameters to gather; reshard_after_forward is ZeRO-3's")

@@ -46,6 +46,9 @@ class SearchSpace:
     # the module sets "selective" tries (Layout.recompute_modules), each a choice of its own
     selective: tuple[tuple[str, ...], ...] = (("core_attn",),)
     zeros: tuple[int, ...] = (0, 1, 2, 3)
+    # also try each ZeRO stage >= 1 sharded inside the scale-up domain and replicated across it
+    # (Layout.zero_replicas, hsdp_replicas)
+    hsdp: bool = False
     a2as: tuple[str, ...] = ("flat", "halo")
     placements: tuple[str, ...] = ("packed", "spread")
     mbs: tuple[int, ...] = MBS_CHOICES
@@ -129,6 +132,9 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
             raise PiperError(f"--runtime piper-train: it cannot run {s.option} {shown(bad[0])} ({s.does})")
         if plural:
             cut[attr] = tuple(v for v in asked if runs(s, v))
+    if sp.hsdp:  # a flag in the space, a field (zero_replicas) in the table
+        hs = next(s for s in PIPER_TRAIN if s.field == "zero_replicas")
+        raise PiperError(f"--runtime piper-train: it cannot run {hs.option} ({hs.does})")
     return replace(sp, fused_kernels=False, overlap_grad_reduce=False, runtime=runtime, **cut)
 
 
@@ -205,7 +211,10 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                for mods in (sp.selective if r == "selective" else (("core_attn",),))
                for n in (sp.recompute_layers if r == "full" else (0,))]
     rc, rc_mod, rc_n = (np.array(x) for x in zip(*choices))
-    zs = np.array(sp.zeros)
+    # the ZeRO axis: each stage over the whole group, then with sp.hsdp the stages >= 1 hybrid-sharded
+    z_hsdp = [z for z in sp.zeros if z >= 1] if sp.hsdp else []
+    zs = np.array([*sp.zeros, *z_hsdp])
+    zh = np.arange(len(zs)) >= len(sp.zeros)
     a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
     pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
     mb = np.array(sp.mbs)
@@ -250,6 +259,12 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     keep = np.ones(shape, bool)
     weight = 1
     rule("zero 3 with pp > 1", on(zs == 3, 1) & on(pp > 1, 4))
+    reps = hsdp_replicas(hw, tp, dp * cp)
+    if zh.any():
+        rule("hsdp: the data-parallel group fits the scale-up domain (whole-group ZeRO)", on(zh, 1) & on(reps < 2, 4))
+        rule("hsdp: a shard inside the scale-up domain would hold one rank", on(zh, 1) & on(dp * cp // reps < 2, 4))
+        rule("hsdp: replicas do not divide the expert-data-parallel group",
+             on(zh, 1) & on((dp * cp * tp // (ep * etp)) % np.maximum(reps, 1) != 0, 4))
     rule("duplicate (recompute_layers covering a whole chunk equals every layer)", _rc_layer_duplicates(m, rc, rc_n, pp * vpp))
     moe_ep = (m.moe is not None) & (ep > 1)
     rule("duplicate (a2a choice without expert parallelism)", on(~moe_ep, 4) & on(a2 != 0, 2))
@@ -285,12 +300,12 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
         first = np.zeros(len(j), int)
-        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], rc[first], a2[first], pl[first], rc_mod[first],
+        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], np.where(zh[zi], reps[j], 1), rc[first], a2[first], pl[first], rc_mod[first],
                                              rc_n[first]),
                                    hw.memory_overhead_gib)
         rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
-    batch = _batch(cols, j, zs[zi], rc[ri], a2[ai], pl[pi], rc_mod[ri], rc_n[ri])
+    batch = _batch(cols, j, zs[zi], np.where(zh[zi], reps[j], 1), rc[ri], a2[ai], pl[pi], rc_mod[ri], rc_n[ri])
     return _with_offload(m, sp, batch, rejected), rejected
 
 
@@ -326,12 +341,26 @@ def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: d
     return concat(parts)
 
 
-def _batch(cols: dict, j, zero, recompute, a2a, placement, rc_mods, rc_layers) -> LayoutBatch:
+def hsdp_replicas(hw: HardwareSpec, tp, dpcp) -> np.ndarray:
+    """Layout.zero_replicas that keeps each ZeRO shard inside the scale-up domain (the largest
+    topology level not reached through the NICs: a node, an NVL72 rack): a data-parallel group of
+    dpcp ranks `tp` apart is cut into shards of the most of its members one domain holds that
+    divide it (64 of an NVL72 rack's 72 for a group of 256). 1 where the group fits one domain."""
+    domain = max(lv.size for lv in hw.topology if not lv.via_nic)
+    dpcp = np.asarray(dpcp)
+    cap = np.maximum(domain // np.asarray(tp), 1)
+    pairs, inv = np.unique(np.stack(np.broadcast_arrays(dpcp, cap)).reshape(2, -1), axis=1, return_inverse=True)
+    # a few distinct (group, cap) pairs in a search: each one's largest divisor within the cap
+    shard = np.array([max(d for d in range(1, min(g, c) + 1) if g % d == 0) for g, c in pairs.T], dtype=int)
+    return (dpcp // shard[inv.reshape(-1)].reshape(dpcp.shape)).astype(int)
+
+
+def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_layers) -> LayoutBatch:
     """Layouts from stage-1 survivors `j` (per-survivor arrays in `cols`, or scalars shared
     by all) and the stage-2 choices."""
     n = len(j)
     col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
-    return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, recompute=recompute, a2a=a2a,
+    return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute, a2a=a2a,
                        placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 
 

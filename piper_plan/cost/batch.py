@@ -74,6 +74,7 @@ class LayoutBatch:
     rc_mods: np.ndarray     # Layout.recompute_modules as bits of RC_MODULES (read when recompute is selective)
     sp: np.ndarray
     zero: np.ndarray
+    zrep: np.ndarray        # copies of each ZeRO shard (Layout.zero_replicas; 1: ZeRO over the whole group)
     reshard: np.ndarray     # bool: ZeRO-3 frees a unit's gathered parameters after forward (Layout.reshard_after_forward)
     a2a: np.ndarray
     placement: np.ndarray
@@ -118,6 +119,11 @@ class LayoutBatch:
         """Ranks a dense gradient is reduced over (Layout.dpcp): dp·cp."""
         return self.dp * self.cp
 
+    def zero_shard(self, group) -> np.ndarray:
+        """Ranks a ZeRO shard spans in a data-parallel `group` of that many ranks (dp·cp or edp):
+        the group over its Layout.zero_replicas copies, at least 1 (edp is 0 without experts)."""
+        return np.maximum(np.asarray(group, dtype=float) / self.zrep, 1.0)
+
     @property
     def tokens(self) -> np.ndarray:
         """Tokens of one micro-batch on a rank before tensor parallelism's split: mbs·seq/cp."""
@@ -148,7 +154,8 @@ class LayoutBatch:
                       vpp=g("vpp"), mbs=g("mbs"), global_batch=g("gbs"), seq=g("seq"), schedule=SCHEDULES[g("sched")],
                       recompute=RECOMPUTES[g("recompute")],
                       recompute_modules=tuple(x for i, x in enumerate(RC_MODULES) if g("rc_mods") >> i & 1),
-                      sequence_parallel=bool(self.sp[i]), zero=g("zero"), reshard_after_forward=bool(self.reshard[i]),
+                      sequence_parallel=bool(self.sp[i]), zero=g("zero"), zero_replicas=g("zrep"),
+                      reshard_after_forward=bool(self.reshard[i]),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=DTYPES[g("dtype")],
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
@@ -174,7 +181,8 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         gbs=col(lambda x: x.global_batch), seq=col(lambda x: x.seq),
         sched=col(lambda x: SCHEDULES.index(x.schedule)), recompute=col(lambda x: RECOMPUTES.index(x.recompute)),
         rc_mods=col(lambda x: rc_bits(x.recompute_modules)),
-        sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), reshard=col(lambda x: x.reshard_after_forward),
+        sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), zrep=col(lambda x: x.zero_replicas),
+        reshard=col(lambda x: x.reshard_after_forward),
         a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
         unfused=col(lambda x: not x.fused_kernels),

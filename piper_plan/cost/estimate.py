@@ -20,7 +20,7 @@ from .layer import _a2a_off_stream, _dualpipe_overlaps, _per_layer
 from .memory import layer_params_per_rank
 from .offload import exposed_copies, offloaded_share, require_host
 from .rank_memory import rank_memory, role_activations
-from .reduction import (PipeWindow, RankParams, collectives, dp_time, param_tensors, prices_tensors,
+from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
 from .schedule import pipeline_time
 from .stages import chunk_sizes, rank_layers
@@ -187,7 +187,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # layers, whose parameters the others' outweigh (each stage priced with its own window)
     stage_rep, stage_exp = part.stage_rep, part.stage_exp
     params = RankParams(stage_rep, stage_exp, part.tensors)
-    dp_r, opt_r = dp_time(hw, lay, edp, params, eb, part.dp_win_r, part.coll)
+    coll = hybrid(hw, lay, edp, stage_rep, stage_exp, eb, part.coll)  # hybrid-sharded layouts' own groups
+    dp_r, opt_r = dp_time(hw, lay, edp, params, eb, part.dp_win_r, coll)
     if part.tensors is not None:  # an eager runtime's per-tensor host work
         host_dp, host_opt = tensor_host_time(hw, lay, edp, *part.tensors, part.dp_win_r.M, stage_rep, stage_exp)
         dp_r, opt_r = dp_r + host_dp, opt_r + host_opt
@@ -551,14 +552,14 @@ def _stacked(per_role: dict, roles, n: int) -> np.ndarray:
 
 
 def _without_zero(lay: LayoutBatch):
-    """(first, inverse) of the layouts' distinct rows over every column but the ZeRO stage
-    (batch.distinct_rows), or Nones where no two layouts differ in the stage alone."""
-    if len(lay) == 0 or lay.zero.min() == lay.zero.max():
+    """(first, inverse) of the layouts' distinct rows over every column but the ZeRO stage and
+    its replicas (batch.distinct_rows), or Nones where no two layouts differ in those alone."""
+    if len(lay) == 0 or (lay.zero.min() == lay.zero.max() and lay.zrep.min() == lay.zrep.max()):
         return None, None
     cols = []
     for f in fields(lay):
         c = getattr(lay, f.name)
-        if f.name == "zero":
+        if f.name in ("zero", "zrep"):
             continue
         if c.dtype.kind == "f":  # a share (Layout.optimizer_offload): its distinct values as codes
             c = np.unique(c, return_inverse=True)[1] if c.min() != c.max() else np.zeros(len(c), np.intp)

@@ -20,9 +20,10 @@ GIB = float(2**30)
 
 
 def state_coeffs(group, lay: LayoutBatch, host: bool = False) -> dict[str, np.ndarray]:
-    """Bytes per parameter of weights / grads / master / optimizer, ZeRO-sharded over `group`,
+    """Bytes per parameter of weights / grads / master / optimizer, ZeRO-sharded over `group`
+    (a data-parallel group's size: a shard spans it over Layout.zero_replicas, LayoutBatch.zero_shard),
     in device memory, or with `host` the master and optimizer bytes offloaded to the host."""
-    g = np.maximum(np.asarray(group, dtype=float), 1.0)
+    g = lay.zero_shard(group)
     eb = lay.act_bytes
     fp32 = eb == 4
     z = lay.zero

@@ -91,7 +91,7 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     uniq, inv = np.unique(ep, return_inverse=True)  # the planner runs once per distinct ep
     arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in uniq], dtype=float)[inv]
     layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
-    per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.edp, move_grads)
+    per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.zero_shard(lay.edp), move_grads)
     nbytes = arrivals * layers * m.expert_params * per_param / np.asarray(lay.etp, dtype=float)
     # a2a_flat counts a self share of 1/n: scale so that n-1 peers carry `nbytes`
     n = np.maximum(ep, 2)

@@ -146,7 +146,7 @@ def bucket_gib(lay: LayoutBatch, edp, rep_gib, exp_gib):
     whose buckets are their own configuration (DeepSpeed's reduce_bucket_size). Measured on 2
     CPU ranks (tests/test_runtime_zero2.py): the runtime peaks at 0.76 of this bound."""
     cap = BUCKET_CAP_BYTES / GIB
-    dp, edp = lay.dpcp.astype(float), np.maximum(np.asarray(edp, float), 1.0)  # edp is 0 without experts
+    dp, edp = lay.zero_shard(lay.dpcp), lay.zero_shard(edp)  # the owners a bucket's group has
     rep = np.where(dp > 1, rep_gib, 0.0)  # gradients reduced in buckets: groups of two or more
     exp = np.where(edp > 1, exp_gib, 0.0)
     held = np.minimum(rep, dp * cap) + np.minimum(exp, edp * cap)

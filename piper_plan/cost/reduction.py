@@ -34,9 +34,9 @@ def param_tensors(m: ModelSpec, nd, nm, emb, head):
 
 def owned(lay: LayoutBatch, edp, rep, exp):
     """What a rank's optimizer steps of `rep` replicated and `exp` expert parameters (or
-    tensors): all of them, or with ZeRO its share of each replication group."""
+    tensors): all of them, or with ZeRO its share of each replication group's shard."""
     sharded = lay.zero >= 1
-    return np.where(sharded, rep / np.maximum(lay.dpcp, 1) + exp / np.maximum(np.asarray(edp, float), 1), rep + exp)
+    return np.where(sharded, rep / lay.zero_shard(lay.dpcp) + exp / lay.zero_shard(edp), rep + exp)
 
 
 def tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, rep_p, exp_p):
@@ -96,10 +96,13 @@ class PipeWindow:
 class Collectives:
     """Each role's rank's data-parallel collectives, seconds a step, whatever its ZeRO stage
     (collectives; dp_comm_time picks by the stage): the gradients' reduction as an all-reduce
-    (rs_full) and as a reduce-scatter (rs_half, ZeRO >= 1), and ZeRO's parameter all-gather (ag)."""
+    (rs_full) and as a reduce-scatter (rs_half, ZeRO >= 1), ZeRO's parameter all-gather (ag), and
+    under hybrid sharding (Layout.zero_replicas, hybrid) the all-reduce of the reduced shard across
+    its copies (ar_rep; 0 without), the last two over the shard's ranks alone."""
     rs_full: np.ndarray
     rs_half: np.ndarray
     ag: np.ndarray
+    ar_rep: np.ndarray | float = 0.0
 
 
 def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> Collectives:
@@ -117,6 +120,32 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> 
     ag = (comm.ring_allreduce(hw, rep * eb, lay.dpcp, lay.tp, 0.5, dp_span)
           + comm.ring_allreduce(hw, exp * eb, edp, edp_stride, 0.5, edp_span))
     return Collectives(reduction(1.0), reduction(0.5), ag)
+
+
+def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collectives) -> Collectives:
+    """`coll` with the layouts that hybrid-shard (Layout.zero_replicas r > 1) priced as they run:
+    a shard's s = group / r neighbouring ranks reduce-scatter the gradients and all-gather the
+    parameters among themselves (a dense group's s ranks tp apart, an expert group's s at its
+    stride), and the r copies of each shard, s group strides apart, all-reduce their reduced shard
+    (1/s of the gradients) once a step. Rows with r = 1 keep `coll`."""
+    on = lay.zrep > 1
+    if not on.any():
+        return coll
+    gb = grad_bytes(lay, eb)
+    r = lay.zrep
+    edp = np.asarray(edp)
+    s_d, s_e = lay.dpcp // r, np.maximum(edp // r, 1)
+    st_d, st_e = lay.tp, lay.edp_stride
+
+    def shard(nbytes_d, nbytes_e, fraction):  # over the shard's ranks
+        return (comm.ring_allreduce(hw, nbytes_d, s_d, st_d, fraction)
+                + comm.ring_allreduce(hw, nbytes_e, s_e, st_e, fraction))
+
+    # each copy holds 1/s of the reduced gradients; its ring's members sit a shard apart
+    ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
+          + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
+    return Collectives(coll.rs_full, np.where(on, shard(rep * gb, exp * gb, 0.5), coll.rs_half),
+                       np.where(on, shard(rep * eb, exp * eb, 0.5), coll.ag), np.where(on, ar, 0.0))
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -154,6 +183,11 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
         t_b = np.where(lay.reshard, t_ag, 0.0) + t_rs
         z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
         t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
+    # hybrid sharding: the copies of each shard all-reduce it once a step, after the last
+    # micro-batch's reduce-scatter and behind what is left of its backward where overlapped
+    if np.any(coll.ar_rep):
+        last = np.where(lay.zero >= 3, np.where(lay.reshard, t_ag, 0.0) + t_rs, t_rs)
+        t_dp = t_dp + (np.maximum(0.0, last + coll.ar_rep - window_b) - np.maximum(0.0, last - window_b))
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
     # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
@@ -165,8 +199,10 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
         # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and
         # piper-train do), and the global gradient norm's all-reduce
         dpn, edpn = lay.dpcp.astype(float), edp.astype(float)
-        gather = np.where(lay.zero >= 1, np.where(dpn > 1, dpn, 0.0) + np.where(edpn > 1, edpn, 0.0), 0.0)
-        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + (lay.gpus > 1))
+        own_d, own_e = lay.zero_shard(dpn), lay.zero_shard(edpn)  # a shard's owners
+        gather = np.where(lay.zero >= 1, np.where(own_d > 1, own_d, 0.0) + np.where(own_e > 1, own_e, 0.0), 0.0)
+        copies = (lay.zrep > 1) * ((dpn > 1) + (edpn > 1))  # hybrid sharding's all-reduce of each shard
+        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + copies + (lay.gpus > 1))
     return t_dp
 
 

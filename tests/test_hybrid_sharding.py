@@ -1,0 +1,133 @@
+"""Hybrid sharding (Layout.zero_replicas: HSDP, Megatron-Core's partial distributed optimizer): a
+ZeRO shard spans dp·cp / r neighbouring ranks and its r copies all-reduce it once a step."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.cli import main
+from piper_plan.cost import comm
+from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.estimate import evaluate
+from piper_plan.layout import Layout
+from piper_plan.search import SearchSpace, hsdp_replicas, search
+from piper_plan.specs import load_hardware, load_model
+
+MIXTRAL, H100 = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+
+
+def _est(m, hw, layouts):
+    return evaluate(m, hw, from_layouts(layouts))
+
+
+def test_a_shard_of_a_hybrid_layout_holds_what_whole_group_zero_holds_over_that_many_ranks():
+    # 128 ranks as 4 copies of a 32-rank shard hold, per rank, the state ZeRO holds over 32 ranks
+    # (EP 8: experts replicated over 16 ranks, sharded over 16 / 4 = 4 of them, as over edp 4)
+    for zero in (1, 2, 3):
+        h, w = (_est(MIXTRAL, H100, [Layout(gpus=g, dp=g, ep=8, global_batch=4 * g, seq=4096, zero=zero,
+                                            zero_replicas=r)]).memory["first"] for g, r in ((128, 4), (32, 1)))
+        for part in ("weights", "grads", "master", "optimizer"):
+            assert h[part][0] == pytest.approx(w[part][0], rel=1e-12), (zero, part)
+
+
+def test_more_copies_of_each_shard_never_hold_less():
+    lays = [Layout(gpus=128, dp=128, ep=8, global_batch=512, seq=4096, zero=z, zero_replicas=r)
+            for z in (1, 2, 3) for r in (1, 2, 4, 8, 16, 32, 64)]
+    peak = _est(MIXTRAL, H100, lays).peak_memory_gib.reshape(3, -1)
+    assert (np.diff(peak, axis=1) > 0).all()
+
+
+def _collectives(lay: Layout, m=MIXTRAL, hw=H100):
+    from piper_plan.cost.estimate import _group_terms
+    from piper_plan.cost.reduction import collectives, hybrid
+
+    b = from_layouts([lay])
+    grp = _group_terms(hw, b, m.hidden_size)
+    rep, exp = np.array([1e9]), np.array([4e9])  # a rank's replicated and expert parameters
+    eb = b.act_bytes.astype(float)
+    return b, grp["edp"], hybrid(hw, b, grp["edp"], rep, exp, eb, collectives(hw, b, grp, rep, exp, eb))
+
+
+def test_a_shard_reduces_and_gathers_as_a_group_of_its_size_and_its_copies_all_reduce_the_shard():
+    # 16 nodes of 8 H100s, r = 16: a dense shard is one node's 8 ranks; the experts (EP 8, so 16
+    # ranks hold each) are sharded over 16 / 16 = 1 rank. Each copy's ring runs a shard apart
+    _, _, hy = _collectives(Layout(gpus=128, dp=128, ep=8, global_batch=512, seq=4096, zero=1, zero_replicas=16))
+    _, _, node = _collectives(Layout(gpus=8, dp=8, ep=8, global_batch=32, seq=4096, zero=1))
+    assert hy.rs_half[0] == pytest.approx(node.rs_half[0], rel=1e-12)  # experts: a shard of one rank reduces nothing
+    assert hy.ag[0] == pytest.approx(node.ag[0], rel=1e-12)
+    gb = 4.0
+    want = comm.ring_allreduce(H100, 1e9 * gb / 8, 16, 8) + comm.ring_allreduce(H100, 4e9 * gb / 1, 16, 8)
+    assert hy.ar_rep[0] == pytest.approx(float(want), rel=1e-12)
+    _, _, whole = _collectives(Layout(gpus=128, dp=128, ep=8, global_batch=512, seq=4096, zero=1))
+    assert whole.ar_rep == 0.0 and whole.ag[0] > hy.ag[0]  # one group over 16 nodes: no copies, a longer ring
+
+
+def test_the_copies_all_reduce_once_a_step_after_the_last_reduce_scatter():
+    from piper_plan.cost.reduction import PipeWindow, dp_comm_time
+
+    z = np.zeros(1)
+    for zero in (1, 2):
+        b, edp, hy = _collectives(Layout(gpus=128, dp=128, ep=8, global_batch=512, seq=4096, zero=zero,
+                                         zero_replicas=16, overlap_grad_reduce=False))
+        M = b.m.astype(float)
+        t = dp_comm_time(H100, b, edp, PipeWindow(z, z, z, M), hy)
+        co = H100.efficiency.collective_overhead_us * 1e-6
+        calls = co * (2 + 8 + 2 + 1)  # two reductions, a node's 8 dense owners (experts: one), two copies' rings, the norm
+        rounds = M if zero == 2 else 1.0  # ZeRO-2 reduce-scatters each micro-batch
+        assert t[0] == pytest.approx(rounds * hy.rs_half[0] + hy.ag[0] + hy.ar_rep[0] + calls, rel=1e-12)
+
+
+def _cli(*args):
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--zero", "0", "--zero-replicas", "2"], "zero_replicas == 1 with zero 0"),
+    (["--zero-replicas", "3"], "zero_replicas divides dp into shards of 2 ranks or more"),
+    (["--zero-replicas", "16"], "zero_replicas divides dp into shards of 2 ranks or more"),  # shards of one rank
+    (["--ep", "4", "--zero-replicas", "8"], "zero_replicas divides the expert-data-parallel group"),
+])
+def test_replicas_that_cannot_split_the_groups_are_refused_in_one_line(extra, needle):
+    code, out = _cli("estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "16", "--global-batch", "64", *extra)
+    lines = [x for x in out.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in out, out
+
+
+def test_the_search_tries_hybrid_sharding_only_when_asked_and_keeps_each_shard_inside_the_scale_up_domain():
+    sp = dict(gpus=256, global_batch=1024, seq=4096)
+    plain = search(MIXTRAL, H100, SearchSpace(**sp))
+    assert (plain.batch.zrep == 1).all()
+    hy = search(MIXTRAL, H100, SearchSpace(hsdp=True, **sp))
+    b = hy.batch
+    on = b.zrep > 1
+    assert on.any() and (b.zero[on] >= 1).all()
+    shard = b.dpcp[on] // b.zrep[on]
+    assert (shard * b.tp[on] <= 8).all() and (shard >= 2).all()  # a node of 8 H100s holds each shard
+    # every whole-group layout is still there, priced as before
+    assert hy.evaluated > plain.evaluated and np.isin(plain.est.step_time_s, hy.est.step_time_s).all()
+
+
+def test_the_scale_up_domain_of_an_nvl72_rack_holds_a_shard_of_up_to_72_ranks():
+    # 256 data-parallel ranks: shards of 64 in a rack of 72 (36 at tp 2: shards of 32); 64 fit one rack
+    gb200 = load_hardware("gb200-nvl72")
+    assert list(hsdp_replicas(gb200, np.array([1, 2, 1]), np.array([256, 256, 64]))) == [4, 8, 1]
+    # a node of 8 H100s: shards of 8, or of one rank at tp 8 (which the search then refuses)
+    assert list(hsdp_replicas(H100, np.array([1, 8]), np.array([256, 32]))) == [32, 32]
+
+
+def test_piper_train_refuses_a_hybrid_plan_and_a_hybrid_search(tmp_path):
+    code, out = _cli("search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--runtime",
+                     "piper-train", "--hsdp")
+    assert code == 2 and "it cannot run --hsdp" in out, out
+
+
+def test_a_hybrid_plan_keeps_its_replicas_in_plan_json_and_shows_them(tmp_path):
+    p = tmp_path / "plan.json"
+    code, out = _cli("estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--ep", "8", "--zero", "3",
+                     "--zero-replicas", "8", "--global-batch", "256", "-o", str(p))
+    assert code == 0, out
+    assert json.loads(p.read_text())["layout"]["zero_replicas"] == 8
+    code, out = _cli("show", str(p))
+    assert code == 0 and "z3x8" in out, out
