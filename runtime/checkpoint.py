@@ -193,11 +193,19 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
             shutil.rmtree(final)
         os.rename(tmp, final)
         atomic_write_text(d / "latest", final.name + "\n")
-        olds = sorted(p for p in d.glob("step_*") if p.is_dir() and p != final)
-        for old in olds[:max(0, len(olds) - (KEEP - 1))]:
+        for old in _older_saves(d, step)[:-(KEEP - 1) or None]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def _older_saves(d: Path, step: int) -> list[Path]:
+    """The folders this runtime saved before `step` in `d`, oldest first: named step_NNNNNNNN by
+    save() with a step below it. A folder of another name (a copy the user kept as step_best) and
+    a later step (left by a run this one resumed from an earlier step) are not this run's to prune."""
+    saves = [(int(p.name[5:]), p) for p in d.iterdir()
+             if p.is_dir() and re.fullmatch(r"step_\d{8}", p.name) and int(p.name[5:]) < step]
+    return [p for _, p in sorted(saves)]
 
 
 def _first_os_error(e: BaseException) -> str:

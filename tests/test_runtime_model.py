@@ -232,3 +232,39 @@ def test_tensor_parallelism_splits_the_padded_vocabulary():
     three = load_model("tiny-moe").model_copy(update={"num_heads": 6, "num_kv_heads": 6, "head_dim": 16})
     with pytest.raises(PiperError, match="vocab_size"):  # 512 rows do not split three ways
         check_tp(make_plan(three, hw, Layout(gpus=3, tp=3, mbs=3, global_batch=3, seq=33)))
+
+
+def test_a_save_prunes_only_its_own_older_steps(tmp_path):
+    """A save keeps the newest step before it and removes older step_NNNNNNNN folders; a folder the
+    user named otherwise (a copy kept as step_best) and a later step (a run resumed from an earlier
+    one) are not its to remove. Pruning by sorted name had removed both, and kept step_best over
+    the step before."""
+    import torch.distributed as dist
+
+    from piper_plan.layout import Layout
+    from piper_plan.plan import make_plan
+    from piper_plan.specs.registry import load_hardware
+    from piper_runtime import checkpoint
+    from piper_runtime.mesh import build_groups
+    from piper_runtime.optim import DistOptimizer
+    from piper_runtime.pipeline import build_local_chunks
+
+    plan = make_plan(load_model("tiny-moe"), load_hardware("cpu-local"),
+                     Layout(gpus=1, global_batch=2, seq=16, dtype="fp32"))
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        groups = build_groups(plan, 30)
+        chunks = build_local_chunks(plan, 0, BuildCtx(seq=16), 0, "cpu")
+        named = [(n, p) for c in chunks.values() for n, p in c.named_parameters()]
+        opt = DistOptimizer(named, groups, 1, 1, 1e-3, 0.0)
+        ck = tmp_path / "ck"
+        for extra in ("step_best", "step_00000009"):
+            (ck / extra).mkdir(parents=True)
+            (ck / extra / "meta.json").write_text("{}")
+        for step in (1, 2, 3):
+            checkpoint.save(ck, step, plan, opt, chunks)
+        assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["step_00000002", "step_00000003",
+                                                                      "step_00000009", "step_best"]
+        assert checkpoint.latest(ck).name == "step_00000003"
+    finally:
+        dist.destroy_process_group()
