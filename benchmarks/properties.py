@@ -74,7 +74,7 @@ def show(lay: Layout) -> str:
 
 
 _SHOWN = ("gpus", "tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "global_batch", "seq", "schedule", "recompute",
-          "recompute_modules", "recompute_layers", "zero", "a2a", "placement", "sequence_parallel")
+          "recompute_modules", "recompute_layers", "zero", "zero_replicas", "a2a", "placement", "sequence_parallel")
 
 
 def per_seq(e, lay):
@@ -181,6 +181,10 @@ def checks(sv: Survey, m, hw, pair: str, a: LayoutBatch, only: str | None):
     for z in (0, 1):
         run(f"zero {z}->{z + 1}: peak mem", vary(a, zero=z + 1), vary(a, zero=z), peak)
     run("zero 2->3 (pp1): peak mem", vary(a.take(a.pp == 1), zero=3), vary(a.take(a.pp == 1), zero=2), peak)
+    # hybrid sharding: twice the copies of each ZeRO shard (a shard over half the ranks) never hold less
+    for z in (1, 2, 3):
+        hz = vary(a if z < 3 else a.take(a.pp == 1), zero=z)
+        run(f"zero {z} replicas x2: peak mem", hz, vary(hz, zrep=2 * hz.zrep), peak)
     # 6. memory vs degrees: doubling tp (2x GPUs) or ep never raises a rank's state
     run("tp x2: state mem", vary(a, tp=2 * a.tp, gpus=2 * a.gpus, sp=True), a, state)
     run("ep x2: state mem", vary(a, ep=2 * a.ep), a, state)
