@@ -259,7 +259,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     keep = np.ones(shape, bool)
     weight = 1
     rule("zero 3 with pp > 1", on(zs == 3, 1) & on(pp > 1, 4))
-    reps = hsdp_replicas(hw, tp, dp * cp)
+    reps = hsdp_replicas(hw, tp, dp * cp) if zh.any() else np.ones(len(k1), int)  # a survivor's hybrid replicas
     if zh.any():
         rule("hsdp: the data-parallel group fits the scale-up domain (whole-group ZeRO)", on(zh, 1) & on(reps < 2, 4))
         rule("hsdp: a shard inside the scale-up domain would hold one rank", on(zh, 1) & on(dp * cp // reps < 2, 4))
@@ -300,8 +300,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
         first = np.zeros(len(j), int)
-        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], np.where(zh[zi], reps[j], 1), rc[first], a2[first], pl[first], rc_mod[first],
-                                             rc_n[first]),
+        lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], np.where(zh[zi], reps[j], 1), rc[first], a2[first],
+                                             pl[first], rc_mod[first], rc_n[first]),
                                    hw.memory_overhead_gib)
         rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
