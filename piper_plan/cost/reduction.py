@@ -63,8 +63,9 @@ def tensor_host_time(hw: HardwareSpec, lay: LayoutBatch, edp, rep_t, exp_t, M, r
     cap = BUCKET_CAP_BYTES  # a bucket also goes at this size (runtime/optim.py)
     grads = grad_bytes(lay, lay.act_bytes.astype(float))
     rep_b, exp_b = np.ceil(rep_p * grads / v / cap), np.ceil(exp_p * grads / v / cap)
-    buckets = v * (np.maximum(np.minimum(lay.dpcp, rep_t / v), rep_b) * (lay.dpcp > 1)
-                   + np.maximum(np.minimum(edp, exp_t / v), exp_b) * (edp > 1))
+    own_d, own_e = lay.zero_shard(lay.dpcp), lay.zero_shard(edp)  # a shard's owners (hybrid sharding: fewer)
+    buckets = v * (np.maximum(np.minimum(own_d, rep_t / v), rep_b) * (lay.dpcp > 1)
+                   + np.maximum(np.minimum(own_e, exp_t / v), exp_b) * (edp > 1))
     z2 = M * (buckets * hw.efficiency.collective_overhead_us * 1e-6 + copies)
     return np.where(lay.unfused, copies + np.where(lay.zero == 2, z2, 0.0), 0.0), np.where(lay.unfused, t_opt, 0.0)
 
