@@ -162,3 +162,45 @@ def test_a_stage_waiting_on_the_busiest_one_reduces_its_gradients_while_it_waits
     assert (lay.zero == 2).sum() > 1000 and same_split.mean() > 0.5
     faster = same_split & (full.step_time_s < none.step_time_s * (1 - 1e-9))
     assert not faster.any(), lay.layout(int(np.flatnonzero(faster)[0]))
+
+
+def test_piper_train_s_zero1_is_priced_as_the_all_reduce_and_fp32_broadcast_it_issues():
+    """piper-train (eager, fused_kernels false) all-reduces every gradient under ZeRO-1 as under
+    ZeRO-0 and then broadcasts each owner's fp32 parameters (runtime/optim.py): ZeRO-1 is ZeRO-0's
+    reduction plus an fp32 gather. A fused stack's ZeRO-1 reduce-scatters and gathers bf16 weights.
+    benchmarks/zero_traffic.py measures it: ZeRO-1 over ZeRO-0, 1.05 measured, 1.00 priced (0.74
+    priced as a reduce-scatter and a bf16 gather)."""
+    from piper_plan.cost.estimate import _group_terms
+    from piper_plan.cost.reduction import PipeWindow, collectives, dp_comm_time
+
+    hw = load_hardware("frontier")
+    rep, exp = np.array([1e9]), np.array([0.0])
+    z = np.zeros(1)
+    t = {}
+    for fused in (True, False):
+        for zero in (0, 1):
+            b = from_layouts([Layout(gpus=64, dp=64, mbs=1, global_batch=64, seq=4096, zero=zero, fused_kernels=fused,
+                                     overlap_grad_reduce=False, sequence_parallel=False)])
+            c = collectives(hw, b, _group_terms(hw, b, 4096), rep, exp, 2.0)
+            t[fused, zero] = (float(dp_comm_time(hw, b, np.zeros(1, int), PipeWindow(z, z, z, b.m), c)[0]),
+                              float(c.rs_full[0]), float(c.rs_half[0]), float(c.ag[0]))
+    norm = comm.ring_allreduce(hw, 8.0, 64, 1)  # the eager runtime's global-norm all-reduce
+    eager0, eager1, fused1 = t[False, 0], t[False, 1], t[True, 1]
+    assert eager1[0] == pytest.approx(eager0[0] + eager1[3], rel=1e-12)  # ZeRO-0's all-reduce, then the gather
+    gather = lambda nbytes: float(comm.ring_allreduce(hw, nbytes, 64, 1, 0.5))  # noqa: E731  over 64 ranks
+    assert (eager1[3], fused1[3]) == pytest.approx((gather(4e9), gather(2e9)), rel=1e-12)  # fp32 weights, bf16
+    assert fused1[0] == pytest.approx(fused1[2] + fused1[3], rel=1e-12)  # a reduce-scatter and a gather
+    assert eager0[0] == pytest.approx(eager0[1] + float(norm), rel=1e-12)
+
+
+def test_a_dense_model_pays_no_collective_for_the_experts_it_does_not_have():
+    """The expert-data-parallel reduction of zero bytes issues no collective: a dense model's
+    reduction is its dense all-reduce alone (it had paid 2(n-1) latency steps of an empty one)."""
+    from piper_plan.cost.estimate import _group_terms
+    from piper_plan.cost.reduction import collectives
+
+    hw = load_hardware("frontier")
+    b = from_layouts([Layout(gpus=64, dp=64, global_batch=64, seq=4096, sequence_parallel=False)])
+    c = collectives(hw, b, _group_terms(hw, b, 4096), np.array([1e9]), np.array([0.0]), 2.0)
+    assert c.rs_full[0] == pytest.approx(float(comm.ring_allreduce(hw, 4e9, 64, 1)), rel=1e-12)
+    assert comm.ring_allreduce(hw, 0.0, 64, 1) == 0.0

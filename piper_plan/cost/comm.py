@@ -319,7 +319,7 @@ def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None)
     bw, lat = span if span is not None else group_span(hw, n, stride)
     lat = lat + hw.efficiency.collective_step_us * 1e-6  # each step waits for its sender (shared cores)
     t = fraction * (2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw + 2.0 * (n - 1) * lat)
-    return np.where(n > 1, t, 0.0)
+    return np.where((n > 1) & (nbytes > 0), t, 0.0)  # nothing to reduce issues no collective
 
 
 def p2p(hw: HardwareSpec, nbytes, stride):

@@ -118,9 +118,17 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> 
         return (comm.ring_allreduce(hw, rep * gb, lay.dpcp, lay.tp, fraction, dp_span)
                 + comm.ring_allreduce(hw, exp * gb, edp, edp_stride, fraction, edp_span))
 
-    ag = (comm.ring_allreduce(hw, rep * eb, lay.dpcp, lay.tp, 0.5, dp_span)
-          + comm.ring_allreduce(hw, exp * eb, edp, edp_stride, 0.5, edp_span))
+    wb = weight_bytes(lay, eb)
+    ag = (comm.ring_allreduce(hw, rep * wb, lay.dpcp, lay.tp, 0.5, dp_span)
+          + comm.ring_allreduce(hw, exp * wb, edp, edp_stride, 0.5, edp_span))
     return Collectives(reduction(1.0), reduction(0.5), ag)
+
+
+def weight_bytes(lay: LayoutBatch, eb):
+    """Bytes a parameter's ZeRO gather moves: the weight's dtype; piper-train (eager,
+    Layout.fused_kernels false) keeps fp32 weights and casts them under autocast, so its owners
+    broadcast 4 B a parameter (runtime/optim.py DistOptimizer.step)."""
+    return np.where(lay.unfused, 4.0, eb)
 
 
 def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collectives) -> Collectives:
@@ -145,8 +153,9 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     # each copy holds 1/s of the reduced gradients; its ring's members sit a shard apart
     ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
           + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
+    wb = weight_bytes(lay, eb)
     return Collectives(coll.rs_full, np.where(on, shard(rep * gb, exp * gb, 0.5), coll.rs_half),
-                       np.where(on, shard(rep * eb, exp * eb, 0.5), coll.ag), np.where(on, ar, 0.0))
+                       np.where(on, shard(rep * wb, exp * wb, 0.5), coll.ag), np.where(on, ar, 0.0))
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -159,7 +168,11 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
     F, B, W, M = win.F, win.B, win.W, win.M
     sharded = lay.zero >= 1  # ZeRO >= 1 reduce-scatters the gradients and gathers the parameters
-    t_rs = np.where(sharded, coll.rs_half, coll.rs_full)
+    # but piper-train's ZeRO-1 (eager, Layout.fused_kernels false) all-reduces them, every rank
+    # keeping each gradient whole until its owner's step (runtime/optim.py reduce_grads, as torch's
+    # ZeroRedundancyOptimizer behind DDP); its ZeRO-2 reduces each bucket to its owner
+    halves = sharded & ~(lay.unfused & (lay.zero == 1))
+    t_rs = np.where(halves, coll.rs_half, coll.rs_full)
     t_ag = np.where(sharded, coll.ag, 0.0)
     window_b = np.where(lay.overlap, B + W, 0.0)
     window_f = np.where(lay.overlap, F, 0.0)
