@@ -121,7 +121,18 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> 
     wb = weight_bytes(lay, eb)
     ag = (comm.ring_allreduce(hw, rep * wb, lay.dpcp, lay.tp, 0.5, dp_span)
           + comm.ring_allreduce(hw, exp * wb, edp, edp_stride, 0.5, edp_span))
-    return Collectives(reduction(1.0), reduction(0.5), ag)
+    rs_half = reduction(0.5)
+    if lay.unfused.any():
+        # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
+        # reduces each bucket to its owner and every owner broadcasts its share, one after another,
+        # each a rooted collective that moves its whole buffer through the root (comm.rooted): all
+        # the gradients, then all the parameters, at the bus rate
+        def through_owners(nbytes_rep, nbytes_exp):
+            return (comm.rooted(hw, nbytes_rep, lay.dpcp, lay.tp, dp_span)
+                    + comm.rooted(hw, nbytes_exp, edp, edp_stride, edp_span))
+        rs_half = np.where(lay.unfused, through_owners(rep * gb, exp * gb), rs_half)
+        ag = np.where(lay.unfused, through_owners(rep * wb, exp * wb), ag)
+    return Collectives(reduction(1.0), rs_half, ag)
 
 
 def weight_bytes(lay: LayoutBatch, eb):
