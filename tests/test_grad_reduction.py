@@ -209,3 +209,22 @@ def test_a_dense_model_pays_no_collective_for_the_experts_it_does_not_have():
     c = collectives(hw, b, _group_terms(hw, b, 4096), np.array([1e9]), np.array([0.0]), 2.0)
     assert c.rs_full[0] == pytest.approx(float(comm.ring_allreduce(hw, 4e9, 64, 1)), rel=1e-12)
     assert comm.ring_allreduce(hw, 0.0, 64, 1) == 0.0
+
+
+@pytest.mark.parametrize("schedule,vpp,pays", [("1f1b", 1, True), ("interleaved", 2, True), ("zbv", 2, False)])
+def test_a_tied_embedding_on_two_stages_sums_its_gradients_between_them_once_a_step(schedule, vpp, pays):
+    """GPT's word embedding is tied to its LM head. Where the first stage and the last are two
+    ranks, they all-reduce its gradient once a step, after the backward (Megatron-Core's
+    _allreduce_word_embedding_grads, piper-train's embedding group); a V schedule's rank 0 holds
+    both ends: nothing to sum. At dp 1 there is no other reduction, so the tied model's dp_comm
+    exceeds the untied one's by exactly that all-reduce (the pipeline, and so the reduction's
+    skew, is the same)."""
+    m, hw = load_model("gpt-175b"), load_hardware("dgx-a100-80gb")
+    lay = Layout(gpus=64, tp=8, pp=8, dp=1, mbs=1, global_batch=16, seq=2048, schedule=schedule, vpp=vpp,
+                 recompute="full")
+    tied, untied = (float(evaluate(x, hw, from_layouts([lay])).time["dp_comm"][0])
+                    for x in (m, m.model_copy(update={"tied_embeddings": False})))
+    # fp32 gradients of the tp-split table, between stage 0 and stage 7 (7 stages of 8 ranks apart)
+    want = float(comm.ring_allreduce(hw, m.vocab_size * m.hidden_size / 8 * 4.0, 2, 7 * 8)) if pays else 0.0
+    assert tied - untied == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert (want > 0) == pays

@@ -322,7 +322,9 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     # reported apart only where activations are offloaded
     time_after = {"offload": M * pipe.offload_mb * share} if np.any(lay.offload_layers > 0) else {}
     stage_rep, stage_exp = st(P_rep), st(P_exp)
-    coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float))
+    # a word embedding tied to the LM head of another stage: those two ranks sum its gradients
+    tied = st({r: (has_emb[r] ^ has_head[r]) * (m.vocab_size * d / tp) for r in ROLES}) if m.tied_embeddings else 0.0
+    coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float), tied)
     return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, ranks,
                     stage_rep, stage_exp, tensors,
                     pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops,

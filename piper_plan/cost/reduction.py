@@ -104,11 +104,15 @@ class Collectives:
     rs_half: np.ndarray
     ag: np.ndarray
     ar_rep: np.ndarray | float = 0.0
+    tied: np.ndarray | float = 0.0  # the tied embedding's all-reduce between its two stages (collectives)
 
 
-def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> Collectives:
+def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tied=0.0) -> Collectives:
     """Collectives of ranks holding `rep` replicated and `exp` expert parameters over the groups
-    `grp` (estimate._group_terms). None reads the ZeRO stage: a search prices them once per
+    `grp` (estimate._group_terms), and `tied` parameters of a word embedding tied to the LM head
+    on another stage, whose two copies' gradients are summed between the first and the last
+    stage once a step (Megatron-Core finalize_model_grads' _allreduce_word_embedding_grads;
+    piper-train's embedding group). None reads the ZeRO stage: a search prices them once per
     layout without it (estimate._zero_free)."""
     edp, edp_stride = grp["edp"], grp["edp_stride"]
     gb = grad_bytes(lay, eb)
@@ -132,7 +136,10 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb) -> 
                     + comm.rooted(hw, nbytes_exp, edp, edp_stride, edp_span))
         rs_half = np.where(lay.unfused, through_owners(rep * gb, exp * gb), rs_half)
         ag = np.where(lay.unfused, through_owners(rep * wb, exp * wb), ag)
-    return Collectives(reduction(1.0), rs_half, ag)
+    # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
+    apart = (lay.pp - 1) * (lay.gpus // lay.pp)
+    t_tied = comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, apart) if np.any(tied) else 0.0
+    return Collectives(reduction(1.0), rs_half, ag, tied=t_tied)
 
 
 def weight_bytes(lay: LayoutBatch, eb):
@@ -166,7 +173,7 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
           + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
     wb = weight_bytes(lay, eb)
     return Collectives(coll.rs_full, np.where(on, shard(rep * gb, exp * gb, 0.5), coll.rs_half),
-                       np.where(on, shard(rep * wb, exp * wb, 0.5), coll.ag), np.where(on, ar, 0.0))
+                       np.where(on, shard(rep * wb, exp * wb, 0.5), coll.ag), np.where(on, ar, 0.0), coll.tied)
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -213,6 +220,7 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     if np.any(coll.ar_rep):
         last = np.where(lay.zero >= 3, np.where(lay.reshard, t_ag, 0.0) + t_rs, t_rs)
         t_dp = t_dp + (np.maximum(0.0, last + coll.ar_rep - window_b) - np.maximum(0.0, last - window_b))
+    t_dp = t_dp + coll.tied  # after the backward, on the step's path in both runtimes
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
     # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
@@ -227,7 +235,7 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
         own_d, own_e = lay.zero_shard(dpn), lay.zero_shard(edpn)  # a shard's owners
         gather = np.where(lay.zero >= 1, np.where(own_d > 1, own_d, 0.0) + np.where(own_e > 1, own_e, 0.0), 0.0)
         copies = (lay.zrep > 1) * ((dpn > 1) + (edpn > 1))  # hybrid sharding's all-reduce of each shard
-        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + copies + (lay.gpus > 1))
+        t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + copies + (lay.gpus > 1) + (np.asarray(coll.tied) > 0))
     return t_dp
 
 
