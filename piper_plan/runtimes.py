@@ -27,8 +27,6 @@ class Support:
 PIPER_TRAIN: tuple[Support, ...] = (
     Support("dtype", ("bf16", "fp32"), "--dtype", "fp16 needs loss scaling, which piper-train does not do"),
     Support("zero", (0, 1, 2), "--zero", "piper-train implements ZeRO stages 0, 1 and 2"),
-    Support("zero_replicas", (1,), "--hsdp", "piper-train shards its ZeRO state over the whole data-parallel "
-            "group (no hybrid sharding)"),
     Support("fp8", ("none",), "--fp8", "piper-train runs its GEMMs in the layout's dtype, not FP8"),
     Support("a2a", ("flat", "halo"), "--a2a", "piper-train runs the flat or HALO all-to-all, not DeepEP / "
             "HybridEP's 'dedup'"),

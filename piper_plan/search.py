@@ -132,9 +132,6 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
             raise PiperError(f"--runtime piper-train: it cannot run {s.option} {shown(bad[0])} ({s.does})")
         if plural:
             cut[attr] = tuple(v for v in asked if runs(s, v))
-    if sp.hsdp:  # a flag in the space, a field (zero_replicas) in the table
-        hs = next(s for s in PIPER_TRAIN if s.field == "zero_replicas")
-        raise PiperError(f"--runtime piper-train: it cannot run {hs.option} ({hs.does})")
     return replace(sp, fused_kernels=False, overlap_grad_reduce=False, runtime=runtime, **cut)
 
 
@@ -281,6 +278,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     if sp.runtime == "piper-train":  # its ZeRO-2 reduces in autograd hooks: no weight-split schedule
         weight_split = np.isin(np.array(SCHEDULES), WEIGHT_SPLIT)[s_idx]
         rule("piper-train: ZeRO-2 with zbv or dualpipev", on(zs == 2, 1) & on(weight_split, 4))
+        rule("piper-train: hybrid sharding beyond ZeRO-1", on(zh & (zs != 1), 1) & on(np.ones(len(k1), bool), 4))
     if sp.paper_mesh:
         rule("not the paper's PP x EP mesh (tp=1, ep=dp)", on((tp != 1) | (ep != dp), 4))
     if sp.ep_in_domain:

@@ -38,6 +38,10 @@ class Groups:
     tp_size: int = 1
     tp: object = None              # the stage's ranks with this rank's dp index, by tp index
     stage: object = None           # every rank of this pipeline stage (dp·tp ranks)
+    # hybrid sharding (Layout.zero_replicas r > 1): this rank's ZeRO shard of its dp and edp group,
+    # the group's ranks cut into r consecutive blocks (the dp / edp groups themselves where r = 1)
+    dp_shard: object = None
+    edp_shard: object = None
 
 
 def _enumerate(plan: Plan, key, order) -> list[list[int]]:
@@ -65,6 +69,10 @@ def group_lists(plan: Plan) -> dict[str, list[list[int]]]:
         "ep": _enumerate(plan, lambda c: (c.pp, c.edp), lambda c: c.ep),
         "edp": _enumerate(plan, lambda c: (c.pp, c.ep), lambda c: c.edp),
     }
+    r = plan.layout.zero_replicas
+    if r > 1:  # each group's ranks in r consecutive blocks: the shards the planner prices (neighbours)
+        for kind in ("dp", "edp"):
+            out[f"{kind}_shard"] = [g[k * len(g) // r:(k + 1) * len(g) // r] for g in out[kind] for k in range(r)]
     first, last = plan.chunk_stage_rank(0), plan.chunk_stage_rank(plan.layout.stages - 1)
     if plan.model.tied_embeddings and first != last:
         out["emb"] = [[pp_list[first], pp_list[last]] for pp_list in out["pp"]]
@@ -82,7 +90,8 @@ def build_groups(plan: Plan, timeout_s: float) -> Groups:
     g = Groups(rank=me, world=dist.get_world_size(), pp_rank=c.pp, dp_rank=c.dp, ep_rank=c.ep,
                edp_rank=c.edp, pp=made["pp"], dp=made["dp"], ep=made["ep"], edp=made["edp"],
                emb=made.get("emb"), emb_ranks=emb_ranks, tp_rank=c.tp, tp_size=plan.layout.tp,
-               tp=made["tp"], stage=made["stage"])
+               tp=made["tp"], stage=made["stage"], dp_shard=made.get("dp_shard", made["dp"]),
+               edp_shard=made.get("edp_shard", made["edp"]))
     g.mesh = _device_mesh(plan, g)
     return g
 

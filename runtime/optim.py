@@ -51,6 +51,8 @@ class PInfo:
     group_ranks: list[int]
     owner: int          # global rank that owns it (ZeRO) and counts it in the norm
     counts_norm: bool   # this rank's copy enters the global norm
+    shard: object = None          # the group its owner broadcasts it over (ZeRO): `group`, or its
+    shard_ranks: list[int] = None  # hybrid-sharding shard of it (Layout.zero_replicas), and its ranks
 
 
 def _partition(names_sizes: list[tuple[str, int]], n: int) -> dict[str, int]:
@@ -84,13 +86,18 @@ class DistOptimizer:
         for kind, items in by_group.items():
             g = getattr(groups, kind)
             ranks = dist.get_process_group_ranks(g)
-            part = _partition([(n, p.numel()) for n, p in items], len(ranks))
+            # hybrid sharding: owners are drawn from this rank's shard of the group, each shard
+            # holding every parameter's state once; the first shard's owners count the norm
+            shard = getattr(groups, f"{kind}_shard", None) or g
+            owners = dist.get_process_group_ranks(shard)
+            first_shard = ranks.index(me) < len(owners)
+            part = _partition([(n, p.numel()) for n, p in items], len(owners))
             for n, p in sorted(items):
-                owner = ranks[part[n]]
-                counts = owner == me and not (last_tied_copy and n == "embed.weight")
+                owner = owners[part[n]]
+                counts = owner == me and first_shard and not (last_tied_copy and n == "embed.weight")
                 # a tp-replicated parameter is counted by tp rank 0 only (tp.py)
                 counts = counts and (kind == "edp" or shard_dim(p) is not None or groups.tp_rank == 0)
-                self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts))
+                self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts, shard, owners))
         self.owned = [i for i in self.infos if (i.owner == me or not zero)]
         self.opt = make_adamw([i.param for i in self.owned], lr, weight_decay, betas, eps)
         self._sums: dict[int, torch.Tensor] = {}  # ZeRO-2: id(param) -> the owner's reduced sum so far
@@ -208,14 +215,14 @@ class DistOptimizer:
             return
         for expert in (False, True):
             infos = [i for i in self.infos if i.expert == expert]
-            if not infos or len(infos[0].group_ranks) == 1:
+            if not infos or len(infos[0].shard_ranks) == 1:  # one owner in the shard: nothing to send
                 continue
-            for owner in infos[0].group_ranks:
+            for owner in infos[0].shard_ranks:
                 mine = [i.param for i in infos if i.owner == owner]
                 if not mine:
                     continue
                 flat = _flatten_dense_tensors([p.data for p in mine])
-                dist.broadcast(flat, src=owner, group=infos[0].group)
+                dist.broadcast(flat, src=owner, group=infos[0].shard)
                 copy_back([p.data for p in mine], flat)
 
     def state_of(self, p: torch.Tensor) -> dict:

@@ -117,10 +117,27 @@ def test_the_scale_up_domain_of_an_nvl72_rack_holds_a_shard_of_up_to_72_ranks():
     assert list(hsdp_replicas(H100, np.array([1, 8]), np.array([256, 32]))) == [32, 32]
 
 
-def test_piper_train_refuses_a_hybrid_plan_and_a_hybrid_search(tmp_path):
-    code, out = _cli("search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--runtime",
-                     "piper-train", "--hsdp")
-    assert code == 2 and "it cannot run --hsdp" in out, out
+def test_piper_train_hybrid_shards_zero1_only_and_the_search_for_it_tries_no_other():
+    pytest.importorskip("torch")
+    from piper_plan.errors import PiperError
+    from piper_plan.plan import make_plan
+    from piper_plan.search import for_runtime
+    from piper_runtime.launch import check_supported
+
+    m = load_model("tiny-moe")
+    for zero, refused in ((1, False), (2, True)):
+        plan = make_plan(m, load_hardware("cpu-local"), Layout(gpus=4, dp=4, ep=2, global_batch=8, seq=32, zero=zero,
+                                                               zero_replicas=2, fused_kernels=False,
+                                                               overlap_grad_reduce=False))
+        if refused:
+            with pytest.raises(PiperError, match="layout.zero_replicas = 2: piper-train hybrid-shards ZeRO-1 only"):
+                check_supported(plan, 4)
+        else:
+            check_supported(plan, 4)
+    res = search(MIXTRAL, H100, for_runtime(SearchSpace(gpus=32, global_batch=256, seq=4096, hsdp=True), "piper-train"))
+    hy = res.batch.zrep > 1
+    assert hy.any() and (res.batch.zero[hy] == 1).all()
+    assert res.rejected.get("piper-train: hybrid sharding beyond ZeRO-1", 0) > 0
 
 
 def test_a_hybrid_plan_keeps_its_replicas_in_plan_json_and_shows_them(tmp_path):
@@ -131,3 +148,22 @@ def test_a_hybrid_plan_keeps_its_replicas_in_plan_json_and_shows_them(tmp_path):
     assert json.loads(p.read_text())["layout"]["zero_replicas"] == 8
     code, out = _cli("show", str(p))
     assert code == 0 and "z3x8" in out, out
+
+
+def test_piper_train_s_hybrid_zero1_is_priced_as_its_whole_group_all_reduce_and_its_shard_s_broadcasts():
+    # piper-train's ZeRO-1 all-reduces over the whole group; hybrid, each owner broadcasts its fp32
+    # parameters over its shard alone (runtime/optim.py), and no copies are reconciled
+    from piper_plan.cost.reduction import PipeWindow, dp_comm_time
+
+    hw = load_hardware("frontier")
+    b, edp, hy = _collectives(Layout(gpus=64, dp=64, ep=8, global_batch=64, seq=4096, zero=1, zero_replicas=8,
+                                     fused_kernels=False, overlap_grad_reduce=False, sequence_parallel=False), hw=hw)
+    _, _, whole = _collectives(Layout(gpus=64, dp=64, ep=8, global_batch=64, seq=4096, zero=1, fused_kernels=False,
+                                      overlap_grad_reduce=False, sequence_parallel=False), hw=hw)
+    # dense shard: 8 ranks; experts (edp 8) over 8 / 8 = one rank: nothing to broadcast
+    assert hy.ag[0] == pytest.approx(float(comm.rooted(hw, 1e9 * 4.0, 8, 1)), rel=1e-12)
+    assert hy.ar_rep[0] == 0.0 and hy.rs_full[0] == whole.rs_full[0]
+    z = np.zeros(1)
+    t = dp_comm_time(hw, b, edp, PipeWindow(z, z, z, b.m), hy)
+    norm = comm.ring_allreduce(hw, 8.0, 64, 1)
+    assert t[0] == pytest.approx(whole.rs_full[0] + hy.ag[0] + float(norm), rel=1e-12)

@@ -66,7 +66,7 @@ def test_zero2_buckets_also_go_at_the_cap_so_big_chunks_make_more_calls():
 UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gemm": "multistream",
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
-         "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "zero_replicas": 2}
+         "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -86,18 +86,15 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         bad = UNRUN[s.field]
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"}}.get(s.field, {})
         ep = 1 if s.field == "etp" else 2  # two ranks: one expert group of etp 2
-        n = 4 if s.field == "zero_replicas" else 2  # two copies of a shard of two ranks
-        dp = 1 if s.field == "cp" else n  # two ranks: one sequence over both
+        dp = 1 if s.field == "cp" else 2  # two ranks: one sequence over both
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures
         spec = hw.model_copy(update={"host": Host(link_gbps=10, memory_bandwidth_gbps=10, memory_gib=16)})
-        plan = make_plan(m, spec, Layout(gpus=n, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
+        plan = make_plan(m, spec, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
         with pytest.raises(PiperError, match=f"plan: layout.{s.field} = "):
-            check_supported(plan, n)
+            check_supported(plan, 2)
         attr = several.get(s.field, s.field)
         if s.field in ("zero", "dropout"):
             continue  # the space enumerates ZeRO stages itself (cut, below) and never tries dropout
-        if s.field == "zero_replicas":  # the space asks for hybrid sharding with a flag
-            attr, bad = "hsdp", True
         sp = SearchSpace(gpus=2, global_batch=4, seq=32, **{attr: (bad,) if attr in several.values() else bad})
         with pytest.raises(PiperError, match=f"it cannot run {s.option} "):
             for_runtime(sp, "piper-train")

@@ -154,7 +154,9 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     a shard's s = group / r neighbouring ranks reduce-scatter the gradients and all-gather the
     parameters among themselves (a dense group's s ranks tp apart, an expert group's s at its
     stride), and the r copies of each shard, s group strides apart, all-reduce their reduced shard
-    (1/s of the gradients) once a step. Rows with r = 1 keep `coll`."""
+    (1/s of the gradients) once a step. piper-train (eager) keeps its ZeRO-1 all-reduce over the
+    whole group (dp_comm_time) and its owners broadcast over their shard alone (comm.rooted): no
+    copies to reconcile. Rows with r = 1 keep `coll`."""
     on = lay.zrep > 1
     if not on.any():
         return coll
@@ -172,8 +174,12 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
           + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
     wb = weight_bytes(lay, eb)
+    ag = shard(rep * wb, exp * wb, 0.5)
+    if lay.unfused.any():
+        ag = np.where(lay.unfused, comm.rooted(hw, rep * wb, s_d, st_d) + comm.rooted(hw, exp * wb, s_e, st_e), ag)
+        ar = np.where(lay.unfused, 0.0, ar)
     return Collectives(coll.rs_full, np.where(on, shard(rep * gb, exp * gb, 0.5), coll.rs_half),
-                       np.where(on, shard(rep * wb, exp * wb, 0.5), coll.ag), np.where(on, ar, 0.0), coll.tied)
+                       np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied)
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
