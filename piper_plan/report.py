@@ -141,7 +141,8 @@ def layout_str(lay: dict) -> str:
         s += f" v{lay['vpp']}"
     rc = recompute_label(lay["recompute"], lay.get("recompute_modules"), lay.get("recompute_layers", 0))
     reps = lay.get("zero_replicas", 1)
-    return s + f" rc={rc} z{lay['zero']}" + (f"x{reps}" if reps > 1 else "") + (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
+    return s + f" rc={rc} z{lay['zero']}" + (f"x{reps}" if reps > 1 else "") + \
+        (f" {lay['a2a']}" if lay["ep"] > 1 else "") + \
         (" spread" if lay.get("placement") == "spread" else "") + offload_label(lay)
 
 

@@ -358,8 +358,8 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
     by all) and the stage-2 choices."""
     n = len(j)
     col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
-    return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute, a2a=a2a,
-                       placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
+    return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute,
+                       a2a=a2a, placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 
 
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,

@@ -73,7 +73,8 @@ def test_the_copies_all_reduce_once_a_step_after_the_last_reduce_scatter():
         M = b.m.astype(float)
         t = dp_comm_time(H100, b, edp, PipeWindow(z, z, z, M), hy)
         co = H100.efficiency.collective_overhead_us * 1e-6
-        calls = co * (2 + 8 + 2 + 1)  # two reductions, a node's 8 dense owners (experts: one), two copies' rings, the norm
+        # two reductions, a node's 8 dense owners (experts: one), two copies' rings, the norm
+        calls = co * (2 + 8 + 2 + 1)
         rounds = M if zero == 2 else 1.0  # ZeRO-2 reduce-scatters each micro-batch
         assert t[0] == pytest.approx(rounds * hy.rs_half[0] + hy.ag[0] + hy.ar_rep[0] + calls, rel=1e-12)
 
