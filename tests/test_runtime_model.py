@@ -3,6 +3,7 @@ checkpoint atomicity."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -169,16 +170,15 @@ def test_token_files(tmp_path):
         open_tokens(str(big), vocab=512, seq=8)
 
 
-def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
-    """World of one rank in this process: save step 1, crash while writing step 2, and the
-    step-1 checkpoint is still the latest, valid and loadable."""
+@contextmanager
+def _one_rank_world(tmp_path):
+    """A gloo world of one rank in this process with tiny-moe's chunks and a ZeRO-1 optimizer:
+    (plan, named parameters, optimizer, chunks); the process group is destroyed on the way out."""
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
 
     from piper_plan.layout import Layout
     from piper_plan.plan import make_plan
     from piper_plan.specs.registry import load_hardware
-    from piper_runtime import checkpoint
     from piper_runtime.mesh import build_groups
     from piper_runtime.optim import DistOptimizer
     from piper_runtime.pipeline import build_local_chunks
@@ -190,7 +190,19 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         groups = build_groups(plan, 30)
         chunks = build_local_chunks(plan, 0, BuildCtx(seq=16), 0, "cpu")
         named = [(n, p) for c in chunks.values() for n, p in c.named_parameters()]
-        opt = DistOptimizer(named, groups, 1, 1, 1e-3, 0.0)
+        yield plan, named, DistOptimizer(named, groups, 1, 1, 1e-3, 0.0), chunks
+    finally:
+        dist.destroy_process_group()
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    """World of one rank in this process: save step 1, crash while writing step 2, and the
+    step-1 checkpoint is still the latest, valid and loadable."""
+    import torch.distributed.checkpoint as dcp
+
+    from piper_runtime import checkpoint
+
+    with _one_rank_world(tmp_path) as (plan, named, opt, chunks):
         ck = tmp_path / "ck"
         checkpoint.save(ck, 1, plan, opt, chunks)
         saved = {n: p.detach().clone() for n, p in named}
@@ -215,8 +227,6 @@ def test_crash_mid_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         assert checkpoint.load(ck, opt, chunks) == 1
         for n, p in named:
             assert torch.equal(p.detach(), saved[n]), n
-    finally:
-        dist.destroy_process_group()
 
 
 def test_tensor_parallelism_splits_the_padded_vocabulary():
@@ -239,24 +249,9 @@ def test_a_save_prunes_only_its_own_older_steps(tmp_path):
     user named otherwise (a copy kept as step_best) and a later step (a run resumed from an earlier
     one) are not its to remove. Pruning by sorted name had removed both, and kept step_best over
     the step before."""
-    import torch.distributed as dist
-
-    from piper_plan.layout import Layout
-    from piper_plan.plan import make_plan
-    from piper_plan.specs.registry import load_hardware
     from piper_runtime import checkpoint
-    from piper_runtime.mesh import build_groups
-    from piper_runtime.optim import DistOptimizer
-    from piper_runtime.pipeline import build_local_chunks
 
-    plan = make_plan(load_model("tiny-moe"), load_hardware("cpu-local"),
-                     Layout(gpus=1, global_batch=2, seq=16, dtype="fp32"))
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        groups = build_groups(plan, 30)
-        chunks = build_local_chunks(plan, 0, BuildCtx(seq=16), 0, "cpu")
-        named = [(n, p) for c in chunks.values() for n, p in c.named_parameters()]
-        opt = DistOptimizer(named, groups, 1, 1, 1e-3, 0.0)
+    with _one_rank_world(tmp_path) as (plan, named, opt, chunks):
         ck = tmp_path / "ck"
         for extra in ("step_best", "step_00000009"):
             (ck / extra).mkdir(parents=True)
@@ -266,5 +261,3 @@ def test_a_save_prunes_only_its_own_older_steps(tmp_path):
         assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["step_00000002", "step_00000003",
                                                                       "step_00000009", "step_best"]
         assert checkpoint.latest(ck).name == "step_00000003"
-    finally:
-        dist.destroy_process_group()
