@@ -203,9 +203,8 @@ def _older_saves(d: Path, step: int) -> list[Path]:
     """The folders this runtime saved before `step` in `d`, oldest first: named step_NNNNNNNN by
     save() with a step below it. A folder of another name (a copy the user kept as step_best) and
     a later step (left by a run this one resumed from an earlier step) are not this run's to prune."""
-    saves = [(int(p.name[5:]), p) for p in d.iterdir()
-             if p.is_dir() and re.fullmatch(r"step_\d{8}", p.name) and int(p.name[5:]) < step]
-    return [p for _, p in sorted(saves)]
+    named = ((re.fullmatch(r"step_(\d{8})", p.name), p) for p in d.iterdir() if p.is_dir())
+    return [p for s, p in sorted((int(m[1]), p) for m, p in named if m) if s < step]
 
 
 def _first_os_error(e: BaseException) -> str:

@@ -51,8 +51,8 @@ class PInfo:
     group_ranks: list[int]
     owner: int          # global rank that owns it (ZeRO) and counts it in the norm
     counts_norm: bool   # this rank's copy enters the global norm
-    shard: object = None          # the group its owner broadcasts it over (ZeRO): `group`, or its
-    shard_ranks: list[int] = None  # hybrid-sharding shard of it (Layout.zero_replicas), and its ranks
+    shard: object             # the group its owner broadcasts it over (ZeRO): `group`, or its
+    shard_ranks: list[int]    # hybrid-sharding shard of it (Layout.zero_replicas), and its ranks
 
 
 def _partition(names_sizes: list[tuple[str, int]], n: int) -> dict[str, int]:

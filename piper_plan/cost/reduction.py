@@ -118,28 +118,24 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     gb = grad_bytes(lay, eb)
     dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
 
-    def reduction(fraction):
-        return (comm.ring_allreduce(hw, rep * gb, lay.dpcp, lay.tp, fraction, dp_span)
-                + comm.ring_allreduce(hw, exp * gb, edp, edp_stride, fraction, edp_span))
+    def both(op, per_param, *args):  # `op` over the dense group, then the expert group
+        return (op(hw, rep * per_param, lay.dpcp, lay.tp, *args, span=dp_span)
+                + op(hw, exp * per_param, edp, edp_stride, *args, span=edp_span))
 
     wb = weight_bytes(lay, eb)
-    ag = (comm.ring_allreduce(hw, rep * wb, lay.dpcp, lay.tp, 0.5, dp_span)
-          + comm.ring_allreduce(hw, exp * wb, edp, edp_stride, 0.5, edp_span))
-    rs_half = reduction(0.5)
+    ag = both(comm.ring_allreduce, wb, 0.5)
+    rs_half = both(comm.ring_allreduce, gb, 0.5)
     if lay.unfused.any():
         # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
         # reduces each bucket to its owner and every owner broadcasts its share, one after another,
         # each a rooted collective that moves its whole buffer through the root (comm.rooted): all
         # the gradients, then all the parameters, at the bus rate
-        def through_owners(nbytes_rep, nbytes_exp):
-            return (comm.rooted(hw, nbytes_rep, lay.dpcp, lay.tp, dp_span)
-                    + comm.rooted(hw, nbytes_exp, edp, edp_stride, edp_span))
-        rs_half = np.where(lay.unfused, through_owners(rep * gb, exp * gb), rs_half)
-        ag = np.where(lay.unfused, through_owners(rep * wb, exp * wb), ag)
+        rs_half = np.where(lay.unfused, both(comm.rooted, gb), rs_half)
+        ag = np.where(lay.unfused, both(comm.rooted, wb), ag)
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     apart = (lay.pp - 1) * (lay.gpus // lay.pp)
     t_tied = comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, apart) if np.any(tied) else 0.0
-    return Collectives(reduction(1.0), rs_half, ag, tied=t_tied)
+    return Collectives(both(comm.ring_allreduce, gb, 1.0), rs_half, ag, tied=t_tied)
 
 
 def weight_bytes(lay: LayoutBatch, eb):
