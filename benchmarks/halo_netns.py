@@ -436,6 +436,7 @@ def hardware_yaml(name: str, nic_mbit: float, calib: dict) -> dict:
              "latency_us": round(inter["latency_us"], 1),
              "source": f"latency {meas}; {'uplink' if spine is None else 'rails + spine'} per network"},
         ],
+        "collectives": "gloo",  # the emulated nodes' ranks run torch's gloo backend
     }
     # the floor is what a small call costs beyond its α-β set-ups (comm.a2a_call adds them back)
     from piper_plan.cost import comm

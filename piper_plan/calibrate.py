@@ -122,6 +122,7 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                collective_step_us=round(comp.get("collective_step_us", 0.0), 2),
                collective_skew_us=round(comp.get("collective_skew_us", 0.0), 2),
                collective_skew_base_ms=round(comp.get("collective_skew_base_ms", 0.0), 3))
+    d["collectives"] = "nccl" if device["kind"] == "cuda" else "gloo"  # what the probes and piper-train run on
     if device["kind"] == "cpu" and ranks > device["cores"]:
         acc["ranks_per_core"] = round(ranks / device["cores"], 4)
     if device["kind"] == "cpu":

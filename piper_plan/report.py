@@ -84,7 +84,8 @@ def hardware_detail(h: HardwareSpec) -> list[Table]:
                  ("NICs", f"{h.network.nics_per_node} × {h.network.nic_gbps:g} GB/s per node "
                           f"({h.nic_gbps_per_gpu:g} GB/s per GPU"
                           + (f"; {h.network.planes} planes: an all-to-all gets one's share" if h.network.planes > 1 else "")
-                          + ")")]:
+                          + ")"),
+                 ("collective library", h.collectives)]:
         t.add_row(k, v)
     lv = Table(title="topology (fastest first)")
     for c in ("level", "GPUs", "GB/s per GPU", "latency us", "source"):

@@ -142,6 +142,26 @@ def test_cuda_datasheet_spec_keeps_machine_shape():
     assert spec.efficiency.attention * spec.peak_flops("bf16") == pytest.approx(450e12, rel=1e-3)
 
 
+def test_a_calibrated_spec_names_the_collective_library_its_probes_ran_on():
+    """calibrate measures with gloo on CPU and NCCL on GPUs (calibrate_bench), and piper-train runs
+    the same there, so the spec it writes says which, whatever its base said: gloo's reduce moves
+    twice a chain's bytes (cost/comm.py rooted)."""
+    cpu = {"kind": "cpu", "name": "c", "torch": "x", "cores": 2, "ram_gib": 24.0, "accelerator_name": "CPU rank",
+           "memory_gib": 5.0, "compute_units": 1}
+    gpu = {"kind": "cuda", "name": "NVIDIA H100 80GB HBM3", "torch": "x", "cores": 16, "ram_gib": 1000.0,
+           "compute_units": 132}
+    rates = ComputeRates({"bf16": 700.0, "fp32": 50.0}, 3000.0, 4.0, 450.0, (128, 256))
+    best = {"gemm_tflops": {"bf16": 690.0, "fp32": 50.0}, "stream_gbps": 2900.0, "attention_tflops": 440.0}
+    for base_name, dev, want, sheet in (("cpu-local", cpu, "gloo", False), ("dgx-h100", gpu, "nccl", True)):
+        base = load_hardware(base_name)
+        base = base.model_copy(update={"collectives": "nccl" if want == "gloo" else "gloo"})  # the base says otherwise
+        a = base.accelerator
+        comp = split_compute(rates, best, (a.peak_tflops, a.memory_bandwidth_gbps) if sheet else None)
+        spec = build_spec(base, name="c", ranks=1, device=dev, comp=comp, comp_res={}, comm=None, comm_res=None,
+                          stamp="t", record="r", datasheet=sheet)
+        assert spec.collectives == want
+
+
 def test_rescale_topology_keeps_levels_valid():
     d = load_hardware("frontier").model_dump(mode="json")  # gcd-pair 2, node 8, switch 32, ...
     _rescale_topology(d, 4)

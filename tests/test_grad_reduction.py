@@ -170,8 +170,9 @@ def test_piper_train_s_zero_is_priced_as_the_collectives_it_issues():
     broadcasts its fp32 parameters; under ZeRO-2 each bucket is reduced to its owner. A broadcast
     or a reduce moves its whole buffer through the root (comm.rooted), where a fused stack's
     ZeRO reduce-scatters the gradients and all-gathers bf16 weights. benchmarks/zero_traffic.py
-    measures it: over ZeRO-0, ZeRO-1 1.05-1.16 and ZeRO-2 0.93-1.06 measured in three runs, 1.05
-    and 0.90 priced (0.74 and 0.70 priced as a fused stack's)."""
+    measures it on gloo (test_piper_train_s_zero2_reduce_on_gloo_moves_an_all_reduce_s_bytes): over
+    ZeRO-0, ZeRO-1 1.01-1.16 and ZeRO-2 0.91-1.06 measured in six runs, 1.05 and 1.02 priced (0.74
+    and 0.70 priced as a fused stack's). This spec's library is NCCL."""
     from piper_plan.cost.estimate import _group_terms
     from piper_plan.cost.reduction import PipeWindow, collectives, dp_comm_time
 
@@ -196,6 +197,31 @@ def test_piper_train_s_zero_is_priced_as_the_collectives_it_issues():
     assert eager0[0] == pytest.approx(eager0[1] + float(comm.ring_allreduce(hw, 8.0, 64, 1)), rel=1e-12)  # + the norm
     # a rooted collective moves its whole buffer: n/(n-1) of a ring's half, less a latency step
     assert rooted(4e9) > ring(4e9, 0.5)
+
+
+def test_piper_train_s_zero2_reduce_on_gloo_moves_an_all_reduce_s_bytes():
+    """gloo's reduce (gloo/reduce.cc) is a ring reduce-scatter followed by a gather of the reduced
+    chunks into the root, so piper-train's ZeRO-2 bucket reduce on CPU moves 2(n-1)/n of its
+    buffer through the root, an all-reduce's bytes, where NCCL's chained reduce moves it once;
+    a broadcast is the same on both. Measured on 4 gloo ranks over 50 MB of fp32: all-reduce 65 ms,
+    reduce 61, broadcast 36-41 (session 46); benchmarks/zero_traffic.py measures the step."""
+    from piper_plan.cost.estimate import _group_terms
+    from piper_plan.cost.reduction import collectives
+
+    gloo = load_hardware("cpu-local")
+    nccl = gloo.model_copy(update={"collectives": "nccl"})
+    assert gloo.collectives == "gloo"
+    rep, exp = np.array([1e7]), np.array([0.0])
+    b = from_layouts([Layout(gpus=4, dp=4, mbs=1, global_batch=4, seq=16, zero=2, fused_kernels=False,
+                             overlap_grad_reduce=False, sequence_parallel=False)])
+    c = {hw.collectives: collectives(hw, b, _group_terms(hw, b, 16), rep, exp, 2.0) for hw in (gloo, nccl)}
+    # the reduce: an all-reduce's bytes and n latency steps (its ring's n-1 and the gather's one)
+    bw, lat = comm.group_span(gloo, 4, 1)
+    lat = lat + gloo.efficiency.collective_step_us * 1e-6
+    assert c["gloo"].rs_half[0] == pytest.approx(1.5 * 4e7 / bw + 4 * lat, rel=1e-12)
+    assert c["nccl"].rs_half[0] == pytest.approx(4e7 / bw + 3 * lat, rel=1e-12)
+    assert c["gloo"].ag[0] == c["nccl"].ag[0] > 0  # the owners' broadcasts do not depend on it
+    assert c["gloo"].rs_full[0] == c["nccl"].rs_full[0]
 
 
 def test_a_dense_model_pays_no_collective_for_the_experts_it_does_not_have():

@@ -322,17 +322,23 @@ def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None)
     return np.where((n > 1) & (nbytes > 0), t, 0.0)  # nothing to reduce issues no collective
 
 
-def rooted(hw: HardwareSpec, nbytes, n, stride, span=None):
-    """A broadcast from, or a reduce to, one root of nbytes over n ranks: the root's whole buffer
-    leaves (or enters) it, so B over the slowest level spanned rather than an all-gather's
-    (n-1)/n·B (nccl-tests doc/PERFORMANCE.md: bus bandwidth = algorithm bandwidth for Broadcast
-    and Reduce, (n-1)/n of it for AllGather and ReduceScatter), and n-1 latency steps along the
-    chain. Zero with one rank or nothing to move."""
+def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None):
+    """A broadcast from, or (reduce=True) a reduce to, one root of nbytes over n ranks: the root's
+    whole buffer leaves (or enters) it, so B over the slowest level spanned rather than an
+    all-gather's (n-1)/n·B (nccl-tests doc/PERFORMANCE.md: bus bandwidth = algorithm bandwidth for
+    Broadcast and Reduce, (n-1)/n of it for AllGather and ReduceScatter), and n-1 latency steps
+    along the chain. gloo's reduce (HardwareSpec.collectives; gloo/reduce.cc) is a ring
+    reduce-scatter and then a gather of the reduced chunks into the root: 2(n-1)/n·B, an
+    all-reduce's bytes, in n steps. Zero with one rank or nothing to move."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
     bw, lat = span if span is not None else group_span(hw, n, stride)
     lat = lat + hw.efficiency.collective_step_us * 1e-6
-    return np.where((n > 1) & (nbytes > 0), nbytes / bw + (n - 1) * lat, 0.0)
+    if reduce and hw.collectives == "gloo":
+        t = 2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw + n * lat
+    else:
+        t = nbytes / bw + (n - 1) * lat
+    return np.where((n > 1) & (nbytes > 0), t, 0.0)
 
 
 def p2p(hw: HardwareSpec, nbytes, stride):

@@ -130,7 +130,7 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
         # reduces each bucket to its owner and every owner broadcasts its share, one after another,
         # each a rooted collective that moves its whole buffer through the root (comm.rooted): all
         # the gradients, then all the parameters, at the bus rate
-        rs_half = np.where(lay.unfused, both(comm.rooted, gb), rs_half)
+        rs_half = np.where(lay.unfused, both(comm.rooted, gb, True), rs_half)
         ag = np.where(lay.unfused, both(comm.rooted, wb), ag)
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     apart = (lay.pp - 1) * (lay.gpus // lay.pp)

@@ -6,7 +6,7 @@ Frontier). Every figure in a bundled YAML carries its source next to it.
 """
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, model_validator
 
@@ -242,7 +242,7 @@ class Host(_Strict):
 
 
 class HardwareSpec(_Optional):
-    _OMIT_AT_DEFAULT = ("host",)
+    _OMIT_AT_DEFAULT = ("host", "collectives")
 
     name: str = Field(min_length=1)
     source: str = ""
@@ -255,6 +255,11 @@ class HardwareSpec(_Optional):
     memory_overhead_gib: float = Field(2.0, ge=0, description="framework/allocator reserve per GPU, GiB")
     host: Optional[Host] = Field(None, description="host memory for optimizer-state and activation offload "
                                  "(None: the spec prices no offload)")
+    collectives: Literal["nccl", "gloo"] = Field(
+        "nccl", description="the collective library the runtime uses on this machine, whose algorithm prices a "
+        "reduce to one root (cost/comm.py rooted): nccl (NCCL, RCCL: a pipelined chain, the whole buffer "
+        "through the root once) or gloo (torch's CPU backend, gloo/reduce.cc: a ring reduce-scatter, then "
+        "every rank sends its reduced chunk to the root, 2(n-1)/n of the buffer twice, as an all-reduce)")
 
     @model_validator(mode="after")
     def _topology(self):
