@@ -12,7 +12,10 @@ over rounds of each run's median step is the measured time. Printed: measured an
 step per stage, and each stage's step over ZeRO-0's, measured beside predicted -- the
 comparison that says whether the planner prices the traffic piper-train's ZeRO issues: ZeRO-1
 all-reduces the fp32 gradients as ZeRO-0 does and then broadcasts each owner's fp32 parameters;
-ZeRO-2 reduces each bucket to its owner, then broadcasts the same way."""
+ZeRO-2 reduces each bucket to its owner, then broadcasts the same way. --replicas R (default 2;
+1: none) adds ZeRO-1 and ZeRO-2 hybrid-sharded over R copies of --ranks / R ranks (labelled
+1xR, 2xR): the broadcasts and ZeRO-2's reduces run within a shard, and ZeRO-2's owners then
+all-reduce their sums across the copies."""
 from __future__ import annotations
 
 import argparse
@@ -29,13 +32,15 @@ WIDE = dict(name="wide-dense-cpu", source="Piper benchmark model (inline in zero
             hidden_size=1024, num_heads=8, vocab_size=4096, seq_len=16, ffn_size=4096, tied_embeddings=False)
 
 
-def plans(ranks: int):
+def plans(ranks: int, replicas: int = 1) -> dict[str, object]:
+    """label -> plan: ZeRO 0, 1, 2 and, with replicas > 1, ZeRO 1 and 2 over `replicas` shards."""
     m, hw = ModelSpec(**WIDE), load_hardware("cpu-local")
-    out = []
-    for zero in (0, 1, 2):
+    stages = [(0, 1), (1, 1), (2, 1)] + ([(1, replicas), (2, replicas)] if replicas > 1 else [])
+    out = {}
+    for zero, r in stages:
         lay = Layout(gpus=ranks, dp=ranks, mbs=1, global_batch=ranks, seq=16, dtype="bf16", zero=zero,
-                     fused_kernels=False, sequence_parallel=False, overlap_grad_reduce=False)
-        out.append(build_plan(m, hw, lay, estimate_layout(m, hw, lay)))
+                     zero_replicas=r, fused_kernels=False, sequence_parallel=False, overlap_grad_reduce=False)
+        out[f"{zero}x{r}" if r > 1 else str(zero)] = build_plan(m, hw, lay, estimate_layout(m, hw, lay))
     return out
 
 
@@ -44,22 +49,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--replicas", type=int, default=2)
     a = ap.parse_args()
-    ps = plans(a.ranks)
-    recs = spawn_jobs([(p, TrainConfig(steps=a.steps, timeout_s=600, log_every=0)) for _ in range(a.rounds)
-                       for p in ps])
+    ps = plans(a.ranks, a.replicas)
+    labels = list(ps)
+    recs = spawn_jobs([(ps[k], TrainConfig(steps=a.steps, timeout_s=600, log_every=0)) for _ in range(a.rounds)
+                       for k in labels])
     drop = max(2, a.steps // 3)  # the first steps build kernels and buffers
-    meas = {z: statistics.median(statistics.median(r["step_time_s"] for r in recs[k * 3 + z][drop:])
-                                 for k in range(a.rounds)) for z in (0, 1, 2)}
-    pred = {z: ps[z].predicted.step_time_s for z in (0, 1, 2)}
-    print(f"wide-dense-cpu ({ps[0].model.total_params / 1e6:.1f} M parameters) on {a.ranks} gloo ranks, "
+    n = len(labels)
+    meas = {k: statistics.median(statistics.median(r["step_time_s"] for r in recs[j * n + i][drop:])
+                                 for j in range(a.rounds)) for i, k in enumerate(labels)}
+    pred = {k: ps[k].predicted.step_time_s for k in labels}
+    print(f"wide-dense-cpu ({ps['0'].model.total_params / 1e6:.1f} M parameters) on {a.ranks} gloo ranks, "
           f"{a.steps} steps x {a.rounds} rounds (median of steps {drop + 1}..{a.steps}, median over rounds)")
     print(f"{'ZeRO':>4} {'measured ms':>12} {'predicted ms':>13} {'pred dp_comm ms':>16} {'meas / ZeRO-0':>14} "
           f"{'pred / ZeRO-0':>14}")
-    for z in (0, 1, 2):
-        dp = ps[z].predicted.time_breakdown_s["dp_comm"]
-        print(f"{z:>4} {meas[z] * 1e3:12.1f} {pred[z] * 1e3:13.1f} {dp * 1e3:16.1f} {meas[z] / meas[0]:14.2f} "
-              f"{pred[z] / pred[0]:14.2f}")
+    for k in labels:
+        dp = ps[k].predicted.time_breakdown_s["dp_comm"]
+        print(f"{k:>4} {meas[k] * 1e3:12.1f} {pred[k] * 1e3:13.1f} {dp * 1e3:16.1f} {meas[k] / meas['0']:14.2f} "
+              f"{pred[k] / pred['0']:14.2f}")
 
 
 if __name__ == "__main__":

@@ -278,7 +278,6 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     if sp.runtime == "piper-train":  # its ZeRO-2 reduces in autograd hooks: no weight-split schedule
         weight_split = np.isin(np.array(SCHEDULES), WEIGHT_SPLIT)[s_idx]
         rule("piper-train: ZeRO-2 with zbv or dualpipev", on(zs == 2, 1) & on(weight_split, 4))
-        rule("piper-train: hybrid sharding beyond ZeRO-1", on(zh & (zs != 1), 1) & on(np.ones(len(k1), bool), 4))
     if sp.paper_mesh:
         rule("not the paper's PP x EP mesh (tp=1, ep=dp)", on((tp != 1) | (ep != dp), 4))
     if sp.ep_in_domain:

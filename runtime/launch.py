@@ -59,10 +59,6 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
         raise PiperError(f"{source}: layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
                          f"them, and torch's {lay.schedule} schedule accumulates its weight gradients outside "
                          f"autograd; use zero 1, or schedule gpipe, 1f1b or interleaved")
-    if lay.zero_replicas > 1 and lay.zero != 1:
-        raise PiperError(f"{source}: layout.zero_replicas = {lay.zero_replicas}: piper-train hybrid-shards ZeRO-1 "
-                         f"only (its ZeRO-{lay.zero} would need each shard's copies reconciled); use zero 1, or "
-                         "zero_replicas 1")
     refusal = model_refusal(plan.model.name, plan.model.mtp_layers)
     if refusal:
         raise PiperError(f"{source}: model.mtp_layers: {refusal}")

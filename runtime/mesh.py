@@ -39,9 +39,13 @@ class Groups:
     tp: object = None              # the stage's ranks with this rank's dp index, by tp index
     stage: object = None           # every rank of this pipeline stage (dp·tp ranks)
     # hybrid sharding (Layout.zero_replicas r > 1): this rank's ZeRO shard of its dp and edp group,
-    # the group's ranks cut into r consecutive blocks (the dp / edp groups themselves where r = 1)
+    # the group's ranks cut into r consecutive blocks (the dp / edp groups themselves where r = 1),
+    # and its copies: the r ranks at this rank's place in each shard, which own the same parameters
+    # (ZeRO-2 all-reduces the owners' sums over them; None where r = 1)
     dp_shard: object = None
     edp_shard: object = None
+    dp_copies: object = None
+    edp_copies: object = None
 
 
 def _enumerate(plan: Plan, key, order) -> list[list[int]]:
@@ -73,6 +77,7 @@ def group_lists(plan: Plan) -> dict[str, list[list[int]]]:
     if r > 1:  # each group's ranks in r consecutive blocks: the shards the planner prices (neighbours)
         for kind in ("dp", "edp"):
             out[f"{kind}_shard"] = [g[k * len(g) // r:(k + 1) * len(g) // r] for g in out[kind] for k in range(r)]
+            out[f"{kind}_copies"] = [g[k::len(g) // r] for g in out[kind] for k in range(len(g) // r)]
     first, last = plan.chunk_stage_rank(0), plan.chunk_stage_rank(plan.layout.stages - 1)
     if plan.model.tied_embeddings and first != last:
         out["emb"] = [[pp_list[first], pp_list[last]] for pp_list in out["pp"]]
@@ -91,7 +96,8 @@ def build_groups(plan: Plan, timeout_s: float) -> Groups:
                edp_rank=c.edp, pp=made["pp"], dp=made["dp"], ep=made["ep"], edp=made["edp"],
                emb=made.get("emb"), emb_ranks=emb_ranks, tp_rank=c.tp, tp_size=plan.layout.tp,
                tp=made["tp"], stage=made["stage"], dp_shard=made.get("dp_shard", made["dp"]),
-               edp_shard=made.get("edp_shard", made["edp"]))
+               edp_shard=made.get("edp_shard", made["edp"]), dp_copies=made.get("dp_copies"),
+               edp_copies=made.get("edp_copies"))
     g.mesh = _device_mesh(plan, g)
     return g
 

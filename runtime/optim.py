@@ -25,7 +25,11 @@ One call a bucket rather than a tensor: tiny-moe on 4 CPU ranks had ZeRO-2 at 57
 against ZeRO-0's 324 with one call a tensor. Two kinds wait for the
 step: tp-partial gradients (summed over tp first) and the tied embedding (summed over its two
 stages first, which run their backwards at different times). Replicas run the same schedule,
-so their hooks issue the same reductions in the same order."""
+so their hooks issue the same reductions in the same order.
+Hybrid sharding (Layout.zero_replicas r > 1) draws the owners from each of r consecutive shards
+of the group, so every shard holds each parameter's state once. ZeRO-1 still all-reduces over
+the whole group; ZeRO-2 reduces each bucket within its shard and, once a step, the owners of the
+same parameters in the r shards all-reduce their sums (torch fully_shard's HSDP reduction)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,6 +57,7 @@ class PInfo:
     counts_norm: bool   # this rank's copy enters the global norm
     shard: object             # the group its owner broadcasts it over (ZeRO): `group`, or its
     shard_ranks: list[int]    # hybrid-sharding shard of it (Layout.zero_replicas), and its ranks
+    copies: object            # hybrid sharding: the ranks owning it in every shard (None: one shard)
 
 
 def _partition(names_sizes: list[tuple[str, int]], n: int) -> dict[str, int]:
@@ -89,6 +94,7 @@ class DistOptimizer:
             # hybrid sharding: owners are drawn from this rank's shard of the group, each shard
             # holding every parameter's state once; the first shard's owners count the norm
             shard = getattr(groups, f"{kind}_shard", None) or g
+            copies = getattr(groups, f"{kind}_copies", None)
             owners = dist.get_process_group_ranks(shard)
             first_shard = ranks.index(me) < len(owners)
             part = _partition([(n, p.numel()) for n, p in items], len(owners))
@@ -97,7 +103,7 @@ class DistOptimizer:
                 counts = owner == me and first_shard and not (last_tied_copy and n == "embed.weight")
                 # a tp-replicated parameter is counted by tp rank 0 only (tp.py)
                 counts = counts and (kind == "edp" or shard_dim(p) is not None or groups.tp_rank == 0)
-                self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts, shard, owners))
+                self.infos.append(PInfo(n, p, kind == "edp", g, ranks, owner, counts, shard, owners, copies))
         self.owned = [i for i in self.infos if (i.owner == me or not zero)]
         self.opt = make_adamw([i.param for i in self.owned], lr, weight_decay, betas, eps)
         self._sums: dict[int, torch.Tensor] = {}  # ZeRO-2: id(param) -> the owner's reduced sum so far
@@ -142,7 +148,7 @@ class DistOptimizer:
         members = [i for i in self._buckets[key] if id(i.param) in pend]
         grads = [pend[id(i.param)] for i in members]
         flat = _flatten_dense_tensors(grads)
-        dist.reduce(flat, dst=key[2], group=members[0].group)
+        dist.reduce(flat, dst=key[2], group=members[0].shard)  # the owner's shard (hybrid: copies later)
         if dist.get_rank() == key[2]:
             for i, g in zip(members, _unflatten_dense_tensors(flat, grads)):
                 s = self._sums.get(id(i.param))
@@ -182,13 +188,18 @@ class DistOptimizer:
             if infos and len(infos[0].group_ranks) > 1:
                 if self.zero >= 2:
                     left = [i for i in infos if id(i.param) not in self.hooked]
-                    for owner in infos[0].group_ranks:
+                    for owner in infos[0].shard_ranks:
                         mine = [i for i in left if i.owner == owner]
                         if mine:
-                            _reduce([i.param.grad for i in mine], owner, infos[0].group)
+                            _reduce([i.param.grad for i in mine], owner, infos[0].shard)
                     for i in infos:
                         if i.owner != me:
                             i.param.grad = None
+                    if infos[0].copies is not None:  # hybrid: each shard's owner holds its shard's sum;
+                        # the owners of the same parameters in every shard add theirs (HSDP's all-reduce)
+                        mine = [i.param.grad for i in infos if i.owner == me]
+                        if mine:
+                            _allreduce(mine, infos[0].copies)
                 else:
                     _allreduce([i.param.grad for i in infos], infos[0].group)
             if self.dp > 1:

@@ -150,9 +150,11 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     a shard's s = group / r neighbouring ranks reduce-scatter the gradients and all-gather the
     parameters among themselves (a dense group's s ranks tp apart, an expert group's s at its
     stride), and the r copies of each shard, s group strides apart, all-reduce their reduced shard
-    (1/s of the gradients) once a step. piper-train (eager) keeps its ZeRO-1 all-reduce over the
-    whole group (dp_comm_time) and its owners broadcast over their shard alone (comm.rooted): no
-    copies to reconcile. Rows with r = 1 keep `coll`."""
+    (1/s of the gradients) once a step. piper-train (eager) moves whole parameters through owners
+    drawn from the shard (comm.rooted): its ZeRO-1 keeps the all-reduce over the whole group
+    (dp_comm_time), so it has no copies to reconcile; its ZeRO-2 reduces each bucket to its owner
+    within the shard and the owners of the same parameters all-reduce their sums across the r
+    copies, 1/s of the gradients as above. Rows with r = 1 keep `coll`."""
     on = lay.zrep > 1
     if not on.any():
         return coll
@@ -170,11 +172,14 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
           + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
     wb = weight_bytes(lay, eb)
-    ag = shard(rep * wb, exp * wb, 0.5)
+    ag, rs = shard(rep * wb, exp * wb, 0.5), shard(rep * gb, exp * gb, 0.5)
     if lay.unfused.any():
-        ag = np.where(lay.unfused, comm.rooted(hw, rep * wb, s_d, st_d) + comm.rooted(hw, exp * wb, s_e, st_e), ag)
-        ar = np.where(lay.unfused, 0.0, ar)
-    return Collectives(coll.rs_full, np.where(on, shard(rep * gb, exp * gb, 0.5), coll.rs_half),
+        def rooted(nbytes_d, nbytes_e, reduce):  # through the owners, over the shard's ranks
+            return comm.rooted(hw, nbytes_d, s_d, st_d, reduce) + comm.rooted(hw, nbytes_e, s_e, st_e, reduce)
+        ag = np.where(lay.unfused, rooted(rep * wb, exp * wb, False), ag)
+        rs = np.where(lay.unfused, rooted(rep * gb, exp * gb, True), rs)
+        ar = np.where(lay.unfused & (lay.zero == 1), 0.0, ar)
+    return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
                        np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied)
 
 
@@ -236,7 +241,8 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
         dpn, edpn = lay.dpcp.astype(float), edp.astype(float)
         own_d, own_e = lay.zero_shard(dpn), lay.zero_shard(edpn)  # a shard's owners
         gather = np.where(lay.zero >= 1, np.where(own_d > 1, own_d, 0.0) + np.where(own_e > 1, own_e, 0.0), 0.0)
-        copies = (lay.zrep > 1) * ((dpn > 1) + (edpn > 1))  # hybrid sharding's all-reduce of each shard
+        # hybrid sharding's all-reduce of each shard (none in piper-train's ZeRO-1: reduced whole)
+        copies = ((lay.zrep > 1) & ~(lay.unfused & (lay.zero == 1))) * ((dpn > 1) + (edpn > 1))
         t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + copies + (lay.gpus > 1) + (np.asarray(coll.tied) > 0))
     return t_dp
 
