@@ -77,7 +77,8 @@ def group_lists(plan: Plan) -> dict[str, list[list[int]]]:
     if r > 1:  # each group's ranks in r consecutive blocks: the shards the planner prices (neighbours)
         for kind in ("dp", "edp"):
             out[f"{kind}_shard"] = [g[k * len(g) // r:(k + 1) * len(g) // r] for g in out[kind] for k in range(r)]
-            out[f"{kind}_copies"] = [g[k::len(g) // r] for g in out[kind] for k in range(len(g) // r)]
+            if plan.layout.zero >= 2:  # ZeRO-1 all-reduces over the whole group: no copies to reconcile
+                out[f"{kind}_copies"] = [g[k::len(g) // r] for g in out[kind] for k in range(len(g) // r)]
     first, last = plan.chunk_stage_rank(0), plan.chunk_stage_rank(plan.layout.stages - 1)
     if plan.model.tied_embeddings and first != last:
         out["emb"] = [[pp_list[first], pp_list[last]] for pp_list in out["pp"]]

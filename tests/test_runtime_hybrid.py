@@ -26,6 +26,18 @@ def _plan(replicas: int, zero: int = 1):
     return make_plan(load_model("tiny-moe"), load_hardware("cpu-local"), lay)
 
 
+def test_a_shard_s_copies_are_the_ranks_at_its_place_in_every_shard():
+    from piper_runtime.mesh import group_lists
+
+    lay = Layout(gpus=8, dp=8, mbs=1, global_batch=8, seq=16, zero=2, zero_replicas=2, fused_kernels=False,
+                 overlap_grad_reduce=False)
+    g = group_lists(make_plan(load_model("tiny-dense"), load_hardware("cpu-local"), lay))
+    assert g["dp_shard"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert g["dp_copies"] == [[0, 4], [1, 5], [2, 6], [3, 7]]  # the owners of the same parameters
+    g1 = group_lists(make_plan(load_model("tiny-dense"), load_hardware("cpu-local"), lay.model_copy(update={"zero": 1})))
+    assert "dp_copies" not in g1 and g1["dp_shard"] == g["dp_shard"]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hybrid")
