@@ -174,6 +174,10 @@ def layout_options(fn):
                      help="what selective recompute re-runs, comma-separated (Megatron-Core --recompute-modules): "
                      "core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts"),
         click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True),
+        click.option("--p2p-scatter-gather/--no-p2p-scatter-gather", default=False, show_default=True,
+                     help="without sequence parallelism: each tensor-parallel rank sends 1/tp of a stage boundary's "
+                     "activation and the next stage all-gathers it (Megatron-LM --scatter-gather-tensors-in-pipeline, "
+                     "its default before Megatron-Core)"),
         click.option("--zero", type=click.IntRange(0, 3), default=1, show_default=True),
         click.option("--zero-replicas", type=POSITIVE, default=1, show_default=True,
                      help="hybrid sharding: copies of each ZeRO shard, each shard over dp·cp / N neighbouring ranks "
@@ -297,6 +301,7 @@ def _layout_from(kw, model):
                   global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],
                   sequence_parallel=kw["sequence_parallel"] and tp > 1,  # as search writes it: no-op at tp 1
+                  p2p_scatter_gather=kw["p2p_scatter_gather"] and tp > 1,
                   recompute_modules=modules,
                   zero=kw["zero"], zero_replicas=kw["zero_replicas"], reshard_after_forward=kw["reshard_after_forward"],
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],

@@ -132,6 +132,13 @@ class Layout(BaseModel):
         None, ge=1, description="compute units (SMs) an overlapped all-to-all's kernels hold while the compute "
         "beside them runs on the rest (Megatron-Core --moe-hybridep-num-sms; DeepEP's num_sms); None: the "
         "hardware spec's efficiency.overlap_comm_units")
+    p2p_scatter_gather: bool = Field(
+        False, description="without sequence parallelism, each tensor-parallel rank sends 1/tp of a stage "
+        "boundary's activation (and of its gradient) and the receiving stage all-gathers it over its "
+        "tensor-parallel group, so the slower inter-node link carries 1/tp of the bytes (Megatron-LM "
+        "--scatter-gather-tensors-in-pipeline, on by default before Megatron-Core; Narayanan et al. 2021 §4.1). "
+        "With sequence parallelism the activation is already split; false: every tensor-parallel rank sends it "
+        "whole (Megatron-Core, piper-train)")
     dropout: bool = Field(False, description="dropout on (adds masks to memory and elementwise time)")
     overlap_grad_reduce: bool = Field(True, description="data-parallel gradient reduction overlapped with "
                                       "the last micro-batch's backward (Megatron-Core --overlap-grad-reduce)")

@@ -47,6 +47,8 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("recompute_modules", (("core_attn",),), "--selective", "piper-train's selective recompute "
             "re-runs the attention core only"),
     Support("dropout", (False,), "--dropout", "dropout is not implemented by piper-train"),
+    Support("p2p_scatter_gather", (False,), "--p2p-scatter-gather", "piper-train sends a stage boundary's "
+            "activation whole from every tensor-parallel rank"),
     Support("optimizer_offload", (0.0,), "--optimizer-offload", "piper-train keeps and steps its optimizer "
             "state on the device"),
     Support("offload_layers", (0,), "--offload-layers", "piper-train keeps saved activations on the device"),

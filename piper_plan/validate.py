@@ -255,7 +255,8 @@ def _layout(row) -> Layout:
     if rc == "per recipe":  # the recipe's Megatron-Core --recompute-modules (the csv's recompute_modules)
         modules = tuple(x for x in row["recompute_modules"].split("+") if x and x != "none")
         recompute = "selective" if modules else "none"
-    sp = "seqpar" in rc or not row["group"].startswith(("narayanan", "korthikanti"))
+    megatron_lm = row["group"].startswith(("narayanan", "korthikanti"))  # Megatron-LM of 2021-22
+    sp = "seqpar" in rc or not megatron_lm
     sched = "interleaved" if vpp > 1 else "1f1b"
     mbs = _i(row["mbs"], 1)
     # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
@@ -266,6 +267,9 @@ def _layout(row) -> Layout:
                   recompute_layers=_i(row.get("recompute_layers"), 0) if recompute == "full" else 0,
                   recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),
+                  # its p2p scattered each stage boundary's activation over tp and all-gathered it
+                  # (--scatter-gather-tensors-in-pipeline, default on; Narayanan 2021 §4.1, Fig. 18)
+                  p2p_scatter_gather=megatron_lm and tp > 1,
                   fp8=_FP8.get(row["precision"], "none"),
                   optimizer_offload=float(row.get("optimizer_offload") or 0.0),
                   offload_layers=_i(row.get("offload_layers"), 0),
