@@ -178,6 +178,10 @@ def layout_options(fn):
                      help="without sequence parallelism: each tensor-parallel rank sends 1/tp of a stage boundary's "
                      "activation and the next stage all-gathers it (Megatron-LM --scatter-gather-tensors-in-pipeline, "
                      "its default before Megatron-Core)"),
+        click.option("--tp-async-dgrad/--no-tp-async-dgrad", default=True, show_default=True,
+                     help="without sequence parallelism: each column-parallel layer's input-gradient all-reduce "
+                     "runs beside its weight-gradient GEMM (Megatron --async-tensor-model-parallel-allreduce, "
+                     "default since 2022); off: each waits in turn"),
         click.option("--zero", type=click.IntRange(0, 3), default=1, show_default=True),
         click.option("--zero-replicas", type=POSITIVE, default=1, show_default=True,
                      help="hybrid sharding: copies of each ZeRO shard, each shard over dp·cp / N neighbouring ranks "
@@ -301,7 +305,7 @@ def _layout_from(kw, model):
                   global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],
                   sequence_parallel=kw["sequence_parallel"] and tp > 1,  # as search writes it: no-op at tp 1
-                  p2p_scatter_gather=kw["p2p_scatter_gather"] and tp > 1,
+                  p2p_scatter_gather=kw["p2p_scatter_gather"] and tp > 1, tp_async_dgrad=kw["tp_async_dgrad"],
                   recompute_modules=modules,
                   zero=kw["zero"], zero_replicas=kw["zero_replicas"], reshard_after_forward=kw["reshard_after_forward"],
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],

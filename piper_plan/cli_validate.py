@@ -189,12 +189,13 @@ def _bundled_checks() -> dict:
     """The kernel, all-to-all, MoE-layer and full-model checks of the bundled specs against
     the bundled measurement tables (validate_kernels, validate_bounds), as validate --json has them."""
     from .validate_bounds import full_model_bounds
-    from .validate_kernels import (a2a_check, b200_gemm_checks, gemm_check, implied_gemm, moe_layer_check,
-                                   rccl_node_check, te_gemm_check)
+    from .validate_kernels import (a2a_check, b200_gemm_checks, gemm_check, implied_gemm, layer_time_check,
+                                   moe_layer_check, rccl_node_check, te_gemm_check)
 
     return {"gemm_h100_xla": gemm_check(), "gemm_b200_xla": b200_gemm_checks(), "gemm_te_b300": te_gemm_check(),
             "a2a_mcore_table7": a2a_check(), "a2a_rccl_mi250x_node": rccl_node_check(),
             "moe_layer_piper_frontier": {"rows": moe_layer_check(), "implied_gemm": implied_gemm()},
+            "layer_korthikanti_table4": layer_time_check(),
             "full_models_piper_frontier": full_model_bounds()}
 
 
@@ -210,6 +211,7 @@ def _show_bundled_checks(c: dict) -> None:
 
     gemm, b200, te_gemm, a2a = c["gemm_h100_xla"], c["gemm_b200_xla"], c["gemm_te_b300"], c["a2a_mcore_table7"]
     rccl, layer, bounds = c["a2a_rccl_mi250x_node"], c["moe_layer_piper_frontier"], c["full_models_piper_frontier"]
+    kt = c["layer_korthikanti_table4"]
     x = Table(title="GEMM kernel model vs measured GEMMs (OpenXLA's matmul tables, 375 shapes each: "
                     "H100 bf16; B200 bf16 and FP8)")
     for c in ("GPU", "dtype", "measured time", "shapes", "predicted/measured median", "10-90%",
@@ -241,6 +243,14 @@ def _show_bundled_checks(c: dict) -> None:
     for r in rccl:
         rc.add_row(f"{r['bytes_per_peer']:,.0f}", f"{r['measured_us']:g}", f"{r['min_us']:g}-{r['max_us']:g}",
                    f"{r['predicted_us']:.1f}", f"{100 * (r['predicted_us'] / r['measured_us'] - 1):+.0f}%")
+    kl = Table(title="layer model vs Korthikanti 2022 Table 4: one layer of their 22B GPT on 8 A100s (TP 8, "
+                     "micro-batch 4 of 2,048 tokens), forward and backward ms")
+    for c in ("experiment", "measured fwd", "predicted fwd", "measured bwd", "predicted bwd", "error (fwd+bwd)"):
+        kl.add_column(c)
+    for r in kt:
+        meas, pred = r["measured_fwd_ms"] + r["measured_bwd_ms"], r["predicted_fwd_ms"] + r["predicted_bwd_ms"]
+        kl.add_row(r["experiment"], f"{r['measured_fwd_ms']:g}", f"{r['predicted_fwd_ms']:.2f}",
+                   f"{r['measured_bwd_ms']:g}", f"{r['predicted_bwd_ms']:.2f}", f"{100 * (pred / meas - 1):+.1f}%")
     ml = Table(title="MoE block model vs Piper's single MoE layer on one Frontier node (brief §5: router, experts "
                      "and the node's all-to-all, EP 8, 4096 tokens a GCD assumed)")
     for c in ("model", "published TFLOPS", "predicted", "error", "plateau fit"):
@@ -258,7 +268,7 @@ def _show_bundled_checks(c: dict) -> None:
     for r in bounds:
         fb.add_row(r["model"], f"{r['published']:g}", f"{r['best_predicted']:.1f}", str(r["gcds"]), r["layout"],
                    "yes" if r["reaches"] else "NO")
-    report.show([x, b, a, rc, ml])
+    report.show([x, b, a, rc, kl, ml])
     click.echo(f"GEMM plateau at which those rates agree on average: {layer['implied_gemm']:.3f} of peak "
                f"(the spec: {layer['rows'][0]['gemm']:g}; validation/README.md, Frontier's two GEMM sources)")
     report.show([fb])

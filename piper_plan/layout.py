@@ -132,6 +132,13 @@ class Layout(BaseModel):
         None, ge=1, description="compute units (SMs) an overlapped all-to-all's kernels hold while the compute "
         "beside them runs on the rest (Megatron-Core --moe-hybridep-num-sms; DeepEP's num_sms); None: the "
         "hardware spec's efficiency.overlap_comm_units")
+    tp_async_dgrad: bool = Field(
+        True, description="without sequence parallelism, each column-parallel linear layer's input-gradient "
+        "all-reduce runs while the layer computes its weight gradient (Megatron's "
+        "--async-tensor-model-parallel-allreduce, on by default since 2022 in Megatron-LM, Megatron-Core and "
+        "Megatron-DeepSpeed: LinearWithGradAccumulationAndAsyncCommunication; Korthikanti et al. 2022 §6.2), "
+        "so a backward all-reduce exposes only what that GEMM does not cover. False: each waits in turn (the "
+        "Megatron-LM of 2021). Fused runtimes only: piper-train's tensor-parallel collectives are synchronous")
     p2p_scatter_gather: bool = Field(
         False, description="without sequence parallelism, each tensor-parallel rank sends 1/tp of a stage "
         "boundary's activation (and of its gradient) and the receiving stage all-gathers it over its "

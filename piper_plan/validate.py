@@ -270,6 +270,9 @@ def _layout(row) -> Layout:
                   # its p2p scattered each stage boundary's activation over tp and all-gathered it
                   # (--scatter-gather-tensors-in-pipeline, default on; Narayanan 2021 §4.1, Fig. 18)
                   p2p_scatter_gather=megatron_lm and tp > 1,
+                  # the backward's async all-reduce beside the weight gradient is Korthikanti 2022's
+                  # (§6.2: "an optimization in the backward pass"); Narayanan 2021's code waited
+                  tp_async_dgrad=not row["group"].startswith("narayanan"),
                   fp8=_FP8.get(row["precision"], "none"),
                   optimizer_offload=float(row.get("optimizer_offload") or 0.0),
                   offload_layers=_i(row.get("offload_layers"), 0),
@@ -327,10 +330,13 @@ def _xmoe_settings(row) -> dict:
     sequence only inside the MoE block, which the cost model does for every tp > 1); the local
     experts' GEMMs one after another (deepspeed/moe/experts.py Experts.forward: `for expert in
     self.deepspeed_experts: out = expert(chunk)` on the uneven-token path --use-pft takes); the
-    gate weights scale the expert outputs at the combine (DeepSpeed-MoE's combine einsum)."""
+    gate weights scale the expert outputs at the combine (DeepSpeed-MoE's combine einsum); the
+    backward's tensor-parallel all-reduces one after another (the fork's megatron/arguments.py:
+    "currently DeepSpeed seems to be incompatible with async_tensor_model_parallel_allreduce thus
+    temporarily disabling it", `if args.deepspeed`)."""
     return dict(zero=_i(row.get("zero_stage"), 1), pp=1, overlap_grad_reduce=False, dtype="fp16",
                 grad_dtype="bf16", dropout=True, sequence_parallel=False,
-                expert_gemm="loop", expert_probs="combine")
+                expert_gemm="loop", expert_probs="combine", tp_async_dgrad=False)
 
 
 def _xmoe_flops_per_token(m, seq: int) -> float:

@@ -45,6 +45,14 @@ plateau (efficiency.gemm) at which the six agree on average: a check of the spec
 a setting of it. Those six are the table's fit=yes rows; Kimi K2 (fit=no), given a spec after
 the plateau was set, is priced at the spec's plateau out of sample.
 
+validation/layer_korthikanti_table4.csv: the forward and backward milliseconds of one transformer
+layer of Korthikanti et al.'s 22B GPT (TP 8 on one DGX A100 node, micro-batch 4 of 2,048 tokens)
+without recompute, with full and with selective recompute, each with and without sequence
+parallelism (their Table 4). `layer_time_check` prices that layer as the step model does (its
+compute and exposed tensor-parallel collectives per micro-batch, recompute in the backward),
+with their runs' eager attention and dropout: a check of the A100 layer model, and of what
+recompute costs, apart from any pipeline, data parallelism or batch.
+
 The GEMM tables time kernels for fractions of a second (TE: 10 warmup + 100 timed iterations a
 shape), before a GPU's clock settles at its power limit, so they are priced at the burst rate
 (kernels.burst); training steps take efficiency.sustained_matmul on top.
@@ -230,3 +238,25 @@ def implied_gemm(path: Path | None = None) -> float:
         return float(np.mean([np.log(r["predicted"] / r["published"]) for r in _priced_layers(rows, g)]))
 
     return float(brentq(log_gap, 0.3, 0.95, xtol=1e-4))
+
+
+def layer_time_check(path: Path | None = None) -> list[dict]:
+    """One row per experiment of layer_korthikanti_table4.csv: measured and predicted forward and
+    backward ms of one dense layer (cost.layer._layer_costs: compute plus the exposed
+    tensor-parallel collectives, the backward with its recompute)."""
+    from .cost.layer import _layer_costs
+    from .evaluate import Routing
+
+    out = []
+    for r in read_table(path or TABLES / "layer_korthikanti_table4.csv"):
+        m, hw = load_model(r["model_spec"]), load_hardware(r["hardware_spec"])
+        lay = Layout(gpus=8, tp=8, dp=1, mbs=4, global_batch=4, seq=2048, recompute=r["recompute"],
+                     sequence_parallel=r["sequence_parallel"] == "yes", attention_kernel="eager", dropout=True)
+        lc = _layer_costs(m, hw, from_layouts([lay]), Routing(), "bf16")
+        ph = lc["dense"] + lc["dense_comm"]
+        out.append({"experiment": r["experiment"], "recompute": r["recompute"],
+                    "sequence_parallel": r["sequence_parallel"] == "yes",
+                    "measured_fwd_ms": float(r["forward_ms"]), "measured_bwd_ms": float(r["backward_ms"]),
+                    "predicted_fwd_ms": float(ph.f[0]) * 1e3,
+                    "predicted_bwd_ms": float(ph.b[0] + ph.w[0] + ph.r[0]) * 1e3})
+    return out

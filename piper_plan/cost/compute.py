@@ -188,6 +188,18 @@ def tp_overlappable(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     return attn, _sum(_linears(hw, dtype, lay.act_bytes, *_ffn_shapes(m, lay)))
 
 
+def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """(attention block, dense FFN) weight-gradient seconds per micro-batch of the column-parallel
+    linear layers, whose input-gradient all-reduce runs beside them (Layout.tp_async_dgrad): q/k/v
+    (MLA's up projections too) and the FFN's up (and gate) projection; not the row-parallel
+    output and down projections."""
+    attn = _linears(hw, dtype, lay.act_bytes, *_attention_shapes(m, lay))[:-1]
+    w_attn = _sum(attn).w if attn else np.zeros(len(lay))
+    if not m.ffn_size:
+        return w_attn, np.zeros(len(lay))
+    return w_attn, _linears(hw, dtype, lay.act_bytes, *_ffn_shapes(m, lay))[0].w
+
+
 def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
     """softmax(QK^T)V of one layer for one micro-batch on a rank: its tokens' queries against the
     whole sequence's keys. Fused kernels skip masked blocks (causal half, sliding windows); under

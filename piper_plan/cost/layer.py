@@ -16,7 +16,7 @@ from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
 from .batch import LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
-from .compute import (Phase, attention_phase, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
+from .compute import (Phase, attention_phase, column_wgrad, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
                       tp_overlappable)
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
@@ -177,10 +177,23 @@ def _tp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, tp
     reduce-scatters after the projections by ring exchange or a pipelined GEMM, the backward's by
     bulk overlap with the dgrad and wgrad GEMMs, Megatron-Bridge's TransformerLayerTPOverlapCfg),
     so only what the block's linear layers cannot cover stays exposed. The SMs some of those
-    methods hold (1-24 of a GPU's in the published configs) are not priced."""
+    methods hold (1-24 of a GPU's in the published configs) are not priced. Without either and
+    without sequence parallelism, a fused runtime's backward all-reduces the input gradient of
+    each column-parallel layer (q/k/v, the FFN's up projection) while that layer computes its
+    weight gradient (Layout.tp_async_dgrad), so each exposes only what the GEMM leaves; with
+    sequence parallelism the backward's all-gathers and reduce-scatters stay priced exposed, as
+    Korthikanti et al. 2022 measure them (their Table 4: a layer's backward 11.8 ms with it,
+    11.9 without; §6.2: a reduce-scatter and an all-gather run slower than the all-reduce they
+    replace; validation/layer_korthikanti_table4.csv)."""
     z = np.zeros(len(lay))
     dense, moe = Phase(2 * tp_ar, 2 * tp_ar, z, z), Phase(tp_ar, tp_ar, z, z)
     on = lay.tp_overlap & (lay.tp > 1)
+    beside = lay.tp_async & ~lay.sp & ~lay.unfused & ~on & (lay.tp > 1)
+    if beside.any():
+        w_attn, w_ffn = column_wgrad(m, hw, lay, dtype)
+        left_attn = np.maximum(tp_ar - w_attn, 0.0)
+        dense = Phase(dense.f, np.where(beside, left_attn + np.maximum(tp_ar - w_ffn, 0.0), dense.b), z, z)
+        moe = Phase(moe.f, np.where(beside, left_attn, moe.b), z, z)
     if not on.any():
         return dense, moe
     lin_a, lin_f = tp_overlappable(m, hw, lay, dtype)
@@ -297,7 +310,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
 def _dense_key(lay: LayoutBatch) -> tuple:
     """The columns _dense_block reads."""
     return (lay.mbs, lay.seq, lay.cp, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager,
-            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap)
+            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async)
 
 
 def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:
