@@ -34,7 +34,8 @@ def test_a_shard_s_copies_are_the_ranks_at_its_place_in_every_shard():
     g = group_lists(make_plan(load_model("tiny-dense"), load_hardware("cpu-local"), lay))
     assert g["dp_shard"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert g["dp_copies"] == [[0, 4], [1, 5], [2, 6], [3, 7]]  # the owners of the same parameters
-    g1 = group_lists(make_plan(load_model("tiny-dense"), load_hardware("cpu-local"), lay.model_copy(update={"zero": 1})))
+    one = lay.model_copy(update={"zero": 1})
+    g1 = group_lists(make_plan(load_model("tiny-dense"), load_hardware("cpu-local"), one))
     assert "dp_copies" not in g1 and g1["dp_shard"] == g["dp_shard"]
 
 

@@ -87,7 +87,7 @@ class LayoutBatch:
     a2a_overlap: np.ndarray  # bool: all-to-all hidden behind another micro-batch's compute (Layout.a2a_overlap)
     a2a_sms: np.ndarray      # compute units an overlapped all-to-all holds (Layout.a2a_sms; 0: the spec's)
     tp_overlap: np.ndarray   # bool: tensor-parallel collectives pipelined with the GEMMs (Layout.tp_comm_overlap)
-    p2p_sg: np.ndarray       # bool: stage-boundary messages scattered over tp and all-gathered (Layout.p2p_scatter_gather)
+    p2p_sg: np.ndarray       # bool: boundary messages scattered over tp, then gathered (Layout.p2p_scatter_gather)
     tp_async: np.ndarray     # bool: backward tp all-reduces behind the weight-gradient GEMMs (Layout.tp_async_dgrad)
     attn_fp8: np.ndarray     # bool: fused attention in FP8 (Layout.attention_fp8)
     graphs: np.ndarray      # Layout.cuda_graphs as bits of GRAPH_SCOPES

@@ -190,9 +190,9 @@ def tp_overlappable(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
 
 def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """(attention block, dense FFN) weight-gradient seconds per micro-batch of the column-parallel
-    linear layers, whose input-gradient all-reduce runs beside them (Layout.tp_async_dgrad): q/k/v
-    (MLA's up projections too) and the FFN's up (and gate) projection; not the row-parallel
-    output and down projections."""
+    linear layers, whose input-gradient all-reduce runs beside them (Layout.tp_async_dgrad): every
+    attention linear but the row-parallel output projection (q/k/v; MLA's down and up projections)
+    and the FFN's up (and gate) projection, not its row-parallel down projection."""
     attn = _linears(hw, dtype, lay.act_bytes, *_attention_shapes(m, lay))[:-1]
     w_attn = _sum(attn).w if attn else np.zeros(len(lay))
     if not m.ffn_size:

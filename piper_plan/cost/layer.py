@@ -16,8 +16,8 @@ from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
 from .batch import LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
-from .compute import (Phase, attention_phase, column_wgrad, core_attention, embedding_phase, ffn_phase, lm_head_phase, moe_phase,
-                      tp_overlappable)
+from .compute import (Phase, attention_phase, column_wgrad, core_attention, embedding_phase, ffn_phase, lm_head_phase,
+                      moe_phase, tp_overlappable)
 from .imbalance import expert_popularity, imbalance
 from .kernels import stream_time
 from .memory import layer_params_per_rank
