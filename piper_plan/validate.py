@@ -268,7 +268,8 @@ def _layout(row) -> Layout:
                   recompute_modules=modules or ("core_attn",),
                   sequence_parallel=sp, pipeline_split=_split(row),
                   # its p2p scattered each stage boundary's activation over tp and all-gathered it
-                  # (--scatter-gather-tensors-in-pipeline, default on; Narayanan 2021 §4.1, Fig. 18)
+                  # (--scatter-gather-tensors-in-pipeline, default on; Narayanan 2021 §4.1, §5.1:
+                  # "with the scatter/gather optimization enabled")
                   p2p_scatter_gather=megatron_lm and tp > 1,
                   # the backward's async all-reduce beside the weight gradient is Korthikanti 2022's
                   # (§6.2: "an optimization in the backward pass"); Narayanan 2021's code waited
