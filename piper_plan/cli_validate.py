@@ -18,6 +18,11 @@ from .clitypes import one_line_errors
               "README.md: id, group, model, hardware, gpus, seq, metric, value and the layout columns); a model "
               "without a bundled spec is built from its architecture columns (piper_plan/validate_rows.py). "
               "Default: the bundled validation/published.csv")
+@click.option("--layer-table", "layer_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="a csv of single-layer times you measured (validation/layer_korthikanti_table4.csv's schema: "
+              "experiment, model_spec, hardware_spec, tp, mbs, seq, recompute, sequence_parallel, forward_ms, "
+              "backward_ms; optional attention, dropout, dtype, async_allreduce): each layer priced as the step "
+              "model prices it, beside your figures")
 @click.option("--group", default=None, help="only this group (e.g. narayanan2021-table1)")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--explain", "explain_id", default=None, help="one row in full: its settings, predicted breakdown "
@@ -39,7 +44,7 @@ from .clitypes import one_line_errors
               help="also draw the priced rows to this PNG: predicted against published with the ±20 / ±35 %% "
               "bands, and the signed throughput errors of the dense and MoE rows")
 @one_line_errors
-def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals, output,
+def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals, output,
                  plot_path):
     """Predicted vs published measurements, with errors per group."""
     from rich.table import Table
@@ -50,7 +55,8 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
 
     # one answer a call: a mode other than the plain pass, and --blind / --plot only beside that pass
     modes = [flag for flag, on in (("--explain", explain_id), ("--sensitivity", sensitivity),
-                                   ("--batch-scan", batch_scan), ("--residuals", residuals)) if on]
+                                   ("--batch-scan", batch_scan), ("--residuals", residuals),
+                                   ("--layer-table", layer_path)) if on]
     if len(modes) > 1:
         raise click.UsageError(f"{' and '.join(modes)}: one of them a call")
     if blind and (table_path or modes):
@@ -63,6 +69,17 @@ def validate_cmd(table_path, group, as_json, explain_id, sensitivity, batch_scan
         if path is not None:
             check_writable(path, what)
     emit = functools.partial(_emit_json, output=output)
+    if layer_path is not None:
+        if table_path or group or blind or plot_path:
+            raise click.UsageError("--layer-table prices its own table: not with --table, --group, --blind or --plot")
+        from .validate_kernels import layer_time_check
+
+        rows = layer_time_check(layer_path)
+        if as_json:
+            emit(rows)
+        else:
+            report.show([_layer_table(rows, f"layer model vs {layer_path}: forward and backward ms")])
+        return
     if group is not None:
         check_group(group, table_path)
     if residuals:
@@ -199,6 +216,20 @@ def _bundled_checks() -> dict:
             "full_models_piper_frontier": full_model_bounds()}
 
 
+def _layer_table(rows: list[dict], title: str):
+    """validate_kernels.layer_time_check's rows as a table: measured and predicted ms each way."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in ("experiment", "measured fwd", "predicted fwd", "measured bwd", "predicted bwd", "error (fwd+bwd)"):
+        t.add_column(c)
+    for r in rows:
+        meas, pred = r["measured_fwd_ms"] + r["measured_bwd_ms"], r["predicted_fwd_ms"] + r["predicted_bwd_ms"]
+        t.add_row(r["experiment"], f"{r['measured_fwd_ms']:g}", f"{r['predicted_fwd_ms']:.2f}",
+                  f"{r['measured_bwd_ms']:g}", f"{r['predicted_bwd_ms']:.2f}", f"{100 * (pred / meas - 1):+.1f}%")
+    return t
+
+
 def _pct(x, sign: str = "") -> str:
     """A percentage for the tables; "-" where there is none (no priced row, nothing fits)."""
     return "-" if x is None or x != x else f"{x:{sign}.1f}%"
@@ -243,14 +274,8 @@ def _show_bundled_checks(c: dict) -> None:
     for r in rccl:
         rc.add_row(f"{r['bytes_per_peer']:,.0f}", f"{r['measured_us']:g}", f"{r['min_us']:g}-{r['max_us']:g}",
                    f"{r['predicted_us']:.1f}", f"{100 * (r['predicted_us'] / r['measured_us'] - 1):+.0f}%")
-    kl = Table(title="layer model vs Korthikanti 2022 Table 4: one layer of their 22B GPT on 8 A100s (TP 8, "
-                     "micro-batch 4 of 2,048 tokens), forward and backward ms")
-    for c in ("experiment", "measured fwd", "predicted fwd", "measured bwd", "predicted bwd", "error (fwd+bwd)"):
-        kl.add_column(c)
-    for r in kt:
-        meas, pred = r["measured_fwd_ms"] + r["measured_bwd_ms"], r["predicted_fwd_ms"] + r["predicted_bwd_ms"]
-        kl.add_row(r["experiment"], f"{r['measured_fwd_ms']:g}", f"{r['predicted_fwd_ms']:.2f}",
-                   f"{r['measured_bwd_ms']:g}", f"{r['predicted_bwd_ms']:.2f}", f"{100 * (pred / meas - 1):+.1f}%")
+    kl = _layer_table(kt, "layer model vs Korthikanti 2022 Table 4: one layer of their 22B GPT on 8 A100s (TP 8, "
+                          "micro-batch 4 of 2,048 tokens), forward and backward ms")
     ml = Table(title="MoE block model vs Piper's single MoE layer on one Frontier node (brief §5: router, experts "
                      "and the node's all-to-all, EP 8, 4096 tokens a GCD assumed)")
     for c in ("model", "published TFLOPS", "predicted", "error", "plateau fit"):

@@ -240,23 +240,98 @@ def implied_gemm(path: Path | None = None) -> float:
     return float(brentq(log_gap, 0.3, 0.95, xtol=1e-4))
 
 
-def layer_time_check(path: Path | None = None) -> list[dict]:
-    """One row per experiment of layer_korthikanti_table4.csv: measured and predicted forward and
-    backward ms of one dense layer (cost.layer._layer_costs: compute plus the exposed
-    tensor-parallel collectives, the backward with its recompute)."""
-    from .cost.layer import _layer_costs
-    from .evaluate import Routing
+LAYER_COLUMNS = ("experiment", "model_spec", "hardware_spec", "tp", "mbs", "seq", "recompute", "sequence_parallel",
+                 "forward_ms", "backward_ms")
+_CHOICES = {"recompute": ("none", "selective", "full"), "sequence_parallel": ("yes", "no"),
+            "attention": ("flash", "eager"), "dropout": ("yes", "no"), "dtype": ("bf16", "fp16", "fp32"),
+            "async_allreduce": ("yes", "no")}
+_DEFAULTS = {"attention": "flash", "dropout": "no", "dtype": "bf16", "async_allreduce": "yes"}
 
+
+def read_layer_table(path: Path) -> list[dict]:
+    """A table of measured single-layer times (layer_korthikanti_table4.csv's schema: LAYER_COLUMNS,
+    and optionally attention flash|eager, dropout yes|no, dtype bf16|fp16|fp32, async_allreduce
+    yes|no, source), each row's values checked and typed: TableError names the file, the row and
+    the field of the first bad one."""
+    from .errors import PiperError
+    from .validate_rows import TableError, _delimiter
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            raw = list(csv.DictReader(f, delimiter=_delimiter(f)))
+    except (OSError, UnicodeDecodeError) as e:
+        raise TableError(path, None, "<file>", f"cannot read ({e.strerror or e})") from None
+    missing = [c for c in LAYER_COLUMNS if raw and c not in raw[0]] if raw else list(LAYER_COLUMNS)
+    if missing:
+        raise TableError(path, None, "columns", f"expected {', '.join(LAYER_COLUMNS)}; missing {', '.join(missing)}")
     out = []
-    for r in read_table(path or TABLES / "layer_korthikanti_table4.csv"):
-        m, hw = load_model(r["model_spec"]), load_hardware(r["hardware_spec"])
-        lay = Layout(gpus=8, tp=8, dp=1, mbs=4, global_batch=4, seq=2048, recompute=r["recompute"],
-                     sequence_parallel=r["sequence_parallel"] == "yes", attention_kernel="eager", dropout=True)
-        lc = _layer_costs(m, hw, from_layouts([lay]), Routing(), "bf16")
-        ph = lc["dense"] + lc["dense_comm"]
-        out.append({"experiment": r["experiment"], "recompute": r["recompute"],
-                    "sequence_parallel": r["sequence_parallel"] == "yes",
-                    "measured_fwd_ms": float(r["forward_ms"]), "measured_bwd_ms": float(r["backward_ms"]),
+    for i, r in enumerate(raw, start=2):  # the header is line 1
+        name = (r.get("experiment") or "").strip() or f"at line {i}"
+        v = {k: (r.get(k) or "").strip() for k in (*LAYER_COLUMNS, *_DEFAULTS, "source")}
+        for k, d in _DEFAULTS.items():
+            v[k] = v[k] or d
+        for k, allowed in _CHOICES.items():
+            if v[k] not in allowed:
+                raise TableError(path, name, k, f"expected one of {', '.join(allowed)}, got {v[k]!r}")
+        for k in ("tp", "mbs", "seq"):
+            if not v[k].isdigit() or int(v[k]) < 1:
+                raise TableError(path, name, k, f"expected a whole number >= 1, got {v[k]!r}")
+            v[k] = int(v[k])
+        for k in ("forward_ms", "backward_ms"):
+            try:
+                x = float(v[k])
+            except ValueError:
+                x = float("nan")
+            if not (x > 0 and np.isfinite(x)):
+                raise TableError(path, name, k, f"expected a positive number of milliseconds, got {v[k]!r}")
+            v[k] = x
+        for k, load in (("model", load_model), ("hardware", load_hardware)):
+            try:
+                v[k] = load(v[f"{k}_spec"])
+            except PiperError as e:
+                raise TableError(path, name, f"{k}_spec", str(e)) from None
+        out.append(v)
+    return out
+
+
+def _layer_layout(v: dict) -> Layout:
+    """The Layout one row of a layer table times: tp ranks, one micro-batch, no pipeline, data or
+    expert parallelism (LayoutError where the model cannot run it)."""
+    from .layout import check_for
+
+    lay = Layout(gpus=v["tp"], tp=v["tp"], dp=1, mbs=v["mbs"], global_batch=v["mbs"], seq=v["seq"],
+                 recompute=v["recompute"], sequence_parallel=v["sequence_parallel"] == "yes" and v["tp"] > 1,
+                 attention_kernel=v["attention"], dropout=v["dropout"] == "yes", dtype=v["dtype"],
+                 tp_async_dgrad=v["async_allreduce"] == "yes")
+    check_for(lay, v["model"], v["hardware"])
+    return lay
+
+
+def layer_time_check(path: Path | None = None) -> list[dict]:
+    """One row per row of a layer table (read_layer_table; default the bundled
+    layer_korthikanti_table4.csv): measured and predicted forward and backward ms of one layer
+    (cost.layer._layer_costs: compute plus the exposed tensor-parallel collectives, the backward
+    with its recompute): a dense model's layer, or a MoE model's MoE layer with every expert on the
+    row's tp ranks (no expert parallelism, so no all-to-all)."""
+    from .cost.layer import _layer_costs
+    from .errors import LayoutError
+    from .evaluate import Routing
+    from .validate_rows import TableError
+
+    path = path or TABLES / "layer_korthikanti_table4.csv"
+    out = []
+    for v in read_layer_table(path):
+        try:
+            lay = _layer_layout(v)
+        except LayoutError as e:
+            raise TableError(path, v["experiment"], "tp", str(e)) from None
+        m, hw = v["model"], v["hardware"]
+        hw.require_peaks((lay.dtype,), v["hardware_spec"])
+        lc = _layer_costs(m, hw, from_layouts([lay]), Routing(), lay.dtype)
+        ph = (lc["moe"] + lc["moe_comm"]) if m.moe is not None else (lc["dense"] + lc["dense_comm"])
+        out.append({"experiment": v["experiment"], "model": m.name, "hardware": hw.name, "tp": v["tp"],
+                    "recompute": v["recompute"], "sequence_parallel": lay.sequence_parallel,
+                    "measured_fwd_ms": v["forward_ms"], "measured_bwd_ms": v["backward_ms"],
                     "predicted_fwd_ms": float(ph.f[0]) * 1e3,
                     "predicted_bwd_ms": float(ph.b[0] + ph.w[0] + ph.r[0]) * 1e3})
     return out
