@@ -254,14 +254,15 @@ def read_layer_table(path: Path) -> list[dict]:
     yes|no, source), each row's values checked and typed: TableError names the file, the row and
     the field of the first bad one."""
     from .errors import PiperError
-    from .validate_rows import TableError, _delimiter
+    from .validate_rows import TableError, _cells, _delimiter
 
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            raw = list(csv.DictReader(f, delimiter=_delimiter(f)))
+            reader = csv.DictReader(f, delimiter=_delimiter(f))
+            raw = [_cells(path, reader, r) for r in reader]  # a row spilling past the header is refused
     except (OSError, UnicodeDecodeError) as e:
         raise TableError(path, None, "<file>", f"cannot read ({e.strerror or e})") from None
-    missing = [c for c in LAYER_COLUMNS if raw and c not in raw[0]] if raw else list(LAYER_COLUMNS)
+    missing = [c for c in LAYER_COLUMNS if c not in (reader.fieldnames or ())]
     if missing:
         raise TableError(path, None, "columns", f"expected {', '.join(LAYER_COLUMNS)}; missing {', '.join(missing)}")
     out = []

@@ -60,3 +60,10 @@ def test_it_is_its_own_question(tmp_path):
     assert code == 2 and "one of them a call" in out
     code, out, _ = _run(["validate", "--layer-table", str(BUNDLED), "--group", "narayanan2021-table1"])
     assert code == 2 and "--layer-table" in out
+
+
+def test_a_row_spilling_past_the_header_is_refused_not_shifted(tmp_path):
+    # an unquoted comma in the experiment's name would shift every later cell one column right
+    path = tmp_path / "layers.csv"
+    path.write_text(",".join(GOOD) + "\n" + "mine, 2 nodes," + ",".join(list(GOOD.values())[1:]) + "\n")
+    one_line(["validate", "--layer-table", str(path)], str(path), "cells", "must be quoted")

@@ -177,15 +177,20 @@ def _ffn_shapes(m: ModelSpec, lay: LayoutBatch) -> list[tuple]:
     return [(t, (2 if m.ffn_gated else 1) * f / tp, d), (t, d, f / tp)]
 
 
+def _block_linears(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> tuple[list, list]:
+    """The attention block's and the dense FFN's linear layers, one Phase each in _attention_shapes'
+    and _ffn_shapes' order (the FFN's list empty without one)."""
+    attn = _linears(hw, dtype, lay.act_bytes, *_attention_shapes(m, lay))
+    return attn, _linears(hw, dtype, lay.act_bytes, *_ffn_shapes(m, lay)) if m.ffn_size else []
+
+
 def tp_overlappable(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> tuple[Phase, Phase]:
     """(attention block, dense FFN) linear-layer seconds per micro-batch: the GEMMs a
     tensor-parallel collective can run behind when the runtime splits it into chunks and
     pipelines them with the GEMM beside it (Layout.tp_comm_overlap)."""
-    attn = _sum(_linears(hw, dtype, lay.act_bytes, *_attention_shapes(m, lay)))
-    if not m.ffn_size:
-        z = np.zeros(len(lay))
-        return attn, Phase(z, z, z, z)
-    return attn, _sum(_linears(hw, dtype, lay.act_bytes, *_ffn_shapes(m, lay)))
+    attn, ffn = _block_linears(m, hw, lay, dtype)
+    z = np.zeros(len(lay))
+    return _sum(attn), _sum(ffn) if ffn else Phase(z, z, z, z)
 
 
 def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -193,11 +198,9 @@ def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     linear layers, whose input-gradient all-reduce runs beside them (Layout.tp_async_dgrad): every
     attention linear but the row-parallel output projection (q/k/v; MLA's down and up projections)
     and the FFN's up (and gate) projection, not its row-parallel down projection."""
-    attn = _linears(hw, dtype, lay.act_bytes, *_attention_shapes(m, lay))[:-1]
-    w_attn = _sum(attn).w if attn else np.zeros(len(lay))
-    if not m.ffn_size:
-        return w_attn, np.zeros(len(lay))
-    return w_attn, _linears(hw, dtype, lay.act_bytes, *_ffn_shapes(m, lay))[0].w
+    attn, ffn = _block_linears(m, hw, lay, dtype)
+    z = np.zeros(len(lay))
+    return _sum(attn[:-1]).w if len(attn) > 1 else z, ffn[0].w if ffn else z
 
 
 def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
