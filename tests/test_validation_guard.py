@@ -28,30 +28,30 @@ def test_memory_rows_each_within_10_percent(results):
 
 
 def test_moe_rows_meet_the_mean_target(results):
-    # MAPE <= 20 % over the 163 MoE rows (12.3 % now). The issue's other MoE target, no row worse
-    # than 35 %, is NOT met yet (5 rows are worse; issue 4 stays open): this guard fails a change that
-    # takes the mean back above its target.
+    # MAPE <= 20 % over the 161 out-of-sample MoE rows (11.9 % now; GPT-OSS-20B's #5028 pair is
+    # in-sample). The issue's other MoE target, no row worse than 35 %, is NOT met yet (3 rows are
+    # worse; issue 4 stays open): this guard fails a change that takes the mean back above its target.
     k = summary(results)["kinds"]["moe"]
-    assert k["rows"] == 163 and k["mape"] <= TARGETS["moe"][0]
+    assert k["rows"] == 161 and k["mape"] <= TARGETS["moe"][0]
 
 
 def test_the_issue_s_named_moe_sources_are_reported_alone(results):
-    # the acceptance names Megatron-Bridge, X-MoE and Piper's Fig. 13 and weak scaling: their 141
-    # rows get their own line, held to the mean target (12.2 % now; their max target is not met:
-    # 4 rows are worse than 35 %, three of them figures their publisher calls regressions; issue 4
-    # stays open), and to the 137 rows now within its max (the four Kimi K2 rows, priced on a spec
-    # added after every parameter was set, among them).
+    # the acceptance names Megatron-Bridge, X-MoE and Piper's Fig. 13 and weak scaling: their 139
+    # out-of-sample rows get their own line, held to the mean target (11.8 % now; their max target is
+    # not met: 2 rows are worse than 35 %, one a figure its publisher calls a regression, the other
+    # a run whose batch is unpublished; issue 4 stays open), and to the 137 rows now within its max
+    # (the four Kimi K2 rows, priced on a spec added after every parameter was set, among them).
     from piper_plan.validate import MOE_ACCEPTANCE_GROUPS
 
-    named = [r for r in results if r.group in MOE_ACCEPTANCE_GROUPS]
+    named = [r for r in results if r.group in MOE_ACCEPTANCE_GROUPS and not r.fit]  # out-of-sample
     k = summary(results)["kinds"]["moe_named_sources"]
-    assert k["rows"] == len(named) == 141 and all(r.kind == "moe" for r in named)
-    assert k["mape"] == pytest.approx(sum(abs(r.error_pct) for r in named) / 141)
+    assert k["rows"] == len(named) == 139 and all(r.kind == "moe" for r in named)
+    assert k["mape"] == pytest.approx(sum(abs(r.error_pct) for r in named) / 139)
     assert k["within_target_max"] == sum(abs(r.error_pct) <= TARGETS["moe"][1] for r in named)
     assert k["mape"] <= TARGETS["moe"][0]
     # the rows the max target misses are named, with their signed errors
     assert k["beyond_target_max"] == {r.id: r.error_pct for r in named if abs(r.error_pct) > TARGETS["moe"][1]}
-    assert len(k["beyond_target_max"]) + k["within_target_max"] == 141
+    assert len(k["beyond_target_max"]) + k["within_target_max"] == 139
     assert k["within_target_max"] >= 137
 
 

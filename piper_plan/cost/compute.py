@@ -377,7 +377,7 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
             f, b = f + sf, b + sb
         return f, b
     ew = _eager_or(hw, lay, ew, moe_eager)
-    total = ph + ew + extra + _dglu_dbias(m, hw, lay, m_e, local, dtype)
+    total = ph + ew + extra + _dglu_dbias(m, hw, lay, m_e, local)
     norm_f = stream_time(hw, 2.0 * t * d * eb, 1)  # the pre-MLP norm
     act_f = stream_time(hw, act * eb, 1) + clamp_f  # what moe_act recompute re-runs
     whole, fc2 = recomputes(lay, "moe"), recomputes(lay, "act_fc2")  # act_fc2: X-MoE's --checkpoint-intermediate
@@ -391,21 +391,22 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     return Phase(total.f, total.b, total.w, r)
 
 
-def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local, dtype: str) -> Phase:
+def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local) -> Phase:
     """Seconds a micro-batch's backward (input gradients) spends in the fused grouped-MLP backward
-    kernel beyond fc2's dgrad GEMM, per layout:
-    (efficiency.dglu_dbias_gemm - 1) x that GEMM (m_e rows an expert, `local` experts, f/etp wide) where the
-    experts launch as one grouped kernel and are gated with biases (the kernel's dGLU epilogue
-    then also reduces fc1's bias gradient: cuDNN frontend's grouped_gemm_dglu, GPT-OSS's
-    dGeGLU). Zero on specs that leave the factor at 1."""
+    kernel beyond fc2's dgrad GEMM, per layout: efficiency.dglu_dbias_ps x the elements of the GLU
+    input gradient its epilogue writes and reduces into fc1's bias gradient (m_e rows an expert,
+    `local` experts, 2f/etp wide), where the experts launch as one grouped kernel and are gated
+    with biases (cuDNN frontend's grouped_gemm_dglu, GPT-OSS's dGeGLU). The regression this
+    prices sat in that epilogue's reduction loop (cudnn-frontend PR #322: "excessive local
+    memory/stack usage for the dbias reduction path"), a cost per element it reduces, not per
+    FLOP of the GEMM. Zero on specs that leave it at 0."""
     z = np.zeros(len(lay))
-    x = hw.efficiency.dglu_dbias_gemm
+    ps = hw.efficiency.dglu_dbias_ps
     mo = m.moe
-    if x == 1.0 or not (mo.gated and mo.expert_bias):
+    if ps == 0.0 or not (mo.gated and mo.expert_bias):
         return Phase(z, z, z, z)
-    dgrad = gemm_time(hw, m_e, mo.expert_ffn_size / lay.etp, m.hidden_size, groups=local, dtype=gemm_dtype(dtype),
-                      elt_bytes=lay.act_bytes, recipe=dtype)
-    return Phase(z, np.where(EXPERT_GEMM_STREAMS[lay.egemm] == 0, (x - 1.0) * dgrad, 0.0), z, z)
+    elems = m_e * local * 2.0 * mo.expert_ffn_size / lay.etp
+    return Phase(z, np.where(EXPERT_GEMM_STREAMS[lay.egemm] == 0, ps * 1e-12 * elems, 0.0), z, z)
 
 
 def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> tuple[Phase, np.ndarray]:

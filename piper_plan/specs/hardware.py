@@ -60,7 +60,7 @@ class Efficiency(_Optional):
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
                         "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory", "attention_head_dim",
-                        "attention_softmax_share", "sustained_matmul", "attention_fp8", "dglu_dbias_gemm")
+                        "attention_softmax_share", "sustained_matmul", "attention_fp8", "dglu_dbias_ps")
 
     gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -91,12 +91,12 @@ class Efficiency(_Optional):
         "measured at (e.g. ml-engineering's MSMF / MAMF: sustained best-shape matmul over the burst one): a "
         "training step keeps the tensor cores busy for seconds, so its GEMMs and fused attention run at the "
         "sustained rate. 1.0: not measured, no throttle priced")
-    dglu_dbias_gemm: float = Field(
-        1.0, ge=1, description="time of the fused grouped-MLP backward kernel that takes the experts' output "
-        "gradient through fc2's dgrad GEMM and a GLU's backward with fc1's bias gradient in its epilogue "
-        "(cuDNN frontend's grouped_gemm_dglu with dbias, Layout.expert_gemm grouped, gated experts with biases), "
-        "as a multiple of that GEMM alone: where a library release runs the kernel slower than its GEMM "
-        "(NVIDIA/cudnn-frontend#256). 1.0: the epilogue rides the GEMM")
+    dglu_dbias_ps: float = Field(
+        0.0, ge=0, description="picoseconds the fused grouped-MLP backward kernel (cuDNN frontend's grouped_gemm_dglu "
+        "with dbias: fc2's dgrad GEMM, a GLU's backward and fc1's bias gradient in its epilogue; Layout.expert_gemm "
+        "grouped, gated experts with biases) spends beyond that GEMM per element of the GLU input gradient it "
+        "writes (rows x 2f/etp), where a library release runs its bias-gradient reduction slowly "
+        "(NVIDIA/cudnn-frontend#256). 0: the epilogue rides the GEMM")
     memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     quant_memory: Optional[float] = Field(
         None, gt=0, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
