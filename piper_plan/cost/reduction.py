@@ -114,28 +114,39 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     stage once a step (Megatron-Core finalize_model_grads' _allreduce_word_embedding_grads;
     piper-train's embedding group). None reads the ZeRO stage: a search prices them once per
     layout without it (estimate._zero_free)."""
-    edp, edp_stride = grp["edp"], grp["edp_stride"]
-    gb = grad_bytes(lay, eb)
-    dp_span, edp_span = (grp["dp_bw"], grp["dp_lat"]), (grp["edp_bw"], grp["edp_lat"])
-
-    def both(op, per_param, *args):  # `op` over the dense group, then the expert group
-        return (op(hw, rep * per_param, lay.dpcp, lay.tp, *args, span=dp_span)
-                + op(hw, exp * per_param, edp, edp_stride, *args, span=edp_span))
-
-    wb = weight_bytes(lay, eb)
-    ag = both(comm.ring_allreduce, wb, 0.5)
-    rs_half = both(comm.ring_allreduce, gb, 0.5)
+    gb, wb = grad_bytes(lay, eb), weight_bytes(lay, eb)
+    groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"])),
+              (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"])))
+    ag = _both(comm.ring_allreduce, hw, rep * wb, exp * wb, groups, 0.5)
+    rs_half = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 0.5)
     if lay.unfused.any():
         # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
         # reduces each bucket to its owner and every owner broadcasts its share, one after another,
         # each a rooted collective that moves its whole buffer through the root (comm.rooted): all
         # the gradients, then all the parameters, at the bus rate
-        rs_half = np.where(lay.unfused, both(comm.rooted, gb, True), rs_half)
-        ag = np.where(lay.unfused, both(comm.rooted, wb), ag)
+        rs_half = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, groups, True), rs_half)
+        ag = np.where(lay.unfused, _both(comm.rooted, hw, rep * wb, exp * wb, groups), ag)
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     apart = (lay.pp - 1) * (lay.gpus // lay.pp)
     t_tied = comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, apart) if np.any(tied) else 0.0
-    return Collectives(both(comm.ring_allreduce, gb, 1.0), rs_half, ag, tied=t_tied)
+    return Collectives(_both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 1.0), rs_half, ag, tied=t_tied)
+
+
+def _both(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, *args):
+    """`op` (comm.ring_allreduce with its fraction, or comm.rooted with its reduce flag, in `args`)
+    of dense_bytes over the dense data-parallel group plus of expert_bytes over the expert one;
+    `groups` is ((ranks, stride, span), (ranks, stride, span)), a span None where comm.group_span
+    gives it."""
+    (n_d, st_d, span_d), (n_e, st_e, span_e) = groups
+    return op(hw, dense_bytes, n_d, st_d, *args, span=span_d) + op(hw, expert_bytes, n_e, st_e, *args, span=span_e)
+
+
+def reduced_whole(lay: LayoutBatch) -> np.ndarray:
+    """piper-train's ZeRO-1 (eager, Layout.fused_kernels false): it all-reduces the gradients over
+    the whole group, every rank keeping each one whole until its owner's step (runtime/optim.py
+    reduce_grads, as torch's ZeroRedundancyOptimizer behind DDP), so it reduce-scatters nothing and,
+    hybrid-sharded, has no shard copies to reconcile."""
+    return lay.unfused & (lay.zero == 1)
 
 
 def weight_bytes(lay: LayoutBatch, eb):
@@ -163,22 +174,18 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     edp = np.asarray(edp)
     s_d, s_e = lay.dpcp // r, np.maximum(edp // r, 1)
     st_d, st_e = lay.tp, lay.edp_stride
-
-    def shard(nbytes_d, nbytes_e, fraction):  # over the shard's ranks
-        return (comm.ring_allreduce(hw, nbytes_d, s_d, st_d, fraction)
-                + comm.ring_allreduce(hw, nbytes_e, s_e, st_e, fraction))
+    shards = ((s_d, st_d, None), (s_e, st_e, None))  # the shard's ranks of each group
 
     # each copy holds 1/s of the reduced gradients; its ring's members sit a shard apart
     ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
           + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
     wb = weight_bytes(lay, eb)
-    ag, rs = shard(rep * wb, exp * wb, 0.5), shard(rep * gb, exp * gb, 0.5)
-    if lay.unfused.any():
-        def rooted(nbytes_d, nbytes_e, reduce):  # through the owners, over the shard's ranks
-            return comm.rooted(hw, nbytes_d, s_d, st_d, reduce) + comm.rooted(hw, nbytes_e, s_e, st_e, reduce)
-        ag = np.where(lay.unfused, rooted(rep * wb, exp * wb, False), ag)
-        rs = np.where(lay.unfused, rooted(rep * gb, exp * gb, True), rs)
-        ar = np.where(lay.unfused & (lay.zero == 1), 0.0, ar)
+    ag = _both(comm.ring_allreduce, hw, rep * wb, exp * wb, shards, 0.5)
+    rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
+    if lay.unfused.any():  # through the owners, over the shard's ranks
+        ag = np.where(lay.unfused, _both(comm.rooted, hw, rep * wb, exp * wb, shards), ag)
+        rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
+        ar = np.where(reduced_whole(lay), 0.0, ar)
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
                        np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied)
 
@@ -193,10 +200,9 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     pipeline's last micro-batch hides (Layout.overlap_grad_reduce)."""
     F, B, W, M = win.F, win.B, win.W, win.M
     sharded = lay.zero >= 1  # ZeRO >= 1 reduce-scatters the gradients and gathers the parameters
-    # but piper-train's ZeRO-1 (eager, Layout.fused_kernels false) all-reduces them, every rank
-    # keeping each gradient whole until its owner's step (runtime/optim.py reduce_grads, as torch's
-    # ZeroRedundancyOptimizer behind DDP); its ZeRO-2 reduces each bucket to its owner
-    halves = sharded & ~(lay.unfused & (lay.zero == 1))
+    # (but piper-train's ZeRO-1 all-reduces them; its ZeRO-2 reduces each bucket to its owner)
+    whole = reduced_whole(lay)
+    halves = sharded & ~whole
     t_rs = np.where(halves, coll.rs_half, coll.rs_full)
     t_ag = np.where(sharded, coll.ag, 0.0)
     window_b = np.where(lay.overlap, B + W, 0.0)
@@ -242,7 +248,7 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
         own_d, own_e = lay.zero_shard(dpn), lay.zero_shard(edpn)  # a shard's owners
         gather = np.where(lay.zero >= 1, np.where(own_d > 1, own_d, 0.0) + np.where(own_e > 1, own_e, 0.0), 0.0)
         # hybrid sharding's all-reduce of each shard (none in piper-train's ZeRO-1: reduced whole)
-        copies = ((lay.zrep > 1) & ~(lay.unfused & (lay.zero == 1))) * ((dpn > 1) + (edpn > 1))
+        copies = ((lay.zrep > 1) & ~whole) * ((dpn > 1) + (edpn > 1))
         t_dp = t_dp + co * ((dpn > 1) + (edpn > 1) + gather + copies + (lay.gpus > 1) + (np.asarray(coll.tied) > 0))
     return t_dp
 
