@@ -116,6 +116,11 @@ STACK_OPTIONS = [
                      help="what the runtime replays as CUDA graphs, comma-separated (Megatron-Core "
                      "--cuda-graph-scope): attn, mlp, moe, moe_router, moe_preprocess, full_iteration; none: eager. "
                      "Priced on specs that give efficiency.host_op_us"),
+        click.option("--offload-modules", default="none", show_default=True,
+                     help="modules whose saved tensors wait in host memory between every layer's forward and backward, "
+                     "comma-separated (Megatron-Core --fine-grained-activation-offloading --offload-modules): "
+                     "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act; none: on the "
+                     "device. Needs the hardware spec's host section"),
         click.option("--pipeline-split", type=click.Choice(["balanced", "even", "account"]), default="balanced",
                      show_default=True, help="how layers split into pipeline chunks: by cost (piper), evenly "
                      "(Megatron-Core's default), or with the embedding and loss counted as one layer each "
@@ -132,17 +137,35 @@ OFFLOAD_HELP = {
 }
 
 
-def _graph_scopes(kw) -> tuple[str, ...]:
-    from .cost.batch import GRAPH_SCOPES
+def _listed(text: str, option: str, words: tuple[str, ...]) -> tuple[str, ...]:
+    """A comma-separated option value as a tuple of `words` ('none' or blank: empty); an
+    unknown word raises LayoutError naming the option and the words it takes."""
     from .errors import LayoutError
 
-    text = kw["cuda_graphs"].strip()
-    scopes = () if text in ("", "none") else tuple(x.strip() for x in text.split(","))
-    bad = [x for x in scopes if x not in GRAPH_SCOPES]
+    text = text.strip()
+    listed = () if text in ("", "none") else tuple(x.strip() for x in text.split(","))
+    bad = [x for x in listed if x not in words]
     if bad:
-        raise LayoutError("--cuda-graphs", f"got {bad[0]!r}; expected none or a comma-separated list of "
-                          f"{', '.join(GRAPH_SCOPES)}")
-    return scopes
+        raise LayoutError(option, f"got {bad[0]!r}; expected none or a comma-separated list of {', '.join(words)}")
+    return listed
+
+
+def _graph_scopes(kw) -> tuple[str, ...]:
+    from .cost.batch import GRAPH_SCOPES
+
+    return _listed(kw["cuda_graphs"], "--cuda-graphs", GRAPH_SCOPES)
+
+
+def _offload_modules(kw, model=None) -> tuple[str, ...]:
+    """--offload-modules as a tuple; the experts' modules refused for a model without experts."""
+    from .cost.batch import OFFLOAD_MODULES
+    from .errors import LayoutError
+
+    mods = _listed(kw["offload_modules"], "--offload-modules", OFFLOAD_MODULES)
+    absent = [x for x in mods if x in ("expert_fc1", "moe_act") and model is not None and model.moe is None]
+    if absent:
+        raise LayoutError("--offload-modules", f"{absent[0]} names a part {model.name} does not have")
+    return mods
 
 
 def layout_options(fn):
@@ -315,7 +338,8 @@ def _layout_from(kw, model):
                   tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"], optimizer_offload=kw["optimizer_offload"],
-                  offload_layers=kw["offload_layers"])
+                  offload_layers=kw["offload_layers"],
+                  offload_modules=_offload_modules(kw, model))
 
 
 @main.command()
@@ -457,6 +481,7 @@ def _space(kw, model, gpus):
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
                      offload_layers=_ints(kw["offload_layers"], "--offload-layers", least=0),
+                     offload_modules=_offload_modules(kw, model),
                      recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", least=0),
                      hsdp=kw["hsdp"])
     return for_runtime(sp, kw.get("runtime", "any"), model)

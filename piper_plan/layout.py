@@ -33,6 +33,9 @@ ExpertProbs = Literal["combine", "activation"]
 A2A = Literal["flat", "halo", "dedup"]
 # Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
 CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
+# Megatron-Core --offload-modules (fine-grained activation offloading): modules whose saved tensors wait
+# in host memory between their forward and backward
+OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
 Placement = Literal["packed", "spread"]
 PipelineSplit = Literal["balanced", "even", "account"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
@@ -160,6 +163,11 @@ class Layout(BaseModel):
         0, ge=0, description="layers of a rank whose saved activations go to host memory in the forward and come "
         "back for the backward, behind the next layer's compute (Transformer Engine CPU offloading: Megatron-Core "
         "--cpu-offloading-num-layers, NeMo's activation_offload_layers; cost/offload.py)")
+    offload_modules: tuple[OffloadModule, ...] = Field(
+        (), description="modules whose saved tensors go to host memory in every layer's forward and come back "
+        "before its backward (Megatron-Core --fine-grained-activation-offloading --offload-modules): attn_norm, "
+        "qkv_linear, core_attn, attn_proj (with core_attn), mlp_norm, expert_fc1, moe_act "
+        "(cost/activations.OFFLOAD_TERMS; cost/offload.py)")
 
     @property
     def edp(self) -> int:
@@ -196,10 +204,11 @@ def degrees_label(lay) -> str:
 
 def offload_label(lay) -> str:
     """What a layout (a Layout or its dict) offloads to the host, as layout strings print it:
-    " offload(opt 1, 40 layers)", or "" where it offloads nothing."""
+    " offload(opt 1, 40 layers, expert_fc1+moe_act)", or "" where it offloads nothing."""
     g = (lambda k: lay.get(k, 0)) if isinstance(lay, dict) else (lambda k: getattr(lay, k))  # noqa: E731
+    mods = (lay.get("offload_modules") or ()) if isinstance(lay, dict) else lay.offload_modules
     parts = ([f"opt {g('optimizer_offload'):g}"] if g("optimizer_offload") else []) + \
-        ([f"{g('offload_layers')} layers"] if g("offload_layers") else [])
+        ([f"{g('offload_layers')} layers"] if g("offload_layers") else []) + (["+".join(mods)] if mods else [])
     return f" offload({', '.join(parts)})" if parts else ""
 
 
@@ -219,6 +228,27 @@ def check_stack(expert_probs: str, fused_kernels: bool) -> None:
     if expert_probs == "activation" and not fused_kernels:
         raise LayoutError("expert_probs activation needs fused kernels", "eager modules (fused_kernels false, "
                           "piper-train) scale the expert outputs at the combine; use expert_probs combine")
+
+
+def check_offload_modules(modules, cuda_graphs, fused_kernels: bool) -> None:
+    """Raise LayoutError where Megatron-Core's fine-grained activation offloading cannot run as
+    asked (Megatron-LM's "Fine-Grained Activation Offloading" guide, 2026): attn_proj shares its
+    input with core_attn's output, so it goes with core_attn; the norms sit on CUDA graphs'
+    boundaries, so they stay where graphs are captured; and it is a Megatron-Core feature, not
+    piper-train's (eager modules)."""
+    mods = set(modules)
+    if not mods:
+        return
+    if not fused_kernels:
+        raise LayoutError("offload_modules needs fused kernels", "fine-grained activation offloading is "
+                          "Megatron-Core's; eager modules (fused_kernels false, piper-train) keep their activations")
+    if "attn_proj" in mods and "core_attn" not in mods:
+        raise LayoutError("offload_modules attn_proj with core_attn", "the output projection's input is the core "
+                          "attention's output: offload both or neither")
+    norms = sorted(mods & {"attn_norm", "mlp_norm"})
+    if norms and cuda_graphs:
+        raise LayoutError("offload_modules without norms under CUDA graphs", f"{', '.join(norms)} cross the "
+                          "captured graphs' boundaries; Megatron-Core offloads them only without cuda_graphs")
 
 
 def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> None:
@@ -317,6 +347,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than "
                           f"{num_layers - lay.stages + 1}")
     check_stack(lay.expert_probs, lay.fused_kernels)
+    check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
 
 
 def tp_splits_heads(num_heads: int, kv_heads: int, tp: int) -> bool:

@@ -52,6 +52,7 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("optimizer_offload", (0.0,), "--optimizer-offload", "piper-train keeps and steps its optimizer "
             "state on the device"),
     Support("offload_layers", (0,), "--offload-layers", "piper-train keeps saved activations on the device"),
+    Support("offload_modules", ((),), "--offload-modules", "piper-train keeps saved activations on the device"),
     Support("recompute_layers", (0,), "--recompute-layers", "piper-train's full recompute re-runs every layer"),
 )
 

@@ -10,10 +10,10 @@ from typing import Optional
 
 import numpy as np
 
-from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, rc_bits, replace_cols
+from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, off_bits, rc_bits, replace_cols
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
-from .layout import check_stack, degrees_label, offload_limit
+from .layout import check_offload_modules, check_stack, degrees_label, offload_limit
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -77,10 +77,12 @@ class SearchSpace:
     # host; Layout.offload_layers: a rank's layers whose activations wait there)
     optimizer_offload: tuple[float, ...] = (0.0,)
     offload_layers: tuple[int, ...] = (0,)
+    offload_modules: tuple[str, ...] = ()  # Layout.offload_modules: whose saved tensors every layout parks on the host
     runtime: str = "any"  # "piper-train": only what it runs (for_runtime); adds its ZeRO-2 schedule rule
 
     def __post_init__(self):
-        check_stack(self.expert_probs, self.fused_kernels)  # the rule check_layout applies to one layout
+        check_stack(self.expert_probs, self.fused_kernels)  # the rules check_layout applies to one layout
+        check_offload_modules(self.offload_modules, self.cuda_graphs, self.fused_kernels)
 
 
 RUNTIMES = ("any", "piper-train")
@@ -292,7 +294,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 split=SPLITS.index(sp.pipeline_split),
                 dtype=DTYPES.index(sp.dtype), grad_bytes=4,
                 # the state bound below holds for every offload choice at the largest share offloaded
-                opt_offload=float(max(sp.optimizer_offload)), offload_layers=0)
+                opt_offload=float(max(sp.optimizer_offload)), offload_layers=0,
+                off_mods=off_bits(sp.offload_modules))
     if headroom_gib is not None:
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))

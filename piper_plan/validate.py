@@ -277,6 +277,7 @@ def _layout(row) -> Layout:
                   fp8=_FP8.get(row["precision"], "none"),
                   optimizer_offload=float(row.get("optimizer_offload") or 0.0),
                   offload_layers=_i(row.get("offload_layers"), 0),
+                  offload_modules=tuple(x for x in row.get("offload_modules", "").split("+") if x and x != "none"),
                   **_settings(row))
 
 

@@ -18,7 +18,7 @@ FIXED, REGRESSED = load_hardware("gb300-nvl72"), load_hardware("gb300-nvl72-nemo
 PAIR = ("mb-gptoss20b-gb200-mxfp8-5028-2606", "mb-gptoss20b-gb200-mxfp8-5028-260601")
 
 
-def _lays(m, expert_gemm):
+def _lays(expert_gemm):
     return from_layouts([Layout(gpus=64, dp=64, ep=16, mbs=4, global_batch=1280, seq=4096, fp8="mxfp8",
                                 expert_gemm=expert_gemm)])
 
@@ -30,7 +30,7 @@ def _moe(m, hw, lay):
 def test_the_regressed_kernel_adds_its_cost_per_glu_gradient_element_to_the_backward_alone():
     m = load_model("gpt-oss-120b")
     assert m.moe.gated and m.moe.expert_bias
-    lay = _lays(m, "grouped")
+    lay = _lays("grouped")
     fixed, slow = _moe(m, FIXED, lay), _moe(m, REGRESSED, lay)
     rows = 4 * 4096.0 * m.moe.top_k  # a rank's expert rows a micro-batch, balanced (no padding on GB300)
     elems = rows * 2 * m.moe.expert_ffn_size
@@ -43,7 +43,7 @@ def test_the_regressed_kernel_adds_its_cost_per_glu_gradient_element_to_the_back
                                                 ("qwen3-30b-a3b", "grouped")])    # no expert biases
 def test_experts_that_do_not_run_the_fused_dglu_dbias_kernel_are_priced_as_on_the_fixed_release(model, expert_gemm):
     m = load_model(model)
-    lay = _lays(m, expert_gemm)
+    lay = _lays(expert_gemm)
     np.testing.assert_array_equal(_moe(m, REGRESSED, lay).v, _moe(m, FIXED, lay).v)
 
 

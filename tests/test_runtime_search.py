@@ -66,7 +66,8 @@ def test_zero2_buckets_also_go_at_the_cap_so_big_chunks_make_more_calls():
 UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gemm": "multistream",
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
-         "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True}
+         "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True,
+         "offload_modules": ("expert_fc1",)}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():

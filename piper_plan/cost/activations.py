@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.model import ModelSpec
-from .batch import FP8S, LayoutBatch, recomputes
+from .batch import FP8S, OFFLOAD_MODULES, LayoutBatch, offloads, recomputes
 
 # scale bytes per element of a saved quantised copy, indexed by LayoutBatch.fp8 (batch.FP8S):
 # per-tensor current scaling ~0; MXFP8 one E8M0 byte per 32; blockwise one fp32 per 1x128 tile
@@ -195,3 +195,49 @@ def layer_activation_bytes(terms: dict[str, np.ndarray], lay: LayoutBatch, input
 def layer_input_bytes(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
     t, tp, sp_div, eb = _common(lay)
     return eb * t * m.hidden_size / sp_div
+
+
+# Megatron-Core's fine-grained activation offloading (Layout.offload_modules) parks the tensors a
+# module's forward saves (its saved_tensors_hooks group), named here by this file's terms. A norm
+# is its own module only where layernorm recompute splits it out (attention_terms' assumption);
+# otherwise Transformer Engine fuses it into the next linear layer, the norm module is an
+# IdentityOp that offloads nothing ("Skipped if using IdentityOp") and the linear saves its input.
+OFFLOAD_TERMS = {"attn_norm": ("attn_norm_in",), "qkv_linear": ("qkv_in",),
+                 "core_attn": ("qkv", "scores", "probs", "probs_dropout", "flash_lse"),
+                 "attn_proj": ("attn_out", "proj_in_fp8"), "mlp_norm": ("ffn_norm_in", "moe_norm_in"),
+                 "expert_fc1": ("expert_in",), "moe_act": ("expert_hidden",)}
+assert set(OFFLOAD_TERMS) == set(OFFLOAD_MODULES)
+MIN_OFFLOADED_ELEMENTS = 1024 * 1024  # Megatron-Core --min-offloaded-tensor-size: smaller tensors stay
+
+
+def module_offload_bytes(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(dense layer, MoE layer) bytes per micro-batch that Layout.offload_modules send to the host
+    and back, per layout: each listed module's saved tensors (OFFLOAD_TERMS) of at least
+    MIN_OFFLOADED_ELEMENTS elements. None under full recompute, which saves only a layer's input."""
+    n = len(lay)
+    if not np.any(lay.off_mods):
+        return np.zeros(n), np.zeros(n)
+    separate = recomputes(lay, "layernorm")  # the norms as modules of their own
+    listed = {mod: offloads(lay, mod) for mod in OFFLOAD_MODULES}
+    whose = {t: listed[mod] for mod, names in OFFLOAD_TERMS.items() for t in names}
+    # fused, the QKV linear saves the norm's input and a dense layer's MLP norm is no module; a MoE
+    # layer's pre-MLP norm always is (the router reads its output)
+    whose["attn_norm_in"] = np.where(separate, listed["attn_norm"], listed["qkv_linear"])
+    whose["ffn_norm_in"] = separate & listed["mlp_norm"]
+    qb, eb = gemm_input_bytes(lay), lay.act_bytes.astype(float)
+    elem = {"flash_lse": 4.0, "qkv_in": qb, "proj_in_fp8": qb, "expert_in": qb}
+
+    def parked(terms: dict) -> np.ndarray:
+        total = sum(_big(v, elem.get(k, eb)) * whose[k] for k, v in terms.items() if k in whose)
+        return np.where(lay.recompute == 2, 0.0, total)
+
+    attn = attention_terms(m, lay)
+    dense = parked({**attn, **(ffn_terms(m, lay) if m.ffn_size else {})})
+    moe = parked({**attn, **moe_terms(m, lay, imb, row_multiple)}) if m.moe is not None else np.zeros(n)
+    return dense, moe
+
+
+def _big(nbytes, elem_bytes) -> np.ndarray:
+    """`nbytes` where the tensor holds at least MIN_OFFLOADED_ELEMENTS elements of `elem_bytes`, else 0."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    return np.where(nbytes >= MIN_OFFLOADED_ELEMENTS * np.asarray(elem_bytes, dtype=float), nbytes, 0.0)

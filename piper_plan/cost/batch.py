@@ -14,6 +14,8 @@ FP8S = ("none", "current", "mxfp8", "blockwise")
 SPLITS = ("balanced", "even", "account")  # Layout.pipeline_split
 # Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
 RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts", "attn_block", "act_fc2")
+# Layout.offload_modules as a bitmask column (LayoutBatch.off_mods)
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 # Layout.cuda_graphs as a bitmask column (LayoutBatch.graphs)
 GRAPH_SCOPES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 # Layout.fp8 -> cost model compute dtype
@@ -29,6 +31,15 @@ _BYTES_OF = np.array([DTYPE_BYTES[d] for d in DTYPES])
 
 def rc_bits(modules) -> int:
     return sum(1 << RC_MODULES.index(x) for x in set(modules))
+
+
+def off_bits(modules) -> int:
+    return sum(1 << OFFLOAD_MODULES.index(x) for x in set(modules))
+
+
+def offloads(lay: "LayoutBatch", module: str) -> np.ndarray:
+    """Whether each layout sends `module`'s saved tensors to the host (Layout.offload_modules)."""
+    return ((lay.off_mods >> OFFLOAD_MODULES.index(module)) & 1).astype(bool)
 
 
 def per_expert_launch(lay: "LayoutBatch") -> np.ndarray:
@@ -98,6 +109,7 @@ class LayoutBatch:
     opt_offload: np.ndarray    # float: share of the optimizer state on the host (Layout.optimizer_offload)
     rc_layers: np.ndarray      # layers of each chunk full recompute re-runs (Layout.recompute_layers; 0: all)
     offload_layers: np.ndarray  # a rank's layers whose activations go to the host (Layout.offload_layers)
+    off_mods: np.ndarray    # Layout.offload_modules as bits of OFFLOAD_MODULES
 
     def __len__(self) -> int:
         return len(self.gpus)
@@ -169,6 +181,7 @@ class LayoutBatch:
                       pipeline_split=SPLITS[g("split")],
                       grad_dtype="fp32" if g("grad_bytes") == 4 else "bf16", overlap_grad_reduce=bool(self.overlap[i]),
                       optimizer_offload=float(self.opt_offload[i]), offload_layers=g("offload_layers"),
+                      offload_modules=tuple(x for i, x in enumerate(OFFLOAD_MODULES) if g("off_mods") >> i & 1),
                       recompute_layers=g("rc_layers"))
 
 
@@ -198,6 +211,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         overlap=col(lambda x: x.overlap_grad_reduce), dtype=col(lambda x: DTYPES.index(x.dtype)),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),
         opt_offload=col(lambda x: float(x.optimizer_offload)), offload_layers=col(lambda x: x.offload_layers),
+        off_mods=col(lambda x: off_bits(x.offload_modules)),
         rc_layers=col(lambda x: x.recompute_layers),
     )
 

@@ -14,6 +14,7 @@ from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import comm
+from .activations import module_offload_bytes
 from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes, take_rows
 from .imbalance import expert_popularity
 from .layer import _a2a_off_stream, _dualpipe_overlaps, _per_layer
@@ -139,15 +140,18 @@ def _share(part, whole):
 def _offload_exposed(hw: HardwareSpec, lay: LayoutBatch, lc: dict, roles: dict, has_emb: dict, has_head: dict):
     """({role: forward seconds}, {role: backward seconds}) per micro-batch that each role's
     activation copies to and from the host leave exposed beyond its own compute (offload.py):
-    Layout.offload_layers of its layers' saved activations, each way; none where no layout
-    offloads activations (a search's common case: nothing priced)."""
-    if not np.any(lay.offload_layers > 0):
+    Layout.offload_layers of its layers' saved activations, and of the others what
+    Layout.offload_modules park, each way; none where no layout offloads activations (a search's
+    common case: nothing priced)."""
+    if not (np.any(lay.offload_layers > 0) or np.any(lay.off_mods)):
         z = np.zeros(len(lay))
         return dict.fromkeys(roles, z), dict.fromkeys(roles, z)
     fwd, bwd = {}, {}
     for r, (nd, nm) in roles.items():
         c = _phases(lc, nd, nm, has_emb[r], has_head[r])
-        nbytes = offloaded_share(lay, nd + nm) * (nd * lc["a_dense"] + nm * lc["a_moe"])
+        share = offloaded_share(lay, nd + nm)
+        whole, parts = nd * lc["a_dense"] + nm * lc["a_moe"], nd * lc["o_dense"] + nm * lc["o_moe"]
+        nbytes = share * whole + (1.0 - share) * parts
         fwd[r], bwd[r] = exposed_copies(hw, nbytes, c["f"], c["b"] + c["w"] + c["r"])
     return fwd, bwd
 
@@ -320,7 +324,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
                                       ("tp_comm", tp_step), ("cp_comm", cp_step), ("p2p", p2p_step),
                                       ("bubble", bubble))}
     # reported apart only where activations are offloaded
-    time_after = {"offload": M * pipe.offload_mb * share} if np.any(lay.offload_layers > 0) else {}
+    parks = np.any(lay.offload_layers > 0) or np.any(lay.off_mods)
+    time_after = {"offload": M * pipe.offload_mb * share} if parks else {}
     stage_rep, stage_exp = st(P_rep), st(P_exp)
     # a word embedding tied to the LM head of another stage: those two ranks sum its gradients
     tied = st({r: (has_emb[r] ^ has_head[r]) * (m.vocab_size * d / tp) for r in ROLES}) if m.tied_embeddings else 0.0
@@ -332,7 +337,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
 
 
 # the per-layer terms (layer._layer_terms) memory, the step's breakdown and the Estimate read after the pipeline
-LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "cp_layer", "dense_host", "moe_host", "dense_layer", "moe_layer")
+LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "o_dense", "o_moe", "cp_layer", "dense_host", "moe_host",
+                     "dense_layer", "moe_layer")
 
 
 @dataclass
@@ -369,6 +375,8 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     M = lay.m
     grp = _group_terms(hw, lay, d)
     lc, layer_row = _per_layer(m, hw, lay, grp["ep_stride"], routing, dtype)
+    # what Layout.offload_modules park on the host a layer and micro-batch (zeros where none does)
+    lc["o_dense"], lc["o_moe"] = module_offload_bytes(m, lay, lc["imb"], hw.accelerator.expert_row_multiple)
     p2p_one = np.where(lay.pp == 1, 0.0, grp["p2p"])
     n_moe = m.num_moe_layers
     D = m.dense_layers

@@ -13,6 +13,12 @@ transfers — was the dominant bottleneck" (docs/training/cpu-offloading.md). Th
 is a floor for that compute (a STREAM rate), so the price is a lower bound where the CPU's
 cores, not its memory, bound the step.
 
+Activations by module (Layout.offload_modules, Megatron-Core's fine-grained activation
+offloading): in every layer the listed modules' saved tensors (activations.OFFLOAD_TERMS) go to
+pinned host memory on a side stream after the module's forward and come back before its backward,
+one layer's groups staying on the device (rank_memory.role_activations); the copies run behind the
+rank's compute like the whole layers' below.
+
 Activations (Layout.offload_layers = L, Transformer Engine's CPU offloading,
 transformer_engine/pytorch/cpu_offload.py): the saved activations of L of a rank's layers go to
 the host as soon as they are saved and come back one layer ahead in the backward, on a side
@@ -40,8 +46,9 @@ LINK_OUT_BYTES, LINK_IN_BYTES = 4.0, 2.0
 
 def require_host(hw: HardwareSpec, lay: LayoutBatch) -> None:
     """Raise PiperError where a layout offloads and the hardware spec says nothing of its host."""
-    if hw.host is None and (np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0)):
-        raise PiperError(f"hardware {hw.name}: host: offloading (optimizer_offload, offload_layers) needs the "
+    if hw.host is None and (np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0) or np.any(lay.off_mods)):
+        raise PiperError(f"hardware {hw.name}: host: offloading (optimizer_offload, offload_layers, offload_modules) "
+                         "needs the "
                          "spec's host section (link_gbps, memory_bandwidth_gbps, memory_gib)")
 
 

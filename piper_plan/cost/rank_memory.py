@@ -49,8 +49,8 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     parts, parked = {}, {}
     for r, (nd, nm) in roles.items():
         layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
-        # Layout.offload_layers' share waits in host memory
-        parked[r] = offloaded_share(lay, nd + nm) * layer_acts if offloads else 0.0
+        # what waits in host memory (Layout.offload_layers, offload_modules)
+        parked[r] = _parked(lay, lc, infl[r], nd, nm, layer_acts) if offloads else 0.0
         parts[r] = {"activations": layer_acts - parked[r] + infl[r] * has_head[r] * mtp_in / GIB,
                     "logits": has_head[r] * logits / GIB, "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB}
     # piper-train's (unfused) bf16 weight copies: priced only where a layout has them
@@ -58,9 +58,21 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     return {"stage_of": stage_of, "casts": casts, "parts": parts, "parked": parked}
 
 
+def _parked(lay: LayoutBatch, lc: dict, infl, nd, nm, layer_acts):
+    """GiB of a rank's activations in host memory: Layout.offload_layers' share of its layers
+    (`layer_acts` GiB in all, `infl` micro-batches in flight), and what Layout.offload_modules park
+    of the others, but one layer's: Megatron-Core keeps the last group of each module on the device,
+    whose backward runs first, so its reload never blocks (PipelineOffloadManager.
+    post_warmup_callback, the offload margin)."""
+    share = offloaded_share(lay, nd + nm)
+    kept = np.maximum(np.where(nm > 0, lc["o_moe"], 0.0), np.where(nd > 0, lc["o_dense"], 0.0))
+    modules = np.maximum(infl * (nd * lc["o_dense"] + nm * lc["o_moe"]) - kept, 0.0) / GIB
+    return share * layer_acts + (1.0 - share) * modules
+
+
 def _offloads(lay: LayoutBatch) -> bool:
     """Whether any layout keeps optimizer state or activations in host memory."""
-    return bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0))
+    return bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0) or np.any(lay.off_mods))
 
 
 def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_emb: dict, has_head: dict,
