@@ -116,11 +116,6 @@ STACK_OPTIONS = [
                      help="what the runtime replays as CUDA graphs, comma-separated (Megatron-Core "
                      "--cuda-graph-scope): attn, mlp, moe, moe_router, moe_preprocess, full_iteration; none: eager. "
                      "Priced on specs that give efficiency.host_op_us"),
-        click.option("--offload-modules", default="none", show_default=True,
-                     help="modules whose saved tensors wait in host memory between every layer's forward and backward, "
-                     "comma-separated (Megatron-Core --fine-grained-activation-offloading --offload-modules): "
-                     "attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act; none: on the "
-                     "device. Needs the hardware spec's host section"),
         click.option("--pipeline-split", type=click.Choice(["balanced", "even", "account"]), default="balanced",
                      show_default=True, help="how layers split into pipeline chunks: by cost (piper), evenly "
                      "(Megatron-Core's default), or with the embedding and loss counted as one layer each "
@@ -134,6 +129,10 @@ OFFLOAD_HELP = {
     "layers": "layers of each rank whose saved activations wait in host memory between forward and backward "
               "(Megatron-Core --cpu-offloading-num-layers, NeMo activation_offload_layers); needs the hardware spec's "
               "host section",
+    "modules": "modules whose saved tensors wait in host memory between every layer's forward and backward, "
+               "comma-separated (Megatron-Core --fine-grained-activation-offloading --offload-modules): attn_norm, "
+               "qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, moe_act; none: on the device. Needs the "
+               "hardware spec's host section",
 }
 
 
@@ -156,12 +155,12 @@ def _graph_scopes(kw) -> tuple[str, ...]:
     return _listed(kw["cuda_graphs"], "--cuda-graphs", GRAPH_SCOPES)
 
 
-def _offload_modules(kw, model=None) -> tuple[str, ...]:
-    """--offload-modules as a tuple; the experts' modules refused for a model without experts."""
+def _offload_modules(text: str, model=None) -> tuple[str, ...]:
+    """One --offload-modules set as a tuple; the experts' modules refused for a model without experts."""
     from .cost.batch import OFFLOAD_MODULES
     from .errors import LayoutError
 
-    mods = _listed(kw["offload_modules"], "--offload-modules", OFFLOAD_MODULES)
+    mods = _listed(text, "--offload-modules", OFFLOAD_MODULES)
     absent = [x for x in mods if x in ("expert_fc1", "moe_act") and model is not None and model.moe is None]
     if absent:
         raise LayoutError("--offload-modules", f"{absent[0]} names a part {model.name} does not have")
@@ -228,6 +227,7 @@ def layout_options(fn):
                      help=OFFLOAD_HELP["optimizer"]),
         click.option("--offload-layers", type=click.IntRange(min=0), default=0, show_default=True,
                      help=OFFLOAD_HELP["layers"]),
+        click.option("--offload-modules", default="none", show_default=True, help=OFFLOAD_HELP["modules"]),
         *MIGRATION_OPTIONS,
     ]
     for o in reversed(opts):
@@ -339,7 +339,7 @@ def _layout_from(kw, model):
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"], optimizer_offload=kw["optimizer_offload"],
                   offload_layers=kw["offload_layers"],
-                  offload_modules=_offload_modules(kw, model))
+                  offload_modules=_offload_modules(kw["offload_modules"], model))
 
 
 @main.command()
@@ -409,6 +409,9 @@ def search_options(fn):
                      help="shares to try, comma-separated (e.g. 0,1), each a choice: " + OFFLOAD_HELP["optimizer"]),
         click.option("--offload-layers", default="0", show_default=True,
                      help="counts to try, comma-separated (e.g. 0,20,40), each a choice: " + OFFLOAD_HELP["layers"]),
+        click.option("--offload-modules", "offload_modules", multiple=True, default=("none",), show_default=True,
+                     help="repeat to try several sets, each a choice of its own (e.g. --offload-modules none "
+                     "--offload-modules expert_fc1,moe_act): " + OFFLOAD_HELP["modules"]),
         click.option("--recompute-layers", "recompute_layers", default="0", show_default=True,
                      help="layers of each pipeline chunk that full recompute re-runs, comma-separated, each a choice "
                      "(e.g. 0,1,2,4; Megatron-Core --recompute-method block --recompute-num-layers); 0: every layer"),
@@ -481,7 +484,7 @@ def _space(kw, model, gpus):
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
                      offload_layers=_ints(kw["offload_layers"], "--offload-layers", least=0),
-                     offload_modules=_offload_modules(kw, model),
+                     offload_modules=tuple(dict.fromkeys(_offload_modules(t, model) for t in kw["offload_modules"])),
                      recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", least=0),
                      hsdp=kw["hsdp"])
     return for_runtime(sp, kw.get("runtime", "any"), model)

@@ -77,12 +77,14 @@ class SearchSpace:
     # host; Layout.offload_layers: a rank's layers whose activations wait there)
     optimizer_offload: tuple[float, ...] = (0.0,)
     offload_layers: tuple[int, ...] = (0,)
-    offload_modules: tuple[str, ...] = ()  # Layout.offload_modules: whose saved tensors every layout parks on the host
+    # Layout.offload_modules: sets of modules whose saved tensors wait on the host, each set a choice
+    offload_modules: tuple[tuple[str, ...], ...] = ((),)
     runtime: str = "any"  # "piper-train": only what it runs (for_runtime); adds its ZeRO-2 schedule rule
 
     def __post_init__(self):
         check_stack(self.expert_probs, self.fused_kernels)  # the rules check_layout applies to one layout
-        check_offload_modules(self.offload_modules, self.cuda_graphs, self.fused_kernels)
+        for mods in self.offload_modules:
+            check_offload_modules(mods, self.cuda_graphs, self.fused_kernels)
 
 
 RUNTIMES = ("any", "piper-train")
@@ -121,7 +123,7 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
     # fields the space tries sets of
     several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps",
                "recompute_layers": "recompute_layers", "optimizer_offload": "optimizer_offload",
-               "offload_layers": "offload_layers"}
+               "offload_layers": "offload_layers", "offload_modules": "offload_modules"}
     cut = {}
     for s in PIPER_TRAIN:
         attr = several.get(s.field, s.field)
@@ -294,8 +296,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 split=SPLITS.index(sp.pipeline_split),
                 dtype=DTYPES.index(sp.dtype), grad_bytes=4,
                 # the state bound below holds for every offload choice at the largest share offloaded
-                opt_offload=float(max(sp.optimizer_offload)), offload_layers=0,
-                off_mods=off_bits(sp.offload_modules))
+                opt_offload=float(max(sp.optimizer_offload)), offload_layers=0, off_mods=0)
     if headroom_gib is not None:
         # the state-memory bound reads (tp, pp, dp, ep, ZeRO, dtypes) only: price it per ZeRO x survivor
         zi, j = (g.ravel() for g in np.meshgrid(np.arange(len(zs)), np.arange(len(k1)), indexing="ij"))
@@ -324,20 +325,21 @@ def _rc_layer_duplicates(m: ModelSpec, rc: np.ndarray, rc_n: np.ndarray, chunks:
 
 
 def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: dict) -> LayoutBatch:
-    """`batch` once per host-offloading choice (SearchSpace.optimizer_offload x offload_layers),
-    less the layouts whose ranks hold too few layers to offload that many (layout.check_offload),
-    counted in `rejected`."""
-    combos = [(f, n) for f in sp.optimizer_offload for n in sp.offload_layers]
-    if combos == [(0.0, 0)]:
+    """`batch` once per host-offloading choice (SearchSpace.optimizer_offload x offload_layers x
+    offload_modules), less the layouts whose ranks hold too few layers to offload that many
+    (layout.check_offload), counted in `rejected`."""
+    sets = dict.fromkeys(off_bits(mods) for mods in sp.offload_modules)
+    combos = [(f, n, b) for f in sp.optimizer_offload for n in sp.offload_layers for b in sets]
+    if combos == [(0.0, 0, 0)]:
         return batch
     most = offload_limit(m.num_layers, batch.pp)
     parts = []
-    for f, n in combos:
+    for f, n, b in combos:
         bad = n > most
         if bad.any():
             name = "offload_layers >= layers on a rank (layout.check_offload)"
             rejected[name] = rejected.get(name, 0) + int(bad.sum())
-        parts.append(replace_cols(batch, opt_offload=f, offload_layers=n).take(np.flatnonzero(~bad)))
+        parts.append(replace_cols(batch, opt_offload=f, offload_layers=n, off_mods=b).take(np.flatnonzero(~bad)))
     return concat(parts)
 
 

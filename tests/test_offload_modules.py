@@ -99,12 +99,13 @@ def test_offloading_refuses_what_megatron_core_cannot_run(mods, graphs, fused, r
         check_layout(_lay(offload_modules=mods, cuda_graphs=graphs, fused_kernels=fused), MIXTRAL.num_layers,
                      MIXTRAL.moe.num_experts)
     with pytest.raises(LayoutError, match=rule):
-        SearchSpace(gpus=8, global_batch=64, seq=4096, offload_modules=mods, cuda_graphs=graphs, fused_kernels=fused)
+        SearchSpace(gpus=8, global_batch=64, seq=4096, offload_modules=((), mods), cuda_graphs=graphs,
+                    fused_kernels=fused)
 
 
 def test_piper_train_keeps_its_activations_on_the_device():
     with pytest.raises(PiperError, match="--offload-modules"):
-        for_runtime(SearchSpace(gpus=8, global_batch=8, seq=4096, offload_modules=EXPERTS), "piper-train")
+        for_runtime(SearchSpace(gpus=8, global_batch=8, seq=4096, offload_modules=((), EXPERTS)), "piper-train")
 
 
 @pytest.mark.parametrize("args, names", [
@@ -133,3 +134,25 @@ def test_the_published_qwen3_235b_gb200_run_fits_as_its_script_offloaded():
     est = evaluate(load_model("qwen3-235b-a22b"), GB200, from_layouts([lay]))
     assert float(est.peak_memory_gib[0]) > row.device_memory_gib
     assert np.isfinite(row.predicted) and abs(row.error_pct) < 10.0
+
+
+def test_the_search_tries_each_offload_set_as_a_choice_and_keeps_what_pays():
+    """DeepSeek-V3 on 128 GB200: without offloading the best plan recomputes every layer; parking
+    the experts' fc1 and activation inputs on the Grace host lets a plan that recomputes nothing
+    fit, and the search, trying both sets, finds it faster."""
+    from piper_plan.search import search
+
+    m = load_model("deepseek-v3")
+    space = dict(gpus=128, global_batch=1024, seq=4096, fp8="mxfp8", expert_probs="activation")
+    kept = search(m, GB200, SearchSpace(**space))
+    both = search(m, GB200, SearchSpace(**space, offload_modules=((), EXPERTS)))
+    assert len(both.batch) == 2 * len(kept.batch)
+    assert kept.batch.layout(kept.best).recompute == "full"
+    best = both.batch.layout(both.best)
+    assert best.offload_modules == EXPERTS and best.recompute != "full"
+    assert float(both.est.tokens_per_s[both.best]) > 1.1 * float(kept.est.tokens_per_s[kept.best])
+    r = CliRunner().invoke(main, ["search", "-m", "deepseek-v3", "-H", "gb200-nvl72", "-n", "128", "--global-batch",
+                                  "1024", "--fp8", "mxfp8", "--expert-probs", "activation", "--offload-modules", "none",
+                                  "--offload-modules", "expert_fc1,moe_act", "--top", "1"])
+    assert r.exit_code == 0, r.output
+    assert "offload(expert_fc1+moe_act)" in r.output

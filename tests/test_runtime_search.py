@@ -82,7 +82,7 @@ def test_the_search_and_the_launch_refuse_the_same_features():
     m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
     several = {"zero": "zeros", "a2a": "a2as", "recompute_modules": "selective", "etp": "etps", "cp": "cps",
                "recompute_layers": "recompute_layers", "optimizer_offload": "optimizer_offload",
-               "offload_layers": "offload_layers"}
+               "offload_layers": "offload_layers", "offload_modules": "offload_modules"}
     for s in PIPER_TRAIN:
         bad = UNRUN[s.field]
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"}}.get(s.field, {})
