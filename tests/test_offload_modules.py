@@ -156,3 +156,21 @@ def test_the_search_tries_each_offload_set_as_a_choice_and_keeps_what_pays():
                                   "--offload-modules", "expert_fc1,moe_act", "--top", "1"])
     assert r.exit_code == 0, r.output
     assert "offload(expert_fc1+moe_act)" in r.output
+
+
+def test_a_table_row_naming_an_unknown_module_is_refused_in_one_line(tmp_path):
+    import csv
+
+    from piper_plan import validate as V
+
+    row = dict(next(r for r in V.read_rows(V.data_path()) if r["id"] == "mcore-qwen3-235b-gb200-mxfp8"),
+               offload_modules="expert_fc2+moe_act")
+    path = tmp_path / "mine.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(row))
+        w.writeheader()
+        w.writerow(row)
+    r = CliRunner().invoke(main, ["validate", "--table", str(path)])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    line = r.output.strip()
+    assert len(line.splitlines()) == 1 and "offload_modules" in line and "'expert_fc2'" in line
