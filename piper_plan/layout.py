@@ -206,7 +206,7 @@ def offload_label(lay) -> str:
     """What a layout (a Layout or its dict) offloads to the host, as layout strings print it:
     " offload(opt 1, 40 layers, expert_fc1+moe_act)", or "" where it offloads nothing."""
     g = (lambda k: lay.get(k, 0)) if isinstance(lay, dict) else (lambda k: getattr(lay, k))  # noqa: E731
-    mods = (lay.get("offload_modules") or ()) if isinstance(lay, dict) else lay.offload_modules
+    mods = g("offload_modules") or ()
     parts = ([f"opt {g('optimizer_offload'):g}"] if g("optimizer_offload") else []) + \
         ([f"{g('offload_layers')} layers"] if g("offload_layers") else []) + (["+".join(mods)] if mods else [])
     return f" offload({', '.join(parts)})" if parts else ""

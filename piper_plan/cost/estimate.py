@@ -19,7 +19,7 @@ from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomp
 from .imbalance import expert_popularity
 from .layer import _a2a_off_stream, _dualpipe_overlaps, _per_layer
 from .memory import layer_params_per_rank
-from .offload import exposed_copies, offloaded_share, require_host
+from .offload import exposed_copies, offloaded_share, parks_activations, require_host
 from .rank_memory import rank_memory, role_activations
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
@@ -143,7 +143,7 @@ def _offload_exposed(hw: HardwareSpec, lay: LayoutBatch, lc: dict, roles: dict, 
     Layout.offload_layers of its layers' saved activations, and of the others what
     Layout.offload_modules park, each way; none where no layout offloads activations (a search's
     common case: nothing priced)."""
-    if not (np.any(lay.offload_layers > 0) or np.any(lay.off_mods)):
+    if not parks_activations(lay):
         z = np.zeros(len(lay))
         return dict.fromkeys(roles, z), dict.fromkeys(roles, z)
     fwd, bwd = {}, {}
@@ -324,8 +324,7 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
                                       ("tp_comm", tp_step), ("cp_comm", cp_step), ("p2p", p2p_step),
                                       ("bubble", bubble))}
     # reported apart only where activations are offloaded
-    parks = np.any(lay.offload_layers > 0) or np.any(lay.off_mods)
-    time_after = {"offload": M * pipe.offload_mb * share} if parks else {}
+    time_after = {"offload": M * pipe.offload_mb * share} if parks_activations(lay) else {}
     stage_rep, stage_exp = st(P_rep), st(P_exp)
     # a word embedding tied to the LM head of another stage: those two ranks sum its gradients
     tied = st({r: (has_emb[r] ^ has_head[r]) * (m.vocab_size * d / tp) for r in ROLES}) if m.tied_embeddings else 0.0

@@ -44,12 +44,21 @@ HOST_DRAM_BYTES = 28.0 + 6.0 + 4.0 + 2.0
 LINK_OUT_BYTES, LINK_IN_BYTES = 4.0, 2.0
 
 
+def parks_activations(lay: LayoutBatch) -> bool:
+    """Whether any layout sends saved activations to the host (Layout.offload_layers, offload_modules)."""
+    return bool(np.any(lay.offload_layers > 0) or np.any(lay.off_mods))
+
+
+def uses_host(lay: LayoutBatch) -> bool:
+    """Whether any layout keeps optimizer state or activations in host memory."""
+    return bool(np.any(lay.opt_offload > 0)) or parks_activations(lay)
+
+
 def require_host(hw: HardwareSpec, lay: LayoutBatch) -> None:
     """Raise PiperError where a layout offloads and the hardware spec says nothing of its host."""
-    if hw.host is None and (np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0) or np.any(lay.off_mods)):
+    if hw.host is None and uses_host(lay):
         raise PiperError(f"hardware {hw.name}: host: offloading (optimizer_offload, offload_layers, offload_modules) "
-                         "needs the "
-                         "spec's host section (link_gbps, memory_bandwidth_gbps, memory_gib)")
+                         "needs the spec's host section (link_gbps, memory_bandwidth_gbps, memory_gib)")
 
 
 def optimizer_offload_time(hw: HardwareSpec, lay: LayoutBatch, owned) -> np.ndarray:

@@ -14,7 +14,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch, distinct_rows
 from .memory import GIB, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, zero3_gathered_bytes
-from .offload import offloaded_share
+from .offload import offloaded_share, uses_host
 from .recompute import full_recompute_share
 
 BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
@@ -45,7 +45,7 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     # and saves its projection's input, [norm(h); norm(emb)], and the two norms' inputs
     mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
     a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
-    offloads = _offloads(lay)
+    offloads = uses_host(lay)
     parts, parked = {}, {}
     for r, (nd, nm) in roles.items():
         layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
@@ -70,11 +70,6 @@ def _parked(lay: LayoutBatch, lc: dict, infl, nd, nm, layer_acts):
     return share * layer_acts + (1.0 - share) * modules
 
 
-def _offloads(lay: LayoutBatch) -> bool:
-    """Whether any layout keeps optimizer state or activations in host memory."""
-    return bool(np.any(lay.opt_offload > 0) or np.any(lay.offload_layers > 0) or np.any(lay.off_mods))
-
-
 def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_emb: dict, has_head: dict,
                 acts: dict, P_rep: dict, P_exp: dict, edp):
     """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
@@ -91,7 +86,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     mem = {}
     peak = np.zeros(n)
     host_peak = np.zeros(n)
-    offloads = _offloads(lay)
+    offloads = uses_host(lay)
     if offloads:  # what the host holds: nothing, and not worth pricing, where no layout offloads
         h_rep = sum(state_coeffs(lay.dpcp, lay, host=True).values()) / GIB
         h_exp = sum(state_coeffs(edp, lay, host=True).values()) / GIB
