@@ -96,6 +96,9 @@ STACK_OPTIONS = [
                      show_default=True, help="FP8 GEMMs with bf16 activations (Transformer Engine): per-tensor "
                      "current scaling, MXFP8 block scaling (Blackwell), or DeepSeek-V3's 1x128 / 128x128 blockwise "
                      "scaling; attention, router and LM head stay bf16"),
+        click.option("--fp8-params/--no-fp8-params", default=False, show_default=True,
+                     help="keep the GEMMs' weights in FP8 under the --fp8 recipe (Megatron --fp8-param-gather): no "
+                     "bf16 copy; without it, bf16 weights and Transformer Engine's cached FP8 copy of each"),
         click.option("--expert-probs", type=click.Choice(["combine", "activation"]), default="combine",
                      show_default=True, help="where the routing probability scales a token: at the combine, which "
                      "keeps each expert output for its gradient (DeepSpeed-MoE, piper-train), or inside the experts' "
@@ -334,7 +337,8 @@ def _layout_from(kw, model):
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
-                  a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], cuda_graphs=_graph_scopes(kw),
+                  a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], fp8_params=kw["fp8_params"],
+                  cuda_graphs=_graph_scopes(kw),
                   tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"], optimizer_offload=kw["optimizer_offload"],
@@ -480,7 +484,7 @@ def _space(kw, model, gpus):
                      etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
-                     fp8=kw["fp8"], expert_probs=kw["expert_probs"],
+                     fp8=kw["fp8"], fp8_params=kw["fp8_params"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
                      offload_layers=_ints(kw["offload_layers"], "--offload-layers", least=0),

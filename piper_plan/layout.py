@@ -106,6 +106,11 @@ class Layout(BaseModel):
         "current scaling (Hopper and later), 'mxfp8' 1x32 block scaling (Blackwell), 'blockwise' 1x128 "
         "activation / 128x128 weight blocks (DeepSeek-V3's recipe; Hopper and later); attention, router and LM "
         "head stay in `dtype`")
+    fp8_params: bool = Field(
+        False, description="the GEMMs' weights kept in FP8 (Megatron's fp8_param_gather / --fp8-param-gather, "
+        "Transformer Engine's fp8_model_init): no bf16 copy beside the fp32 masters, and the ZeRO gather of a "
+        "tensor-scaled or blockwise weight moves 1 B; false: bf16 weights, whose FP8 copy TE caches across "
+        "micro-batches (cost/memory.fp8_weight_bytes)")
     expert_probs: ExpertProbs = Field(
         "combine", description="where the routing probability scales a routed token: combine, at the combine "
         "(GShard, DeepSpeed-MoE, X-MoE, piper-train), whose weight gradient keeps each expert output; activation, "
@@ -230,6 +235,13 @@ def check_stack(expert_probs: str, fused_kernels: bool) -> None:
                           "piper-train) scale the expert outputs at the combine; use expert_probs combine")
 
 
+def check_fp8_params(fp8_params: bool, fp8: str) -> None:
+    """Raise LayoutError for FP8 weights without an FP8 recipe to keep them in."""
+    if fp8_params and fp8 == "none":
+        raise LayoutError("fp8_params with an fp8 recipe", "FP8 weights are quantised by the layout's FP8 recipe "
+                          "(fp8 current, mxfp8 or blockwise); with fp8 none the weights stay in the dtype")
+
+
 def check_offload_modules(modules, cuda_graphs, fused_kernels: bool) -> None:
     """Raise LayoutError where Megatron-Core's fine-grained activation offloading cannot run as
     asked (Megatron-LM's "Fine-Grained Activation Offloading" guide, 2026): attn_proj shares its
@@ -348,6 +360,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           f"{num_layers - lay.stages + 1}")
     check_stack(lay.expert_probs, lay.fused_kernels)
     check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
+    check_fp8_params(lay.fp8_params, lay.fp8)
 
 
 def tp_splits_heads(num_heads: int, kv_heads: int, tp: int) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, off_bits, rc_bits, replace_cols
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
-from .layout import check_offload_modules, check_stack, degrees_label, offload_limit
+from .layout import check_fp8_params, check_offload_modules, check_stack, degrees_label, offload_limit
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -67,6 +67,7 @@ class SearchSpace:
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap (a runtime feature: TE's userbuffers)
     attention_fp8: bool = False    # Layout.attention_fp8 (TE's fp8_dot_product_attention)
     fp8: str = "none"             # Layout.fp8: FP8 GEMMs (Transformer Engine recipes)
+    fp8_params: bool = False      # Layout.fp8_params: the GEMMs' weights kept in FP8
     expert_probs: str = "combine"  # Layout.expert_probs: where the routing probability scales a token
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
     pipeline_split: str = "balanced"  # Layout.pipeline_split: how the runtime splits layers into chunks
@@ -83,6 +84,7 @@ class SearchSpace:
 
     def __post_init__(self):
         check_stack(self.expert_probs, self.fused_kernels)  # the rules check_layout applies to one layout
+        check_fp8_params(self.fp8_params, self.fp8)
         for mods in self.offload_modules:
             check_offload_modules(mods, self.cuda_graphs, self.fused_kernels)
 
@@ -291,7 +293,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8, p2p_sg=False, tp_async=True,
-                fp8=FP8S.index(sp.fp8), probs_act=sp.expert_probs == "activation",
+                fp8=FP8S.index(sp.fp8), fp8_par=sp.fp8_params, probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
                 split=SPLITS.index(sp.pipeline_split),
                 dtype=DTYPES.index(sp.dtype), grad_bytes=4,
@@ -303,7 +305,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         first = np.zeros(len(j), int)
         lb = state_lower_bound_gib(m, _batch(cols, j, zs[zi], np.where(zh[zi], reps[j], 1), rc[first], a2[first],
                                              pl[first], rc_mod[first], rc_n[first]),
-                                   hw.memory_overhead_gib)
+                                   hw.memory_overhead_gib, hw.accelerator.fp8_any_layout)
         rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
     batch = _batch(cols, j, zs[zi], np.where(zh[zi], reps[j], 1), rc[ri], a2[ai], pl[pi], rc_mod[ri], rc_n[ri])

@@ -162,6 +162,8 @@ def _settings(row) -> dict:
     --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
     run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to);
     attention_fp8 (yes where the recipe sets fp8_dot_product_attention: Layout.attention_fp8),
+    fp8_params (yes where it keeps the weights in FP8, fp8_param_gather / --fp8-param-gather:
+    Layout.fp8_params; blank: bf16 weights, TE's default),
     tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
     the recipe runs Megatron-FSDP's optim_grads_params; blank: the distributed optimizer, ZeRO-1).
     Megatron-Core scales each routed token by its probability inside the experts' fused
@@ -183,6 +185,7 @@ def _settings(row) -> dict:
                 reshard_after_forward=row.get("reshard_after_forward") != "no",
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",
+                fp8_params=row.get("fp8_params") == "yes" and row.get("precision") in _FP8,
                 grad_dtype=_grad_dtype(row),
                 overlap_grad_reduce=row.get("overlap_grad_reduce") != "no",
                 expert_gemm=_default(row, "expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
@@ -380,7 +383,7 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
     if row["recompute"] != "planner's choice":
         x = _settings(row)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
-                "expert_probs", "cuda_graphs", "overlap_grad_reduce")
+                "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce")
         # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
         # the space's defaults stand for those
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),

@@ -49,7 +49,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
-           "reshard_after_forward", "offload_modules")
+           "reshard_after_forward", "offload_modules", "fp8_params")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -250,7 +250,8 @@ RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),
                 "offload_modules": get_args(OffloadModule)}
 # columns a row answers with yes or no (blank: the reading its source's stack implies)
-YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduce", "reshard_after_forward", "fit")
+YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduce", "reshard_after_forward", "fit",
+          "fp8_params")
 _YES_NO_WORDS = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes", "no": "no", "false": "no", "off": "no", "0": "no"}
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
@@ -332,6 +333,9 @@ def _check_row(path, rid: str, r: dict) -> None:
     for c in YES_NO:
         if r.get(c, "") not in ("", "yes", "no"):
             raise TableError(path, rid, c, f"expected yes or no (or blank), got {r[c]!r}")
+    if r.get("fp8_params") == "yes" and r.get("precision", "") in ("", "bf16", "fp16", "bf16/fp16"):
+        raise TableError(path, rid, "fp8_params", "yes needs an FP8 precision (fp8, mxfp8 or fp8-blockwise) to keep "
+                         f"the weights in; the row's precision is {r.get('precision') or 'blank'}")
     if r.get("attention_flops", "") not in ATTENTION_FLOPS:
         raise TableError(path, rid, "attention_flops", "expected causal (the planner's count: a query attends to "
                          f"the keys before it) or full (every key), or blank, got {r['attention_flops']!r}")

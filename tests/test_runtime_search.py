@@ -67,7 +67,7 @@ UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gem
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
          "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True,
-         "offload_modules": ("expert_fc1",)}
+         "offload_modules": ("expert_fc1",), "fp8_params": True}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -85,7 +85,9 @@ def test_the_search_and_the_launch_refuse_the_same_features():
                "offload_layers": "offload_layers", "offload_modules": "offload_modules"}
     for s in PIPER_TRAIN:
         bad = UNRUN[s.field]
-        extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"}}.get(s.field, {})
+        # fields that mean something only beside another (runtimes.PIPER_TRAIN lists them first)
+        extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"},
+                 "fp8_params": {"fp8": "mxfp8"}}.get(s.field, {})
         ep = 1 if s.field == "etp" else 2  # two ranks: one expert group of etp 2
         dp = 1 if s.field == "cp" else 2  # two ranks: one sequence over both
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures
@@ -97,7 +99,9 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         if s.field in ("zero", "dropout", "p2p_scatter_gather"):
             continue  # the space enumerates ZeRO stages itself (cut, below), never tries dropout and splits
             # every tp > 1 message by sequence parallelism
-        sp = SearchSpace(gpus=2, global_batch=4, seq=32, **{attr: (bad,) if attr in several.values() else bad})
+        in_space = {"fp8": "mxfp8"} if s.field == "fp8_params" else {}
+        asked = {attr: (bad,) if attr in several.values() else bad}
+        sp = SearchSpace(gpus=2, global_batch=4, seq=32, **in_space, **asked)
         with pytest.raises(PiperError, match=f"it cannot run {s.option} "):
             for_runtime(sp, "piper-train")
     assert for_runtime(SearchSpace(gpus=2, global_batch=4, seq=32), "piper-train").zeros == (0, 1, 2)

@@ -94,6 +94,7 @@ class LayoutBatch:
     dropout: np.ndarray
     egemm: np.ndarray       # index into EXPERT_GEMMS (how the local experts' GEMMs launch)
     fp8: np.ndarray          # index into FP8S (Layout.fp8)
+    fp8_par: np.ndarray      # bool: the GEMMs' weights kept in FP8 (Layout.fp8_params)
     probs_act: np.ndarray    # bool: routing probabilities applied in the experts' activation (Layout.expert_probs)
     a2a_overlap: np.ndarray  # bool: all-to-all hidden behind another micro-batch's compute (Layout.a2a_overlap)
     a2a_sms: np.ndarray      # compute units an overlapped all-to-all holds (Layout.a2a_sms; 0: the spec's)
@@ -174,6 +175,7 @@ class LayoutBatch:
                       attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
                       a2a_overlap=bool(self.a2a_overlap[i]), a2a_sms=g("a2a_sms") or None, fp8=FP8S[g("fp8")],
+                      fp8_params=bool(self.fp8_par[i]),
                       tp_comm_overlap=bool(self.tp_overlap[i]), attention_fp8=bool(self.attn_fp8[i]),
                       p2p_scatter_gather=bool(self.p2p_sg[i]), tp_async_dgrad=bool(self.tp_async[i]),
                       expert_probs="activation" if self.probs_act[i] else "combine",
@@ -206,7 +208,8 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         a2a_overlap=col(lambda x: x.a2a_overlap), a2a_sms=col(lambda x: x.a2a_sms or 0),
         tp_overlap=col(lambda x: x.tp_comm_overlap), attn_fp8=col(lambda x: x.attention_fp8),
         p2p_sg=col(lambda x: x.p2p_scatter_gather), tp_async=col(lambda x: x.tp_async_dgrad),
-        fp8=col(lambda x: FP8S.index(x.fp8)), probs_act=col(lambda x: x.expert_probs == "activation"),
+        fp8=col(lambda x: FP8S.index(x.fp8)), fp8_par=col(lambda x: x.fp8_params),
+        probs_act=col(lambda x: x.expert_probs == "activation"),
         graphs=col(lambda x: graph_bits(x.cuda_graphs)), split=col(lambda x: SPLITS.index(x.pipeline_split)),
         overlap=col(lambda x: x.overlap_grad_reduce), dtype=col(lambda x: DTYPES.index(x.dtype)),
         grad_bytes=col(lambda x: 4 if x.grad_dtype == "fp32" else 2),

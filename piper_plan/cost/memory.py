@@ -37,6 +37,32 @@ def state_coeffs(group, lay: LayoutBatch, host: bool = False) -> dict[str, np.nd
             "grads": np.where(fp32, 4.0, lay.grad_bytes) / np.where(z >= 2, g, 1.0), **master}
 
 
+def fp8_weight_bytes(lay: LayoutBatch, any_layout: bool) -> np.ndarray:
+    """Bytes Transformer Engine keeps per GEMM weight in its FP8 form, per layout (0 without an FP8
+    recipe): tensor scaling (current) one 1 B copy where FP8 GEMMs take any operand layout
+    (Accelerator.fp8_any_layout: Blackwell), else the copy and its transpose (Hopper); MXFP8 a row-
+    and a column-wise copy, each with an E8M0 scale per 32 elements; blockwise (128x128 weight
+    blocks) both copies, each with an fp32 scale a block. Indexed by LayoutBatch.fp8 (batch.FP8S)."""
+    per_recipe = np.array([0.0, 1.0 if any_layout else 2.0, 2.0 + 2.0 / 32.0, 2.0 + 8.0 / 128.0**2])
+    return per_recipe[lay.fp8]
+
+
+def fp8_weight_extra(lay: LayoutBatch, group, any_layout: bool) -> np.ndarray:
+    """Bytes per GEMM weight (the layers' linear layers: not the embedding, the LM head, the norms)
+    beyond state_coeffs' "weights", per layout. With Layout.fp8_params the FP8 form is the weight,
+    with no bf16 copy (fp8_model_init); without, bf16 weights and TE's FP8 copy of each, which
+    Megatron's modules cache from the first micro-batch of a step to the last (is_first_microbatch:
+    TE's weight workspace). ZeRO-3 shards the weight over `group` (LayoutBatch.zero_shard); the cache
+    of a sharded bf16 weight is not priced. 0 without an FP8 recipe."""
+    q = fp8_weight_bytes(lay, any_layout)
+    eb = lay.act_bytes
+    z3 = lay.zero >= 3
+    g = np.where(z3, lay.zero_shard(group), 1.0)
+    primary = np.where(lay.fp8_par, q, eb) / g
+    cache = np.where(lay.fp8_par | z3, 0.0, q)
+    return primary + cache - eb / g
+
+
 def state_bytes(params, group, lay: LayoutBatch, coeffs: dict | None = None) -> dict[str, np.ndarray]:
     """Weights / grads / master / optimizer bytes for `params` sharded by ZeRO over `group`
     (pass `coeffs` = state_coeffs(group, lay) to reuse them across calls)."""
@@ -78,18 +104,23 @@ def in_flight(lay: LayoutBatch, stage, M=None) -> np.ndarray:
     return np.where(pp == 1, 1.0, out)
 
 
-def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float) -> np.ndarray:
-    """A lower bound on the busiest rank's memory, GiB: the mean rank's parameter, gradient
-    and optimizer state (the busiest rank holds at least the mean) plus the fixed reserve.
-    Cheap, so the search can drop layouts whose states alone overflow before pricing time."""
+def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float, fp8_any_layout: bool = False):
+    """A lower bound on the busiest rank's memory, GiB, per layout: the mean rank's parameter,
+    gradient and optimizer state (the busiest rank holds at least the mean), FP8 weights as
+    fp8_weight_extra prices them (`fp8_any_layout`: the spec's Accelerator.fp8_any_layout), plus
+    the fixed reserve. Cheap, so the search can drop layouts whose states alone overflow before
+    pricing time."""
     dense, moe_rep, experts = layer_params_per_rank(m, lay)
     pp = lay.pp.astype(float)
     tp = lay.tp.astype(float)
-    rep = (m.num_dense_layers * dense + m.num_moe_layers * moe_rep
-           + (m.embedding_params + m.lm_head_params) / tp) / pp
+    layers = (m.num_dense_layers * dense + m.num_moe_layers * moe_rep) / pp
+    rep = layers + (m.embedding_params + m.lm_head_params) / tp / pp
     exp = m.num_moe_layers * experts / pp
     c_rep, c_exp = state_coeffs(lay.dpcp, lay), state_coeffs(lay.edp, lay)
     tot = rep * sum(c_rep.values()) + exp * sum(c_exp.values())
+    if np.any(lay.fp8):
+        tot = tot + layers * fp8_weight_extra(lay, lay.dpcp, fp8_any_layout) + exp * fp8_weight_extra(
+            lay, lay.edp, fp8_any_layout)
     return tot / GIB + overhead_gib
 
 

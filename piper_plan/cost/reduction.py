@@ -11,7 +11,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import comm
-from .batch import LayoutBatch
+from .batch import FP8S, LayoutBatch
 from .kernels import stream_time
 from .memory import grad_bytes
 from .offload import optimizer_offload_time
@@ -152,8 +152,15 @@ def reduced_whole(lay: LayoutBatch) -> np.ndarray:
 def weight_bytes(lay: LayoutBatch, eb):
     """Bytes a parameter's ZeRO gather moves: the weight's dtype; piper-train (eager,
     Layout.fused_kernels false) keeps fp32 weights and casts them under autocast, so its owners
-    broadcast 4 B a parameter (runtime/optim.py DistOptimizer.step)."""
-    return np.where(lay.unfused, 4.0, eb)
+    broadcast 4 B a parameter (runtime/optim.py DistOptimizer.step). FP8 weights
+    (Layout.fp8_params) under tensor or blockwise scaling gather their 1 B row-wise data and
+    derive the rest locally; MXFP8 weights gather in bf16 (Megatron-Core's
+    reuse_grad_buf_for_mxfp8_param_ag: the gradient buffer holds the gathered bf16, each rank
+    then quantises both MXFP8 copies). The gather is priced over a rank's parameters as one sum,
+    so its bf16 embedding and LM head go at the same 1 B there (up to ~13 % of a rank's
+    parameters in a small model holding both: its gather priced that much short)."""
+    fp8_gather = lay.fp8_par & ((lay.fp8 == FP8S.index("current")) | (lay.fp8 == FP8S.index("blockwise")))
+    return np.where(lay.unfused, 4.0, np.where(fp8_gather, 1.0, eb))
 
 
 def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collectives) -> Collectives:

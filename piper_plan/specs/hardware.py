@@ -15,7 +15,7 @@ from .base import _Optional, _Strict
 
 
 class Accelerator(_Optional):
-    _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib")
+    _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib", "fp8_any_layout")
 
     name: str = Field(min_length=1)
     memory_gib: float = Field(..., gt=0, description="device memory, GiB")
@@ -35,6 +35,10 @@ class Accelerator(_Optional):
         1, ge=1, description="the runtime pads each local expert's routed rows with zero rows to a multiple of "
         "this before its GEMMs (piper-train on CPU ranks: 16, so the CPU GEMM library, which builds a kernel "
         "per new shape, meets few shapes); the planner prices the expected padding. 1: no padding")
+    fp8_any_layout: bool = Field(
+        False, description="its FP8 GEMMs take operands in any layout (Transformer Engine's "
+        "nvte_is_non_tn_fp8_gemm_supported: compute capability 10.x and 13+), so a tensor-scaled FP8 weight keeps "
+        "one copy; false: FP8 GEMMs take only the TN layout (Hopper) and TE keeps each weight's transpose too")
     source: str = ""
 
     @model_validator(mode="after")

@@ -1,0 +1,97 @@
+"""FP8 weights (Layout.fp8_params; Megatron's fp8_param_gather): what Transformer Engine keeps per
+GEMM weight under each FP8 recipe (cost/memory.fp8_weight_bytes), with and without a bf16 copy,
+and what the ZeRO gather then moves (cost/reduction.weight_bytes)."""
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.cli import main
+from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.estimate import evaluate
+from piper_plan.cost.memory import GIB, layer_params_per_rank
+from piper_plan.cost.reduction import weight_bytes
+from piper_plan.errors import LayoutError
+from piper_plan.layout import Layout, check_layout
+from piper_plan.search import SearchSpace
+from piper_plan.specs import load_hardware, load_model
+
+GB200, H100 = load_hardware("gb200-nvl72"), load_hardware("dgx-h100")
+LLAMA = load_model("llama3-8b")
+BASE = dict(gpus=8, dp=8, mbs=1, global_batch=64, seq=4096, zero=1)
+
+
+def _weights_gib(hw, **kw):
+    est = evaluate(LLAMA, hw, from_layouts([Layout(**{**BASE, **kw})]))
+    return float(est.memory["first"]["weights"][0])
+
+
+def _gemm_weights():
+    """The layers' parameters on the one stage: everything but the embedding and the LM head."""
+    dense, _, _ = layer_params_per_rank(LLAMA, from_layouts([Layout(**BASE)]))
+    return LLAMA.num_layers * float(dense[0])
+
+
+@pytest.mark.parametrize("hw, fp8, fp8_copy", [
+    (GB200, "current", 1.0),            # Blackwell's FP8 GEMMs take any layout: one copy
+    (H100, "current", 2.0),             # Hopper's take TN only: the copy and its transpose
+    (GB200, "mxfp8", 2.0 + 2.0 / 32),   # row- and column-wise copies, an E8M0 scale per 32
+])
+def test_fp8_weights_hold_the_recipe_s_copies_and_bf16_weights_hold_both(hw, fp8, fp8_copy):
+    bf16 = _weights_gib(hw)
+    cached = _weights_gib(hw, fp8=fp8)           # bf16 weights + TE's cached FP8 copy of each
+    in_fp8 = _weights_gib(hw, fp8=fp8, fp8_params=True)  # the FP8 copy is the weight
+    n = _gemm_weights()
+    assert cached - bf16 == pytest.approx(n * fp8_copy / GIB)
+    assert in_fp8 - bf16 == pytest.approx(n * (fp8_copy - 2.0) / GIB)
+
+
+def test_fp8_weights_free_a_blackwell_rank_a_byte_a_parameter_against_the_bf16_stack():
+    base = evaluate(LLAMA, GB200, from_layouts([Layout(**BASE, fp8="current")]))
+    fp8w = evaluate(LLAMA, GB200, from_layouts([Layout(**BASE, fp8="current", fp8_params=True)]))
+    assert float(base.peak_memory_gib[0] - fp8w.peak_memory_gib[0]) == pytest.approx(2.0 * _gemm_weights() / GIB)
+
+
+def test_the_zero_gather_moves_the_fp8_bytes_for_tensor_scaling_and_bf16_for_mxfp8():
+    lays = from_layouts([Layout(**BASE, fp8=f, fp8_params=p) for f, p in
+                         (("current", True), ("blockwise", True), ("mxfp8", True), ("current", False))])
+    assert weight_bytes(lays, lays.act_bytes.astype(float)).tolist() == [1.0, 1.0, 2.0, 2.0]
+    # the gather runs after the backward here: half its bytes, less of the step
+    slow = dict(BASE, overlap_grad_reduce=False, fp8="current")
+    t = [float(evaluate(LLAMA, H100, from_layouts([Layout(**slow, fp8_params=p)])).time["dp_comm"][0])
+         for p in (False, True)]
+    assert t[1] < t[0]
+
+
+def test_fp8_weights_need_an_fp8_recipe_in_a_layout_a_search_and_the_cli():
+    lay = Layout(**BASE, fp8_params=True)
+    with pytest.raises(LayoutError, match="fp8_params with an fp8 recipe"):
+        check_layout(lay, LLAMA.num_layers)
+    with pytest.raises(LayoutError, match="fp8_params with an fp8 recipe"):
+        SearchSpace(gpus=8, global_batch=64, seq=4096, fp8_params=True)
+    r = CliRunner().invoke(main, ["estimate", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "8", "--fp8-params"])
+    assert r.exit_code != 0 and "fp8_params with an fp8 recipe" in r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+
+
+def test_the_search_bound_drops_no_fp8_layout_that_fits():
+    # the state bound drops layouts before pricing them; with FP8 weights it must still only drop
+    # layouts that do not fit
+    from piper_plan.search import STATE_BOUND, enumerate_layouts
+    m = load_model("llama3-70b")
+    for hw, fp8, fp8_params in ((H100, "current", False), (H100, "current", True), (GB200, "current", True),
+                                (GB200, "mxfp8", False)):
+        sp = SearchSpace(gpus=32, global_batch=64, seq=4096, fp8=fp8, fp8_params=fp8_params, zeros=(0, 1))
+        every, _ = enumerate_layouts(m, hw, sp)
+        kept, rejected = enumerate_layouts(m, hw, sp, headroom_gib=0.0)
+        assert rejected.get(STATE_BOUND, 0) > 0  # the bound binds here
+        fits = lambda b: int(evaluate(m, hw, b).fits.sum())  # noqa: E731
+        assert fits(kept) == fits(every) > 0
+
+
+def test_a_table_row_with_fp8_weights_needs_an_fp8_precision(tmp_path):
+    from piper_plan.validate_rows import TableError, read_rows
+    header = "id,group,model,hardware,gpus,seq,metric,value,precision,fp8_params\n"
+    p = tmp_path / "t.csv"
+    p.write_text(header + "r1,g,llama3-8b,dgx-h100,8,4096,tokens_per_s_per_gpu,1000,bf16,yes\n")
+    with pytest.raises(TableError, match="fp8_params") as e:
+        read_rows(p)
+    assert "r1" in str(e.value) and "FP8 precision" in str(e.value)
