@@ -439,6 +439,11 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
         if r1.best is not None:
             lines.append(f"fits with the optimizer state in host memory (--optimizer-offload 1): best "
                          f"{r1.est.tokens_per_s[r1.best]:,.0f} tokens/s")
+    if sp.fp8 != "none" and not sp.fp8_params:  # bf16 weights beside their FP8 copies: keep only the copies
+        r_f = search(m, hw, replace(sp, fp8_params=True), routing, "throughput", headroom_gib)
+        if r_f.best is not None:
+            lines.append(f"fits with the weights kept in FP8 (--fp8-params, Megatron's --fp8-param-gather): best "
+                         f"{r_f.est.tokens_per_s[r_f.best]:,.0f} tokens/s")
     for f in (2, 4, 8, 16, 32, 64):
         n2 = sp.gpus * f
         if hw.max_gpus and n2 > hw.max_gpus:
