@@ -113,3 +113,14 @@ def test_a_search_that_fits_only_with_fp8_weights_says_so_with_the_plan_s_throug
     asked = SearchSpace(gpus=8, global_batch=64, seq=4096, fp8="current", fp8_params=True)
     lines = diagnose(m, H100, asked, search(m, H100, asked))
     assert lines and not any("--fp8-params" in x for x in lines)
+
+
+def test_where_fp8_gemms_take_any_layout_the_current_scaling_cast_writes_no_transpose():
+    # TE's quantizers write the transpose only where FP8 GEMMs take TN alone: on Blackwell the
+    # cast of a GEMM's input moves 5 B an element (amax read 2, cast read 2, write 1), not 6
+    from piper_plan.cost.compute import _linears
+    tn_only = GB200.model_copy(update={"accelerator": GB200.accelerator.model_copy(update={"fp8_any_layout": False})})
+    m, n, k = 8192.0, 4096.0, 8192.0
+    fwd = [float(_linears(hw, "fp8", 2.0, (m, n, k))[0].f[0]) for hw in (GB200, tn_only)]
+    rate = GB200.accelerator.memory_bandwidth_gbps * 1e9 * GB200.efficiency.quant_memory
+    assert fwd[1] - fwd[0] == pytest.approx(m * k / rate)

@@ -69,7 +69,8 @@ class Phase:
 
 # FP8 recipes (Transformer Engine): bytes moved per quantised element and kernels per quantised
 # tensor. Current scaling: an amax pass (read 2 B), then a cast that reads 2 B and writes the
-# fp8 copy and its transpose (1 + 1 B). MXFP8: one pass computes the 1x32 block scales as it
+# fp8 copy and its transpose (1 + 1 B; no transpose where FP8 GEMMs take any operand layout,
+# Accelerator.fp8_any_layout: TE's quantizers then write one copy). MXFP8: one pass computes the 1x32 block scales as it
 # casts, writing row- and column-wise copies (1 + 1 B) and their E8M0 scales (2 x 1/32 B).
 # Blockwise (DeepSeek-V3 report §3.3.2: 1x128 activation tiles; TE Float8BlockScaling): one pass
 # writing row- and column-wise copies (1 + 1 B) and their fp32 scales (2 x 4/128 B).
@@ -115,6 +116,8 @@ def _linears(hw, dtype, eb, *shapes) -> list[Phase]:
         # micro-batches: not counted. Separately launched expert GEMMs quantise each expert's
         # rows apart (GroupedLinear keeps a quantizer per GEMM): kernels per expert, not per call.
         qbytes, qkernels = FP8_QUANT[dtype]
+        if dtype == "fp8" and hw.accelerator.fp8_any_layout:
+            qbytes -= 1.0  # the cast writes no transpose (FP8_QUANT)
         eff = hw.efficiency
         qbytes *= eff.memory / (eff.quant_memory or eff.memory)  # streamed below the copy rate where measured
         fwd = lambda x: x.reshape(len(shapes), 3, -1)[:, 0]  # noqa: E731  (the forward GEMMs' rows)
