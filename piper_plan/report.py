@@ -87,6 +87,9 @@ def hardware_detail(h: HardwareSpec) -> list[Table]:
                           + ")"),
                  ("collective library", h.collectives)]:
         t.add_row(k, v)
+    if "fp8" in a.peak_tflops:  # what an FP8 weight keeps (Accelerator.fp8_any_layout)
+        t.add_row("FP8 GEMM operand layouts", "any: one FP8 copy of a tensor-scaled weight" if a.fp8_any_layout
+                  else "TN only: an FP8 weight keeps its transpose too")
     lv = Table(title="topology (fastest first)")
     for c in ("level", "GPUs", "GB/s per GPU", "latency us", "source"):
         lv.add_column(c)

@@ -70,8 +70,9 @@ class Phase:
 # FP8 recipes (Transformer Engine): bytes moved per quantised element and kernels per quantised
 # tensor. Current scaling: an amax pass (read 2 B), then a cast that reads 2 B and writes the
 # fp8 copy and its transpose (1 + 1 B; no transpose where FP8 GEMMs take any operand layout,
-# Accelerator.fp8_any_layout: TE's quantizers then write one copy). MXFP8: one pass computes the 1x32 block scales as it
-# casts, writing row- and column-wise copies (1 + 1 B) and their E8M0 scales (2 x 1/32 B).
+# Accelerator.fp8_any_layout: TE's quantizers then write one copy). MXFP8: one pass computes
+# the 1x32 block scales as it casts, writing row- and column-wise copies (1 + 1 B) and their
+# E8M0 scales (2 x 1/32 B).
 # Blockwise (DeepSeek-V3 report §3.3.2: 1x128 activation tiles; TE Float8BlockScaling): one pass
 # writing row- and column-wise copies (1 + 1 B) and their fp32 scales (2 x 4/128 B).
 FP8_QUANT = {"fp8": (6.0, 2.0), "mxfp8": (2.0 + 2.0 + 2.0 / 32.0, 1.0), "fp8_blockwise": (2.0 + 2.0 + 8.0 / 128.0, 1.0)}
