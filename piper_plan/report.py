@@ -178,6 +178,17 @@ def show_rejections(rejected: dict, why: list[str]) -> None:
         console.print(f"[bold red]•[/] {line}")
 
 
+def precision_str(lay) -> str:
+    """The layout's dtype and FP8 settings in words: 'bf16', 'bf16, fp8 mxfp8 GEMMs, FP8 weights'."""
+    parts = [lay.dtype]
+    if lay.fp8 != "none":
+        parts.append(f"fp8 {lay.fp8} GEMMs")
+        parts.append("FP8 weights" if lay.fp8_params else "bf16 weights with cached FP8 copies")
+    if lay.attention_fp8:
+        parts.append("FP8 attention")
+    return ", ".join(parts)
+
+
 def plan_tables(plan) -> list[Table]:
     lay = plan.layout.model_dump()
     t = Table(title=f"plan: {plan.model.name} on {plan.layout.gpus} × {plan.hardware.name} (schema {plan.schema_version})")
@@ -185,6 +196,7 @@ def plan_tables(plan) -> list[Table]:
     t.add_column("value")
     t.add_row("layout", layout_str(lay))
     t.add_row("global batch / seq / micro-batches", f"{plan.layout.global_batch} / {plan.layout.seq} / {plan.layout.microbatches}")
+    t.add_row("precision", precision_str(plan.layout))
     t.add_row("routing", plan.routing.distribution + (f" s={plan.routing.zipf_s}" if plan.routing.distribution == "zipf" else ""))
     t.add_row("migration", "on" if plan.migration.enabled else "off")
     t.add_row("partition (layers per chunk)", " ".join(str(len(c)) for c in plan.partition))

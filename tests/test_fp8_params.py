@@ -124,3 +124,13 @@ def test_where_fp8_gemms_take_any_layout_the_current_scaling_cast_writes_no_tran
     fwd = [float(_linears(hw, "fp8", 2.0, (m, n, k))[0].f[0]) for hw in (GB200, tn_only)]
     rate = GB200.accelerator.memory_bandwidth_gbps * 1e9 * GB200.efficiency.quant_memory
     assert fwd[1] - fwd[0] == pytest.approx(m * k / rate)
+
+
+def test_a_plan_says_how_it_keeps_its_weights(tmp_path):
+    plan = tmp_path / "p.json"
+    args = ["search", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "16", "--global-batch", "256", "--fp8", "current"]
+    for extra, said in (([], "bf16, fp8 current GEMMs, bf16 weights with cached FP8 copies"),
+                        (["--fp8-params"], "bf16, fp8 current GEMMs, FP8 weights")):
+        assert CliRunner().invoke(main, args + extra + ["-o", str(plan)]).exit_code == 0
+        shown = CliRunner().invoke(main, ["show", str(plan)], terminal_width=200)
+        assert shown.exit_code == 0 and said in shown.output
