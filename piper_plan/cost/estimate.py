@@ -18,7 +18,7 @@ from .activations import module_offload_bytes
 from .batch import DTYPES, FP8_COMPUTE, FP8S, LayoutBatch, distinct_rows, recomputes, take_rows
 from .imbalance import expert_popularity
 from .layer import _a2a_off_stream, _dualpipe_overlaps, _per_layer
-from .memory import layer_params_per_rank
+from .memory import layer_params_per_rank, table_params
 from .offload import exposed_copies, offloaded_share, parks_activations, require_host
 from .rank_memory import rank_memory, role_activations
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
@@ -285,10 +285,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     roles, has_emb, has_head = ranks.per_role()
     nd_p, nm_p = busy["nd"], busy["nm"]
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
-    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p
-             + has_emb[r] * m.embedding_params / tp
-             + has_head[r] * (m.vocab_size * d / tp * (1 - (m.tied_embeddings & has_emb[r]))
-                              + m.mtp_layers * m.mtp_extra_params / tp) for r in roles}
+    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p + table_params(m, lay, has_emb[r], has_head[r])
+             + has_head[r] * m.mtp_layers * m.mtp_extra_params / tp for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
     tensors = param_tensors(m, ranks.nd, ranks.nm, ranks.emb, ranks.head) if prices_tensors(hw, lay) else None
     st = lambda per_role: _stacked(per_role, ROLES, n)  # noqa: E731

@@ -63,6 +63,14 @@ def fp8_weight_extra(lay: LayoutBatch, group, any_layout: bool) -> np.ndarray:
     return primary + cache - eb / g
 
 
+def table_params(m: ModelSpec, lay: LayoutBatch, has_emb, has_head):
+    """Parameters of the embedding table and the LM head a rank holds (one table where tied and
+    both on it), per layout: the part of its replicated parameters outside its layers."""
+    tp = lay.tp.astype(float)
+    return has_emb * m.embedding_params / tp + has_head * (
+        m.vocab_size * m.hidden_size / tp * (1 - (m.tied_embeddings & has_emb)))
+
+
 def state_bytes(params, group, lay: LayoutBatch, coeffs: dict | None = None) -> dict[str, np.ndarray]:
     """Weights / grads / master / optimizer bytes for `params` sharded by ZeRO over `group`
     (pass `coeffs` = state_coeffs(group, lay) to reuse them across calls)."""

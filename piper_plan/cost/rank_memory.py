@@ -14,7 +14,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch, distinct_rows
 from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs,
-                     zero3_gathered_bytes)
+                     table_params, zero3_gathered_bytes)
 from .offload import offloaded_share, uses_host
 from .recompute import full_recompute_share
 
@@ -113,7 +113,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_fp8:  # the layers' linear layers: not the embedding or the LM head, which stay in the dtype
-            comps["weights"] = comps["weights"] + (P_rep[r] - _tables(m, lay, has_emb[r], has_head[r])) * x_rep \
+            comps["weights"] = comps["weights"] + (P_rep[r] - table_params(m, lay, has_emb[r], has_head[r])) * x_rep \
                 + P_exp[r] * x_exp
         if with_casts:  # reported apart only where a layout holds more than one copy
             # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
@@ -133,14 +133,6 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
         mem[r] = comps
         peak = np.maximum(peak, np.where(stage_of[r] >= 0, comps["total"], 0.0))
     return mem, peak, stage_of, host_peak
-
-
-def _tables(m: ModelSpec, lay: LayoutBatch, has_emb, has_head):
-    """Parameters of the embedding table and the LM head a rank holds (one table where tied and
-    both on it), per layout."""
-    tp = lay.tp.astype(float)
-    head = float(m.vocab_size * m.hidden_size) * (1 - (m.tied_embeddings & has_emb))
-    return (has_emb * m.embedding_params + has_head * head) / tp
 
 
 def cast_copies(m: ModelSpec, lay: LayoutBatch, infl) -> np.ndarray:
