@@ -1,6 +1,6 @@
 """FP8 weights (Layout.fp8_params; Megatron's fp8_param_gather): what Transformer Engine keeps per
 GEMM weight under each FP8 recipe (cost/memory.fp8_weight_bytes), with and without a bf16 copy,
-and what the ZeRO gather then moves (cost/reduction.weight_bytes)."""
+and what the ZeRO gather then moves (cost/reduction.weight_bytes, gathered_bytes)."""
 import pytest
 from click.testing import CliRunner
 
@@ -8,7 +8,7 @@ from piper_plan.cli import main
 from piper_plan.cost.batch import from_layouts
 from piper_plan.cost.estimate import evaluate
 from piper_plan.cost.memory import GIB, layer_params_per_rank
-from piper_plan.cost.reduction import weight_bytes
+from piper_plan.cost.reduction import gathered_bytes, weight_bytes
 from piper_plan.errors import LayoutError
 from piper_plan.layout import Layout, check_layout
 from piper_plan.search import SearchSpace
@@ -59,6 +59,12 @@ def test_the_zero_gather_moves_the_fp8_bytes_for_tensor_scaling_and_bf16_for_mxf
     t = [float(evaluate(LLAMA, H100, from_layouts([Layout(**slow, fp8_params=p)])).time["dp_comm"][0])
          for p in (False, True)]
     assert t[1] < t[0]
+
+
+def test_the_gather_moves_the_embedding_and_lm_head_in_bf16_beside_fp8_layer_weights():
+    lays = from_layouts([Layout(**BASE, fp8="current", fp8_params=True), Layout(**BASE, fp8="current")])
+    # 10 replicated parameters, 4 of them the tables: 6 FP8 weights at 1 B and 4 bf16 at 2 B
+    assert gathered_bytes(lays, lays.act_bytes.astype(float), 10.0, 4.0).tolist() == [14.0, 20.0]
 
 
 def test_fp8_weights_need_an_fp8_recipe_in_a_layout_a_search_and_the_cli():

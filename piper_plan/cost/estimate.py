@@ -191,7 +191,7 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     # layers, whose parameters the others' outweigh (each stage priced with its own window)
     stage_rep, stage_exp = part.stage_rep, part.stage_exp
     params = RankParams(stage_rep, stage_exp, part.tensors)
-    coll = hybrid(hw, lay, edp, stage_rep, stage_exp, eb, part.coll)  # hybrid-sharded layouts' own groups
+    coll = hybrid(hw, lay, edp, stage_rep, stage_exp, eb, part.coll, part.stage_tables)  # hybrid sharding's groups
     dp_r, opt_r = dp_time(hw, lay, edp, params, eb, part.dp_win_r, coll)
     if part.tensors is not None:  # an eager runtime's per-tensor host work
         host_dp, host_opt = tensor_host_time(hw, lay, edp, *part.tensors, part.dp_win_r.M, stage_rep, stage_exp)
@@ -259,6 +259,7 @@ class ZeroFree:
     ranks: RoleLayers       # the pipeline's representative ranks
     stage_rep: np.ndarray   # [roles, n]: its replicated parameters
     stage_exp: np.ndarray   # [roles, n]: its expert parameters
+    stage_tables: np.ndarray  # [roles, n]: the embedding and LM-head parameters among stage_rep
     tensors: tuple | None   # ([roles, n] replicated, expert) parameter tensors, where priced (prices_tensors)
     dp_win_r: "PipeWindow"  # each role's window for the reduction
     acts: dict              # rank_memory.role_activations
@@ -285,7 +286,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     roles, has_emb, has_head = ranks.per_role()
     nd_p, nm_p = busy["nd"], busy["nm"]
     dense_p, moe_rep_p, exp_p = layer_params_per_rank(m, lay)
-    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p + table_params(m, lay, has_emb[r], has_head[r])
+    tables = {r: table_params(m, lay, has_emb[r], has_head[r]) for r in roles}
+    P_rep = {r: roles[r][0] * dense_p + roles[r][1] * moe_rep_p + tables[r]
              + has_head[r] * m.mtp_layers * m.mtp_extra_params / tp for r in roles}
     P_exp = {r: roles[r][1] * exp_p for r in roles}
     tensors = param_tensors(m, ranks.nd, ranks.nm, ranks.emb, ranks.head) if prices_tensors(hw, lay) else None
@@ -326,9 +328,10 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     stage_rep, stage_exp = st(P_rep), st(P_exp)
     # a word embedding tied to the LM head of another stage: those two ranks sum its gradients
     tied = st({r: (has_emb[r] ^ has_head[r]) * (m.vocab_size * d / tp) for r in ROLES}) if m.tied_embeddings else 0.0
-    coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float), tied)
+    stage_tables = st(tables)
+    coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float), tied, stage_tables)
     return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, ranks,
-                    stage_rep, stage_exp, tensors,
+                    stage_rep, stage_exp, stage_tables, tensors,
                     pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops,
                     time, time_after)
 

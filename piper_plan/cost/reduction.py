@@ -107,17 +107,18 @@ class Collectives:
     tied: np.ndarray | float = 0.0  # the tied embedding's all-reduce between its two stages (collectives)
 
 
-def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tied=0.0) -> Collectives:
-    """Collectives of ranks holding `rep` replicated and `exp` expert parameters over the groups
-    `grp` (estimate._group_terms), and `tied` parameters of a word embedding tied to the LM head
-    on another stage, whose two copies' gradients are summed between the first and the last
-    stage once a step (Megatron-Core finalize_model_grads' _allreduce_word_embedding_grads;
+def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tied=0.0, tables=0.0) -> Collectives:
+    """Collectives of ranks holding `rep` replicated (`tables` of them the embedding and LM head:
+    memory.table_params) and `exp` expert parameters over the groups `grp`
+    (estimate._group_terms), and `tied` parameters of a word embedding tied to the LM head on
+    another stage, whose two copies' gradients are summed between the first and the last stage
+    once a step (Megatron-Core finalize_model_grads' _allreduce_word_embedding_grads;
     piper-train's embedding group). None reads the ZeRO stage: a search prices them once per
     layout without it (estimate._zero_free)."""
     gb, wb = grad_bytes(lay, eb), weight_bytes(lay, eb)
     groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"])),
               (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"])))
-    ag = _both(comm.ring_allreduce, hw, rep * wb, exp * wb, groups, 0.5)
+    ag = _both(comm.ring_allreduce, hw, gathered_bytes(lay, eb, rep, tables), exp * wb, groups, 0.5)
     rs_half = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 0.5)
     if lay.unfused.any():
         # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
@@ -156,14 +157,21 @@ def weight_bytes(lay: LayoutBatch, eb):
     (Layout.fp8_params) under tensor or blockwise scaling gather their 1 B row-wise data and
     derive the rest locally; MXFP8 weights gather in bf16 (Megatron-Core's
     reuse_grad_buf_for_mxfp8_param_ag: the gradient buffer holds the gathered bf16, each rank
-    then quantises both MXFP8 copies). The gather is priced over a rank's parameters as one sum,
-    so its bf16 embedding and LM head go at the same 1 B there (up to ~13 % of a rank's
-    parameters in a small model holding both: its gather priced that much short)."""
+    then quantises both MXFP8 copies). The embedding and the LM head stay bf16: gathered_bytes."""
     fp8_gather = lay.fp8_par & ((lay.fp8 == FP8S.index("current")) | (lay.fp8 == FP8S.index("blockwise")))
     return np.where(lay.unfused, 4.0, np.where(fp8_gather, 1.0, eb))
 
 
-def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collectives) -> Collectives:
+def gathered_bytes(lay: LayoutBatch, eb, rep, tables=0.0):
+    """Bytes the ZeRO gather moves for `rep` replicated parameters of which `tables` are the
+    embedding and the LM head: weight_bytes a parameter, but the tables at the weight's dtype
+    even with FP8 weights, which cover the layers' linear layers alone (Megatron-Core keeps a
+    gather buffer per parameter dtype: the bf16 tables go in their own)."""
+    wb = weight_bytes(lay, eb)
+    return rep * wb + tables * (np.where(lay.unfused, 4.0, eb) - wb)
+
+
+def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collectives, tables=0.0) -> Collectives:
     """`coll` with the layouts that hybrid-shard (Layout.zero_replicas r > 1) priced as they run:
     a shard's s = group / r neighbouring ranks reduce-scatter the gradients and all-gather the
     parameters among themselves (a dense group's s ranks tp apart, an expert group's s at its
@@ -187,7 +195,7 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
           + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
     wb = weight_bytes(lay, eb)
-    ag = _both(comm.ring_allreduce, hw, rep * wb, exp * wb, shards, 0.5)
+    ag = _both(comm.ring_allreduce, hw, gathered_bytes(lay, eb, rep, tables), exp * wb, shards, 0.5)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
     if lay.unfused.any():  # through the owners, over the shard's ranks
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep * wb, exp * wb, shards), ag)
