@@ -212,7 +212,9 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
 
     # ---- memory per representative rank ------------------------------------------------
     P_rep, P_exp = dict(zip(ROLES, stage_rep)), dict(zip(ROLES, stage_exp))
-    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, part.acts, P_rep, P_exp, edp)
+    tables = dict(zip(ROLES, part.stage_tables))
+    mem, peak, stage_of, host_peak = rank_memory(m, hw, lay, roles, has_emb, has_head, part.acts, P_rep, P_exp,
+                                                 tables, edp)
     fits = peak + headroom_gib <= hw.accelerator.memory_gib
     if hw.host is not None:  # what a rank offloads must fit its share of the host's memory
         fits &= host_peak <= hw.host.memory_gib

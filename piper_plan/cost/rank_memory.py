@@ -14,7 +14,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch, distinct_rows
 from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs,
-                     table_params, zero3_gathered_bytes)
+                     zero3_gathered_bytes)
 from .offload import offloaded_share, uses_host
 from .recompute import full_recompute_share
 
@@ -72,11 +72,12 @@ def _parked(lay: LayoutBatch, lc: dict, infl, nd, nm, layer_acts):
 
 
 def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, has_emb: dict, has_head: dict,
-                acts: dict, P_rep: dict, P_exp: dict, edp):
+                acts: dict, P_rep: dict, P_exp: dict, tables: dict, edp):
     """GiB per component on each role's rank (first, mid, last stage: `roles` gives their
     dense and MoE layer counts, has_emb / has_head whether it holds the embedding / LM head,
     `acts` what it holds whatever the ZeRO stage (role_activations), P_rep / P_exp its
-    replicated and expert parameters), the worst rank's total, each role's
+    replicated and expert parameters, `tables` the embedding and LM-head parameters among
+    P_rep: memory.table_params), the worst rank's total, each role's
     stage (-1: no such rank) and the largest GiB a rank keeps in host memory
     (Layout.optimizer_offload, offload_layers; 0 where nothing is offloaded)."""
     n = len(lay)
@@ -113,8 +114,7 @@ def rank_memory(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, roles: dict, h
     for r, (nd, nm) in roles.items():
         comps = {k: P_rep[r] * c_rep[k] + P_exp[r] * c_exp[k] for k in c_rep}  # weights, grads, master, optimizer
         if with_fp8:  # the layers' linear layers: not the embedding or the LM head, which stay in the dtype
-            comps["weights"] = comps["weights"] + (P_rep[r] - table_params(m, lay, has_emb[r], has_head[r])) * x_rep \
-                + P_exp[r] * x_exp
+            comps["weights"] = comps["weights"] + (P_rep[r] - tables[r]) * x_rep + P_exp[r] * x_exp
         if with_casts:  # reported apart only where a layout holds more than one copy
             # an embedding table no LM head on the rank reads is looked up, never cast (cast_copies)
             uncast = has_emb[r] * m.embedding_params / lay.tp.astype(float) * (1 - (m.tied_embeddings & has_head[r]))

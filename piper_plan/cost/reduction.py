@@ -118,7 +118,8 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     gb, wb = grad_bytes(lay, eb), weight_bytes(lay, eb)
     groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"])),
               (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"])))
-    ag = _both(comm.ring_allreduce, hw, gathered_bytes(lay, eb, rep, tables), exp * wb, groups, 0.5)
+    rep_w = gathered_bytes(lay, eb, rep, tables)
+    ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, groups, 0.5)
     rs_half = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 0.5)
     if lay.unfused.any():
         # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
@@ -126,7 +127,7 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
         # each a rooted collective that moves its whole buffer through the root (comm.rooted): all
         # the gradients, then all the parameters, at the bus rate
         rs_half = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, groups, True), rs_half)
-        ag = np.where(lay.unfused, _both(comm.rooted, hw, rep * wb, exp * wb, groups), ag)
+        ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, groups), ag)
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     apart = (lay.pp - 1) * (lay.gpus // lay.pp)
     t_tied = comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, apart) if np.any(tied) else 0.0
@@ -159,16 +160,21 @@ def weight_bytes(lay: LayoutBatch, eb):
     reuse_grad_buf_for_mxfp8_param_ag: the gradient buffer holds the gathered bf16, each rank
     then quantises both MXFP8 copies). The embedding and the LM head stay bf16: gathered_bytes."""
     fp8_gather = lay.fp8_par & ((lay.fp8 == FP8S.index("current")) | (lay.fp8 == FP8S.index("blockwise")))
-    return np.where(lay.unfused, 4.0, np.where(fp8_gather, 1.0, eb))
+    return np.where(fp8_gather, 1.0, _dtype_bytes(lay, eb))
+
+
+def _dtype_bytes(lay: LayoutBatch, eb):
+    """Bytes of a parameter in the weights' dtype: piper-train's fp32 (4 B), else `eb`."""
+    return np.where(lay.unfused, 4.0, eb)
 
 
 def gathered_bytes(lay: LayoutBatch, eb, rep, tables=0.0):
     """Bytes the ZeRO gather moves for `rep` replicated parameters of which `tables` are the
-    embedding and the LM head: weight_bytes a parameter, but the tables at the weight's dtype
+    embedding and the LM head: weight_bytes a parameter, but the tables at the weights' dtype
     even with FP8 weights, which cover the layers' linear layers alone (Megatron-Core keeps a
     gather buffer per parameter dtype: the bf16 tables go in their own)."""
     wb = weight_bytes(lay, eb)
-    return rep * wb + tables * (np.where(lay.unfused, 4.0, eb) - wb)
+    return rep * wb + tables * (_dtype_bytes(lay, eb) - wb)
 
 
 def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collectives, tables=0.0) -> Collectives:
@@ -194,11 +200,11 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     # each copy holds 1/s of the reduced gradients; its ring's members sit a shard apart
     ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
           + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
-    wb = weight_bytes(lay, eb)
-    ag = _both(comm.ring_allreduce, hw, gathered_bytes(lay, eb, rep, tables), exp * wb, shards, 0.5)
+    wb, rep_w = weight_bytes(lay, eb), gathered_bytes(lay, eb, rep, tables)
+    ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, shards, 0.5)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
     if lay.unfused.any():  # through the owners, over the shard's ranks
-        ag = np.where(lay.unfused, _both(comm.rooted, hw, rep * wb, exp * wb, shards), ag)
+        ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, shards), ag)
         rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
         ar = np.where(reduced_whole(lay), 0.0, ar)
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
