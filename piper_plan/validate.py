@@ -46,8 +46,8 @@ from .layout import Layout, check_batch, check_degrees, degrees_label, offload_l
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import (ARCH, DISPATCHER_A2A, built_on, missing_hardware, missing_model, read_rows, row_hardware,
-                            row_model, table_name)
+from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, built_on, missing_hardware, missing_model, read_rows,
+                            row_hardware, row_model, table_name)
 
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
 # the MoE sources issue 4's acceptance names (Megatron-Bridge, X-MoE, Piper's Fig. 13 and weak
@@ -395,7 +395,7 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
 
 
 # the csv's precision -> Layout.fp8
-_FP8 = {"fp8": "current", "mxfp8": "mxfp8", "fp8-blockwise": "blockwise"}
+_FP8 = dict(zip(FP8_PRECISIONS, ("current", "mxfp8", "blockwise")))
 # the layout degrees a row may state; a row that states none of them (and is not X-MoE's) is searched
 _DEGREES = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp")
 

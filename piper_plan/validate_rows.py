@@ -75,7 +75,8 @@ METRIC_ALIASES = {"tokens/s/gpu": "tokens_per_s_per_gpu", "tok/s/gpu": "tokens_p
                   "step_time_s": "iteration_time_s", "iteration_time": "iteration_time_s",
                   "seconds_per_iteration": "iteration_time_s", "model_tflops": "model_tflops_per_gpu",
                   "mfu_pct": "mfu", "mfu%": "mfu", "mfu_(%)": "mfu"}
-PRECISIONS = ("", "bf16", "fp16", "bf16/fp16", "fp8", "mxfp8", "fp8-blockwise")
+FP8_PRECISIONS = ("fp8", "mxfp8", "fp8-blockwise")  # the precisions whose GEMMs run an FP8 recipe
+PRECISIONS = ("", "bf16", "fp16", "bf16/fp16") + FP8_PRECISIONS
 # how a row's TFLOPS count attention (the attention_flops column): causal, the planner's count (a
 # query against the keys before it, half the square), or full, the whole square (NeMo's
 # long-sequence tables: validation/README.md)
@@ -333,9 +334,10 @@ def _check_row(path, rid: str, r: dict) -> None:
     for c in YES_NO:
         if r.get(c, "") not in ("", "yes", "no"):
             raise TableError(path, rid, c, f"expected yes or no (or blank), got {r[c]!r}")
-    if r.get("fp8_params") == "yes" and r.get("precision", "") in ("", "bf16", "fp16", "bf16/fp16"):
-        raise TableError(path, rid, "fp8_params", "yes needs an FP8 precision (fp8, mxfp8 or fp8-blockwise) to keep "
-                         f"the weights in; the row's precision is {r.get('precision') or 'blank'}")
+    if r.get("fp8_params") == "yes" and r.get("precision", "") not in FP8_PRECISIONS:
+        fp8s = f"{', '.join(FP8_PRECISIONS[:-1])} or {FP8_PRECISIONS[-1]}"
+        raise TableError(path, rid, "fp8_params", f"yes needs an FP8 precision ({fp8s}) to keep the weights in; "
+                         f"the row's precision is {r.get('precision') or 'blank'}")
     if r.get("attention_flops", "") not in ATTENTION_FLOPS:
         raise TableError(path, rid, "attention_flops", "expected causal (the planner's count: a query attends to "
                          f"the keys before it) or full (every key), or blank, got {r['attention_flops']!r}")
