@@ -28,11 +28,12 @@ def test_memory_rows_each_within_10_percent(results):
 
 
 def test_moe_rows_meet_the_mean_target(results):
-    # MAPE <= 20 % over the 161 out-of-sample MoE rows (11.9 % now; GPT-OSS-20B's #5028 pair is
-    # in-sample). The issue's other MoE target, no row worse than 35 %, is NOT met yet (3 rows are
-    # worse; issue 4 stays open): this guard fails a change that takes the mean back above its target.
+    # MAPE <= 20 % over the 164 out-of-sample MoE rows (11.9 % now, the three Megatron-FSDP rows
+    # among them; GPT-OSS-20B's #5028 pair is in-sample). The issue's other MoE target, no row
+    # worse than 35 %, is NOT met yet (3 rows are worse; issue 4 stays open): this guard fails a
+    # change that takes the mean back above its target.
     k = summary(results)["kinds"]["moe"]
-    assert k["rows"] == 161 and k["mape"] <= TARGETS["moe"][0]
+    assert k["rows"] == 164 and k["mape"] <= TARGETS["moe"][0]
 
 
 def test_the_issue_s_named_moe_sources_are_reported_alone(results):
@@ -148,7 +149,9 @@ def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with
     assert V._xmoe_settings(next(r for r in xmoe if r["id"] == "xmoe-f13-super"))["zero"] == 2
     # elsewhere only Megatron-FSDP (optim_grads_params) sets it, to 3
     fsdp = [r for r in rows if r["zero_stage"] and r["group"] != "xmoe2025"]
-    assert [r["id"] for r in fsdp] == ["mb-llama8b-h100-fp8-2511", "mcore-zoo-qwen3-235b-h100-deepep-fsdp"]
+    assert [r["id"] for r in fsdp] == ["mb-llama8b-h100-fp8-2511", "mcore-zoo-qwen3-235b-h100-deepep-fsdp",
+                                       "mlm-fsdp-qwen3-30b-gb200-bf16-v1", "mlm-fsdp-qwen3-30b-gb200-bf16-v2",
+                                       "mlm-fsdp-qwen3-30b-gb200-mxfp8-v2"]
     assert all(r["zero_stage"] == "3" and "optim_grads_params" in r["notes"] for r in fsdp)
     assert V._settings(fsdp[0])["zero"] == 3
     # FP8 weights: every FP8 row says whether its recipe kept them, and the notes quote where
@@ -203,7 +206,7 @@ def test_the_memory_model_lets_the_published_runs_fit(results):
     # (fp8_param_gather: 1 B a weight on Blackwell; 176 GiB of 173 when counted in bf16)
     mem = summary(results)["published_runs_memory"]
     over = {o["id"] for o in mem["over"]}
-    assert mem["rows"] == 210
+    assert mem["rows"] == 213
     assert over <= {"mb-llama70b-gb300-mxfp8-260201"}
     offloaded = {r.id: r for r in results
                  if r.id in ("mcore-dsv3mtp-gb200-mxfp8", "mcore-dsv3mtp-gb200-bf16", "mcore-qwen3-235b-gb200-mxfp8")}
@@ -277,3 +280,15 @@ def test_kimi_k2_priced_on_a_spec_added_after_every_parameter_lands_within_10_pe
     kimi = {r.id: r for r in results if r.id.startswith("mb-kimik2-")}
     assert set(kimi) == {f"mb-kimik2-gb300-mxfp8-{x}" for x in ("260201", "2604", "260401", "2606")}
     assert all(r.built_on is None and abs(r.error_pct) <= 10 for r in kimi.values()), kimi
+
+
+def test_megatron_fsdp_s_eager_ep4_steps_on_grace_are_host_bound_and_mxfp8_the_slower(results):
+    # Megatron-LM's Megatron-FSDP case study (Qwen3-30B-A3B, 8 GB200, ZeRO-3, EP4: 32 local experts
+    # a rank, no CUDA graphs), added before it was priced: Grace's host cost per operation, derived
+    # from x86's and never fitted to these rows, puts each within 20 % (+19.5 / +11.2 / +5.1 % now;
+    # at x86's cost they read +76 ... +90 %), and MXFP8, whose casts add host operations, is the
+    # slower precision there, as measured (219.7 against 300.85 / 323.45 TFLOP/s)
+    fsdp = {r.id.removeprefix("mlm-fsdp-qwen3-30b-gb200-"): r for r in results if r.group == "mlm-fsdp"}
+    assert set(fsdp) == {"bf16-v1", "bf16-v2", "mxfp8-v2"}
+    assert all(not r.fit and abs(r.error_pct) <= 20 for r in fsdp.values()), fsdp
+    assert fsdp["mxfp8-v2"].predicted < fsdp["bf16-v2"].predicted == fsdp["bf16-v1"].predicted
