@@ -9,9 +9,9 @@ publisher ran, so a row that states no recipe column takes the recipe of the bun
 nearest to it (nearest_reference):
 
 1. the same software stack, required (stack): Megatron-Core's groups (Megatron-Bridge, the
-   Megatron-Core report, Megatron-LM's recipes and docs, the model zoo, and a table's own group
-   whose name or source says Megatron or NeMo) are one stack; the 2021-22 Megatron-LM papers
-   another; other groups only themselves (X-MoE, Piper);
+   Megatron-Core report, Megatron-LM's recipes, docs and Megatron-FSDP case study, the model
+   zoo, and a table's own group whose name or source says Megatron or NeMo) are one stack; the
+   2021-22 Megatron-LM papers another; other groups only themselves (X-MoE, Piper);
 2. the same setup (model, system, precision, layout, recompute: the row's twin in another
    release; its recipe is the row's), then the same system, the same publication (the source
    without its release: one series of recipes, such as Megatron-Bridge's performance tables),
@@ -23,7 +23,9 @@ nearest to it (nearest_reference):
 The recompute modules are taken only when both rows say "per recipe": a row that states its
 recompute (none, full, selective) keeps it. The ZeRO stage (PER_MODEL) is taken only from a
 reference of the same model. A setting the row's layout exercises and its reference's did not
-(EXERCISED: TP communication overlap at tp > 1) comes from the nearest reference that did.
+(EXERCISED: TP communication overlap at tp > 1) comes from the nearest reference that did, of
+the row's kind where one is: Megatron's recipes set TP overlap by kind, not by system (every dense
+row of the bundled table at tp > 1 overlaps; none of its MoE rows there does).
 `validate --blind` measures what this inference is worth on rows whose setup the bundled table
 does not hold (validate_blind).
 """
@@ -52,7 +54,7 @@ LAYOUT = ("precision", "gpus", "tp", "cp", "pp", "vpp", "ep", "etp", "dp", "mbs"
 DEGREES = ("tp", "pp", "vpp", "ep", "dp", "mbs", "gbs")
 # Megatron-Core with Transformer Engine, as each publisher runs it
 MEGATRON_GROUPS = ("megatron-bridge-moe", "mcore2026-moe-report", "mlm-moe-recipes", "mlm-docs", "mcore-modelzoo",
-                   "megatron-bridge-dense")
+                   "megatron-bridge-dense", "mlm-fsdp")
 # Megatron-LM of 2021-22 (eager attention, dropout, no distributed optimizer): groups by prefix
 MEGATRON_2021 = ("narayanan", "korthikanti")
 _MCORE = re.compile(r"megatron|nemo")
@@ -138,7 +140,8 @@ def inherit_recipes(rows: list[dict], reference: list[dict], resolve: Resolve) -
         out[r["id"]] = src["id"]
         for col, used in EXERCISED.items():  # a setting src never had occasion to use
             if used(r) and not used(src):
-                alt = nearest_reference(r, [x for x in reference if used(x)], resolve)
+                did = [x for x in reference if used(x)]
+                alt = nearest_reference(r, [x for x in did if resolve(x)[2] == resolve(r)[2]] or did, resolve)
                 if alt is not None and alt[col] != r[col]:  # named only where it changes the recipe
                     r[col] = alt[col]
                     out[r["id"]] += f" ({col} from {alt['id']})"
