@@ -13,19 +13,19 @@ nearest to it (nearest_reference):
    zoo, and a table's own group whose name or source says Megatron or NeMo) are one stack; the
    2021-22 Megatron-LM papers another; other groups only themselves (X-MoE, Piper);
 2. the same setup (model, system, precision, layout, recompute: the row's twin in another
-   release; its recipe is the row's), then the same system, the same publication (the source
+   release; its recipe is the row's), then the same kind (MoE or dense: Megatron's recipes are
+   set by kind before system; a dense model takes no expert dispatcher or MoE graph scope, and
+   only dense recipes overlap TP communication: every dense row of the bundled table at tp > 1
+   does, none of its MoE rows there), the same system, the same publication (the source
    without its release: one series of recipes, such as Megatron-Bridge's performance tables),
-   the same model, the same kind (MoE or dense: a dense model takes no expert dispatcher and no
-   MLA recompute), the same precision, the same group, the nearest release (the "(26.06.01)" of
-   a Megatron-Bridge source), in that order;
+   the same model, the same precision, the same group, the nearest release (the "(26.06.01)"
+   of a Megatron-Bridge source), in that order;
 3. among the references that rank first, the recipe most of them ran (the first on a tie).
 
 The recompute modules are taken only when both rows say "per recipe": a row that states its
 recompute (none, full, selective) keeps it. The ZeRO stage (PER_MODEL) is taken only from a
 reference of the same model. A setting the row's layout exercises and its reference's did not
-(EXERCISED: TP communication overlap at tp > 1) comes from the nearest reference that did, of
-the row's kind where one is: Megatron's recipes set TP overlap by kind, not by system (every dense
-row of the bundled table at tp > 1 overlaps; none of its MoE rows there does).
+(EXERCISED: TP communication overlap at tp > 1) comes from the nearest reference that did.
 `validate --blind` measures what this inference is worth on rows whose setup the bundled table
 does not hold (validate_blind).
 """
@@ -103,8 +103,8 @@ def _rank(row: dict, specs: tuple, ref: dict, ref_specs: tuple) -> tuple:
     src, ref_src = row.get("source", ""), ref.get("source", "")
     rel, ref_rel = release(src), release(ref_src)
     gap = abs(rel - ref_rel) if rel is not None and ref_rel is not None else float("inf")
-    return (setup(row, specs) == setup(ref, ref_specs), ref_specs[1] == specs[1], document(ref_src) == document(src),
-            ref_specs[0] == specs[0], ref_specs[2] == specs[2], ref["precision"] == row["precision"],
+    return (setup(row, specs) == setup(ref, ref_specs), ref_specs[2] == specs[2], ref_specs[1] == specs[1],
+            document(ref_src) == document(src), ref_specs[0] == specs[0], ref["precision"] == row["precision"],
             ref["group"] == row["group"], -gap)
 
 
@@ -140,8 +140,7 @@ def inherit_recipes(rows: list[dict], reference: list[dict], resolve: Resolve) -
         out[r["id"]] = src["id"]
         for col, used in EXERCISED.items():  # a setting src never had occasion to use
             if used(r) and not used(src):
-                did = [x for x in reference if used(x)]
-                alt = nearest_reference(r, [x for x in did if resolve(x)[2] == resolve(r)[2]] or did, resolve)
+                alt = nearest_reference(r, [x for x in reference if used(x)], resolve)
                 if alt is not None and alt[col] != r[col]:  # named only where it changes the recipe
                     r[col] = alt[col]
                     out[r["id"]] += f" ({col} from {alt['id']})"
