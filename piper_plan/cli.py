@@ -112,6 +112,11 @@ STACK_OPTIONS = [
         click.option("--tp-comm-overlap/--no-tp-comm-overlap", default=False, show_default=True,
                      help="pipeline the tensor-parallel all-gathers and reduce-scatters with the GEMMs beside them "
                      "(Megatron-Core --tp-comm-overlap, Transformer Engine's userbuffers)"),
+        click.option("--p2p-overlap/--no-p2p-overlap", default=True, show_default=True,
+                     help="the interleaved schedule receives each stage-boundary message ahead of the compute that "
+                     "needs it, so its steady state runs them behind compute (Megatron-Core's overlap_p2p_comm; "
+                     "torch's ScheduleInterleaved1F1B); off: each waits (Megatron-LM of 2021-22, "
+                     "--no-overlap-p2p-communication). No effect on the other schedules"),
         click.option("--a2a-sms", type=POSITIVE, default=None,
                      help="SMs an overlapped all-to-all holds (Megatron-Core --moe-hybridep-num-sms); default: the "
                      "hardware spec's efficiency.overlap_comm_units"),
@@ -340,6 +345,7 @@ def _layout_from(kw, model):
                   a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], fp8_params=kw["fp8_params"],
                   cuda_graphs=_graph_scopes(kw),
                   tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
+                  p2p_overlap=kw["p2p_overlap"],
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                   overlap_grad_reduce=kw["overlap_grad_reduce"], optimizer_offload=kw["optimizer_offload"],
                   offload_layers=kw["offload_layers"],
@@ -484,6 +490,7 @@ def _space(kw, model, gpus):
                      etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
+                     p2p_overlap=kw["p2p_overlap"],
                      fp8=kw["fp8"], fp8_params=kw["fp8_params"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),

@@ -154,6 +154,15 @@ class Layout(BaseModel):
         "--scatter-gather-tensors-in-pipeline, on by default before Megatron-Core; Narayanan et al. 2021 §4.1). "
         "With sequence parallelism the activation is already split; false: every tensor-parallel rank sends it "
         "whole (Megatron-Core, piper-train)")
+    p2p_overlap: bool = Field(
+        True, description="the interleaved schedule posts each stage-boundary receive ahead of the compute that "
+        "needs it, so in its steady state the pipeline's messages run behind the other micro-batch's forward or "
+        "backward and only the warm-up's and cool-down's wait (Megatron-Core's overlap_p2p_comm, on for "
+        "interleaved schedules by default in Megatron-LM, Megatron-Bridge and NeMo; torch's "
+        "ScheduleInterleaved1F1B, which piper-train runs). False: every message waits (the Megatron-LM of "
+        "2021-22; --no-overlap-p2p-communication). The other schedules are priced waiting on each message whatever "
+        "this says (Megatron-Core's non-interleaved schedule turns it off; torch's Schedule1F1B and ScheduleGPipe "
+        "wait; zbv and dualpipev keep their messages in their own windows)")
     dropout: bool = Field(False, description="dropout on (adds masks to memory and elementwise time)")
     overlap_grad_reduce: bool = Field(True, description="data-parallel gradient reduction overlapped with "
                                       "the last micro-batch's backward (Megatron-Core --overlap-grad-reduce)")

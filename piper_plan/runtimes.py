@@ -42,6 +42,8 @@ PIPER_TRAIN: tuple[Support, ...] = (
             "another micro-batch's compute"),
     Support("tp_comm_overlap", (False,), "--tp-comm-overlap", "piper-train runs its tensor-parallel "
             "collectives after the GEMMs, not pipelined with them"),
+    Support("p2p_overlap", (True,), "--p2p-overlap", "piper-train's interleaved schedule (torch's "
+            "ScheduleInterleaved1F1B) posts each receive ahead of the compute that needs it"),
     Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
             "not FP8"),
     Support("cuda_graphs", ((),), "--cuda-graphs", "piper-train runs eagerly and captures no CUDA graphs"),

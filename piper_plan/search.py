@@ -65,6 +65,7 @@ class SearchSpace:
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     a2a_sms: int | None = None    # Layout.a2a_sms (None: the hardware spec's overlap_comm_units)
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap (a runtime feature: TE's userbuffers)
+    p2p_overlap: bool = True       # Layout.p2p_overlap: the interleaved schedule's messages behind compute
     attention_fp8: bool = False    # Layout.attention_fp8 (TE's fp8_dot_product_attention)
     fp8: str = "none"             # Layout.fp8: FP8 GEMMs (Transformer Engine recipes)
     fp8_params: bool = False      # Layout.fp8_params: the GEMMs' weights kept in FP8
@@ -293,6 +294,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8, p2p_sg=False, tp_async=True,
+                p2p_ovl=sp.p2p_overlap,
                 fp8=FP8S.index(sp.fp8), fp8_par=sp.fp8_params, probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
                 split=SPLITS.index(sp.pipeline_split),

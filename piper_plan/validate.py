@@ -44,6 +44,7 @@ from .cost.estimate import evaluate
 from .errors import PiperError, from_validation
 from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label
 from .search import SearchSpace, default_global_batch, round_batch, search
+from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, built_on, missing_hardware, missing_model, read_rows,
@@ -247,7 +248,32 @@ def _etp(row) -> int:
     return said.pop() if len(said) == 1 else 1
 
 
-def _layout(row) -> Layout:
+def _p2p_overlap(row, hw: HardwareSpec, tp: int, cp: int) -> bool:
+    """Whether the row's interleaved schedule ran its pipeline messages behind compute
+    (Layout.p2p_overlap). The Megatron-LM of 2021-22 waited on each (p2p_communication._communicate:
+    batch_isend_irecv, every request waited, then torch.cuda.synchronize(); overlap_p2p_comm came in
+    2023). Megatron-Core overlaps them (overlap_p2p_comm: the training arguments' default, and
+    Megatron-Bridge's and NeMo's CommOverlapConfig for vpp > 1) on streams of their own, which run
+    beside compute only where the GPU takes work from more than one hardware queue. Before Blackwell
+    (compute capability < 10), tensor or context parallelism without the EP overlap (Layout.a2a_overlap)
+    or Megatron-FSDP has Megatron run one (CUDA_DEVICE_MAX_CONNECTIONS=1: megatron/training/arguments.py
+    validate_args asserts it there, "requirement no longer exists since the Blackwell architecture", and
+    only warns beside those two; Megatron-Bridge's performance scripts, perf_plugins.py
+    _set_num_cuda_device_max_connections, set 1 there and 32 otherwise, "to avoid serialization of
+    streams"), where "having multiple back-to-back communications will prevent the overlap of
+    communication kernels with computation kernels" (megatron/core/distributed/param_and_grad_buffer.py,
+    partition_buckets): the messages queue with the compute, priced waited. Other stacks keep the
+    Layout's default (torch's ScheduleInterleaved1F1B posts each receive ahead)."""
+    if row["group"].startswith(MEGATRON_2021):
+        return False
+    cc = hw.accelerator.compute_capability
+    pre_blackwell = cc is not None and cc < 10
+    parallel = tp > 1 or cp > 1
+    single_queue = pre_blackwell and parallel and row.get("a2a_overlap") != "yes" and _zero(row) != 3
+    return not (stack(row) == "megatron-core" and single_queue)
+
+
+def _layout(row, hw: HardwareSpec) -> Layout:
     gpus, tp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row["pp"], 1)
     cp = _cp(row, gpus, tp, pp)
     vpp = _i(row["vpp"], 1)
@@ -277,6 +303,7 @@ def _layout(row) -> Layout:
                   # the backward's async all-reduce beside the weight gradient is Korthikanti 2022's
                   # (§6.2: "an optimization in the backward pass"); Narayanan 2021's code waited
                   tp_async_dgrad=not row["group"].startswith("narayanan"),
+                  p2p_overlap=_p2p_overlap(row, hw, tp, cp),
                   fp8=_FP8.get(row["precision"], "none"),
                   optimizer_offload=float(row.get("optimizer_offload") or 0.0),
                   offload_layers=_i(row.get("offload_layers"), 0),
@@ -430,7 +457,7 @@ def _row_estimate(row, m, hw):
         if res.best is None:
             return None, res.est, -1
         return res.batch.layout(res.best), res.est, res.best
-    lay = _layout(row)
+    lay = _layout(row, hw)
     if row["group"] == "xmoe2025":  # X-MoE recipe with a published layout (ZeRO, no PP)
         lay = lay.model_copy(update=_xmoe_settings(row))
     # the degrees and the batch, not layout.check_layout's planner rules: published runs hold
@@ -438,6 +465,12 @@ def _row_estimate(row, m, hw):
     check_degrees(lay, m.moe.num_experts if m.moe else 0, m.moe.expert_ffn_size if m.moe else 0)
     check_batch(lay)
     return lay, evaluate(m, hw, from_layouts([lay])), 0
+
+
+def row_layout(row, path: Path | None = None) -> Layout:
+    """The published layout of a row as its source's software ran it (_layout), on the hardware
+    spec the row names (row_specs; `path` the table holding it, default the bundled one)."""
+    return _layout(row, row_specs(row, {}, path)[1])
 
 
 def row_specs(row, specs: dict, path: Path | None = None):

@@ -131,9 +131,12 @@ def test_published_runs_with_context_parallelism_price_within_the_targets_where_
         assert r.predicted > 0, r.id
         by_group.setdefault(r.group, []).append(r)
     err = lambda rs: [abs(x.predicted / x.published - 1) * 100 for x in rs]  # noqa: E731
-    for g in ("megatron-bridge-cp", "nemo-performance-cp"):  # Llama 3.1 405B, Llama 3 70B, Mixtral 8x22B: CP 2-8
-        e = err(by_group[g])
-        assert np.mean(e) <= 10.0 and max(e) <= 20.0, g
+    # Llama 3.1 405B, Llama 3 70B, Mixtral 8x22B at CP 2-8, each kind against the issue's targets for it
+    # (dense: mean 10 %, none beyond 20; MoE: mean 20 %, none beyond 35)
+    cp_runs = by_group["megatron-bridge-cp"] + by_group["nemo-performance-cp"]
+    for kind, (mean, worst) in {"dense": (10.0, 20.0), "moe": (20.0, 35.0)}.items():
+        e = err([r for r in cp_runs if r.kind == kind])
+        assert len(e) >= 2 and np.mean(e) <= mean and max(e) <= worst, kind
     long = by_group["nemo-long-sequence"]
     # the long-sequence tables count attention's whole square: the H100 rows' TFLOPS over their
     # tokens/s is the model's FLOPs per token with every query against every key, to 0.5 %

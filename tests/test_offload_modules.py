@@ -129,7 +129,7 @@ def test_the_published_qwen3_235b_gb200_run_fits_as_its_script_offloaded():
     assert row.peak_memory_gib < row.device_memory_gib
     rows = V.read_rows(V.data_path())
     bare = dict(next(r for r in rows if r["id"] == row.id), offload_modules="")
-    lay = V._layout(bare)
+    lay = V.row_layout(bare)
     assert lay.offload_modules == ()
     est = evaluate(load_model("qwen3-235b-a22b"), GB200, from_layouts([lay]))
     assert float(est.peak_memory_gib[0]) > row.device_memory_gib

@@ -41,16 +41,16 @@ def test_it_changes_nothing_where_sequence_parallelism_already_splits_the_messag
 
 
 def test_the_2021_22_megatron_lm_rows_run_it_and_their_full_recompute_rows_come_close():
-    from piper_plan.validate import _layout, data_path, read_rows, run
+    from piper_plan.validate import data_path, read_rows, row_layout, run
 
     published = {r["id"]: r for r in read_rows(data_path())}
     rows = {r.id: r for r in run(group="korthikanti2022-table5")}
     # full recompute runs without sequence parallelism: its pipeline messages were the ones scattered
     for k in ("kor22-t5-175b-full", "kor22-t5-530b-full", "kor22-t5-1t-full"):
-        lay = _layout(published[k])
+        lay = row_layout(published[k])
         assert lay.p2p_scatter_gather and not lay.sequence_parallel
         assert abs(rows[k].error_pct) < 4.0, (k, rows[k].error_pct)  # +4.8 / +10.8 / +5.2 % when sent whole
-    assert not _layout(published["mcore-qwen3-235b-gb200-mxfp8"]).p2p_scatter_gather  # Megatron-Core sends whole
+    assert not row_layout(published["mcore-qwen3-235b-gb200-mxfp8"]).p2p_scatter_gather  # Megatron-Core sends whole
 
 
 def test_estimate_takes_it_and_plan_json_keeps_it(tmp_path):

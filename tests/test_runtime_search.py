@@ -67,7 +67,7 @@ UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gem
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
          "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True,
-         "offload_modules": ("expert_fc1",), "fp8_params": True}
+         "offload_modules": ("expert_fc1",), "fp8_params": True, "p2p_overlap": False}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -87,7 +87,7 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         bad = UNRUN[s.field]
         # fields that mean something only beside another (runtimes.PIPER_TRAIN lists them first)
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"},
-                 "fp8_params": {"fp8": "mxfp8"}}.get(s.field, {})
+                 "fp8_params": {"fp8": "mxfp8"}, "p2p_overlap": {"schedule": "interleaved", "vpp": 2}}.get(s.field, {})
         ep = 1 if s.field == "etp" else 2  # two ranks: one expert group of etp 2
         dp = 1 if s.field == "cp" else 2  # two ranks: one sequence over both
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures

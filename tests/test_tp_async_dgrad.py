@@ -75,12 +75,12 @@ def test_without_it_the_non_sequence_parallel_backward_is_priced_well_over_the_m
 
 
 def test_the_runs_that_waited_are_priced_waiting():
-    from piper_plan.validate import _layout, _xmoe_settings, data_path, read_rows
+    from piper_plan.validate import _xmoe_settings, data_path, read_rows, row_layout
 
     rows = {r["id"]: r for r in read_rows(data_path())}
-    assert not _layout(rows["nar21-t1-76.1b"]).tp_async_dgrad  # Megatron-LM of 2021
+    assert not row_layout(rows["nar21-t1-76.1b"]).tp_async_dgrad  # Megatron-LM of 2021
     assert _xmoe_settings(rows["xmoe-f13-super"])["tp_async_dgrad"] is False  # Megatron-DeepSpeed under DeepSpeed
-    assert _layout(rows["kor22-t5-175b-full"]).tp_async_dgrad
+    assert row_layout(rows["kor22-t5-175b-full"]).tp_async_dgrad
 
 
 def test_estimate_takes_it_and_plan_json_keeps_it(tmp_path):

@@ -440,7 +440,8 @@ def test_the_torchtitan_table_is_read_on_the_specs_its_rows_name():
     # pipelining FSDP gathers once a step and reduces once a step, which is ZeRO-1
     from piper_plan.validate_rows import read_rows
 
-    lay = {r["id"]: V._layout(r) for r in read_rows(Path(__file__).parents[1] / "validation" / "torchtitan.csv")}
+    table = Path(__file__).parents[1] / "validation" / "torchtitan.csv"
+    lay = {r["id"]: V.row_layout(r, table) for r in read_rows(table)}
     assert lay["tt53"].zero == 3 and not lay["tt53"].reshard_after_forward and lay["tt27"].reshard_after_forward
     assert lay["tt55"].zero == 1 and lay["tt55"].pp == 2 and lay["tt55"].vpp == 8
     assert by["tt57"].layout == by["tt55"].layout and by["tt57"].predicted < by["tt55"].predicted  # MTP's extra layer

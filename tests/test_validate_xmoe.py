@@ -36,7 +36,7 @@ def test_xmoe_settings_follow_the_scripts(rows):
 def test_xmoe_row_is_reported_in_xmoe_flops(rows):
     row = rows["xmoe-f13-medium"]
     pred, _ = V.predict_row(row)
-    lay = V._layout(row).model_copy(update=V._xmoe_settings(row))
+    lay = V.row_layout(row).model_copy(update=V._xmoe_settings(row))
     m = load_model(row["model_spec"])
     est = evaluate(m, load_hardware(row["hardware_spec"]), from_layouts([lay]))
     ratio = V._xmoe_flops_per_token(m, lay.seq) / m.flops_per_token(lay.seq)
@@ -55,7 +55,7 @@ def test_xmoe_rows_are_priced_on_their_stack_s_gemm_rate(rows):
     # the slower plateau makes the same run slower, and only through its GEMMs: one node's log row
     row = rows["xmoe-log-small-n8"]
     m = load_model(row["model_spec"])
-    lay = V._layout(row).model_copy(update=V._xmoe_settings(row))
+    lay = V.row_layout(row).model_copy(update=V._xmoe_settings(row))
     on_stack, on_machine = (evaluate(m, hw, from_layouts([lay])) for hw in (stack, machine))
     assert on_stack.time["a2a"][0] == on_machine.time["a2a"][0]
     assert on_stack.time["compute"][0] > on_machine.time["compute"][0]

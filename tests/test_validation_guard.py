@@ -227,7 +227,7 @@ def test_the_25_11_gpt_oss_rows_run_their_release_s_recipe(published):
     assert all("26286882719" in r["notes"] and "copied" in r["notes"] for r in (b200, h100))
 
     def accumulation(r):
-        lay = V._layout(r)
+        lay = V.row_layout(r)
         return lay.global_batch // (lay.dp * lay.mbs)
 
     assert accumulation(b200) == 2 and accumulation(h100) == 32  # the table's GA 2 holds for B200 only

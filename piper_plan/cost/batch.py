@@ -100,6 +100,7 @@ class LayoutBatch:
     a2a_sms: np.ndarray      # compute units an overlapped all-to-all holds (Layout.a2a_sms; 0: the spec's)
     tp_overlap: np.ndarray   # bool: tensor-parallel collectives pipelined with the GEMMs (Layout.tp_comm_overlap)
     p2p_sg: np.ndarray       # bool: boundary messages scattered over tp, then gathered (Layout.p2p_scatter_gather)
+    p2p_ovl: np.ndarray      # bool: an interleaved schedule's steady-state messages behind compute (Layout.p2p_overlap)
     tp_async: np.ndarray     # bool: backward tp all-reduces behind the weight-gradient GEMMs (Layout.tp_async_dgrad)
     attn_fp8: np.ndarray     # bool: fused attention in FP8 (Layout.attention_fp8)
     graphs: np.ndarray      # Layout.cuda_graphs as bits of GRAPH_SCOPES
@@ -178,6 +179,7 @@ class LayoutBatch:
                       fp8_params=bool(self.fp8_par[i]),
                       tp_comm_overlap=bool(self.tp_overlap[i]), attention_fp8=bool(self.attn_fp8[i]),
                       p2p_scatter_gather=bool(self.p2p_sg[i]), tp_async_dgrad=bool(self.tp_async[i]),
+                      p2p_overlap=bool(self.p2p_ovl[i]),
                       expert_probs="activation" if self.probs_act[i] else "combine",
                       cuda_graphs=tuple(x for i, x in enumerate(GRAPH_SCOPES) if g("graphs") >> i & 1),
                       pipeline_split=SPLITS[g("split")],
@@ -208,6 +210,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         a2a_overlap=col(lambda x: x.a2a_overlap), a2a_sms=col(lambda x: x.a2a_sms or 0),
         tp_overlap=col(lambda x: x.tp_comm_overlap), attn_fp8=col(lambda x: x.attention_fp8),
         p2p_sg=col(lambda x: x.p2p_scatter_gather), tp_async=col(lambda x: x.tp_async_dgrad),
+        p2p_ovl=col(lambda x: x.p2p_overlap),
         fp8=col(lambda x: FP8S.index(x.fp8)), fp8_par=col(lambda x: x.fp8_params),
         probs_act=col(lambda x: x.expert_probs == "activation"),
         graphs=col(lambda x: graph_bits(x.cuda_graphs)), split=col(lambda x: SPLITS.index(x.pipeline_split)),

@@ -316,6 +316,7 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     comm_step = M * busy["comm"]
     tp_step = comm_step - a2a_step - p2p_step - cp_step
     tp_step = np.where(tp_step > 1e-9 * comm_step, tp_step, 0.0)  # a residual: rounding, not seconds, below that
+    p2p_step = p2p_step - M * busy["p2p_hidden"]  # what stays exposed (the bubble keeps the fill's and drain's)
     a2a_step = a2a_step - M * busy["hidden"]  # what stays exposed: the components add up to the step
     # the GPU's idle time while the host issues the busiest rank's layers (cost/host.py): counted in
     # the layers' phases, reported apart from the kernels' own time
@@ -481,7 +482,10 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                                             absorbed_paired)
                   + (1.0 - paired_share) * alone_f)
     hidden_f = (1.0 - held) * paired_share * f_pair + absorbed_f
-    totals = comp_t + comm_t - hidden_of + slow_of - absorbed
+    # an interleaved schedule's steady state runs its messages behind the other micro-batch's compute
+    # (Layout.p2p_overlap); the warm-up's and the cool-down's wait (_p2p_steady_share)
+    p2p_hidden = st(_p2p_steady_share(lay)) * np.minimum(2 * p2p_mb, comp_t)
+    totals = comp_t + comm_t - hidden_of + slow_of - absorbed - p2p_hidden
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
     mids = np.maximum(lay.pp - 2, 0).astype(float)
@@ -509,6 +513,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, pick(win_r.F), pick(win_r.B), pick(win_r.W),
                            peak_role_time, total_sum, hidden)
+    # the fill and the drain wait on every hop's message: the bubble's (pp - 1) / vpp micro-batches
+    # keep the messages the steady state hides
+    t_pipe = t_pipe + (lay.pp - 1) / lay.vpp * pick(p2p_hidden)
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
     # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
     # with less work but more exchange outside the weight pass go unseen (a longer model priced faster
@@ -526,7 +533,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     absorbed_a2a = np.minimum(absorbed, a2a_per_mb - hidden_of)
     busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of + absorbed_a2a),
                    slow=pick(slow_of - (absorbed - absorbed_a2a)),
-                   comm=pick(comm_t))
+                   comm=pick(comm_t), p2p_hidden=pick(p2p_hidden))
     acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
     ranks = RoleLayers(cs, present, nd_r, nm_r, emb_r, head_r)
     return PipelinePart(grp, lc, ranks, p2p_one, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
@@ -678,6 +685,29 @@ def _paired_share(lay: LayoutBatch) -> dict:
         pairs = 2.0 * M - 3.0 * pp + rank + 1.0 - (rank == pp - 1)
         share[role] = np.where(apart, 0.0, np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0),
                                                       megatron))
+    return share
+
+
+def _p2p_steady_share(lay: LayoutBatch) -> dict:
+    """Share of a rank's chunk messages an interleaved schedule runs behind compute, per role (first,
+    mid, last pipeline rank), where Layout.p2p_overlap (0 elsewhere). Megatron-Core's interleaved
+    schedule with overlap_p2p_comm posts each steady-state forward's send and next receive beside
+    the backward that follows, and the backward's beside the next forward, while its W = 2(pp - rank
+    - 1) + (vpp - 1)·pp warm-up forwards (one more under Layout.a2a_overlap) and as many cool-down
+    backwards wait on theirs (schedules.py forward_backward_pipelining_with_interleaving; its
+    overlap_p2p_comm_warmup_flush, off by default, would hide those too; Megatron-Bridge
+    docs/performance-guide.md: "the PP communications in pipeline fill and flush stages are still
+    exposed"): (M·vpp - W) / (M·vpp). torch's ScheduleInterleaved1F1B (piper-train) places each
+    receive ahead of the compute before the one that needs it (_add_send_recv), the same steady
+    state. The other schedules wait on each message (Megatron-Core's non-interleaved one sends and
+    receives as one blocking batch; torch's Schedule1F1B waits likewise)."""
+    mv = lay.m.astype(float) * lay.vpp
+    pp = lay.pp.astype(float)
+    on = lay.p2p_ovl & (lay.sched == SCHEDULES.index("interleaved")) & (lay.pp > 1)
+    share = {}
+    for role, rank in (("first", 0.0), ("mid", np.floor((pp - 1) / 2)), ("last", pp - 1)):
+        warm = 2.0 * (pp - rank - 1) + (lay.vpp - 1) * pp + lay.a2a_overlap
+        share[role] = np.where(on, np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0), 0.0)
     return share
 
 

@@ -39,6 +39,10 @@ class Accelerator(_Optional):
         False, description="its FP8 GEMMs take operands in any layout (Transformer Engine's "
         "nvte_is_non_tn_fp8_gemm_supported: compute capability 10.x and 13+), so a tensor-scaled FP8 weight keeps "
         "one copy; false: FP8 GEMMs take only the TN layout (Hopper) and TE keeps each weight's transpose too")
+    compute_capability: Optional[float] = Field(
+        None, gt=0, description="CUDA compute capability (8.0 A100, 9.0 Hopper, 10.0 B200, 10.3 B300): runtimes "
+        "choose settings by it (Megatron-LM runs one hardware work queue, CUDA_DEVICE_MAX_CONNECTIONS=1, below "
+        "10 with tensor or context parallelism: validate._p2p_overlap); None: not an NVIDIA GPU")
     source: str = ""
 
     @model_validator(mode="after")
