@@ -82,3 +82,11 @@ def test_piper_train_refuses_a_waited_interleaved_plan_and_runs_the_schedules_th
     with pytest.raises(PiperError, match="layout.p2p_overlap = false"):
         check_supported(make_plan(m, hw, Layout(**small, schedule="interleaved", vpp=2)), 2)
     check_supported(make_plan(m, hw, Layout(**small, schedule="1f1b")), 2)  # it waits on each message anyway
+
+
+def test_each_direction_hides_only_as_long_as_the_phase_it_runs_beside():
+    from piper_plan.cost.estimate import p2p_hidden_mb
+
+    # a forward's messages run beside the next backward (50), a backward's beside the next forward (24)
+    assert p2p_hidden_mb(1.0, 40.0, 24.0, 50.0) == 40.0 + 24.0
+    assert p2p_hidden_mb(0.75, 10.0, 24.0, 50.0) == 0.75 * 20.0  # short messages hide whole, in the steady share

@@ -484,7 +484,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     hidden_f = (1.0 - held) * paired_share * f_pair + absorbed_f
     # an interleaved schedule's steady state runs its messages behind the other micro-batch's compute
     # (Layout.p2p_overlap); the warm-up's and the cool-down's wait (_p2p_steady_share)
-    p2p_hidden = st(_p2p_steady_share(lay)) * np.minimum(2 * p2p_mb, comp_t)
+    p2p_hidden = p2p_hidden_mb(st(_p2p_steady_share(lay)), p2p_mb, phases["f"], phases["b"] + phases["w"] + phases["r"])
     totals = comp_t + comm_t - hidden_of + slow_of - absorbed - p2p_hidden
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
@@ -686,6 +686,16 @@ def _paired_share(lay: LayoutBatch) -> dict:
         share[role] = np.where(apart, 0.0, np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0),
                                                       megatron))
     return share
+
+
+def p2p_hidden_mb(share, p2p_mb, fwd, bwd):
+    """Seconds of a rank's pipeline messages a micro-batch that run behind compute, given the
+    `share` of its chunks in the steady state (_p2p_steady_share) and, per micro-batch, its
+    messages each way (`p2p_mb`), its forward (`fwd`) and backward (`bwd`) compute: a forward's
+    send and next receive run beside the backward that follows, a backward's beside the next
+    forward (Megatron-Core's overlap_p2p_comm; torch's runtime receives one action ahead), so
+    each direction hides only what that phase lasts."""
+    return share * (np.minimum(p2p_mb, bwd) + np.minimum(p2p_mb, fwd))
 
 
 def _p2p_steady_share(lay: LayoutBatch) -> dict:
