@@ -22,13 +22,10 @@ holds 1 is a measured tie, and auto's choice there is reported as a tie, not sco
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +44,6 @@ TOPOLOGIES = {  # name -> spine rate as a share of one NIC (None: the uplink top
     "rail-q": 0.25,
     "rail-1": 1.0,
 }
-_children: list[subprocess.Popen] = []
 
 
 # ---------------------------------------------------------------- inside a rank process
@@ -325,23 +321,6 @@ def worker(a) -> int:
 
 
 # ---------------------------------------------------------------- the driver (root)
-def _cleanup() -> None:
-    for p in _children:
-        if p.poll() is None:
-            p.kill()
-    for p in _children:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    _children.clear()
-    netns_topo.teardown()
-
-
-def _on_signal(signum, _frame):
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks
-
-
 def run_topology(name: str, nic_mbit: float, sizes_kib: list[int], reps: int,
                  timeout_s: float = 900) -> dict:
     """Build one topology, run the ranks, tear it down; returns {calibration, rows}."""
@@ -353,27 +332,15 @@ def run_topology(name: str, nic_mbit: float, sizes_kib: list[int], reps: int,
     tmp = Path(tempfile.mkdtemp(prefix="piper-halo-"))
     try:
         result = tmp / "result.json"
-        for r in ranks:
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=r.ifname, OMP_NUM_THREADS="1")
-            cmd = ["ip", "netns", "exec", r.netns, sys.executable, str(Path(__file__).resolve()), "--worker",
-                   "--rank", str(r.rank), "--store", str(tmp / "store"), "--result", str(result),
-                   "--reps", str(reps), "--sizes", *map(str, sizes_kib)] + (["--cross-rail"] if spine is not None else [])
-            log = open(tmp / f"rank{r.rank}.log", "w")
-            _children.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in _children):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in _children):
-                break
-            time.sleep(0.5)
-        bad = [i for i, p in enumerate(_children) if p.poll() != 0]
-        if bad:
-            tail = (tmp / f"rank{bad[0]}.log").read_text()[-1500:]
-            raise RuntimeError(f"{name}: rank {bad[0]} failed or timed out:\n{tail}")
+        netns_topo.run_ranks(ranks, lambda r: [
+            str(Path(__file__).resolve()), "--worker", "--rank", str(r.rank), "--store", str(tmp / "store"),
+            "--result", str(result), "--reps", str(reps), "--sizes", *map(str, sizes_kib),
+            *(["--cross-rail"] if spine is not None else [])], tmp, timeout_s, name)
         res = json.loads(result.read_text())
         res["calibration"]["qdisc"] = netns_topo.qdisc_stats()  # before the namespaces go
         return res
     finally:
-        _cleanup()
+        netns_topo.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -626,9 +593,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
         print("halo_netns: needs root and iproute2 (ip, tc) to build network namespaces; skipped.")
         return 0
-    atexit.register(_cleanup)
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    netns_topo.guard()
     netns_topo.teardown()  # leftovers of a crashed run
     try:
         rows = run_benchmark(a.topologies, a.nic_mbit, a.sizes, a.reps, Path(a.hw_dir) if a.hw_dir else None)
@@ -636,7 +601,7 @@ def main(argv=None) -> int:
         print(f"halo_netns: {e}", file=sys.stderr)
         return 1
     finally:
-        _cleanup()
+        netns_topo.cleanup()
     compare(rows)
     print_table(rows)
     summary = summarize(rows)

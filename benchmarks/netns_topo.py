@@ -24,8 +24,15 @@ had none.
 """
 from __future__ import annotations
 
+import atexit
+import os
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 PREFIX = "piper-halo-"
 FABRIC = PREFIX + "fab"
@@ -193,3 +200,61 @@ def build_rail(nodes: int, per_node: int, nic_mbit: float, spine_mbit: float) ->
                 nsx(r.netns, "sysctl", "-qw", f"net.ipv4.conf.{dev}.rp_filter=0")
         ranks += mine
     return ranks
+
+
+# ---------------------------------------------------------------- rank processes in the namespaces
+_children: list[subprocess.Popen] = []
+
+
+def _stop_ranks() -> None:
+    for p in _children:
+        if p.poll() is None:
+            p.kill()
+    for p in _children:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+    _children.clear()
+
+
+def cleanup() -> None:
+    """Kill every rank process still running, then delete the namespaces (teardown)."""
+    _stop_ranks()
+    teardown()
+
+
+def _on_signal(signum, _frame):
+    raise SystemExit(128 + signum)  # unwinds through the callers' finally blocks
+
+
+def guard() -> None:
+    """Clean up at exit and on SIGINT / SIGTERM, whatever happens to the driver."""
+    atexit.register(cleanup)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+
+
+def run_ranks(ranks: list[RankNet], args_of: Callable[[RankNet], list[str]], logs: Path, timeout_s: float,
+              what: str) -> None:
+    """Run `python <args_of(rank)>` inside each rank's namespace (GLOO_SOCKET_IFNAME its NIC, one
+    thread), each logging to logs/rank<k>.log, and wait for all; a rank that fails or outlives
+    timeout_s raises with its log's tail. No rank process outlives it; the namespaces do (their
+    queues' counters are still to read: qdisc_stats), until cleanup()."""
+    try:
+        for r in ranks:
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=r.ifname, OMP_NUM_THREADS="1")
+            log = open(logs / f"rank{r.rank}.log", "w")
+            _children.append(subprocess.Popen(["ip", "netns", "exec", r.netns, sys.executable, *args_of(r)],
+                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in _children):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in _children):
+                break
+            time.sleep(0.5)
+        bad = [i for i, p in enumerate(_children) if p.poll() != 0]
+        if bad:
+            tail = (logs / f"rank{bad[0]}.log").read_text()[-1500:]
+            raise RuntimeError(f"{what}: rank {bad[0]} failed or timed out:\n{tail}")
+    finally:
+        _stop_ranks()

@@ -30,13 +30,10 @@ steady-state share does not see."""
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +44,6 @@ sys.path.insert(0, str(HERE))
 import netns_topo  # noqa: E402
 
 M = 8  # micro-batches a step
-_children: list[subprocess.Popen] = []
 
 
 def _chunk(width: int, layers: int, seed: int):
@@ -162,48 +158,20 @@ def predictions(res: dict) -> dict:
     return out
 
 
-def _cleanup() -> None:
-    for p in _children:
-        if p.poll() is None:
-            p.kill()
-    for p in _children:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    _children.clear()
-    netns_topo.teardown()
-
-
-def _on_signal(signum, _frame):
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks
-
-
 def run(a, mbit: float) -> dict:
     ranks = netns_topo.build_uplink(2, 1, mbit)
     tmp = Path(tempfile.mkdtemp(prefix="piper-p2p-"))
     try:
         result = tmp / "result.json"
-        for r in ranks:
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=r.ifname, OMP_NUM_THREADS="1")
-            cmd = ["ip", "netns", "exec", r.netns, sys.executable, str(Path(__file__).resolve()), "--worker",
-                   "--rank", str(r.rank), "--store", str(tmp / "store"), "--result", str(result),
-                   "--width", str(a.width), "--rows", str(a.rows), "--layers", str(a.layers), "--steps", str(a.steps)]
-            log = open(tmp / f"rank{r.rank}.log", "w")
-            _children.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-        deadline = time.monotonic() + a.timeout
-        while any(p.poll() is None for p in _children):
-            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in _children):
-                break
-            time.sleep(0.5)
-        bad = [i for i, p in enumerate(_children) if p.poll() != 0]
-        if bad:
-            raise RuntimeError(f"rank {bad[0]} failed or timed out:\n{(tmp / f'rank{bad[0]}.log').read_text()[-1500:]}")
+        netns_topo.run_ranks(ranks, lambda r: [
+            str(Path(__file__).resolve()), "--worker", "--rank", str(r.rank), "--store", str(tmp / "store"),
+            "--result", str(result), "--width", str(a.width), "--rows", str(a.rows), "--layers", str(a.layers),
+            "--steps", str(a.steps)], tmp, a.timeout, f"{mbit:g} Mbit/s")
         res = json.loads(result.read_text())
-        res["qdisc"] = netns_topo.qdisc_stats()
+        res["qdisc"] = netns_topo.qdisc_stats()  # before the namespaces go
         return res
     finally:
-        _cleanup()
+        netns_topo.cleanup()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -225,8 +193,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("p2p_overlap: needs root (network namespaces); skipped")
         return 0
-    atexit.register(_cleanup)
-    signal.signal(signal.SIGTERM, _on_signal)
+    netns_topo.guard()
     for mbit in (float(x) for x in a.mbit.split(",") if x.strip()):
         res = run(a, mbit)
         pred = predictions(res)
