@@ -199,7 +199,7 @@ def main(argv=None) -> int:
         pred = predictions(res)
         print(f"message {a.rows}x{a.width} fp32 over {mbit:g} Mbit/s: t = {pred['t_ms']:.1f} ms; compute a "
               f"micro-batch (F+B) rank 0 / 1: {pred['compute_ms'][0]:.1f} / {pred['compute_ms'][1]:.1f} ms; M = {M}")
-        drops = sum(q.get("dropped", 0) for q in res["qdisc"].values())
+        drops = sum(q["drops"] for q in res["qdisc"].values())
         print(f"  shaped queues dropped {drops} packets")
         rows = [("interleaved (torch ScheduleInterleaved1F1B)", res["interleaved_ms"], "interleaved hidden",
                  "interleaved waited"), ("1f1b (torch Schedule1F1B)", res["1f1b_ms"], "1f1b waited", None)]
