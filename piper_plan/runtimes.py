@@ -9,6 +9,7 @@ can price (FP8, overlapped all-to-all or TP collectives, CUDA graphs, ...) are r
 than run without them: the comparison of a run with its prediction would not hold."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 WEIGHT_SPLIT = ("zbv", "dualpipev")  # schedules whose backward-weight pass sums gradients by hand
@@ -22,6 +23,7 @@ class Support:
     allowed: tuple   # the values piper-train runs
     option: str      # the search CLI option that asks for another value
     does: str        # what piper-train does instead, for the error
+    read_when: Callable[[object], bool] | None = None  # the layouts whose runs read the field (None: all)
 
 
 PIPER_TRAIN: tuple[Support, ...] = (
@@ -43,12 +45,13 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("tp_comm_overlap", (False,), "--tp-comm-overlap", "piper-train runs its tensor-parallel "
             "collectives after the GEMMs, not pipelined with them"),
     Support("p2p_overlap", (True,), "--p2p-overlap", "piper-train's interleaved schedule (torch's "
-            "ScheduleInterleaved1F1B) posts each receive ahead of the compute that needs it"),
+            "ScheduleInterleaved1F1B) posts each receive ahead of the compute that needs it",
+            read_when=lambda lay: lay.schedule == "interleaved"),
     Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
             "not FP8"),
     Support("cuda_graphs", ((),), "--cuda-graphs", "piper-train runs eagerly and captures no CUDA graphs"),
     Support("recompute_modules", (("core_attn",),), "--selective", "piper-train's selective recompute "
-            "re-runs the attention core only"),
+            "re-runs the attention core only", read_when=lambda lay: lay.recompute == "selective"),
     Support("dropout", (False,), "--dropout", "dropout is not implemented by piper-train"),
     Support("p2p_scatter_gather", (False,), "--p2p-scatter-gather", "piper-train sends a stage boundary's "
             "activation whole from every tensor-parallel rank"),

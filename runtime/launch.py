@@ -51,10 +51,8 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
     check_tp(plan, source)
     for s in PIPER_TRAIN:
         value = getattr(lay, s.field)
-        if s.field == "recompute_modules" and lay.recompute != "selective":
-            continue  # only selective recompute reads them
-        if s.field == "p2p_overlap" and lay.schedule != "interleaved":
-            continue  # only the interleaved schedule reads it
+        if s.read_when is not None and not s.read_when(lay):
+            continue  # a setting this layout's run never reads (recompute modules without selective recompute)
         if not runs(s, value):
             raise PiperError(f"{source}: layout.{s.field} = {shown(value)}: {s.does}; use {s.field} {choices(s)}")
     if lay.zero == 2 and lay.schedule in WEIGHT_SPLIT:

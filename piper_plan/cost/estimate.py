@@ -657,31 +657,43 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     return {k: np.asarray(v).take(inv) for k, v in out.items()}
 
 
+def _role_ranks(lay: LayoutBatch):
+    """(role, pipeline rank) of the three representative ranks: first, mid, last."""
+    pp = lay.pp.astype(float)
+    return (("first", 0.0), ("mid", np.floor((pp - 1) / 2)), ("last", pp - 1))
+
+
+def _past_warm_up(lay: LayoutBatch, rank) -> np.ndarray:
+    """Share of pipeline rank `rank`'s M·vpp chunks in Megatron-Core's steady state, between its
+    W = 2(pp - rank - 1) + (vpp - 1)·pp warm-up forwards (one more under the EP overlap,
+    Layout.a2a_overlap: schedules.get_pp_rank_microbatches; microbatch_group_size_per_vp_stage at
+    its default, pp) and as many cool-down backwards: (M·vpp - W) / (M·vpp). Without pipelining
+    the first forward and the last backward stand apart (combined_1f1b_schedule_for_no_pipelining:
+    "executed alone, no a2a overlapping"): W = 1."""
+    mv = lay.m.astype(float) * lay.vpp
+    pp = lay.pp.astype(float)
+    warm = np.where(lay.pp == 1, 1.0, 2.0 * (pp - rank - 1) + (lay.vpp - 1) * pp + lay.a2a_overlap)
+    return np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0)
+
+
 def _paired_share(lay: LayoutBatch) -> dict:
     """Share of a rank's micro-batch chunks whose all-to-all can hide behind another
     micro-batch's compute, per role (first, mid, last pipeline rank): both overlapping
     schedules pair a forward with a backward only in their steady state.
-    - Megatron-Core's EP overlap (Layout.a2a_overlap): without pipelining the first forward and
-      the last backward run alone (combined_1f1b_schedule_for_no_pipelining: "executed alone,
-      no a2a overlapping"): (M - 1) / M. Interleaved, a rank's W = 2(pp - rank - 1) +
-      (vpp - 1)·pp + 1 warm-up forwards and as many cool-down backwards run alone, of M·vpp
-      (schedules.get_pp_rank_microbatches: one extra warm-up micro-batch under the overlap;
-      microbatch_group_size_per_vp_stage at its default, pp). GPipe over a pipeline pairs none:
-      all its forwards run before its backwards.
+    - Megatron-Core's EP overlap (Layout.a2a_overlap): its warm-up forwards and cool-down
+      backwards run alone (_past_warm_up). GPipe over a pipeline pairs none: all its forwards
+      run before its backwards.
     - dualpipev: of a rank's 2M chunk forwards, DualPipeV's main step pairs
       2(M - 2pp + rank + 1) with a backward and its step 5 another pp - rank - 1; the last rank
       leaves its main step's first pair apart (deepseek-ai/DualPipe dualpipev.py, steps 1-8)."""
     M = lay.m.astype(float)
-    mv = M * lay.vpp
     pp = lay.pp.astype(float)
-    base = (lay.vpp - 1) * pp + 1.0
     dualpipe = lay.sched == SCHEDULES.index("dualpipev")
     # GPipe runs every forward before any backward: no forward has a backward beside it
     apart = (lay.sched == SCHEDULES.index("gpipe")) & (lay.pp > 1)
     share = {}
-    for role, rank in (("first", 0.0), ("mid", np.floor((pp - 1) / 2)), ("last", pp - 1)):
-        warm = np.where(lay.pp == 1, 1.0, 2.0 * (pp - rank - 1) + base)
-        megatron = np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0)
+    for role, rank in _role_ranks(lay):
+        megatron = _past_warm_up(lay, rank)  # read only where the EP overlap is on (else dualpipev's)
         pairs = 2.0 * M - 3.0 * pp + rank + 1.0 - (rank == pp - 1)
         share[role] = np.where(apart, 0.0, np.where(dualpipe, np.clip(pairs, 0.0, None) / np.maximum(2.0 * M, 1.0),
                                                       megatron))
@@ -707,18 +719,12 @@ def _p2p_steady_share(lay: LayoutBatch) -> dict:
     backwards wait on theirs (schedules.py forward_backward_pipelining_with_interleaving; its
     overlap_p2p_comm_warmup_flush, off by default, would hide those too; Megatron-Bridge
     docs/performance-guide.md: "the PP communications in pipeline fill and flush stages are still
-    exposed"): (M·vpp - W) / (M·vpp). torch's ScheduleInterleaved1F1B (piper-train) places each
+    exposed"): _past_warm_up. torch's ScheduleInterleaved1F1B (piper-train) places each
     receive ahead of the compute before the one that needs it (_add_send_recv), the same steady
     state. The other schedules wait on each message (Megatron-Core's non-interleaved one sends and
     receives as one blocking batch; torch's Schedule1F1B waits likewise)."""
-    mv = lay.m.astype(float) * lay.vpp
-    pp = lay.pp.astype(float)
     on = lay.p2p_ovl & (lay.sched == SCHEDULES.index("interleaved")) & (lay.pp > 1)
-    share = {}
-    for role, rank in (("first", 0.0), ("mid", np.floor((pp - 1) / 2)), ("last", pp - 1)):
-        warm = 2.0 * (pp - rank - 1) + (lay.vpp - 1) * pp + lay.a2a_overlap
-        share[role] = np.where(on, np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0), 0.0)
-    return share
+    return {role: np.where(on, _past_warm_up(lay, rank), 0.0) for role, rank in _role_ranks(lay)}
 
 
 def _chunk_overhead(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
