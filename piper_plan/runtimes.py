@@ -24,6 +24,9 @@ class Support:
     option: str      # the search CLI option that asks for another value
     does: str        # what piper-train does instead, for the error
     read_when: Callable[[object], bool] | None = None  # the layouts whose runs read the field (None: all)
+    # the search spaces whose layouts may read it (None: all); a space none of whose layouts
+    # read_when holds for may ask for any value (the search cannot place it in a run)
+    searched_when: Callable[[object], bool] | None = None
 
 
 PIPER_TRAIN: tuple[Support, ...] = (
@@ -46,12 +49,14 @@ PIPER_TRAIN: tuple[Support, ...] = (
             "collectives after the GEMMs, not pipelined with them"),
     Support("p2p_overlap", (True,), "--p2p-overlap", "piper-train's interleaved schedule (torch's "
             "ScheduleInterleaved1F1B) posts each receive ahead of the compute that needs it",
-            read_when=lambda lay: lay.schedule == "interleaved"),
+            read_when=lambda lay: lay.schedule == "interleaved",
+            searched_when=lambda sp: "interleaved" in sp.schedules),
     Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
             "not FP8"),
     Support("cuda_graphs", ((),), "--cuda-graphs", "piper-train runs eagerly and captures no CUDA graphs"),
     Support("recompute_modules", (("core_attn",),), "--selective", "piper-train's selective recompute "
-            "re-runs the attention core only", read_when=lambda lay: lay.recompute == "selective"),
+            "re-runs the attention core only", read_when=lambda lay: lay.recompute == "selective",
+            searched_when=lambda sp: "selective" in sp.recomputes),
     Support("dropout", (False,), "--dropout", "dropout is not implemented by piper-train"),
     Support("p2p_scatter_gather", (False,), "--p2p-scatter-gather", "piper-train sends a stage boundary's "
             "activation whole from every tensor-parallel rank"),

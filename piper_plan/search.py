@@ -108,9 +108,10 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
     too): eager modules (fused_kernels False), gradients reduced after the pipeline (no overlap),
     the ZeRO stages it implements (ZeRO-2 not with zbv / dualpipev, a search rule), and none of
     the other stacks' features. A value the caller asked for that it cannot run raises
-    PiperError naming the option; the ZeRO stages, which the space enumerates by itself, are
-    cut instead; so does a `model` it cannot train (runtimes.model_refusal). "any" returns `sp`
-    unchanged."""
+    PiperError naming the option, unless no layout of the space would run it (Support.searched_when:
+    --no-p2p-overlap without the interleaved schedule); the ZeRO stages, which the space enumerates
+    by itself, are cut instead; so does a `model` it cannot train (runtimes.model_refusal). "any"
+    returns `sp` unchanged."""
     from dataclasses import replace
 
     from .errors import PiperError
@@ -130,7 +131,7 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
     cut = {}
     for s in PIPER_TRAIN:
         attr = several.get(s.field, s.field)
-        if not hasattr(sp, attr):
+        if not hasattr(sp, attr) or (s.searched_when is not None and not s.searched_when(sp)):
             continue
         plural = attr in several.values()
         asked = getattr(sp, attr) if plural else (getattr(sp, attr),)

@@ -121,3 +121,35 @@ def test_a_model_with_an_mtp_module_is_refused_before_the_search_not_after_the_p
                                   "--runtime", "piper-train", "-o", str(out)])
     assert r.exit_code != 0 and not out.exists()
     assert r.output.strip().count("\n") == 0 and "mtp_layers 0" in r.output
+
+
+def test_a_setting_no_searched_layout_would_run_is_not_refused(tmp_path):
+    """--no-p2p-overlap means something only to the interleaved schedule, --selective only to
+    selective recompute: a piper-train search without them may carry either, and the plan it
+    writes launches (runtimes.Support.searched_when beside read_when)."""
+    from piper_plan.errors import PiperError
+    from piper_plan.plan import read_plan
+    from piper_plan.runtimes import PIPER_TRAIN
+
+    base = dict(gpus=2, global_batch=4, seq=32)
+    waited = SearchSpace(**base, p2p_overlap=False)
+    with pytest.raises(PiperError, match="it cannot run --p2p-overlap false"):
+        for_runtime(waited, "piper-train")
+    assert for_runtime(SearchSpace(**base, p2p_overlap=False, schedules=("1f1b", "zbv")), "piper-train").gpus == 2
+    with pytest.raises(PiperError, match="it cannot run --selective"):
+        for_runtime(SearchSpace(**base, selective=(("mlp",),)), "piper-train")
+    assert for_runtime(SearchSpace(**base, selective=(("mlp",),), recomputes=("none", "full")), "piper-train")
+    assert {s.field for s in PIPER_TRAIN if s.searched_when} == {s.field for s in PIPER_TRAIN if s.read_when}
+
+    out = tmp_path / "plan.json"
+    args = ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--seq", "32",
+            "--runtime", "piper-train", "--no-p2p-overlap", "-o", str(out)]
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code != 0 and not out.exists() and "--p2p-overlap false" in refused.output
+    ran = CliRunner().invoke(main, args + ["--schedules", "gpipe,1f1b"])
+    assert ran.exit_code == 0, ran.output
+    plan = read_plan(out)
+    assert plan.layout.schedule in ("gpipe", "1f1b") and plan.layout.p2p_overlap is False
+    pytest.importorskip("torch")
+    from piper_runtime.launch import check_supported
+    check_supported(plan, 4)
