@@ -88,5 +88,7 @@ def test_each_direction_hides_only_as_long_as_the_phase_it_runs_beside():
     from piper_plan.cost.estimate import p2p_hidden_mb
 
     # a forward's messages run beside the next backward (50), a backward's beside the next forward (24)
-    assert p2p_hidden_mb(1.0, 40.0, 24.0, 50.0) == 40.0 + 24.0
-    assert p2p_hidden_mb(0.75, 10.0, 24.0, 50.0) == 0.75 * 20.0  # short messages hide whole, in the steady share
+    assert p2p_hidden_mb(1.0, 40.0, 40.0, 24.0, 50.0) == 40.0 + 24.0
+    assert p2p_hidden_mb(0.75, 10.0, 10.0, 24.0, 50.0) == 0.75 * 20.0  # short messages hide whole, in the steady share
+    # a first rank sends one message fewer back than on: each direction is its own
+    assert p2p_hidden_mb(1.0, 40.0, 20.0, 24.0, 50.0) == 40.0 + 20.0

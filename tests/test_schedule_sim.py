@@ -43,36 +43,37 @@ def test_without_messages_the_simulated_step_is_the_closed_form_bubble(schedule,
 
 @pytest.mark.parametrize("schedule,pp,vpp,M", [c for c in _cases() if c[0] != "gpipe"])
 @pytest.mark.parametrize("overlap", [True, False])
-def test_messages_a_tenth_of_a_chunk_s_forward_are_priced_a_few_percent_slow(schedule, pp, vpp, M, overlap):
+def test_messages_a_tenth_of_a_chunk_s_forward_are_priced_within_2_percent_never_faster(schedule, pp, vpp, M, overlap):
     """The regime of every GPU row in validation/published.csv (a boundary message a tenth of a
     chunk's forward or less). 1F1B waits on its messages whatever the setting (estimate prices
-    it so; torch's Schedule1F1B and Megatron's blocking batch do). The closed form is never the
-    faster, and at most 3.5 % slower: it charges every rank two messages a micro-batch each way
-    of its chunks, where a pipeline's end ranks send one (at pp 2 both ranks are end ranks: the
-    3.2 % of 1F1B at pp 2, M 8); elsewhere within 2.5 %."""
+    it so; torch's Schedule1F1B and Megatron's blocking batch do)."""
     msg = 0.1 * F_MB / vpp
     sim = _sim(schedule, pp, vpp, M, msg, overlap and schedule == "interleaved")
-    priced = priced_step(schedule, pp, vpp, M, F_MB, B_MB, msg, overlap)
-    assert sim * (1 - 1e-9) <= priced <= sim * (1.035 if pp == 2 else 1.025)
+    assert sim * (1 - 1e-9) <= priced_step(schedule, pp, vpp, M, F_MB, B_MB, msg, overlap) <= sim * 1.02
 
 
-@pytest.mark.parametrize("schedule,pp,vpp,M", [c for c in _cases() if c[0] != "gpipe"])
+@pytest.mark.parametrize("M", [2, 4, 8, 16])
+def test_a_two_stage_1f1b_is_priced_as_it_runs_at_any_message_size(M):
+    """Both ranks of a two-stage pipeline are ends, each sending one message a micro-batch
+    (estimate._p2p_sends): the closed form is then the schedule's own step."""
+    orders = rank_orders("1f1b", 2, 1, M)
+    for msg in (1.2, 7.2, 24.0, 48.0):
+        assert priced_step("1f1b", 2, 1, M, F_MB, B_MB, msg) == pytest.approx(
+            simulate(orders, F_MB, B_MB, msg, overlap=False))
+
+
+@pytest.mark.parametrize("schedule,pp,vpp,M", list(_cases()))
 def test_a_message_as_long_as_a_chunk_s_forward_is_never_priced_faster_than_the_schedule_runs(schedule, pp, vpp, M):
-    """Past that regime the closed form errs on the slow side: the steady-state share hides no
-    more than the schedule can, so a plan on a slow link is not promised a step it cannot reach."""
+    """Past that regime the closed form errs on the slow side (up to 11 % for 1F1B and interleaved
+    with a message as long as a chunk's forward): the steady-state share hides no more than the
+    schedule can, so a plan on a slow link is not promised a step it cannot reach. GPipe is
+    checked against torch's ScheduleGPipe, whose sends run while the next micro-batch computes
+    (it waits on them at the end of each phase): the closed form, which prices them waited, is
+    the slower there by far more."""
     msg = F_MB / vpp
     for overlap in (True, False):
-        sim = _sim(schedule, pp, vpp, M, msg, overlap and schedule == "interleaved")
+        sim = _sim(schedule, pp, vpp, M, msg, schedule == "gpipe" or (overlap and schedule == "interleaved"))
         assert priced_step(schedule, pp, vpp, M, F_MB, B_MB, msg, overlap) >= sim * (1 - 1e-9)
-
-
-def test_a_rank_order_that_waits_on_itself_is_refused():
-    orders = rank_orders("1f1b", 2, 1, 4)
-    orders[1] = orders[1][::-1]  # the last stage's first backward before any forward reaches it
-    with pytest.raises(ValueError, match="deadlock"):
-        simulate(orders, 1.0, 2.0, 0.1)
-    with pytest.raises(ValueError, match="no action order for schedule 'zbv'"):
-        rank_orders("zbv", 2, 1, 4)
 
 
 @pytest.mark.parametrize("schedule,pp,vpp,M", list(_cases()))
@@ -92,10 +93,10 @@ def test_a_receive_posted_first_moves_when_sent_and_one_posted_at_its_action_wai
 
 
 @pytest.mark.parametrize("pp,vpp,M", INTERLEAVED)
-def test_piper_train_s_interleaved_schedule_as_torch_lowers_it_is_priced_within_2_5_percent(pp, vpp, M):
+def test_piper_train_s_interleaved_schedule_as_torch_lowers_it_is_priced_within_2_percent(pp, vpp, M):
     """torch places each receive one or more actions ahead of the one that needs it
     (_add_send_recv), so with messages a tenth of a chunk's forward its schedule runs as with
-    eager transfers, and the closed form that prices piper-train's plans is within 2.5 % of it,
+    eager transfers, and the closed form that prices piper-train's plans is within 2 % of it,
     never the faster."""
     pytest.importorskip("torch")
     import sys
@@ -106,4 +107,4 @@ def test_piper_train_s_interleaved_schedule_as_torch_lowers_it_is_priced_within_
     orders, msg = rank_orders("interleaved", pp, vpp, M), 0.1 * F_MB / vpp
     as_torch = simulate(orders, F_MB / vpp, B_MB / vpp, msg, posted=torch_recv_posts(pp, vpp, M))
     assert as_torch == pytest.approx(simulate(orders, F_MB / vpp, B_MB / vpp, msg), rel=1e-3)
-    assert as_torch <= priced_step("interleaved", pp, vpp, M, F_MB, B_MB, msg) <= 1.025 * as_torch
+    assert as_torch <= priced_step("interleaved", pp, vpp, M, F_MB, B_MB, msg) <= 1.02 * as_torch

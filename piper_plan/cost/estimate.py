@@ -107,7 +107,7 @@ def _each_phase(x):
     return np.asarray(x)[..., None, :]
 
 
-def _window(lc: dict, phases: dict, nd, nm, chunk_mb, parked_f, parked_b, p2p_mb, M, hidden, absorbed):
+def _window(lc: dict, phases: dict, nd, nm, chunk_mb, parked_f, parked_b, p2p, M, hidden, absorbed):
     """(phases, PipeWindow, reduction's PipeWindow) of one role's rank per micro-batch: its compute
     `phases` (_phases, not changed) with the extra chunks' executor work split as layer._layer_overhead's and its exposed
     activation copies; the forward / backward / weight-gradient seconds the pipeline runs, less the
@@ -124,8 +124,8 @@ def _window(lc: dict, phases: dict, nd, nm, chunk_mb, parked_f, parked_b, p2p_mb
     comp["f"], comp["b"] = comp["f"] + chunk_mb / 3 + parked_f, comp["b"] + 2 * chunk_mb / 3 + parked_b
     cm = _each_phase(nd) * lc["dense_comm_v"] + _each_phase(nm) * lc["moe_comm_v"]
     cm = {c: cm[..., i, :] for i, c in enumerate("fbwr") if c != "w"}  # comm has no W
-    F = comp["f"] + cm["f"] + p2p_mb
-    B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p_mb
+    F = comp["f"] + cm["f"] + p2p[0]
+    B = comp["b"] + comp["r"] + cm["b"] + cm["r"] + p2p[1]
     (ab, ab_f), (hid, hid_f) = absorbed, hidden
     return (comp, PipeWindow(F - ab_f, B - (ab - ab_f), comp["w"], M),
             PipeWindow(F - hid_f, B - (hid - hid_f), comp["w"], M))
@@ -311,7 +311,7 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     model_flops, rc_flops = _model_flops(m, lay, tokens)
 
     a2a_step = M * busy["a2a"]
-    p2p_step = M * pipe.p2p_one * lay.vpp * 2
+    p2p_step = M * busy["p2p"]
     cp_step = M * (nd_p + nm_p) * lc["cp_layer"]  # the context-parallel ring's exposed share
     comm_step = M * busy["comm"]
     tp_step = comm_step - a2a_step - p2p_step - cp_step
@@ -416,11 +416,11 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     n_dense_of = {r: nd for r, (nd, _) in roles.items()}
     n_moe_of = {r: nm for r, (_, nm) in roles.items()}
 
-    rank_chunks = lay.vpp.astype(float)
-
     # per-role totals from per-layer totals (cheap); phases only for the busiest role
     Td, Tm, Te, Th, Tdc, Tmc = (lc[k] for k in ("Td", "Tm", "Te", "Th", "Tdc", "Tmc"))
-    p2p_mb = p2p_one * rank_chunks  # each way, per micro-batch
+    # messages a micro-batch each way a role's rank sends (_p2p_sends), seconds
+    sends = _p2p_sends(lay, v_shape)
+    p2p_f, p2p_b = (_stacked({r: c[i] * p2p_one for r, c in sends.items()}, list(sends), n) for i in (0, 1))
     chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
     dualpipe_hides = _dualpipe_overlaps(lay)
     # dualpipev, and Megatron-Core's EP overlap (Layout.a2a_overlap: a micro-batch's forward runs
@@ -441,7 +441,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     parked_f, parked_b = _offload_exposed(hw, lay, lc, roles, has_emb, has_head)
     parked_f, parked_b = st(parked_f), st(parked_b)
     comp_t = nd_r * Td + nm_r * Tm + emb_r * Te + head_r * Th + chunk_mb + parked_f + parked_b
-    comm_t = nd_r * Tdc + nm_r * Tmc + 2 * p2p_mb
+    comm_t = nd_r * Tdc + nm_r * Tmc + p2p_f + p2p_b
     a2a_per_mb = lc["a2a_layer"] * nm_r
     # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
     # exchange with one compute node of the other micro-batch (layer._layer_base: a2a_hide); both
@@ -484,7 +484,8 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     hidden_f = (1.0 - held) * paired_share * f_pair + absorbed_f
     # an interleaved schedule's steady state runs its messages behind the other micro-batch's compute
     # (Layout.p2p_overlap); the warm-up's and the cool-down's wait (_p2p_steady_share)
-    p2p_hidden = p2p_hidden_mb(st(_p2p_steady_share(lay)), p2p_mb, phases["f"], phases["b"] + phases["w"] + phases["r"])
+    p2p_hidden = p2p_hidden_mb(st(_p2p_steady_share(lay)), p2p_f, p2p_b, phases["f"],
+                               phases["b"] + phases["w"] + phases["r"])
     totals = comp_t + comm_t - hidden_of + slow_of - absorbed - p2p_hidden
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
@@ -494,7 +495,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     is_first = t_first >= peak_role_time  # the busiest role: first, else last, else mid
     is_last = ~is_first & (t_last >= peak_role_time)
     pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
-    comp_r, win_r, dp_win_r = _window(lc, phases, nd_r, nm_r, chunk_mb, parked_f, parked_b, p2p_mb, M,
+    comp_r, win_r, dp_win_r = _window(lc, phases, nd_r, nm_r, chunk_mb, parked_f, parked_b, (p2p_f, p2p_b), M,
                                       (hidden_of - slow_of + absorbed, hidden_f),
                                       (unpaired, np.where(dualpipe_hides, 0.0, alone_f)))
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
@@ -533,7 +534,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     absorbed_a2a = np.minimum(absorbed, a2a_per_mb - hidden_of)
     busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of + absorbed_a2a),
                    slow=pick(slow_of - (absorbed - absorbed_a2a)),
-                   comm=pick(comm_t), p2p_hidden=pick(p2p_hidden))
+                   comm=pick(comm_t), p2p=pick(p2p_f + p2p_b), p2p_hidden=pick(p2p_hidden))
     acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
     ranks = RoleLayers(cs, present, nd_r, nm_r, emb_r, head_r)
     return PipelinePart(grp, lc, ranks, p2p_one, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
@@ -700,14 +701,32 @@ def _paired_share(lay: LayoutBatch) -> dict:
     return share
 
 
-def p2p_hidden_mb(share, p2p_mb, fwd, bwd):
+def p2p_hidden_mb(share, fwd_msgs, bwd_msgs, fwd, bwd):
     """Seconds of a rank's pipeline messages a micro-batch that run behind compute, given the
-    `share` of its chunks in the steady state (_p2p_steady_share) and, per micro-batch, its
-    messages each way (`p2p_mb`), its forward (`fwd`) and backward (`bwd`) compute: a forward's
-    send and next receive run beside the backward that follows, a backward's beside the next
-    forward (Megatron-Core's overlap_p2p_comm; torch's runtime receives one action ahead), so
-    each direction hides only what that phase lasts."""
-    return share * (np.minimum(p2p_mb, bwd) + np.minimum(p2p_mb, fwd))
+    `share` of its chunks in the steady state (_p2p_steady_share) and, per micro-batch, the
+    seconds of its forward messages (activations on, `fwd_msgs`) and backward ones (gradients
+    back, `bwd_msgs`), its forward (`fwd`) and backward (`bwd`) compute: a forward's send and
+    next receive run beside the backward that follows, a backward's beside the next forward
+    (Megatron-Core's overlap_p2p_comm; torch's runtime receives one action ahead), so each
+    direction hides only what that phase lasts."""
+    return share * (np.minimum(fwd_msgs, bwd) + np.minimum(bwd_msgs, fwd))
+
+
+def _p2p_sends(lay: LayoutBatch, v_shape) -> dict:
+    """{role: (forward, backward) stage-boundary messages its rank sends a micro-batch}. Every
+    chunk sends its output to the next chunk and its input's gradient to the one before, except
+    at the pipeline's ends (the last chunk sends nothing on, the first nothing back) and where
+    two consecutive chunks share a rank (the V's turn on the last rank). Looped (gpipe, 1F1B,
+    interleaved): the first rank sends vpp on and vpp - 1 back, the last vpp - 1 and vpp, the
+    others vpp each way; a V (zbv, dualpipev: 2 chunks a rank) 1 each way on the first and last
+    rank, 2 on the others. The end ranks' one message fewer matters at pp 2, where both ranks
+    are ends (the closed form then matches the schedule run action by action exactly:
+    tests/test_schedule_sim.py); none at pp 1."""
+    v = lay.vpp.astype(float)
+    one = (lay.pp > 1).astype(float)
+    end_f = np.where(v_shape, 1.0, v) * one  # the first rank's sends on, the last rank's back
+    end_b = np.where(v_shape, 1.0, v - 1.0) * one
+    return {"first": (end_f, end_b), "mid": (v * one, v * one), "last": (end_b, end_f)}
 
 
 def _p2p_steady_share(lay: LayoutBatch) -> dict:

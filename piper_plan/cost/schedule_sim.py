@@ -122,23 +122,24 @@ def simulate(orders: Sequence[Sequence[Action]], fwd, bwd, msg: float, overlap: 
 
 def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: float, overlap: bool = True) -> float:
     """The planner's closed form for the same pipeline (seconds): per rank, fwd_mb / bwd_mb are one
-    micro-batch's forward and backward over all its chunks, each way vpp messages of `msg`
-    seconds a micro-batch (estimate._pipeline's p2p_mb), the interleaved steady state hiding
-    what estimate.p2p_hidden_mb hides where `overlap`, and schedule.pipeline_time over the
+    micro-batch's forward and backward over all its chunks; each role's rank sends the messages
+    of `msg` seconds estimate._p2p_sends counts, the interleaved steady state hides what
+    estimate.p2p_hidden_mb hides where `overlap`, and schedule.pipeline_time runs over the
     busiest rank; the bubble keeps the hidden share's messages, as estimate does."""
     from ..layout import SCHEDULES, Layout
     from .batch import from_layouts
-    from .estimate import _p2p_steady_share, p2p_hidden_mb
+    from .estimate import _p2p_sends, _p2p_steady_share, p2p_hidden_mb
     from .schedule import pipeline_time
 
     fwd_mb, bwd_mb = (np.broadcast_to(np.asarray(x, float), (pp,)) for x in (fwd_mb, bwd_mb))
     lay = from_layouts([Layout(gpus=pp, pp=pp, dp=1, vpp=vpp, mbs=1, global_batch=M, seq=1, schedule=schedule,
                                p2p_overlap=overlap)])
-    share = _p2p_steady_share(lay)
+    share, sends = _p2p_steady_share(lay), _p2p_sends(lay, lay.sched >= SCHEDULES.index("zbv"))
     roles = ["first"] + ["mid"] * (pp - 2) + ["last"] if pp > 1 else ["first"]
-    hidden = np.array([float(p2p_hidden_mb(share[role][0], vpp * msg, f, b))
-                       for role, f, b in zip(roles, fwd_mb, bwd_mb)])
-    totals = fwd_mb + bwd_mb + (2 * vpp * msg if pp > 1 else 0.0) - hidden
+    on = [(float(sends[role][0][0]) * msg, float(sends[role][1][0]) * msg) for role in roles]
+    hidden = np.array([float(p2p_hidden_mb(share[role][0], mf, mb, f, b))
+                       for role, (mf, mb), f, b in zip(roles, on, fwd_mb, bwd_mb)])
+    totals = fwd_mb + bwd_mb + np.array([mf + mb for mf, mb in on]) - hidden
     busiest = int(np.argmax(totals))
     z = np.zeros(1)
     step = pipeline_time(np.array([SCHEDULES.index(schedule)]), np.array([pp]), np.array([M]), np.array([vpp]),
