@@ -23,16 +23,18 @@ the measured interleaved step sits near the hidden prediction and well under the
 one where a message is a fraction of a chunk's forward (as on the GPU runs the table holds: a
 0.8 ms message beside ~10 ms chunks) and one where it is longer than a chunk's forward.
 
-Measured on this 2-core VM (2026-12-05, the defaults): at 400 Mbit/s (t 4.5 ms, a chunk's forward
-~12 ms) interleaved 715 ms: x1.02 of the hidden prediction (700), x0.87 of the waited (825), x1.02
-of the schedule as torch posts it (698); 1F1B x0.88 of its waited prediction. At 100 Mbit/s
-(t 19.9 ms) interleaved 1,047 ms: x1.15 of hidden (914), x0.78 of waited (1,342), x1.22 of the
-schedule as torch posts it (858); 1F1B x0.89, and x1.07 of its simulated run. So where a message
-outlasts the compute beside it the closed form is the slower of the two (914 against 858 ms: it
-errs slow, tests/test_schedule_sim.py), and the 22 % the run loses beyond its schedule lies
-outside the schedule: in torch's runtime and gloo's transport of 256 KiB messages, on the two
-cores the ranks also compute on. Earlier runs the same day: x0.96-1.06 of hidden at 400 Mbit/s,
-x1.11-1.21 at 100 Mbit/s."""
+Measured on this 2-core VM (2026-12-05, the defaults, at e26efe1: the closed form counting each
+role's sends), two runs: at 400 Mbit/s (t 4.4 ms, a chunk's forward ~12 ms) interleaved 702 / 737
+ms: x1.02 / x1.12 of the hidden prediction, x0.90 / x1.00 of the waited, x1.02 / x1.16 of the
+schedule as torch posts it; 1F1B x1.00 / x1.09 of its waited prediction, which its simulated run
+equals. At 100 Mbit/s (t 20 ms) interleaved 1,060 / 1,058 ms: x1.25 / x1.25 of hidden (845 / 846),
+x0.92 / x0.91 of waited, x1.23 / x1.19 of the schedule as torch posts it (865 / 886); 1F1B x1.09 /
+x1.07. So where a message outlasts the compute beside it, the closed form sits between the ideal
+run (815 / 825) and the schedule as torch posts it, and the run loses about a fifth beyond the
+schedule: in torch's runtime and gloo's transport of 256 KiB messages, on the two cores the ranks
+also compute on, which the planner does not price (validation/README.md). Before e26efe1, runs the
+same day read x0.96-1.06 of hidden at 400 Mbit/s and x1.11-1.21 at 100 Mbit/s against the
+formula that charged each rank two messages each way."""
 from __future__ import annotations
 
 import argparse
