@@ -133,16 +133,24 @@ def worker(a) -> int:
     return 0
 
 
-def torch_recv_posts(pp: int, vpp: int, M: int) -> list[dict]:
-    """Where torch's ScheduleInterleaved1F1B posts each receive: per rank, {the action that needs
-    the message: index of the compute action it is posted before}, read from the schedule torch
-    lowers (_add_send_recv, over the order _calculate_single_rank_operations builds; no stages or
-    process group needed for the order)."""
+def torch_interleaved(pp: int, vpp: int, M: int):
+    """A ScheduleInterleaved1F1B holding only what its order reads (no stages or process group):
+    its _calculate_single_rank_operations(rank) gives the order torch runs."""
     import torch.distributed.pipelining.schedules as S
 
     sched = object.__new__(S.ScheduleInterleaved1F1B)
     sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = pp, vpp, M
     sched.microbatches_per_round = M // max(1, M // pp)
+    return sched
+
+
+def torch_recv_posts(pp: int, vpp: int, M: int) -> list[dict]:
+    """Where torch's ScheduleInterleaved1F1B posts each receive: per rank, {the action that needs
+    the message: index of the compute action it is posted before}, read from the schedule torch
+    lowers (_add_send_recv, over the order torch_interleaved gives)."""
+    import torch.distributed.pipelining.schedules as S
+
+    sched = torch_interleaved(pp, vpp, M)
     order = {r: S._add_reduce_grad(S._add_unshard_reshard(sched._calculate_single_rank_operations(r)), M)
              for r in range(pp)}
     lowered = S._add_send_recv(order, lambda stage: stage % pp, pp * vpp)

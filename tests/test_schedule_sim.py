@@ -1,5 +1,8 @@
 """The planner's closed-form pipeline step against the schedule run action by action
 (piper_plan/cost/schedule_sim.py)."""
+import sys
+from pathlib import Path
+
 import pytest
 
 from piper_plan.cost.schedule_sim import priced_step, rank_orders, simulate
@@ -18,6 +21,15 @@ def _cases():
         yield "gpipe", pp, 1, M
 
 
+def _benchmark():
+    """benchmarks/p2p_overlap.py, whose helpers read torch's own schedule."""
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import p2p_overlap
+    return p2p_overlap
+
+
 def _sim(schedule, pp, vpp, M, msg, overlap):
     return simulate(rank_orders(schedule, pp, vpp, M), F_MB / vpp, B_MB / vpp, msg, overlap)
 
@@ -26,10 +38,7 @@ def _sim(schedule, pp, vpp, M, msg, overlap):
 def test_the_interleaved_order_is_the_one_torch_runs(pp, vpp, M):
     """ScheduleInterleaved1F1B's own per-rank order (its idle slots dropped), from torch's method."""
     S = pytest.importorskip("torch.distributed.pipelining.schedules")
-    sched = object.__new__(S.ScheduleInterleaved1F1B)  # no stages or process group: only the order
-    rounds = max(1, M // pp)
-    sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = pp, vpp, M
-    sched.microbatches_per_round = M // rounds
+    sched = _benchmark().torch_interleaved(pp, vpp, M)  # no stages or process group: only the order
     for rank, ours in enumerate(rank_orders("interleaved", pp, vpp, M)):
         torch_ops = [a for a in sched._calculate_single_rank_operations(rank) if a is not None]
         kinds = {S._ComputationType.FORWARD: "F", S._ComputationType.FULL_BACKWARD: "B"}
@@ -99,10 +108,7 @@ def test_piper_train_s_interleaved_schedule_as_torch_lowers_it_is_priced_within_
     eager transfers, and the closed form that prices piper-train's plans is within 2 % of it,
     never the faster."""
     pytest.importorskip("torch")
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from p2p_overlap import torch_recv_posts
+    torch_recv_posts = _benchmark().torch_recv_posts
 
     orders, msg = rank_orders("interleaved", pp, vpp, M), 0.1 * F_MB / vpp
     as_torch = simulate(orders, F_MB / vpp, B_MB / vpp, msg, posted=torch_recv_posts(pp, vpp, M))

@@ -350,7 +350,6 @@ class PipelinePart:
     grp: dict             # _group_terms: process groups' sizes, strides and spans
     lc: dict              # per-layer terms the rest reads (LAYER_TERMS_AFTER)
     ranks: RoleLayers     # the representative ranks
-    p2p_one: np.ndarray   # seconds of one stage-boundary message
     # the busiest role's (first, else last, else mid) dense and MoE layers (nd, nm) and, per
     # micro-batch, all-to-all seconds (a2a), of those hidden behind another micro-batch's compute
     # (hidden), compute slowed by the hidden exchange's units (slow), communication seconds (comm):
@@ -388,7 +387,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # ---- chunks and representative ranks ----------------------------------------------
     chunks = lay.pp * lay.vpp
     # the partition reads only the chunk count and per-layer costs: compute it once per distinct pair
-    v_shape = lay.sched >= 3  # zbv, dualpipev: rank 0 runs the first and the last chunk
+    v_shape = _v_shape(lay)
     _, first, inv = distinct_rows(layer_row, chunks, lay.split, v_shape)
     row = layer_row[first]
     x_first, x_last = _split_extras(lay.split[first], lc["x_first"][row], lc["x_last"][row])
@@ -419,7 +418,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # per-role totals from per-layer totals (cheap); phases only for the busiest role
     Td, Tm, Te, Th, Tdc, Tmc = (lc[k] for k in ("Td", "Tm", "Te", "Th", "Tdc", "Tmc"))
     # messages a micro-batch each way a role's rank sends (_p2p_sends), seconds
-    sends = _p2p_sends(lay, v_shape)
+    sends = _p2p_sends(lay)
     p2p_f, p2p_b = (_stacked({r: c[i] * p2p_one for r, c in sends.items()}, list(sends), n) for i in (0, 1))
     chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
     dualpipe_hides = _dualpipe_overlaps(lay)
@@ -537,7 +536,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                    comm=pick(comm_t), p2p=pick(p2p_f + p2p_b), p2p_hidden=pick(p2p_hidden))
     acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
     ranks = RoleLayers(cs, present, nd_r, nm_r, emb_r, head_r)
-    return PipelinePart(grp, lc, ranks, p2p_one, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
+    return PipelinePart(grp, lc, ranks, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
                         acts, t_pipe)
 
 
@@ -712,7 +711,12 @@ def p2p_hidden_mb(share, fwd_msgs, bwd_msgs, fwd, bwd):
     return share * (np.minimum(fwd_msgs, bwd) + np.minimum(bwd_msgs, fwd))
 
 
-def _p2p_sends(lay: LayoutBatch, v_shape) -> dict:
+def _v_shape(lay: LayoutBatch) -> np.ndarray:
+    """zbv, dualpipev: chunks placed in a V, rank 0 running the first and the last chunk."""
+    return lay.sched >= SCHEDULES.index("zbv")
+
+
+def _p2p_sends(lay: LayoutBatch) -> dict:
     """{role: (forward, backward) stage-boundary messages its rank sends a micro-batch}. Every
     chunk sends its output to the next chunk and its input's gradient to the one before, except
     at the pipeline's ends (the last chunk sends nothing on, the first nothing back) and where
@@ -722,7 +726,7 @@ def _p2p_sends(lay: LayoutBatch, v_shape) -> dict:
     rank, 2 on the others. The end ranks' one message fewer matters at pp 2, where both ranks
     are ends (the closed form then matches the schedule run action by action exactly:
     tests/test_schedule_sim.py); none at pp 1."""
-    v = lay.vpp.astype(float)
+    v, v_shape = lay.vpp.astype(float), _v_shape(lay)
     one = (lay.pp > 1).astype(float)
     end_f = np.where(v_shape, 1.0, v) * one  # the first rank's sends on, the last rank's back
     end_b = np.where(v_shape, 1.0, v - 1.0) * one

@@ -73,8 +73,8 @@ def simulate(orders: Sequence[Sequence[Action]], fwd, bwd, msg: float, overlap: 
     sent): per rank, for each action whose input crosses ranks, the index in that rank's order
     of the action before which its receive is posted; the transfer starts once the receive is
     posted too (a rendezvous, as NCCL's and gloo's send / receive pairs run), and the link then
-    carries the messages in the order their receivers take them (runtime/pipeline.recv_posts
-    reads torch's lowered schedule). A deadlocked order raises ValueError."""
+    carries the messages in the order their receivers take them (benchmarks/p2p_overlap.py's
+    torch_recv_posts reads them from torch's lowered schedule). A deadlocked order raises ValueError."""
     if posted is not None and not overlap:
         raise ValueError("simulate: posted receives need overlap (a waiting sender posts nothing ahead)")
     pp = len(orders)
@@ -134,7 +134,7 @@ def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: f
     fwd_mb, bwd_mb = (np.broadcast_to(np.asarray(x, float), (pp,)) for x in (fwd_mb, bwd_mb))
     lay = from_layouts([Layout(gpus=pp, pp=pp, dp=1, vpp=vpp, mbs=1, global_batch=M, seq=1, schedule=schedule,
                                p2p_overlap=overlap)])
-    share, sends = _p2p_steady_share(lay), _p2p_sends(lay, lay.sched >= SCHEDULES.index("zbv"))
+    share, sends = _p2p_steady_share(lay), _p2p_sends(lay)
     roles = ["first"] + ["mid"] * (pp - 2) + ["last"] if pp > 1 else ["first"]
     on = [(float(sends[role][0][0]) * msg, float(sends[role][1][0]) * msg) for role in roles]
     hidden = np.array([float(p2p_hidden_mb(share[role][0], mf, mb, f, b))
