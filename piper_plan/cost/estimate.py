@@ -417,9 +417,6 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
 
     # per-role totals from per-layer totals (cheap); phases only for the busiest role
     Td, Tm, Te, Th, Tdc, Tmc = (lc[k] for k in ("Td", "Tm", "Te", "Th", "Tdc", "Tmc"))
-    # messages a micro-batch each way a role's rank sends (_p2p_sends), seconds
-    sends = _p2p_sends(lay)
-    p2p_f, p2p_b = (_stacked({r: c[i] * p2p_one for r, c in sends.items()}, list(sends), n) for i in (0, 1))
     chunk_mb = _chunk_overhead(hw, lay)  # a multi-chunk schedule's executor work per micro-batch
     dualpipe_hides = _dualpipe_overlaps(lay)
     # dualpipev, and Megatron-Core's EP overlap (Layout.a2a_overlap: a micro-batch's forward runs
@@ -432,6 +429,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     rs = list(roles)
     st = lambda per_role: _stacked(per_role, rs, n)  # noqa: E731
     nd_r, nm_r, emb_r, head_r = st(n_dense_of), st(n_moe_of), st(has_emb), st(has_head)
+    # messages a micro-batch each way a role's rank sends (_p2p_sends), seconds
+    sends = _p2p_sends(lay)
+    p2p_f, p2p_b = (st({r: c[i] * p2p_one for r, c in sends.items()}) for i in (0, 1))
     # the share matters only where an exchange hides; priced on those layouts alone
     hides = np.flatnonzero(dualpipe_hides | lay.a2a_overlap)
     paired_share = np.zeros((len(rs), n))
