@@ -204,7 +204,9 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
 
 def _bundled_checks() -> dict:
     """The kernel, all-to-all, MoE-layer and full-model checks of the bundled specs against
-    the bundled measurement tables (validate_kernels, validate_bounds), as validate --json has them."""
+    the bundled measurement tables (validate_kernels, validate_attention, validate_bounds), as validate --json has
+    them."""
+    from .validate_attention import bundled as attention_bundled
     from .validate_bounds import full_model_bounds
     from .validate_kernels import (a2a_check, b200_gemm_checks, gemm_check, implied_gemm, layer_time_check,
                                    moe_layer_check, rccl_node_check, te_gemm_check)
@@ -213,7 +215,7 @@ def _bundled_checks() -> dict:
             "a2a_mcore_table7": a2a_check(), "a2a_rccl_mi250x_node": rccl_node_check(),
             "moe_layer_piper_frontier": {"rows": moe_layer_check(), "implied_gemm": implied_gemm()},
             "layer_korthikanti_table4": layer_time_check(),
-            "full_models_piper_frontier": full_model_bounds()}
+            "full_models_piper_frontier": full_model_bounds(), "attention_cudnn": attention_bundled()}
 
 
 def _layer_table(rows: list[dict], title: str):
@@ -235,6 +237,22 @@ def _pct(x, sign: str = "") -> str:
     return "-" if x is None or x != x else f"{x:{sign}.1f}%"
 
 
+def _attention_table(att: dict):
+    """validate_attention's summary as a table: mean |error| of each pass per spec and mask, and
+    a layer's attention time error at each length."""
+    from rich.table import Table
+
+    seqs = sorted({s for v in att["summary"].values() for s in v["time_error_pct"]})
+    t = Table(title="attention model (one plateau, measured causal at 4k) vs cuDNN 9.19's SDPA sweep "
+                    "(cudnn-frontend): + the model is slower; windows are GPT-OSS's 1,024 tokens, heads of 64")
+    for col in ("spec / mask", "forward mean |error|", "backward", *(f"time error {s // 1024}k" for s in seqs)):
+        t.add_column(col)
+    for k, v in att["summary"].items():
+        t.add_row(k, _pct(v["forward_mape"]), _pct(v["backward_mape"]),
+                  *(_pct(v["time_error_pct"].get(s), "+") for s in seqs))
+    return t
+
+
 def _show_bundled_checks(c: dict) -> None:
     from rich.table import Table
 
@@ -242,7 +260,7 @@ def _show_bundled_checks(c: dict) -> None:
 
     gemm, b200, te_gemm, a2a = c["gemm_h100_xla"], c["gemm_b200_xla"], c["gemm_te_b300"], c["a2a_mcore_table7"]
     rccl, layer, bounds = c["a2a_rccl_mi250x_node"], c["moe_layer_piper_frontier"], c["full_models_piper_frontier"]
-    kt = c["layer_korthikanti_table4"]
+    kt, att = c["layer_korthikanti_table4"], c["attention_cudnn"]
     x = Table(title="GEMM kernel model vs measured GEMMs (OpenXLA's matmul tables, 375 shapes each: "
                     "H100 bf16; B200 bf16 and FP8)")
     for c in ("GPU", "dtype", "measured time", "shapes", "predicted/measured median", "10-90%",
@@ -293,7 +311,7 @@ def _show_bundled_checks(c: dict) -> None:
     for r in bounds:
         fb.add_row(r["model"], f"{r['published']:g}", f"{r['best_predicted']:.1f}", str(r["gcds"]), r["layout"],
                    "yes" if r["reaches"] else "NO")
-    report.show([x, b, a, rc, kl, ml])
+    report.show([x, b, _attention_table(att), a, rc, kl, ml])
     click.echo(f"GEMM plateau at which those rates agree on average: {layer['implied_gemm']:.3f} of peak "
                f"(the spec: {layer['rows'][0]['gemm']:g}; validation/README.md, Frontier's two GEMM sources)")
     report.show([fb])
