@@ -350,6 +350,15 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("interleaved needs microbatches % pp == 0", f"{m} micro-batches, pp={lay.pp}")
     if lay.schedule == "dualpipev" and m < 2 * lay.pp:
         raise LayoutError("dualpipev needs microbatches >= 2*pp", f"{m} micro-batches, pp={lay.pp}")
+    if lay.schedule == "zbv" and m < 2 * lay.pp - 1:
+        raise LayoutError("zbv needs microbatches >= 2*pp-1", f"{m} micro-batches, pp={lay.pp}: rank 0 waits "
+                          "for the first micro-batch to pass all 2*pp-1 chunks before ZB-V's steady state, and its "
+                          "closed form (arXiv 2401.10241 Table 3) prices none of that wait")
+    if lay.a2a_overlap and lay.pp > 1 and lay.schedule != "interleaved":
+        raise LayoutError("a2a_overlap with pp > 1 needs the interleaved schedule",
+                          f"schedule {lay.schedule}: Megatron-Core's EP overlap pairs one micro-batch's forward with "
+                          "another's backward in its interleaved 1F1B only (virtual_pipeline_model_parallel_size "
+                          "must be set when pipeline_model_parallel_size > 1)")
     if lay.zero == 3 and lay.pp > 1:
         raise LayoutError("zero 3 with pp == 1", "a pipeline stage under FSDP keeps its parameters gathered across "
                           "its micro-batches and reduces its gradients once a step (torch.distributed.pipelining's "

@@ -253,6 +253,9 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     rule("micro-batches < pp", pipelined & (s_idx >= 1) & (M < pp))
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
+    rule("zbv needs micro-batches >= 2*pp-1", pipelined & (s_idx == 3) & (M < 2 * pp - 1))
+    if sp.a2a_overlap:  # Megatron-Core's EP overlap runs in its interleaved 1F1B alone
+        rule("a2a_overlap with pp > 1 needs the interleaved schedule", pipelined & (s_idx != 2))
     k1 = np.nonzero(keep)[0]
     tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs = (x.take(k1) for x in (tp, cp, pp, dp, ep, etp, s_idx, vpp, mbs))
     # stage 2's rules broadcast from the few axes each reads over the grid [recompute, ZeRO,

@@ -384,7 +384,7 @@ def test_estimate_refuses_a_layout_the_model_cannot_be_split_into(extra, needle)
 
 def test_an_overlapped_all_to_all_must_leave_the_device_compute_units():
     args = ["estimate", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "256", "--pp", "8", "--ep", "32",
-            "--a2a-overlap", "--global-batch", "512", "--recompute", "full"]
+            "--schedule", "interleaved", "--vpp", "2", "--a2a-overlap", "--global-batch", "512", "--recompute", "full"]
     one_line([*args, "--a2a-sms", "132"], "a2a_sms=132 of the 132")  # an H100 has 132 SMs
     code, out, _ = _run([*args, "--a2a-sms", "24"])
     assert code == 0, out

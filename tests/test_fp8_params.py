@@ -104,13 +104,14 @@ def test_a_table_row_with_fp8_weights_needs_an_fp8_precision(tmp_path):
 
 
 def test_a_search_that_fits_only_with_fp8_weights_says_so_with_the_plan_s_throughput():
-    # Qwen3-235B in FP8 on 24 GB200: bf16 weights beside their FP8 copies leave no layout room
+    # Qwen3-235B in FP8 on 22 GB200 (185 GiB each): bf16 weights beside their FP8 copies leave no
+    # layout room
     from piper_plan.search import diagnose, search
     m = load_model("qwen3-235b-a22b")
-    sp = SearchSpace(gpus=24, global_batch=64, seq=4096, fp8="current")
+    sp = SearchSpace(gpus=22, global_batch=64, seq=4096, fp8="current")
     res = search(m, GB200, sp)
     assert res.best is None
-    with_fp8 = search(m, GB200, SearchSpace(gpus=24, global_batch=64, seq=4096, fp8="current", fp8_params=True))
+    with_fp8 = search(m, GB200, SearchSpace(gpus=22, global_batch=64, seq=4096, fp8="current", fp8_params=True))
     assert with_fp8.best is not None
     said = [x for x in diagnose(m, GB200, sp, res) if "--fp8-params" in x]
     assert said == [f"fits with the weights kept in FP8 (--fp8-params, Megatron's --fp8-param-gather): best "

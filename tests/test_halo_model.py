@@ -346,3 +346,21 @@ def test_a_fully_connected_node_gives_a_group_only_the_links_to_its_members():
     # a switched node (DGX H100) gives any group the GPU's whole NVLink rate
     h100 = load_hardware("dgx-h100")
     assert float(comm.group_span(h100, 2, 1)[0]) == float(comm.group_span(h100, 8, 1)[0])
+
+
+def test_nvl72_rails_repeat_every_tray_not_every_rack():
+    # a rank's peers in another rack with its tray-local index share its rail: 18 of a full rack's
+    # 72, so 3/4 of the remote bytes cross rails (a spine tapered to a quarter of the NIC rate)
+    gb200 = load_hardware("gb200-nvl72")
+    tapered = gb200.model_copy(update={"network": gb200.network.model_copy(update={"cross_rail_taper": 0.25})})
+    spine = gb200.nic_gbps_per_gpu * 1e9 * gb200.efficiency.comm * 0.25 / comm._a2a_nic_slowdown(gb200)
+    remote = 72 * 1e9  # 1 GB to each of the 72 members of the other rack
+    t = float(comm.a2a_flat(tapered, 144e9, 144, 1))
+    assert t == pytest.approx(remote * 0.75 / spine, rel=0.02)
+
+
+def test_an_array_of_message_sizes_prices_each_size():
+    hw = load_hardware("dgx-h100")
+    sizes = np.array([1e9, 2e9, 3e9])
+    for f in (comm.a2a_flat, comm.a2a_halo):
+        assert f(hw, sizes, 16, 1) == pytest.approx([float(f(hw, s, 16, 1)) for s in sizes])

@@ -81,3 +81,45 @@ def test_piper_train_zero2_holds_at_most_a_bucket_cap_per_owner_of_full_gradient
     # replicated (dp 8) and expert (edp 1: no replicas, reduced at the step) groups
     assert got[2] == pytest.approx(8 * cap + cap)
     assert got[1] == 0.0 and fused.memory["first"]["grad_buckets"][0] == 0.0
+
+
+def test_without_sequence_parallelism_the_moe_blocks_norm_and_dropout_hold_every_token():
+    # X-MoE at TP 2 without sequence parallelism: the sequence splits inside the MoE block only, so
+    # the pre-MLP norm's input and the dropout mask after the block hold all t tokens, as the
+    # attention block's do; with sequence parallelism both hold t / tp
+    from piper_plan.specs.registry import load_model
+    m = load_model("xmoe-large")
+    base = dict(gpus=4, tp=2, dp=2, ep=2, mbs=1, global_batch=2, seq=4096, dtype="fp16", dropout=True)
+    for sp in (False, True):
+        b = from_layouts([Layout(**base, sequence_parallel=sp)])
+        a, e = act.attention_terms(m, b), act.moe_terms(m, b, imb=1.0)
+        assert e["moe_norm_in"][0] == a["attn_norm_in"][0]
+        assert e["moe_dropout_mask"][0] == a["attn_dropout_mask"][0]
+    without = act.moe_terms(m, from_layouts([Layout(**base, sequence_parallel=False)]), 1.0)
+    assert e["moe_norm_in"][0] * 2 == without["moe_norm_in"][0]  # e: the last, with sequence parallelism
+
+
+def test_a_layouts_saved_activations_do_not_depend_on_the_layouts_priced_beside_it():
+    # per-layer costs are priced once per key of the columns they read; a selective layout keyed
+    # with one that recomputes nothing must still save what its own recompute leaves
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.specs.registry import load_hardware, load_model
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    base = dict(gpus=8, dp=8, mbs=1, global_batch=64, seq=4096, recompute_modules=("core_attn", "mlp"))
+    sel, none = Layout(**base, recompute="selective"), Layout(**base, recompute="none")
+    alone = [float(evaluate(m, hw, from_layouts([x])).peak_memory_gib[0]) for x in (sel, none)]
+    for pair in ([none, sel], [sel, none]):
+        together = evaluate(m, hw, from_layouts(pair)).peak_memory_gib
+        assert sorted(map(float, together)) == pytest.approx(sorted(alone), rel=1e-12)
+    assert alone[0] < alone[1]
+
+
+def test_fp32_attention_dropout_keeps_its_mask_and_an_fp32_output():
+    # Korthikanti's 5as²b (2 B softmax output, 1 B mask, 2 B dropout output) in 16-bit; in fp32
+    # the dropout's output takes 4 B an element
+    m = paper_model()
+    kw = dict(gpus=1, dp=1, mbs=1, global_batch=1, seq=1024, dropout=True, attention_kernel="eager")
+    b16, b32 = (from_layouts([Layout(**kw, dtype=d)]) for d in ("bf16", "fp32"))
+    sq = 1024 * 1024 * m.num_heads
+    assert act.attention_terms(m, b16)["probs_dropout"][0] == 3 * sq
+    assert act.attention_terms(m, b32)["probs_dropout"][0] == 5 * sq

@@ -107,16 +107,16 @@ def test_published_runs_that_offloaded_activations_fit_and_price_within_the_dens
     # validation/host-offload.csv: Megatron-Bridge's Llama 3 70B (64 GB200 / GB300) and Llama 3.1
     # 405B (128 GB200) runs with Megatron-FSDP and 20-95 layers of activations offloaded to the
     # Grace host, added before they were priced. First priced: MAPE 6.6 %, max 14.4 %. Without the
-    # offload every layout sat at 269-320 GiB against 173 / 268; with it, none was more than 2 % over,
-    # and none is more than 5 % over since ZeRO-3's gathered units are priced (Llama 3 70B on GB200:
-    # 175.3 -> 181.2 of 173 GiB; validation/README.md, "Runs that offloaded to the host")
+    # offload every layout sat at 269-320 GiB against the devices' memory; with it every one fits
+    # (Llama 3 70B on GB200: 181.2 of 185 GiB, the GB200's nvidia-smi total; validation/README.md,
+    # "Runs that offloaded to the host", "Device memory as nvidia-smi reports it")
     from piper_plan import validate as V
 
     res = V.run(path=V.data_path().parent / "host-offload.csv")
     kinds = V.summary(res)["kinds"]
     assert len(res) == 10 and kinds["dense"]["rows"] == 10
     assert kinds["dense"]["mape"] <= V.TARGETS["dense"][0] and kinds["dense"]["max_abs_pct"] <= V.TARGETS["dense"][1]
-    assert all(r.peak_memory_gib <= 1.05 * r.device_memory_gib for r in res)
+    assert all(r.peak_memory_gib <= r.device_memory_gib for r in res)
 
 
 def test_the_search_tries_offloading_as_a_choice_and_says_when_it_is_what_fits():

@@ -92,3 +92,14 @@ def test_each_direction_hides_only_as_long_as_the_phase_it_runs_beside():
     assert p2p_hidden_mb(0.75, 10.0, 10.0, 24.0, 50.0) == 0.75 * 20.0  # short messages hide whole, in the steady share
     # a first rank sends one message fewer back than on: each direction is its own
     assert p2p_hidden_mb(1.0, 40.0, 20.0, 24.0, 50.0) == 40.0 + 20.0
+
+
+def test_at_pp_2_a_v_schedules_ranks_each_send_one_message_each_way():
+    # rank 0 holds the first and last chunk, rank 1 the V's turn (chunks 1 and 2, one hand-off
+    # on the rank): 2 messages a micro-batch, twice the looped 1F1B's one a rank
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    lay = dict(gpus=64, tp=2, pp=2, dp=16, mbs=4, global_batch=512, seq=2048, recompute="full")
+    looped = estimate_layout(m, hw, Layout(**lay, schedule="1f1b"))
+    for sched in ("dualpipev", "zbv"):
+        v = estimate_layout(m, hw, Layout(**lay, schedule=sched, vpp=2))
+        assert v.time["p2p"][0] == pytest.approx(2 * looped.time["p2p"][0], rel=1e-9), sched

@@ -170,7 +170,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "mtp.json", model=mtp))]), "model.mtp_layers", "1")
     # ZeRO-2 reduces as autograd accumulates; torch's weight-split schedules accumulate by hand
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "z2.json", gpus=4, pp=2, vpp=2, schedule="zbv",
-                                                    zero=2))], env={"RANK": "0", "WORLD_SIZE": "4"}),
+                                                    zero=2, global_batch=8))], env={"RANK": "0", "WORLD_SIZE": "4"}),
                     "layout.zero", "zbv")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "rm.json", recompute="selective",
                                                     recompute_modules=("core_attn", "moe_act")))]),

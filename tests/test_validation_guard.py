@@ -196,14 +196,14 @@ def test_narayanan_rows_reduce_gradients_as_the_sc21_scripts_ran_them(published)
 def test_the_memory_model_lets_the_published_runs_fit(results):
     # every throughput row ran its layout, so the predicted peak of the busiest rank must not pass
     # the device's memory. The one row that still does, documented (validation/README.md): the
-    # 26.02.01 GB300 Llama 3 70B MXFP8 row, whose table layout no stored recipe has (376 of 268
+    # 26.02.01 GB300 Llama 3 70B MXFP8 row, whose table layout no stored recipe has (376 of 277.5
     # GiB). The two 25.11 GPT-OSS rows that did are priced under their release's recipe. The
     # report's two DeepSeek-V3 GB200 rows fit once their optimizer states sit in host memory, as
     # their runs kept them (its Table 18: optimizer_offload 1; 180 and 190 GiB on the device without),
     # and its Qwen3-235B GB200 MXFP8 row once its experts' fc1 inputs and activation inputs do, as its
     # reproduction script offloads them (--offload-modules expert_fc1 moe_act; 202 GiB without); the
     # six Llama 3.1 405B FP8 GB200 rows once their weights are FP8, as their recipe keeps them
-    # (fp8_param_gather: 1 B a weight on Blackwell; 176 GiB of 173 when counted in bf16)
+    # (fp8_param_gather: 1 B a weight on Blackwell; 176 GiB when counted in bf16)
     mem = summary(results)["published_runs_memory"]
     over = {o["id"] for o in mem["over"]}
     assert mem["rows"] == 215

@@ -81,7 +81,7 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
         "qkv": np.where(up & (m.mla is not None), 0.0, eb * t * m.qkv_dim / tp),  # MLA's up-projected q, k, v
         "scores": np.where(naive & ~sel, eb * sq, 0.0),
         "probs": np.where(eager & ~sel, eb * sq, 0.0),
-        "probs_dropout": np.where(eager & ~sel, drop * 3.0 * sq, 0.0),  # 1-byte mask + 2-byte output
+        "probs_dropout": np.where(eager & ~sel, drop * (1.0 + eb) * sq, 0.0),  # 1-byte mask + the output
         "attn_out": eb * t * heads * dv,
         # FP8: the output projection saves its own quantised copy of the attention output (in
         # bf16 it saves the very tensor the attention kernel keeps)
@@ -157,7 +157,9 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     act = recomputes(lay, "moe_act") | recomputes(lay, "act_fc2")
     keep = lambda x, drop=False: np.where(whole | drop, 0.0, x)  # noqa: E731
     out = {
-        "moe_norm_in": np.where(recomputes(lay, "attn_block") & ~whole, 0.0, np.where(u, 4.0, eb) * tm * d),
+        # the pre-MLP norm and the dropout after the block run on the residual stream: t / tp tokens
+        # under sequence parallelism, all t without it (X-MoE splits the sequence inside the block only)
+        "moe_norm_in": np.where(recomputes(lay, "attn_block") & ~whole, 0.0, np.where(u, 4.0, eb) * t * d / sp_div),
         # piper-train's router takes the fp32 norm output (attention_terms)
         "router_in": keep(np.where(u, 4.0, eb) * tm * d, ln),
         "router_probs": keep(4.0 * tm * mo.num_experts),
@@ -167,7 +169,7 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
         # the combine's weight gradient needs each expert output, unless the probability was
         # applied inside the activation (Layout.expert_probs; fused runtimes only)
         "expert_out": keep(np.where(lay.probs_act & ~lay.unfused, 0.0, eb * rows * d)),
-        "moe_dropout_mask": lay.dropout * tm * d,
+        "moe_dropout_mask": lay.dropout * t * d / sp_div,
     }
     fs = mo.shared_experts * mo.shared_ffn
     if mo.shared_experts:
@@ -175,7 +177,7 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
         # bf16 fc1 saves the norm output the router keeps)
         fp8_in = np.where(lay.fp8 > 0, qb * tm * d, 0.0)
         out["shared_hidden"] = keep((eb * up + qb) * tm * fs + fp8_in, recomputes(lay, "shared_experts"))
-    out["moe_norm_unfused"] = np.where(u, 4.0 * tm + 4.0 * tm * d, 0.0)
+    out["moe_norm_unfused"] = np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0)
     if mo.shared_experts:  # piper-train's shared experts take a cast of the fp32 norm output
         out["shared_in_unfused"] = keep(np.where(u & (eb < 4.0), eb * tm * d, 0.0), recomputes(lay, "shared_experts"))
     out["expert_silu_out"] = np.where(u & mo.gated, eb * (padded * f + tm * fs), 0.0)

@@ -102,23 +102,29 @@ def _split(hw, n, stride):
 
 
 def _same_rail_fraction(hw: HardwareSpec, per_node):
-    """Share of a rank's remote peers on its own rail (same NIC index)."""
+    """Share of a rank's remote peers on its own rail (same NIC index), from the group's members
+    in one node (`per_node`, at hw.node_level: the rails repeat every node, an NVL72 tray too)."""
     per_nic = max(1, hw.gpus_per_node // hw.network.nics_per_node)
     return np.minimum(per_node, per_nic) / np.maximum(per_node, 1)
 
 
+def _together(nbytes, n, stride):
+    """nbytes (float), n and stride broadcast to one shape, so that per-level counts
+    ([levels] + that shape) and per-member bytes line up whichever of them is an array."""
+    b, n, stride = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n), np.asarray(stride))
+    return b, n, stride
+
+
 def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
     """Flat all-to-all: each rank sends nbytes in total, nbytes/n to each member (self incl.)."""
-    nbytes = np.asarray(nbytes, dtype=float)
-    n = np.asarray(n)
+    nbytes, n, stride = _together(nbytes, n, stride)
     c, peers = _split(hw, n, stride)
     per = nbytes / np.maximum(n, 1)
     B = peers * per
     _, lat, nic = _levels(hw)
     node = hw.scaleup_level  # NVL72-style fabrics span nodes without the NICs
-    per_node = c[node]
     inter = B[node + 1:].sum(0) if node + 1 < len(hw.topology) else np.zeros_like(per)
-    cross = inter * (1.0 - _same_rail_fraction(hw, per_node))
+    cross = inter * (1.0 - _same_rail_fraction(hw, c[hw.node_level]))
     slow = _a2a_nic_slowdown(hw)
     if slow != 1.0:  # network bytes of a fan-out: at a2a_fanout, not comm, of one plane's rate
         B = B * np.where(_expand(nic, B.ndim - 1), slow, 1.0)
@@ -181,7 +187,7 @@ def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int, gro
 def _halo_phases(hw: HardwareSpec, nbytes, n, stride):
     """HALO's phases (a2a_halo): (T_I, Phase II's bandwidth time, its set-ups, T_III,
     members per node q, nodes)."""
-    nbytes = np.asarray(nbytes, dtype=float)
+    nbytes, n, stride = _together(nbytes, n, stride)
     q, _, intra, inter_peers, latx = _node_split(hw, n, stride)
     nodes = np.maximum(n / np.maximum(q, 1), 1.0)
     per = nbytes / np.maximum(n, 1)

@@ -394,7 +394,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     cs = chunk_sizes(L, chunks[first], x_first, x_last, minimise=lay.split[first] == 0, v_shape=v_shape[first]).take(inv)
     pp1 = lay.pp == 1
     first_layers, mid_layers, last_layers = (x.astype(float) for x in rank_layers(L, cs, lay.pp, lay.vpp, v_shape))
-    has_mid = (lay.pp > 2) | (v_shape & (lay.pp > 1))
+    has_mid = lay.pp > 2  # at pp 2 the V's turn rank is the last one (1 message each way), not a middle one
     first_dense = np.minimum(D, cs.first).astype(float)
 
     def split(layers, lead_dense):

@@ -299,12 +299,18 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
                dense_comm_r=attn_comm_r, moe_comm_r=moe_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
                a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, a2a_hide_f=a2a_hide_f, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
-    # only the attention's saved tensors depend on recompute
-    a_experts = sum(act.moe_terms(m, lay, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else None
-    for rc in ("sel", "none"):
+    for rc, variant in _recompute_variants(lay, sel):
         out[f"a_dense_{rc}"] = blk[f"a_dense_{rc}"]
+        a_experts = sum(act.moe_terms(m, variant, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else 0
         out[f"a_moe_{rc}"] = blk[f"a_attn_{rc}"] + a_experts if m.moe else zero
     return out
+
+
+def _recompute_variants(lay: LayoutBatch, sel: LayoutBatch):
+    """(("sel", lay under selective recompute), ("none", lay without recompute)): the saved
+    activations both ways, since the rows a per-layer row stands for differ in recompute
+    (_per_layer prices each key once; recompute.with_recompute picks per row)."""
+    return (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int))))
 
 
 def _dense_key(lay: LayoutBatch) -> tuple:
@@ -334,8 +340,8 @@ def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
                dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero), emb=embedding_phase(m, hw, lay),
                head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
-    a_ffn = sum(act.ffn_terms(m, lay).values()) if m.ffn_size else 0.0
-    for rc, variant in (("sel", sel), ("none", replace(lay, recompute=np.zeros(len(lay), int)))):
+    # both ways: rows of one key differ in recompute, and what the FFN saves depends on it too
+    for rc, variant in _recompute_variants(lay, sel):
         out[f"a_attn_{rc}"] = a_attn = sum(act.attention_terms(m, variant).values())
-        out[f"a_dense_{rc}"] = a_attn + a_ffn
+        out[f"a_dense_{rc}"] = a_attn + (sum(act.ffn_terms(m, variant).values()) if m.ffn_size else 0.0)
     return out
