@@ -632,7 +632,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
         n *= len(v)
     with Progress(transient=True, disable=n < 4) as prog:
         task = prog.add_task("sweeping", total=n)
-        rows = run_sweep(model, hw, counts, vary_d, space, routing, lambda: prog.advance(task))
+        rows = run_sweep(model, hw, counts, vary_d, space, routing, lambda: prog.advance(task), kw["headroom_gib"])
     keys = ["gpus", *vary_d]
     t = Table(title=f"{model.name} on {hw.name}: best plan per scenario")
     for c in keys + ["tokens/s", "MFU", "layout"]:

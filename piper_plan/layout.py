@@ -338,6 +338,10 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("cp > 1 needs flash attention", "context parallelism runs ring attention over fused "
                           "attention kernels; use attention flash")
     m = lay.microbatches
+    if lay.pp == 1 and (lay.schedule != "1f1b" or lay.vpp != 1):
+        raise LayoutError("pp=1 runs no pipeline schedule", f"schedule {lay.schedule} vpp={lay.vpp} with one stage: "
+                          "state 1f1b (vpp 1); Megatron-Core's overlap of one micro-batch's all-to-all with "
+                          "another's compute without pipelining is a2a_overlap")
     if lay.schedule in ("zbv", "dualpipev") and lay.vpp != 2:
         raise LayoutError(f"{lay.schedule} needs vpp=2", f"got vpp={lay.vpp} (V placement: two chunks per rank)")
     if lay.schedule in ("gpipe", "1f1b") and lay.vpp != 1:
@@ -397,9 +401,14 @@ def check_for(lay: Layout, model, hw) -> None:
     if not tp_splits_heads(model.num_heads, kv, lay.tp):
         raise LayoutError("tp divides the attention heads", f"tp={lay.tp} for {model.num_heads} query heads and {kv} "
                           "kv heads: tp must divide the query heads, and divide the kv heads or be a multiple of them")
+    check_a2a_sms(lay.a2a_sms, hw)
+
+
+def check_a2a_sms(a2a_sms: Optional[int], hw) -> None:
+    """Raise LayoutError where an overlapped all-to-all would hold every compute unit of `hw`."""
     units = hw.accelerator.compute_units
-    if lay.a2a_sms is not None and lay.a2a_sms >= units:
-        raise LayoutError("a2a_sms < the device's compute units", f"a2a_sms={lay.a2a_sms} of the {units} the device "
+    if a2a_sms is not None and a2a_sms >= units:
+        raise LayoutError("a2a_sms < the device's compute units", f"a2a_sms={a2a_sms} of the {units} the device "
                           "has would leave no compute beside the hidden all-to-all")
 
 

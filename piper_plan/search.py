@@ -13,7 +13,8 @@ import numpy as np
 from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, off_bits, rc_bits, replace_cols
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
-from .layout import check_fp8_params, check_offload_modules, check_stack, degrees_label, offload_limit
+from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
+                     offload_limit)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -234,7 +235,9 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     s_idx, vpp = (np.tile(np.repeat(c, n_b), n_t) for c in sched.T)
     mbs = np.tile(mb, n_t * n_s)
     keep = np.ones(n_t * n_s * n_b, bool)
-    weight = per_combo
+    # every count is of layouts x host-offloading choices (_with_offload), as `evaluated` is
+    n_off = len(_offload_combos(sp))
+    weight = per_combo * n_off
 
     def rule(name, bad):
         nonlocal keep
@@ -265,7 +268,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     on = lambda x, axis: np.reshape(x, [-1 if i == axis else 1 for i in range(5)])  # noqa: E731
     per_pl = lambda x: x.T.reshape(1, 1, 1, len(pl), len(k1))  # noqa: E731  [survivor, placement] terms
     keep = np.ones(shape, bool)
-    weight = 1
+    weight = n_off
     rule("zero 3 with pp > 1", on(zs == 3, 1) & on(pp > 1, 4))
     reps = hsdp_replicas(hw, tp, dp * cp) if zh.any() else np.ones(len(k1), int)  # a survivor's hybrid replicas
     if zh.any():
@@ -273,17 +276,22 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         rule("hsdp: a shard inside the scale-up domain would hold one rank", on(zh, 1) & on(dp * cp // reps < 2, 4))
         rule("hsdp: replicas do not divide the expert-data-parallel group",
              on(zh, 1) & on((dp * cp * tp // (ep * etp)) % np.maximum(reps, 1) != 0, 4))
+    rule("recompute_layers <= the layers of a chunk",  # layout.check_layout's bound: the largest chunk's layers
+         (rc_n[:, None] > m.num_layers - pp * vpp + 1).reshape(len(rc), 1, 1, 1, len(k1)))
     rule("duplicate (recompute_layers covering a whole chunk equals every layer)", _rc_layer_duplicates(m, rc, rc_n, pp * vpp))
     moe_ep = (m.moe is not None) & (ep > 1)
-    rule("duplicate (a2a choice without expert parallelism)", on(~moe_ep, 4) & on(a2 != 0, 2))
+    # without expert parallelism every a2a choice prices alike: the first one listed stays
+    rule("duplicate (a2a choice without expert parallelism)", on(~moe_ep, 4) & on(a2 != a2[0], 2))
     rule("duplicate (placement choice when ep*etp == dp*cp*tp or ep == 1)",
          on((ep * etp == dp * cp * tp) | (ep == 1), 4) & on(pl != 0, 3))
-    # HALO only differs from flat when the EP group spans nodes with several members on each;
-    # an EP group's members are etp ranks apart packed, edp·etp spread (layout.rank_coords)
+    # HALO only differs from flat when the EP group spans scale-up domains (nodes; an NVL72 rack,
+    # where comm._node_split cuts it) with several members in each; an EP group's members are etp
+    # ranks apart packed, edp·etp spread (layout.rank_coords). Only a duplicate where flat is searched
     stride = np.where(pl[None, :] == 0, etp[:, None], (dp * cp * tp // np.maximum(ep, 1))[:, None])  # [survivor, pl]
-    spans_nodes = ep[:, None] * stride > hw.gpus_per_node
-    per_node = np.minimum(ep[:, None], np.maximum(1, hw.gpus_per_node // np.maximum(stride, 1)))
-    halo = on(a2 == 1, 2)
+    domain = hw.topology[hw.scaleup_level].size
+    spans_nodes = ep[:, None] * stride > domain
+    per_node = np.minimum(ep[:, None], np.maximum(1, domain // np.maximum(stride, 1)))
+    halo = on((a2 == 1) & (a2 == 0).any(), 2)
     rule("duplicate (halo inside one node equals flat)", halo & per_pl(~spans_nodes))
     rule("duplicate (halo with one EP member per node equals flat)", halo & per_pl(per_node <= 1))
     if sp.runtime == "piper-train":  # its ZeRO-2 reduces in autograd hooks: no weight-split schedule
@@ -336,8 +344,7 @@ def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: d
     """`batch` once per host-offloading choice (SearchSpace.optimizer_offload x offload_layers x
     offload_modules), less the layouts whose ranks hold too few layers to offload that many
     (layout.check_offload), counted in `rejected`."""
-    sets = dict.fromkeys(off_bits(mods) for mods in sp.offload_modules)
-    combos = [(f, n, b) for f in sp.optimizer_offload for n in sp.offload_layers for b in sets]
+    combos = _offload_combos(sp)
     if combos == [(0.0, 0, 0)]:
         return batch
     most = offload_limit(m.num_layers, batch.pp)
@@ -349,6 +356,13 @@ def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: d
             rejected[name] = rejected.get(name, 0) + int(bad.sum())
         parts.append(replace_cols(batch, opt_offload=f, offload_layers=n, off_mods=b).take(np.flatnonzero(~bad)))
     return concat(parts)
+
+
+def _offload_combos(sp: SearchSpace) -> list[tuple]:
+    """(optimizer share, activation layers, module bits) host-offloading choices the search crosses
+    every layout with: [(0.0, 0, 0)] where it tries none."""
+    sets = dict.fromkeys(off_bits(mods) for mods in sp.offload_modules)
+    return [(f, n, b) for f in sp.optimizer_offload for n in sp.offload_layers for b in sets]
 
 
 def hsdp_replicas(hw: HardwareSpec, tp, dpcp) -> np.ndarray:
@@ -379,6 +393,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     import time
 
     t0 = time.process_time()
+    check_a2a_sms(sp.a2a_sms, hw)  # one value for the whole space: refused before anything is priced
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
     batch, rejected = enumerate_layouts(m, hw, sp, headroom_gib)
     n_all = 0 if batch is None else len(batch) + rejected.get(STATE_BOUND, 0)

@@ -32,7 +32,8 @@ ALIASES = {
 # --csv's columns after the scenario's (gpus, then each varied field's dotted path), the same set
 # whatever fits: tokens_per_s is the whole job's, mfu a fraction, peak_memory_gib the busiest
 # rank's; a scenario where nothing fits leaves step_time_s and peak_memory_gib blank
-CSV_COLUMNS = ("fits", "tokens_per_s", "tflops_per_gpu", "mfu", "step_time_s", "peak_memory_gib", "layout")
+CSV_COLUMNS = ("global_batch", "fits", "tokens_per_s", "tflops_per_gpu", "mfu", "step_time_s", "peak_memory_gib",
+               "layout")
 
 
 def parse_vary(items: list[str]) -> dict[str, list[float]]:
@@ -89,15 +90,17 @@ def scenarios(hw: HardwareSpec, vary: dict[str, list[float]]) -> dict[tuple, Har
 
 
 def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[float]], space: SearchSpace,
-              routing=None, progress=None) -> list[dict]:
-    """One row per (gpus × varied values) scenario with the best plan found."""
+              routing=None, progress=None, headroom_gib: float = 0.0) -> list[dict]:
+    """One row per (gpus × varied values) scenario with the best plan found, at the space's global
+    batch rounded to a multiple of each GPU count (the row's global_batch), `headroom_gib` kept free."""
     keys = list(vary)
     specs = scenarios(hw, vary)  # every value checked before the first search
     rows = []
     for n, vals in itertools.product(gpus, specs):
         h = specs[vals]
-        res = search(model, h, replace(space, gpus=n, global_batch=round_batch(space.global_batch, n)), routing)
-        row = {"gpus": n, **dict(zip(keys, vals))}
+        gbs = round_batch(space.global_batch, n)
+        res = search(model, h, replace(space, gpus=n, global_batch=gbs), routing, headroom_gib=headroom_gib)
+        row = {"gpus": n, **dict(zip(keys, vals)), "global_batch": gbs}
         if res.best is None:
             row.update(fits=False, tokens_per_s=0.0, mfu=0.0, tflops_per_gpu=0.0, layout="nothing fits")
         else:

@@ -43,6 +43,8 @@ def test_an_overlap_switched_on_never_slows_a_step(sample, col, on, off):
     # the all-to-all overlap keeps residues of a few 1e-4 on the even split (the reduction's
     # window counts the unpaired last backward as paired: validation/README.md), so 0.1 % slack
     a = sample[2]
+    if col == "a2a_overlap":  # Megatron-Core's EP overlap runs without a pipeline or in interleaved 1F1B only
+        a = a.take(np.flatnonzero((a.pp == 1) | (a.sched == 2)))
     n, bad, worst = _violations(sample, P.vary(a, **{col: on}), P.vary(a, **{col: off}), P.step, rtol=1e-3)
     assert n > 100 and bad == 0, f"{col}: {bad} of {n}, worst {worst:.2%}"
 

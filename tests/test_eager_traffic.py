@@ -95,7 +95,9 @@ def test_a_shared_expert_s_activation_is_priced_beside_the_routed_ones():
     def fb(spec):  # forward + backward seconds of the MoE block, unfused and fused
         ph = moe_phase(spec, H200, lay, "bf16", 1.0)
         return ph.f + ph.b
-    shared = fb(m) - fb(plain)  # what the shared experts add: GEMMs in both, eager traffic unfused only
+    # what the shared experts add: GEMMs in both; their activation as eager traffic unfused, as
+    # one fused pass (of fewer bytes) fused (tests/test_moe_phase_terms.py counts those bytes)
+    shared = fb(m) - fb(plain)
     width = m.moe.shared_experts * m.moe.shared_ffn
     f, b = eager.ffn_phase(m, H200, lay, width)
-    assert shared[0] - shared[1] == pytest.approx(f[0] + b[0], rel=1e-6)
+    assert 0.0 < shared[0] - shared[1] < f[0] + b[0]

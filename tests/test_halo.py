@@ -52,7 +52,14 @@ def _flat(x, send, recv, group):
 def _worker(rank: int, store_path: str, errfile: str):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    from piper_runtime.moe import halo as halo_mod
     from piper_runtime.moe.halo import HaloExchange
+
+    # each batch's phases, read off its tags: in order (NCCL's way) a batch holds one phase,
+    # the phases ascending, so a batch only waits on its peers' batches of the same phase
+    posted, post = [], halo_mod._post
+    phase = lambda tag: 1 if tag == halo_mod._TAG_I else 2 if tag == halo_mod._TAG_II else 3  # noqa: E731
+    halo_mod._post = lambda ops: (posted.append({phase(op.tag) for op in ops}) if ops else None, post(ops))[1]
 
     store = dist.FileStore(store_path, WORLD)
     timeout = datetime.timedelta(seconds=int(os.environ.get("HALO_TEST_TIMEOUT", 60)))
@@ -64,6 +71,7 @@ def _worker(rank: int, store_path: str, errfile: str):
                 if rank not in ranks:
                     continue
                 halos = {m: HaloExchange(group, node_of, mode=m) for m in HaloExchange.MODES}
+                in_order = {m: HaloExchange(group, node_of, mode=m, in_order=True) for m in ("coalesced", "simple")}
                 halo = halos["coalesced"]
                 me, w = dist.get_rank(group), len(ranks)
                 gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # same on every rank
@@ -86,6 +94,13 @@ def _worker(rank: int, store_path: str, errfile: str):
                         back = halo(y.detach(), recv, send, counts=counts.transposed())
                         if not torch.equal(back, x.detach()):
                             failures.append(f"{name} rank {me}: combine with transposed counts differs")
+                    for m, h in in_order.items():  # NCCL's ordering, run on gloo: the same rows
+                        posted.clear()
+                        if not torch.equal(h(x.detach(), send, recv, counts=counts), ref):
+                            failures.append(f"{name} trial {trial} ({m}, in order) rank {me}: forward differs")
+                        phases = [sorted(b) for b in posted]
+                        if any(len(b) != 1 for b in phases) or phases != sorted(phases):
+                            failures.append(f"{name} trial {trial} ({m}, in order) rank {me}: batches {phases}")
                     gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(7 + me + trial))
                     y.backward(gy)
                     gref = _flat(gy, recv, send, group)  # flat backward: the reverse exchange
@@ -114,3 +129,16 @@ def test_node_map_length_checked():
     assert [n.peer(r, 1) for r in (0, 1, 2, 4, 5)] == [3, 3, 3, 3, 3]
     assert [n.peer(r, 2) for r in (0, 1, 2, 3)] == [4, 5, 4, 4]
     assert not _Nodes([0, 1, 0, 1]).block[0]
+
+
+def test_per_pack_forwarding_is_refused_where_batches_complete_in_order():
+    from piper_runtime.moe.halo import HaloExchange
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="per_pack"):
+            HaloExchange(None, [0], mode="per_pack", in_order=True)
+        assert not HaloExchange(None, [0]).in_order  # gloo matches message by message
+    finally:
+        dist.destroy_process_group()

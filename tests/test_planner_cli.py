@@ -256,8 +256,8 @@ def test_sweep_csv_has_the_same_columns_in_the_table_s_order_whatever_fits(tmp_p
                             "--csv", str(p))
         assert code == (1 if hbm == "1" else 0), text  # nothing fitting anywhere is a failure, its table still written
         heads[hbm] = p.read_text().splitlines()[0]
-    assert heads["1"] == heads["1,64"] == ("gpus,accelerator.memory_gib,fits,tokens_per_s,tflops_per_gpu,mfu,"
-                                          "step_time_s,peak_memory_gib,layout")
+    assert heads["1"] == heads["1,64"] == ("gpus,accelerator.memory_gib,global_batch,fits,tokens_per_s,tflops_per_gpu,"
+                                          "mfu,step_time_s,peak_memory_gib,layout")
 
 
 def test_a_sweep_where_nothing_fits_in_any_scenario_exits_non_zero_and_says_so(tmp_path):

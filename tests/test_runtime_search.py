@@ -87,9 +87,10 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         bad = UNRUN[s.field]
         # fields that mean something only beside another (runtimes.PIPER_TRAIN lists them first)
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"},
-                 "fp8_params": {"fp8": "mxfp8"}, "p2p_overlap": {"schedule": "interleaved", "vpp": 2}}.get(s.field, {})
-        ep = 1 if s.field == "etp" else 2  # two ranks: one expert group of etp 2
-        dp = 1 if s.field == "cp" else 2  # two ranks: one sequence over both
+                 "fp8_params": {"fp8": "mxfp8"},
+                 "p2p_overlap": {"schedule": "interleaved", "vpp": 2, "pp": 2}}.get(s.field, {})
+        ep = 1 if s.field in ("etp", "p2p_overlap") else 2  # two ranks: one expert group of etp 2
+        dp = 1 if s.field in ("cp", "p2p_overlap") else 2  # two ranks: one sequence over both; two stages
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures
         spec = hw.model_copy(update={"host": Host(link_gbps=10, memory_bandwidth_gbps=10, memory_gib=16)})
         plan = make_plan(m, spec, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))

@@ -141,6 +141,12 @@ class LayoutBatch:
         return np.maximum(np.asarray(group, dtype=float) / self.zrep, 1.0)
 
     @property
+    def ep_overlap(self) -> np.ndarray:
+        """a2a_overlap where there is an expert-parallel all-to-all to overlap (ep > 1): without
+        one, Megatron-Core's EP overlap pairs nothing and adds no warm-up forward."""
+        return self.a2a_overlap & (self.ep > 1)
+
+    @property
     def tokens(self) -> np.ndarray:
         """Tokens of one micro-batch on a rank before tensor parallelism's split: mbs·seq/cp."""
         return (self.mbs * self.seq).astype(float) / self.cp

@@ -370,8 +370,11 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     act = (3.0 if mo.gated else 2.0) * fw * (rows * etp + local * pad)
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
+    if mo.shared_experts:  # the shared experts' activation, as a dense FFN of their width (ffn_phase)
+        act = act + (3.0 if mo.gated else 2.0) * fs * t
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
-    extra, clamp_f = _expert_extras(m, hw, lay, rows + local * pad, eb)
+    # the experts' own rows on this rank: its etp group's, gathered (as the GEMMs and `act` take them)
+    extra, clamp_f = _expert_extras(m, hw, lay, rows * etp + local * pad, eb)
     ew = _elementwise(hw, elems * eb, 8)
 
     def moe_eager():  # router, dispatch, expert activations, combine; the shared experts' activation
@@ -414,9 +417,10 @@ def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local) ->
 
 
 def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> tuple[Phase, np.ndarray]:
-    """(Phase, clamp forward seconds) of what GPT-OSS-style experts add to `n` routed rows where
-    their GEMMs launch per expert (Megatron-Core's TEGroupedMLP on TE GroupedLinear; a fused
-    grouped MLP kernel is taken to absorb both):
+    """(Phase, clamp forward seconds) of what GPT-OSS-style experts add to the `n` rows a rank's
+    experts run (its etp group's, gathered; f / etp wide) where their GEMMs launch per expert
+    (Megatron-Core's TEGroupedMLP on TE GroupedLinear; a fused grouped MLP kernel is taken to absorb
+    both):
     - glu_clamp: fused_bias_geglu.weighted_bias_quick_geglu_impl clamps the two halves of the
       2f-wide input with separate kernels and concatenates them (read 2f, write 2f, then read
       and write 2f again); backward, each clamp reads its gradient and saved input and writes a
@@ -432,7 +436,7 @@ def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> t
     z = np.zeros(len(lay))
     if not (mo.glu_clamp or mo.expert_bias):
         return Phase(z, z, z, z), z
-    f, d = mo.expert_ffn_size, m.hidden_size
+    f, d = mo.expert_ffn_size / lay.etp, m.hidden_size  # each rank holds f / etp of an expert's width
     per_expert = per_expert_launch(lay)
     local = mo.num_experts / lay.ep
     cf, cb = (8.0 * f * n * eb, 10.0 * f * n * eb) if mo.glu_clamp else (z, z)

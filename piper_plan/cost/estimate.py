@@ -433,7 +433,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     sends = _p2p_sends(lay)
     p2p_f, p2p_b = (st({r: c[i] * p2p_one for r, c in sends.items()}) for i in (0, 1))
     # the share matters only where an exchange hides; priced on those layouts alone
-    hides = np.flatnonzero(dualpipe_hides | lay.a2a_overlap)
+    hides = np.flatnonzero(dualpipe_hides | lay.ep_overlap)
     paired_share = np.zeros((len(rs), n))
     if hides.size:
         paired_share[:, hides] = _stacked(_paired_share(lay.take(hides)), rs, hides.size)
@@ -447,7 +447,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # in their steady state's paired steps only (_paired_share)
     paired = np.minimum(a2a_per_mb, nm_r * lc["a2a_hide"])
     per_pair = np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
-                        np.where(lay.a2a_overlap, np.minimum(paired, comp_t), 0.0))
+                        np.where(lay.ep_overlap, np.minimum(paired, comp_t), 0.0))
     hidden_of = paired_share * per_pair
     slow_of = held * hidden_of
     # an off-stream exchange's host gap: what it absorbs in the steady state (beside the partner's
@@ -474,7 +474,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                       np.maximum(comp_t - phases["r"], 0.0))
     f_pair = np.minimum(per_pair, once * np.where(dualpipe_hides, _share(a2a_f, a2a_once),
                                                   _share(lc["a2a_hide_f"], lc["a2a_hide"])))
-    f_pair = np.where(dualpipe_hides | lay.a2a_overlap, f_pair, 0.0)
+    f_pair = np.where(dualpipe_hides | lay.ep_overlap, f_pair, 0.0)
     # the host gap absorbs the forward's exchange inside the forward's gap
     alone_f = np.minimum(_absorbed_by_host(lay, nm_r * lc["moe_host_f"], a2a_f), alone)
     absorbed_f = (paired_share * np.minimum(_absorbed_by_host(lay, nm_r * lc["moe_host_f"], a2a_f - (1.0 - held) * f_pair),
@@ -672,7 +672,7 @@ def _past_warm_up(lay: LayoutBatch, rank) -> np.ndarray:
     "executed alone, no a2a overlapping"): W = 1."""
     mv = lay.m.astype(float) * lay.vpp
     pp = lay.pp.astype(float)
-    warm = np.where(lay.pp == 1, 1.0, 2.0 * (pp - rank - 1) + (lay.vpp - 1) * pp + lay.a2a_overlap)
+    warm = np.where(lay.pp == 1, 1.0, 2.0 * (pp - rank - 1) + (lay.vpp - 1) * pp + lay.ep_overlap)
     return np.clip(mv - warm, 0.0, None) / np.maximum(mv, 1.0)
 
 

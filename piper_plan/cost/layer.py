@@ -81,7 +81,7 @@ def _a2a_off_stream(lay: LayoutBatch) -> np.ndarray:
     """Whether a layout's all-to-all runs beside another micro-batch's compute rather than in
     its own layer's stream (Layout.a2a_overlap, an overlapping dualpipev): the host floor
     compares the host's issue time with the stream without it (cost/host.py)."""
-    return lay.a2a_overlap | _dualpipe_overlaps(lay)
+    return lay.ep_overlap | _dualpipe_overlaps(lay)
 
 
 def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:

@@ -106,9 +106,22 @@ class HaloExchange:
 
     MODES = ("coalesced", "per_pack", "simple")
 
-    def __init__(self, group: Optional[dist.ProcessGroup], node_of: Sequence[int], mode: str = "coalesced"):
+    def __init__(self, group: Optional[dist.ProcessGroup], node_of: Sequence[int], mode: str = "coalesced",
+                 in_order: Optional[bool] = None):
+        """``in_order`` (default: the group's backend is NCCL) posts every message in the batch
+        of its own phase at both ends: NCCL runs a rank's batched P2P calls one after another and
+        completes each only when all its operations do, so a Phase III receive posted with Phase
+        I (what gloo, matching message by message, is fastest with) would wait on a relay's later
+        batch while the relay waits on this rank's: a cycle."""
         if mode not in self.MODES:
             raise ValueError(f"HALO mode {mode!r}: expected one of {', '.join(self.MODES)}")
+        nccl = dist.get_backend(group) == "nccl"
+        self.in_order = nccl if in_order is None else in_order
+        if self.in_order and mode == "per_pack":
+            raise ValueError("HALO mode 'per_pack' forwards each pack in a batch of its own, which NCCL's in-order "
+                             "batches cannot match with the receives posted before them: use 'coalesced' or 'simple'")
+        # the count exchange's tensors live where the backend moves them
+        self.count_device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         self.group = group
         self.mode = mode
         self.overlap = mode != "simple"
@@ -122,8 +135,8 @@ class HaloExchange:
     # ---- counts ------------------------------------------------------------------------
     def _start_counts(self, send_splits: Sequence[int]):
         w = self.world
-        inp = torch.tensor(list(send_splits), dtype=torch.int64).repeat(w)
-        out = torch.empty(w * w, dtype=torch.int64)
+        inp = torch.tensor(list(send_splits), dtype=torch.int64, device=self.count_device).repeat(w)
+        out = torch.empty(w * w, dtype=torch.int64, device=self.count_device)
         work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
         return work, out
 
@@ -189,12 +202,16 @@ class HaloExchange:
         cur = _Call(x, out, _offsets(send), _offsets(recv))
         keep = []
         # Everything that needs no counts first, receives before sends (gloo P2P rendezvous):
-        # Phase I both ways, and the Phase III receives, whose sizes are my own recv splits.
-        relayed, extra = self._coalesced_recvs(cur, recv)
+        # Phase I both ways, and the Phase III receives, whose sizes are my own recv splits
+        # (in order, as NCCL needs: with the Phase III sends instead)
+        relayed, extra = self._coalesced_recvs(cur, recv) if not self.in_order else ([], [])
         counts, packs, pack_works, works = self._phases_1_2(cur, send, recv, counts, pending, extra, keep)
         for w in pack_works:  # Phase III needs every pack (they share the NIC: they land together)
             w.wait()
-        works += _post(self._coalesced_sends(cur, packs, counts, keep))
+        late = []
+        if self.in_order:
+            relayed, late = self._coalesced_recvs(cur, recv)
+        works += _post(late + self._coalesced_sends(cur, packs, counts, keep))
         for w in works:
             w.wait()
         for buf, parts in relayed:  # messages whose sources are not adjacent in `out`

@@ -1,0 +1,68 @@
+"""The search ranks only what the layout check accepts, and drops as duplicates only what prices the
+same: recompute_layers' bound, the overlapped all-to-all's compute units, one stage's schedule, an
+a2a choice with no flat twin searched, HALO at the scale-up domain; sweep keeps its headroom."""
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.cli import main
+from piper_plan.errors import LayoutError
+from piper_plan.layout import Layout, check_for, check_layout
+from piper_plan.search import SearchSpace, search
+from piper_plan.specs.registry import load_hardware, load_model
+
+MIXTRAL, H100 = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+
+
+def test_every_layout_ranked_under_recompute_layers_passes_the_layout_check():
+    res = search(MIXTRAL, H100, SearchSpace(gpus=128, global_batch=512, seq=4096, recomputes=("full",),
+                                            recompute_layers=(20,)), objective="memory")
+    assert res.rejected.get("recompute_layers <= the layers of a chunk", 0) > 0
+    for i in res.order[:200]:
+        check_for(res.batch.layout(i), MIXTRAL, H100)
+
+
+def test_an_overlapped_all_to_all_holding_every_sm_is_refused_before_the_search():
+    with pytest.raises(LayoutError, match="a2a_sms=500 of the 132"):
+        search(MIXTRAL, H100, SearchSpace(gpus=16, global_batch=64, seq=4096, a2a_overlap=True, a2a_sms=500))
+    r = CliRunner().invoke(main, ["search", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "16", "--a2a-overlap",
+                                  "--a2a-sms", "500"])
+    assert r.exit_code == 2 and "a2a_sms=500" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_one_stage_runs_no_pipeline_schedule():
+    lay = dict(gpus=32, dp=32, ep=4, mbs=2, global_batch=64, seq=4096)
+    check_layout(Layout(**lay), 24, 32)
+    for sched, vpp in (("dualpipev", 2), ("zbv", 2), ("gpipe", 1)):
+        with pytest.raises(LayoutError, match="pp=1 runs no pipeline schedule"):
+            check_layout(Layout(**lay, schedule=sched, vpp=vpp), 24, 32)
+
+
+def test_halo_alone_keeps_the_layouts_without_expert_parallelism():
+    # without expert parallelism there is no all-to-all: asked for HALO alone, those layouts stay
+    qwen, space = load_model("qwen3-30b-a3b"), dict(gpus=16, global_batch=64, seq=4096)
+    halo_only, both = (search(qwen, H100, SearchSpace(**space, **kw)) for kw in ({"a2as": ("halo",)}, {}))
+    no_ep = lambda r: r.est.tokens_per_s[r.order][r.batch.ep[r.order] == 1]  # noqa: E731
+    assert len(no_ep(halo_only)) == len(no_ep(both)) > 0
+    assert float(no_ep(halo_only).max()) == pytest.approx(float(no_ep(both).max()))
+
+
+def test_on_nvl72_halo_is_searched_where_the_ep_group_leaves_the_rack():
+    # the cost model splits HALO at the scale-up domain (72 GPUs), not at the 4-GPU tray
+    m, gb200 = load_model("qwen3-235b-a22b"), load_hardware("gb200-nvl72")
+    res = search(m, gb200, SearchSpace(gpus=288, global_batch=1152, seq=4096))
+    b = res.batch
+    halo = np.flatnonzero(b.a2a == 1)
+    assert len(halo)
+    for i in halo[:300]:
+        lay = b.layout(i)
+        stride = lay.etp if lay.placement == "packed" else lay.dp * lay.cp * lay.tp // lay.ep
+        assert lay.ep * stride > 72
+
+
+def test_sweep_keeps_the_headroom_it_is_given():
+    from piper_plan.sweep import run_sweep
+    space = SearchSpace(gpus=64, global_batch=512, seq=4096)
+    free, kept = (run_sweep(MIXTRAL, H100, [64], {}, space, headroom_gib=h)[0] for h in (0.0, 60.0))
+    assert kept["peak_memory_gib"] + 60.0 <= H100.accelerator.memory_gib < free["peak_memory_gib"] + 60.0
+    assert kept["global_batch"] == free["global_batch"] == 512
