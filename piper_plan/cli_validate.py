@@ -134,7 +134,10 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
         emit({"rows": [dict(r.__dict__, predicted=nan(r.predicted), error_pct=nan(r.error_pct)) for r in res],
               **summ, **(checks or {}), **extra})
         return
-    t = Table(title="predicted vs published")
+    # the error is the metric's own (predicted / published - 1): on a time row - means too fast;
+    # the missed column is signed one way on every row (+: the model missed time, too fast)
+    t = Table(title="predicted vs published", caption="error: predicted / published - 1, so on iteration_time_s "
+              "rows - means the model is too fast, on the others +; missed: + the model is too fast")
     for c in ("id", "metric", "published", "predicted", "error", "missed ms/layer·µb", "layout"):
         t.add_column(c)
     for r in res:

@@ -47,6 +47,7 @@ from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
+from .validate_rows import _RANGE as _RANGE_CELL
 from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, built_on, missing_hardware, missing_model, read_rows,
                             row_hardware, row_model, table_name)
 
@@ -102,7 +103,11 @@ class Result:
 
 
 def _i(x, default=None):
-    return int(x) if x not in ("", None) else default
+    """An integer cell; blank, or a range the source gives ("2560-3072": validate_rows lets it
+    through), reads as `default`."""
+    if x in ("", None) or _RANGE_CELL.fullmatch(str(x).strip()):
+        return default
+    return int(x)
 
 
 def _kind(row, m=None) -> str:
@@ -322,15 +327,16 @@ _CONVENTION = (0.75, 1.0 / 0.75)
 def _tokens_per_gpu(row, m=None) -> float | None:
     """tokens/s/GPU the source publishes beside the row's metric: the csv's
     tokens_per_s_per_gpu, else a "N tok/s/GPU" clause of the notes (the published table's
-    schema has no such column) when it agrees with a TFLOPS value up to a FLOP convention
-    (_CONVENTION, against model m); None otherwise."""
-    tok = row.get("tokens_per_s_per_gpu", "")
-    if tok:
-        return float(tok)
-    hit = _NOTES_TOKENS.search(row.get("notes", ""))
-    if not hit or m is None or not row["metric"].endswith("tflops_per_gpu"):
+    schema has no such column); beside a TFLOPS value, either only where the two agree up to a
+    FLOP convention (_CONVENTION, against model m); None otherwise."""
+    col = row.get("tokens_per_s_per_gpu", "")
+    tflops = row["metric"].endswith("tflops_per_gpu")
+    if col and (m is None or not tflops):
+        return float(col)
+    hit = None if col else _NOTES_TOKENS.search(row.get("notes", ""))
+    if not (col or hit) or m is None or not tflops:
         return None
-    tok = float(hit.group(1).replace(",", ""))
+    tok = float(col) if col else float(hit.group(1).replace(",", ""))
     ratio = float(row["value"]) * 1e12 / tok / _flops_per_token(row, m, _i(row["seq"]))
     return tok if _CONVENTION[0] <= ratio <= _CONVENTION[1] else None
 
@@ -339,6 +345,13 @@ def _flops_per_token(row, m, seq: int) -> float:
     """Model FLOPs per token as the row's source counts them: the planner's causal count, or every
     query against every key where the row says so (attention_flops full)."""
     return m.flops_per_token(seq, causal=row.get("attention_flops", "") != "full")
+
+
+def _narayanan_convention(m, lay: Layout) -> bool:
+    """Whether Narayanan et al.'s eq. 3 counts a layout's hardware FLOPs: a dense GPT (no experts,
+    a 2-matrix FFN) under full recompute, as their Table 1 runs were. Any other row's hardware
+    TFLOPS are compared with the planner's own count (Estimate.hw_tflops_per_gpu)."""
+    return m.moe is None and not m.ffn_gated and lay.recompute == "full"
 
 
 def _narayanan_flops(row, m, lay: Layout) -> float:
@@ -545,7 +558,7 @@ def _measured_step(row, m, lay: Layout) -> float | None:
         return value
     if metric == "tokens_per_s_per_gpu":
         return tokens / (value * lay.gpus)
-    if metric == "hw_tflops_per_gpu":
+    if metric == "hw_tflops_per_gpu" and _narayanan_convention(m, lay):
         return _narayanan_flops(row, m, lay) / (value * 1e12 * lay.gpus)
     if metric == "model_tflops_per_gpu" and row["group"] == "xmoe2025":
         return _xmoe_flops_per_token(m, lay.seq) * tokens / (value * 1e12 * lay.gpus)
@@ -589,7 +602,9 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
                "iteration_time_s": step, "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
         return float(own[metric]), _desc(lay)
     if metric == "hw_tflops_per_gpu":
-        return _narayanan_flops(row, m, lay) / step / lay.gpus / 1e12, _desc(lay)
+        if _narayanan_convention(m, lay):
+            return _narayanan_flops(row, m, lay) / step / lay.gpus / 1e12, _desc(lay)
+        return float(est.hw_tflops_per_gpu[i]), _desc(lay)
     if metric == "iteration_time_s":
         return step, _desc(lay)
     if metric == "tokens_per_s_per_gpu":
@@ -746,6 +761,8 @@ def summary(results: list[Result]) -> dict:
             by_metric.setdefault(r.metric, []).append(r)
         taus = {k: float(kendalltau([r.published for r in v], [r.predicted for r in v]).statistic)
                 for k, v in by_metric.items() if len(v) >= 3}
+        # every value tied on one side gives no ranking to compare (NaN, which JSON has not)
+        taus = {k: t for k, t in taus.items() if np.isfinite(t)}
         if taus:
             d["kendall_tau"] = taus
         groups[g] = d

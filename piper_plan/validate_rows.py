@@ -128,7 +128,8 @@ def read_rows(path: Path) -> list[dict]:
     bad one)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            reader = csv.DictReader(f, delimiter=_delimiter(f))
+            sep = _delimiter(f)
+            reader = csv.DictReader(f, delimiter=sep)
             header = [_column(h) for h in (reader.fieldnames or [])]
             missing = [c for c in REQUIRED if c not in header]
             if missing:
@@ -164,7 +165,7 @@ def read_rows(path: Path) -> list[dict]:
         if r["id"] in seen:
             raise TableError(path, rid, "id", "appears twice; ids must be unique")
         seen.add(r["id"])
-        _normalise(r)
+        _normalise(r, decimal_comma=sep != ",")
         _check_row(path, rid, r)
         if r["metric"] == "mfu" and not missing_hardware(r):
             _mfu_as_tflops(path, r)
@@ -255,16 +256,21 @@ YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduc
           "fp8_params")
 _YES_NO_WORDS = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes", "no": "no", "false": "no", "off": "no", "0": "no"}
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_DECIMAL_COMMA = re.compile(r"\d+,\d+")
 
 
-def _normalise(r: dict) -> None:
+def _normalise(r: dict, decimal_comma: bool = False) -> None:
     """Spellings a table may use for what the schema writes one way, in place: thousands
-    separators in numbers ("1,024"), precision by its words (_precision), zero_stage "ZeRO-3",
+    separators in numbers ("1,024"), or in a semicolon or tab file (a decimal-comma locale's
+    export, _delimiter) the decimal comma ("1,42"), precision by its words (_precision), zero_stage "ZeRO-3",
     yes / no columns and fsdp said as true / false, on / off or 1 / 0, metric names
     (METRIC_ALIASES) and recompute words (_RECOMPUTE_WORDS) in any case."""
     for c in (*INTS, *FLOATS):
-        if _THOUSANDS.fullmatch(r.get(c, "")):
-            r[c] = r[c].replace(",", "")
+        v = r.get(c, "")
+        if decimal_comma and _DECIMAL_COMMA.fullmatch(v):
+            r[c] = v.replace(",", ".")
+        elif not decimal_comma and _THOUSANDS.fullmatch(v):
+            r[c] = v.replace(",", "")
     r["precision"] = _precision(r.get("precision", ""))
     stage = re.fullmatch(r"(?:zero|z|stage)[-_\s]?([0-3])", r.get("zero_stage", "").strip().lower())
     if stage:  # "ZeRO-3", "stage 2"

@@ -577,3 +577,58 @@ def test_explaining_a_row_for_which_nothing_fits_says_so_and_writes_valid_json(t
     assert code == 0 and d["predicted"] is None and d["not_priced"].startswith("nothing fits")
     code, out = cli("--table", str(p), "--explain", "big")
     assert code == 0 and "nothing fits" in out and "nan" not in out
+
+
+def _full(path, rows):
+    """rows with every column they hold (recipe columns too)."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_a_tokens_column_that_disagrees_with_the_tflops_is_not_compared_in_its_place(tmp_path, bundled):
+    # as the notes' clause: half the figure is a slip, not the same run's tokens
+    src = bundled["mb-gptoss120b-h100-bf16"]
+    (agree,) = V.run(path=_full(tmp_path / "a.csv", [{**src, "tokens_per_s_per_gpu": "5993"}]))
+    assert agree.metric == "tokens_per_s_per_gpu" and agree.published == 5993
+    (slip,) = V.run(path=_full(tmp_path / "b.csv", [{**src, "tokens_per_s_per_gpu": "2996"}]))
+    assert slip.metric == "model_tflops_per_gpu" and slip.published == float(src["value"])
+
+
+def test_hardware_tflops_outside_narayanans_convention_take_the_planners_own_count(tmp_path, bundled):
+    # eq. 3 assumes full recompute of a dense GELU GPT; without recompute the planner counts
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.specs.registry import load_hardware, load_model
+    row = {"id": "hw1", "group": "mine", "model": "gpt-22b", "hardware": "dgx-a100-80gb", "gpus": "8", "tp": "8",
+           "pp": "1", "dp": "1", "mbs": "4", "gbs": "4", "seq": "2048", "recompute": "none",
+           "metric": "hw_tflops_per_gpu", "value": "150", "precision": "bf16"}
+    (r,) = V.run(path=write(tmp_path / "hw.csv", [row]))
+    lay = V.row_layout(V.read_rows(tmp_path / "hw.csv")[0], tmp_path / "hw.csv")
+    own = estimate_layout(load_model("gpt-22b"), load_hardware("dgx-a100-80gb"), lay)
+    assert r.predicted == pytest.approx(float(own.hw_tflops_per_gpu[0]), rel=1e-9)
+
+
+def test_a_decimal_comma_locales_export_reads_its_decimals(tmp_path):
+    p = tmp_path / "semi.csv"
+    p.write_text("id;group;model;hardware;gpus;seq;metric;value;tp;pp;dp;mbs;gbs\n"
+                 "a;g;llama3-8b;dgx-h100;8;8192;iteration_time_s;1,420;1;1;8;1;64\n")
+    (r,) = V.run(path=p)
+    assert r.published == 1.42
+
+
+def test_a_range_in_an_architecture_column_prices_on_the_spec_not_a_traceback(tmp_path, bundled):
+    row = {**bundled["nar21-t1-7.5b"], "hidden": "4000-4096", "id": "range1"}
+    (r,) = V.run(path=write(tmp_path / "r.csv", [row]))
+    (ours,) = [x for x in V.run(group=row["group"]) if x.id == "nar21-t1-7.5b"]
+    assert r.predicted == pytest.approx(ours.predicted, rel=1e-12)
+
+
+def test_tied_figures_leave_kendall_tau_out_and_the_json_strict(tmp_path, bundled):
+    rows = [{**bundled["kor22-t5-175b-full"], "id": f"rep{i}", "group": "repeats"} for i in range(3)]
+    code, out = cli("--table", str(write(tmp_path / "t.csv", rows)), "--json")
+    assert code == 0
+    d = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert "kendall_tau" not in d["groups"]["repeats"]
