@@ -24,10 +24,12 @@ class LayoutError(PiperError):
         super().__init__(f"layout: {constraint}: {detail}")
 
 
-def from_validation(source: str, err: ValidationError) -> SpecError:
-    """First pydantic error as a SpecError naming the dotted field path."""
+def from_validation(source: str, err: ValidationError, names: dict[str, str] | None = None) -> SpecError:
+    """First pydantic error as a SpecError naming the dotted field path, or what `names` calls
+    it in the file it came from (a config.json's own key for a ModelSpec field)."""
     e = err.errors()[0]
     loc = ".".join(str(p) for p in e.get("loc", ())) or "<root>"
+    loc = (names or {}).get(loc, loc)
     kind = e.get("type", "")
     if kind == "extra_forbidden":
         expected = "unknown field (not part of the schema)"

@@ -68,13 +68,25 @@ PIPER_TRAIN: tuple[Support, ...] = (
 )
 
 
-def model_refusal(name: str, mtp_layers: int) -> str:
-    """Why piper-train cannot train this model ('' when it can): it builds no multi-token-prediction
-    module, and a run without the module would not be the model the plan priced."""
-    if not mtp_layers:
-        return ""
-    return (f"piper-train trains no multi-token-prediction module ({mtp_layers} in {name}); plan a spec with "
-            "mtp_layers 0 (num_nextn_predict_layers 0 in a config.json)")
+def model_refusal(model) -> tuple[str, str]:
+    """(the model field, why) piper-train cannot train `model` (("", "") when it can): its modules
+    build none of these, and a run without them would not be the model the plan priced."""
+    mo = model.moe
+    lacks = [("mtp_layers", model.mtp_layers, "multi-token-prediction module",
+              "mtp_layers 0 (num_nextn_predict_layers 0 in a config.json)"),
+             ("sliding_window", model.sliding_window, "sliding-window attention (it attends causally to the whole "
+              "sequence)", "no sliding_window"),
+             ("learned_positions", model.learned_positions, "learned position table (it uses rotary positions)",
+              "learned_positions false"),
+             ("moe.expert_bias", mo is not None and mo.expert_bias, "expert biases", "moe.expert_bias false"),
+             ("moe.glu_clamp", mo is not None and mo.glu_clamp, "clamped SwiGLU", "no moe.glu_clamp"),
+             ("moe.route_groups", mo is not None and mo.route_groups, "group-limited routing",
+              "no moe.route_groups")]
+    for field, has, what, instead in lacks:
+        if has:
+            return field, (f"piper-train trains no {what} ({field} {has!r} in {model.name}); plan a spec with "
+                           f"{instead}")
+    return "", ""
 
 
 def runs(s: Support, value) -> bool:

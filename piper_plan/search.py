@@ -122,7 +122,7 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
         return sp
     if runtime != "piper-train":
         raise PiperError(f"--runtime: {runtime!r}: expected one of {', '.join(RUNTIMES)}")
-    refusal = model_refusal(model.name, model.mtp_layers) if model is not None else ""
+    refusal = model_refusal(model)[1] if model is not None else ""
     if refusal:
         raise PiperError(f"--runtime piper-train: {refusal}")
     # fields the space tries sets of

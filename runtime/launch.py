@@ -40,11 +40,12 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
     grad_dtype (gradients are always fp32, like the master weights), placement (taken from
     plan.rank_map as written). What it runs of the rest is the table piper_plan.runtimes.PIPER_TRAIN
     (which `piper-plan search --runtime piper-train` reads too); runtime features of other stacks
-    that the planner can price, and multi-token prediction (model.mtp_layers), are refused: the
-    comparison with the prediction would not hold; so are plans priced with fused kernels or an
-    overlapped gradient reduction (gradients are reduced after the pipeline step, ZeRO-2's inside
-    each micro-batch's backward, blocking it: never overlapped), which search --runtime
-    piper-train never writes."""
+    that the planner can price, and model features its modules do not build (runtimes.model_refusal:
+    multi-token prediction, sliding windows, learned positions, expert biases, a clamped SwiGLU,
+    group-limited routing), are refused: the comparison with the prediction would not hold; so are
+    plans priced with fused kernels or an overlapped gradient reduction (gradients are reduced after
+    the pipeline step, ZeRO-2's inside each micro-batch's backward, blocking it: never overlapped),
+    which search --runtime piper-train never writes."""
     lay = plan.layout
     if world != lay.gpus:
         raise PiperError(f"{source}: layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
@@ -59,9 +60,9 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
         raise PiperError(f"{source}: layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
                          f"them, and torch's {lay.schedule} schedule accumulates its weight gradients outside "
                          f"autograd; use zero 1, or schedule gpipe, 1f1b or interleaved")
-    refusal = model_refusal(plan.model.name, plan.model.mtp_layers)
+    field, refusal = model_refusal(plan.model)
     if refusal:
-        raise PiperError(f"{source}: model.mtp_layers: {refusal}")
+        raise PiperError(f"{source}: model.{field}: {refusal}")
     # how piper-train runs every plan, which a plan priced another way would misstate (a tiny-moe plan
     # priced fused and overlapped reads 66.7 ms a step, as piper-train runs it 88.4 ms)
     for field, what in (("fused_kernels", "fused kernels (piper-train runs eager modules)"),

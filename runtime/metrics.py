@@ -103,7 +103,10 @@ def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
         balance[layer] = {g: (max(v) / statistics.fmean(v) if sum(v) else 1.0) for g, v in groups.items()}
     return dict(step=step, loss=loss, step_time_s=step_s, tokens_per_s=tokens / step_s,
                 model_tflops_per_gpu=tflops, mfu=(tflops / peak if peak else None),
-                grad_norm=per_rank[0]["grad_norm"], aux_loss=sum(r["aux"] for r in per_rank if r["dp"] == 0 and r["edp"] == 0),
+                grad_norm=per_rank[0]["grad_norm"],
+                # each rank's layers sum their micro-batches' balance loss (tp rank 0 alone): the
+                # mean micro-batch's, over every data-parallel replica
+                aux_loss=sum(r["aux"] for r in per_rank) / (lay.dp * lay.microbatches),
                 a2a_time_s=max(r["a2a_s"] for r in per_rank),
                 phase_s=max(per_rank, key=lambda r: r["step_s"])["phases"],  # the slowest rank's
                 cpu_s_all_ranks=sum(v for r in per_rank for k, v in r["phases"].items() if k.endswith("_cpu")),

@@ -607,3 +607,43 @@ def test_a_precision_the_hardware_has_no_peak_for_is_one_line_naming_the_file(tm
     for args in (["estimate", *base, "-n", "64", "--ep", "8"], ["search", *base, "-n", "64"],
                  ["sweep", *base, "--gpus", "64"]):
         one_line([*args, *option], h, "accelerator.peak_tflops", f"entry for {dtype}")
+
+
+@pytest.mark.parametrize("line", ["source: 2024-13-45", "num_layers: !!int abc", "source: !!timestamp 2024-02-30"])
+def test_a_yaml_value_its_tag_cannot_hold_is_one_line(tmp_path, line):
+    p = tmp_path / "m.yaml"
+    p.write_text(f"base: tiny-moe\n{line}\n")
+    one_line(["search", "-m", str(p), "-H", "cpu-local", "-n", "4", "--global-batch", "8"], str(p), "YAML")
+
+
+def test_a_spec_nested_past_reason_is_one_line(tmp_path):
+    p = tmp_path / "deep.yaml"
+    p.write_text("a: " + "[" * 2000 + "]" * 2000 + "\n")
+    one_line(["search", "-m", str(p), "-H", "cpu-local", "-n", "4"], str(p), "nested too deep")
+
+
+def test_a_folder_is_not_taken_for_a_missing_file_nor_hides_a_bundled_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny-moe").mkdir()  # a folder named like a bundled spec
+    code, out, _ = _run(["show-spec", "tiny-moe"])
+    assert code == 0 and "tiny-moe" in out
+    (tmp_path / "x.yaml").mkdir()
+    one_line(["show-spec", "x.yaml"], "x.yaml", "is a folder")
+    snap = tmp_path / "snapshot"  # a Hugging Face snapshot's folder: its config.json
+    snap.mkdir()
+    (snap / "config.json").write_text((REPO / "tests" / "data" / "hf" / "qwen3-30b-a3b.json").read_text())
+    code, out, _ = _run(["show-spec", str(snap)])
+    assert code == 0 and "qwen3" in out.lower(), out
+
+
+@pytest.mark.parametrize("edit,needle", [
+    ("  - {name: rack, size: 64, via_nic: true, bandwidth_gbps: 5, latency_us: 5}",
+     "bandwidth_gbps=5 would be ignored"),
+    ("  - {name: rack, size: 64, bandwidth_gbps: 50, taper: 0.5, latency_us: 5}", "taper=0.5 applies to NIC"),
+    ("  - {name: rack, size: 18446744073709551616, via_nic: true, latency_us: 5}", "size"),
+])
+def test_a_topology_figure_a_level_never_reads_or_cannot_hold_is_refused(tmp_path, edit, needle):
+    p = tmp_path / "hw.yaml"
+    p.write_text("base: cpu-local\nname: hw-test\ntopology:\n"
+                 "  - {name: node, size: 8, bandwidth_gbps: 0.37, latency_us: 900}\n" + edit + "\n")
+    one_line(["search", "-m", "tiny-moe", "-H", str(p), "-n", "4", "--global-batch", "8"], str(p), needle)

@@ -129,8 +129,9 @@ def runs(tmp_path_factory):
     jobs += [(base, TrainConfig(steps=2, checkpoint=str(ck), timeout_s=60)),
              (base, TrainConfig(steps=4, checkpoint=str(ck), resume=True, timeout_s=60)),
              (base, TrainConfig(steps=4, timeout_s=60)),
-             (_plan("1f1b", dtype="bf16"), TrainConfig(steps=2, timeout_s=60))]
-    names += ["resume_a", "resume_b", "straight", "bf16"]
+             (_plan("1f1b", dtype="bf16"), TrainConfig(steps=2, timeout_s=60)),
+             (_plan("1f1b", gb=16), TrainConfig(steps=1, timeout_s=60))]
+    names += ["resume_a", "resume_b", "straight", "bf16", "gb16"]
 
     # jobs run in order inside one spawn, so the stale temp folder is made now; resume_a's save
     # removes it already (every save clears the temp folders interrupted saves left)
@@ -191,6 +192,14 @@ def test_tp_metrics_count_each_token_once(runs):
     assert all(sum(v) == 8 * 32 * 2 for v in r["tokens_per_expert"].values())
     # the balance loss of dp rank 0's tokens, whatever splits them: equals the tp1 dp2 run
     assert r["aux_loss"] == pytest.approx(recs["interleaved"][0]["aux_loss"], rel=1e-5)
+
+
+def test_the_balance_loss_is_reported_per_micro_batch_not_summed_over_them(runs):
+    # the loss the objective holds: each micro-batch's, averaged; twice the micro-batches (a
+    # global batch of 16) must not read twice the value
+    recs, _ = runs
+    eight, sixteen = recs["straight"][0]["aux_loss"], recs["gb16"][0]["aux_loss"]
+    assert 0.8 < sixteen / eight < 1.25
 
 
 def test_per_step_metrics_are_complete(runs):

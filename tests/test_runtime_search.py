@@ -154,3 +154,28 @@ def test_a_setting_no_searched_layout_would_run_is_not_refused(tmp_path):
     pytest.importorskip("torch")
     from piper_runtime.launch import check_supported
     check_supported(plan, 4)
+
+
+@pytest.mark.parametrize("update,field", [
+    ({"sliding_window": 4, "full_attention_every": 2}, "sliding_window"),
+    ({"learned_positions": True}, "learned_positions"),
+])
+def test_a_model_feature_piper_train_does_not_build_is_refused_before_the_search_and_at_launch(tmp_path, update,
+                                                                                                  field):
+    # a run without the feature trains another model than the plan priced (it had run bit-identically
+    # to the model without it, under the windowed model's hash)
+    pytest.importorskip("torch")
+    from piper_plan.errors import PiperError
+    from piper_plan.plan import make_plan
+    from piper_runtime.launch import check_supported
+
+    m = load_model("tiny-moe").model_copy(update=update)
+    with pytest.raises(PiperError, match=f"piper-train trains no .*{field}"):
+        for_runtime(SearchSpace(gpus=2, global_batch=4, seq=32), "piper-train", m)
+    plan = make_plan(m, load_hardware("cpu-local"), Layout(gpus=2, dp=2, ep=2, global_batch=4, seq=32,
+                                                           fused_kernels=False, overlap_grad_reduce=False))
+    with pytest.raises(PiperError, match=f"model.{field}: piper-train trains no"):
+        check_supported(plan, 2)
+    r = CliRunner().invoke(main, ["search", "-m", "gpt-oss-20b", "-H", "cpu-local", "-n", "8",
+                                  "--runtime", "piper-train", "-o", str(tmp_path / "p.json")])
+    assert r.exit_code != 0 and "piper-train trains no" in r.output and not (tmp_path / "p.json").exists()

@@ -494,3 +494,35 @@ def test_dbrx_reads_its_nested_blocks_and_phi_moe_is_mixtral_with_layernorm():
     phi = load_model(str(HF / "phi-3.5-moe-instruct.json"))
     assert (phi.moe.num_experts, phi.moe.top_k, phi.moe.expert_ffn_size, phi.num_kv_heads) == (16, 2, 6400, 8)
     assert phi.norm == "layernorm" and phi.dense_layers == 0
+
+
+def test_deepseek_v3_without_topk_method_routes_by_group_as_its_code_always_does():
+    # DeepseekV3Config has no topk_method: a config.json without one still limits each token's groups
+    cfg = json.loads((HF / "deepseek-v3.json").read_text())
+    cfg.pop("topk_method", None)
+    m = model_from_hf_config(cfg, "x/config.json")
+    assert (m.moe.route_groups, m.moe.route_group_limit) == (8, 4)
+
+
+def test_gpt_oss_without_layer_types_alternates_sliding_and_full_attention_as_transformers_does():
+    cfg = json.loads((HF / "gpt-oss-120b.json").read_text())
+    cfg.pop("layer_types", None)
+    m = model_from_hf_config(cfg, "x/config.json")
+    bundled = load_model("gpt-oss-120b")
+    assert (m.sliding_window, m.full_attention_every) == (bundled.sliding_window, bundled.full_attention_every) == \
+        (128, 2)
+
+
+def test_an_irregular_moe_layer_pattern_is_refused_at_once_however_deep():
+    cfg = json.loads((HF / "qwen3-30b-a3b.json").read_text())
+    n = 4096
+    cfg.update(num_hidden_layers=n, mlp_only_layers=list(range(n - 100)) + [n - 50], decoder_sparse_step=1)
+    with pytest.raises(SpecError, match="MoE layers must be a leading run of dense layers"):
+        model_from_hf_config(cfg, "x/config.json")
+
+
+def test_a_config_json_error_names_the_key_the_file_spells():
+    cfg = json.loads((HF / "qwen3-30b-a3b.json").read_text())
+    cfg["num_attention_heads"] = 10**7  # past ModelSpec's bound, which the import itself does not check
+    with pytest.raises(SpecError, match="x/config.json: num_attention_heads: "):
+        model_from_hf_config(cfg, "x/config.json")

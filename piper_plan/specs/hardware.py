@@ -13,6 +13,8 @@ from pydantic import Field, model_validator
 from ..errors import SpecError
 from .base import _Optional, _Strict
 
+MAX_GPUS = 1 << 24  # the most GPUs a spec or a command names (clitypes.GPU_COUNT): sizes stay in int64 arithmetic
+
 
 class Accelerator(_Optional):
     _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib", "fp8_any_layout")
@@ -196,7 +198,7 @@ class Level(_Optional):
     _OMIT_AT_DEFAULT = ("shared_links", "comm", "mesh")
 
     name: str = Field(min_length=1)
-    size: int = Field(..., ge=1, description="GPUs in one domain of this level")
+    size: int = Field(..., ge=1, le=MAX_GPUS, description="GPUs in one domain of this level")
     bandwidth_gbps: Optional[float] = Field(None, gt=0, description="per-GPU, per-direction GB/s (levels not via_nic: "
                                             "inside a node, or a scale-up fabric such as NVL72)")
     via_nic: bool = Field(False, description="traffic leaves the node through the NICs")
@@ -218,6 +220,13 @@ class Level(_Optional):
             raise ValueError(f"level {self.name!r}: intra-node level needs bandwidth_gbps")
         if self.mesh and (self.via_nic or self.size < 2):
             raise ValueError(f"level {self.name!r}: mesh needs a level of links between GPUs (not via_nic, size >= 2)")
+        # figures a level of the other kind never reads: refused rather than silently dropped
+        if self.via_nic and self.bandwidth_gbps is not None:
+            raise ValueError(f"level {self.name!r}: a via_nic level moves at the NICs' rate (network.nic_gbps, its "
+                             f"taper), so bandwidth_gbps={self.bandwidth_gbps:g} would be ignored")
+        if not self.via_nic and self.taper != 1.0:
+            raise ValueError(f"level {self.name!r}: taper={self.taper:g} applies to NIC bandwidth; a level not "
+                             "via_nic gives its own bandwidth_gbps")
         return self
 
 
@@ -256,8 +265,8 @@ class HardwareSpec(_Optional):
     source: str = ""
     accelerator: Accelerator
     efficiency: Efficiency
-    gpus_per_node: int = Field(..., ge=1)
-    max_gpus: Optional[int] = Field(None, ge=1, description="GPUs in the whole machine")
+    gpus_per_node: int = Field(..., ge=1, le=MAX_GPUS)
+    max_gpus: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="GPUs in the whole machine")
     network: Network
     topology: list[Level] = Field(..., min_length=1)
     memory_overhead_gib: float = Field(2.0, ge=0, description="framework/allocator reserve per GPU, GiB")

@@ -7,7 +7,8 @@ dense Llama, Mistral, Qwen2 and Qwen3.
 Field names and layer-placement rules follow each family's transformers configuration and
 modelling code; what ModelSpec does not carry is listed per family below (each < 0.05% of the
 decoder's parameters). Only the decoder is imported: Llama 4's vision encoder (0.87B, 0.8% of
-Scout's published 109B) and DeepSeek-V3's multi-token-prediction module are left out.
+Scout's published 109B) is left out; DeepSeek-V3's multi-token-prediction module
+(num_nextn_predict_layers) is imported as ModelSpec.mtp_layers.
 Every problem is one SpecError line naming the file and the field.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 from pydantic import ValidationError
 
 from ..errors import SpecError, from_validation
@@ -124,11 +126,13 @@ def _fit_layer_pattern(mask: list[bool], c: _Cfg, field: str) -> tuple[int, int]
     n = len(mask)
     if not any(mask):
         raise c._err(field, "no layer is an MoE layer; import it as a dense model instead")
-    # leading dense layers can also be the first gap of an interleave (Maverick: dense 0, every 2)
-    for dense in range(mask.index(True) + 1):
-        for every in range(1, n + 1):
-            if all(mask[i] == (i >= dense and (i - dense + 1) % every == 0) for i in range(n)):
-                return dense, every
+    # leading dense layers can also be the first gap of an interleave (Maverick: dense 0, every 2);
+    # the first MoE layer fixes `every` for each count of leading dense layers
+    first, ids = mask.index(True), np.arange(n)
+    for dense in range(first + 1):
+        every = first - dense + 1
+        if np.array_equal(np.asarray(mask), (ids >= dense) & ((ids - dense + 1) % every == 0)):
+            return dense, every
     moe = [i for i, m in enumerate(mask) if m]
     dense_ids = [i for i, m in enumerate(mask) if not m]
     kind, ids = ("MoE", moe) if len(moe) <= len(dense_ids) else ("dense", dense_ids)
@@ -242,7 +246,8 @@ def _route_groups(c: _Cfg, method: str = "") -> dict:
     noaux_tc in V3): the routed experts form n_group groups of consecutive ids and a token picks
     its experts inside its topk_group best groups. "greedy" (V2-Lite) routes over all experts.
     `method`: the routing of a family whose code has no topk_method switch (GLM-4.5, dots.llm1)."""
-    method = method or c.get("topk_method", str, default="greedy")
+    # DeepseekV3Config has no topk_method: V3's code always routes by group (noaux_tc)
+    method = method or c.get("topk_method", str, default="noaux_tc" if c.family == "deepseek_v3" else "greedy")
     if method not in ("group_limited_greedy", "noaux_tc"):
         return {}
     # missing: transformers' defaults, DeepseekV3Config's 8 groups of which 4 (configuration_deepseek_v3.py
@@ -283,6 +288,8 @@ def _gpt_oss(c: _Cfg) -> dict:
     out = _base(c)
     window = c.get("sliding_window", int, default=None)
     types = c.data.get("layer_types")
+    if types is None and window:  # GptOssConfig's default: sliding and full attention in turn, sliding first
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(c.get("num_hidden_layers"))]
     if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
         raise c._err("layer_types", "expected a list of layer type names")
     if types is not None and len(types) != out["num_layers"]:
@@ -549,4 +556,14 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as e:
-        raise from_validation(source, e) from None
+        raise from_validation(source, e, _HF_NAMES) from None
+
+
+# ModelSpec fields as the config.json keys they are read from say them (the usual spellings; a
+# family with its own names is named after the slash)
+_HF_NAMES = {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+             "num_kv_heads": "num_key_value_heads", "ffn_size": "intermediate_size",
+             "moe.expert_ffn_size": "moe_intermediate_size / intermediate_size",
+             "moe.num_experts": "n_routed_experts / num_local_experts / num_experts",
+             "moe.top_k": "num_experts_per_tok", "mtp_layers": "num_nextn_predict_layers",
+             "moe.shared_experts": "n_shared_experts", "dense_layers": "first_k_dense_replace"}

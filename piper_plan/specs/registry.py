@@ -62,11 +62,17 @@ def _known(kind: str) -> str:
 
 def _resolve(ref: str, kind: str) -> Path:
     p = Path(ref)
+    q = _bundled(ref, kind)
+    if p.is_dir() and q is not None and p.suffix not in (".yaml", ".yml", ".json"):
+        return q  # a folder here named like a bundled spec (a downloaded snapshot) does not hide it
+    if kind == "models" and p.is_dir() and (p / "config.json").is_file():
+        return p / "config.json"  # a Hugging Face snapshot's folder: its config.json
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+        if p.is_dir():
+            raise SpecError(ref, "<file>", "is a folder; expected a spec YAML or a config.json file")
         if not p.is_file():
             raise SpecError(ref, "<file>", "no such file")
         return p
-    q = _bundled(ref, kind)
     if q is not None:
         return q
     close = nearest_bundled(ref, kind)
@@ -123,6 +129,10 @@ def read_yaml(path: Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "<yaml>"
         raise SpecError(str(path), where, f"malformed YAML ({getattr(e, 'problem', None) or e})") from None
+    except (ValueError, TypeError, OverflowError) as e:  # a value its tag cannot hold: a date 2024-13-45, !!int abc
+        raise SpecError(str(path), "<yaml>", f"a value YAML cannot read ({e})") from None
+    except RecursionError:
+        raise SpecError(str(path), "<yaml>", "nested too deep to be a spec") from None
     if not isinstance(data, dict):
         raise SpecError(str(path), "<root>", "expected a mapping of fields")
     return data
@@ -145,6 +155,8 @@ def load_model(ref: str) -> ModelSpec:
             cfg = json.loads(read_text(path), object_pairs_hook=_unique_keys(str(path)))
         except json.JSONDecodeError as e:
             raise SpecError(str(path), f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
+        except RecursionError:
+            raise SpecError(str(path), "<json>", "nested too deep to be a config.json") from None
         return model_from_hf_config(cfg, str(path))
     return parse(ModelSpec, _with_base(path, read_yaml(path), (), "models"), str(path))
 
