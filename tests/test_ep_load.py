@@ -70,3 +70,19 @@ def test_a_plan_written_before_the_load_was_recorded_shows_it_as_unknown(tmp_pat
     assert read_plan(old).predicted.ep_load_step is None
     shown = CliRunner().invoke(main, ["show", str(old)]).output
     assert "imbalance" in shown and "nan" not in shown and "1.000" not in shown.split("imbalance")[1].split("\n")[0]
+
+
+def test_a_measured_histogram_is_balanced_layer_by_layer_not_on_the_layers_average():
+    # each MoE layer waits on its own busiest rank: 48 layers with the same Zipf skew over
+    # different hot experts average to a flat histogram, but none of them is flat
+    import numpy as np
+
+    from piper_plan.cost.imbalance import expert_popularity, imbalance
+    rng = np.random.default_rng(0)
+    w = 1.0 / np.arange(1, 65)
+    h = np.stack([w[rng.permutation(64)] for _ in range(48)]) * 1000
+    p = expert_popularity(64, "histogram", histogram=h)
+    ep, rows = np.array([8]), np.array([1e9])  # rows: sampling noise out of the way
+    per_layer = np.mean([float(imbalance(r, ep, rows)[0]) for r in p])
+    assert float(imbalance(p, ep, rows)[0]) == pytest.approx(per_layer)
+    assert per_layer > 1.5 * float(imbalance(p.mean(0), ep, rows)[0])

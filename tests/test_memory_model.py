@@ -123,3 +123,18 @@ def test_fp32_attention_dropout_keeps_its_mask_and_an_fp32_output():
     sq = 1024 * 1024 * m.num_heads
     assert act.attention_terms(m, b16)["probs_dropout"][0] == 3 * sq
     assert act.attention_terms(m, b32)["probs_dropout"][0] == 5 * sq
+
+
+def test_recomputing_part_of_the_layers_counts_that_part_of_the_forward_in_hardware_flops():
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.specs.registry import load_hardware, load_model
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    lay = dict(gpus=16, pp=4, dp=4, mbs=1, global_batch=64, seq=4096)
+    ratio = {}
+    for rc, n in (("none", 0), ("full", 2), ("full", 0)):
+        e = estimate_layout(m, hw, Layout(**lay, recompute=rc, recompute_layers=n))
+        ratio[(rc, n)] = float(e.hw_tflops_per_gpu[0] / e.tflops_per_gpu[0])
+    # 32 layers over 4 chunks of 8: 2 of each chunk's 8 re-run a quarter of the forward
+    assert ratio[("none", 0)] == pytest.approx(1.0)
+    assert ratio[("full", 2)] == pytest.approx(1 + 0.25 / 3, rel=1e-6)
+    assert ratio[("full", 0)] == pytest.approx(4 / 3, rel=1e-6)

@@ -158,3 +158,10 @@ def test_migration_moves_over_the_links_the_ep_group_spans():
     spread = migration_overhead(m, hw, Layout(dp=64, placement="spread", **base), period=1)["seconds_per_migration"]
     assert tp8 == pytest.approx(tp1)
     assert spread > 2 * tp1  # a NIC share per GPU is several times below NVLink
+
+
+def test_zero_3_moves_a_shard_of_each_expert_weight_as_it_moves_a_shard_of_its_state():
+    from piper_plan.cost.migration import bytes_per_param
+    # bf16 weight 2, fp32 gradient 4, master 4 and Adam 8: ZeRO 1 shards 12 B, 2 the gradient
+    # too, 3 the weight as well
+    assert [float(bytes_per_param(2, 4, z, 8)) for z in range(4)] == [18.0, 2 + 4 + 12 / 8, 2 + 16 / 8, 18 / 8]

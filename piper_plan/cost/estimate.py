@@ -21,6 +21,7 @@ from .layer import _a2a_off_stream, _dualpipe_overlaps, _per_layer
 from .memory import layer_params_per_rank, table_params
 from .offload import exposed_copies, offloaded_share, parks_activations, require_host
 from .rank_memory import rank_memory, role_activations
+from .recompute import full_recompute_share
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
 from .schedule import pipeline_time
@@ -625,7 +626,10 @@ def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
     # hardware FLOPs of recompute: full re-runs the forward; selective counts the core attention
     # (its other modules, norms and activations, are memory-bound passes; MLA up-projection and
     # MLP / MoE GEMMs re-run under those modules are left out of this count)
-    rc_flops = np.where(rc == 2, model_flops / 3.0, np.where(recomputes(lay, "core_attn"), core_fwd * tokens, 0.0))
+    # (full recompute of the first N layers of each chunk re-runs that share of the forward)
+    share = full_recompute_share(m, lay)
+    rc_flops = np.where(rc == 2, share * model_flops / 3.0,
+                        np.where(recomputes(lay, "core_attn"), core_fwd * tokens, 0.0))
     return model_flops, rc_flops
 
 

@@ -20,7 +20,11 @@ _PERM_SEED = 20260505
 
 def expert_popularity(num_experts: int, distribution: str = "uniform", zipf_s: float = 1.0,
                       histogram=None) -> np.ndarray:
-    """Probability of each expert receiving a routed token, shape [E], sorted by expert id."""
+    """Probability of each expert receiving a routed token, shape [E], sorted by expert id; a
+    histogram of several MoE layers ([layers, E], as piper-train measures it) keeps a row a layer,
+    each normalised: each layer's straggler rank sets that layer's time, so their imbalances are
+    taken apart (imbalance) rather than of the layers' average, which looks balanced wherever
+    the layers' hot experts differ."""
     if distribution == "uniform":
         return np.full(num_experts, 1.0 / num_experts)
     if distribution == "zipf":
@@ -29,13 +33,16 @@ def expert_popularity(num_experts: int, distribution: str = "uniform", zipf_s: f
         return w / w.sum()
     if distribution == "histogram":
         h = np.asarray(histogram, dtype=float)
-        h = h.mean(0) if h.ndim == 2 else h
-        if h.shape != (num_experts,) or not h.sum() > 0:
+        if h.ndim not in (1, 2) or h.shape[-1] != num_experts or not h.sum() > 0:
             from ..errors import SpecError
 
             why = (f"the histogram has {h.shape[-1] if h.ndim else 0} experts; the model has {num_experts}"
-                   if h.shape != (num_experts,) else "the histogram routes no tokens (every count is 0)")
+                   if h.ndim not in (1, 2) or h.shape[-1] != num_experts
+                   else "the histogram routes no tokens (every count is 0)")
             raise SpecError("--routing", "tokens_per_expert", why)
+        if h.ndim == 2:
+            h = h[h.sum(1) > 0]  # a layer that routed nothing tells nothing
+            return h[0] / h[0].sum() if len(h) == 1 else h / h.sum(1, keepdims=True)
         return h / h.sum()
     raise ValueError(f"unknown routing distribution {distribution!r}")
 
@@ -68,12 +75,15 @@ def sampling_factor(ep, rows_per_rank) -> np.ndarray:
 
 def imbalance(p: np.ndarray, ep, rows_per_rank, planner: str | None = None, max_moves: int | None = None) -> np.ndarray:
     """Expected max/mean routed rows per rank, vectorised over (ep, rows_per_rank) arrays;
-    `planner` set = expert migration keeps that planner's placement."""
+    `planner` set = expert migration keeps that planner's placement. `p` [layers, E] (one row a
+    MoE layer): the mean of the layers' placement factors, each layer waiting on its own
+    busiest rank."""
     ep = np.asarray(ep)
-    key = tuple(np.round(p, 12))
+    rows = [tuple(np.round(r, 12)) for r in np.atleast_2d(p)]
     place = np.ones(ep.shape)
     for e in sorted(set(ep.ravel().tolist())):  # np.unique would load numpy.ma on first use (~7 ms)
-        place = np.where(ep == e, _placement_cached(key, int(e), planner, max_moves), place)
+        f = float(np.mean([_placement_cached(key, int(e), planner, max_moves) for key in rows]))
+        place = np.where(ep == e, f, place)
     return np.where(ep > 1, place * sampling_factor(ep, rows_per_rank), 1.0)
 
 

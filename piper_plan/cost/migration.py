@@ -60,23 +60,26 @@ def bytes_per_param(act_bytes, grad_bytes, zero, edp, move_grads: bool = True) -
     """Bytes of one expert parameter that a migration moves from one rank: weight
     (act_bytes: 2 for bf16, 4 for fp32), gradient (grad_bytes; 0 with move_grads=False),
     fp32 master (4, bf16 only), Adam moments (8); ZeRO >= 1 shards master and moments,
-    ZeRO 2 also gradients, over `edp` ranks. bf16 + fp32 grads + ZeRO-0 = 2+4+4+8 = 18;
+    ZeRO 2 also gradients, ZeRO 3 the weights too, over `edp` ranks. bf16 + fp32 grads + ZeRO-0 = 2+4+4+8 = 18;
     brief §4's 16 B/param is bf16 weights and gradients."""
     act_bytes, grad_bytes = np.asarray(act_bytes, dtype=float), np.asarray(grad_bytes, dtype=float)
     zero, edp = np.asarray(zero), np.maximum(np.asarray(edp, dtype=float), 1.0)
     master = np.where(act_bytes < 4, 4.0, 0.0)
     opt_share = np.where(zero >= 1, 1.0 / edp, 1.0)
     grad_share = np.where(zero >= 2, 1.0 / edp, 1.0)
+    weight_share = np.where(zero >= 3, 1.0 / edp, 1.0)  # ZeRO-3 shards the weights too
     g = grad_bytes * grad_share if move_grads else 0.0
-    return act_bytes + g + (master + 8.0) * opt_share
+    return act_bytes * weight_share + g + (master + 8.0) * opt_share
 
 
-def _arrivals(p: Optional[np.ndarray], E: int, ep: int, planner: str, max_moves) -> int:
+def _arrivals(p: Optional[np.ndarray], E: int, ep: int, planner: str, max_moves) -> float:
+    """Experts the busiest rank receives a MoE layer (p [layers, E]: their mean, each layer
+    re-placed for its own loads)."""
     if ep <= 1:
         return 0
     if p is None:
         return E // ep  # worst case: a rank receives a whole new set of experts
-    return predict_imbalance(p, ep, planner, max_moves)["arrivals_max"]
+    return float(np.mean([predict_imbalance(r, ep, planner, max_moves)["arrivals_max"] for r in np.atleast_2d(p)]))
 
 
 def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] = None, planner: str = "lpt",
