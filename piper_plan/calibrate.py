@@ -27,6 +27,7 @@ from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collect
                             fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .errors import PiperError, SpecError
 from .files import check_writable
+from .files import atomic_write_bytes
 from .plan import atomic_write_text
 from .specs.hardware import HardwareSpec
 from .specs.registry import device_tokens, hardware_by_device, load_hardware, parse
@@ -123,8 +124,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
                collective_skew_us=round(comp.get("collective_skew_us", 0.0), 2),
                collective_skew_base_ms=round(comp.get("collective_skew_base_ms", 0.0), 3))
     d["collectives"] = "nccl" if device["kind"] == "cuda" else "gloo"  # what the probes and piper-train run on
-    if device["kind"] == "cpu" and ranks > device["cores"]:
-        acc["ranks_per_core"] = round(ranks / device["cores"], 4)
+    if device["kind"] == "cpu":  # what this run's ranks had, not the base spec's: ranks_per_core 1 when each had a core
+        acc["ranks_per_core"] = round(max(1.0, ranks / device["cores"]), 4)
     if device["kind"] == "cpu":
         acc["expert_row_multiple"] = CPU_EXPERT_ROW_MULTIPLE
     if "attention" in comp:
@@ -132,6 +133,9 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
     if "cache_mib" in comp:
         acc["cache_mib"] = round(comp["cache_mib"], 3)
         eff["memory_dram"] = round(comp["memory_dram"], 4)
+    else:  # no knee fitted (too few sizes, no drop): one rate, not the base's knee beside this run's rate
+        acc["cache_mib"] = None
+        eff["memory_dram"] = None
     if "cast" in comp:
         eff["cast"] = round(comp["cast"], 4)
     if "attention_bwd" in comp:
@@ -319,10 +323,7 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
            "proposals": fit["proposals"],
            "spec": spec.model_dump(mode="json")}
     if out:  # (its folder was made before measuring)
-        # both atomic (a failed write leaves the old spec and its record whole); the record first,
-        # so a spec on disk never names measurements that were not written
-        atomic_write_text(rec_path, json.dumps(rec, indent=1))
-        atomic_write_text(out, text)
+        write_pair(rec_path, json.dumps(rec, indent=1), out, text)
         load_hardware(str(out))  # the file as written must load
     if show_progress:
         _summary(spec, residuals, wall)
@@ -330,6 +331,24 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
             click.echo(f"warning: load average {dev['loadavg_before'][0]:.1f} on {dev['cores']} cores before the "
                        "run: other processes shared the CPU, so the rates are low and noisy", err=True)
     return {"spec": spec, "yaml": text, "record": rec, "wall_s": wall}
+
+
+def write_pair(rec_path, record: str, out, spec_text: str) -> None:
+    """Write a spec and its calibration record as a pair: both atomic (a failed write leaves the
+    old file whole); the record first, so a spec on disk never names measurements that were not
+    written, and put back where the spec's write fails, so an old spec keeps its own record
+    (--check repeats its probes)."""
+    rec_path = Path(rec_path)
+    old = rec_path.read_bytes() if rec_path.is_file() else None
+    atomic_write_text(rec_path, record)
+    try:
+        atomic_write_text(out, spec_text)
+    except Exception:
+        if old is None:
+            rec_path.unlink(missing_ok=True)
+        else:
+            atomic_write_bytes(rec_path, old)
+        raise
 
 
 def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bool) -> dict:

@@ -38,6 +38,13 @@ def record_for(spec_ref: str) -> tuple[Path, dict]:
         rec["plan"], rec["measurements"], rec["ranks"]  # noqa: B018 - the fields a check needs
     except (json.JSONDecodeError, KeyError, TypeError) as e:  # read_text's own errors are one line already
         raise PiperError(f"{rec_path}: not a calibration record ({type(e).__name__}: {e})") from None
+    kinds = {"plan": dict, "measurements": dict, "ranks": int}
+    for key, kind in kinds.items():  # the shapes a check reads, before it reads them
+        if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
+            raise PiperError(f"{rec_path}: not a calibration record ({key}: expected a {kind.__name__}, got "
+                             f"{type(rec[key]).__name__})")
+    if rec["ranks"] < 1:
+        raise PiperError(f"{rec_path}: not a calibration record (ranks: expected >= 1, got {rec['ranks']})")
     return rec_path, rec
 
 

@@ -80,12 +80,22 @@ def rated_spec(hw: HardwareSpec, r: ComputeRates, attn_dtype: str = "bf16") -> H
     """`hw` with efficiencies 1 and peaks = the raw rates (unvalidated copy, for evaluation)."""
     peaks = {**hw.accelerator.peak_tflops, **r.gemm_tflops}
     ref = peaks.get(attn_dtype, 1.0)
-    acc = hw.accelerator.model_copy(update={"peak_tflops": peaks, "memory_bandwidth_gbps": r.stream_gbps})
+    # one rate, no cache knee (the knee is fitted on its own: fit_stream_cache), no power-limit
+    # throttle (the probes time bursts: kernels.burst)
+    acc = hw.accelerator.model_copy(update={"peak_tflops": peaks, "memory_bandwidth_gbps": r.stream_gbps,
+                                            "cache_mib": None})
     eff = hw.efficiency.model_copy(update={
+        "memory_dram": None, "sustained_matmul": 1.0,
         "gemm": 1.0, "memory": 1.0, "kernel_overhead_us": r.overhead_us, "gemm_tile": tuple(r.tile),
         "gemm_overhead_us": dict(r.gemm_overhead_us),
         "attention": (r.attention_tflops / ref) if r.attention_tflops else hw.efficiency.attention})
     return hw.model_copy(update={"accelerator": acc, "efficiency": eff})
+
+
+def _head_dims(pts: list):
+    """The probes' head dimensions where they record them (None: the plateau's own)."""
+    dims = [p.get("head_dim") for p in pts]
+    return None if any(d is None for d in dims) else np.array(dims, dtype=float)
 
 
 def predict(hw: HardwareSpec, meas: dict) -> dict[str, np.ndarray]:
@@ -100,8 +110,10 @@ def predict(hw: HardwareSpec, meas: dict) -> dict[str, np.ndarray]:
         out["stream"] = stream_time(hw, np.array([p["nbytes"] for p in meas["stream"]], dtype=float))
     if meas.get("attention"):
         pts = meas["attention"]
+        # each probe at its own head dimension, as the planner prices a model's (head_dim_slowdown)
         out["attention"] = np.concatenate([
-            flash_attention_time(hw, np.array([p["flops"] for p in pts if p["dtype"] == dt]), dt)
+            flash_attention_time(hw, np.array([p["flops"] for p in pts if p["dtype"] == dt]), dt,
+                                 _head_dims([p for p in pts if p["dtype"] == dt]))
             for dt in sorted({p["dtype"] for p in pts})])
     return out
 

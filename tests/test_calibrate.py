@@ -613,3 +613,74 @@ def test_a_fitted_gemm_plateau_stays_under_the_accelerator_s_peak():
     best = best_rates(meas)
     assert best["gemm_tflops"]["bf16"] <= fit.rates.gemm_tflops["bf16"] <= hw.accelerator.peak_tflops["bf16"] * (1 + 1e-9)
     assert fit.rates.attention_tflops <= hw.accelerator.peak_tflops["bf16"]
+
+
+def _built(ranks: int, cores: int = 2, meas=None):
+    base = load_hardware("cpu-local")
+    meas = meas or _synthetic(0.0)
+    fit = fit_compute(base, meas, CPU_TILES)
+    comp = split_compute(fit.rates, best_rates(meas), None)
+    cm = _synthetic_comm()
+    cf = fit_comm(cm)
+    dev = {"kind": "cpu", "name": "test cpu", "torch": "x", "cores": cores, "ram_gib": 24.0,
+           "accelerator_name": f"CPU rank (1/{ranks})", "memory_gib": 5.0, "compute_units": 1}
+    return build_spec(base, name="cpu-test", ranks=ranks, device=dev, comp=comp, comp_res=fit.residuals,
+                      comm=split_comm(cf, cm), comm_res=cf.residuals, stamp="2026-01-01T00:00:00+00:00",
+                      record="r", datasheet=False), comp
+
+
+def test_ranks_that_each_had_a_core_are_written_as_one_rank_a_core():
+    # the base spec's 4 ranks a core had been kept, pricing a lone rank 2x faster than it ran
+    assert _built(ranks=2, cores=2)[0].accelerator.ranks_per_core == 1.0
+    assert _built(ranks=8, cores=2)[0].accelerator.ranks_per_core == 4.0
+
+
+def test_a_stream_without_a_fitted_knee_keeps_no_cache_knee_of_the_base():
+    # three sizes: too few to fit a knee; the base's 9.7 MiB knee must not sit beside this run's rate
+    meas = _synthetic(0.0)
+    meas["stream"] = meas["stream"][:3]
+    spec, comp = _built(ranks=4, meas=meas)
+    assert "cache_mib" not in comp
+    assert spec.accelerator.cache_mib is None and spec.efficiency.memory_dram is None
+
+
+def test_the_rated_spec_prices_bursts_at_one_rate():
+    # probes time short bursts at one streaming rate: no power-limit throttle, no cache knee of the base
+    h100 = load_hardware("dgx-h100")
+    r = rated_spec(h100, ComputeRates(gemm_tflops={"bf16": 800.0}, stream_gbps=3000.0, overhead_us=3.0,
+                                      attention_tflops=500.0, tile=(128, 128)))
+    assert r.efficiency.sustained_matmul == 1.0 and r.accelerator.cache_mib is None
+
+
+def test_a_check_against_a_malformed_record_is_one_line(tmp_path):
+    from piper_plan.calibrate_check import record_for
+    from piper_plan.errors import PiperError
+    spec = tmp_path / "m.yaml"
+    spec.write_text((Path(__file__).resolve().parents[1] / "hardware" / "cpu-local.yaml").read_text())
+    for bad in ({"plan": [], "measurements": {}, "ranks": 2}, {"plan": {}, "measurements": {}, "ranks": "two"}):
+        (tmp_path / "m.calibration.json").write_text(json.dumps(bad))
+        with pytest.raises(PiperError, match="not a calibration record"):
+            record_for(str(spec))
+
+
+def test_a_spec_that_cannot_be_written_leaves_the_old_spec_beside_its_own_record(tmp_path, monkeypatch):
+    from piper_plan import calibrate as cal
+    from piper_plan.errors import SpecError
+    rec, out = tmp_path / "m.calibration.json", tmp_path / "m.yaml"
+    rec.write_text("old record")
+    out.write_text("old spec")
+    real = cal.atomic_write_text
+
+    def full_disk(path, text):
+        if Path(path) == out:
+            raise SpecError(str(path), "<file>", "cannot write (No space left on device)")
+        real(path, text)
+
+    monkeypatch.setattr(cal, "atomic_write_text", full_disk)
+    with pytest.raises(SpecError):
+        cal.write_pair(rec, "new record", out, "new spec")
+    assert (rec.read_text(), out.read_text()) == ("old record", "old spec")
+    rec.unlink()
+    with pytest.raises(SpecError):
+        cal.write_pair(rec, "new record", out, "new spec")
+    assert not rec.exists()
