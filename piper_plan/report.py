@@ -52,7 +52,7 @@ def model_detail(m: ModelSpec) -> list[Table]:
             ("hidden / heads / kv heads / head dim", f"{m.hidden_size} / {m.num_heads} / {m.kv_heads} / {m.hd}"),
             ("vocab / seq", f"{m.vocab_size} / {m.seq_len}"),
             ("total parameters", _b(m.total_params)), ("active parameters", _b(m.active_params)),
-            ("model FLOPs per token (fwd+bwd, seq)", f"{m.flops_per_token() / 1e9:.2f} G")]
+            ("model FLOPs per token (fwd+bwd, seq)", f"{sig(m.flops_per_token() / 1e9, 4)} GFLOP")]
     if m.moe:
         mo = m.moe
         rows.append(("experts / top-k / expert ffn / shared",
@@ -106,8 +106,9 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
     s = Table(title=title)
     s.add_column("metric")
     s.add_column("value", justify="right")
-    for k, fmt in [("step_time_s", lambda x: f"{sig(x, 4)} s"), ("tokens_per_s", "{:,.0f}"), ("tflops_per_gpu", "{:.1f}"),
-                   ("hw_tflops_per_gpu", "{:.1f}"), ("mfu", "{:.1%}"), ("peak_memory_gib", "{:.2f} GiB"),
+    for k, fmt in [("step_time_s", lambda x: f"{sig(x, 4)} s"), ("tokens_per_s", "{:,.0f}"),
+                   ("tflops_per_gpu", lambda x: sig(x, 4)), ("hw_tflops_per_gpu", lambda x: sig(x, 4)),
+                   ("mfu", "{:.1%}"), ("peak_memory_gib", "{:.2f} GiB"),
                    ("imbalance", "{:.3f}"), ("fits", "{}")]:
         v = row.get(k)
         s.add_row(k, "-" if v is None else fmt(v) if callable(fmt) else fmt.format(v))  # "-": a plan before the field
@@ -118,7 +119,7 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
     total = row["time_breakdown_s"]["total"]
     for k, v in row["time_breakdown_s"].items():
         if k != "total":
-            tt.add_row(k, f"{v:.4g}", f"{v / total:.1%}")
+            tt.add_row(k, sig(v, 4), f"{v / total:.1%}")  # as the step time: separators, not an exponent
     mt = Table(title="memory per pipeline rank (GiB)")
     stages = row["memory_gib_per_stage"]
     comps = [k for k in stages[0] if k not in ("stage", "role")] if stages else []
