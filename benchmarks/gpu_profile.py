@@ -4,9 +4,11 @@ and the kernels and ops that take it (torch.profiler), beside the plan's predict
     python benchmarks/gpu_profile.py plan.json [--out profile.txt] [--steps 10]
 
 One rank (the plan's layout must be one GPU: gpus 1), its process group made here (NCCL on a
-GPU, gloo on a CPU, where there are no kernels to count). The profiler records three steps after
-four unrecorded and one warm-up (each step starts at metrics.reset, which train() calls once a
-step). Printed: the median wall of steps 5 on, the GPU kernel seconds a recorded step (the sum
+GPU, gloo on a CPU, where there are no kernels to count). The profiler records steps 4-6 (0-based;
+each step starts at metrics.reset, which train() calls once a step, and the profiler's step
+advances there: steps 0-2 wait, 3 warms up). Printed: the median wall of the recorded steps
+(under the profiler, beside their kernel time) and of the unprofiled steps after them, the GPU
+kernel seconds a recorded step (the sum
 of the device events' own time, as torch's table totals it), kernel launches and synchronising
 calls a step, and the plan's predicted step and its parts; --out writes that and two tables
 (by GPU time, by CPU time). Kernel time near the wall: the step is bound by the GPU's work;
@@ -65,7 +67,7 @@ def profile(plan_path: str, steps: int = 10) -> tuple[dict, object]:
     metrics.reset = step_then_reset
     try:
         prof.start()
-        recs = train(plan, TrainConfig(steps=max(steps, 4 + 1 + ACTIVE + 1), log_every=0), dev)
+        recs = train(plan, TrainConfig(steps=max(steps, 4 + ACTIVE + 3), log_every=0), dev)
         prof.stop()
     finally:
         metrics.reset = reset
@@ -80,7 +82,8 @@ def profile(plan_path: str, steps: int = 10) -> tuple[dict, object]:
     walls = [r["step_time_s"] for r in recs if not r.get("summary")]
     p = plan.predicted
     out = dict(plan=plan_path, device=torch.cuda.get_device_name(dev) if cuda else "cpu",
-               step_wall_s=walls, median_wall_s_from_step_5=statistics.median(walls[4:]),
+               step_wall_s=walls, median_wall_s_recorded=statistics.median(walls[4:4 + ACTIVE]),
+               median_wall_s_unprofiled=statistics.median(walls[4 + ACTIVE:]),
                gpu_kernel_s_per_step=kernel_us / 1e6 / ACTIVE,
                kernel_launches_per_step=sum(e.count for e in ka if e.key in LAUNCHES) / ACTIVE,
                syncing_calls_per_step={e.key: e.count / ACTIVE for e in ka if e.key in SYNCS},

@@ -289,14 +289,14 @@ def report(res: dict, scs) -> dict:
         tb, ta = _mean(bef, "moe_s"), _mean(aft, "moe_s")
         wb, wa = _mean(bef, "wall_s"), _mean(aft, "wall_s")
         share = ev["seconds"] / (DEFAULT_PERIOD * wa + ev["seconds"])
-        moved = sum(ev["moved"].values())
+        moved = sum(ev["moved"].values()) / max(len(ev["moved"]), 1)  # a MoE layer's, as the prediction counts
         pr = _predict(sc, model, hw, layout)
         summary[sc["name"]] = dict(before=mb, after=ma, lower_bound=lb, after_over_lb=ma / lb, moe_ms_before=tb * 1e3,
                                    moe_ms_after=ta * 1e3, drop=1 - ta / tb, wall_ms_before=wb * 1e3,
                                    wall_ms_after=wa * 1e3, moved=moved, migration_ms=ev["seconds"] * 1e3,
                                    share=share, predicted=pr)
         print(f"{sc['name']:14} {mb:7.3f} -> {ma:6.3f} {lb:6.3f} {ma / lb:8.3f} {tb * 1e3:6.1f} -> {ta * 1e3:6.1f}"
-              f" {100 * (1 - ta / tb):5.1f}% {wb * 1e3:5.0f} -> {wa * 1e3:5.0f} {moved:5d} {ev['seconds'] * 1e3:7.1f}"
+              f" {100 * (1 - ta / tb):5.1f}% {wb * 1e3:5.0f} -> {wa * 1e3:5.0f} {moved:5.1f} {ev['seconds'] * 1e3:7.1f}"
               f" {100 * share:8.2f}%")
     print("\nplanner's prediction (placement x sampling factor; MoE time from moe_phase on cpu-local)")
     print(f"{'run':14} {'placement':>17} {'x samp':>6} {'LB':>6} {'drop':>6} {'vs meas':>7} {'moved':>5} "
