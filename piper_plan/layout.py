@@ -376,10 +376,10 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.recompute_layers and lay.recompute != "full":
         raise LayoutError("recompute_layers with recompute full", f"recompute_layers={lay.recompute_layers} chooses "
                           f"the layers full recompute re-runs; recompute is {lay.recompute!r}")
-    if lay.recompute_layers > num_layers - lay.stages + 1:
+    most = recompute_layers_limit(num_layers, lay.stages)
+    if lay.recompute_layers > most:
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
-                          f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than "
-                          f"{num_layers - lay.stages + 1}")
+                          f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
     check_stack(lay.expert_probs, lay.fused_kernels)
     check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
     check_fp8_params(lay.fp8_params, lay.fp8)
@@ -410,6 +410,12 @@ def check_a2a_sms(a2a_sms: Optional[int], hw) -> None:
     if a2a_sms is not None and a2a_sms >= units:
         raise LayoutError("a2a_sms < the device's compute units", f"a2a_sms={a2a_sms} of the {units} the device "
                           "has would leave no compute beside the hidden all-to-all")
+
+
+def recompute_layers_limit(num_layers: int, chunks):
+    """The most layers full recompute can re-run in each pipeline chunk (ints or arrays): the
+    largest chunk `chunks` chunks of `num_layers` layers can hold, the others one layer each."""
+    return num_layers - chunks + 1
 
 
 def offload_limit(num_layers: int, pp):

@@ -14,7 +14,7 @@ from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_b
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
-                     offload_limit)
+                     offload_limit, recompute_layers_limit)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -276,8 +276,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         rule("hsdp: a shard inside the scale-up domain would hold one rank", on(zh, 1) & on(dp * cp // reps < 2, 4))
         rule("hsdp: replicas do not divide the expert-data-parallel group",
              on(zh, 1) & on((dp * cp * tp // (ep * etp)) % np.maximum(reps, 1) != 0, 4))
-    rule("recompute_layers <= the layers of a chunk",  # layout.check_layout's bound: the largest chunk's layers
-         (rc_n[:, None] > m.num_layers - pp * vpp + 1).reshape(len(rc), 1, 1, 1, len(k1)))
+    rule("recompute_layers <= the layers of a chunk",  # layout.check_layout's bound
+         (rc_n[:, None] > recompute_layers_limit(m.num_layers, pp * vpp)).reshape(len(rc), 1, 1, 1, len(k1)))
     rule("duplicate (recompute_layers covering a whole chunk equals every layer)", _rc_layer_duplicates(m, rc, rc_n, pp * vpp))
     moe_ep = (m.moe is not None) & (ep > 1)
     # without expert parallelism every a2a choice prices alike: the first one listed stays

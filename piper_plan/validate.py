@@ -47,9 +47,8 @@ from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import _RANGE as _RANGE_CELL
-from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, built_on, missing_hardware, missing_model, read_rows,
-                            row_hardware, row_model, table_name)
+from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, RANGE_CELL, built_on, missing_hardware,
+                            missing_model, read_rows, row_hardware, row_model, table_name)
 
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
 # the MoE sources issue 4's acceptance names (Megatron-Bridge, X-MoE, Piper's Fig. 13 and weak
@@ -105,7 +104,7 @@ class Result:
 def _i(x, default=None):
     """An integer cell; blank, or a range the source gives ("2560-3072": validate_rows lets it
     through), reads as `default`."""
-    if x in ("", None) or _RANGE_CELL.fullmatch(str(x).strip()):
+    if x in ("", None) or RANGE_CELL.fullmatch(str(x).strip()):
         return default
     return int(x)
 
@@ -330,11 +329,10 @@ def _tokens_per_gpu(row, m=None) -> float | None:
     schema has no such column); beside a TFLOPS value, either only where the two agree up to a
     FLOP convention (_CONVENTION, against model m); None otherwise."""
     col = row.get("tokens_per_s_per_gpu", "")
-    tflops = row["metric"].endswith("tflops_per_gpu")
-    if col and (m is None or not tflops):
-        return float(col)
+    if m is None or not row["metric"].endswith("tflops_per_gpu"):  # no TFLOPS to check the figure against
+        return float(col) if col else None
     hit = None if col else _NOTES_TOKENS.search(row.get("notes", ""))
-    if not (col or hit) or m is None or not tflops:
+    if not (col or hit):
         return None
     tok = float(col) if col else float(hit.group(1).replace(",", ""))
     ratio = float(row["value"]) * 1e12 / tok / _flops_per_token(row, m, _i(row["seq"]))

@@ -93,7 +93,7 @@ MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max}
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
         "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size",
         "kv_heads": "num_kv_heads"}  # kv_heads: an optional column (GQA's key/value heads; Llama 2 13B has 40 of 40)
-_RANGE = re.compile(r"\d+-\d+")
+RANGE_CELL = re.compile(r"\d+-\d+")  # an architecture figure the source leaves open ("2560-3072")
 # a model text that says it trains with multi-token prediction, not "no MTP" / "w/o MTP" / "without"
 _MTP = re.compile(r"(?<!no )(?<!w/o )(?<!without )\bmtp\b", re.IGNORECASE)
 GENERIC = "gpt-175b"  # Megatron's GPT: the template of a model with no family among the bundled specs
@@ -302,7 +302,7 @@ def _recompute(rc: str) -> str:
 def _check_row(path, rid: str, r: dict) -> None:
     for c in INTS:
         v = r.get(c, "")
-        if c in ARCH and _RANGE.fullmatch(v):
+        if c in ARCH and RANGE_CELL.fullmatch(v):
             continue  # a range the source leaves open ("2560-3072"): unknown, the named spec's value holds
         if v and not (v.isdigit() and (int(v) > 0 or c in MAY_BE_ZERO)):
             what = "a whole number" if c in MAY_BE_ZERO else "a positive whole number"

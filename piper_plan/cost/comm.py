@@ -111,8 +111,7 @@ def _same_rail_fraction(hw: HardwareSpec, per_node):
 def _together(nbytes, n, stride):
     """nbytes (float), n and stride broadcast to one shape, so that per-level counts
     ([levels] + that shape) and per-member bytes line up whichever of them is an array."""
-    b, n, stride = np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n), np.asarray(stride))
-    return b, n, stride
+    return np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n), np.asarray(stride))
 
 
 def a2a_flat(hw: HardwareSpec, nbytes, n, stride):

@@ -368,10 +368,10 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     ph = _sum(lin) + router
     rows = t * k * imb
     act = (3.0 if mo.gated else 2.0) * fw * (rows * etp + local * pad)
-    # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
-    # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     if mo.shared_experts:  # the shared experts' activation, as a dense FFN of their width (ffn_phase)
         act = act + (3.0 if mo.gated else 2.0) * fs * t
+    # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
+    # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
     # the experts' own rows on this rank: its etp group's, gathered (as the GEMMs and `act` take them)
     extra, clamp_f = _expert_extras(m, hw, lay, rows * etp + local * pad, eb)

@@ -33,12 +33,12 @@ def expert_popularity(num_experts: int, distribution: str = "uniform", zipf_s: f
         return w / w.sum()
     if distribution == "histogram":
         h = np.asarray(histogram, dtype=float)
-        if h.ndim not in (1, 2) or h.shape[-1] != num_experts or not h.sum() > 0:
+        bad_shape = h.ndim not in (1, 2) or h.shape[-1] != num_experts
+        if bad_shape or not h.sum() > 0:
             from ..errors import SpecError
 
             why = (f"the histogram has {h.shape[-1] if h.ndim else 0} experts; the model has {num_experts}"
-                   if h.ndim not in (1, 2) or h.shape[-1] != num_experts
-                   else "the histogram routes no tokens (every count is 0)")
+                   if bad_shape else "the histogram routes no tokens (every count is 0)")
             raise SpecError("--routing", "tokens_per_expert", why)
         if h.ndim == 2:
             h = h[h.sum(1) > 0]  # a layer that routed nothing tells nothing

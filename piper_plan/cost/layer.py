@@ -301,8 +301,9 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
                a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, a2a_hide_f=a2a_hide_f, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
     for rc, variant in _recompute_variants(lay, sel):
         out[f"a_dense_{rc}"] = blk[f"a_dense_{rc}"]
-        a_experts = sum(act.moe_terms(m, variant, imb, hw.accelerator.expert_row_multiple).values()) if m.moe else 0
-        out[f"a_moe_{rc}"] = blk[f"a_attn_{rc}"] + a_experts if m.moe else zero
+        out[f"a_moe_{rc}"] = (blk[f"a_attn_{rc}"] + sum(act.moe_terms(m, variant, imb,
+                                                                      hw.accelerator.expert_row_multiple).values())
+                              if m.moe else zero)
     return out
 
 

@@ -204,13 +204,11 @@ class HaloExchange:
         # Everything that needs no counts first, receives before sends (gloo P2P rendezvous):
         # Phase I both ways, and the Phase III receives, whose sizes are my own recv splits
         # (in order, as NCCL needs: with the Phase III sends instead)
-        relayed, extra = self._coalesced_recvs(cur, recv) if not self.in_order else ([], [])
-        counts, packs, pack_works, works = self._phases_1_2(cur, send, recv, counts, pending, extra, keep)
+        relayed, recvs = self._coalesced_recvs(cur, recv)
+        early, late = ([], recvs) if self.in_order else (recvs, [])
+        counts, packs, pack_works, works = self._phases_1_2(cur, send, recv, counts, pending, early, keep)
         for w in pack_works:  # Phase III needs every pack (they share the NIC: they land together)
             w.wait()
-        late = []
-        if self.in_order:
-            relayed, late = self._coalesced_recvs(cur, recv)
         works += _post(late + self._coalesced_sends(cur, packs, counts, keep))
         for w in works:
             w.wait()
