@@ -6,9 +6,10 @@ One command:  python benchmarks/host_alloc.py  [--ranks 8] [--iters 60] [--round
 `ranks` processes (one thread each, as piper-train's CPU ranks) run forward + backward of one
 MoE decoder block (bf16 autocast over fp32 weights, a fresh input every call) at once, first
 with glibc's default allocator settings, then with the runtime's, alternating for `rounds`
-rounds. Reported per width and setting: CPU ms per call (mean over ranks, median over
-rounds), minor page faults and system ms per call, and wall ms per call of the slowest rank;
-then default / runtime for CPU and wall time."""
+rounds; the ranks start their timed calls together, after every rank's warm-up. Reported per
+width and setting: CPU ms per call (mean over ranks, median over rounds), minor page faults and
+system ms per call, and wall ms per call of the slowest rank; then default / runtime for CPU and
+wall time."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,8 @@ def worker(d: int, f: int, seq: int, iters: int) -> None:
 
     for _ in range(30):  # past the GEMM library's per-shape builds
         fb()
+    print("ready", flush=True)  # a barrier: every rank times the same contended window
+    sys.stdin.readline()
     r0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
     for _ in range(iters):
         fb()
@@ -66,7 +69,15 @@ def run_once(width, ranks: int, iters: int, default: bool) -> dict:
     else:
         env.pop("PIPER_HOST_ALLOC", None)
     args = [sys.executable, __file__, "--worker", *map(str, width), str(iters)]
-    procs = [subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True) for _ in range(ranks)]
+    procs = [subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(ranks)]
+    # start the timed calls together once every rank has warmed up (imports and warm-up finish at
+    # different times; without this the first ranks time part of their loop uncontended)
+    if any(p.stdout.readline().strip() != "ready" for p in procs):
+        raise SystemExit("a worker failed before its timed calls")
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     outs = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
     if any(p.returncode for p in procs):
         raise SystemExit("a worker failed")

@@ -85,6 +85,19 @@ def _migration_from(kw):
 
 
 
+def _plan_migration(kw, model, layout, output):
+    """The migration settings a searched plan gets: off, with a warning, where the best layout
+    has nothing to migrate (ep 1), as piper-train would refuse the plan otherwise."""
+    from .plan import migration_refusal
+
+    mig = _migration_from(kw)
+    why = migration_refusal(model, layout) if mig.enabled else ""
+    if why:
+        click.echo(f"warning: {output}: migration.enabled: written false: {why}", err=True)
+        return mig.model_copy(update={"enabled": False})
+    return mig
+
+
 # how the training stack runs its kernels: the planner prices each (estimate and search alike)
 STACK_OPTIONS = [
         click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
@@ -362,7 +375,8 @@ def estimate(as_json, output, **kw):
     from . import report
     from .evaluate import build_plan, estimate_layout, parse_routing
     from .layout import degrees_label
-    from .plan import write_plan
+    from .errors import SpecError
+    from .plan import migration_refusal, write_plan
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
@@ -372,6 +386,8 @@ def estimate(as_json, output, **kw):
     routing = parse_routing(kw["routing"])
     _warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
+    if migration.enabled and migration_refusal(model, lay):
+        raise SpecError("--migration", "ep" if model.moe else "model", migration_refusal(model, lay))
     routing.migration = migration if migration.enabled else None
     est = estimate_layout(model, hw, lay, routing)
     if kw["a2a"] == "auto" and model.moe is not None and lay.ep > 1:
@@ -554,7 +570,8 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     why = [] if rows else diagnose(model, hw, sp, res, routing, kw["headroom_gib"])
     if output and rows:
         i = res.best
-        write_plan(build_plan(model, hw, res.batch.layout(i), res.est, i, routing, _migration_from(kw)), output)
+        write_plan(build_plan(model, hw, res.batch.layout(i), res.est, i, routing,
+                              _plan_migration(kw, model, res.batch.layout(i), output)), output)
     if as_json:
         click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
                                "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why}, indent=2))

@@ -147,6 +147,8 @@ def check_consistent(plan: Plan, src: str) -> None:
             [i for chunk in plan.partition for i in chunk] != list(range(m.num_layers)):
         raise SpecError(src, "partition", f"expected {lay.stages} non-empty chunks holding layers 0..{m.num_layers - 1} "
                         "in order, each once")
+    if plan.migration.enabled and (m.moe is None or lay.ep == 1):
+        raise SpecError(src, "migration.enabled", "expected false: " + migration_refusal(m, lay))
     if plan.routing.histogram and m.moe and len(plan.routing.histogram[0]) != m.moe.num_experts:
         raise SpecError(src, "routing.histogram", f"expected {m.moe.num_experts} counts a row (one an expert), "
                         f"got {len(plan.routing.histogram[0])}")
@@ -173,6 +175,15 @@ def check_consistent(plan: Plan, src: str) -> None:
             if key(c) in seen:
                 raise SpecError(src, f"rank_map[{c.rank}]", f"{what} = {key(c)} is rank {seen[key(c)]}'s too")
             seen[key(c)] = c.rank
+
+
+def migration_refusal(model: ModelSpec, layout: Layout) -> str:
+    """Why expert migration has nothing to move in this layout ("" when it has)."""
+    if model.moe is None:
+        return f"{model.name} has no experts to re-place"
+    if layout.ep == 1:
+        return "with ep 1 every rank holds every expert, so there is no placement to even out"
+    return ""
 
 
 def _check_predicted(plan: Plan, src: str) -> None:

@@ -190,6 +190,25 @@ def precision_str(lay) -> str:
     return ", ".join(parts)
 
 
+# Layout fields the rows above already print (layout_str, precision_str, the batch row)
+_SHOWN = {"gpus", "tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "global_batch", "seq", "schedule", "recompute",
+          "recompute_modules", "recompute_layers", "zero", "zero_replicas", "a2a", "placement", "dtype", "fp8",
+          "fp8_params", "attention_fp8", "optimizer_offload", "offload_layers", "offload_modules"}
+
+
+def stack_settings(lay) -> str:
+    """Every other setting of a Layout that differs from its default, as field=value: each
+    changes what the plan is priced at (kernels, overlap, graphs, ...), so `show` must not hide
+    one ("" where none differs)."""
+    out = []
+    for k, f in type(lay).model_fields.items():
+        v = getattr(lay, k)
+        if k not in _SHOWN and v != f.default and not (k == "sequence_parallel" and lay.tp == 1):  # no-op at tp 1
+            v = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+            out.append(f"{k}={v}")
+    return " ".join(out)
+
+
 def plan_tables(plan) -> list[Table]:
     lay = plan.layout.model_dump()
     t = Table(title=f"plan: {plan.model.name} on {plan.layout.gpus} × {plan.hardware.name} (schema {plan.schema_version})")
@@ -198,6 +217,7 @@ def plan_tables(plan) -> list[Table]:
     t.add_row("layout", layout_str(lay))
     t.add_row("global batch / seq / micro-batches", f"{plan.layout.global_batch} / {plan.layout.seq} / {plan.layout.microbatches}")
     t.add_row("precision", precision_str(plan.layout))
+    t.add_row("stack settings off their defaults", stack_settings(plan.layout) or "none")
     t.add_row("routing", plan.routing.distribution + (f" s={plan.routing.zipf_s}" if plan.routing.distribution == "zipf" else ""))
     t.add_row("migration", "on" if plan.migration.enabled else "off")
     t.add_row("partition (layers per chunk)", " ".join(str(len(c)) for c in plan.partition))

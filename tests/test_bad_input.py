@@ -303,6 +303,22 @@ def test_a_histogram_for_another_model_is_one_line(tmp_path):
     one_line([*EST, "--ep", "4", "--routing", str(p)], "the histogram has 3 experts; the model has 8")
 
 
+def test_migration_with_nothing_to_migrate_is_refused_not_written():
+    one_line([*EST, "--ep", "1", "--migration"], "--migration: ep: with ep 1 every rank holds every expert")
+    one_line(["estimate", "-m", "tiny-dense", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--migration"],
+             "--migration: model: tiny-dense has no experts")
+
+
+def test_a_searched_plan_whose_best_layout_has_ep_1_is_written_with_migration_off(tmp_path):
+    p = tmp_path / "plan.json"
+    code, out, _ = _run(["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "1", "--global-batch", "8",
+                         "--migration", "-o", str(p)])
+    assert code == 0, out
+    assert json.loads(p.read_text())["layout"]["ep"] == 1
+    assert json.loads(p.read_text())["migration"]["enabled"] is False
+    assert f"warning: {p}: migration.enabled: written false" in out
+
+
 # ---- plan.json a hand edit broke -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def plan_doc(tmp_path_factory):
@@ -337,6 +353,8 @@ def plan_doc(tmp_path_factory):
      "predicted.hw_tflops_per_gpu: expected at least tflops_per_gpu"),
     (lambda d: d["predicted"].update(memory_gib_per_stage=[{"x": 1}]), "predicted.memory_gib_per_stage[0]"),
     (lambda d: d["layout"].update(recompute="full", recompute_layers=99), "recompute_layers <= the layers of a chunk"),
+    (lambda d: (d["layout"].update(ep=1), d["migration"].update(enabled=True)),
+     "migration.enabled: expected false: with ep 1 every rank holds every expert"),
 ])
 def test_a_plan_broken_by_hand_is_refused_before_any_rank_starts(tmp_path, plan_doc, edit, needle):
     doc = json.loads(json.dumps(plan_doc))

@@ -391,3 +391,20 @@ def test_a_misspelt_spec_name_is_answered_with_the_nearest_bundled_one():
     assert code == 2 and "did you mean frontier?" in out and len(out.strip().splitlines()) == 1
     code, out, _ = run("search", "-m", "zzz", "-H", "frontier", "-n", "8")
     assert code == 2 and "did you mean" not in out
+
+
+def test_show_names_every_setting_that_changes_the_price(tmp_path):
+    p = tmp_path / "plan.json"
+    base = ["estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "16", "--tp", "2", "--ep", "8", "--pp", "2"]
+
+    def settings_row():
+        shown = CliRunner().invoke(main, ["show", str(p)], terminal_width=200).output
+        return next(line for line in shown.splitlines() if "stack settings off their defaults" in line)
+
+    assert run(*base, "-o", str(p))[0] == 0
+    assert settings_row().split("│")[2].strip() == "none"
+    assert run(*base, "--a2a-overlap", "--schedule", "interleaved", "--vpp", "2", "--cuda-graphs", "attn",
+               "--no-sequence-parallel", "--expert-gemm", "loop", "-o", str(p))[0] == 0
+    row = settings_row()
+    for said in ("sequence_parallel=False", "expert_gemm=loop", "cuda_graphs=attn", "a2a_overlap=True"):
+        assert said in row, row
