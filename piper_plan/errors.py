@@ -44,3 +44,17 @@ def from_validation(source: str, err: ValidationError, names: dict[str, str] | N
             got_s = repr(got)
             expected = f"{msg} (got {got_s[:37] + '...' if len(got_s) > 40 else got_s})"
     return SpecError(source, loc, expected)
+
+
+def error_line(e: BaseException) -> str:
+    """One line saying what failed: the innermost cause's type and first non-empty line (torch's
+    pipelining wraps a stage's error as RuntimeError("\n [Stage 0] failed ..."), whose first line
+    is empty), else the first non-empty line anywhere along the chain."""
+    chain = [e]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
+        chain.append(nxt)
+    for x in reversed(chain):
+        line = next((ln.strip() for ln in str(x).splitlines() if ln.strip()), "")
+        if line:
+            return f"{type(x).__name__}: {line}"
+    return type(chain[-1]).__name__

@@ -137,7 +137,8 @@ def read_plan(path: str | os.PathLike) -> Plan:
 def check_consistent(plan: Plan, src: str) -> None:
     """What the schema alone cannot say, checked before any rank starts: the layout's rules for
     this model (layout.check_for), every layer in exactly one chunk in order, and a rank map holding
-    each rank once at coordinates inside the degrees (a custom placement may reorder it)."""
+    each rank once at coordinates inside the degrees (a custom placement may reorder ranks, but
+    within each group its coordinate must rise with the global rank, as torch orders groups)."""
     lay, m = plan.layout, plan.model
     try:
         check_for(lay, m, plan.hardware)
@@ -168,6 +169,7 @@ def check_consistent(plan: Plan, src: str) -> None:
         for k, n in bounds.items():
             if not 0 <= getattr(c, k) < n:
                 raise SpecError(src, f"rank_map[{i}].{k}", f"expected 0..{n - 1}, got {getattr(c, k)}")
+    _check_group_order(plan, src)
     for what, key in (("(node, local)", lambda c: (c.node, c.local)), ("(pp, dp, cp, tp)", lambda c: (c.pp, c.dp, c.cp, c.tp)),
                       ("(pp, edp, ep, etp)", lambda c: (c.pp, c.edp, c.ep, c.etp))):
         seen = {}
@@ -184,6 +186,27 @@ def migration_refusal(model: ModelSpec, layout: Layout) -> str:
     if layout.ep == 1:
         return "with ep 1 every rank holds every expert, so there is no placement to even out"
     return ""
+
+
+# each group piper-train builds: (its name, the coordinates it joins ranks by, its own coordinate)
+_GROUPS = (("pp", ("dp", "tp"), "pp"), ("dp", ("pp", "tp"), "dp"), ("tp", ("pp", "dp"), "tp"),
+           ("ep", ("pp", "edp"), "ep"), ("edp", ("pp", "ep"), "edp"))
+
+
+def _check_group_order(plan: Plan, src: str) -> None:
+    """torch.distributed.new_group orders a group's members by global rank, so a rank's place in
+    each group is its rank order there: a map whose coordinates run against it (a hand edit)
+    would send expert rows and stage messages to the wrong peers."""
+    for name, by, own in _GROUPS:
+        groups: dict = {}
+        for c in plan.rank_map:
+            groups.setdefault(tuple(getattr(c, k) for k in by), []).append(c)
+        for members in groups.values():
+            ranks = [c.rank for c in sorted(members, key=lambda c: getattr(c, own))]
+            if ranks != sorted(ranks):
+                bad = next(r for r, s in zip(ranks, sorted(ranks)) if r != s)
+                raise SpecError(src, f"rank_map[{bad}].{own}", f"expected the {name} group's {own} coordinates "
+                                f"to rise with the global rank ({ranks} by {own}; torch orders a group by rank)")
 
 
 def _check_predicted(plan: Plan, src: str) -> None:

@@ -21,7 +21,7 @@ from typing import Optional
 import click
 
 from piper_plan.clitypes import POSITIVE, FiniteFloat, OneLineCommand
-from piper_plan.errors import PiperError
+from piper_plan.errors import PiperError, error_line
 from piper_plan.files import check_writable, check_writable_folder
 from piper_plan.plan import Plan, read_plan
 from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, model_refusal, runs, shown
@@ -193,7 +193,7 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
         if isinstance(e, SystemExit):
             raise
         traceback.print_exc()
-        Path(tmp, "err", f"rank{rank:05d}.crash").write_text(f"{type(e).__name__}: {e}".splitlines()[0])
+        Path(tmp, "err", f"rank{rank:05d}.crash").write_text(error_line(e))
         sys.exit(1)
 
 
@@ -246,7 +246,7 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
             if errs:
                 raise PiperError(errs[0].read_text().strip()) from None
             crashes = sorted(Path(tmp, "err").glob("*.crash"))
-            raise RankFailed(crashes[0].read_text().strip() if crashes else str(e).splitlines()[0]) from None
+            raise RankFailed(crashes[0].read_text().strip() if crashes else error_line(e)) from None
         return [json.loads(Path(tmp, f"job{j:04d}.json").read_text()) for j in range(len(jobs))]
 
 

@@ -234,8 +234,9 @@ class Reporter:
                                f"ratio {r_a2a}", highlight=False)
             what = ("peak device memory {:.3f} GiB per rank (the caching allocator's, max_memory_reserved)"
                     .format(device_gib) if device_gib is not None else f"peak RSS {rss:.3f} GiB per rank (whole process)")
-            self.console.print(f"memory: {what}, predicted peak {p_mem:.3f} GiB, ratio {mem / p_mem:.2f}",
-                               highlight=False)
+            r_mem = summary["memory_measured_over_predicted"]
+            self.console.print(f"memory: {what}, predicted peak {p_mem:.3f} GiB, "
+                               f"ratio {'-' if r_mem is None else f'{r_mem:.2f}'}", highlight=False)
             if load is not None:
                 planned = ("the plan records none" if p.ep_load_step is None
                            else f"predicted {p.ep_load_step:.3f} for {_routing_words(self.plan)}")

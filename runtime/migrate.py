@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from piper_plan.errors import error_line
 from piper_plan.placement import plan_placement, rank_loads
 
 from .moe.layer import MoELayer
@@ -256,7 +257,7 @@ class Migrator:
             if self.verify:
                 digest = (digest, self._digests(targets, fields, old, staged, cache))
         except Exception as e:  # noqa: BLE001 -- any failure aborts the migration on every rank
-            ok, err = False, f"{type(e).__name__}: {e}".splitlines()[0]
+            ok, err = False, error_line(e)
             for w in works:  # let every other posted transfer finish so the group stays usable
                 try:
                     w.wait()

@@ -40,8 +40,7 @@ class _Start(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, acc: Acc):
         ctx.acc = acc
-        if not in_backward():
-            acc._t_fwd = time.perf_counter()
+        acc._t_fwd = time.perf_counter()  # a recompute's re-run is timed too: the plan prices it
         return x.detach()  # not a view: the pipeline detach_()es stage outputs
 
     @staticmethod
@@ -56,8 +55,8 @@ class _End(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, acc: Acc):
         ctx.acc = acc
-        if not in_backward():
-            acc.fwd_s += time.perf_counter() - acc._t_fwd
+        acc.fwd_s += time.perf_counter() - acc._t_fwd
+        if not in_backward():  # a call is the forward's; its re-run under recompute is not another
             acc.calls += 1
         return x.detach()  # not a view: the pipeline detach_()es stage outputs
 

@@ -328,6 +328,14 @@ def plan_doc(tmp_path_factory):
     return json.loads(p.read_text())
 
 
+def _swap_in_a_group(doc, own, by):
+    """Swap the `own` coordinate of the first two ranks that share `by` (one group's members):
+    every coordinate stays in range and unique, only their order against the global rank breaks."""
+    rm = doc["rank_map"]
+    a, b = next((x, y) for x in rm for y in rm if x["rank"] < y["rank"] and all(x[k] == y[k] for k in by))
+    a[own], b[own] = b[own], a[own]
+
+
 @pytest.mark.parametrize("edit,needle", [
     (lambda d: d["layout"].update(dp=3), "tp*pp*dp == gpus"),
     (lambda d: d["layout"].update(dp="4"), "layout.dp"),                 # a string for a degree
@@ -353,6 +361,8 @@ def plan_doc(tmp_path_factory):
      "predicted.hw_tflops_per_gpu: expected at least tflops_per_gpu"),
     (lambda d: d["predicted"].update(memory_gib_per_stage=[{"x": 1}]), "predicted.memory_gib_per_stage[0]"),
     (lambda d: d["layout"].update(recompute="full", recompute_layers=99), "recompute_layers <= the layers of a chunk"),
+    (lambda d: _swap_in_a_group(d, "edp", ("pp", "ep")), "coordinates to rise with the global rank"),
+    (lambda d: _swap_in_a_group(d, "dp", ("pp", "tp")), "coordinates to rise with the global rank"),
     (lambda d: (d["layout"].update(ep=1), d["migration"].update(enabled=True)),
      "migration.enabled: expected false: with ep 1 every rank holds every expert"),
 ])

@@ -103,3 +103,11 @@ def test_at_pp_2_a_v_schedules_ranks_each_send_one_message_each_way():
     for sched in ("dualpipev", "zbv"):
         v = estimate_layout(m, hw, Layout(**lay, schedule=sched, vpp=2))
         assert v.time["p2p"][0] == pytest.approx(2 * looped.time["p2p"][0], rel=1e-9), sched
+
+
+def test_piper_train_sends_its_fp32_residual_stream_so_its_messages_weigh_twice_bf16s():
+    # runtime/model.py: a chunk returns x.float(), the fp32 residual stream autocast leaves it
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    fused, eager = (estimate_layout(m, hw, Layout(gpus=16, pp=2, dp=8, ep=8, global_batch=64, seq=4096,
+                                                  fused_kernels=f)).time["p2p"][0] for f in (True, False))
+    assert eager == pytest.approx(2 * fused, rel=0.02)

@@ -232,3 +232,40 @@ def test_bf16_runs_close_to_fp32(runs):
     got = [r["loss"] for r in recs["bf16"]]
     assert got == pytest.approx(ref, rel=2e-2)
     assert got != pytest.approx(ref, rel=1e-6)  # it really ran in bf16
+
+
+def test_a_recomputed_all_to_all_is_timed_again_but_counted_once():
+    # full recompute re-runs each exchange inside backward, and the plan prices that re-run
+    # (cost/layer.py a2a_layer); the measured a2a time must hold it too
+    import time
+
+    from torch.utils.checkpoint import checkpoint
+
+    from piper_runtime import timing
+
+    acc = timing.Acc()
+
+    def layer(x):
+        y = timing.start(x, acc)
+        time.sleep(0.02)  # the exchange
+        y = timing.end(y + 1, acc)
+        return y * y  # as the combine's weighted sum, saves the exchange's output: backward re-runs it
+
+    out = checkpoint(layer, torch.ones(3, requires_grad=True), use_reentrant=False)
+    once = acc.fwd_s
+    out.sum().backward()
+    assert acc.calls == 1
+    assert once >= 0.02 and acc.fwd_s >= once + 0.02 and acc.bwd_s < 0.02
+
+
+def test_a_crashed_rank_is_reported_by_its_root_cause_not_the_pipelines_empty_first_line():
+    from piper_plan.errors import error_line
+
+    try:
+        try:
+            raise ValueError("mat1 and mat2 shapes cannot be multiplied\n(detail)")
+        except ValueError as e:
+            raise RuntimeError("\n [Stage 0] failed to run forward") from e
+    except RuntimeError as e:
+        assert error_line(e) == "ValueError: mat1 and mat2 shapes cannot be multiplied"
+    assert error_line(AssertionError()) == "AssertionError"

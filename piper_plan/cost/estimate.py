@@ -639,7 +639,7 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     one P2P message's seconds. A search has a few hundred distinct combinations, so each is
     priced once (comm's level counts are costly on every candidate)."""
     _, first, inv = distinct_rows(lay.tp, lay.cp, lay.dp, lay.ep, lay.etp, lay.placement, lay.mbs, lay.seq,
-                                  lay.act_bytes, lay.sp, lay.p2p_sg)
+                                  lay.act_bytes, lay.sp, lay.p2p_sg, lay.unfused)
     g = lay.take(first)
     edp = g.edp
     tp = g.tp.astype(float)
@@ -647,7 +647,9 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     # sends its 1/tp where sequence parallelism splits it, or where the message is scattered over
     # tp and the receiver all-gathers it (Layout.p2p_scatter_gather; Megatron-LM p2p_communication:
     # tensor_chunk_shape = numel // tp, then gather_split_1d_tensor over the tp group)
-    whole = g.tokens * d * g.act_bytes.astype(float)
+    # piper-train (unfused) keeps its residual stream in fp32 under autocast and sends it so
+    # (runtime/model.py: a chunk returns x.float()); the fused stacks send the layout's dtype
+    whole = g.tokens * d * np.where(g.unfused, 4.0, g.act_bytes.astype(float))
     scattered = g.p2p_sg & ~g.sp & (g.tp > 1)
     p2p_bytes = whole / np.where(g.sp | scattered, tp, 1.0)
     gather = np.where(scattered, comm.ring_allreduce(hw, whole, g.tp, 1, 0.5), 0.0)
