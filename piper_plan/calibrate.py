@@ -222,7 +222,7 @@ def _progress():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     return Progress(SpinnerColumn(), TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+                    TimeElapsedColumn(), console=Console(stderr=True, markup=False), transient=False)
 
 
 def _summary(spec: HardwareSpec, residuals: dict, wall: float) -> None:
@@ -236,7 +236,7 @@ def _summary(spec: HardwareSpec, residuals: dict, wall: float) -> None:
     t.add_column("max |err| %", justify="right")
     for f, r in residuals.items():
         t.add_row(f, str(r["points"]), f"{r['median_abs_pct']:.1f}", f"{r['max_abs_pct']:.1f}")
-    c = Console(stderr=True)
+    c = Console(stderr=True, markup=False)
     c.print(t)
     a, e, lv = spec.accelerator, spec.efficiency, spec.topology[spec.node_level]
     c.print(f"peak_tflops {a.peak_tflops}  gemm {e.gemm}  tile {list(e.gemm_tile)}  memory_bw "

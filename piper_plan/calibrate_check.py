@@ -36,7 +36,7 @@ def record_for(spec_ref: str) -> tuple[Path, dict]:
     try:
         rec = json.loads(read_text(rec_path))
         rec["plan"], rec["measurements"], rec["ranks"]  # noqa: B018 - the fields a check needs
-    except (json.JSONDecodeError, KeyError, TypeError) as e:  # read_text's own errors are one line already
+    except (ValueError, RecursionError, KeyError, TypeError) as e:  # read_text's own errors are one line already
         raise PiperError(f"{rec_path}: not a calibration record ({type(e).__name__}: {e})") from None
     kinds = {"plan": dict, "measurements": dict, "ranks": int}
     for key, kind in kinds.items():  # the shapes a check reads, before it reads them
@@ -137,7 +137,7 @@ def report(r: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    c = Console(stderr=True)
+    c = Console(stderr=True, markup=False)
     c.print(f"calibrated {r['timestamp']} on: {_machine(r['device_then'])}", highlight=False)
     c.print(f"this machine:  {_machine(r['device_now'])}", highlight=False)
     t = Table(title=f"the record's probes again ({Path(r['record']).name}), time now / then")

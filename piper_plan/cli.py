@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import click
 
 from .cli_validate import validate_cmd
 from .clitypes import GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, OneLineUsage, one_line_errors
+from .files import check_outputs
 
 
 class _Group(OneLineUsage, click.Group):
@@ -83,6 +85,11 @@ def _migration_from(kw):
                      threshold=kw["migration_threshold"], planner=kw["migration_planner"],
                      window=kw["migration_window"], max_moves=kw["migration_max_moves"])
 
+
+
+def _inputs(kw) -> list:
+    """The files a planning run reads, as (path, option), that no output of it may replace."""
+    return [(kw["model"], "--model"), (kw["hardware"], "--hardware"), (kw.get("routing"), "--routing")]
 
 
 def _plan_migration(kw, model, layout, output):
@@ -204,7 +211,8 @@ def layout_options(fn):
                      "--expert-tensor-parallel-size; its default when unset is --tp)"),
         click.option("--dp", type=POSITIVE, default=None, help="attention data parallel (default gpus/(tp*cp*pp))"),
         click.option("--mbs", type=POSITIVE, default=1, show_default=True, help="micro-batch size, sequences"),
-        click.option("--global-batch", type=POSITIVE, default=None, help="sequences per step (default 4M tokens' worth)"),
+        click.option("--global-batch", type=POSITIVE, default=None,
+                     help="sequences per step (default 4M tokens' worth, rounded down to whole dp x mbs)"),
         click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]), default="1f1b",
                      show_default=True),
@@ -306,7 +314,8 @@ def _check_peaks(hw, ref: str, kw) -> None:
     recipe): one line naming the file, before anything is priced."""
     from .specs.registry import _resolve
 
-    need = [kw["dtype"]] + (["fp8"] if kw["fp8"] != "none" else [])  # every FP8 recipe runs at the fp8 peak
+    # every FP8 recipe runs at the fp8 peak, and so does FP8 attention
+    need = [kw["dtype"]] + (["fp8"] if kw["fp8"] != "none" or kw.get("attention_fp8") else [])
     hw.require_peaks(need, str(_resolve(ref, "hardware")))
 
 
@@ -338,8 +347,15 @@ def _layout_from(kw, model):
             raise LayoutError(f"{named}*dp == gpus", f"{named} = {tp * cp * pp} does not divide {gpus} GPUs")
         dp = gpus // (tp * cp * pp)
     seq, gbs = _seq_batch(kw, model)
+    if kw["global_batch"] is None:  # the default is a size, not a layout: a whole number of dp x mbs
+        from .search import round_batch
+
+        gbs = round_batch(gbs, dp * kw["mbs"])
     vpp = (2 if kw["schedule"] in ("zbv", "dualpipev", "interleaved") else 1) if kw["vpp"] is None else kw["vpp"]
     modules = _modules(kw["recompute_modules"], "--recompute-modules")
+    if modules != ("core_attn",) and kw["recompute"] != "selective":  # (as --recompute-layers without full)
+        raise LayoutError("--recompute-modules", f"{kw['recompute_modules']!r} chooses what selective recompute "
+                          f"re-runs; --recompute is {kw['recompute']!r}")
     absent = [x for x, has in (("mla_up_proj", model.mla is not None), ("moe", model.moe is not None),
                                ("moe_act", model.moe is not None),
                                ("shared_experts", bool(model.moe and model.moe.shared_experts))) if x in modules and not has]
@@ -380,6 +396,7 @@ def estimate(as_json, output, **kw):
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
+    check_outputs([(output, "-o")], _inputs(kw))
     _check_machine_size(hw, kw["hardware"], kw["gpus"])
     _check_peaks(hw, kw["hardware"], kw)
     lay = _layout_from(kw, model)
@@ -395,6 +412,9 @@ def estimate(as_json, output, **kw):
         alt = estimate_layout(model, hw, alt_lay, routing)
         if alt.step_time_s[0] < est.step_time_s[0]:
             lay, est = alt_lay, alt
+    if not (math.isfinite(est.step_time_s[0]) and math.isfinite(est.peak_memory_gib[0])):
+        raise SpecError(kw["hardware"], "<figures>", "price this layout at a non-finite time or memory: a figure "
+                        "is out of any physical range (an overhead of 1e308 us, a bandwidth of 1e-300 GB/s)")
     row = est.row(0)
     row["layout"] = lay.model_dump()
     if output:
@@ -556,6 +576,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
 
     t0 = time.perf_counter()
     model, hw, routing = _load_for_search(kw)
+    check_outputs([(output, "-o")], _inputs(kw))
     _check_machine_size(hw, kw["hardware"], gpus)
     sp = _space(kw, model, gpus)  # before the peaks: a runtime that cannot run the options says so first
     _check_peaks(hw, kw["hardware"], kw)
@@ -627,7 +648,6 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 
     from . import report
     from .errors import SpecError
-    from .files import check_writable
     from .plan import atomic_write_text
     from .sweep import CSV_COLUMNS, plot, run_sweep, parse_vary
 
@@ -639,9 +659,8 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     vary_d = parse_vary(list(vary))
     space = _space(kw, model, counts[0])
     _check_peaks(hw, kw["hardware"], kw)
-    for path, what in ((csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")):
-        if path:  # before the sweep: a path that cannot be written would lose it, or leave half the outputs
-            check_writable(path, what)
+    # before the sweep: a path that cannot be written would lose it, or leave half the outputs
+    check_outputs([(csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")], _inputs(kw))
     for c in counts:
         _check_machine_size(hw, kw["hardware"], c)
     n = len(counts)

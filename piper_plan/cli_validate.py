@@ -50,7 +50,7 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
     from rich.table import Table
 
     from . import report
-    from .files import check_writable
+    from .files import check_outputs
     from .validate import check_group, explain, run, summary
 
     # one answer a call: a mode other than the plain pass, and --blind / --plot only beside that pass
@@ -65,9 +65,7 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
         raise click.UsageError(f"--plot draws the plain pass over the table: not with {modes[0]}")
     if output is not None and not as_json:
         raise click.UsageError("-o writes the JSON output: give --json with it")
-    for path, what in ((output, "-o"), (plot_path, "--plot")):
-        if path is not None:
-            check_writable(path, what)
+    check_outputs([(output, "-o"), (plot_path, "--plot")], [(table_path, "--table"), (layer_path, "--layer-table")])
     emit = functools.partial(_emit_json, output=output)
     if layer_path is not None:
         if table_path or group or blind or plot_path:

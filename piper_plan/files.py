@@ -5,6 +5,7 @@ same folder + os.replace), so a failed write leaves the old file whole."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,21 @@ def read_text(path: str | os.PathLike, source: str | None = None) -> str:
         raise SpecError(src, "<file>", f"expected UTF-8 text (byte {e.start} is not)") from None
 
 
+def parse_json(text: str, source: str, object_pairs_hook=None):
+    """json.loads with a one-line SpecError for what it raises beside malformed text: an integer
+    past Python's 4,300 digits (ValueError) and nesting past the recursion limit."""
+    import json
+
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except json.JSONDecodeError as e:
+        raise SpecError(source, f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
+    except ValueError:  # an integer past sys.get_int_max_str_digits()
+        raise SpecError(source, "<json>", f"a number of more than {sys.get_int_max_str_digits():,} digits") from None
+    except RecursionError:
+        raise SpecError(source, "<json>", "nested too deep") from None
+
+
 def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: bool = False) -> None:
     """Fail before any work where `path` cannot be written: its folder must exist (or, with
     make_parents, be creatable under the nearest folder that does), be a folder and be writable,
@@ -33,6 +49,26 @@ def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: 
     _check_folder(p, p.parent, what, make_parents)
     if p.parent.is_dir():  # the write makes its temporary file there (atomic_write_bytes): make one now
         _probe(p, p.parent, what)
+
+
+def check_outputs(outputs, inputs=(), make_parents: bool = False) -> None:
+    """check_writable for each (path, option) of `outputs` given (None: not asked for), after the
+    slips that would lose a file: an empty name or one ending in a separator (a folder meant: the
+    write made a file of that name), two outputs on one file (the second replaced the first), and
+    an output on one of the run's `inputs` (a plan written over its own model spec)."""
+    given = [(str(p), w) for p, w in outputs if p is not None]
+    seen: dict = {}
+    for p, what in given:
+        if not p.strip() or p.endswith(("/", os.sep)):
+            raise SpecError(repr(p), what, "expected a file name (not empty, not a folder)")
+        key = os.path.realpath(p)
+        if key in seen:
+            raise SpecError(p, what, f"is {seen[key]}'s file too: give each output its own")
+        seen[key] = what
+        for q, src in inputs:  # (a bundled spec's name is no file here, and an output not yet made no input)
+            if q is not None and os.path.exists(p) and os.path.exists(str(q)) and os.path.samefile(p, str(q)):
+                raise SpecError(p, what, f"is the {src} this run reads: writing it would replace it")
+        check_writable(p, what, make_parents)
 
 
 def check_writable_folder(path: str | os.PathLike, what: str) -> None:

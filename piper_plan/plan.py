@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from . import __version__
 from .errors import LayoutError, SpecError, from_validation
-from .files import atomic_write_text, read_text
+from .files import atomic_write_text, parse_json, read_text
 from .layout import Layout, RankCoord, check_for
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -109,10 +109,7 @@ def read_plan(path: str | os.PathLike) -> Plan:
     """Load and validate plan.json; any problem is a one-line SpecError."""
     src = str(path)
     text = read_text(path)
-    try:
-        data = json.loads(text)  # for the checks below, which say more than a schema error would
-    except json.JSONDecodeError as e:
-        raise SpecError(src, f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
+    data = parse_json(text, src)  # for the checks below, which say more than a schema error would
     if not isinstance(data, dict):
         raise SpecError(src, "<root>", "expected a JSON object")
     ver = data.get("schema_version")

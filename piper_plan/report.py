@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from .layout import degrees_label, offload_label, recompute_label
 from .specs.hardware import HardwareSpec
@@ -11,7 +12,8 @@ from .specs.model import ModelSpec
 import sys
 
 # wide tables when piped (CI logs, files); the terminal width otherwise
-console = Console(width=None if sys.stdout.isatty() else 160)
+# markup off: names, sources and ids come from the user's files ("[cs.LG]" vanished, "[/]" raised)
+console = Console(width=None if sys.stdout.isatty() else 160, markup=False)
 
 
 def _b(x: float) -> str:
@@ -176,7 +178,7 @@ def show_rejections(rejected: dict, why: list[str]) -> None:
             t.add_row(k, f"{v:,}")
         console.print(t)
     for line in why:
-        console.print(f"[bold red]•[/] {line}")
+        console.print(Text("• ", style="bold red") + Text(line))
 
 
 def precision_str(lay) -> str:

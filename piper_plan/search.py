@@ -410,6 +410,10 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
         rejected["worst stage exceeds device memory"] = n_mem
     if n_host:
         rejected["offloaded state and activations exceed the host memory per GPU"] = n_host
+    priced = np.isfinite(est.step_time_s) & np.isfinite(est.peak_memory_gib)
+    if not priced.all():  # a spec figure past any physical range (an overhead of 1e308 us) overflows
+        rejected["priced at a non-finite time or memory (a spec figure out of range)"] = int(np.count_nonzero(~priced))
+        fits = fits & priced
     key = {"throughput": -est.tokens_per_s, "mfu": -est.mfu, "memory": est.peak_memory_gib}[objective]
     # deterministic: objective, then throughput, fewer pipeline stages, smaller tp (the
     # sort is stable, so sorting only the fitting layouts gives the same order)

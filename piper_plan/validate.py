@@ -41,8 +41,8 @@ from scipy.stats import kendalltau
 
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
-from .errors import PiperError, from_validation
-from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label
+from .errors import LayoutError, PiperError, from_validation
+from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label, tp_splits_heads
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
@@ -471,10 +471,13 @@ def _row_estimate(row, m, hw):
     lay = _layout(row, hw)
     if row["group"] == "xmoe2025":  # X-MoE recipe with a published layout (ZeRO, no PP)
         lay = lay.model_copy(update=_xmoe_settings(row))
-    # the degrees and the batch, not layout.check_layout's planner rules: published runs hold
-    # layouts those refuse (a Megatron pipeline layout with more chunks than layers)
+    # the degrees, the batch and the heads tp splits, not layout.check_layout's planner rules:
+    # published runs hold layouts those refuse (a Megatron pipeline layout with more chunks than layers)
     check_degrees(lay, m.moe.num_experts if m.moe else 0, m.moe.expert_ffn_size if m.moe else 0)
     check_batch(lay)
+    if not tp_splits_heads(m.num_heads, m.kv_heads, lay.tp):  # no run splits 24 heads 16 ways
+        raise LayoutError("tp divides the attention heads", f"tp={lay.tp} for {m.num_heads} query heads and "
+                          f"{m.kv_heads} kv heads")
     return lay, evaluate(m, hw, from_layouts([lay])), 0
 
 

@@ -69,6 +69,8 @@ from .cost.batch import from_layouts
 from .cost.compute import gemm_dtype, moe_phase
 from .cost.kernels import burst, gemm_time
 from .layout import Layout
+from .specs.hardware import MAX_GPUS
+from .specs.model import MAX_SEQ
 from .specs.registry import load_hardware, load_model, validation_dir
 
 TABLES = validation_dir()  # the measured tables this module reads
@@ -259,24 +261,34 @@ def read_layer_table(path: Path) -> list[dict]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f, delimiter=_delimiter(f))
+            header = list(reader.fieldnames or ())  # read here: an empty file has none, and the file closes
             raw = [_cells(path, reader, r) for r in reader]  # a row spilling past the header is refused
-    except (OSError, UnicodeDecodeError) as e:
-        raise TableError(path, None, "<file>", f"cannot read ({e.strerror or e})") from None
-    missing = [c for c in LAYER_COLUMNS if c not in (reader.fieldnames or ())]
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise TableError(path, None, "<file>", f"cannot read ({getattr(e, 'strerror', None) or e})") from None
+    missing = [c for c in LAYER_COLUMNS if c not in header]
     if missing:
         raise TableError(path, None, "columns", f"expected {', '.join(LAYER_COLUMNS)}; missing {', '.join(missing)}")
-    out = []
+    unknown = [c for c in header if c and c not in (*LAYER_COLUMNS, *_DEFAULTS, "source")]
+    if unknown:  # a misspelt optional column would otherwise be dropped without a word
+        raise TableError(path, None, "columns", f"{', '.join(unknown)} not in the schema (optional: "
+                         f"{', '.join((*_DEFAULTS, 'source'))})")
+    if not raw:
+        raise TableError(path, None, "rows", "the table has no rows")
+    out, seen = [], set()
     for i, r in enumerate(raw, start=2):  # the header is line 1
         name = (r.get("experiment") or "").strip() or f"at line {i}"
+        if name in seen:
+            raise TableError(path, name, "experiment", "appears twice: name each measurement once")
+        seen.add(name)
         v = {k: (r.get(k) or "").strip() for k in (*LAYER_COLUMNS, *_DEFAULTS, "source")}
         for k, d in _DEFAULTS.items():
             v[k] = v[k] or d
         for k, allowed in _CHOICES.items():
             if v[k] not in allowed:
                 raise TableError(path, name, k, f"expected one of {', '.join(allowed)}, got {v[k]!r}")
-        for k in ("tp", "mbs", "seq"):
-            if not v[k].isdigit() or int(v[k]) < 1:
-                raise TableError(path, name, k, f"expected a whole number >= 1, got {v[k]!r}")
+        for k, most in (("tp", MAX_GPUS), ("mbs", MAX_SEQ), ("seq", MAX_SEQ)):
+            if not v[k].isdigit() or not 1 <= int(v[k]) <= most:
+                raise TableError(path, name, k, f"expected a whole number from 1 to {most:,}, got {v[k]!r}")
             v[k] = int(v[k])
         for k in ("forward_ms", "backward_ms"):
             try:

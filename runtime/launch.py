@@ -22,7 +22,7 @@ import click
 
 from piper_plan.clitypes import POSITIVE, FiniteFloat, OneLineCommand
 from piper_plan.errors import PiperError, error_line
-from piper_plan.files import check_writable, check_writable_folder
+from piper_plan.files import check_outputs, check_writable_folder
 from piper_plan.plan import Plan, read_plan
 from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, model_refusal, runs, shown
 
@@ -85,7 +85,7 @@ def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
     if cfg.steps < 1:
         raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
     if cfg.metrics:  # checked before training: a run must not end by losing what it measured
-        check_writable(cfg.metrics, "--metrics", make_parents=True)  # metrics.py makes the folders
+        check_outputs([(cfg.metrics, "--metrics")], [(source, "--plan"), (cfg.data, "--data")], make_parents=True)
     if cfg.checkpoint:
         check_writable_folder(cfg.checkpoint, "--checkpoint")
         held = _held_checkpoint(cfg.checkpoint)

@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from piper_plan.errors import PiperError
 from piper_plan.plan import Plan
 
 from .model import Chunk
@@ -139,7 +140,7 @@ class Reporter:
         self.live = None
         if self.rank0:
             from rich.console import Console
-            self.console = Console(soft_wrap=True)  # one record per line, never wrapped
+            self.console = Console(soft_wrap=True, markup=False)  # one record per line, never wrapped
             if self.path:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._fh = open(self.path, "a")
@@ -147,6 +148,14 @@ class Reporter:
                 from rich.live import Live
                 self.live = Live(console=self.console, refresh_per_second=4)
                 self.live.start()
+
+    def _write(self, line: str) -> None:
+        """Append one record and flush it (a full disk is the run's one-line error, not a trace)."""
+        try:
+            self._fh.write(line)
+            self._fh.flush()
+        except OSError as e:
+            raise PiperError(f"{self.path}: --metrics: cannot write a record ({e.strerror or e})") from None
 
     def step(self, step: int, stats: dict, migration: Optional[dict] = None) -> Optional[dict]:
         """Collective: gather every rank's stats; rank 0 records them, with the expert migration
@@ -162,8 +171,7 @@ class Reporter:
                 self.console.print(migration_line(migration), highlight=False)
         self.records.append(rec)
         if self.path:
-            self._fh.write(json.dumps(rec) + "\n")
-            self._fh.flush()
+            self._write(json.dumps(rec) + "\n")
         if self.log_every > 0 and (step + 1) % self.log_every == 0:
             self._show(rec)
         return rec
@@ -220,7 +228,7 @@ class Reporter:
                        memory_measured_over_predicted=ratio(mem, p_mem),
                        measured_ep_max_over_mean=load, predicted_ep_max_over_mean=p.ep_load_step if p else None)
         if self.path:
-            self._fh.write(json.dumps(summary) + "\n")
+            self._write(json.dumps(summary) + "\n")
             self._fh.close()
         if self.log_every <= 0:
             pass

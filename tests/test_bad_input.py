@@ -155,7 +155,7 @@ def test_sweep_refuses_a_value_the_spec_refuses_before_it_searches_any_scenario(
         raise AssertionError("a scenario was searched before every value was checked")
 
     monkeypatch.setattr(piper_plan.sweep, "search", searched)
-    one_line([*SWEEP, "--vary", "nic_gbps=12.5,-1"], "network.nic_gbps", "greater than 0")
+    one_line([*SWEEP, "--vary", "nic_gbps=12.5,-1"], "network.nic_gbps", "greater than or equal to 0.001")
 
 
 @pytest.mark.parametrize("flag", ["--csv", "--json", "--plot"])
@@ -231,6 +231,8 @@ def test_the_more_gpus_hint_prices_the_batch_asked_for():
     ("cpu-local", lambda t: t.replace("    moe_bf16: ", "    moe_bf61: "), "layer_overhead_us"),
     ("frontier", lambda t: t.replace("memory_gib: 64", "memory_gib: .inf"), "memory_gib"),
     ("frontier", lambda t: t.replace("nic_gbps: 25", "nic_gbps: .inf"), "nic_gbps"),
+    ("frontier", lambda t: t.replace("nic_gbps: 25", "nic_gbps: 1e-300"), "nic_gbps"),   # overflows the step to inf
+    ("dgx-h100", lambda t: t.replace("kernel_overhead_us: 3.0 ", "kernel_overhead_us: 1e300 "), "kernel_overhead_us"),
     ("frontier", lambda t: t.replace("gemm_tile: [256, 128]", "gemm_tile: [0, 0]"), "gemm_tile"),
     ("dgx-h100", lambda t: t.replace("kernel_overhead_us: 3.0 ", "gemm_overhead_us: {bfloat16: 5}\n  "
                                      "kernel_overhead_us: 3.0 "), "gemm_overhead_us"),          # a misspelt dtype
@@ -675,3 +677,67 @@ def test_a_topology_figure_a_level_never_reads_or_cannot_hold_is_refused(tmp_pat
     p.write_text("base: cpu-local\nname: hw-test\ntopology:\n"
                  "  - {name: node, size: 8, bandwidth_gbps: 0.37, latency_us: 900}\n" + edit + "\n")
     one_line(["search", "-m", "tiny-moe", "-H", str(p), "-n", "4", "--global-batch", "8"], str(p), needle)
+
+
+def test_brackets_in_a_specs_name_or_source_are_printed_as_written(tmp_path):
+    # rich read them as markup: "[cs.LG]" vanished and "[/]" raised MarkupError
+    p = tmp_path / "m.yaml"
+    p.write_text('base: tiny-moe\nname: "moe [/] v2"\nsource: "arXiv 2401.04088 [cs.LG]"\n')
+    code, out, _ = _run(["show-spec", str(p)])
+    assert code == 0 and "arXiv 2401.04088 [cs.LG]" in out and "moe [/] v2" in out, out
+    code, out, _ = _run(["estimate", "-m", str(p), "-H", "cpu-local", "-n", "4", "--global-batch", "8"])
+    assert code == 0 and "moe [/] v2" in out, out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-o", ""], "-o: expected a file name (not empty, not a folder)"),
+    (["-o", "{tmp}/newdir/"], "-o: expected a file name (not empty, not a folder)"),
+    (["-m", "{tmp}/m.yaml", "-o", "{tmp}/m.yaml"], "-o: is the --model this run reads"),
+])
+def test_an_output_that_would_lose_a_file_is_refused(tmp_path, args, needle):
+    (tmp_path / "m.yaml").write_text("base: tiny-moe\nname: mine\n")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    one_line([*EST, *args], needle)
+    assert (tmp_path / "m.yaml").read_text() == "base: tiny-moe\nname: mine\n" and not (tmp_path / "newdir").exists()
+
+
+def test_two_outputs_on_one_file_are_refused_before_the_sweep(tmp_path):
+    p = str(tmp_path / "x.out")
+    one_line(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8", "--csv", p,
+              "--json", p], "--json: is --csv's file too")
+
+
+def test_a_validation_output_on_its_own_table_is_refused(tmp_path):
+    t = tmp_path / "t.csv"
+    t.write_text((REPO / "validation" / "published.csv").read_text())
+    one_line(["validate", "--table", str(t), "--json", "-o", str(t)], "-o: is the --table this run reads")
+
+
+def test_piper_train_metrics_on_the_plan_or_a_full_disk_is_one_line(tmp_path, plan_doc):
+    pytest.importorskip("torch")
+    from piper_runtime.launch import main as train
+
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan_doc))
+    one_line(["--plan", str(p), "--steps", "1", "--metrics", str(p)], "--metrics: is the --plan this run reads",
+             cmd=train)
+    assert json.loads(p.read_text()) == plan_doc
+    if os.path.exists("/dev/full"):  # a write that fails mid-run: the run's one-line error, not a rank's trace
+        one_line(["--plan", str(p), "--steps", "1", "--metrics", "/dev/full"], "cannot write a record", cmd=train)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ('{"schema_version": 1, "x": ' + "9" * 5000 + "}", "a number of more than 4,300 digits"),
+    ("[" * 100000, "nested too deep"),
+])
+def test_json_past_pythons_limits_is_one_line(tmp_path, text, needle):
+    for name, cmd in (("plan.json", ["show"]), ("config.json", ["show-spec"])):
+        p = tmp_path / name
+        p.write_text(text)
+        one_line([*cmd, str(p)], str(p), needle)
+
+
+def test_an_option_that_would_do_nothing_is_refused_not_kept():
+    one_line([*EST, "--recompute-modules", "mlp"], "--recompute-modules", "--recompute is 'none'")
+    one_line(["estimate", "-m", "mixtral-8x7b", "-H", "dgx-a100-80gb", "-n", "16", "--ep", "8", "--attention-fp8"],
+             "peak_tflops: expected an entry for fp8")

@@ -42,6 +42,7 @@ def test_a_moe_model_s_layer_is_its_moe_layer_with_every_expert_local(tmp_path):
     (dict(recompute="some"), "recompute"), (dict(tp="two"), "tp"), (dict(forward_ms="-1"), "forward_ms"),
     (dict(model_spec="no-such-model"), "model_spec"), (dict(hardware_spec="no-such-gpu"), "hardware_spec"),
     (dict(tp="7"), "tp"), (dict(sequence_parallel="maybe"), "sequence_parallel"), (dict(dtype="int4"), "dtype"),
+    (dict(seq="99999999999"), "seq: expected a whole number from 1 to 16,777,216"),
 ])
 def test_a_bad_row_is_one_line_naming_the_file_the_row_and_the_field(tmp_path, change, field):
     path = _table(tmp_path, **change)
@@ -67,3 +68,15 @@ def test_a_row_spilling_past_the_header_is_refused_not_shifted(tmp_path):
     path = tmp_path / "layers.csv"
     path.write_text(",".join(GOOD) + "\n" + "mine, 2 nodes," + ",".join(list(GOOD.values())[1:]) + "\n")
     one_line(["validate", "--layer-table", str(path)], str(path), "cells", "must be quoted")
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "columns"), ("\ufeff", "columns"),                     # empty, or a BOM alone: no header
+    (",".join(GOOD) + "\n", "rows: the table has no rows"),      # a header alone
+    (",".join(GOOD) + ",dtpye\n" + ",".join(GOOD.values()) + ",bf16\n", "dtpye not in the schema"),
+    (",".join(GOOD) + "\n" + (",".join(GOOD.values()) + "\n") * 2, "experiment: appears twice"),
+])
+def test_an_empty_misspelt_or_repeated_table_is_one_line_not_a_trace_or_an_empty_report(tmp_path, text, needle):
+    path = tmp_path / "layers.csv"
+    path.write_text(text, encoding="utf-8")
+    one_line(["validate", "--layer-table", str(path)], str(path), needle)

@@ -408,3 +408,13 @@ def test_show_names_every_setting_that_changes_the_price(tmp_path):
     row = settings_row()
     for said in ("sequence_parallel=False", "expert_gemm=loop", "cuda_graphs=attn", "a2a_overlap=True"):
         assert said in row, row
+
+
+def test_the_default_batch_is_rounded_to_whole_data_parallel_micro_batches():
+    # 24 GPUs at dp 24: the default 1,024 sequences (4M tokens) are 42 whole micro-batches a rank
+    code, out, _ = run("estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "24", "--ep", "8", "--json")
+    assert code == 0, out
+    assert json.loads(out)["layout"]["global_batch"] == 1008
+    code, out, _ = run("estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "24", "--ep", "8",
+                       "--global-batch", "1024")
+    assert "global batch 1024 is not a multiple of dp*mbs = 24" in err_line(code, out)

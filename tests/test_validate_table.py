@@ -173,6 +173,7 @@ def test_the_cli_reads_a_table_and_leaves_out_the_bundled_kernel_checks(tmp_path
     (lambda r: {**r, "precision": "fp4"}, "precision: expected one of"),
     (lambda r: {**r, "recompute": "partial"}, "recompute: expected none, full, selective"),
     (lambda r: {**r, "tp": "3"}, "layout: tp*pp*dp == gpus"),
+    (lambda r: {**r, "tp": "64", "pp": "1", "vpp": "1"}, "layout: tp divides the attention heads: tp=64 for 96"),
     (lambda r: {**r, "recompute": "planner's choice", "metric": "activation_gib_per_gpu"},
      "metric: a memory figure needs the layout"),
 ])

@@ -137,7 +137,7 @@ def metrics_model(path: str | Path) -> Optional[tuple[str, str]]:
     for line in reversed(read_text(path).splitlines()):
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not a record (malformed, a huge number, nested too deep)
             continue
         if isinstance(rec, dict) and rec.get("summary") and rec.get("model_hash"):
             return str(rec.get("model", "")), str(rec["model_hash"])
@@ -156,7 +156,7 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
             continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             raise SpecError(str(path), f"line {n}", "expected one JSON object per line") from None
         if isinstance(rec, dict) and rec.get("summary"):
             ended = True

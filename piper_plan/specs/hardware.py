@@ -13,6 +13,10 @@ from pydantic import Field, model_validator
 from ..errors import SpecError
 from .base import _Optional, _Strict
 
+# ranges a figure must lie in, wide (beyond them the step time overflows to inf or NaN): bandwidths from
+# 1 MB/s to 1 ZB/s (a CPU calibration's in-cache "link" between two ranks reads ~1.4e7 GB/s), fixed costs
+# up to 10 s
+MIN_GBPS, MAX_GBPS, MAX_US = 1e-3, 1e12, 1e7
 MAX_GPUS = 1 << 24  # the most GPUs a spec or a command names (clitypes.GPU_COUNT): sizes stay in int64 arithmetic
 
 
@@ -20,9 +24,9 @@ class Accelerator(_Optional):
     _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib", "fp8_any_layout")
 
     name: str = Field(min_length=1)
-    memory_gib: float = Field(..., gt=0, description="device memory, GiB")
+    memory_gib: float = Field(..., gt=0, le=1 << 20, description="device memory, GiB")
     peak_tflops: dict[str, float] = Field(..., description="dense peak TFLOP/s by dtype (bf16, fp16, fp8, fp32)")
-    memory_bandwidth_gbps: float = Field(..., gt=0, description="HBM bandwidth, GB/s")
+    memory_bandwidth_gbps: float = Field(..., ge=MIN_GBPS, le=MAX_GBPS, description="HBM bandwidth, GB/s")
     cache_mib: Optional[float] = Field(
         None, gt=0, description="working set (MiB) that streams at efficiency.memory; bytes beyond it go at "
         "efficiency.memory_dram (a CPU rank's cache share, measured by calibrate; None: one rate)")
@@ -52,8 +56,8 @@ class Accelerator(_Optional):
         if "bf16" not in self.peak_tflops:
             raise ValueError("peak_tflops needs a bf16 entry")
         for k, v in self.peak_tflops.items():
-            if v <= 0:
-                raise ValueError(f"peak_tflops.{k} must be > 0")
+            if not 1e-6 <= v <= 1e7:  # (a TFLOP/s of 1e-300 or 1e300 overflows the step time)
+                raise ValueError(f"peak_tflops.{k} must be in [1e-6, 1e7] TFLOP/s")
         return self
 
 
@@ -118,7 +122,7 @@ class Efficiency(_Optional):
         None, gt=0, le=1, description="dtype casts of weights and gradients (fp32 <-> bf16 into fresh tensors) "
         "as a fraction of the streaming model's rate for the same bytes (None: at that rate); measured by "
         "calibrate on CPUs, where the conversion kernel, not memory, sets the pace")
-    kernel_overhead_us: float = Field(4.0, ge=0, description="fixed cost per kernel launch, us")
+    kernel_overhead_us: float = Field(4.0, ge=0, le=MAX_US, description="fixed cost per kernel launch, us")
     comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
     a2a_fanout: Optional[float] = Field(
         None, gt=0, le=1, description="fraction of the NIC rate that the library's all-to-all reaches across "
@@ -130,7 +134,8 @@ class Efficiency(_Optional):
         "beside compute (Layout.a2a_overlap, dualpipev): that compute runs on the other units, so each second "
         "of hidden all-to-all costs units_held / compute_units seconds of compute. 0: not measured")
     host_op_us: float = Field(
-        0.0, ge=0, description="CPU time the host spends issuing one operation of an eager training step (a "
+        0.0, ge=0, le=MAX_US,
+        description="CPU time the host spends issuing one operation of an eager training step (a "
         "Transformer Engine / Megatron-Core module call: Python, autograd, allocation, launch), us: a layer pass "
         "lasts at least its operations x this (cost/host.py). 0: not measured, no host floor (CPU specs: the "
         "host is the device, and calibrate's layer_overhead_us holds that cost)")
@@ -153,14 +158,17 @@ class Efficiency(_Optional):
         "flat collective buffer, per tensor reduced or gathered); measured by calibrate on piper-train's "
         "own functions (fused multi-tensor optimizers pay none of it)")
     collective_step_us: float = Field(
-        0.0, ge=0, description="added wall time per dependent step of a ring all-reduce (2(n−1) steps, each "
+        0.0, ge=0, le=MAX_US,
+        description="added wall time per dependent step of a ring all-reduce (2(n−1) steps, each "
         "waiting for one peer's message) while the ranks compute between calls, us, beyond the call's "
         "collective_overhead_us: on shared cores every step waits for its sender to be scheduled")
     collective_overhead_us: float = Field(
-        0.0, ge=0, description="added wall time per collective call (all-to-all, p2p, all-reduce) while the "
+        0.0, ge=0, le=MAX_US,
+        description="added wall time per collective call (all-to-all, p2p, all-reduce) while the "
         "ranks compute between calls, us: on shared cores each call waits for its peers to be scheduled")
     collective_skew_us: float = Field(
-        0.0, ge=0, description="arrival skew: added wait per collective call per √ms of compute since the "
+        0.0, ge=0, le=MAX_US,
+        description="arrival skew: added wait per collective call per √ms of compute since the "
         "ranks last synchronised, beyond what collective_overhead_us holds at collective_skew_base_ms, "
         "us/√ms. Ranks whose progress jitters independently drift apart like a random walk, so the "
         "last one arrives σ·√W late (measured by calibrate on shared cores; 0: not measured)")
@@ -173,8 +181,8 @@ class Efficiency(_Optional):
     def _overheads(self):
         for name in ("gemm_overhead_us", "layer_overhead_us", "pipeline_chunk_us", "optimizer_tensor_us"):
             for k, v in getattr(self, name).items():
-                if v < 0:
-                    raise ValueError(f"{name}.{k} must be >= 0")
+                if not 0 <= v <= MAX_US:
+                    raise ValueError(f"{name}.{k} must be in [0, {MAX_US:g}] us")
         for k, v in self.gemm_dtype.items():
             if not 0 < v <= 1:
                 raise ValueError(f"gemm_dtype.{k} must be in (0, 1]")
@@ -199,7 +207,8 @@ class Level(_Optional):
 
     name: str = Field(min_length=1)
     size: int = Field(..., ge=1, le=MAX_GPUS, description="GPUs in one domain of this level")
-    bandwidth_gbps: Optional[float] = Field(None, gt=0, description="per-GPU, per-direction GB/s (levels not via_nic: "
+    bandwidth_gbps: Optional[float] = Field(None, ge=MIN_GBPS, le=MAX_GBPS,
+                                            description="per-GPU, per-direction GB/s (levels not via_nic: "
                                             "inside a node, or a scale-up fabric such as NVL72)")
     via_nic: bool = Field(False, description="traffic leaves the node through the NICs")
     shared_links: bool = Field(False, description="this level's traffic crosses the same per-GPU links as the "
@@ -209,7 +218,7 @@ class Level(_Optional):
                        "(AMD's 8-GPU Infinity Fabric platforms): bandwidth_gbps is a GPU's all links together, and "
                        "traffic to k of its size-1 peers in the domain uses k/(size-1) of it")
     taper: float = Field(1.0, gt=0, le=1, description="fraction of NIC injection bandwidth available at this level")
-    latency_us: float = Field(..., ge=0, description="one-message latency, us")
+    latency_us: float = Field(..., ge=0, le=MAX_US, description="one-message latency, us")
     comm: Optional[float] = Field(None, gt=0, le=1, description="fraction of this level's bandwidth collectives "
                                   "reach where measured on the level itself (None: efficiency.comm)")
     source: str = ""
@@ -232,7 +241,7 @@ class Level(_Optional):
 
 class Network(_Strict):
     nics_per_node: int = Field(..., ge=1)
-    nic_gbps: float = Field(..., gt=0, description="per-NIC, per-direction GB/s")
+    nic_gbps: float = Field(..., ge=MIN_GBPS, le=MAX_GBPS, description="per-NIC, per-direction GB/s")
     nic_affinity: Optional[list[int]] = Field(None, description="NIC index of each local GPU (default: blocks)")
     rail_optimized: bool = Field(False, description="NIC l of every node sits on rail l; traffic between "
                                  "different NIC indices crosses a shared spine")
@@ -250,9 +259,11 @@ class Host(_Strict):
     share of the host's memory and DRAM bandwidth one GPU gets when every GPU offloads at once.
     Rates are achievable ones (measured copies, STREAM), each with its source."""
 
-    link_gbps: float = Field(..., gt=0, description="host<->device copy rate per GPU and direction with every "
+    link_gbps: float = Field(..., ge=MIN_GBPS, le=MAX_GBPS,
+                             description="host<->device copy rate per GPU and direction with every "
                              "GPU of the host copying, GB/s (NVLink-C2C share, PCIe)")
-    memory_bandwidth_gbps: float = Field(..., gt=0, description="host DRAM bandwidth per GPU (the host's STREAM "
+    memory_bandwidth_gbps: float = Field(..., ge=MIN_GBPS, le=MAX_GBPS,
+                                         description="host DRAM bandwidth per GPU (the host's STREAM "
                                          "rate over the GPUs that share it), GB/s")
     memory_gib: float = Field(..., gt=0, description="host memory per GPU, GiB")
     source: str = ""

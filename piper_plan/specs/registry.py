@@ -5,7 +5,6 @@ package data `piper_plan.bundled.models|hardware`, so a plain wheel install find
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -15,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecError, from_validation
-from ..files import read_text
+from ..files import parse_json, read_text
 from .hardware import HardwareSpec
 from .model import ModelSpec
 
@@ -151,12 +150,7 @@ def load_model(ref: str) -> ModelSpec:
     if path.suffix == ".json":
         from .hf import model_from_hf_config
 
-        try:
-            cfg = json.loads(read_text(path), object_pairs_hook=_unique_keys(str(path)))
-        except json.JSONDecodeError as e:
-            raise SpecError(str(path), f"line {e.lineno}", f"malformed JSON ({e.msg})") from None
-        except RecursionError:
-            raise SpecError(str(path), "<json>", "nested too deep to be a config.json") from None
+        cfg = parse_json(read_text(path), str(path), _unique_keys(str(path)))
         return model_from_hf_config(cfg, str(path))
     return parse(ModelSpec, _with_base(path, read_yaml(path), (), "models"), str(path))
 
