@@ -147,7 +147,8 @@ STACK_OPTIONS = [
         click.option("--pipeline-split", type=click.Choice(["balanced", "even", "account"]), default="balanced",
                      show_default=True, help="how layers split into pipeline chunks: by cost (piper), evenly "
                      "(Megatron-Core's default), or with the embedding and loss counted as one layer each "
-                     "(Megatron-Core --account-for-embedding/loss-in-pipeline-split)"),
+                     "(Megatron-Core --account-for-embedding/loss-in-pipeline-split); the last two need whole "
+                     "layers a chunk, as Megatron-Core does"),
 ]
 
 OFFLOAD_HELP = {

@@ -124,7 +124,8 @@ class Layout(BaseModel):
         "balanced", description="how layers split into the pipeline's chunks: balanced, the embedding and the LM "
         "head and loss counted at their cost in layers (piper's rule); even, layers / chunks each, as Megatron-Core "
         "splits by default (the last chunk also runs the LM head and loss); account, Megatron-Core's "
-        "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split: each counts as one layer")
+        "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split: each counts as one layer; "
+        "even and account need the layers (+ 2 under account) a multiple of pp*vpp, as Megatron-Core asserts")
     a2a_overlap: bool = Field(
         False, description="each MoE all-to-all hidden behind another micro-batch's compute, forward of one "
         "paired with backward of another (Megatron-Core --overlap-moe-expert-parallel-comm; dualpipev always "
@@ -330,6 +331,12 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     check_degrees(lay, num_experts, expert_ffn)
     if lay.stages > num_layers:
         raise LayoutError("pp*vpp <= layers", f"{lay.stages} pipeline chunks for {num_layers} layers")
+    if split_refused(lay.pipeline_split, num_layers, lay.stages):
+        slots = num_layers + 2 * (lay.pipeline_split == "account")
+        raise LayoutError(f"pipeline_split {lay.pipeline_split} needs whole layers a chunk",
+                          f"{slots} layer slots do not split into pp={lay.pp} x vpp={lay.vpp} equal chunks "
+                          "(Megatron-Core asserts num_layers % pp == 0 and its layers a stage % vpp == 0); "
+                          "--pipeline-split balanced takes any count")
     check_batch(lay)
     if lay.cp > 1 and lay.seq % (2 * lay.cp):
         raise LayoutError("seq divisible by 2*cp", f"seq {lay.seq} does not split into {2 * lay.cp} chunks "
@@ -383,6 +390,14 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     check_stack(lay.expert_probs, lay.fused_kernels)
     check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
     check_fp8_params(lay.fp8_params, lay.fp8)
+
+
+def split_refused(split: str, num_layers: int, chunks):
+    """Where Megatron-Core refuses an even split (split "even", or "account", which counts the
+    embedding and the loss as a layer each): its layer slots must fill pp·vpp chunks equally
+    (transformer_block.get_num_layers_to_build asserts slots % pp == 0 and slots / pp % vpp == 0).
+    chunks: pp·vpp, an int or an array of them."""
+    return (split in ("even", "account")) & ((num_layers + 2 * (split == "account")) % chunks != 0)
 
 
 def tp_splits_heads(num_heads: int, kv_heads: int, tp: int) -> bool:

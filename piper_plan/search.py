@@ -14,7 +14,7 @@ from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_b
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
-                     offload_limit, recompute_layers_limit)
+                     offload_limit, recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -253,6 +253,10 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     # with one stage the schedule, vpp and placement-free choices collapse to one
     rule("duplicate (pp=1 needs no pipeline schedule)", ~pipelined & ((s_idx != 1) | (vpp != 1)))
     rule("pp*vpp > layers", pp * vpp > m.num_layers)
+    # Megatron-Core's even splits need whole layers a chunk (layout.check_layout's rule)
+    slots = "(layers+2)" if sp.pipeline_split == "account" else "layers"
+    rule(f"pipeline_split {sp.pipeline_split} needs {slots} % (pp*vpp) == 0",
+         split_refused(sp.pipeline_split, m.num_layers, pp * vpp))
     rule("micro-batches < pp", pipelined & (s_idx >= 1) & (M < pp))
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))

@@ -166,8 +166,8 @@ def test_a_model_with_more_layers_never_prices_faster_on_the_same_layout():
 
 
 def test_a_rank_with_less_work_but_more_exchange_sets_the_zero_bubble_schedules_bubble():
-    """zbv's bubble, (pp - 1)(F + B - 2W) / 2, grows with a rank's all-to-all, which runs in F and
-    B but not in the weight pass W. DeepSeek-V2 on 128 MI300X, ZB-V over PP 8: with 64 layers rank 0
+    """zbv's bubble reads a rank's own F, B and W (schedule.zbv_bubble), and its all-to-all runs in
+    F and B but not in the weight pass W. DeepSeek-V2 on 128 MI300X, ZB-V over PP 8: with 64 layers rank 0
     (the embedding, the LM head, one dense layer) has the most work, a middle rank (8 MoE layers)
     the most exchange. Pricing the bubble of the busiest rank alone priced 64 layers 1.6 % faster
     than 60; each rank's own micro-batches and bubble, the longest of them, prices them in order."""
@@ -177,3 +177,38 @@ def test_a_rank_with_less_work_but_more_exchange_sets_the_zero_bubble_schedules_
     steps = [float(evaluate(m.model_copy(update={"num_layers": L}), hw, from_layouts([lay])).step_time_s[0])
              for L in (56, 60, 64, 68)]
     assert steps == sorted(steps), steps
+
+
+def test_megatron_s_even_split_refuses_layers_that_do_not_fill_its_chunks():
+    """Megatron-Core's even split asserts num_layers % pp == 0 and its layers a stage % vpp == 0
+    (transformer_block.get_num_layers_to_build; the account split counts the embedding and the
+    loss as a layer each first). Llama 3 70B's 80 layers fill neither 32 stages nor 8 x 4 chunks."""
+    from piper_plan.errors import LayoutError
+    from piper_plan.layout import check_layout
+
+    base = dict(gpus=256, dp=8, mbs=1, global_batch=512, seq=8192)
+    for pp, vpp in ((32, 1), (8, 4), (6, 1)):
+        kw = dict(pp=pp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", gpus=pp * 8)
+        with pytest.raises(LayoutError, match="pipeline_split even needs whole layers a chunk"):
+            check_layout(Layout(**{**base, **kw}, pipeline_split="even"), 80)
+        check_layout(Layout(**{**base, **kw}), 80)  # the cost-balanced split takes any count
+    for pp, vpp in ((16, 1), (8, 5), (4, 2)):
+        check_layout(Layout(**{**base, "gpus": pp * 8}, pp=pp, vpp=vpp, pipeline_split="even",
+                            schedule="interleaved" if vpp > 1 else "1f1b"), 80)
+    # 94 layers + 2 slots fill 8 x 4 chunks under account, not under even
+    qwen = dict(gpus=64, pp=8, vpp=4, dp=8, mbs=1, global_batch=512, seq=4096, schedule="interleaved")
+    check_layout(Layout(**qwen, pipeline_split="account"), 94)
+    with pytest.raises(LayoutError, match="94 layer slots do not split into pp=8 x vpp=4"):
+        check_layout(Layout(**qwen, pipeline_split="even"), 94)
+
+
+def test_the_search_ranks_no_even_split_megatron_refuses():
+    from piper_plan.search import SearchSpace, search
+
+    m, hw = load_model("llama3-70b"), load_hardware("dgx-h100")
+    res = search(m, hw, SearchSpace(gpus=256, global_batch=512, seq=4096, pipeline_split="even"))
+    assert res.rejected["pipeline_split even needs layers % (pp*vpp) == 0"] > 0
+    chunks = res.batch.pp[res.order] * res.batch.vpp[res.order]
+    assert len(chunks) and (80 % chunks == 0).all()
+    balanced = search(m, hw, SearchSpace(gpus=256, global_batch=512, seq=4096))
+    assert not any(k.startswith("pipeline_split") for k in balanced.rejected)

@@ -1,11 +1,14 @@
 """The planner's closed-form pipeline step against the schedule run action by action
 (piper_plan/cost/schedule_sim.py)."""
+import itertools
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from piper_plan.cost.schedule_sim import priced_step, rank_orders, simulate
+from piper_plan.cost.schedule import pipeline_time, zbv_bubble
+from piper_plan.cost.schedule_sim import priced_step, rank_orders, simulate, zbv_dag_bubble
 
 # (pp, vpp, M): the interleaved layouts checked; M a multiple of pp, as Megatron and torch need
 INTERLEAVED = [(2, 2, 8), (4, 2, 8), (4, 2, 16), (4, 3, 12), (8, 2, 16), (8, 4, 32), (3, 2, 6)]
@@ -114,3 +117,145 @@ def test_piper_train_s_interleaved_schedule_as_torch_lowers_it_is_priced_within_
     as_torch = simulate(orders, F_MB / vpp, B_MB / vpp, msg, posted=torch_recv_posts(pp, vpp, M))
     assert as_torch == pytest.approx(simulate(orders, F_MB / vpp, B_MB / vpp, msg), rel=1e-3)
     assert as_torch <= priced_step("interleaved", pp, vpp, M, F_MB, B_MB, msg) <= 1.02 * as_torch
+
+
+@pytest.mark.parametrize("profile", [[1, 1, 1, 2], [1, 1, 2, 3], [0.5, 1, 1, 1, 1, 1, 1, 1.5]])
+@pytest.mark.parametrize("vpp", [2, 4])
+def test_an_interleaved_pipeline_whose_last_rank_is_busiest_is_priced_as_it_runs(profile, vpp):
+    """The fill and the drain run each rank's chunks once: M·max + (Σ - max)/v, as 1F1B's
+    Σ + (M - 1)·max. ranks [1, 1, 1, 2] at pp 4, v 2, M 8 run 52.5 (1/3 forward), where
+    M·max + (pp - 1)·max/v had priced 57."""
+    pp, M = len(profile), 4 * len(profile)
+    work = 3 * np.array(profile, float)
+    f, b = work / 3, 2 * work / 3
+    sim = simulate(rank_orders("interleaved", pp, vpp, M), f / vpp, b / vpp, 0.0)
+    assert priced_step("interleaved", pp, vpp, M, f, b, 0.0) == pytest.approx(sim)
+
+
+@pytest.mark.parametrize("profile", [[2, 1, 1, 1], [1, 2, 1, 1], [1, 1, 2, 1], [3, 1, 2, 1, 1, 1, 1, 2]])
+def test_an_interleaved_pipeline_with_a_busier_rank_before_the_last_is_never_priced_faster(profile):
+    """Elsewhere the busiest rank's steady state starts before the fill reaches the ranks after
+    it, so the closed form is an upper bound, as 1F1B's is; it still sits below (pp - 1)·max/v."""
+    pp, vpp = len(profile), 2
+    work = np.array(profile, float)
+    for M in (pp, 2 * pp, 4 * pp):
+        sim = simulate(rank_orders("interleaved", pp, vpp, M), work / 3 / vpp, 2 * work / 3 / vpp, 0.0)
+        priced = priced_step("interleaved", pp, vpp, M, work / 3, 2 * work / 3, 0.0)
+        assert sim * (1 - 1e-9) <= priced < M * work.max() + (pp - 1) * work.max() / vpp
+
+
+# (pp, M): zbv's micro-batch counts, M >= 2·pp - 1 (layout.check_layout)
+ZBV = [(2, 3), (2, 8), (3, 5), (3, 11), (4, 7), (4, 8), (4, 19), (6, 11), (8, 15), (8, 33)]
+# one chunk's forward, backward-input and backward-weight seconds a micro-batch
+CHUNK_TIMES = [(1, 1, 1), (1, 2, 1), (1, 1.3, 0.9), (1, 2.3, 0.9), (2, 1, 1), (1, 0.4, 1.7), (1, 3, 0.2),
+               (1, 1, 0), (0.5, 1, 2)]
+
+
+def _torch_zbv(pp, M):
+    """torch's own ScheduleZBVZeroBubble order, from a schedule holding only what it reads."""
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    sched = object.__new__(S.ScheduleZBVZeroBubble)
+    sched.pp_group_size, sched.num_stages, sched._n_microbatches = pp, 2 * pp, M
+    kinds = {S._ComputationType.FORWARD: "F", S._ComputationType.BACKWARD_INPUT: "I",
+             S._ComputationType.BACKWARD_WEIGHT: "W"}
+    return [[(kinds[a.computation_type], a.stage_index, a.microbatch_index)
+             for a in sched._calculate_single_rank_operations(r) if a is not None] for r in range(pp)]
+
+
+@pytest.mark.parametrize("pp,M", ZBV + [(3, 2), (4, 5), (1, 4)])
+def test_the_zbv_order_is_the_one_torch_runs(pp, M):
+    """Pure Python, so the planner needs no torch; fewer than 2·pp - 1 micro-batches too (torch
+    plans 2·pp - 1 and drops the rest)."""
+    assert rank_orders("zbv", pp, 2, M) == _torch_zbv(pp, M)
+
+
+def _zbv_step(pp, M, f, b, w):
+    """The closed form's step with every rank running one chunk in f, b, w seconds."""
+    a = lambda x: np.array([x], float)  # noqa: E731
+    work = 2 * (f + b + w)
+    return float(pipeline_time(np.array([3]), a(pp), a(M), a(2), a(2 * f), a(2 * b), a(2 * w), a(work),
+                               a(pp * work))[0])
+
+
+@pytest.mark.parametrize("pp,M", ZBV)
+@pytest.mark.parametrize("f,b,w", CHUNK_TIMES)
+def test_zbv_is_priced_as_torch_s_order_runs(pp, M, f, b, w):
+    """Torch's order run action by action, without messages: the bubble is the same for every
+    M >= 2·pp - 1. Per stage past the first, (1, 2.3, 0.9) idles 2.8, where ZB-V's
+    (pp - 1)·(F + B - 2W)/2 had priced 1.5; (2, 1, 1) 2.67 at pp 4 and 2.86 at pp 8, not 1."""
+    assert _zbv_step(pp, M, f, b, w) == pytest.approx(simulate(rank_orders("zbv", pp, 2, M), f, b, 0.0, wgt=w))
+
+
+def _pieces_corners(pp):
+    """Chunk times (f, b, w) summing to 1 at every corner of zbv_bubble's linear pieces (where two
+    of them, or one and an edge of the simplex, meet another) and at a point inside each piece."""
+    p = pp
+    pieces = np.array([(2 * (p - 1), 0, 1 - 2 * p), (2 * (p - 1), 1 - p, -1), (2 * p - 3, 1, 2 - 2 * p),
+                       (2 * p - 3, 2 - p, 0), (1, 0, p - 2), (0, 2 * (p - 1), 2 - 2 * p), (0, p - 1, 0),
+                       (0, 1, p - 2)], float)
+    lines = [u - v for u, v in itertools.combinations(pieces, 2)] + list(np.eye(3))
+    pts = []
+    for u, v in itertools.combinations(lines, 2):
+        A = np.array([u, v, np.ones(3)])
+        if abs(np.linalg.det(A)) > 1e-9:
+            t = np.linalg.solve(A, [0.0, 0.0, 1.0])
+            if (t >= -1e-12).all():
+                pts.append(np.clip(t, 0.0, None))
+    pts = np.array(pts)
+    val = pts @ pieces.T
+    top = np.isclose(val, val.max(axis=1, keepdims=True), rtol=0, atol=1e-9)
+    inside = [pts[top[:, k]].mean(axis=0) for k in range(len(pieces)) if top[:, k].any()]
+    assert np.allclose(zbv_bubble(pp, *(2 * pts.T)), val.max(axis=1))  # the pieces are zbv_bubble's
+    return np.vstack([pts, inside]).T
+
+
+@pytest.mark.parametrize("pp", [*range(2, 17), 24, 31, 32, 64])
+def test_the_zbv_closed_form_is_the_critical_path_of_torch_s_order_at_every_f_b_w(pp):
+    """The critical path of the order's graph is convex and piecewise linear in (f, b, w), as the
+    closed form is: equal at every corner of the closed form's pieces, the path is no longer
+    inside them, and equal inside each, no shorter (a convex function below a linear one that
+    touches it inside is that one). So they are equal everywhere, at this pp."""
+    fbw = _pieces_corners(pp)
+    assert np.allclose(zbv_dag_bubble(pp, *fbw), zbv_bubble(pp, *(2 * fbw)), rtol=1e-10, atol=1e-12)
+
+
+def test_the_zbv_graph_walk_prices_candidates_in_blocks_as_at_once():
+    rng = np.random.default_rng(0)
+    f, b, w = rng.uniform(0.1, 3.0, (3, 2, 37))
+    assert zbv_dag_bubble(5, f, b, w, cells=500) == pytest.approx(zbv_dag_bubble(5, f, b, w))
+    assert zbv_dag_bubble(5, f, b, w).shape == (2, 37)
+
+
+def test_zbv_s_bubble_is_never_below_the_last_rank_s_wait_for_its_first_input():
+    """The last rank's first chunk waits for pp - 1 chunks' forwards: (pp - 1)·F/2 at least, which
+    ZB-V's (pp - 1)·(F + B - 2W)/2 undercuts wherever 2W > B (0 at F = B = W)."""
+    rng = np.random.default_rng(1)
+    F, B, W = rng.uniform(0.0, 4.0, (3, 5000))
+    for pp in (2, 3, 4, 8, 16, 64):
+        assert (zbv_bubble(pp, F, B, W) >= (pp - 1) * F / 2 - 1e-12).all()
+    assert zbv_bubble(4, 2.0, 2.0, 2.0) == pytest.approx(3.0)
+
+
+def _dualpipev_bubble(pp, f, b, w, h):
+    """The closed form's idle time with every rank running one chunk in f, b, w seconds, h of a
+    forward and backward pair's exchange hidden."""
+    a = lambda x: np.array([x], float)  # noqa: E731
+    M, work = 4 * pp, 2 * (f + b + w - h)
+    step = pipeline_time(np.array([4]), a(pp), a(M), a(2), a(2 * f), a(2 * b), a(2 * w), a(work), a(pp * work),
+                         a(2 * h))[0]
+    return step - M * work
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("f,b,w,h", [(1, 1, 1, 0), (1, 1.2, 0.8, 0), (1, 2, 0, 0), (1, 1, 1, 0.5)])
+def test_dualpipev_s_bubble_is_the_dualpipe_readme_s_with_a_full_backward(pp, f, b, w, h):
+    """DualPipe's (PP/2 - 1)(F&B + B - 3W) with PP = 2·pp (DualPipeV is DualPipe cut in half), its
+    B a full backward (input and weight: b + w) and F&B a forward beside a full backward, less the
+    exchange hidden between them (f + b + w - h)."""
+    assert _dualpipev_bubble(pp, f, b, w, h) == pytest.approx((pp - 1) * max(0.0, (f + b + w - h) + (b + w) - 3 * w))
+
+
+def test_dualpipev_with_equal_phases_idles_as_dualpipe_s_own_steps_do():
+    """pp 4, a chunk's f = b = w = 1: DualPipe's dualpipev.py steps 1-8 run event by event idle 6;
+    reading B as the input part alone had priced 0."""
+    assert _dualpipev_bubble(4, 1, 1, 1, 0) == pytest.approx(6.0)

@@ -490,8 +490,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
     mids = np.maximum(lay.pp - 2, 0).astype(float)
-    mid_avg_time = np.where(cs.mid_hi > 0, t_mid * (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
-    total_sum = np.where(pp1, t_first, t_first + t_last + mids * mid_avg_time)
+    # the middle ranks' mean time: the representative one's scaled by the mean layers a middle rank holds
+    mid_scale = np.where(cs.mid_hi > 0, (cs.mid_avg * lay.vpp) / np.maximum(mid_layers, 1), 0.0)
+    total_sum = np.where(pp1, t_first, t_first + t_last + mids * mid_scale * t_mid)
     is_first = t_first >= peak_role_time  # the busiest role: first, else last, else mid
     is_last = ~is_first & (t_last >= peak_role_time)
     pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
@@ -514,9 +515,11 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, pick(win_r.F), pick(win_r.B), pick(win_r.W),
                            peak_role_time, total_sum, hidden)
-    # the fill and the drain wait on every hop's message: the bubble's (pp - 1) / vpp micro-batches
-    # keep the messages the steady state hides
-    t_pipe = t_pipe + (lay.pp - 1) / lay.vpp * pick(p2p_hidden)
+    # the fill and the drain wait on every hop's message: each other rank's chunk in the bubble
+    # keeps the messages its steady state hides
+    h_first, h_mid, h_last = p2p_hidden
+    hidden_sum = np.where(pp1, h_first, h_first + h_last + mids * mid_scale * h_mid)  # as total_sum adds them
+    t_pipe = t_pipe + (hidden_sum - pick(p2p_hidden)) / lay.vpp
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
     # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
     # with less work but more exchange outside the weight pass go unseen (a longer model priced faster

@@ -36,7 +36,8 @@ def chunk_sizes(L: int, chunks, x_first, x_last, minimise=None, v_shape=None) ->
     """Arrays over layouts: chunks = pp·vpp, x_* extras in layer-equivalents. minimise: where
     true (a cost-balanced split), the end chunks are then moved a layer either way if that
     lowers the largest chunk (_min_max_ends); elsewhere the rounded rule stands (Megatron's
-    fixed splits). v_shape: where true (zbv, dualpipev) rank 0 runs both end chunks, so they
+    fixed splits: equal chunks, layout.split_refused refusing counts that leave them unequal).
+    v_shape: where true (zbv, dualpipev) rank 0 runs both end chunks, so they
     are balanced as a pair against the busiest middle rank's two: an LM head heavier than a chunk's share
     (a large vocabulary, a multi-token-prediction module) then takes layers off the first chunk
     too, where one end at a time could only bring the last chunk down to one layer."""
