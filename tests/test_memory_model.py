@@ -138,3 +138,51 @@ def test_recomputing_part_of_the_layers_counts_that_part_of_the_forward_in_hardw
     assert ratio[("none", 0)] == pytest.approx(1.0)
     assert ratio[("full", 2)] == pytest.approx(1 + 0.25 / 3, rel=1e-6)
     assert ratio[("full", 0)] == pytest.approx(4 / 3, rel=1e-6)
+
+
+def test_gpipe_s_last_stage_keeps_every_micro_batch_s_logits_until_its_backward():
+    # all M forwards run before any backward: each micro-batch's fp32 logits (4 B an element)
+    # wait for its loss's backward, and one micro-batch's gradient (the activation dtype) joins
+    # them; 1F1B's last stage holds one micro-batch's of each
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.specs.registry import load_hardware, load_model
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    base = dict(gpus=64, tp=2, pp=4, dp=8, ep=8, mbs=1, global_batch=64, seq=4096, recompute="full")
+    gpipe, f1b = (evaluate(m, hw, from_layouts([Layout(**base, schedule=s)])) for s in ("gpipe", "1f1b"))
+    M = 64 // 8
+    one = f1b.memory["last"]["logits"][0]
+    assert one == pytest.approx(4096 * m.vocab_size / 2 * (4 + 2) / 2**30)
+    assert gpipe.memory["last"]["logits"][0] == pytest.approx(one * (4 * M + 2) / (4 + 2))
+
+
+@pytest.mark.parametrize("pp,vpp,more", [(4, 2, 0.5), (8, 4, 0.25), (1, 1, 0.0)])
+def test_the_ep_overlap_holds_one_more_warm_up_micro_batch_over_a_pipeline(pp, vpp, more):
+    # Megatron-Core's --overlap-moe-expert-parallel-comm runs one more warm-up forward in the
+    # interleaved schedule (get_pp_rank_microbatches): a chunk-micro-batch more on every rank;
+    # without pipelining it adds no warm-up
+    base = dict(gpus=8 * pp, pp=pp, vpp=vpp, dp=8, ep=8, mbs=1, global_batch=256, seq=4096,
+                schedule="interleaved" if pp > 1 else "1f1b")
+    b = from_layouts([Layout(**base, a2a_overlap=x) for x in (False, True)])
+    for i in range(pp):
+        without, with_ = in_flight(b, i)
+        assert with_ - without == pytest.approx(more)
+
+
+def test_full_recompute_rebuilds_one_layer_beside_the_inputs_it_keeps():
+    # the activations stay the layer inputs Korthikanti 2022 counts; the layer the backward re-runs
+    # holds what it saves without recompute, less its input, for as long as its backward takes
+    from piper_plan.cost.estimate import Routing, _pipeline, evaluate
+    from piper_plan.specs.registry import load_hardware, load_model
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    base = dict(gpus=64, tp=2, pp=4, dp=8, ep=8, mbs=1, global_batch=64, seq=4096)
+    full, none = (from_layouts([Layout(**base, recompute=r)]) for r in ("full", "none"))
+    est, lc_full, lc_none = evaluate(m, hw, full), _pipeline(m, hw, full, Routing(), "bf16").lc, \
+        _pipeline(m, hw, none, Routing(), "bf16").lc
+    first = est.memory["first"]
+    a_in = act.layer_input_bytes(m, full)[0]
+    assert first["activations"][0] == pytest.approx(4 * 8 * a_in / 2**30)  # 4 in flight x 8 layers, inputs only
+    assert first["recomputed_layer"][0] == pytest.approx((lc_none["a_moe"][0] - a_in) / 2**30)
+    assert lc_full["a_moe"][0] == a_in
+    assert evaluate(m, hw, none).memory["first"]["recomputed_layer"][0] == 0.0
+    assert est.row(0)["memory_gib_per_stage"][0]["recomputed_layer"] > 0
+    assert "recomputed_layer" not in evaluate(m, hw, none).row(0)["memory_gib_per_stage"][0]

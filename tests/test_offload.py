@@ -10,6 +10,7 @@ from piper_plan.cost.batch import from_layouts
 from piper_plan.cost.estimate import evaluate
 from piper_plan.cost.memory import GIB
 from piper_plan.cost.offload import HOST_DRAM_BYTES, LINK_IN_BYTES, LINK_OUT_BYTES
+from piper_plan.cost.stages import materialise
 from piper_plan.errors import LayoutError, PiperError
 from piper_plan.layout import Layout, check_layout
 from piper_plan.search import SearchSpace, for_runtime, search
@@ -145,3 +146,16 @@ def test_a_sweep_over_the_host_s_memory_shows_where_offloading_starts_to_fit():
                      SearchSpace(gpus=4, global_batch=64, seq=8192, optimizer_offload=(0.0, 1.0)))
     by = {r["host.memory_gib"]: r for r in rows}
     assert by[60.0]["tokens_per_s"] == 0 and by[223.0]["tokens_per_s"] > 0
+
+
+def test_a_rank_with_fewer_layers_than_the_mean_still_keeps_one_layer_on_the_device():
+    # offload_layers is checked against ceil(L / pp) - 1 = 7 for DeepSeek-V3 (61 layers) on pp 8, but the
+    # balanced split gives rank 0 (the embedding) 7 layers: Transformer Engine keeps its last one, so
+    # 6 of 7 go to the host, not all of them
+    m = load_model("deepseek-v3")
+    base = dict(gpus=256, pp=8, dp=32, ep=32, mbs=1, global_batch=1024, seq=4096)
+    kept, parked = (evaluate(m, GB200, from_layouts([Layout(**base, offload_layers=n)])) for n in (0, 7))
+    layers = len(materialise(m.num_layers, 8, parked.chunks)[0])
+    assert layers == 7
+    a0, a1 = kept.memory["first"]["activations"][0], parked.memory["first"]["activations"][0]
+    assert a1 == pytest.approx(a0 * (layers - 6) / layers) and a1 > 0

@@ -111,12 +111,15 @@ def test_each_ranks_layers_are_counted_chunk_by_chunk(v_shape):
     hold (V: rank r runs chunks r and C-1-r; looped: r, r + pp, ...). The larger middle chunks,
     the first few, fall one a rank, so a middle rank runs vpp of them only once every rank has
     one: counting vpp larger chunks on every middle rank gave a DualPipeV middle rank 8 layers
-    for 7 (48 layers, 16 chunks, a 1.2-layer head) and tipped the balanced split."""
+    for 7 (48 layers, 16 chunks, a 1.2-layer head) and tipped the balanced split. Each is a real
+    rank: a V schedule's middle role is the rank v_mid_rank names, its last role rank pp - 1 with
+    its own two chunks (it stood in for the busiest middle rank, 7 layers where rank 7 of 48 on 8
+    runs 6)."""
     import itertools
 
     import numpy as np
 
-    from piper_plan.cost.stages import chunk_sizes, rank_layers
+    from piper_plan.cost.stages import chunk_sizes, mid_base, rank_layers, v_mid_rank
 
     one = np.array([True])
     cases = ((61, 16, 2), (48, 8, 2), (30, 4, 2), (94, 16, 2), (26, 6, 2)) if v_shape else \
@@ -126,8 +129,10 @@ def test_each_ranks_layers_are_counted_chunk_by_chunk(v_shape):
                          v_shape=np.array([v_shape]))
         ranks = [sum(r) for r in _ranks(_sizes(L, pp * vpp, int(cs.first[0]), int(cs.last[0])), pp, v_shape)]
         got = [int(x[0]) for x in rank_layers(L, cs, np.array([pp]), np.array([vpp]), np.array([v_shape]))]
-        assert got == [ranks[0], max(ranks[1:] if v_shape else ranks[1:-1]), max(ranks[1:]) if v_shape else ranks[-1]], \
-            (L, pp, vpp, xf, xl)
+        assert got == [ranks[0], max(ranks[1:-1]), ranks[-1]], (L, pp, vpp, xf, xl)
+        if v_shape:
+            assert ranks[int(v_mid_rank(cs.n_hi, pp)[0])] == max(ranks[1:-1])
+            assert int(mid_base(cs)[0]) == min(_sizes(L, pp * vpp, int(cs.first[0]), int(cs.last[0]))[1:-1])
 
 
 def test_v_schedules_balance_rank_zeros_two_end_chunks_against_the_busiest_middle_rank():

@@ -45,11 +45,17 @@ def test_layernorm_drops_the_norm_outputs(qwen):
 
 
 def test_moe_recompute_keeps_only_the_block_input_and_repeats_its_all_to_all(qwen):
+    # Megatron-Core's MoE checkpoint saves what the block is called with, the pre-MLP norm's
+    # output (t/tp x d in the activation dtype), besides the norm's own input; layernorm
+    # recompute discards that output too, leaving the norm's input alone
     m, hw = qwen
     batch, est = _pair(m, hw, ("core_attn", "moe"))
     mo = act.moe_terms(m, batch, np.ones(2))
     kept = {k for k, v in mo.items() if v[1] > 0}
-    assert kept == {"moe_norm_in"}
+    assert kept == {"moe_norm_in", "router_in"}
+    assert mo["router_in"][1] == 2.0 * 4096 * m.hidden_size  # bf16, tp 1: one micro-batch's tokens
+    with_ln = from_layouts([Layout(**BASE, recompute="selective", recompute_modules=("core_attn", "moe", "layernorm"))])
+    assert {k for k, v in act.moe_terms(m, with_ln, np.ones(1)).items() if v[0] > 0} == {"moe_norm_in"}
     # the forward's dispatch and combine run again in the backward
     assert est.time["a2a"][1] > est.time["a2a"][0]
 

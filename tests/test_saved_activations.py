@@ -77,3 +77,19 @@ def test_probabilities_in_the_activation_need_the_fused_stack():
         r = CliRunner().invoke(main, cmd + ["-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "8", "--global-batch", "64",
                                             "--kernels", "unfused", "--expert-probs", "activation"])
         assert r.exit_code != 0 and "expert" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_a_layouts_expert_output_does_not_depend_on_the_layouts_priced_beside_it():
+    # per-layer costs are priced once per key of the columns they read: expert_probs is one of
+    # them, so a batch mixing both keeps each layout's own saved expert outputs
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.specs import load_hardware
+
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    base = dict(gpus=64, tp=2, pp=4, dp=8, ep=8, mbs=1, global_batch=1024, seq=4096)
+    lays = [Layout(**base, expert_probs=p) for p in ("combine", "activation")]
+    alone = [evaluate(m, hw, from_layouts([x])).memory["first"]["activations"][0] for x in lays]
+    for order in (lays, lays[::-1]):
+        together = evaluate(m, hw, from_layouts(order)).memory["first"]["activations"]
+        assert sorted(together) == pytest.approx(sorted(alone), rel=1e-12)
+    assert alone[1] < alone[0]

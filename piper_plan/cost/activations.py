@@ -147,8 +147,10 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
     padded = rows * etp + mo.num_experts / lay.ep * expected_pad(row_multiple)
     f = f / etp
     up = 2.0 if mo.gated else 1.0
-    # selective recompute: moe keeps only the block's input; moe_act re-makes the activation
-    # fed to the down projection; layernorm the norm's output (router and dispatch input)
+    # selective recompute: moe keeps only the block's input, the norm's output (Megatron-Core's
+    # MoE checkpoint saves what it is called with), which layernorm recompute discards in turn;
+    # moe_act re-makes the activation fed to the down projection; layernorm the norm's output
+    # (router and dispatch input)
     # act_fc2 (X-MoE's --checkpoint-intermediate) keeps fc1's output and re-makes fc2's input; X-MoE's
     # attention-block checkpoint runs this block's norm, so the norm's input is not kept (unless
     # the whole block recomputes from it)
@@ -160,8 +162,8 @@ def moe_terms(m: ModelSpec, lay: LayoutBatch, imb, row_multiple: int = 1) -> dic
         # the pre-MLP norm and the dropout after the block run on the residual stream: t / tp tokens
         # under sequence parallelism, all t without it (X-MoE splits the sequence inside the block only)
         "moe_norm_in": np.where(recomputes(lay, "attn_block") & ~whole, 0.0, np.where(u, 4.0, eb) * t * d / sp_div),
-        # piper-train's router takes the fp32 norm output (attention_terms)
-        "router_in": keep(np.where(u, 4.0, eb) * tm * d, ln),
+        # piper-train's router takes the fp32 norm output (attention_terms); the MoE block's input
+        "router_in": np.where(ln, 0.0, np.where(u, 4.0, eb) * tm * d),
         "router_probs": keep(4.0 * tm * mo.num_experts),
         "expert_in": keep(qb * padded * d),
         "expert_hidden": keep(eb * padded * up * f),

@@ -25,7 +25,7 @@ from .recompute import full_recompute_share
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
 from .schedule import pipeline_time
-from .stages import chunk_sizes, rank_layers
+from .stages import chunk_sizes, mid_base, rank_layers, v_chunks, v_mid_rank
 
 
 @dataclass
@@ -91,7 +91,7 @@ class Estimate:
         )
 
 
-_OPTIONAL_PARTS = ("weight_casts", "zero3_units", "host")
+_OPTIONAL_PARTS = ("weight_casts", "zero3_units", "recomputed_layer", "host")
 ROLES = ("first", "mid", "last")  # the pipeline's representative ranks, in _stacked's order
 
 
@@ -341,8 +341,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
 
 
 # the per-layer terms (layer._layer_terms) memory, the step's breakdown and the Estimate read after the pipeline
-LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "o_dense", "o_moe", "cp_layer", "dense_host", "moe_host",
-                     "dense_layer", "moe_layer")
+LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "rc_dense", "rc_moe", "o_dense", "o_moe", "cp_layer", "dense_host",
+                     "moe_host", "dense_layer", "moe_layer")
 
 
 @dataclass
@@ -404,8 +404,16 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
 
     roles = {"first": split(first_layers, first_dense),
              "mid": split(mid_layers, zero), "last": split(last_layers, np.where(pp1, first_dense, 0.0))}
-    roles["last"] = (np.where(v_shape & ~pp1, roles["mid"][0], roles["last"][0]),
-                     np.where(v_shape & ~pp1, roles["mid"][1], roles["last"][1]))
+    # each role a real rank (rank_memory labels its row so): rank 0, a middle one, pp - 1
+    v_mid = v_mid_rank(cs.n_hi, lay.pp)
+    stage_of = {"first": np.zeros(n, int), "mid": np.where(has_mid, np.where(v_shape, v_mid, 1), -1),
+                "last": np.where(pp1, 0, lay.pp - 1)}
+    # a V rank's first chunk (r; rank 0's holds the embedding): its micro-batches in flight differ
+    # from those of its second (memory.v_in_flight)
+    base = mid_base(cs)
+    chunk_a = {"first": split(cs.first.astype(float), first_dense),
+               **{r: split(v_chunks(base, cs.n_hi, lay.pp, np.maximum(stage_of[r], 1))[0].astype(float), zero)
+                  for r in ("mid", "last")}}
     has_emb = {"first": np.ones(n, bool), "mid": np.zeros(n, bool), "last": pp1}
     has_head = {"first": pp1 | v_shape, "mid": np.zeros(n, bool), "last": ~v_shape | pp1}
     # multi-token prediction: its blocks run beside the LM head (Megatron-Core places them on the
@@ -538,7 +546,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of + absorbed_a2a),
                    slow=pick(slow_of - (absorbed - absorbed_a2a)),
                    comm=pick(comm_t), p2p=pick(p2p_f + p2p_b), p2p_hidden=pick(p2p_hidden))
-    acts = role_activations(m, lay, roles, has_head, has_mid, lc, M)
+    acts = role_activations(m, lay, roles, has_head, stage_of, chunk_a, lc, M)
     ranks = RoleLayers(cs, present, nd_r, nm_r, emb_r, head_r)
     return PipelinePart(grp, lc, ranks, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
                         acts, t_pipe)

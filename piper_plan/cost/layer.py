@@ -51,7 +51,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (recompute.with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
-           lay.dropout, lay.act_bytes,
+           lay.dropout, lay.act_bytes, lay.probs_act,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
     _, first_key, code = distinct_rows(*key)
@@ -106,7 +106,8 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
                Td=dense.total, Tm=moe.total, Te=Te, Th=Th, Tdc=dense_comm.total, Tmc=moe_comm.total,
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                a2a_f_layer=lc["a2a_fwd"], a2a_bwd_layer=lc["a2a_bwd"],  # the forward's own (a re-run is the backward's)
-               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], cp_layer=lc["cp_layer"],
+               imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], rc_dense=lc["rc_dense"], rc_moe=lc["rc_moe"],
+               cp_layer=lc["cp_layer"],
                dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"],
                a2a_hide_f=lc["a2a_hide_f"], moe_host_f=lc["moe_host_f"])
     for name, ph in (("dense", dense), ("moe", moe), ("emb", emb), ("head", head), ("dense_comm", dense_comm),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..layout import SCHEDULES
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch
 
@@ -99,17 +100,39 @@ def in_flight(lay: LayoutBatch, stage, M=None) -> np.ndarray:
 
     gpipe: all M. 1f1b: pp - i (Narayanan 2021). interleaved (v chunks): Megatron's warm-up
     ((pp-i-1)·2 + (v-1)·pp + 1) chunk-micro-batches, / v — rank 0 gives pp + (pp-1)/v
-    (Korthikanti 2022 §4.2.3). zbv: pp on every rank (ZB-V, arXiv 2401.10241 §4).
-    dualpipev: 2·pp + 1 chunk-micro-batches = pp + 1/2 (DeepSeek DualPipe README).
-    Never more than the M micro-batches of a step."""
+    (Korthikanti 2022 §4.2.3). Megatron-Core's EP overlap (Layout.a2a_overlap) runs one more
+    warm-up forward over a pipeline (schedules.get_pp_rank_microbatches), so its ranks hold one
+    more chunk-micro-batch (at most: its paired steps free the backward's layers as the forward's
+    fill); without pipelining it adds no warm-up, and the runs published at pp 1 with the overlap
+    (Megatron-Bridge's Qwen3 GB200 / GB300 rows) fit their devices only with one in flight.
+    zbv, dualpipev: the mean over a rank's two chunks where they are equal, pp and pp + 1/2
+    (v_in_flight has each chunk's count, which rank_memory weighs by its layers). Never more
+    than the M of a step."""
     pp, v = lay.pp.astype(float), lay.vpp.astype(float)
     M = (lay.m if M is None else np.asarray(M)).astype(float)
     i = np.asarray(stage, dtype=float)
     s = lay.sched
-    warm = np.where(s == 1, pp - i, np.where(s == 2, ((pp - i - 1) * 2 + (v - 1) * pp + 1) / v,
-                                             np.where(s == 3, pp, pp + 0.5)))
+    extra = lay.ep_overlap.astype(float)
+    warm = np.where(s == 1, pp - i + extra, np.where(s == 2, ((pp - i - 1) * 2 + (v - 1) * pp + 1 + extra) / v,
+                                                     np.where(s == 3, pp, pp + 0.5)))
     out = np.where(s == 0, M, np.minimum(warm, M))
     return np.where(pp == 1, 1.0, out)
+
+
+def v_in_flight(lay: LayoutBatch, rank, M=None) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """The peak states of a V schedule's rank (zbv, dualpipev: rank r runs chunks r and 2pp-1-r):
+    ((micro-batches of chunk r, of chunk 2pp-1-r) in flight, ...), one state or the other binding
+    as the chunks' sizes go. torch's ScheduleZBVZeroBubble holds (2pp-1-r, r+1) and, later,
+    (2pp-r, r); ScheduleDualPipeV (DeepSeek's dualpipev order) (2pp-r, r+1), given twice; a
+    micro-batch counts from its forward to its weight gradient (tests/test_v_schedule_memory.py
+    runs torch's own order). Never more than the step's M."""
+    pp = lay.pp.astype(float)
+    M = (lay.m if M is None else np.asarray(M)).astype(float)
+    r = np.asarray(rank, dtype=float)
+    dual = lay.sched == SCHEDULES.index("dualpipev")
+    first = (np.minimum(2 * pp - 1 - r + dual, M), np.minimum(r + 1, M))
+    later = (np.minimum(2 * pp - r, M), np.minimum(np.where(dual, r + 1, r), M))
+    return first, later
 
 
 def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float, fp8_any_layout: bool = False):

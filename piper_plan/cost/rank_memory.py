@@ -1,6 +1,7 @@
 """What each pipeline role's rank holds in memory, GiB, vectorised over layouts: the parameter,
 gradient and optimizer state (memory.state_coeffs), the activations of its micro-batches in
-flight (cost/activations.py per layer, memory.in_flight), the LM head's logits, the all-to-all
+flight (cost/activations.py per layer, memory.in_flight; a V schedule's two chunks each by
+memory.v_in_flight), the layer full recompute rebuilds, the LM head's logits, the all-to-all
 buffers, piper-train's ZeRO-2 gradient buckets and its bf16 weight copies per micro-batch, the
 runtime's fixed reserve; and what optimizer and activation offload keep in host memory instead.
 estimate.evaluate composes a step from it."""
@@ -10,10 +11,11 @@ from functools import reduce
 
 import numpy as np
 
+from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch, distinct_rows
-from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs,
+from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, v_in_flight,
                      zero3_gathered_bytes)
 from .offload import offloaded_share, uses_host
 from .recompute import full_recompute_share
@@ -21,53 +23,112 @@ from .recompute import full_recompute_share
 BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
 
 
-def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict, has_mid, lc: dict, M) -> dict:
-    """What each role's rank (`roles`: its dense and MoE layer counts) holds that the ZeRO stage
-    does not change, per layout: its stage (-1: no such rank, "stage_of"), its bf16 weight copies
-    ("casts", cast_copies; none where no layout casts), and its activations, logits and all-to-all
-    buffers in GiB ("parts") with the GiB of activations it offloads to the host ("parked").
-    evaluate prices these once per layout without the stage, as the pipeline, and rank_memory
-    adds the state the stage shards."""
-    n = len(lay)
+def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict, stage_of: dict, chunk_a: dict,
+                     lc: dict, M) -> dict:
+    """What each role's rank (`roles`: its dense and MoE layer counts, `stage_of`: its pipeline
+    rank, -1 where there is none; `chunk_a`: a V schedule's dense and MoE layers in the rank's
+    first chunk) holds that the ZeRO stage does not change, per layout: its stage ("stage_of"),
+    its bf16 weight copies ("casts", cast_copies; none where no layout casts), and its
+    activations, logits, all-to-all buffers and the layer full recompute rebuilds in GiB
+    ("parts") with the GiB of activations it offloads to the host ("parked"). evaluate prices
+    these once per layout without the stage, as the pipeline, and rank_memory adds the state
+    the stage shards."""
     t = lay.tokens
     tp = lay.tp.astype(float)
     eb = lay.act_bytes.astype(float)
     d = m.hidden_size
-    stage_of = {"first": np.zeros(n, int), "mid": np.where(has_mid, 1, -1),
-                "last": np.where(lay.pp == 1, 0, lay.pp - 1)}
-    # micro-batches in flight depend on (pp, vpp, schedule, M) alone: once per distinct one
-    _, first, inv = distinct_rows(lay.pp, lay.vpp, lay.sched, M)
+    # micro-batches in flight depend on (pp, vpp, schedule, M, the EP overlap, stage) alone: once per distinct one
+    _, first, inv = distinct_rows(lay.pp, lay.vpp, lay.sched, M, lay.ep_overlap, *(stage_of[r] for r in roles))
     stages = np.maximum(np.stack([stage_of[r][first] for r in roles]), 0)
     infl = dict(zip(roles, in_flight(lay.take(first), stages, M[first]).take(inv, axis=1)))
-    # per layer and micro-batch on a rank: the LM head's fp32 logits and their gradient,
-    # and the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
-    # each MTP module computes (and keeps for its loss's backward) another set of logits
-    logits = t * m.vocab_size / tp * (4.0 + eb) * (1 + m.mtp_layers)
+    # per micro-batch on a rank: the LM head's logits, kept in fp32 for the loss's backward
+    # until that micro-batch's backward, and their gradient in the backward of one (each MTP
+    # module computes, and keeps for its loss's backward, another set)
+    logits_mb = t * m.vocab_size / tp * (1 + m.mtp_layers)
     # and saves its projection's input, [norm(h); norm(emb)], and the two norms' inputs
     mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
+    # the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
     a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
     offloads = uses_host(lay)
-    parts, parked = {}, {}
+    v = (lay.sched >= SCHEDULES.index("zbv")) & (lay.pp > 1)
+    parts, parked, held = {}, {}, {}
     for r, (nd, nm) in roles.items():
-        layer_acts = infl[r] * (nd * lc["a_dense"] + nm * lc["a_moe"]) / GIB
+        per_layer = (lc["a_dense"], lc["a_moe"])
+        # looped: every layer of the rank holds its micro-batches in flight; the head's logits
+        # wait for their backward, all M under gpipe, one micro-batch's otherwise
+        state = _held(infl[r], infl[r], (nd, nm), (0.0, 0.0), per_layer)
+        head_mb = np.where(lay.sched == SCHEDULES.index("gpipe"), infl[r], 1.0)
+        mtp_mb = infl[r]  # the MTP module's inputs, as the rank's layers
+        if np.any(v):  # a V rank holds its two chunks' micro-batches in different numbers
+            (a1, b1), (a2, b2) = v_in_flight(lay, np.maximum(stage_of[r], 0), M)
+            ad, am = chunk_a[r]
+            rest = (nd - ad, nm - am)
+            s1, s2 = (_held(a, b, (ad, am), rest, per_layer) for a, b in ((a1, b1), (a2, b2)))
+            # the state whose device memory is larger binds (the head's chunk: logits, MTP inputs)
+            head = lambda b: has_head[r] * (b * mtp_in + _logits(logits_mb, b, eb))  # noqa: E731
+            later = s2["acts"] + head(b2) > s1["acts"] + head(b1)
+            pick = {k: np.where(later, s2[k], s1[k]) for k in s1}
+            state = {k: np.where(v, pick[k], state[k]) for k in state}
+            head_mb = np.where(v, np.where(later, b2, b1), head_mb)
+            mtp_mb = np.where(v, head_mb, mtp_mb)
+        held[r] = state
+        layer_acts = state["acts"] / GIB
         # what waits in host memory (Layout.offload_layers, offload_modules)
-        parked[r] = _parked(lay, lc, infl[r], nd, nm, layer_acts) if offloads else 0.0
-        parts[r] = {"activations": layer_acts - parked[r] + infl[r] * has_head[r] * mtp_in / GIB,
-                    "logits": has_head[r] * logits / GIB, "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB}
-    # piper-train's (unfused) bf16 weight copies: priced only where a layout has them
-    casts = {r: cast_copies(m, lay, infl[r]) for r in roles} if np.any(lay.unfused & (lay.act_bytes == 2)) else {}
+        parked[r] = _parked(lay, lc, state["dense"], state["moe"], nd, nm, layer_acts) if offloads else 0.0
+        parts[r] = {"activations": layer_acts - parked[r] + mtp_mb * has_head[r] * mtp_in / GIB,
+                    "logits": has_head[r] * _logits(logits_mb, head_mb, eb) / GIB,
+                    "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB, "recomputed_layer": _rebuilt(lay, lc, nd, nm)}
+    # piper-train's (unfused) bf16 weight copies: priced only where a layout has them; a rank's
+    # micro-batches in flight weighed by its layers (a V rank's two chunks hold different numbers)
+    if np.any(lay.unfused & (lay.act_bytes == 2)):
+        casts = {r: cast_copies(m, lay, _share(held[r]["dense"] + held[r]["moe"], nd + nm))
+                 for r, (nd, nm) in roles.items()}
+    else:
+        casts = {}
     return {"stage_of": stage_of, "casts": casts, "parts": parts, "parked": parked}
 
 
-def _parked(lay: LayoutBatch, lc: dict, infl, nd, nm, layer_acts):
+def _logits(per_mb, n, eb):
+    """Bytes of the LM head's logits with `n` micro-batches of its chunk in flight (`per_mb`
+    logits each): 4 B an element kept for each one's loss backward, and the gradient (eb) of
+    the one in its backward."""
+    return per_mb * (4.0 * n + eb * np.minimum(n, 1.0))
+
+
+def _held(a, b, chunk_a, chunk_b, per_layer) -> dict:
+    """Bytes of saved activations ("acts") and layer-micro-batches of dense and MoE layers
+    ("dense", "moe") a rank holds with `a` micro-batches in flight in the layers `chunk_a`
+    (dense, MoE) and `b` in `chunk_b`; per_layer: (dense, MoE) bytes a layer and micro-batch."""
+    dense = a * chunk_a[0] + b * chunk_b[0]
+    moe = a * chunk_a[1] + b * chunk_b[1]
+    return {"acts": dense * per_layer[0] + moe * per_layer[1], "dense": dense, "moe": moe}
+
+
+def _share(part, whole):
+    """part / whole, 0 where whole is not positive."""
+    whole = np.asarray(whole, float)
+    return np.divide(part, whole, out=np.zeros(np.broadcast_shapes(np.shape(part), whole.shape)), where=whole > 0)
+
+
+def _rebuilt(lay: LayoutBatch, lc: dict, nd, nm) -> np.ndarray:
+    """GiB of the one layer full recompute rebuilds at a time in the backward, beside the layer
+    inputs it keeps: what the largest kind of layer on the rank saves without recompute, less its
+    input, which the rank holds already (recompute.with_recompute's rc_<dense|moe>). 0 without full
+    recompute. Reported apart from "activations", which stay what Korthikanti 2022 counts."""
+    dense = np.where(np.asarray(nd) > 0, lc["rc_dense"], 0.0)
+    moe = np.where(np.asarray(nm) > 0, lc["rc_moe"], 0.0)
+    return np.where(lay.recompute == 2, np.maximum(dense, moe), 0.0) / GIB
+
+
+def _parked(lay: LayoutBatch, lc: dict, dense, moe, nd, nm, layer_acts):
     """GiB of a rank's activations in host memory: Layout.offload_layers' share of its layers
-    (`layer_acts` GiB in all, `infl` micro-batches in flight), and what Layout.offload_modules park
-    of the others, but one layer's: Megatron-Core keeps the last group of each module on the device,
-    whose backward runs first, so its reload never blocks (PipelineOffloadManager.
-    post_warmup_callback, the offload margin)."""
+    (`layer_acts` GiB in all, `dense` and `moe` layer-micro-batches of its nd dense and nm MoE
+    layers in flight), and what Layout.offload_modules park of the others, but one layer's:
+    Megatron-Core keeps the last group of each module on the device, whose backward runs first,
+    so its reload never blocks (PipelineOffloadManager.post_warmup_callback, the offload margin)."""
     share = offloaded_share(lay, nd + nm)
     kept = np.maximum(np.where(nm > 0, lc["o_moe"], 0.0), np.where(nd > 0, lc["o_dense"], 0.0))
-    modules = np.maximum(infl * (nd * lc["o_dense"] + nm * lc["o_moe"]) - kept, 0.0) / GIB
+    modules = np.maximum(dense * lc["o_dense"] + moe * lc["o_moe"] - kept, 0.0) / GIB
     return share * layer_acts + (1.0 - share) * modules
 
 

@@ -7,11 +7,11 @@ way where that lowers the largest chunk (the exact min-max partition on equal la
 The middle chunks share the rest evenly (the first few get one more). Leading dense layers
 fall in the first chunk(s).
 
-Per rank the cost model needs three representatives: the rank holding chunk 0 (rank 0),
-the rank holding the last chunk (rank pp-1 looped; rank 0 for V schedules) and the
-busiest middle rank, each with the layers its chunks hold (rank_layers): rank r holds chunks
-r, r + pp, ... (looped) or r and C-1-r (V), so the larger middle chunks, the first few,
-fall one a rank before any rank holds two.
+Per rank the cost model needs three representatives, each a real rank with the layers its
+chunks hold (rank_layers): rank 0 (chunk 0; in V schedules the last chunk, with the LM head,
+too), the busiest middle rank (rank 1; in V schedules v_mid_rank's) and rank pp-1: rank r holds chunks r, r + pp, ...
+(looped) or r and C-1-r (V), so the larger middle chunks, the first few, fall one a rank
+before any rank holds two.
 """
 from __future__ import annotations
 
@@ -111,18 +111,41 @@ def _rank_loads(first, last, base, n_hi, pp, vpp, v):
     Looped (rank r runs chunks r + j·pp): the larger chunks fall one a rank, in rank order, so
     rank 0 runs floor(n_hi / pp) of them besides chunk 0, rank 1 (the busiest middle rank)
     ceil(n_hi / pp), rank pp - 1 floor((n_hi + 1) / pp) besides the last chunk. V schedules
-    (zbv, dualpipev; rank r runs chunks r and 2·pp - 1 - r): rank 0 runs both ends, and a middle
-    rank two larger chunks only once n_hi >= pp (ranks 1 .. pp - 1 each run one chunk of the
-    first half); the last rank is a middle one."""
+    (zbv, dualpipev; rank r runs chunks r and 2·pp - 1 - r): rank 0 runs both ends, the middle
+    rank v_mid_rank picks and rank pp - 1 the two middle chunks pp - 1 and pp (v_pair)."""
     others = (vpp - 1) * base
-    mid = np.where(v, _v_mid_pair(base, n_hi, pp), vpp * base + -(-n_hi // pp))
+    mid = np.where(v, v_pair(base, n_hi, pp, v_mid_rank(n_hi, pp)), vpp * base + -(-n_hi // pp))
     return (np.where(v, first + last, first + others + n_hi // pp), mid,
-            np.where(v, mid, last + others + (n_hi + 1) // pp))
+            np.where(v, v_pair(base, n_hi, pp, pp - 1), last + others + (n_hi + 1) // pp))
+
+
+def v_mid_rank(n_hi, pp):
+    """The middle rank (1 .. pp-2) a V schedule's middle role stands for: the busiest one in time
+    and in memory both. Chunk j (1 .. 2pp-2) holds one layer more for j <= n_hi, and rank r
+    holds more micro-batches of its chunk r than of its chunk 2pp-1-r, the more so the lower r
+    (memory.v_in_flight). Up to n_hi = pp no middle rank's second chunk is a larger one, so rank 1
+    (a larger first chunk where any is, the most micro-batches of it) is busiest; past pp the
+    ranks from 2pp-1-n_hi hold two larger chunks, pp - 2 among them."""
+    return np.where(np.asarray(n_hi) > np.asarray(pp), np.asarray(pp) - 2, 1)
+
+
+def v_chunks(base, n_hi, pp, rank):
+    """(layers of chunk rank, of chunk 2pp-1-rank) on a V schedule's middle or last rank (materialise's rule:
+    the first n_hi middle chunks one more)."""
+    rank = np.asarray(rank)
+    return base + (rank <= n_hi), base + (2 * np.asarray(pp) - 1 - rank <= n_hi)
+
+
+def v_pair(base, n_hi, pp, rank):
+    """Layers on a V schedule's middle or last rank: its two chunks (v_chunks)."""
+    a, b = v_chunks(base, n_hi, pp, rank)
+    return a + b
 
 
 def _v_mid_pair(base, n_hi, pp):
-    """A V schedule's busiest middle rank, layers: two chunks of base, one more each for the larger
-    ones it runs (one from n_hi >= 1, both from n_hi >= pp: _rank_loads)."""
+    """Layers on a V schedule's busiest rank but rank 0: two chunks of base, one more each for the
+    larger ones it runs (one from n_hi >= 1, both from n_hi >= pp, which at n_hi = pp is rank pp - 1's:
+    v_pair)."""
     return 2 * base + (n_hi >= 1) + (n_hi >= pp)
 
 
@@ -132,10 +155,14 @@ def rank_layers(L: int, cs: ChunkSizes, pp, vpp, v_shape):
     the middle chunks are uneven, so a model with more layers could price faster where that
     tipped the balanced split."""
     pp, vpp = np.asarray(pp), np.asarray(vpp)
-    base = np.where(cs.mid_hi > 0, cs.mid_hi - (cs.n_hi > 0), 0)
-    first, mid, last = _rank_loads(cs.first, cs.last, base, cs.n_hi, pp, vpp, np.asarray(v_shape, bool))
+    first, mid, last = _rank_loads(cs.first, cs.last, mid_base(cs), cs.n_hi, pp, vpp, np.asarray(v_shape, bool))
     one = pp == 1
     return np.where(one, L, first), np.where(one, 0, mid), np.where(one, L, last)
+
+
+def mid_base(cs: ChunkSizes):
+    """Layers of the smaller middle chunks (the larger, the first n_hi, hold one more)."""
+    return np.where(cs.mid_hi > 0, cs.mid_hi - (cs.n_hi > 0), 0)
 
 
 def materialise(L: int, chunks: int, cs: ChunkSizes, i: int = 0) -> list[list[int]]:
