@@ -25,6 +25,7 @@ from .calibrate_bench import (CPU_EXPERT_ROW_MULTIPLE, OPT_TENSORS, BenchPlan, m
 from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collective_overhead, fit_collective_skew,
                             fit_comm, fit_compute, fit_layer_overhead, fit_optimizer_tensor, fit_pipeline_chunk,
                             fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
+from .clitypes import FiniteFloat
 from .errors import PiperError, SpecError
 from .files import check_writable
 from .files import atomic_write_bytes, atomic_write_text
@@ -417,7 +418,7 @@ def _fit(hw: HardwareSpec, meas: dict, plan: BenchPlan, dev: dict, datasheet: bo
 @click.option("--quick", is_flag=True, help="fewer shapes and shorter windows (under 2 minutes with 8 ranks on 2 cores)")
 @click.option("--smoke", is_flag=True, hidden=True, help="seconds-long subset for tests; the fit is rough")
 @click.option("--name", default=None, help="spec name (default: the output file's stem, else the base's)")
-@click.option("--timeout", type=click.FloatRange(1, 3600), default=60.0, show_default=True,
+@click.option("--timeout", type=FiniteFloat(1, 3600), default=60.0, show_default=True,
               help="collective timeout per rank, s (a deadlock fails after this)")
 @click.option("--check", "check_spec", default=None, metavar="SPEC",
               help="measure nothing new: re-run a sample of SPEC's recorded probes (a spec written by calibrate -o, "

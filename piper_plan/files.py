@@ -13,10 +13,11 @@ from .errors import SpecError
 
 
 def read_text(path: str | os.PathLike, source: str | None = None) -> str:
-    """The file's text (UTF-8); a missing, unreadable or binary file is a SpecError."""
+    """The file's text (UTF-8, a byte-order mark dropped as editors on Windows write one); a
+    missing, unreadable or binary file is a SpecError."""
     src = source or str(path)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except OSError as e:
         raise SpecError(src, "<file>", f"cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:

@@ -270,7 +270,8 @@ _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (o
 @click.command(cls=OneLineCommand, context_settings=dict(help_option_names=["-h", "--help"]))
 @click.option("--plan", "plan_path", required=True, help="plan.json written by piper-plan")
 @click.option("--steps", type=POSITIVE, default=10, show_default=True, help="optimizer steps (total, also when resuming)")
-@click.option("--seed", default=0, show_default=True, help="initialisation and synthetic-data seed")
+@click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=0, show_default=True,
+              help="initialisation and synthetic-data seed")
 @click.option("--metrics", "metrics_path", default=None, help="append per-step JSONL records here")
 @click.option("--checkpoint", "ckdir", default=None, help="checkpoint folder (saved at the end, see --checkpoint-every)")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=0, show_default=True, help="also save every N steps (0: only at the end)")
@@ -279,7 +280,8 @@ _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (o
 @click.option("--data-dtype", type=click.Choice(["uint16", "uint32"]), default=None,
               help="token dtype of a raw .bin (default uint16); for .npy, the dtype it must have")
 @click.option("--log-every", type=click.IntRange(min=0), default=1, show_default=True, help="console update every N steps (0: silent)")
-@click.option("--lr", type=FiniteFloat(0), default=3e-4, show_default=True, help="0: a run that measures speed only")
+@click.option("--lr", type=FiniteFloat(0, 1e38), default=3e-4, show_default=True,
+              help="0: a run that measures speed only")  # (past float32's range the optimizer cannot apply it)
 @click.option("--weight-decay", type=FiniteFloat(0), default=0.1, show_default=True)
 @click.option("--clip", type=FiniteFloat(0), default=1.0, show_default=True, help="global gradient-norm clip (0: off)")
 @click.option("--aux-loss-coef", type=FiniteFloat(0), default=1e-2, show_default=True,

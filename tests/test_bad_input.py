@@ -232,6 +232,8 @@ def test_the_more_gpus_hint_prices_the_batch_asked_for():
     ("frontier", lambda t: t.replace("memory_gib: 64", "memory_gib: .inf"), "memory_gib"),
     ("frontier", lambda t: t.replace("nic_gbps: 25", "nic_gbps: .inf"), "nic_gbps"),
     ("frontier", lambda t: t.replace("nic_gbps: 25", "nic_gbps: 1e-300"), "nic_gbps"),   # overflows the step to inf
+    ("dgx-h100", lambda t: t.replace("max_gpus: 32768", "max_gpus: 12"), "max_gpus 12 must be whole nodes"),
+    ("dgx-h100", lambda t: t.replace("max_gpus: 32768", "max_gpus: 65536"), "at most the top topology level"),
     ("dgx-h100", lambda t: t.replace("kernel_overhead_us: 3.0 ", "kernel_overhead_us: 1e300 "), "kernel_overhead_us"),
     ("frontier", lambda t: t.replace("gemm_tile: [256, 128]", "gemm_tile: [0, 0]"), "gemm_tile"),
     ("dgx-h100", lambda t: t.replace("kernel_overhead_us: 3.0 ", "gemm_overhead_us: {bfloat16: 5}\n  "
@@ -383,7 +385,8 @@ def test_piper_train_refuses_bad_run_options_before_spawning(tmp_path, plan_doc)
     p = tmp_path / "plan.json"
     p.write_text(json.dumps(plan_doc))
     (tmp_path / "afile").write_text("")
-    for opt, val in [("--lr", "nan"), ("--lr", "-1"), ("--threads", "0"), ("--threads", "100000"), ("--timeout", "0"),
+    for opt, val in [("--lr", "nan"), ("--lr", "-1"), ("--lr", "1e300"), ("--seed", "99999999999999999999999"),
+                     ("--threads", "0"), ("--threads", "100000"), ("--timeout", "0"),
                      ("--timeout", "nan"), ("--clip", "-1"), ("--capacity-factor", "0"), ("--log-every", "-1")]:
         refused(["--plan", str(p), "--steps", "1", opt, val], opt, cmd=train)
     one_line(["--plan", str(p), "--steps", "1", "--metrics", str(tmp_path / "afile" / "m.jsonl")], "--metrics",
@@ -741,3 +744,10 @@ def test_an_option_that_would_do_nothing_is_refused_not_kept():
     one_line([*EST, "--recompute-modules", "mlp"], "--recompute-modules", "--recompute is 'none'")
     one_line(["estimate", "-m", "mixtral-8x7b", "-H", "dgx-a100-80gb", "-n", "16", "--ep", "8", "--attention-fp8"],
              "peak_tflops: expected an entry for fp8")
+
+
+def test_a_plan_saved_with_a_byte_order_mark_reads_as_without(tmp_path, plan_doc):
+    p = tmp_path / "plan.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(plan_doc).encode())
+    code, out, _ = _run(["show", str(p)])
+    assert code == 0 and "plan: tiny-moe" in out, out

@@ -55,9 +55,9 @@ def test_rank_zero_weighs_its_first_chunk_by_2pp_minus_1_and_binds():
     assert [len(c) for c in materialise(QWEN.num_layers, 16, est.chunks)] == [6] * 14 + [5, 5]
     a_moe = _pipeline(QWEN, H100, lay, Routing(), "bf16").lc["a_moe"][0] / GIB
     rows = {d["role"]: d for d in est.row(0)["memory_gib_per_stage"]}
-    assert rows["first"]["activations"] == pytest.approx(95 * a_moe, abs=1e-3)
-    assert rows["first"]["total"] == pytest.approx(132.04, abs=0.01)
-    assert float(est.peak_memory_gib[0]) == pytest.approx(rows["first"]["total"], abs=1e-3)
+    assert rows["first+last"]["activations"] == pytest.approx(95 * a_moe, abs=1e-3)
+    assert rows["first+last"]["total"] == pytest.approx(132.04, abs=0.01)
+    assert float(est.peak_memory_gib[0]) == pytest.approx(rows["first+last"]["total"], abs=1e-3)
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
@@ -75,9 +75,9 @@ def test_every_row_is_a_real_rank_and_the_middle_row_is_the_busiest_middle_rank(
     held = [max(a * sizes[r] + b * sizes[2 * pp - 1 - r] for a, b in
                 ((int(x[0]), int(y[0])) for x, y in v_in_flight(lay, r))) * a_moe for r in range(pp)]
     rows = {d["role"]: d for d in est.row(0)["memory_gib_per_stage"]}
-    assert rows["first"]["stage"] == 0 and rows["last"]["stage"] == pp - 1
-    assert rows["last"]["logits"] == 0.0 and rows["first"]["logits"] > 0  # the LM head runs on rank 0
-    assert rows["last"]["activations"] == pytest.approx(held[pp - 1], abs=1e-3)
+    assert rows["first+last"]["stage"] == 0 and rows["turn"]["stage"] == pp - 1
+    assert rows["turn"]["logits"] == 0.0 and rows["first+last"]["logits"] > 0  # the LM head runs on rank 0
+    assert rows["turn"]["activations"] == pytest.approx(held[pp - 1], abs=1e-3)
     assert rows["mid"]["activations"] == pytest.approx(held[rows["mid"]["stage"]], abs=1e-3)
     assert rows["mid"]["activations"] == pytest.approx(max(held[1:pp - 1]), abs=1e-3)
     assert float(est.peak_memory_gib[0]) == pytest.approx(max(d["total"] for d in rows.values()))
@@ -111,3 +111,15 @@ def test_the_middle_rank_named_is_the_busiest_in_layers_and_in_activations(sched
             held = {r: max(a[0] * c[0] + b[0] * c[1] for a, b in v_in_flight(lay, r)) for r, c in chunks.items()}
             named = int(v_mid_rank(n_hi, pp))
             assert layers[named] == max(layers.values()) and held[named] == max(held.values()), (pp, n_hi)
+
+
+def test_a_v_schedules_rows_say_rank_0_holds_both_ends_and_rank_pp_minus_1_the_turn():
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs.registry import load_hardware, load_model
+
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    lay = Layout(gpus=32, pp=4, dp=8, ep=8, vpp=2, schedule="zbv", global_batch=64, seq=4096)
+    rows = {r["stage"]: r for r in estimate_layout(m, hw, lay).row(0)["memory_gib_per_stage"]}
+    assert rows[0]["role"] == "first+last" and rows[0]["logits"] > 0
+    assert rows[3]["role"] == "turn" and rows[3]["logits"] == 0

@@ -52,6 +52,7 @@ class Estimate:
     imbalance: np.ndarray = None
     layer_time_s: dict[str, np.ndarray] = field(default_factory=dict)
     host_memory_gib: np.ndarray = None  # what the busiest rank offloads to host memory (cost/offload.py)
+    v_shape: np.ndarray = None  # bool: a V schedule (zbv, dualpipev), whose rank 0 holds both ends
 
     def __len__(self):
         return len(self.step_time_s)
@@ -72,6 +73,8 @@ class Estimate:
                 continue
             seen.add(st)
             d = {k: round(f(v), 4) for k, v in comps.items()}
+            if self.v_shape is not None and self.v_shape[i]:  # rank 0 holds the first and last chunks
+                role = V_ROLES.get(role, role)
             d = {"stage": st, "role": role, **d}
             mem.append(d)
         mem.sort(key=lambda d: d["stage"])
@@ -93,6 +96,9 @@ class Estimate:
 
 _OPTIONAL_PARTS = ("weight_casts", "zero3_units", "recomputed_layer", "host")
 ROLES = ("first", "mid", "last")  # the pipeline's representative ranks, in _stacked's order
+# what those ranks are under a V schedule: rank 0 runs the first and the last chunk (embedding and
+# head), rank pp-1 the two middle ones where the V turns
+V_ROLES = {"first": "first+last", "last": "turn"}
 
 
 def _phases(lc: dict, nd, nm, emb, head) -> dict:
@@ -232,7 +238,8 @@ def evaluate(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing 
     return Estimate(step_time_s=step, tokens_per_s=part.tokens / step, tflops_per_gpu=tflops,
                     hw_tflops_per_gpu=hw_tflops, mfu=mfu, peak_memory_gib=peak, fits=fits, memory=mem, time=time,
                     stage_of_role=stage_of, chunks=part.ranks.cs, imbalance=lc["imb"],
-                    layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]}, host_memory_gib=host_peak)
+                    layer_time_s={"dense": lc["dense_layer"], "moe": lc["moe_layer"]}, host_memory_gib=host_peak,
+                    v_shape=np.isin(lay.sched, [SCHEDULES.index("zbv"), SCHEDULES.index("dualpipev")]))
 
 
 @dataclass

@@ -298,6 +298,10 @@ class HardwareSpec(_Optional):
                 raise ValueError(f"topology sizes must grow and each divide the next (got {sizes})")
         if self.gpus_per_node not in sizes:
             raise ValueError(f"one topology level must be the node (size {self.gpus_per_node}); sizes are {sizes}")
+        # the machine is whole nodes inside the topology (a variant with its own topology must say its size)
+        if self.max_gpus is not None and (self.max_gpus > sizes[-1] or self.max_gpus % self.gpus_per_node):
+            raise ValueError(f"max_gpus {self.max_gpus} must be whole nodes of {self.gpus_per_node} and at most the "
+                             f"top topology level's {sizes[-1]}")
         seen_nic = False
         for i, lv in enumerate(self.topology):
             if lv.shared_links and (lv.via_nic or i + 1 == len(self.topology) or self.topology[i + 1].via_nic):
