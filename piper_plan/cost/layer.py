@@ -239,7 +239,8 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         ovh = _layer_overhead(hw, "moe", dtype, len(lay))
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
         a2a_bytes = t / tp * m.moe.top_k * d * eb
-        a2a_one = _a2a(hw, lay, a2a_bytes, m) * imb  # the busiest rank receives imb×
+        # the busiest rank receives imb x the bytes from the same peers: its set-ups stay as many
+        a2a_one = _a2a(hw, lay, a2a_bytes * imb, m)
         stride = lay.ep_stride
         # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call;
         # under expert tensor parallelism the dispatch all-gathers the etp group's rows after it and
