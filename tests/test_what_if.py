@@ -85,11 +85,17 @@ def test_a_field_left_at_its_default_can_be_varied(hardware):
     checked = 0
     for prefix, model in owners.items():
         for name, kind in _numeric_omitted(model):
+            if name == "job_block":  # a job holds whole nodes: no job_block on a level inside one (below)
+                continue
             new, value = _set_to_another_value(hw, f"{prefix}.{name}", getattr(model, name), kind)
             target = new.topology[0] if prefix == "topology.0" else getattr(new, prefix)
             assert getattr(target, name) == value, f"{prefix}.{name}"
             checked += 1
     assert checked >= 15  # sustained_matmul, a2a_fanout, host_op_us, ... and the level's comm
+    # the first level above the node, filled one node a domain
+    above = next(i for i, lv in enumerate(hw.topology) if lv.size > hw.gpus_per_node)
+    new = set_field(hw, f"topology.{above}.job_block", hw.gpus_per_node)
+    assert new.topology[above].job_block == new.job_blocks[above] == hw.gpus_per_node
 
 
 def test_varying_sustained_matmul_on_a_spec_that_leaves_it_out_changes_the_price():
