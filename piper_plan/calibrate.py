@@ -79,6 +79,8 @@ def _rescale_topology(d: dict, ranks: int) -> None:
             levels.append({**lv, "size": ranks})
         else:
             levels.append({**lv, "size": lv["size"] // g0 * ranks})
+            if lv.get("job_block"):  # the nodes a job fills of each domain, as many as before
+                levels[-1]["job_block"] = lv["job_block"] // g0 * ranks
     d["topology"] = levels
     d["gpus_per_node"] = ranks
     if d.get("max_gpus"):

@@ -95,11 +95,14 @@ def hardware_detail(h: HardwareSpec) -> list[Table]:
     lv = Table(title="topology (fastest first)")
     for c in ("level", "GPUs", "GB/s per GPU", "latency us", "source"):
         lv.add_column(c)
+    blocks = h.job_blocks
     for i, L in enumerate(h.topology):
         shared = f" (links shared with {h.topology[i + 1].name})" if L.shared_links else ""
         if L.mesh:
             shared += f" (mesh: {h.level_bandwidth_gbps(i) / (L.size - 1):g} a peer)"
-        lv.add_row(L.name, str(L.size), f"{h.level_bandwidth_gbps(i):g}" + (" (NIC)" if L.via_nic else "") + shared,
+        # where a job's ranks fill fewer than the domain's GPUs (Level.job_block), which the pricing reads
+        gpus = str(L.size) + (f" (a job fills {blocks[i]})" if blocks[i] < L.size and i + 1 < len(blocks) else "")
+        lv.add_row(L.name, gpus, f"{h.level_bandwidth_gbps(i):g}" + (" (NIC)" if L.via_nic else "") + shared,
                    f"{L.latency_us:g}", L.source)
     return [t, lv]
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from .cost import comm
 from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, off_bits, rc_bits, replace_cols
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import state_lower_bound_gib
@@ -274,7 +275,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     keep = np.ones(shape, bool)
     weight = n_off
     rule("zero 3 with pp > 1", on(zs == 3, 1) & on(pp > 1, 4))
-    reps = hsdp_replicas(hw, tp, dp * cp) if zh.any() else np.ones(len(k1), int)  # a survivor's hybrid replicas
+    reps = hsdp_replicas(hw, tp, dp * cp, N) if zh.any() else np.ones(len(k1), int)  # a survivor's hybrid replicas
     if zh.any():
         rule("hsdp: the data-parallel group fits the scale-up domain (whole-group ZeRO)", on(zh, 1) & on(reps < 2, 4))
         rule("hsdp: a shard inside the scale-up domain would hold one rank", on(zh, 1) & on(dp * cp // reps < 2, 4))
@@ -289,14 +290,15 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     rule("duplicate (placement choice when ep*etp == dp*cp*tp or ep == 1)",
          on((ep * etp == dp * cp * tp) | (ep == 1), 4) & on(pl != 0, 3))
     # HALO only differs from flat when the EP group spans scale-up domains (nodes; an NVL72 rack,
-    # where comm._node_split cuts it) with several members in each; an EP group's members are etp
-    # ranks apart packed, edp·etp spread (layout.rank_coords). Only a duplicate where flat is searched
+    # where comm._node_split cuts it) with several members in each, as its busiest rank finds them
+    # (comm.level_counts: a group of 64 in a world of 576 racks filled 72 each leaves 8 in some); an EP group's
+    # members are etp ranks apart packed, edp·etp spread (layout.rank_coords). Only a duplicate
+    # where flat is searched
     stride = np.where(pl[None, :] == 0, etp[:, None], (dp * cp * tp // np.maximum(ep, 1))[:, None])  # [survivor, pl]
-    domain = hw.topology[hw.scaleup_level].size
-    spans_nodes = ep[:, None] * stride > domain
-    per_node = np.minimum(ep[:, None], np.maximum(1, domain // np.maximum(stride, 1)))
+    inside = comm.level_counts(hw, ep[:, None], stride, N)  # [level, survivor, pl] EP members in a domain
+    per_node = inside[hw.scaleup_level]
     halo = on((a2 == 1) & (a2 == 0).any(), 2)
-    rule("duplicate (halo inside one node equals flat)", halo & per_pl(~spans_nodes))
+    rule("duplicate (halo inside one node equals flat)", halo & per_pl(per_node >= ep[:, None]))
     rule("duplicate (halo with one EP member per node equals flat)", halo & per_pl(per_node <= 1))
     if sp.runtime == "piper-train":  # its ZeRO-2 reduces in autograd hooks: no weight-split schedule
         weight_split = np.isin(np.array(SCHEDULES), WEIGHT_SPLIT)[s_idx]
@@ -304,8 +306,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     if sp.paper_mesh:
         rule("not the paper's PP x EP mesh (tp=1, ep=dp)", on((tp != 1) | (ep != dp), 4))
     if sp.ep_in_domain:
-        sizes = {lv.name: lv.size for lv in hw.topology}
-        rule(f"EP group leaves the {sp.ep_in_domain} domain", per_pl(ep[:, None] * stride > sizes[sp.ep_in_domain]))
+        level = [lv.name for lv in hw.topology].index(sp.ep_in_domain)
+        rule(f"EP group leaves the {sp.ep_in_domain} domain", per_pl(inside[level] < ep[:, None]))
     cols = dict(gpus=N, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
@@ -369,17 +371,26 @@ def _offload_combos(sp: SearchSpace) -> list[tuple]:
     return [(f, n, b) for f in sp.optimizer_offload for n in sp.offload_layers for b in sets]
 
 
-def hsdp_replicas(hw: HardwareSpec, tp, dpcp) -> np.ndarray:
+def hsdp_replicas(hw: HardwareSpec, tp, dpcp, world=None) -> np.ndarray:
     """Layout.zero_replicas that keeps each ZeRO shard inside the scale-up domain (the largest
     topology level not reached through the NICs: a node, an NVL72 rack): a data-parallel group of
-    dpcp ranks `tp` apart is cut into shards of the most of its members one domain holds that
-    divide it (64 of an NVL72 rack's 72 for a group of 256). 1 where the group fits one domain."""
-    domain = max(lv.size for lv in hw.topology if not lv.via_nic)
-    dpcp = np.asarray(dpcp)
-    cap = np.maximum(domain // np.asarray(tp), 1)
-    pairs, inv = np.unique(np.stack(np.broadcast_arrays(dpcp, cap)).reshape(2, -1), axis=1, return_inverse=True)
-    # a few distinct (group, cap) pairs in a search: each one's largest divisor within the cap
-    shard = np.array([max(d for d in range(1, min(g, c) + 1) if g % d == 0) for g, c in pairs.T], dtype=int)
+    dpcp ranks `tp` apart is cut into shards of the most of its members that divide it and that one
+    domain holds whole wherever a shard falls among the `world` ranks (comm.level_counts, a domain
+    holding its level's job_block of ranks; None: the one group). NVL72 racks filled 64 a job each
+    hold shards of 64 of a group of 256; filled 72 each, 72 for a group of 576 but 8 for one of 256
+    (shards of 64 would leave 8 ranks of the second in the first rack). 1 where the group fits one
+    domain."""
+    level = hw.scaleup_level
+    dpcp, tp = np.broadcast_arrays(np.asarray(dpcp), np.asarray(tp))
+    w = np.broadcast_to(dpcp * tp if world is None else np.asarray(world), dpcp.shape)
+    keys, inv = np.unique(np.stack([dpcp, tp, w]).reshape(3, -1), axis=1, return_inverse=True)
+
+    def whole(d, t, n):  # a shard of d ranks t apart sits inside one domain wherever it falls
+        return comm.level_counts(hw, d, t, n)[level] == d
+
+    # a few distinct (group, tp, world) in a search: each one's largest divisor held whole
+    shard = np.array([max(d for d in range(1, g + 1) if g % d == 0 and whole(d, t, n)) for g, t, n in keys.T],
+                     dtype=int)
     return (dpcp // shard[inv.reshape(-1)].reshape(dpcp.shape)).astype(int)
 
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import types
+import typing
 from dataclasses import replace
+
+from pydantic import BaseModel
 
 from .errors import SpecError
 from .report import layout_str
@@ -57,22 +61,54 @@ def parse_vary(items: list[str]) -> dict[str, list[float]]:
     return out
 
 
+def _plain(x):
+    """`x` as plain data with every field, defaults included: a spec's dump leaves out the
+    fields that hold their default (specs.base._Optional), which a sweep must still reach.
+    Tuples become lists, as in a YAML spec, so that an item can be set."""
+    if isinstance(x, BaseModel):
+        return {k: _plain(getattr(x, k)) for k in type(x).model_fields}
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _numeric(owner, key) -> type | None:
+    """int or float where field `key` of `owner` (a model, or a list/dict inside one) holds a
+    number or may (an Optional number left at None), else None."""
+    if not isinstance(owner, BaseModel) or key not in type(owner).model_fields:
+        return None
+    ann = type(owner).model_fields[key].annotation
+    union = typing.get_origin(ann) in (typing.Union, types.UnionType)  # Optional[float], float | None
+    kinds = [a for a in (typing.get_args(ann) if union else (ann,)) if a in (int, float)]
+    return float if float in kinds else kinds[0] if kinds else None
+
+
 def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
-    """A copy of the spec with one numeric field (dotted path; list items by index) set."""
-    data = hw.model_dump()
-    node, parts = data, path.split(".")
+    """A copy of the spec with one numeric field (dotted path; list items by index) set, a
+    field the spec leaves at its default (or unset, None) included."""
+    data = _plain(hw)
+    node, owner, parts = data, hw, path.split(".")
     try:
         for p in parts[:-1]:
-            node = node[int(p)] if isinstance(node, list) else node[p]
+            k = int(p) if isinstance(node, list) else p
+            node, owner = node[k], (owner[k] if isinstance(owner, (list, dict)) else getattr(owner, k))
+            if node is None:  # an optional section (host) the spec leaves out: its other fields unknown
+                raise SpecError(hw.name, path, f"the spec has no {p} section; give the whole section in a "
+                                "spec file to vary one of its fields")
         last = parts[-1]
         key = int(last) if isinstance(node, list) else last
         old = node[key]
     except (KeyError, IndexError, ValueError, TypeError):
         raise SpecError(hw.name, path, "no such field in the hardware spec (expected a dotted path such as "
                         f"network.nic_gbps or topology.0.bandwidth_gbps, or one of {', '.join(ALIASES)})") from None
-    if not isinstance(old, (int, float)) or isinstance(old, bool):
+    kind = type(old) if isinstance(old, (int, float)) and not isinstance(old, bool) else None
+    if old is None:
+        kind = _numeric(owner, key)
+    if kind is None:
         raise SpecError(hw.name, path, f"not a numeric field (holds {type(old).__name__})")
-    node[key] = type(old)(value) if isinstance(old, int) and float(value).is_integer() else value
+    node[key] = int(value) if kind is int and float(value).is_integer() else value
     return parse(HardwareSpec, data, f"{hw.name} with {path}={value:g}")
 
 

@@ -151,11 +151,12 @@ def a2a_check(path: Path | None = None, tokens: int = 4096, elt_bytes: float = 2
     out = []
     for r in rows:
         hw, ep = specs[r["hardware_spec"]], int(r["ep"])
+        # each EP size ran on as many GPUs: its one group starts at rank 0 (world = ep)
         if r["backend"] == "nccl":
-            t = comm.a2a_flat(hw, nbytes, ep, 1)
+            t = comm.a2a_flat(hw, nbytes, ep, 1, ep)
         else:
-            t = comm.a2a_dedup(hw, nbytes, ep, 1, mo.num_experts, mo.top_k, *mo.routing_groups)
-        nodes = ep / float(comm.level_counts(hw, ep, 1)[hw.scaleup_level])  # scale-up domains the group spans
+            t = comm.a2a_dedup(hw, nbytes, ep, 1, mo.num_experts, mo.top_k, *mo.routing_groups, world=ep)
+        nodes = ep / float(comm.level_counts(hw, ep, 1, ep)[hw.scaleup_level])  # scale-up domains the group spans
         out.append({"hardware": r["hardware_spec"], "backend": r["backend"], "ep": ep, "domains": nodes,
                     "dispatch_us": float(r["dispatch_us"]), "combine_us": float(r["combine_us"]),
                     "predicted_us": float(t) * 1e6})
@@ -171,7 +172,7 @@ def rccl_node_check(path: Path | None = None) -> list[dict]:
     for r in rows:
         n, per = int(r["gcds"]), float(r["bytes_per_peer"])
         hw = specs[r["hardware_spec"]]
-        t = comm.a2a_call(hw, per * n, n, 1, False, wire=comm.a2a_flat(hw, per * n, n, 1))
+        t = comm.a2a_call(hw, per * n, n, 1, False, wire=comm.a2a_flat(hw, per * n, n, 1, n), world=n)
         out.append({"hardware": r["hardware_spec"], "gcds": n, "bytes_per_peer": per,
                     "measured_us": float(r["latency_us"]), "min_us": float(r["latency_min_us"]),
                     "max_us": float(r["latency_max_us"]), "predicted_us": float(t) * 1e6})
@@ -188,7 +189,7 @@ def _moe_block_tflops(m, hw, tokens: int = MOE_LAYER_TOKENS, ep: int = 8) -> flo
     lay = from_layouts([Layout(gpus=ep, ep=ep, dp=ep, mbs=1, global_batch=ep, seq=tokens)])
     ph = moe_phase(m, hw, lay, "bf16", np.ones(1))
     mo = m.moe
-    a2a = 4.0 * float(comm.a2a_flat(hw, tokens * mo.top_k * m.hidden_size * 2.0, ep, 1))
+    a2a = 4.0 * float(comm.a2a_flat(hw, tokens * mo.top_k * m.hidden_size * 2.0, ep, 1, ep))
     seconds = float(ph.f[0] + ph.b[0] + ph.w[0]) + a2a
     flops = 6.0 * tokens * (m.router_params + mo.top_k * m.expert_params + m.shared_params)
     return flops / seconds / 1e12

@@ -169,6 +169,16 @@ def test_rescale_topology_keeps_levels_valid():
     assert sizes[:3] == [2, 4, 16] and d["gpus_per_node"] == 4
 
 
+def test_rescale_topology_keeps_the_nodes_a_job_fills_of_each_domain():
+    from piper_plan.specs.hardware import HardwareSpec
+    from piper_plan.specs.registry import parse
+
+    d = load_hardware("gb200-nvl72").model_dump(mode="json")  # trays of 4; a job fills 16 of a rack's 18
+    _rescale_topology(d, 8)
+    assert [(lv["size"], lv.get("job_block")) for lv in d["topology"]] == [(8, None), (144, 128), (36864, None)]
+    assert parse(HardwareSpec, d, "rescaled").job_blocks == [8, 128, 36864]
+
+
 def test_match_bundled_by_model_number():
     h100 = match_bundled("NVIDIA H100 80GB HBM3")
     assert h100 is not None and "H100" in load_hardware(h100).accelerator.name

@@ -16,6 +16,14 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 
+def _racks_filled(job_block: int):
+    """gb200-nvl72 with `job_block` GPUs of each rack filled by a job's consecutive ranks (the
+    bundled spec: 64, NVIDIA's --segment 16), set as a sweep sets a field."""
+    from piper_plan.sweep import set_field
+
+    return set_field(load_hardware("gb200-nvl72"), "topology.1.job_block", job_block)
+
+
 def _rail(intra_gbps: float = 0.3, comm_eff: float = 0.8, lat_us: float = 50.0):
     """A 4 nodes x 2 ranks rail spec, one NIC per rank (like hardware/emu-rail-1.yaml)."""
     hw = load_hardware("emu-rail-1")
@@ -350,8 +358,9 @@ def test_a_fully_connected_node_gives_a_group_only_the_links_to_its_members():
 
 def test_nvl72_rails_repeat_every_tray_not_every_rack():
     # a rank's peers in another rack with its tray-local index share its rail: 18 of a full rack's
-    # 72, so 3/4 of the remote bytes cross rails (a spine tapered to a quarter of the NIC rate)
-    gb200 = load_hardware("gb200-nvl72")
+    # 72, so 3/4 of the remote bytes cross rails (a spine tapered to a quarter of the NIC rate);
+    # two racks a job fills whole
+    gb200 = _racks_filled(72)
     tapered = gb200.model_copy(update={"network": gb200.network.model_copy(update={"cross_rail_taper": 0.25})})
     spine = gb200.nic_gbps_per_gpu * 1e9 * gb200.efficiency.comm * 0.25 / comm._a2a_nic_slowdown(gb200)
     remote = 72 * 1e9  # 1 GB to each of the 72 members of the other rack
@@ -364,3 +373,143 @@ def test_an_array_of_message_sizes_prices_each_size():
     sizes = np.array([1e9, 2e9, 3e9])
     for f in (comm.a2a_flat, comm.a2a_halo):
         assert f(hw, sizes, 16, 1) == pytest.approx([float(f(hw, s, 16, 1)) for s in sizes])
+
+
+def _fewest_in_a_domain(lay, group_of, size: int) -> int:
+    """Members of a group of `lay` (group_of: RankCoord -> the group's key) that the rank with the
+    fewest finds in its domain of `size` consecutive ranks, over every group of layout.rank_coords."""
+    from piper_plan.layout import rank_coords
+
+    groups = {}
+    for c in rank_coords(lay, 4):
+        groups.setdefault(group_of(c), []).append(c.rank // size)
+    return min(min(domains.count(d) for d in domains) for domains in groups.values())
+
+
+@pytest.mark.parametrize("gpus,tp,dp,ep,etp,placement", [
+    (576, 1, 576, 64, 1, "packed"),   # racks of 72: the groups on ranks 64-127 ... 448-511 straddle two
+    (128, 1, 128, 64, 1, "packed"),   # racks of 72: the second group has 8 ranks in the first, 56 in the second
+    (64, 1, 64, 64, 1, "packed"),     # the whole world in one rack
+    (288, 1, 288, 16, 1, "packed"),
+    (288, 1, 288, 8, 1, "spread"),    # members 36 apart
+    (576, 4, 72, 8, 2, "packed"),
+    (576, 2, 144, 16, 1, "spread"),   # members 18 apart: a span of 288
+    (1920, 8, 15, 5, 8, "packed"),    # a DP group of 15 at tp 8 (a span of 120) in pods of 160
+    (960, 2, 40, 8, 1, "spread"),
+])
+def test_the_members_a_domain_holds_are_those_of_the_busiest_rank_of_the_rank_map(gpus, tp, dp, ep, etp, placement):
+    """comm.level_counts against layout.rank_coords: for the EP and DP groups of each layout, at
+    every level below the top of NVL72 racks filled 72 and 64 a job (trays of 4) and of A100 pods
+    of 160 (nodes of 8), the fewest members any rank finds in its domain of job_block ranks."""
+    from piper_plan.layout import Layout
+
+    lay = Layout(gpus=gpus, tp=tp, dp=dp, pp=gpus // (tp * dp), ep=ep, etp=etp, placement=placement,
+                 global_batch=dp, seq=4096)
+    ep_stride = etp if placement == "packed" else dp * tp // ep
+    for hw in (_racks_filled(72), _racks_filled(64), load_hardware("dgx-a100-80gb")):
+        for j, (lv, block) in enumerate(zip(hw.topology[:-1], hw.job_blocks)):
+            want_ep = _fewest_in_a_domain(lay, lambda c: (c.pp, c.edp, c.etp), block)
+            want_dp = _fewest_in_a_domain(lay, lambda c: (c.pp, c.tp), block)
+            assert comm.level_counts(hw, ep, ep_stride, gpus)[j] == want_ep, (hw.job_blocks, lv.name)
+            assert comm.level_counts(hw, dp, tp, gpus)[j] == want_dp, (hw.job_blocks, lv.name)
+
+
+def test_the_steady_state_count_is_the_gcd_of_span_and_domain():
+    """Once the world holds every offset of the blocks against the domains (lcm(span, S) ranks
+    and more), the fewest members is gcd(n·stride, S) / stride (at least 1), S the ranks a domain
+    holds; where S and the span divide one another, as on machines of power-of-two levels, it is
+    min(n, S // stride)."""
+    from math import gcd, lcm
+
+    hw = _racks_filled(72)
+    for n in (2, 3, 4, 6, 8, 16, 64, 128):
+        for stride in (1, 2, 4, 8, 16, 48):
+            world = 4 * lcm(n * stride, 72)
+            assert comm.level_counts(hw, n, stride, world)[1] == min(n, max(1, gcd(n * stride, 72) // stride))
+    h100 = load_hardware("dgx-h100")  # nodes of 8, scalable units of 256
+    for n in (2, 4, 8, 16, 64, 512):
+        for stride in (1, 2, 8, 32):
+            for world in (n * stride, 4 * n * stride, 32768):
+                got = comm.level_counts(h100, n, stride, world)[:2].ravel()
+                assert list(got) == [min(n, max(1, s // stride)) for s in (8, 256)]
+
+
+def test_an_ep_group_of_64_stays_on_nvlink_in_racks_filled_64_a_job_and_straddles_racks_filled_72():
+    """576 GB200 at EP 64. Filled 72 a rack, the group on ranks 64-127 holds 8 of its members in
+    the first rack and 56 in the second: its busiest rank sends 56 of its 64 1 MB shares over its
+    NIC (40 GB/s at comm 0.8) with 56 set-ups of 7 us, 4 over the rack at 3 us and 3 over its tray
+    at 2.5 us: 1.81 ms. Filled 64 a rack (the bundled spec), every group is one rack's ranks and
+    takes 0.29 ms over NVLink, as the one group of a 64-GPU world does."""
+    racks_of_72, bundled = _racks_filled(72), load_hardware("gb200-nvl72")
+    assert bundled.job_blocks == [4, 64, 18432]
+    assert list(comm.level_counts(racks_of_72, 64, 1, 576).ravel()) == [4, 8, 64]
+    nic = racks_of_72.nic_gbps_per_gpu * 1e9 * racks_of_72.efficiency.comm
+    want = 56 * 1e6 / nic + 56 * 7e-6 + 4 * 3e-6 + 3 * 2.5e-6
+    assert float(comm.a2a_flat(racks_of_72, 64e6, 64, 1, 576)) == pytest.approx(want, rel=1e-9)
+    assert list(comm.level_counts(bundled, 64, 1, 576).ravel()) == [4, 64, 64]
+    one_rack = float(comm.a2a_flat(racks_of_72, 64e6, 64, 1, 64))
+    assert one_rack == pytest.approx(0.288e-3, rel=1e-2)
+    assert float(comm.a2a_flat(bundled, 64e6, 64, 1, 576)) == pytest.approx(one_rack, rel=1e-12)
+
+
+def test_a_rack_filled_64_a_job_prices_a_layout_as_a_rack_of_64_gpus():
+    """DeepSeek-V3 on 576 GB200 at tp 1, pp 9, dp 64, EP 64 (each stage's 64 ranks one EP group):
+    racks of 72 filled 64 a job price every term as racks of 64 GPUs would (the rack's bandwidth
+    inside one); filled 72 a job, stages 1-7 straddle two racks and the all-to-all pays the NIC."""
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_model
+    from piper_plan.sweep import set_field
+
+    m, lay = load_model("deepseek-v3"), from_layouts([Layout(gpus=576, pp=9, dp=64, ep=64, global_batch=4608,
+                                                              seq=4096)])
+    racks_of_64 = set_field(_racks_filled(64), "topology.1.size", 64)
+    filled_64, as_64, filled_72 = (evaluate(m, hw, lay) for hw in (_racks_filled(64), racks_of_64, _racks_filled(72)))
+    for k in filled_64.time:
+        assert float(filled_64.time[k][0]) == pytest.approx(float(as_64.time[k][0]), rel=1e-12), k
+    assert float(filled_72.time["a2a"][0]) > 5 * float(filled_64.time["a2a"][0])
+
+
+def test_a_level_s_job_block_lies_between_the_node_and_the_top_and_within_its_domains():
+    """job_block: 1..size, a multiple of the level below's (a job holds whole nodes), no more than
+    a domain's share of the level below's blocks, and refused on the node and on the top level
+    (which holds the whole job); left at its default it is not written out, so older specs dump
+    and hash as before; a level above one set derives its own from it."""
+    gb200 = load_hardware("gb200-nvl72")
+    d = gb200.model_dump()
+    assert d["topology"][1]["job_block"] == 64 and "job_block" not in d["topology"][0] | d["topology"][2]
+    for level, value, match in ((1, 73, "exceeds the domain's size 72"), (1, 0, "greater than or equal to 1"),
+                                (1, 66, "multiple of the level below's 4"), (0, 4, "a job holds whole nodes"),
+                                (2, 64, "the top level holds the whole job")):
+        bad = gb200.model_dump()
+        bad["topology"][level]["job_block"] = value
+        with pytest.raises(ValueError, match=match):
+            type(gb200).model_validate(bad)
+    h100 = load_hardware("dgx-h100")
+    assert "job_block" not in str(h100.model_dump()) and h100.job_blocks == [lv.size for lv in h100.topology]
+    # racks of 72 filled 64, under pods of 8 racks: a pod holds 512 of a job's ranks unless it says fewer
+    pods = gb200.model_dump()
+    pods["topology"].insert(2, {"name": "pod", "size": 576, "via_nic": True, "latency_us": 5.0})
+    assert type(gb200).model_validate(pods).job_blocks == [4, 64, 512, 18432]
+    pods["topology"][2]["job_block"] = 576
+    with pytest.raises(ValueError, match="at most the 512"):
+        type(gb200).model_validate(pods)
+
+
+@pytest.mark.parametrize("name", ["gb200-nvl72", "gb300-nvl72", "gb200-nvl72-nemo260601", "gb300-nvl72-nemo260601"])
+def test_every_bundled_nvl72_spec_fills_64_gpus_a_rack_and_names_its_source(name):
+    """The NVL72 specs (and their variants, through base:) place a job 64 GPUs a rack, and the
+    file that sets it cites NVIDIA's Slurm block-scheduling guidance beside the figure."""
+    import re
+
+    from piper_plan.specs.registry import bundled_dir
+
+    hw = load_hardware(name)
+    assert [lv.job_block for lv in hw.topology] == [None, 64, None]
+    text = (bundled_dir("hardware") / f"{name.split('-nemo')[0]}.yaml").read_text()
+    block = re.search(r"^ +job_block: 64 +#(.*(?:\n +#.*)*)", text, re.M)
+    assert block, "job_block: 64 without a comment beside it"
+    for cited in ("--segment 16", "Slurm Block Scheduling", "developer.nvidia.com", "128+ GPUs"):
+        assert cited in " ".join(block.group(1).replace("#", " ").split()), cited
+    assert hw.topology[1].source.startswith("job_block 64: ")  # as show-spec prints the level

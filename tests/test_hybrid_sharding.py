@@ -10,9 +10,10 @@ from piper_plan.cli import main
 from piper_plan.cost import comm
 from piper_plan.cost.batch import from_layouts
 from piper_plan.cost.estimate import evaluate
-from piper_plan.layout import Layout
+from piper_plan.layout import Layout, rank_coords
 from piper_plan.search import SearchSpace, hsdp_replicas, search
 from piper_plan.specs import load_hardware, load_model
+from piper_plan.sweep import set_field
 
 MIXTRAL, H100 = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
 
@@ -110,11 +111,30 @@ def test_the_search_tries_hybrid_sharding_only_when_asked_and_keeps_each_shard_i
     assert hy.evaluated > plain.evaluated and np.isin(plain.est.step_time_s, hy.est.step_time_s).all()
 
 
-def test_the_scale_up_domain_of_an_nvl72_rack_holds_a_shard_of_up_to_72_ranks():
-    # 256 data-parallel ranks: shards of 64 in a rack of 72 (36 at tp 2: shards of 32); 64 fit one rack
-    gb200 = load_hardware("gb200-nvl72")
-    assert list(hsdp_replicas(gb200, np.array([1, 2, 1]), np.array([256, 256, 64]))) == [4, 8, 1]
-    # a node of 8 H100s: shards of 8, or of one rank at tp 8 (which the search then refuses)
+@pytest.mark.parametrize("job_block,want", [
+    # filled 64 a rack (the bundled spec, NVIDIA's --segment 16): shards of 64, 32 at tp 2; 576 ranks in 9 racks
+    (64, [4, 8, 9, 1, 1]),
+    # filled 72 a rack: shards of 64 of a 256-rank group would put ranks 64-71 of the second in the first
+    # rack, so only shards of 8 stay whole (4 at tp 2); a group of 576 cuts into shards of 72; 64 ranks fit
+    # one rack while they are the whole world, not in a world of 128
+    (72, [32, 64, 8, 1, 8]),
+])
+def test_the_scale_up_domain_of_an_nvl72_rack_holds_a_shard_of_as_many_ranks_as_a_job_fills(job_block, want):
+    gb200 = set_field(load_hardware("gb200-nvl72"), "topology.1.job_block", job_block)
+    tp, dpcp, world = np.array([1, 2, 1, 1, 1]), np.array([256, 256, 576, 64, 64]), np.array([256, 512, 576, 64, 128])
+    assert list(hsdp_replicas(gb200, tp, dpcp, world)) == want
+    # each of those shards (dp // shard neighbouring members of a data-parallel group) sits in one
+    # rack, as layout.rank_coords places its ranks job_block a rack
+    for t, d, w, r in zip(tp, dpcp, world, want):
+        lay = Layout(gpus=int(w), tp=int(t), dp=int(d), pp=int(w // (d * t)), global_batch=int(d), seq=4096)
+        racks = {}
+        for c in rank_coords(lay, gb200.gpus_per_node):
+            racks.setdefault((c.pp, c.dp // (d // r), c.tp), set()).add(c.rank // job_block)
+        assert all(len(x) == 1 for x in racks.values())
+
+
+def test_a_node_of_8_h100s_holds_a_shard_of_up_to_8_ranks():
+    # shards of 8, or of one rank at tp 8 (which the search then refuses)
     assert list(hsdp_replicas(H100, np.array([1, 8]), np.array([256, 32]))) == [32, 32]
 
 

@@ -321,6 +321,7 @@ def test_list_and_show_spec_render_derived_figures():
     assert "a2a_fanout=0.26" in out  # every figure the model prices is on show
     code, out, _ = run("show-spec", "gb200-nvl72")
     assert code == 0 and "links shared with nvl72" in out and "overlap_comm_units=20" in out
+    assert "72 (a job fills 64)" in out  # topology.1.job_block
     code, out, _ = run("show-spec", "nope")
     assert code == 2 and "not a file and not a bundled model" in out
 

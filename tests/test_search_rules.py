@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from piper_plan.cli import main
 from piper_plan.errors import LayoutError
-from piper_plan.layout import Layout, check_for, check_layout
+from piper_plan.layout import Layout, check_for, check_layout, rank_coords
 from piper_plan.search import SearchSpace, search
 from piper_plan.specs.registry import load_hardware, load_model
 
@@ -47,17 +47,32 @@ def test_halo_alone_keeps_the_layouts_without_expert_parallelism():
     assert float(no_ep(halo_only).max()) == pytest.approx(float(no_ep(both).max()))
 
 
-def test_on_nvl72_halo_is_searched_where_the_ep_group_leaves_the_rack():
-    # the cost model splits HALO at the scale-up domain (72 GPUs), not at the 4-GPU tray
-    m, gb200 = load_model("qwen3-235b-a22b"), load_hardware("gb200-nvl72")
+@pytest.mark.parametrize("job_block", [64, 72])
+def test_on_nvl72_halo_is_searched_where_an_ep_group_leaves_the_rack(job_block):
+    # the cost model splits HALO at the scale-up domain (a rack's job_block of ranks), not at the
+    # 4-GPU tray; filled 72 a rack, an EP group of 16 in a world of 288 fits a rack by its size, but
+    # the group on ranks 64-79 has 8 members in each of two racks (rank_coords), so HALO differs
+    # from flat there too
+    from piper_plan.sweep import set_field
+
+    m = load_model("qwen3-235b-a22b")
+    gb200 = set_field(load_hardware("gb200-nvl72"), "topology.1.job_block", job_block)
     res = search(m, gb200, SearchSpace(gpus=288, global_batch=1152, seq=4096))
     b = res.batch
     halo = np.flatnonzero(b.a2a == 1)
     assert len(halo)
+    small = 0
     for i in halo[:300]:
         lay = b.layout(i)
+        racks = {}
+        for c in rank_coords(lay, gb200.gpus_per_node):
+            racks.setdefault((c.pp, c.edp, c.etp), set()).add(c.rank // job_block)
+        assert max(len(r) for r in racks.values()) > 1, lay
         stride = lay.etp if lay.placement == "packed" else lay.dp * lay.cp * lay.tp // lay.ep
-        assert lay.ep * stride > 72
+        small += lay.ep * stride <= job_block
+    # filled 72: groups no larger than a rack that some rack boundary still cuts; filled 64, the
+    # groups HALO is searched for here all span more than a rack's 64 ranks
+    assert small if job_block == 72 else not small
 
 
 def test_sweep_keeps_the_headroom_it_is_given():

@@ -1,9 +1,19 @@
 """α-β communication costs over the topology, vectorised over layouts.
 
-A group is `n` ranks spaced `stride` apart in the global rank order (tp fastest). A level
-of size S holds min(n, S // stride) members of the group around any rank, so the group's
-peers split over levels by those counts. A message of B bytes to a peer whose smallest
-common level is j costs α_j + B / (β_j · e_comm). Levels inside a node have their own links;
+A group is `n` ranks spaced `stride` apart in the global rank order (tp fastest); the groups of
+one kind tile the `world` ranks in blocks of span n·stride from rank 0 (layout.rank_coords), and a
+domain of a level holds S consecutive ranks [kS, (k+1)S), S the level's job_block (the GPUs of a
+domain a job's ranks fill: its size unless the spec says otherwise, HardwareSpec.job_blocks; an
+NVL72 rack that a block scheduler fills 64 at a time holds 64). A block that S does not divide, nor
+divides S, is cut by some domain boundary off its ends: a rank whose piece of the block is small
+reaches most of its group beyond the domain, and that busiest rank sets the collective's time, so
+each level counts the fewest members any rank of the group finds inside its domain (level_counts:
+gcd(n·stride, S) / stride once the world is large; min(n, S // stride) where S and the span divide
+one another, as on machines of power-of-two levels, or where one domain holds the world: 576 GB200
+filled 72 a rack at EP 64 leave 8 members of the group on ranks 64-127 in the first rack; filled 64
+a rack, every group sits in one). The group's peers split over levels by those counts, and the
+level's bandwidth applies among the ranks one domain holds. A message of B bytes to a peer whose
+smallest common level is j costs α_j + B / (β_j · e_comm). Levels inside a node have their own links;
 levels above it share the GPU's NIC share (nics · nic_gbps / gpus_per_node), tapered per
 level; on a rail-optimised fabric traffic between different NIC indices also crosses a
 spine of `cross_rail_taper` × the NIC rate.
@@ -40,15 +50,45 @@ from ..specs.hardware import HardwareSpec
 from .routing import dedup_fraction
 
 
-def level_counts(hw: HardwareSpec, n, stride) -> np.ndarray:
-    """Members of the group inside one domain of each level around a rank: [levels, ...]."""
+def level_counts(hw: HardwareSpec, n, stride, world=None) -> np.ndarray:
+    """[levels, ...] members of the group inside one domain of each level around its worst-placed
+    rank, the one with the fewest (module docstring): min(n, max(1, F // stride)), F the shortest
+    run of ranks a domain (its job_block of ranks) holds of one group's block (_smallest_piece).
+    `world`: the ranks the groups tile (Layout.gpus; None: the one group, n·stride ranks from rank
+    0). The top level holds the whole group."""
     # a few operations on [levels, n]: cheaper than grouping the layouts' (n, stride) pairs first
-    ndim = np.broadcast(n, stride).ndim
-    sizes = np.array([lv.size for lv in hw.topology]).reshape((-1,) + (1,) * ndim)
-    c = np.minimum(n, np.maximum(1, sizes // np.maximum(stride, 1)))
-    c = np.array(c)
+    n, st = np.asarray(n), np.maximum(np.asarray(stride), 1)
+    span = n * st
+    world = span if world is None else np.asarray(world)
+    sizes = _expand(np.array(hw.job_blocks), np.broadcast(span, world).ndim)
+    piece = np.minimum(span, sizes)  # where S and the span divide one another
+    # neither divides the other, and a domain boundary falls inside the world
+    cut = (span % sizes != 0) & (sizes % np.maximum(span, 1) != 0) & (world > sizes)  # (an empty group: span 0)
+    if cut.any():
+        piece = np.where(cut, _smallest_piece(span, sizes, world, cut), piece)
+    c = np.array(np.minimum(n, np.maximum(1, piece // st)))
     c[-1] = n  # the top level holds the whole group
     return c
+
+
+def _smallest_piece(span, sizes, world, cut) -> np.ndarray:
+    """Ranks in the shortest run of a group's block (length `span`, blocks from rank 0) that one
+    domain of `sizes` holds, where `cut` (else 0): a boundary jS inside the world leaves
+    min(jS mod span, span - jS mod span) at the block's ends, a domain inside the block S. The
+    offsets jS mod span are the multiples of gcd(span, S), all of them within span/gcd steps,
+    so the minimum is the gcd once the world holds that many domains; fewer, and it is found by
+    stepping through the boundaries (few distinct (span, S, world) in any batch)."""
+    span, sizes, world = np.broadcast_arrays(span, sizes, world)
+    out = np.zeros(span.shape, dtype=np.int64)
+    uniq, inv = np.unique(np.stack([span[cut], sizes[cut], world[cut]]), axis=1, return_inverse=True)
+    piece = np.empty(uniq.shape[1], dtype=np.int64)
+    for i, (L, S, W) in enumerate(uniq.T):
+        steps = min(-(-W // S) - 1, L // np.gcd(L, S))  # the boundaries inside the world, one period of them
+        r = np.arange(1, steps + 1, dtype=np.int64) * S % L
+        r = r[r > 0]  # a boundary at a block's edge cuts no block
+        piece[i] = min(L, S, np.minimum(r, L - r).min()) if r.size else min(L, S)
+    out[cut] = piece[inv.reshape(-1)]
+    return out
 
 
 def _levels(hw: HardwareSpec):
@@ -95,8 +135,8 @@ def _bw_time(hw: HardwareSpec, per_level_bytes: np.ndarray, cross_rail_bytes=0.0
     return out
 
 
-def _split(hw, n, stride):
-    c = level_counts(hw, n, stride).astype(float)
+def _split(hw, n, stride, world=None):
+    c = level_counts(hw, n, stride, world).astype(float)
     prev = np.concatenate([np.ones_like(c[:1]), c[:-1]], 0)
     return c, c - prev  # counts, peers first met at each level
 
@@ -114,10 +154,11 @@ def _together(nbytes, n, stride):
     return np.broadcast_arrays(np.asarray(nbytes, dtype=float), np.asarray(n), np.asarray(stride))
 
 
-def a2a_flat(hw: HardwareSpec, nbytes, n, stride):
-    """Flat all-to-all: each rank sends nbytes in total, nbytes/n to each member (self incl.)."""
+def a2a_flat(hw: HardwareSpec, nbytes, n, stride, world=None):
+    """Flat all-to-all: each rank sends nbytes in total, nbytes/n to each member (self incl.);
+    `world`: the ranks the groups tile (level_counts)."""
     nbytes, n, stride = _together(nbytes, n, stride)
-    c, peers = _split(hw, n, stride)
+    c, peers = _split(hw, n, stride, world)
     per = nbytes / np.maximum(n, 1)
     B = peers * per
     _, lat, nic = _levels(hw)
@@ -139,9 +180,9 @@ def _a2a_nic_slowdown(hw: HardwareSpec) -> float:
     return hw.network.planes * (hw.efficiency.comm / fan if fan is not None else 1.0)
 
 
-def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
+def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None, world=None):
     """HALO all-to-all time (see module docstring). `flat`: a2a_flat of the same arguments,
-    if the caller has it already (HALO falls back to it when it cannot help).
+    if the caller has it already (HALO falls back to it when it cannot help); `world` as there.
 
     T = max(T_I, T_II) + T_III, each phase α-β:
     - T_I: intra-node exchange, (q-1) messages of `per` bytes over the node's links;
@@ -155,15 +196,16 @@ def a2a_halo(hw: HardwareSpec, nbytes, n, stride, flat=None):
     pack as it landed ran within ~10 % of forwarding after all of them, and cost more
     messages). Phase III also waits for Phase I, which holds the same intra links."""
     n = np.asarray(n)
-    t1, t2_wire, t2_lat, t3, q, nodes = _halo_phases(hw, nbytes, n, stride)
+    t1, t2_wire, t2_lat, t3, q, nodes = _halo_phases(hw, nbytes, n, stride, world)
     t = np.maximum(t1, t2_wire + t2_lat) + t3
     if flat is None:
-        flat = a2a_flat(hw, nbytes, n, stride)
+        flat = a2a_flat(hw, nbytes, n, stride, world)
     # one node, or one member per node: HALO degenerates to the flat exchange
     return np.where((nodes <= 1) | (q <= 1), flat, np.where(n > 1, t, 0.0))
 
 
-def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int, groups: int = 1, limit: int = 1):
+def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int, groups: int = 1, limit: int = 1,
+              world=None):
     """Token-level all-to-all (DeepEP normal kernels, HybridEP): a token goes once to each rank
     holding one of its experts, not once per expert (dedup_fraction over the n ranks), and across
     nodes once per destination node, forwarded inside it over the scale-up links (the DeepEP
@@ -171,23 +213,25 @@ def a2a_dedup(hw: HardwareSpec, nbytes, n, stride, experts: int, top_k: int, gro
     fraction and Phases I and III the rank-level one; inside one scale-up domain, the flat
     exchange of the rank-level bytes. `nbytes` counts top-k copies, as for a2a_flat; `groups`,
     `limit`: group-limited routing (ModelSpec.moe.route_groups / route_group_limit), which
-    confines a token to fewer ranks and nodes."""
+    confines a token to fewer ranks and nodes; `world` as for a2a_flat."""
     n = np.asarray(n)
-    q = level_counts(hw, n, stride)[hw.scaleup_level].astype(float)
+    q = level_counts(hw, n, stride, world)[hw.scaleup_level].astype(float)
     nodes = np.maximum(n / np.maximum(q, 1.0), 1.0)
     per_rank = np.asarray(nbytes, dtype=float) * dedup_fraction(experts, top_k, n, groups, limit)
     one_domain = (nodes <= 1) | (q <= 1)
-    t1, _, _, t3, _, _ = _halo_phases(hw, per_rank, n, stride)
-    _, t2_wire, t2_lat, _, _, _ = _halo_phases(hw, nbytes, n, stride)
+    t1, _, _, t3, _, _ = _halo_phases(hw, per_rank, n, stride, world)
+    _, t2_wire, t2_lat, _, _, _ = _halo_phases(hw, nbytes, n, stride, world)
     t = np.maximum(t1, t2_wire * dedup_fraction(experts, top_k, nodes, groups, limit) + t2_lat) + t3
-    return np.where(one_domain, a2a_flat(hw, per_rank, n, stride), np.where(n > 1, t, 0.0))
+    return np.where(one_domain, a2a_flat(hw, per_rank, n, stride, world), np.where(n > 1, t, 0.0))
 
 
-def _halo_phases(hw: HardwareSpec, nbytes, n, stride):
+def _halo_phases(hw: HardwareSpec, nbytes, n, stride, world=None):
     """HALO's phases (a2a_halo): (T_I, Phase II's bandwidth time, its set-ups, T_III,
     members per node q, nodes)."""
     nbytes, n, stride = _together(nbytes, n, stride)
-    q, _, intra, inter_peers, latx = _node_split(hw, n, stride)
+    q, _, intra, inter_peers, latx = _node_split(hw, n, stride, world)
+    # q: the busiest rank's members in its node; where boundaries split a group unevenly, its
+    # n/q - 1 packs of q·per still carry the (n - q)·per bytes it sends beyond the node
     nodes = np.maximum(n / np.maximum(q, 1), 1.0)
     per = nbytes / np.maximum(n, 1)
     lat_intra = (intra * latx).sum(0)  # q-1 messages inside the node
@@ -201,11 +245,11 @@ def _halo_phases(hw: HardwareSpec, nbytes, n, stride):
     return t1, t2_wire, t2_lat, t3, q, nodes
 
 
-def _node_split(hw: HardwareSpec, n, stride):
+def _node_split(hw: HardwareSpec, n, stride, world=None):
     """A group of n ranks `stride` apart, split at the scale-up domain (node): (members per
     node q, peers first met at each level, those inside the node, those outside it, each
     level's latency broadcast to their shape)."""
-    c, peers = _split(hw, n, stride)
+    c, peers = _split(hw, n, stride, world)
     _, lat, _ = _levels(hw)
     node = hw.scaleup_level
     intra, inter = peers.copy(), peers.copy()
@@ -220,22 +264,22 @@ def _dependent(n, q, halo) -> np.ndarray:
     return np.asarray(halo, dtype=bool) & (np.asarray(n) > q) & (q > 1)
 
 
-def a2a_rounds(hw: HardwareSpec, n, stride, halo) -> np.ndarray:
+def a2a_rounds(hw: HardwareSpec, n, stride, halo, world=None) -> np.ndarray:
     """Dependent communication rounds of one all-to-all: 1 flat; 2 for truly hierarchical
     HALO (Phase III waits on Phase II)."""
-    return np.where(_dependent(n, level_counts(hw, n, stride)[hw.scaleup_level], halo), 2.0, 1.0)
+    return np.where(_dependent(n, level_counts(hw, n, stride, world)[hw.scaleup_level], halo), 2.0, 1.0)
 
 
-def _alphas(hw: HardwareSpec, n, stride):
+def _alphas(hw: HardwareSpec, n, stride, world=None):
     """Message set-up times (s) of one all-to-all: (flat: one message per peer at its level's
     latency; HALO's first round: the larger of Phase I's q-1 intra-node and Phase II's packs;
     and q, the members per node)."""
-    q, peers, intra, inter, latx = _node_split(hw, n, stride)
+    q, peers, intra, inter, latx = _node_split(hw, n, stride, world)
     first = np.maximum((intra * latx).sum(0), (inter / np.maximum(q, 1) * latx).sum(0))
     return (peers * latx).sum(0), first, q
 
 
-def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
+def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None, world=None):
     """Wall time of one all-to-all call on ranks that pay a per-call floor
     (efficiency.collective_overhead_us, co: what a small call costs beyond its α-β time):
 
@@ -263,11 +307,12 @@ def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     specs) both are the wire time exactly."""
     co = hw.efficiency.collective_overhead_us * 1e-6
     if wire is None:
-        wire = np.where(np.asarray(halo, dtype=bool), a2a_halo(hw, nbytes, n, stride), a2a_flat(hw, nbytes, n, stride))
+        wire = np.where(np.asarray(halo, dtype=bool), a2a_halo(hw, nbytes, n, stride, world=world),
+                        a2a_flat(hw, nbytes, n, stride, world))
     wire = np.asarray(wire, dtype=float)
     if co == 0:
         return wire
-    a_flat, a_first, q = _alphas(hw, n, stride)
+    a_flat, a_first, q = _alphas(hw, n, stride, world)
     dependent = _dependent(n, q, halo)
     floor = co + a_flat
     # a NIC that `share` ranks of a node send through carries the packs of the ranks that start
@@ -279,7 +324,7 @@ def a2a_call(hw: HardwareSpec, nbytes, n, stride, halo, wire=None):
     share = max(1.0, hw.gpus_per_node / max(hw.network.nics_per_node, 1))
     hide = 0.0
     if share > 1:
-        t2_wire = _halo_phases(hw, nbytes, n, stride)[1]
+        t2_wire = _halo_phases(hw, nbytes, n, stride, world)[1]
         hide = np.where(dependent, np.minimum(co, t2_wire * (1.0 - 1.0 / share)), 0.0)
     t = np.where(dependent, floor + wire - a_first - hide, np.maximum(floor, wire - a_flat))
     return np.where(np.asarray(n) > 1, t, wire)
@@ -296,14 +341,15 @@ def skew(hw: HardwareSpec, compute_s):
     return eff.collective_skew_us * 1e-6 * np.maximum(root_ms - np.sqrt(eff.collective_skew_base_ms), 0.0)
 
 
-def group_span(hw: HardwareSpec, n, stride):
+def group_span(hw: HardwareSpec, n, stride, world=None):
     """(bandwidth B/s, latency s) a ring over a group of n ranks `stride` apart moves at: the
     slowest of the levels it spans, a NIC level counted at its per-GPU share times the group's
     members inside the domain it joins (the ring's channels leave that domain through all their
     NICs, module docstring; capped by the levels below), and the latency of the top level
-    spanned. Pass it to ring_allreduce as `span` when several collectives share one group."""
+    spanned (`world`: as for level_counts). Pass it to ring_allreduce as `span` when several
+    collectives share one group."""
     n = np.asarray(n)
-    c = level_counts(hw, n, stride)
+    c = level_counts(hw, n, stride, world)
     bw, lat, nic = _levels(hw)
     top = np.minimum((c < n).sum(0), len(hw.topology) - 1)  # first level holding the whole group
     nd = c.ndim - 1
@@ -314,20 +360,20 @@ def group_span(hw: HardwareSpec, n, stride):
     return np.where(spanned, eff, np.inf).min(axis=0), lat[top]
 
 
-def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None):
+def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None, world=None):
     """Ring (or NCCL tree/ring hierarchy) all-reduce of nbytes over n ranks:
     2(n-1)/n·B over the slowest level spanned, 2(n-1) latency steps (each plus
     efficiency.collective_step_us, 0 unless measured on shared cores).
     fraction=0.5 gives a reduce-scatter or an all-gather."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
-    bw, lat = span if span is not None else group_span(hw, n, stride)
+    bw, lat = span if span is not None else group_span(hw, n, stride, world)
     lat = lat + hw.efficiency.collective_step_us * 1e-6  # each step waits for its sender (shared cores)
     t = fraction * (2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw + 2.0 * (n - 1) * lat)
     return np.where((n > 1) & (nbytes > 0), t, 0.0)  # nothing to reduce issues no collective
 
 
-def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None):
+def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None, world=None):
     """A broadcast from, or (reduce=True) a reduce to, one root of nbytes over n ranks: the root's
     whole buffer leaves (or enters) it, so B over the slowest level spanned rather than an
     all-gather's (n-1)/n·B (nccl-tests doc/PERFORMANCE.md: bus bandwidth = algorithm bandwidth for
@@ -337,7 +383,7 @@ def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None):
     all-reduce's bytes, in n steps. Zero with one rank or nothing to move."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
-    bw, lat = span if span is not None else group_span(hw, n, stride)
+    bw, lat = span if span is not None else group_span(hw, n, stride, world)
     lat = lat + hw.efficiency.collective_step_us * 1e-6
     if reduce and hw.collectives == "gloo":
         t = 2.0 * (n - 1) / np.maximum(n, 1) * nbytes / bw + n * lat
@@ -347,9 +393,14 @@ def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None):
 
 
 def p2p(hw: HardwareSpec, nbytes, stride):
-    """One message between ranks `stride` apart."""
-    c = level_counts(hw, 2, stride)
+    """One message between ranks `stride` apart, over the first level whose domain holds two
+    ranks that far apart (S // stride >= 2, S its job_block of ranks as in level_counts). Pipeline
+    pairs (r, r + stride) run across every stage boundary, not in blocks from rank 0 (level_counts),
+    so a domain edge that cuts some of them (pods of 3072 at stride 1024: one boundary in three) is
+    not looked for."""
+    st = np.maximum(np.asarray(stride), 1)
+    sizes = _expand(np.array(hw.job_blocks), st.ndim)
     bw, lat, _ = _levels(hw)
     bw = bw * _mesh_share(hw, np.ones(len(hw.topology)))  # one peer: one link of a mesh
-    top = np.minimum((c < 2).sum(0), len(hw.topology) - 1)
+    top = np.minimum((sizes // st < 2).sum(0), len(hw.topology) - 1)
     return lat[top] + np.asarray(nbytes, dtype=float) / bw[top]

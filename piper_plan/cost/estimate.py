@@ -657,7 +657,7 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     one P2P message's seconds. A search has a few hundred distinct combinations, so each is
     priced once (comm's level counts are costly on every candidate)."""
     _, first, inv = distinct_rows(lay.tp, lay.cp, lay.dp, lay.ep, lay.etp, lay.placement, lay.mbs, lay.seq,
-                                  lay.act_bytes, lay.sp, lay.p2p_sg, lay.unfused)
+                                  lay.act_bytes, lay.sp, lay.p2p_sg, lay.unfused, lay.gpus)
     g = lay.take(first)
     edp = g.edp
     tp = g.tp.astype(float)
@@ -670,11 +670,11 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     whole = g.tokens * d * np.where(g.unfused, 4.0, g.act_bytes.astype(float))
     scattered = g.p2p_sg & ~g.sp & (g.tp > 1)
     p2p_bytes = whole / np.where(g.sp | scattered, tp, 1.0)
-    gather = np.where(scattered, comm.ring_allreduce(hw, whole, g.tp, 1, 0.5), 0.0)
+    gather = np.where(scattered, comm.ring_allreduce(hw, whole, g.tp, 1, 0.5, world=g.gpus), 0.0)
     co = hw.efficiency.collective_overhead_us * 1e-6
     edp_stride = g.edp_stride
-    dp_bw, dp_lat = comm.group_span(hw, g.dpcp, g.tp)
-    edp_bw, edp_lat = comm.group_span(hw, edp, edp_stride)
+    dp_bw, dp_lat = comm.group_span(hw, g.dpcp, g.tp, g.gpus)
+    edp_bw, edp_lat = comm.group_span(hw, edp, edp_stride, g.gpus)
     out = dict(edp=edp, ep_stride=g.ep_stride, edp_stride=edp_stride,
                p2p=comm.p2p(hw, p2p_bytes, g.dpcp * g.tp) + co + gather,
                dp_bw=dp_bw, dp_lat=dp_lat, edp_bw=edp_bw, edp_lat=edp_lat)

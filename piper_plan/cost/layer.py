@@ -28,17 +28,18 @@ if TYPE_CHECKING:  # estimate imports this module
 
 
 def _tp_allreduce(hw, lay, nbytes):
-    return comm.ring_allreduce(hw, nbytes, lay.tp, 1)
+    return comm.ring_allreduce(hw, nbytes, lay.tp, 1, world=lay.gpus)
 
 
 def _a2a(hw, lay, nbytes, m: ModelSpec):
-    stride = lay.ep_stride
-    flat = comm.a2a_flat(hw, nbytes, lay.ep, stride)
-    halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat)
+    stride, world = lay.ep_stride, lay.gpus
+    flat = comm.a2a_flat(hw, nbytes, lay.ep, stride, world)
+    halo = comm.a2a_halo(hw, nbytes, lay.ep, stride, flat=flat, world=world)
     out = np.where(lay.a2a == 1, halo, flat)
     if (lay.a2a == 2).any():  # token-level (DeepEP / HybridEP)
         mo = m.moe
-        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, mo.num_experts, mo.top_k, *mo.routing_groups)
+        dedup = comm.a2a_dedup(hw, nbytes, lay.ep, stride, mo.num_experts, mo.top_k, *mo.routing_groups,
+                               world=world)
         out = np.where(lay.a2a == 2, dedup, out)
     return out
 
@@ -49,9 +50,10 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     distinct combination (~1-3 thousand in a search) is priced once; recompute only changes
     what the backward re-runs and what is saved, so the costs are priced once per combination
     without it (_layer_base) and the recompute variants derived from them (recompute.with_recompute)."""
-    # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise
+    # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise; the world
+    # sets where the groups meet domain boundaries (comm.level_counts)
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.unfused, lay.egemm,
-           lay.dropout, lay.act_bytes, lay.probs_act,
+           lay.dropout, lay.act_bytes, lay.probs_act, lay.gpus,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
     _, first_key, code = distinct_rows(*key)
@@ -163,7 +165,7 @@ def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -
     cp = lay.cp.astype(float)
     more = cp - 1.0
     # one step: one of a ring all-gather's cp - 1 steps over the levels the group spans
-    step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5) / np.maximum(more, 1.0)
+    step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5, world=lay.gpus) / np.maximum(more, 1.0)
     f = more * np.maximum(step - core.f / cp, 0.0)
     b = more * np.maximum(2.0 * step - core.b / cp, 0.0)
     return Phase(f, b, z, z)
@@ -240,19 +242,21 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         ovh = _layer_overhead(hw, "moe", dtype, len(lay))
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
         a2a_bytes = t / tp * m.moe.top_k * d * eb
-        a2a_one = _a2a(hw, lay, a2a_bytes, m) * imb  # the busiest rank receives imb×
+        # the busiest rank receives imb x the bytes from the same peers: its set-ups stay as many
+        a2a_one = _a2a(hw, lay, a2a_bytes * imb, m)
         stride = lay.ep_stride
         # one exchange with its per-call floor (HALO: floor, then its dependent rounds), comm.a2a_call;
         # under expert tensor parallelism the dispatch all-gathers the etp group's rows after it and
         # the combine reduce-scatters them before it (AllGather-V / ReduceScatter-V, arXiv
         # 2504.14960 §3.3; the backward mirrors them): an all-reduce's traffic each way
-        etp_ex = np.where(lay.etp > 1, comm.ring_allreduce(hw, a2a_bytes * imb * lay.etp, lay.etp, 1), 0.0)
-        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one)
+        etp_ex = np.where(lay.etp > 1, comm.ring_allreduce(hw, a2a_bytes * imb * lay.etp, lay.etp, 1,
+                                                           world=lay.gpus), 0.0)
+        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one, world=lay.gpus)
         # dispatch + combine each way; forward first exchanges the per-expert row counts (an int64
         # an expert: a flat exchange of a few bytes a peer, so its floor and a set-up per peer)
         counts = 8.0 * m.moe.num_experts
-        call = np.where(lay.ep > 1, comm.a2a_call(hw, counts, lay.ep, stride, False,
-                                                  wire=comm.a2a_flat(hw, counts, lay.ep, stride)), 0.0)
+        call = np.where(lay.ep > 1, comm.a2a_call(hw, counts, lay.ep, stride, False, world=lay.gpus,
+                                                  wire=comm.a2a_flat(hw, counts, lay.ep, stride, lay.gpus)), 0.0)
         # arrival skew (comm.skew): the forward's count exchange follows the attention, its combine
         # the experts; the backward's exchanges follow the layer above's and the experts' backward
         # (the host overhead split between the two stretches)
@@ -318,7 +322,7 @@ def _recompute_variants(lay: LayoutBatch, sel: LayoutBatch):
 def _dense_key(lay: LayoutBatch) -> tuple:
     """The columns _dense_block reads."""
     return (lay.mbs, lay.seq, lay.cp, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager,
-            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async)
+            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async, lay.gpus)
 
 
 def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:

@@ -98,7 +98,7 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     nbytes = arrivals * layers * m.expert_params * per_param / np.asarray(lay.etp, dtype=float)
     # a2a_flat counts a self share of 1/n: scale so that n-1 peers carry `nbytes`
     n = np.maximum(ep, 2)
-    return np.where(ep > 1, comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.ep_stride), 0.0)
+    return np.where(ep > 1, comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.ep_stride, lay.gpus), 0.0)
 
 
 def migration_step_time(m: ModelSpec, hw: HardwareSpec, lay, period_steps: int, p: Optional[np.ndarray] = None,

@@ -116,8 +116,8 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     piper-train's embedding group). None reads the ZeRO stage: a search prices them once per
     layout without it (estimate._zero_free)."""
     gb, wb = grad_bytes(lay, eb), weight_bytes(lay, eb)
-    groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"])),
-              (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"])))
+    groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"]), lay.gpus),
+              (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"]), lay.gpus))
     rep_w = gathered_bytes(lay, eb, rep, tables)
     ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, groups, 0.5)
     rs_half = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 0.5)
@@ -130,17 +130,18 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, groups), ag)
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     apart = (lay.pp - 1) * (lay.gpus // lay.pp)
-    t_tied = comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, apart) if np.any(tied) else 0.0
+    t_tied = comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, apart, world=lay.gpus) if np.any(tied) else 0.0
     return Collectives(_both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 1.0), rs_half, ag, tied=t_tied)
 
 
 def _both(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, *args):
     """`op` (comm.ring_allreduce with its fraction, or comm.rooted with its reduce flag, in `args`)
     of dense_bytes over the dense data-parallel group plus of expert_bytes over the expert one;
-    `groups` is ((ranks, stride, span), (ranks, stride, span)), a span None where comm.group_span
-    gives it."""
-    (n_d, st_d, span_d), (n_e, st_e, span_e) = groups
-    return op(hw, dense_bytes, n_d, st_d, *args, span=span_d) + op(hw, expert_bytes, n_e, st_e, *args, span=span_e)
+    `groups` is ((ranks, stride, span, world), (ranks, stride, span, world)), a span None where
+    comm.group_span gives it."""
+    (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
+    return (op(hw, dense_bytes, n_d, st_d, *args, span=span_d, world=w_d)
+            + op(hw, expert_bytes, n_e, st_e, *args, span=span_e, world=w_e))
 
 
 def reduced_whole(lay: LayoutBatch) -> np.ndarray:
@@ -195,11 +196,11 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     edp = np.asarray(edp)
     s_d, s_e = lay.dpcp // r, np.maximum(edp // r, 1)
     st_d, st_e = lay.tp, lay.edp_stride
-    shards = ((s_d, st_d, None), (s_e, st_e, None))  # the shard's ranks of each group
+    shards = ((s_d, st_d, None, lay.gpus), (s_e, st_e, None, lay.gpus))  # the shard's ranks of each group
 
     # each copy holds 1/s of the reduced gradients; its ring's members sit a shard apart
-    ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d)
-          + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e), 0.0))
+    ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d, world=lay.gpus)
+          + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e, world=lay.gpus), 0.0))
     wb, rep_w = weight_bytes(lay, eb), gathered_bytes(lay, eb, rep, tables)
     ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, shards, 0.5)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
@@ -260,7 +261,7 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
     # fixed cost below
     if lay.unfused.any():  # the world group's span is costly to find for every candidate of a search
-        t_dp = t_dp + np.where(lay.unfused, comm.ring_allreduce(hw, 8.0, lay.gpus, 1), 0.0)
+        t_dp = t_dp + np.where(lay.unfused, comm.ring_allreduce(hw, 8.0, lay.gpus, 1, world=lay.gpus), 0.0)
     co = hw.efficiency.collective_overhead_us * 1e-6
     if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
         # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and

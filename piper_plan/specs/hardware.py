@@ -203,7 +203,7 @@ class Level(_Optional):
     bandwidth (unless `shared_links`); levels above the node go through the NICs (`via_nic`),
     possibly tapered."""
 
-    _OMIT_AT_DEFAULT = ("shared_links", "comm", "mesh")
+    _OMIT_AT_DEFAULT = ("shared_links", "comm", "mesh", "job_block")
 
     name: str = Field(min_length=1)
     size: int = Field(..., ge=1, le=MAX_GPUS, description="GPUs in one domain of this level")
@@ -221,6 +221,12 @@ class Level(_Optional):
     latency_us: float = Field(..., ge=0, le=MAX_US, description="one-message latency, us")
     comm: Optional[float] = Field(None, gt=0, le=1, description="fraction of this level's bandwidth collectives "
                                   "reach where measured on the level itself (None: efficiency.comm)")
+    job_block: Optional[int] = Field(
+        None, ge=1, le=MAX_GPUS, description="GPUs of one domain of this level that a job's consecutive ranks fill "
+        "before moving to the next domain (a scheduler that places a large job 64 GPUs to an NVL72 rack: 64); "
+        "groups are priced as these blocks of ranks hold them, at this level's bandwidth inside one. None: size, "
+        "or where the level below sets one, as many as this level's domains of that level hold. Levels above "
+        "the node and below the top only (HardwareSpec.job_blocks); capacity (max_gpus) still counts size")
     source: str = ""
 
     @model_validator(mode="after")
@@ -236,6 +242,8 @@ class Level(_Optional):
         if not self.via_nic and self.taper != 1.0:
             raise ValueError(f"level {self.name!r}: taper={self.taper:g} applies to NIC bandwidth; a level not "
                              "via_nic gives its own bandwidth_gbps")
+        if self.job_block is not None and self.job_block > self.size:
+            raise ValueError(f"level {self.name!r}: job_block={self.job_block} exceeds the domain's size {self.size}")
         return self
 
 
@@ -313,6 +321,7 @@ class HardwareSpec(_Optional):
             if seen_nic and not lv.via_nic:
                 raise ValueError(f"level {lv.name!r} sits above a via_nic level and must be via_nic too")
             seen_nic |= lv.via_nic
+        self._job_blocks()
         aff = self.network.nic_affinity
         if aff is not None:
             if len(aff) != self.gpus_per_node:
@@ -334,6 +343,31 @@ class HardwareSpec(_Optional):
             raise ValueError(f"efficiency.overlap_comm_units ({self.efficiency.overlap_comm_units}) exceeds the "
                              f"device's compute_units ({self.accelerator.compute_units})")
         return self
+
+    def _job_blocks(self) -> list[int]:
+        """Each level's job_block given or derived (Level.job_block), checked: a job holds whole
+        nodes and the top level the whole job, so only the levels between may set one; a block is
+        whole blocks of the level below, no more than a domain's share of them."""
+        out, top = [], len(self.topology) - 1
+        for i, lv in enumerate(self.topology):
+            if lv.job_block is not None and (lv.size <= self.gpus_per_node or i == top):
+                where = "the top level holds the whole job" if i == top else "a job holds whole nodes"
+                raise ValueError(f"level {lv.name!r}: job_block applies to levels above the node and below the top "
+                                 f"({where})")
+            # as many ranks as this domain's domains of the level below hold (their blocks, not their GPUs)
+            most = lv.size if i in (0, top) else lv.size // self.topology[i - 1].size * out[-1]
+            block = most if lv.job_block is None else lv.job_block
+            if i and i < top and (block > most or block % out[-1]):
+                raise ValueError(f"level {lv.name!r}: job_block={block} must be a multiple of the level below's "
+                                 f"{out[-1]} and at most the {most} its domains of that level hold")
+            out.append(block)
+        return out
+
+    @property
+    def job_blocks(self) -> list[int]:
+        """Ranks of one job that a domain of each level holds, in rank order (Level.job_block):
+        the domain size that group containment (cost/comm.py level_counts) reads."""
+        return self._job_blocks()
 
     # ---- derived figures -----------------------------------------------------------
     def require_peaks(self, dtypes, source: str | None = None) -> None:
