@@ -52,10 +52,11 @@ def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], ste
     layers = [(layer, m) for c in chunks.values() for layer, m in c.moe_layers().items()]
     stats = [t for _, m in layers for t in (m.dispatcher.tokens_per_slot, m.dispatcher.tokens_per_expert, m.aux_total)]
     values = _read_back(stats + list(losses))
-    moe, a2a, aux = {}, 0.0, 0.0
+    moe, a2a, aux, exchange = {}, 0.0, 0.0, None
     for i, (layer, m) in enumerate(layers):
         d = m.dispatcher
         slot, routed, total = values[3 * i: 3 * i + 3]
+        exchange = type(d.exchange).__name__ if d.exchange is not None else None
         moe[layer] = dict(experts=d.placement.local_experts(d.ep_rank),
                           slot_tokens=[int(v) for v in slot], routed=[int(v) for v in routed])
         a2a += d.a2a.fwd_s + d.a2a.bwd_s
@@ -63,6 +64,7 @@ def rank_stats(groups, chunks: dict[int, Chunk], losses: list[torch.Tensor], ste
     losses = [v[0] for v in values[3 * len(layers):]]
     return dict(rank=groups.rank, pp=groups.pp_rank, dp=groups.dp_rank, ep=groups.ep_rank, edp=groups.edp_rank,
                 losses=losses, step_s=step_s, grad_norm=grad_norm, a2a_s=a2a, aux=aux,
+                exchange=exchange,
                 phases=phases or {},
                 peak_rss_gib=peak_rss_gib(), peak_device_gib=peak_device_gib(chunks),
                 chunks={c: (m.times.fwd_s, m.times.bwd_s) for c, m in chunks.items()}, moe=moe)
@@ -109,6 +111,8 @@ def summarise(plan: Plan, step: int, per_rank: list[dict]) -> dict:
                 # mean micro-batch's, over every data-parallel replica
                 aux_loss=sum(r["aux"] for r in per_rank) / (lay.dp * lay.microbatches),
                 a2a_time_s=max(r["a2a_s"] for r in per_rank),
+                # the all-to-all the ranks ran (FlatExchange, HaloExchange; None without experts)
+                a2a_exchange=sorted({str(r.get("exchange")) for r in per_rank if r.get("exchange")}) or None,
                 phase_s=max(per_rank, key=lambda r: r["step_s"])["phases"],  # the slowest rank's
                 cpu_s_all_ranks=sum(v for r in per_rank for k, v in r["phases"].items() if k.endswith("_cpu")),
                 peak_rss_gib=max(r.get("peak_rss_gib", 0.0) for r in per_rank),

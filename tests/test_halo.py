@@ -142,3 +142,16 @@ def test_per_pack_forwarding_is_refused_where_batches_complete_in_order():
         assert not HaloExchange(None, [0]).in_order  # gloo matches message by message
     finally:
         dist.destroy_process_group()
+
+
+def test_receive_splits_that_disagree_with_the_senders_are_refused_not_misread():
+    # a rank told to receive 2 rows where its peers send 3 would read past or short of its buffer
+    from piper_runtime.moe.halo import HaloExchange
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"recv_splits\[0\] = 2 disagrees with its own send_splits\[0\] = 3"):
+            HaloExchange(None, [0])(torch.ones(3, 4), [3], [2])
+    finally:
+        dist.destroy_process_group()

@@ -186,3 +186,16 @@ def test_full_recompute_rebuilds_one_layer_beside_the_inputs_it_keeps():
     assert evaluate(m, hw, none).memory["first"]["recomputed_layer"][0] == 0.0
     assert est.row(0)["memory_gib_per_stage"][0]["recomputed_layer"] > 0
     assert "recomputed_layer" not in evaluate(m, hw, none).row(0)["memory_gib_per_stage"][0]
+
+
+def test_a_moe_rank_holds_its_all_to_alls_send_and_receive_buffers():
+    # Mixtral 8x7B, tp 2 with SP, 4,096 tokens a micro-batch: each rank routes 2,048 tokens x top-2
+    # rows of 4,096 bf16 values, once to send and once to receive, at the busiest rank's imbalance
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.specs.registry import load_hardware, load_model
+
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    est = estimate_layout(m, hw, Layout(gpus=16, tp=2, pp=2, dp=4, ep=8, global_batch=64, seq=4096))
+    rows = 4096 / 2 * 2
+    want = 2 * rows * 4096 * 2 * float(est.imbalance[0]) / 2**30
+    assert est.memory["first"]["a2a_buffers"][0] == pytest.approx(want)

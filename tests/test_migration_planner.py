@@ -165,3 +165,22 @@ def test_zero_3_moves_a_shard_of_each_expert_weight_as_it_moves_a_shard_of_its_s
     # bf16 weight 2, fp32 gradient 4, master 4 and Adam 8: ZeRO 1 shards 12 B, 2 the gradient
     # too, 3 the weight as well
     assert [float(bytes_per_param(2, 4, z, 8)) for z in range(4)] == [18.0, 2 + 4 + 12 / 8, 2 + 16 / 8, 18 / 8]
+
+
+def test_a_migration_moves_whole_expert_sets_of_the_stage_s_moe_layers_at_18_bytes_a_parameter(monkeypatch):
+    # Mixtral 8x7B at ep 8 (one expert a rank) and edp 1: the worst case re-places the rank's one
+    # expert in each MoE layer of its stage (32 / pp), its bf16 weight, fp32 gradient (the layout's
+    # default grad_dtype, Megatron's main_grad), fp32 master and Adam moments (2 + 4 + 12 B a
+    # parameter), over the n - 1 peers of an all-to-all that counts a self share of 1/n (so
+    # n / (n - 1) of it is offered)
+    from piper_plan.cost import migration as mig
+    from piper_plan.cost.batch import from_layouts
+
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    offered = []
+    monkeypatch.setattr(mig.comm, "a2a_flat", lambda hw, nbytes, *a: offered.append(float(np.asarray(nbytes)[0]))
+                        or np.asarray(nbytes))
+    for pp in (1, 2, 4):
+        mig.migration_time(m, hw, from_layouts([Layout(gpus=8 * pp, pp=pp, dp=8, ep=8, global_batch=64, seq=4096)]))
+    assert m.expert_params == 3 * 4096 * 14336
+    assert offered == pytest.approx([1 * (32 / pp) * m.expert_params * 18 * 8 / 7 for pp in (1, 2, 4)])

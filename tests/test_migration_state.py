@@ -110,5 +110,6 @@ def _worker(rank, store, zero):
         dist.destroy_process_group()
 
 
-def test_failed_migration_changes_nothing_and_success_moves_all_state(tmp_path):
+def test_failed_migration_changes_nothing_and_success_moves_all_state(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # each spawned rank one thread, as piper-train's CPU ranks
     mp.spawn(_worker, args=(str(tmp_path / "store"), 1), nprocs=WORLD, join=True)

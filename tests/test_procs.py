@@ -3,6 +3,7 @@ rank saw: this process's environment and working directory at the start call (th
 those of its own first start)."""
 import json
 import os
+import time
 
 import pytest
 
@@ -18,8 +19,12 @@ def _report(rank: int, out_dir: str) -> None:
 
 def _run(out_dir: str) -> list[dict]:
     ctx = start_ranks(_report, (out_dir,), 2)
-    while not ctx.join(timeout=60):
-        pass
+    deadline = time.monotonic() + 120  # a hung rank fails the test, not the suite
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail("a rank did not finish within 120 s")
     return [json.load(open(os.path.join(out_dir, f"rank{r}.json"))) for r in range(2)]
 
 

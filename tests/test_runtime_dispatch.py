@@ -6,7 +6,6 @@ counts it exchanged (HALO's own count exchange is disabled in that run), and wit
 sums a GPU takes (by slot, runtime/moe/permute.py) as well as the CPU's (embedding_bag)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
@@ -123,8 +122,8 @@ def _worker(rank: int, store: str, grouped, a2a: str, slots: bool) -> None:
 @pytest.mark.parametrize("grouped,a2a,slots", [(None, "flat", False), (False, "flat", False), (None, "halo", False),
                                                (None, "flat", True), (None, "halo", True)],
                          ids=["grouped_mm", "loop", "halo", "grouped_mm-slot-sums", "halo-slot-sums"])
-def test_dispatch_zero_and_uneven(tmp_path, grouped, a2a, slots):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def test_dispatch_zero_and_uneven(tmp_path, grouped, a2a, slots, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # an inherited value must not win, nor this one leak
     mp.spawn(_worker, args=(str(tmp_path / "store"), grouped, a2a, slots), nprocs=EP, join=True)
 
 

@@ -86,7 +86,8 @@ def _worker(rank, store):
         dist.destroy_process_group()
 
 
-def test_zero2_reduces_each_micro_batch_and_matches_zero1(tmp_path):
+def test_zero2_reduces_each_micro_batch_and_matches_zero1(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # each spawned rank one thread, as piper-train's CPU ranks
     mp.spawn(_worker, args=(str(tmp_path / "store"),), nprocs=WORLD, join=True)
 
 

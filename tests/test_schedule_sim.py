@@ -1,5 +1,6 @@
 """The planner's closed-form pipeline step against the schedule run action by action
 (piper_plan/cost/schedule_sim.py)."""
+import inspect
 import itertools
 import sys
 from pathlib import Path
@@ -7,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from piper_plan.cost.schedule import pipeline_time, zbv_bubble
-from piper_plan.cost.schedule_sim import priced_step, rank_orders, simulate, zbv_dag_bubble
+from piper_plan.cost.schedule import dualpipev_bubble, pipeline_time, zbv_bubble
+from piper_plan.cost.schedule_sim import (dualpipev_dag_bubble, priced_step, rank_orders, simulate,
+                                         zbv_dag_bubble)
 
 # (pp, vpp, M): the interleaved layouts checked; M a multiple of pp, as Megatron and torch need
 INTERLEAVED = [(2, 2, 8), (4, 2, 8), (4, 2, 16), (4, 3, 12), (8, 2, 16), (8, 4, 32), (3, 2, 6)]
@@ -144,6 +146,27 @@ def test_an_interleaved_pipeline_with_a_busier_rank_before_the_last_is_never_pri
         assert sim * (1 - 1e-9) <= priced < M * work.max() + (pp - 1) * work.max() / vpp
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("profile", [[1, 1, 1, 2], [1, 1, 2, 3], [0.5, 1, 1, 1, 1, 1, 1, 1.5]])
+def test_a_one_chunk_pipeline_whose_last_rank_is_busiest_is_priced_as_it_runs(schedule, profile):
+    """Σ + (M - 1)·max: the fill and drain pass every rank once, the steady state runs at the busiest
+    rank's pace (ranks [1, 1, 1, 2], M 8: 5 + 7·2 = 19 where (M + pp - 1)·max would say 22)."""
+    pp = len(profile)
+    work = 3 * np.array(profile, float)
+    for M in (pp, 2 * pp, 4 * pp):
+        sim = simulate(rank_orders(schedule, pp, 1, M), work / 3, 2 * work / 3, 0.0)
+        assert priced_step(schedule, pp, 1, M, work / 3, 2 * work / 3, 0.0) == pytest.approx(sim)
+        assert sim == pytest.approx(work.sum() + (M - 1) * work.max())
+
+
+@pytest.mark.parametrize("profile", [[2, 1, 1, 1], [1, 2, 1, 1], [3, 1, 2, 1, 1, 1, 1, 2]])
+def test_a_one_chunk_pipeline_with_a_busier_rank_before_the_last_is_never_priced_faster(profile):
+    pp, work = len(profile), np.array(profile, float)
+    for M in (pp, 2 * pp, 4 * pp):
+        sim = simulate(rank_orders("1f1b", pp, 1, M), work / 3, 2 * work / 3, 0.0)
+        assert sim * (1 - 1e-9) <= priced_step("1f1b", pp, 1, M, work / 3, 2 * work / 3, 0.0)
+
+
 # (pp, M): zbv's micro-batch counts, M >= 2·pp - 1 (layout.check_layout)
 ZBV = [(2, 3), (2, 8), (3, 5), (3, 11), (4, 7), (4, 8), (4, 19), (6, 11), (8, 15), (8, 33)]
 # one chunk's forward, backward-input and backward-weight seconds a micro-batch
@@ -236,26 +259,212 @@ def test_zbv_s_bubble_is_never_below_the_last_rank_s_wait_for_its_first_input():
     assert zbv_bubble(4, 2.0, 2.0, 2.0) == pytest.approx(3.0)
 
 
-def _dualpipev_bubble(pp, f, b, w, h):
-    """The closed form's idle time with every rank running one chunk in f, b, w seconds, h of a
-    forward and backward pair's exchange hidden."""
+# (pp, M): dualpipev's micro-batch counts, M >= 2·pp (torch's ScheduleDualPipeV, layout.check_layout)
+DUALPIPEV = [(1, 2), (2, 4), (2, 7), (3, 6), (3, 9), (4, 8), (4, 11), (5, 10), (6, 12), (8, 16), (8, 21)]
+
+
+def _torch_dualpipev(pp, M):
+    """torch's own ScheduleDualPipeV order, from a schedule holding only what it reads; an
+    OVERLAP_F_B as the tuple of its two sub-actions."""
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    sched = object.__new__(S.ScheduleDualPipeV)
+    sched.pp_group_size, sched.num_stages, sched._n_microbatches = pp, 2 * pp, M
+    C = S._ComputationType
+    kinds = {C.FORWARD: "F", C.FULL_BACKWARD: "B", C.BACKWARD_INPUT: "I", C.BACKWARD_WEIGHT: "W"}
+
+    def ours(a):
+        if a.computation_type == C.OVERLAP_F_B:
+            return tuple(ours(x) for x in a.sub_actions)
+        return (kinds[a.computation_type], a.stage_index, a.microbatch_index)
+    return sched, [[ours(a) for a in sched._calculate_single_rank_operations(r) if a is not None] for r in range(pp)]
+
+
+@pytest.mark.parametrize("pp,M", DUALPIPEV)
+def test_the_dualpipev_order_is_the_one_torch_runs(pp, M):
+    """Pure Python, pairs and split backwards included, so the planner needs no torch."""
+    assert rank_orders("dualpipev", pp, 2, M) == _torch_dualpipev(pp, M)[1]
+
+
+def test_dualpipev_needs_two_micro_batches_a_rank():
+    with pytest.raises(ValueError, match="M >= 2·pp"):
+        rank_orders("dualpipev", 4, 2, 7)
+
+
+@pytest.mark.parametrize("pp,M", [(2, 4), (4, 9)])
+def test_torch_runs_a_pair_s_forward_and_backward_in_turn_and_sends_once_both_are_done(pp, M):
+    """Its runtime performs an OVERLAP_F_B's sub-actions one after the other (no function is
+    registered for it by default), and the lowered schedule sends both outputs after the pair:
+    what simulate and the closed form model with nothing hidden. Neither torch's schedule nor
+    piper-train's runtime registers one."""
+    S = pytest.importorskip("torch.distributed.pipelining.schedules")
+    sched, _ = _torch_dualpipev(pp, M)
+    assert "for sub_a in action.sub_actions" in inspect.getsource(S._PipelineScheduleRuntime._step_microbatches)
+    assert "register_custom_function" not in inspect.getsource(S.ScheduleDualPipeV)
+    runtime = Path(__file__).resolve().parents[1] / "runtime"
+    assert not any("register_custom_function" in f.read_text() for f in runtime.rglob("*.py"))
+    order = {r: sched._calculate_single_rank_operations(r) for r in range(pp)}
+    rank_of = {s: min(s, 2 * pp - 1 - s) for s in range(2 * pp)}.__getitem__  # the V
+    lowered = S._add_send_recv(order, rank_of, 2 * pp)
+    C = S._ComputationType
+    pairs = 0
+    for r, ops in lowered.items():
+        for i, a in enumerate(ops):
+            if a.computation_type != C.OVERLAP_F_B:
+                continue
+            pairs += 1
+            until = next((j for j in range(i + 1, len(ops)) if ops[j].computation_type not in
+                          (C.SEND_F, C.SEND_B, C.RECV_F, C.RECV_B)), len(ops))
+            sent = {(x.stage_index, x.microbatch_index) for x in ops[i + 1:until] if x.computation_type in
+                    (C.SEND_F, C.SEND_B)}
+            fwd, bwd = a.sub_actions
+            crossing = {(x.stage_index, x.microbatch_index) for x, to in ((fwd, fwd.stage_index + 1),
+                                                                          (bwd, bwd.stage_index - 1))
+                        if 0 <= to < 2 * pp and rank_of(to) != r}
+            assert sent == crossing
+    assert pairs > 0
+
+
+def _unpaired(pp, r):
+    """Rank r's chunk forwards outside a pair in torch's order: 3·pp - 1 - r, one more on the last rank."""
+    return 3 * pp - 1 - r + (r == pp - 1)
+
+
+def _dualpipev_step(pp, M, f, b, w, hide=0.0, r=None):
+    """The closed form's step priced from rank r's own work (default the last rank), every rank
+    running one chunk in f, b, w seconds and each pair `hide` shorter (at most min(f, b + w))."""
+    r = pp - 1 if r is None else r
     a = lambda x: np.array([x], float)  # noqa: E731
-    M, work = 4 * pp, 2 * (f + b + w - h)
-    step = pipeline_time(np.array([4]), a(pp), a(M), a(2), a(2 * f), a(2 * b), a(2 * w), a(work), a(pp * work),
-                         a(2 * h))[0]
-    return step - M * work
+    pairs = 2 * M - _unpaired(pp, r)
+    busy = 2 * M * (f + b + w) - pairs * min(hide, f, b + w)
+    return float(pipeline_time(np.array([4]), a(pp), a(M), a(2), a(2 * f), a(2 * b), a(2 * w), a(busy / M),
+                               a(pp * busy / M), a(2 * hide), a(pairs / (2 * M)))[0])
+
+
+@pytest.mark.parametrize("pp,M", DUALPIPEV[1:])
+@pytest.mark.parametrize("f,b,w", CHUNK_TIMES)
+def test_dualpipev_is_priced_as_torch_s_order_runs(pp, M, f, b, w):
+    """Torch's order run action by action, without messages, a pair's two halves in turn: the
+    bubble is the same for every M >= 2·pp."""
+    assert _dualpipev_step(pp, M, f, b, w) == pytest.approx(
+        simulate(rank_orders("dualpipev", pp, 2, M), f, b, 0.0, wgt=w))
+
+
+@pytest.mark.parametrize("pp,M", [(2, 5), (3, 6), (4, 8), (5, 13), (8, 16)])
+@pytest.mark.parametrize("f,b,w", [(1, 1, 1), (1, 2.3, 0.9), (2, 1, 1), (1, 0.4, 1.7), (1, 0.2, 0.1)])
+@pytest.mark.parametrize("share", [0.25, 0.75, 2.0])
+def test_dualpipev_with_overlapped_pairs_is_priced_as_it_runs_from_every_rank(pp, M, f, b, w, share):
+    """Each pair hides `share` of its shorter half (2.0: more than it can, so it lasts its longer
+    half). Priced from any rank's own work (its share of pairs), the step is the order's, though
+    the ranks pair different numbers of chunks."""
+    hide = share * min(f, b + w)
+    sim = simulate(rank_orders("dualpipev", pp, 2, M), f, b, 0.0, wgt=w, hide=hide)
+    for r in range(pp):
+        assert _dualpipev_step(pp, M, f, b, w, hide, r) == pytest.approx(sim)
+
+
+def _dualpipev_corners(pp):
+    """Chunk times (f, b, w, pair seconds p) with f + b + w = 1: every corner of the closed form's
+    pieces (where two of its lines meet, or one meets the simplex's edge or f = b + w, where a
+    pair's floor max(f, b + w) changes side), each with p at both ends of [max(f, b + w), 1], and
+    a point inside each piece on each side of f = b + w."""
+    p = pp
+    pieces = np.array([(2 * (p - 1), 0, 0), (2 * (p - 1), p - 1, 1 - p), (p - 2, p - 1, 0),
+                       (p - 2, 2 * (p - 1), 1 - p)], float)
+    lines = [pieces[0] - pieces[2], pieces[1] - pieces[0], np.array([1.0, -1, -1]), *np.eye(3)]
+    pts = []
+    for u, v in itertools.combinations(lines, 2):
+        A = np.array([u, v, np.ones(3)])
+        if abs(np.linalg.det(A)) > 1e-9:
+            t = np.linalg.solve(A, [0.0, 0.0, 1.0])
+            if (t >= -1e-12).all():
+                pts.append(np.clip(t, 0.0, None))
+    pts = np.array(pts)
+    val = pts @ pieces.T
+    top = np.isclose(val, val.max(axis=1, keepdims=True), rtol=0, atol=1e-9)
+    side = pts[:, 0] - pts[:, 1] - pts[:, 2]
+    inside = [pts[top[:, k] & on].mean(axis=0) for k in range(len(pieces)) for on in (side >= -1e-12, side <= 1e-12)
+              if (top[:, k] & on).any()]
+    assert np.allclose(dualpipev_bubble(pp, *(2 * pts.T)), val.max(axis=1))  # the pieces are dualpipev_bubble's
+    lo = np.maximum(pts[:, 0], pts[:, 1] + pts[:, 2])
+    corners = np.vstack([np.c_[pts, lo], np.c_[pts, np.ones(len(pts))]])
+    mid = np.array([(*x, (max(x[0], x[1] + x[2]) + 1) / 2) for x in inside])
+    return np.vstack([corners, mid]).T
+
+
+@pytest.mark.parametrize("pp", [*range(2, 17), 24, 32, 64])
+def test_the_dualpipev_closed_form_is_the_critical_path_of_torch_s_order_at_every_f_b_w(pp):
+    """The critical path is convex and piecewise linear in (f, b, w, p), p a pair's seconds; less
+    a rank's own work, so is each rank's idle time. Equal to the closed form at every corner of
+    its pieces (both ends of p's range: the pair in turn, and as short as its longer half) and
+    inside each, so equal everywhere, on every rank, at this pp (as zbv's)."""
+    f, b, w, p = _dualpipev_corners(pp)
+    walk = dualpipev_dag_bubble(pp, f, b, w, f + b + w - p)
+    for r in range(pp):
+        priced = dualpipev_bubble(pp, 2 * f, 2 * b, 2 * w, 2 * (f + b + w - p), _unpaired(pp, r))
+        assert np.allclose(walk[r], priced, rtol=1e-10, atol=1e-10)
+
+
+def test_the_dualpipev_graph_walk_prices_candidates_in_blocks_as_at_once():
+    rng = np.random.default_rng(2)
+    f, b, w, h = rng.uniform(0.1, 3.0, (4, 2, 29))
+    assert dualpipev_dag_bubble(5, f, b, w, h, cells=500) == pytest.approx(dualpipev_dag_bubble(5, f, b, w, h))
+    assert dualpipev_dag_bubble(5, f, b, w, h).shape == (5, 2, 29)
+
+
+def test_dualpipev_s_bubble_is_never_below_a_forward_per_stage_past_the_first():
+    """(pp - 1)·F, two chunk forwards a stage: the last rank waits (pp - 1)·f for its first input
+    and as long for its last backwards, which come back once the last micro-batch's forward has
+    run down the V's other arm, a pair on each rank (its forward's output leaves with the pair).
+    Reached where the backward is free. Hiding shortens the pairs, not the first wait: the last
+    rank's stays (pp - 1)·F/2, and no rank's goes below 0."""
+    rng = np.random.default_rng(4)
+    F, B, W = rng.uniform(0.0, 4.0, (3, 5000))
+    h = rng.uniform(0.0, 2.0, 5000) * np.minimum(F, B + W)
+    for pp in (2, 3, 4, 8, 16, 64):
+        assert (dualpipev_bubble(pp, F, B, W) >= (pp - 1) * F - 1e-12).all()
+        assert dualpipev_bubble(pp, F, 0.0, W) == pytest.approx((pp - 1) * F)
+        assert (dualpipev_bubble(pp, F, B, W, h, _unpaired(pp, pp - 1)) >= (pp - 1) * F / 2 - 1e-12).all()
+        for r in range(pp):
+            assert (dualpipev_bubble(pp, F, B, W, h, _unpaired(pp, r)) >= -1e-12).all()
+
+
+def test_torch_s_pairs_cost_a_chunk_forward_a_stage_over_the_same_ops_sent_as_each_ends():
+    """Run apart, each output sent as its action ends, the same ops would idle (pp - 1)·f less:
+    the wait torch's OVERLAP_F_B adds by sending its forward's output after its backward."""
+    f, b, w = 1.0, 0.5, 1.5
+    for pp in (2, 4, 8):
+        orders = rank_orders("dualpipev", pp, 2, 2 * pp + 2)
+        apart = [[a for op in ops for a in (op if isinstance(op[0], tuple) else (op,))] for ops in orders]
+        assert simulate(orders, f, b, 0.0, wgt=w) - simulate(apart, f, b, 0.0, wgt=w) == pytest.approx((pp - 1) * f)
 
 
 @pytest.mark.parametrize("pp", [2, 4, 8])
-@pytest.mark.parametrize("f,b,w,h", [(1, 1, 1, 0), (1, 1.2, 0.8, 0), (1, 2, 0, 0), (1, 1, 1, 0.5)])
-def test_dualpipev_s_bubble_is_the_dualpipe_readme_s_with_a_full_backward(pp, f, b, w, h):
+@pytest.mark.parametrize("f,w,h", [(1, 1, 0), (1, 0.8, 0), (1.5, 0.3, 0), (1, 1, 0.5), (1, 0.4, 1.2)])
+def test_dualpipev_s_bubble_is_the_dualpipe_readme_s_where_a_forward_lasts_a_backward(pp, f, w, h):
     """DualPipe's (PP/2 - 1)(F&B + B - 3W) with PP = 2·pp (DualPipeV is DualPipe cut in half), its
-    B a full backward (input and weight: b + w) and F&B a forward beside a full backward, less the
-    exchange hidden between them (f + b + w - h)."""
-    assert _dualpipev_bubble(pp, f, b, w, h) == pytest.approx((pp - 1) * max(0.0, (f + b + w - h) + (b + w) - 3 * w))
+    B a full backward (b + w) and F&B a forward beside a full backward less the exchange hidden
+    between them (f + b + w - h/2, a pair's share of the rank's h), where f = b >= w: on the last
+    rank, whose pairs the README counts."""
+    b = f
+    readme = (pp - 1) * ((f + b + w - h / 2) + (b + w) - 3 * w)
+    assert dualpipev_bubble(pp, 2 * f, 2 * b, 2 * w, h, _unpaired(pp, pp - 1)) == pytest.approx(readme)
+
+
+@pytest.mark.parametrize("f,b,w,bubble,readme", [(1, 0.5, 1.5, 6, 1.5), (1, 0.2, 0.2, 6, 3.6), (2, 1, 1, 12, 9),
+                                                 (1, 1.2, 0.8, 7.2, 7.8), (1, 2, 0, 14, 15)])
+def test_dualpipev_s_bubble_against_the_readme_s_at_pp_4(f, b, w, bubble, readme):
+    """The README's (pp - 1)·(f + 2b - w) against torch's order run event by event: below it
+    where the weight pass outlasts the backward-input part or the forward the backward (the
+    order idles a chunk forward a stage on each arm of the V whatever b and w), above it where
+    the backward outlasts the forward."""
+    pp = 4
+    assert (pp - 1) * max(0.0, f + 2 * b - w) == pytest.approx(readme)
+    sim = simulate(rank_orders("dualpipev", pp, 2, 2 * pp), f, b, 0.0, wgt=w) - 4 * pp * (f + b + w)
+    assert sim == pytest.approx(bubble)
+    assert dualpipev_bubble(pp, 2 * f, 2 * b, 2 * w) == pytest.approx(bubble)
 
 
 def test_dualpipev_with_equal_phases_idles_as_dualpipe_s_own_steps_do():
     """pp 4, a chunk's f = b = w = 1: DualPipe's dualpipev.py steps 1-8 run event by event idle 6;
     reading B as the input part alone had priced 0."""
-    assert _dualpipev_bubble(4, 1, 1, 1, 0) == pytest.approx(6.0)
+    assert dualpipev_bubble(4, 2, 2, 2) == pytest.approx(6.0)

@@ -60,7 +60,7 @@ def _worker(rank: int, store: str, plan_path: str, out: str) -> None:
         json.dump(dict(sites), f)
 
 
-def test_a_step_reads_back_twice_from_piper_train_s_own_code(tmp_path):
+def test_a_step_reads_back_twice_from_piper_train_s_own_code(tmp_path, monkeypatch):
     from piper_plan.evaluate import build_plan, estimate_layout
     from piper_plan.layout import Layout
     from piper_plan.plan import write_plan
@@ -70,7 +70,7 @@ def test_a_step_reads_back_twice_from_piper_train_s_own_code(tmp_path):
     lay = Layout(gpus=1, global_batch=4, mbs=2, seq=32, dtype="bf16", zero=0, fused_kernels=False)
     plan = tmp_path / "plan.json"
     write_plan(build_plan(spec, hw, lay, estimate_layout(spec, hw, lay)), plan)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # an inherited value must not win, nor this one leak
     out = tmp_path / "sites.json"
     mp.spawn(_worker, args=(str(tmp_path / "store"), str(plan), str(out)), nprocs=1, join=True)
     sites = json.loads(out.read_text())

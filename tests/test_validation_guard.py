@@ -4,6 +4,14 @@ import pytest
 from piper_plan.validate import TARGETS, data_path, read_rows, run, summary
 
 
+# issue 4's acceptance, written here rather than read from the code it guards: (mean, max |%|)
+ISSUE_TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}
+
+
+def test_the_targets_validate_reports_against_are_the_issue_s():
+    assert TARGETS == ISSUE_TARGETS
+
+
 @pytest.fixture(scope="module")
 def results():
     return run()
@@ -18,7 +26,7 @@ def published():
 def test_dense_rows_meet_the_targets(results):
     # the acceptance's dense rows (A100: Narayanan 2021 Table 1, Korthikanti 2022 Table 5)
     k = summary(results)["kinds"]["dense_named_sources"]
-    assert k["rows"] == 18 and k["mape"] <= TARGETS["dense"][0] and k["max_abs_pct"] <= TARGETS["dense"][1]
+    assert k["rows"] == 18 and k["mape"] <= 10.0 and k["max_abs_pct"] <= 20.0
     assert summary(results)["kinds"]["dense"]["rows"] >= 18  # every dense row, the later ones too
 
 
@@ -33,7 +41,7 @@ def test_moe_rows_meet_the_mean_target(results):
     # in-sample). The issue's other MoE target, no row worse than 35 %, is NOT met yet (3 rows are
     # worse; issue 4 stays open): this guard fails a change that takes the mean back above its target.
     k = summary(results)["kinds"]["moe"]
-    assert k["rows"] == 166 and k["mape"] <= TARGETS["moe"][0]
+    assert k["rows"] == 166 and k["mape"] <= 20.0
 
 
 def test_the_issue_s_named_moe_sources_are_reported_alone(results):
@@ -48,10 +56,10 @@ def test_the_issue_s_named_moe_sources_are_reported_alone(results):
     k = summary(results)["kinds"]["moe_named_sources"]
     assert k["rows"] == len(named) == 139 and all(r.kind == "moe" for r in named)
     assert k["mape"] == pytest.approx(sum(abs(r.error_pct) for r in named) / 139)
-    assert k["within_target_max"] == sum(abs(r.error_pct) <= TARGETS["moe"][1] for r in named)
-    assert k["mape"] <= TARGETS["moe"][0]
+    assert k["within_target_max"] == sum(abs(r.error_pct) <= 35.0 for r in named)
+    assert k["mape"] <= 20.0
     # the rows the max target misses are named, with their signed errors
-    assert k["beyond_target_max"] == {r.id: r.error_pct for r in named if abs(r.error_pct) > TARGETS["moe"][1]}
+    assert k["beyond_target_max"] == {r.id: r.error_pct for r in named if abs(r.error_pct) > 35.0}
     assert len(k["beyond_target_max"]) + k["within_target_max"] == 139
     assert k["within_target_max"] >= 137
 

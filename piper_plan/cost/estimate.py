@@ -529,7 +529,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
     hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, pick(win_r.F), pick(win_r.B), pick(win_r.W),
-                           peak_role_time, total_sum, hidden)
+                           peak_role_time, total_sum, hidden, pick(paired_share))
     # the fill and the drain wait on every hop's message: each other rank's chunk in the bubble
     # keeps the messages its steady state hides
     h_first, h_mid, h_last = p2p_hidden
@@ -545,7 +545,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
         on = lambda x: x.take(zb, axis=-1)  # noqa: E731
         hid = np.where(dualpipe_hides[zb], np.minimum(on(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
         t_r = pipeline_time(lay.sched[zb], lay.pp[zb], M[zb], lay.vpp[zb], on(win_r.F), on(win_r.B), on(win_r.W),
-                            on(totals), total_sum[zb], hid)
+                            on(totals), total_sum[zb], hid, on(paired_share))
         t_pipe[zb] = np.max(np.where(on(present), t_r, -np.inf), axis=0)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
     # reported apart: what the host's gap absorbs as hidden exchange, then as the units' slow-down

@@ -9,11 +9,12 @@ sum over ranks; v = vpp.
                  share of the fill and drain: (pp-1)·max/v on equal ranks)
 - zbv:           M·max + zbv_bubble: the idle time of torch's ScheduleZBVZeroBubble order, which
                  piper-train runs (cost/schedule_sim.zbv_dag_bubble walks it)
-- dualpipev:     M·max + (pp-1)·max(0, F + 2B - W - h)/2: DualPipe's (PP/2-1)(F&B + B - 3W) per
-                 chunk with PP = 2·pp (DualPipeV is DualPipe cut in half), its B a full backward
-                 (input + weight) and F&B a forward beside a full backward, less the exchange h
-                 hidden between them (DeepSeek-V3 report §3.2.1, DualPipe README); under
-                 piper-train (torch's ScheduleDualPipeV, no overlap) h is 0.
+- dualpipev:     M·max + dualpipev_bubble: the idle time of torch's ScheduleDualPipeV order (DeepSeek's
+                 DualPipeV steps 1-8; cost/schedule_sim.dualpipev_dag_bubble walks it): with f, b, w
+                 a chunk's, max(2(pp-1)·f, (pp-2)·f + (pp-1)·b) + (pp-1)·max(0, b - w), less what
+                 the rank's forward-backward pairs hide (h: DeepSeek's DualPipe and Megatron-Core
+                 overlap each pair; piper-train runs the two in turn, h 0). DualPipe's README
+                 (PP/2-1)(F&B + B - 3W), PP = 2·pp, is its value where f = b >= w.
 The V schedules' F, B, W (and h) cover a rank's two chunks: their bubbles read a chunk's, half.
 """
 from __future__ import annotations
@@ -39,18 +40,50 @@ def zbv_bubble(pp, F, B, W):
     return np.maximum(np.maximum(np.maximum(f, b) + (p - 2) * w, (p - 1) * (2 * b - m)), tail)
 
 
-def pipeline_time(sched, pp, M, vpp, F, B, W, peak_sum, total_sum, comm_hidden=None):
+def dualpipev_bubble(pp, F, B, W, hidden=0.0, unpaired=None):
+    """Seconds torch's ScheduleDualPipeV leaves a rank idle a step beyond its own work, for any M >=
+    2·pp. F, B, W: a rank's forward, backward-input and backward-weight seconds a micro-batch
+    (both chunks; arrays broadcast together); with f, b, w a chunk's (half), every rank with these
+    times, the critical path of the order less 2M·(f + b + w) is
+    max(2(pp-1)·f, (pp-2)·f + (pp-1)·b) + (pp-1)·max(0, b - w), four linear pieces
+    (schedule_sim.dualpipev_dag_bubble walks the graph; tests/test_schedule_sim.py holds them equal
+    on every (f, b, w) for pp 2-16, 24, 32, 64). It is never below (pp-1)·F: the last rank waits
+    (pp-1)·f for its first input and as long for its last backwards, which come back only after
+    the last micro-batch's forward has run down the V's other arm, a pair on each rank before it
+    (torch sends a pair's forward output once its backward is done too).
+
+    hidden: the exchange seconds a micro-batch that a rank's forward-backward pairs hide (both
+    chunks: each pair, a chunk's forward beside another micro-batch's chunk backward, runs
+    hidden/2 shorter than the two in turn, never shorter than the longer of them, the pair's
+    synchronous floor). The critical path runs 2M - pp - 2 pairs; a rank runs 2M - unpaired
+    (`unpaired`: its chunk forwards outside a pair, torch's 3pp - 1 - rank, one more on the last
+    rank; default the last rank's 2pp + 1), so its idle time is the above less
+    (unpaired - pp - 2)·hidden/2, the README's (pp-1)·h/2 on the last rank: M micro-batches of the
+    rank's work, its own pairs' hiding taken off (estimate._paired_share), plus this is the
+    critical path. The wait for the first input runs before any pair, so the last rank's stays at
+    least (pp-1)·F/2."""
+    p = np.asarray(pp, float)
+    f, b, w = (np.asarray(x, float) / 2 for x in (F, B, W))
+    sync = np.maximum(2 * (p - 1) * f, (p - 2) * f + (p - 1) * b) + (p - 1) * np.maximum(0.0, b - w)
+    pair_hides = np.minimum(np.asarray(hidden, float) / 2, np.minimum(f, b + w))
+    u = 2 * p + 1 if unpaired is None else np.asarray(unpaired, float)
+    return sync - (u - p - 2) * pair_hides
+
+
+def pipeline_time(sched, pp, M, vpp, F, B, W, peak_sum, total_sum, comm_hidden=None, paired=None):
     """Seconds for the forward/backward part of one step. `peak_sum` is max_r (F+B+W) and
-    `total_sum` Σ_r (F+B+W); F, B, W are the peak rank's."""
+    `total_sum` Σ_r (F+B+W); F, B, W are the peak rank's. dualpipev: `comm_hidden` the exchange
+    seconds a micro-batch its forward-backward pairs hide, `paired` the share of the rank's chunks
+    in a pair (estimate._paired_share; dualpipev_bubble)."""
     pp = pp.astype(float)
     M = M.astype(float)
     v = vpp.astype(float)
     Mp = M * peak_sum
     # the interleaved fill and drain: every rank's chunk once, the busiest one's in the steady state
     fb = np.where(sched <= 1, total_sum + (M - 1) * peak_sum, np.where(sched == 2, Mp + (total_sum - peak_sum) / v, Mp))
-    if comm_hidden is None:
-        comm_hidden = np.zeros_like(F)
+    hidden = 0.0 if comm_hidden is None else comm_hidden
+    unpaired = None if paired is None else 2 * M * (1 - paired)
     zb = zbv_bubble(pp, F, B, W)
-    dp_b = (pp - 1) * np.maximum(0.0, F + 2 * B - W - comm_hidden) / 2
+    dp_b = dualpipev_bubble(pp, F, B, W, hidden, unpaired)
     bubble_extra = np.where(sched == 3, zb, np.where(sched == 4, dp_b, 0.0))
     return np.where(pp == 1, Mp, fb + bubble_extra)

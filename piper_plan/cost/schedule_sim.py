@@ -11,8 +11,9 @@ its message is delivered. The receiver always waits for its input.
 
 It loops over actions (a few thousand per layout), so it checks chosen layouts and the closed
 forms (tests/test_schedule_sim.py, benchmarks/p2p_overlap.py); the search stays vectorised.
-zbv_dag_bubble runs torch's ZB-V order without messages as a static graph, vectorised over
-candidates, the reference for schedule.zbv_bubble's closed form.
+zbv_dag_bubble and dualpipev_dag_bubble run torch's ZB-V and DualPipeV orders without messages
+as a static graph, vectorised over candidates, the references for schedule.zbv_bubble's and
+schedule.dualpipev_bubble's closed forms.
 Times are seconds; the same code takes milliseconds throughout.
 """
 from __future__ import annotations
@@ -25,9 +26,12 @@ import numpy as np
 # ("F" | "B" | "I" | "W", virtual stage, micro-batch): forward, full backward, or a backward split
 # into its input part (I) and its weight part (W), as zbv runs it
 Action = tuple[str, int, int]
+# what a rank runs in one go: an action, or dualpipev's overlapped pair (a forward, then another
+# micro-batch's full backward: torch's OVERLAP_F_B, whose outputs are sent once both are done)
+Op = Action | tuple[Action, Action]
 
 
-def rank_orders(schedule: str, pp: int, vpp: int, M: int) -> list[list[Action]]:
+def rank_orders(schedule: str, pp: int, vpp: int, M: int) -> list[list[Op]]:
     """Each rank's actions in the order it runs them. Virtual stage s lives on rank s % pp.
 
     - gpipe: every forward, then every backward, both in micro-batch order (torch's ScheduleGPipe);
@@ -37,13 +41,17 @@ def rank_orders(schedule: str, pp: int, vpp: int, M: int) -> list[list[Action]]:
       2·(pp - 1 - rank) warm-up forwards, rounds of `round` micro-batches a chunk, where
       round = M // max(1, M // pp);
     - zbv: torch's ScheduleZBVZeroBubble (_calculate_single_rank_operations, its idle slots
-      dropped), chunks rank and 2·pp - 1 - rank on each rank (the V), backwards split into I and W."""
+      dropped), chunks rank and 2·pp - 1 - rank on each rank (the V), backwards split into I and W;
+    - dualpipev: torch's ScheduleDualPipeV (DeepSeek's DualPipeV order), on the same V: full
+      backwards (B), split ones (I, W) and overlapped pairs ((F, B) tuples, its OVERLAP_F_B)."""
     if schedule == "interleaved":
         return [_interleaved(pp, vpp, M, r) for r in range(pp)]
-    if schedule == "zbv":
+    if schedule in ("zbv", "dualpipev"):
         if vpp != 2:
-            raise ValueError(f"rank_orders: zbv runs two chunks a rank, got vpp {vpp}")
-        return [_zbv(pp, M, r) for r in range(pp)]
+            raise ValueError(f"rank_orders: {schedule} runs two chunks a rank, got vpp {vpp}")
+        if schedule == "dualpipev" and M < 2 * pp:
+            raise ValueError(f"rank_orders: dualpipev needs M >= 2·pp micro-batches, got {M} at pp {pp}")
+        return [(_zbv if schedule == "zbv" else _dualpipev)(pp, M, r) for r in range(pp)]
     if vpp != 1:
         raise ValueError(f"rank_orders: {schedule} runs one chunk a rank, got vpp {vpp}")
     if schedule == "gpipe":
@@ -51,7 +59,7 @@ def rank_orders(schedule: str, pp: int, vpp: int, M: int) -> list[list[Action]]:
     if schedule == "1f1b":
         return [_one_f_one_b(min(M, pp - 1 - r), [(r, m) for m in range(M)], [(r, m) for m in range(M)])
                 for r in range(pp)]
-    raise ValueError(f"rank_orders: no action order for schedule {schedule!r} (gpipe, 1f1b or interleaved)")
+    raise ValueError(f"rank_orders: no action order for schedule {schedule!r}")
 
 
 def _interleaved(pp: int, vpp: int, M: int, r: int) -> list[Action]:
@@ -99,6 +107,57 @@ def _zbv(pp: int, M: int, r: int) -> list[Action]:
     return [a for a in ops if a[2] < M]
 
 
+def _dualpipev(pp: int, M: int, r: int) -> list[Op]:
+    """Rank r's ops as torch's ScheduleDualPipeV._calculate_single_rank_operations lists them
+    (torch 2.13, DeepSeek's dualpipev.py steps 1-8; tests/test_schedule_sim.py checks the installed
+    one). A micro-batch index counts per chunk and kind: a full backward takes the next backward
+    index, and a weight pass runs the oldest split backward not yet weighed."""
+    c0, c1 = r, 2 * pp - 1 - r
+    fwd, bwd = {c0: 0, c1: 0}, {c0: 0, c1: 0}
+    pending: list[tuple[int, int]] = []  # split backwards whose weight pass is still to run
+    ops: list[Op] = []
+
+    def f(c):
+        fwd[c] += 1
+        return ("F", c, fwd[c] - 1)
+
+    def b(c, kind="B"):
+        bwd[c] += 1
+        if kind == "I":
+            pending.append((c, bwd[c] - 1))
+        return (kind, c, bwd[c] - 1)
+
+    def weigh():
+        if pending:
+            ops.append(("W", *pending.pop(0)))
+
+    ops += [f(c0) for _ in range(2 * (pp - r - 1))]  # 1: chunk 0's forwards
+    for _ in range(r + 1):  # 2: both chunks' forwards
+        ops += [f(c0), f(c1)]
+    for _ in range(pp - r - 1):  # 3: zero bubble on chunk 1
+        ops.append(b(c1, "I"))
+        weigh()
+        ops.append(f(c1))
+    for i in range(M - 2 * pp + r + 1):  # 4: the main step, a forward beside a backward
+        # the last rank runs its first pair's two halves apart (torch: "to further reduce bubble size")
+        ops += [f(c0), b(c1)] if i == 0 and r == pp - 1 else [(f(c0), b(c1))]
+        ops.append((f(c1), b(c0)))
+    for _ in range(pp - r - 1):  # 5
+        ops += [b(c1), (f(c1), b(c0))]
+    split = False
+    for i in range(r + 1):  # 6: both chunks' backwards, split from the middle on
+        split |= i == (r + 1) // 2 and r % 2 == 1
+        ops.append(b(c1, "I" if split else "B"))
+        split |= i == (r + 1) // 2 and r % 2 == 0
+        ops.append(b(c0, "I" if split else "B"))
+    for _ in range(pp - r - 1):  # 7
+        weigh()
+        ops.append(b(c0, "I" if split else "B"))
+    for _ in range(r + 1):  # 8: the weight passes left
+        weigh()
+    return ops
+
+
 def _one_f_one_b(warm: int, fwds: list[tuple[int, int]], bwds: list[tuple[int, int]]) -> list[Action]:
     """`warm` forwards, then one forward one backward in turn, then the remaining backwards
     (fwds, bwds: each (stage, micro-batch) in the order the rank runs them)."""
@@ -108,32 +167,47 @@ def _one_f_one_b(warm: int, fwds: list[tuple[int, int]], bwds: list[tuple[int, i
     return ops + [("B", *x) for x in bwds[len(fwds) - warm:]]
 
 
+def _parts(op: Op) -> tuple[Action, ...]:
+    """An op's actions: itself, or an overlapped pair's forward and backward."""
+    return op if isinstance(op[0], tuple) else (op,)
+
+
+def _made(a: Action) -> Action:
+    """The output an action makes, as _input names it: a backward's input gradient ("B") whether
+    the backward is full (B) or split (its input part, I); dualpipev runs both."""
+    return ("B", a[1], a[2]) if a[0] == "I" else a
+
+
 def _input(kind: str, s: int, m: int, V: int) -> Action | None:
-    """The action whose output (kind, s, m) needs, None for the first stage's forward: a forward
-    the previous stage's, a backward (or its input part) the next stage's, or at the last stage
-    its own forward; a weight pass its own input part."""
+    """The output (named as _made names it) that action (kind, s, m) needs, None for the first
+    stage's forward: a forward the previous stage's, a backward (full or its input part) the next
+    stage's, or at the last stage its own forward; a weight pass its own input part."""
     if kind == "F":
         return ("F", s - 1, m) if s > 0 else None
     if kind == "W":
-        return ("I", s, m)
-    return (kind, s + 1, m) if s < V - 1 else ("F", s, m)
+        return ("B", s, m)
+    return ("B", s + 1, m) if s < V - 1 else ("F", s, m)
 
 
-def _placement(orders: Sequence[Sequence[Action]]) -> dict[int, int]:
+def _placement(orders: Sequence[Sequence[Op]]) -> dict[int, int]:
     """Each virtual stage's rank, as the orders place it (looped or V)."""
-    return {s: r for r, ops in enumerate(orders) for _, s, _ in ops}
+    return {s: r for r, ops in enumerate(orders) for op in ops for _, s, _ in _parts(op)}
 
 
-def simulate(orders: Sequence[Sequence[Action]], fwd, bwd, msg: float, overlap: bool = True,
-             posted: Sequence[dict[Action, int]] | None = None, wgt=0.0) -> float:
+def simulate(orders: Sequence[Sequence[Op]], fwd, bwd, msg: float, overlap: bool = True,
+             posted: Sequence[dict[Action, int]] | None = None, wgt=0.0, hide: float = 0.0) -> float:
     """Seconds from the first action to the last, and the last message's delivery.
 
-    orders: rank_orders(...); fwd, bwd, wgt: seconds of one chunk's forward, backward (its input
-    part where the backward is split) and backward-weight part for one
-    micro-batch on each rank (scalars or length-pp sequences); msg: seconds a stage-boundary
+    orders: rank_orders(...); fwd, bwd, wgt: seconds of one chunk's forward, backward-input part
+    and backward-weight part for one micro-batch on each rank (scalars or length-pp sequences); a
+    full backward (B) takes bwd + wgt, so where no backward is split bwd is the whole of it and
+    wgt 0. An overlapped pair (dualpipev) runs its forward and full backward as one op, `hide`
+    seconds shorter than the two in turn (the exchange each hides behind the other's compute; 0
+    where they run in turn, as torch's runtime runs them), never shorter than the longer of the
+    two, and sends both outputs when it ends. msg: seconds a stage-boundary
     message holds its link. `posted` (with overlap; None: a message moves as soon as it is
     sent): per rank, for each action whose input crosses ranks, the index in that rank's order
-    of the action before which its receive is posted; the transfer starts once the receive is
+    of the op before which its receive is posted; the transfer starts once the receive is
     posted too (a rendezvous, as NCCL's and gloo's send / receive pairs run), and the link then
     carries the messages in the order their receivers take them (benchmarks/p2p_overlap.py's
     torch_recv_posts reads them from torch's lowered schedule). A deadlocked order raises ValueError."""
@@ -143,38 +217,46 @@ def simulate(orders: Sequence[Sequence[Action]], fwd, bwd, msg: float, overlap: 
     rank_of = _placement(orders)
     V = len(rank_of)
     fwd, bwd, wgt = (np.broadcast_to(np.asarray(x, float), (pp,)) for x in (fwd, bwd, wgt))
-    took = {"F": fwd, "B": bwd, "I": bwd, "W": wgt}
-    done: dict[Action, float] = {}     # action -> when its output is usable by its own rank
-    arrives: dict[Action, float] = {}  # action -> when its output reaches the next stage's rank
+    took = {"F": fwd, "B": bwd + wgt, "I": bwd, "W": wgt}
+    done: dict[Action, float] = {}     # output (_made) -> when it is usable by its own rank
+    arrives: dict[Action, float] = {}  # output (_made) -> when it reaches the next stage's rank
     link_free: dict[tuple[int, int], float] = {}
     clock, nxt = [0.0] * pp, [0] * pp
-    ends: list[list[float]] = [[] for _ in range(pp)]  # each rank's action ends, in its order
+    ends: list[list[float]] = [[] for _ in range(pp)]  # each rank's op ends, in its order
     remaining = sum(len(o) for o in orders)
     while remaining:
         moved = False
         for r in range(pp):
             while nxt[r] < len(orders[r]):
-                kind, s, m = orders[r][nxt[r]]
-                dep = _input(kind, s, m, V)
-                if dep is not None and dep not in done:
+                acts = _parts(orders[r][nxt[r]])
+                deps = [_input(*a, V) for a in acts]
+                if any(dep is not None and dep not in done for dep in deps):
                     break
-                if dep is None or rank_of[dep[1]] == r:
-                    ready = 0.0 if dep is None else done[dep]
-                elif posted is None:
-                    ready = arrives[dep]
-                else:  # the transfer waits for the receive: posted once the rank ends the action before
-                    j, link = posted[r][(kind, s, m)], (rank_of[dep[1]], r)
-                    when = ends[r][j - 1] if j > 0 else 0.0
-                    ready = arrives[dep] = link_free[link] = max(done[dep], when, link_free.get(link, 0.0)) + msg
-                end = max(clock[r], ready) + took[kind][r]
-                done[(kind, s, m)], clock[r] = end, end
+                ready = 0.0
+                for a, dep in zip(acts, deps):
+                    if dep is None or rank_of[dep[1]] == r:
+                        at = 0.0 if dep is None else done[dep]
+                    elif posted is None:
+                        at = arrives[dep]
+                    else:  # the transfer waits for the receive: posted once the rank ends the op before
+                        j, link = posted[r][a], (rank_of[dep[1]], r)
+                        when = ends[r][j - 1] if j > 0 else 0.0
+                        at = arrives[dep] = link_free[link] = max(done[dep], when, link_free.get(link, 0.0)) + msg
+                    ready = max(ready, at)
+                each = [took[k][r] for k, _, _ in acts]
+                end = max(clock[r], ready) + (each[0] if len(acts) == 1 else max(sum(each) - hide, *each))
+                clock[r] = end
                 ends[r].append(end)
-                to = s + 1 if kind == "F" else s - 1 if kind != "W" else -1  # a weight pass sends nothing
-                if posted is None and 0 <= to < V and rank_of[to] != r:
-                    link = (r, rank_of[to])
-                    arrives[(kind, s, m)] = link_free[link] = max(end, link_free.get(link, 0.0)) + msg
-                    if not overlap:
-                        clock[r] = arrives[(kind, s, m)]
+                for kind, s, m in acts:
+                    done[_made((kind, s, m))] = end
+                    to = s + 1 if kind == "F" else s - 1 if kind != "W" else -1  # a weight pass sends nothing
+                    if posted is None and 0 <= to < V and rank_of[to] != r:
+                        link = (r, rank_of[to])
+                        # a waiting sender sends a pair's second output once its first is delivered
+                        t = max(clock[r], link_free.get(link, 0.0)) + msg
+                        arrives[_made((kind, s, m))] = link_free[link] = t
+                        if not overlap:
+                            clock[r] = t
                 nxt[r] += 1
                 remaining -= 1
                 moved = True
@@ -183,46 +265,81 @@ def simulate(orders: Sequence[Sequence[Action]], fwd, bwd, msg: float, overlap: 
     return max(clock + list(arrives.values()))
 
 
+# the kinds of op the graph walk prices: forward, backward-input, weight pass, full backward, overlapped pair
+KINDS = "FIWBP"
+
+
 @functools.lru_cache(maxsize=None)
-def _zbv_waves(pp: int):
-    """torch's ZB-V order at M = 2·pp - 1 (its fewest micro-batches) as a static graph for
-    zbv_dag_bubble: each action after its rank's previous one and after its input (_input).
-    Returns (waves, nodes, ends): the actions numbered from 1 (0 is a zero start) in topological
-    waves, each wave (start, stop, kind 0/1/2 for F/I/W, rank predecessors, cross-rank inputs or
-    None); `ends` each rank's last action."""
-    orders = rank_orders("zbv", pp, 2, 2 * pp - 1)
+def _waves(schedule: str, pp: int):
+    """torch's zbv or dualpipev order at its fewest micro-batches (2·pp - 1, 2·pp) as a static
+    graph for _dag_path: each op after its rank's previous one and after its inputs (_input).
+    Returns (waves, nodes, ends, work): the ops numbered from 1 (0 is a zero start) in
+    topological waves, each wave (start, stop, kind (index in KINDS), its ops' predecessors
+    [k, ops]: the rank's previous op, then the inputs made on other ranks); `ends` each rank's
+    last op; `work` [pp, len(KINDS)] how many ops of each kind each rank runs."""
+    M = 2 * pp - (schedule == "zbv")
+    orders = rank_orders(schedule, pp, 2, M)
     rank_of, V = _placement(orders), 2 * pp
     index: dict[Action, int] = {}
     kind, preds, level = [], [], []
+    work = np.zeros((pp, len(KINDS)), int)
     nxt, last = [0] * pp, [-1] * pp
     remaining = sum(len(o) for o in orders)
     while remaining:  # the orders' own topological sweep, as simulate runs them
         for r, ops in enumerate(orders):
             while nxt[r] < len(ops):
-                k, s, m = ops[nxt[r]]
-                dep = _input(k, s, m, V)
-                if dep is not None and dep not in index:
+                acts = _parts(ops[nxt[r]])
+                deps = [_input(*a, V) for a in acts]
+                if any(d is not None and d not in index for d in deps):
                     break
-                # an input made on this rank ended before the rank's previous action did
-                d = index[dep] if dep is not None and rank_of[dep[1]] != r else -1
-                p = last[r]
-                level.append(1 + max(level[p] if p >= 0 else 0, level[d] if d >= 0 else 0))
-                index[(k, s, m)] = last[r] = len(kind)
-                kind.append("FIW".index(k))
-                preds.append((p, d))
+                # an input made on this rank ended before the rank's previous op did
+                p = [last[r]] + sorted({index[d] for d in deps if d is not None and rank_of[d[1]] != r})
+                level.append(1 + max(level[q] if q >= 0 else 0 for q in p))
+                for a in acts:
+                    index[_made(a)] = len(kind)
+                last[r] = len(kind)
+                kind.append(KINDS.index("P" if len(acts) == 2 else acts[0][0]))
+                work[r, kind[-1]] += 1
+                preds.append(p + [-1] * (3 - len(p)))
                 nxt[r] += 1
                 remaining -= 1
     kind_a, pred, lev = np.array(kind), np.array(preds), np.array(level)
-    cross = pred[:, 1] >= 0
-    order = np.lexsort((cross, kind_a, lev))  # a wave's actions of one kind and one input shape, contiguous
+    width = (pred >= 0).sum(axis=1) + (pred[:, 0] < 0)  # a rank's first op: the zero start and its input
+    order = np.lexsort((width, kind_a, lev))  # a wave's ops of one kind and one input count, contiguous
     new = np.empty_like(order)
     new[order] = np.arange(1, len(order) + 1)
     pred = np.where(pred >= 0, new[np.maximum(pred, 0)], 0)[order]
-    key = np.stack([lev[order], kind_a[order], cross[order]], axis=1)
+    key = np.stack([lev[order], kind_a[order], width[order]], axis=1)
     cuts = np.r_[0, np.flatnonzero(np.any(np.diff(key, axis=0) != 0, axis=1)) + 1, len(order)]
-    waves = [(a + 1, z + 1, int(key[a, 1]), pred[a:z, 0], pred[a:z, 1] if key[a, 2] else None)
-             for a, z in zip(cuts[:-1], cuts[1:])]
-    return waves, len(order) + 1, new[np.array(last)]
+    waves = [(a + 1, z + 1, int(key[a, 1]), pred[a:z, :key[a, 2]].T) for a, z in zip(cuts[:-1], cuts[1:])]
+    return waves, len(order) + 1, new[np.array(last)], work
+
+
+def _dag_path(schedule: str, pp: int, dur: np.ndarray, cells: int) -> np.ndarray:
+    """The critical path (seconds) of _waves(schedule, pp) for each column of `dur` ([len(KINDS),
+    n]: each kind of op's seconds), a wave at a time over every column, in blocks of about
+    `cells` numbers."""
+    waves, nodes, ends, _ = _waves(schedule, pp)
+    path = np.empty(dur.shape[1])
+    step = max(1, cells // nodes)
+    for j in range(0, dur.shape[1], step):
+        d = dur[:, j:j + step]
+        fin = np.zeros((nodes, d.shape[1]))
+        for a, z, k, pred in waves:
+            fin[a:z] = fin[pred[0]]
+            for q in pred[1:]:
+                np.maximum(fin[a:z], fin[q], out=fin[a:z])
+            fin[a:z] += d[k]
+        path[j:j + step] = fin[ends].max(axis=0)
+    return path
+
+
+def _kind_seconds(f, b, w, hide=0.0):
+    """([len(KINDS), n] seconds of each kind of op, the broadcast shape) from one chunk's f, b, w
+    and what an overlapped pair hides (simulate's `hide`: never shorter than its longer half)."""
+    t = np.stack(np.broadcast_arrays(*(np.asarray(x, float) for x in (f, b, w, hide))))
+    f, b, w, h = t.reshape(4, -1)
+    return np.stack([f, b, w, b + w, np.maximum(f + b + w - h, np.maximum(f, b + w))]), t.shape[1:]
 
 
 def zbv_dag_bubble(pp: int, f, b, w, cells: int = 1 << 20) -> np.ndarray:
@@ -232,19 +349,20 @@ def zbv_dag_bubble(pp: int, f, b, w, cells: int = 1 << 20) -> np.ndarray:
     (arrays broadcast together; one graph walk for all). The actions' finish times are computed
     a wave at a time over every candidate, in blocks of about `cells` numbers. The bubble is the
     same for any M >= 2·pp - 1 (tests/test_schedule_sim.py)."""
-    waves, nodes, ends = _zbv_waves(pp)
-    t = np.stack(np.broadcast_arrays(*(np.asarray(x, float) for x in (f, b, w))))
-    flat = t.reshape(3, -1)
-    path = np.empty(flat.shape[1])
-    step = max(1, cells // nodes)
-    for j in range(0, flat.shape[1], step):
-        dur = flat[:, j:j + step]
-        fin = np.zeros((nodes, dur.shape[1]))
-        for a, z, k, rank_pred, cross in waves:
-            fin[a:z] = fin[rank_pred] if cross is None else np.maximum(fin[rank_pred], fin[cross])
-            fin[a:z] += dur[k]
-        path[j:j + step] = fin[ends].max(axis=0)
-    return (path - 2 * (2 * pp - 1) * flat.sum(axis=0)).reshape(t.shape[1:])
+    dur, shape = _kind_seconds(f, b, w)
+    return (_dag_path("zbv", pp, dur, cells) - 2 * (2 * pp - 1) * dur[[0, 1, 2]].sum(axis=0)).reshape(shape)
+
+
+def dualpipev_dag_bubble(pp: int, f, b, w, hide=0.0, cells: int = 1 << 20) -> np.ndarray:
+    """Seconds torch's ScheduleDualPipeV leaves each rank idle a step beyond its own work, without
+    messages: [pp, *shape], rank r's row its critical path at M = 2·pp less r's ops. f, b, w:
+    one chunk's forward, backward-input and backward-weight seconds a micro-batch, the same on
+    every rank; `hide`: seconds an overlapped pair hides (simulate's; 0 under torch's runtime,
+    where every rank's row is the same); arrays broadcast together. The same for any M >= 2·pp
+    (tests/test_schedule_sim.py)."""
+    dur, shape = _kind_seconds(f, b, w, hide)
+    *_, work = _waves("dualpipev", pp)
+    return (_dag_path("dualpipev", pp, dur, cells) - work @ dur).reshape((pp, *shape))
 
 
 def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: float, overlap: bool = True) -> float:

@@ -227,6 +227,9 @@ class HaloExchange:
         (counts, packs, the packs' receive works, every other work)."""
         me = self.rank
         works = _post(self._phase1(cur, send, recv, dist.irecv) + extra + self._phase1(cur, send, recv, dist.isend))
+        if send[me] != recv[me]:  # my own rows: the counts need not travel to tell
+            raise ValueError(f"rank {me}: recv_splits[{me}] = {recv[me]} disagrees with its own send_splits[{me}] = "
+                             f"{send[me]}")
         if send[me]:
             cur.out.narrow(0, cur.roff[me], recv[me]).copy_(cur.x.narrow(0, cur.soff[me], send[me]))
         if pending is not None:  # the counts travelled while Phase I ran
