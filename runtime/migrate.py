@@ -232,37 +232,50 @@ class Migrator:
         try:
             digest = self._digests(targets, fields, old, None, cache) if self.verify else None
             send, recv = self._layout(targets, fields, moves, me)
-            ops, rbufs = [], {}
-            for peer in sorted(set(send) | set(recv)):
-                g = self.ep_ranks[peer]
-                if peer in send:
-                    buf = torch.cat([t.reshape(-1).view(torch.uint8) for t in send[peer]])
-                    ops.append(dist.P2POp(dist.isend, buf, g, self.groups.ep))
-                if peer in recv:
-                    rbufs[peer] = torch.empty(sum(n for *_, n in recv[peer]), dtype=torch.uint8,
-                                              device=self._device())
-                    ops.append(dist.P2POp(dist.irecv, rbufs[peer], g, self.groups.ep))
-            works = dist.batch_isend_irecv(ops) if ops else []
-            while works:
-                works.pop(0).wait()  # popped first: a failed wait is not waited on again
-                if self.fault and not staged and len(works) == len(ops) - 1:
-                    self.fault("transfer", None)
-            for peer, items in recv.items():
-                a = 0
-                for layer, fi, slot, like, n in items:
-                    staged.setdefault((layer, fi), {})[slot] = rbufs[peer][a:a + n].view(like.dtype).view(like.shape)
-                    a += n
             if self.fault:
-                self.fault("staged", staged)
-            if self.verify:
-                digest = (digest, self._digests(targets, fields, old, staged, cache))
-        except Exception as e:  # noqa: BLE001 -- any failure aborts the migration on every rank
+                self.fault("planned", None)
+        except Exception as e:  # noqa: BLE001 -- said to the peers below, before anyone posts a transfer
             ok, err = False, error_line(e)
-            for w in works:  # let every other posted transfer finish so the group stays usable
-                try:
-                    w.wait()
-                except Exception:  # noqa: BLE001
-                    pass
+        # every rank agrees to transfer before any posts one: a rank that failed above posts none,
+        # and its peers' sends and receives to it would wait out the collective timeout
+        ready = torch.tensor([1 if ok else 0], dtype=torch.long, device=self._device())
+        dist.all_reduce(ready, op=dist.ReduceOp.MIN, group=self.groups.ep)
+        if ok and not int(ready.item()):
+            ok, err = False, "a peer in the EP group failed before the transfer"
+        if ok:
+            try:
+                ops, rbufs = [], {}
+                for peer in sorted(set(send) | set(recv)):
+                    g = self.ep_ranks[peer]
+                    if peer in send:
+                        buf = torch.cat([t.reshape(-1).view(torch.uint8) for t in send[peer]])
+                        ops.append(dist.P2POp(dist.isend, buf, g, self.groups.ep))
+                    if peer in recv:
+                        rbufs[peer] = torch.empty(sum(n for *_, n in recv[peer]), dtype=torch.uint8,
+                                                  device=self._device())
+                        ops.append(dist.P2POp(dist.irecv, rbufs[peer], g, self.groups.ep))
+                works = dist.batch_isend_irecv(ops) if ops else []
+                while works:
+                    works.pop(0).wait()  # popped first: a failed wait is not waited on again
+                    if self.fault and not staged and len(works) == len(ops) - 1:
+                        self.fault("transfer", None)
+                for peer, items in recv.items():
+                    a = 0
+                    for layer, fi, slot, like, n in items:
+                        got = rbufs[peer][a:a + n].view(like.dtype).view(like.shape)
+                        staged.setdefault((layer, fi), {})[slot] = got
+                        a += n
+                if self.fault:
+                    self.fault("staged", staged)
+                if self.verify:
+                    digest = (digest, self._digests(targets, fields, old, staged, cache))
+            except Exception as e:  # noqa: BLE001 -- any failure aborts the migration on every rank
+                ok, err = False, error_line(e)
+                for w in works:  # let every other posted transfer finish so the group stays usable
+                    try:
+                        w.wait()
+                    except Exception:  # noqa: BLE001
+                        pass
         if self.verify:  # before/after checksums of every logical expert, and failures, over the EP group
             L, E = len(targets), old[next(iter(old))].num_experts
             pair = torch.zeros(2 * L * E + 1, dtype=torch.long)
@@ -296,6 +309,7 @@ class Migrator:
 
     def _device(self):
         return next(iter(self.layers.values())).experts.w1.device
+
 
     def _layout(self, targets, fields, moves, me):
         """send: peer -> tensors in order; recv: peer -> (layer, field, new slot, like, bytes)."""

@@ -83,7 +83,8 @@ def _worker(rank, store, zero):
             return f
 
         mig = Migrator(Migration(enabled=True), groups, chunks, opt)
-        for fault in (raise_at("transfer", 1), raise_at("staged", 0), corrupt):
+        # (a rank failing before any transfer is posted: its peers must not wait on sends to it)
+        for fault in (raise_at("planned", 1), raise_at("transfer", 1), raise_at("staged", 0), corrupt):
             mig.fault = fault
             ev = mig.migrate(targets)
             assert not ev["ok"] and ev["error"], ev
