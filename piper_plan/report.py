@@ -53,8 +53,16 @@ def model_detail(m: ModelSpec) -> list[Table]:
     rows = [("layers (dense + MoE)", f"{m.num_layers} ({m.num_dense_layers} + {m.num_moe_layers})"),
             ("hidden / heads / kv heads / head dim", f"{m.hidden_size} / {m.num_heads} / {m.kv_heads} / {m.hd}"),
             ("vocab / seq", f"{m.vocab_size} / {m.seq_len}"),
-            ("total parameters", _b(m.total_params)), ("active parameters", _b(m.active_params)),
+            ("total parameters", _b(m.total_params)),
+            # both conventions: Mistral, Qwen and Meta count the input embedding, DeepSeek and OpenAI do not
+            ("active parameters (without input embedding)",
+             f"{_b(m.active_params)} ({_b(m.active_params - m.embedding_params)})"),
             ("model FLOPs per token (fwd+bwd, seq)", f"{sig(m.flops_per_token() / 1e9, 4)} GFLOP")]
+    local = (f"sliding window of {m.sliding_window}" if m.sliding_window is not None else
+             f"chunks of {m.attention_chunk}" if m.attention_chunk is not None else None)
+    if local:
+        full = m.num_layers // m.full_attention_every
+        rows.append(("local attention", f"{local} tokens in {m.num_layers - full} of {m.num_layers} layers"))
     if m.moe:
         mo = m.moe
         rows.append(("experts / top-k / expert ffn / shared",

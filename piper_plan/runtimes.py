@@ -76,6 +76,8 @@ def model_refusal(model) -> tuple[str, str]:
               "mtp_layers 0 (num_nextn_predict_layers 0 in a config.json)"),
              ("sliding_window", model.sliding_window, "sliding-window attention (it attends causally to the whole "
               "sequence)", "no sliding_window"),
+             ("attention_chunk", model.attention_chunk, "chunked local attention (it attends causally to the whole "
+              "sequence)", "no attention_chunk"),
              ("learned_positions", model.learned_positions, "learned position table (it uses rotary positions)",
               "learned_positions false"),
              ("moe.expert_bias", mo is not None and mo.expert_bias, "expert biases", "moe.expert_bias false"),

@@ -107,7 +107,8 @@ def _plain(m: ModelSpec) -> bool:
     plain: GQA attention over gated experts, every layer MoE."""
     mo = m.moe
     return (mo is not None and m.mla is None and not mo.shared_experts and not m.dense_layers and mo.every == 1
-            and m.sliding_window is None and not mo.expert_bias and mo.glu_clamp is None and mo.gated)
+            and m.sliding_window is None and m.attention_chunk is None and not mo.expert_bias and mo.glu_clamp is None
+            and mo.gated)
 
 
 def _column(header: str) -> str:

@@ -158,6 +158,7 @@ def test_a_setting_no_searched_layout_would_run_is_not_refused(tmp_path):
 
 @pytest.mark.parametrize("update,field", [
     ({"sliding_window": 4, "full_attention_every": 2}, "sliding_window"),
+    ({"attention_chunk": 8, "full_attention_every": 4}, "attention_chunk"),
     ({"learned_positions": True}, "learned_positions"),
 ])
 def test_a_model_feature_piper_train_does_not_build_is_refused_before_the_search_and_at_launch(tmp_path, update,

@@ -526,3 +526,32 @@ def test_a_config_json_error_names_the_key_the_file_spells():
     cfg["num_attention_heads"] = 10**7  # past ModelSpec's bound, which the import itself does not check
     with pytest.raises(SpecError, match="x/config.json: num_attention_heads: "):
         model_from_hf_config(cfg, "x/config.json")
+
+
+def test_llama4_s_chunked_layers_attend_within_their_8192_token_chunks():
+    # Llama4TextConfig: attention_chunk_size 8192 in the RoPE layers, the NoPE layers (every 4th,
+    # no_rope_layers) attend to everything; at 32k a chunked query sees 4,096 keys on average
+    # (four causal chunks of 8,192), a full one 16,384
+    m = load_model("llama4-scout")
+    assert (m.attention_chunk, m.full_attention_every) == (8192, 4)
+    assert float(m.attended_keys(32768)) == pytest.approx(0.75 * 4096 + 0.25 * 16384)
+    assert float(m.attended_keys(4096)) == 2048  # shorter than a chunk: causal attention as before
+    assert float(m.attended_keys(10000)) == pytest.approx(0.75 * (8192**2 + 1808**2) / 20000 + 0.25 * 5000)
+    assert m.flops_per_token(32768) / 1e9 == pytest.approx(117.97, abs=0.01)   # 145.1 without chunks
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ({"sliding_window": 128, "attention_chunk": 8192}, "give one"),
+    ({"full_attention_every": 4}, "full_attention_every needs sliding_window or attention_chunk"),
+])
+def test_local_attention_is_one_kind_and_its_layer_pattern_needs_it(extra, needle):
+    base = load_model("llama4-scout").model_dump()
+    base.pop("attention_chunk"), base.pop("full_attention_every")
+    with pytest.raises(ValueError, match=needle):
+        ModelSpec(**{**base, **extra})
+
+
+def test_a_transformers_5_config_keeps_its_yarn_rope_under_rope_parameters():
+    cfg = json.loads((HF / "gpt-oss-120b.json").read_text())
+    cfg["rope_parameters"] = cfg.pop("rope_scaling")
+    assert model_from_hf_config(cfg, "x/config.json").rope_scaling == "yarn"

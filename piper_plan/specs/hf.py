@@ -114,7 +114,8 @@ def _base(c: _Cfg) -> dict:
     # only an explicit head_dim that differs from hidden/heads is a separate figure
     if head_dim is not None and head_dim * heads != hidden:
         out["head_dim"] = head_dim
-    scaling = c.data.get("rope_scaling")
+    # transformers 5 saves the RoPE settings as rope_parameters, earlier releases as rope_scaling
+    scaling = c.data.get("rope_scaling") or c.data.get("rope_parameters")
     if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == "yarn":
         out["rope_scaling"] = "yarn"
     return out
@@ -334,6 +335,21 @@ def _llama4(c: _Cfg) -> dict:
     moe = _moe_block(t, t.get("num_local_experts"), t.get("num_experts_per_tok"), t.get("intermediate_size"),
                      every, shared_experts=1, router="sigmoid")
     out = _with_layers(out, moe, dense, t, "intermediate_size_mlp")
+    # chunked local attention (Llama4TextConfig: attention_chunk_size 8192) in the RoPE layers;
+    # the NoPE layers (no_rope_layers[i] == 0; default every no_rope_layer_interval-th, 4) attend
+    # to the whole sequence
+    chunk = t.get("attention_chunk_size", int, default=8192)
+    if chunk:
+        n_int = t.get("no_rope_layer_interval", int, default=4)
+        rope = t.data.get("no_rope_layers") or [int((i + 1) % n_int != 0) for i in range(n)]
+        if not (isinstance(rope, list) and len(rope) == n and all(v in (0, 1) for v in rope)):
+            raise t._err("no_rope_layers", f"expected {n} entries of 0 or 1 (1: a RoPE, chunked layer)")
+        full = [i for i, v in enumerate(rope) if v == 0]
+        every = full[0] + 1 if full else 0
+        if not full or full != list(range(every - 1, n, every)):
+            raise t._err("no_rope_layers", "expected a NoPE (full-attention) layer every Nth layer (the only "
+                         "pattern modelled)")
+        out["attention_chunk"], out["full_attention_every"] = chunk, every
     # the multimodal config keeps tie_word_embeddings at the top level
     out["tied_embeddings"] = t.get("tie_word_embeddings", bool, default=_tied(c, False))
     return out

@@ -89,7 +89,7 @@ class MoESpec(_Optional):
 
 
 class ModelSpec(_Optional):
-    _OMIT_AT_DEFAULT = ("rope_scaling",)  # specs without it dump (and hash) as before
+    _OMIT_AT_DEFAULT = ("rope_scaling", "attention_chunk")  # specs without them dump (and hash) as before
 
     name: str = Field(min_length=1)
     source: str = Field("", description="where the architecture figures come from")
@@ -114,8 +114,12 @@ class ModelSpec(_Optional):
         "utils/fusions.validate_rope_fusion_compatibility), so a YaRN model without MLA applies it with Megatron-Core's "
         "unfused PyTorch ops (cost.compute); MLA applies its own")
     sliding_window: Optional[int] = Field(None, ge=1, le=MAX_SEQ, description="attention window, tokens, of the windowed layers")
-    full_attention_every: int = Field(1, ge=1, description="with sliding_window: every Nth layer attends to the "
-                                      "whole sequence, the others within the window (GPT-OSS: 2)")
+    attention_chunk: Optional[int] = Field(
+        None, ge=1, le=MAX_SEQ, description="chunked local attention (Llama 4's attention_chunk_size): the "
+        "windowed layers attend causally within aligned chunks of this many tokens, not a sliding window")
+    full_attention_every: int = Field(1, ge=1, description="with sliding_window or attention_chunk: every Nth layer "
+                                      "attends to the whole sequence, the others within the window or chunk "
+                                      "(GPT-OSS: 2; Llama 4: 4, its NoPE layers)")
     learned_positions: bool = Field(False, description="learned absolute position table of seq_len × hidden (Megatron GPT)")
     mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="multi-token-prediction modules after the last layer (DeepSeek-V3: "
                             "1): each a block like the last layer, a 2d→d projection and 3 norms, sharing the "
@@ -131,8 +135,13 @@ class ModelSpec(_Optional):
             raise ValueError("moe.every > 1 interleaves dense layers, which need ffn_size > 0")
         if self.dense_layers > self.num_layers:
             raise ValueError("dense_layers exceeds num_layers")
-        if self.sliding_window is not None and self.full_attention_every > self.num_layers:
+        local = self.sliding_window is not None or self.attention_chunk is not None
+        if self.sliding_window is not None and self.attention_chunk is not None:
+            raise ValueError("sliding_window and attention_chunk are two kinds of local attention: give one")
+        if local and self.full_attention_every > self.num_layers:
             raise ValueError(f"full_attention_every ({self.full_attention_every}) exceeds num_layers ({self.num_layers})")
+        if not local and self.full_attention_every != 1:
+            raise ValueError("full_attention_every needs sliding_window or attention_chunk (which layers are local)")
         if self.moe is not None and self.dense_layers + self.moe.every > self.num_layers:
             raise ValueError(f"no layer is an MoE layer ({self.dense_layers} leading dense layers, then one MoE "
                              f"layer every {self.moe.every}, in {self.num_layers} layers)")
@@ -333,16 +342,22 @@ class ModelSpec(_Optional):
     def attended_keys(self, seq):
         """Keys a query attends to under causal masking, averaged over queries and layers:
         s/2 for full attention (brief §9: causal counted as half); w·(1 − w/2s) inside a
-        window w < s. Works on numpy arrays of seq."""
+        window w < s; (q·c² + r²)/2s in aligned chunks of c (s = q·c + r: each chunk is a causal
+        sequence of its own). Works on numpy arrays of seq."""
         import numpy as np
 
         s = np.asarray(seq, dtype=float)
-        if self.sliding_window is None:
+        if self.sliding_window is not None:
+            w = np.minimum(float(self.sliding_window), s)
+            local = w * (1.0 - w / (2.0 * s))
+        elif self.attention_chunk is not None:
+            c = float(self.attention_chunk)
+            q = np.floor(s / c)
+            local = (q * c * c + (s - q * c) ** 2) / (2.0 * s)
+        else:
             return 0.5 * s
-        w = np.minimum(float(self.sliding_window), s)
-        windowed = w * (1.0 - w / (2.0 * s))
         full = self.num_layers // self.full_attention_every / self.num_layers
-        return full * 0.5 * s + (1.0 - full) * windowed
+        return full * 0.5 * s + (1.0 - full) * local
 
     def attn_core_flops(self, seq: int, causal: bool = True) -> float:
         """Score and value matmuls per token per layer (average over layers), forward:
