@@ -669,13 +669,15 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
         n *= len(v)
     with Progress(transient=True, disable=n < 4) as prog:
         task = prog.add_task("sweeping", total=n)
-        rows = run_sweep(model, hw, counts, vary_d, space, routing, lambda: prog.advance(task), kw["headroom_gib"])
+        rows = run_sweep(model, hw, counts, vary_d, space, routing, lambda: prog.advance(task), kw["headroom_gib"],
+                         batch_given=kw["global_batch"] is not None)
     keys = ["gpus", *vary_d]
     t = Table(title=f"{model.name} on {hw.name}: best plan per scenario")
-    for c in keys + ["tokens/s", "MFU", "layout"]:
+    for c in keys + ["global batch", "tokens/s", "MFU", "layout"]:
         t.add_column(c)
-    for r in rows:
-        t.add_row(*[f"{r[k]:g}" for k in keys], f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}", r["layout"])
+    for r in rows:  # (the batch: the default's rounds to each GPU count, so say which each row priced)
+        t.add_row(*[f"{r[k]:g}" for k in keys], str(r["global_batch"]), f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+                  r["layout"])
     report.show([t])
     if csv_path:
         buf = io.StringIO()

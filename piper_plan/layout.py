@@ -416,6 +416,9 @@ def check_for(lay: Layout, model, hw) -> None:
     if not tp_splits_heads(model.num_heads, kv, lay.tp):
         raise LayoutError("tp divides the attention heads", f"tp={lay.tp} for {model.num_heads} query heads and {kv} "
                           "kv heads: tp must divide the query heads, and divide the kv heads or be a multiple of them")
+    if lay.sp and (lay.seq // lay.cp) % lay.tp:  # Megatron-Core and piper-train split it over tp
+        raise LayoutError("sequence parallelism needs (seq/cp) % tp == 0",
+                          f"seq {lay.seq} over cp={lay.cp} does not split into tp={lay.tp} equal parts")
     check_a2a_sms(lay.a2a_sms, hw)
 
 

@@ -175,7 +175,8 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     N = sp.gpus
     rejected: dict[str, int] = {}
     E = m.moe.num_experts if m.moe else 1
-    tps = [t for t in (sp.tps or _divisors(min(N, hw.gpus_per_node))) if N % t == 0]
+    # tp up to the scale-up domain a job fills (a node; 64 GPUs of an NVL72 rack), not the tray of 4
+    tps = [t for t in (sp.tps or _divisors(min(N, hw.job_blocks[hw.scaleup_level]))) if N % t == 0]
     tps = [t for t in tps if tp_splits_heads(m.num_heads, m.kv_heads, t)]
     # (tp, cp, pp, dp, ep, etp) tuples
     tri = []
@@ -252,12 +253,21 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     M = np.where(keep, gbs // np.maximum(dp * mbs, 1), 0)
     pipelined = pp > 1
     # with one stage the schedule, vpp and placement-free choices collapse to one
-    rule("duplicate (pp=1 needs no pipeline schedule)", ~pipelined & ((s_idx != 1) | (vpp != 1)))
+    # (kept once: as the first schedule listed, run as 1f1b, whatever --schedules holds)
+    first_variant = (s_idx == sched[0, 0]) & (vpp == sched[0, 1])
+    rule("duplicate (pp=1 needs no pipeline schedule)", ~pipelined & ~first_variant)
+    s_idx, vpp = np.where(pipelined, s_idx, 1), np.where(pipelined, vpp, 1)
     rule("pp*vpp > layers", pp * vpp > m.num_layers)
     # Megatron-Core's even splits need whole layers a chunk (layout.check_layout's rule)
     slots = "(layers+2)" if sp.pipeline_split == "account" else "layers"
     rule(f"pipeline_split {sp.pipeline_split} needs {slots} % (pp*vpp) == 0",
          split_refused(sp.pipeline_split, m.num_layers, pp * vpp))
+    # the search runs sequence parallelism wherever tp > 1 (_batch), and Megatron-Core and piper-train
+    # split each rank's sequence over tp
+    rule("sequence parallelism needs (seq/cp) % tp == 0", (tp > 1) & ((sp.seq // cp) % tp != 0))
+    if not sp.p2p_overlap:  # Megatron-LM: "pipeline-model-parallel size should be greater than 2 with
+        # interleaved schedule" unless --overlap-p2p-communication (a layout stated so is still priced)
+        rule("interleaved without p2p overlap needs pp > 2", (s_idx == 2) & (pp == 2))
     rule("micro-batches < pp", pipelined & (s_idx >= 1) & (M < pp))
     rule("interleaved needs micro-batches % pp == 0", pipelined & (s_idx == 2) & (M % np.maximum(pp, 1) != 0))
     rule("dualpipev needs micro-batches >= 2*pp", pipelined & (s_idx == 4) & (M < 2 * pp))
@@ -458,6 +468,7 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
                          f"{sp.gpus} sequences for full data parallelism")
         return lines
     est = res.est
+    piper_train = sp.runtime == "piper-train"  # (hints name only options the runtime runs)
     i = int(np.argmin(est.peak_memory_gib))
     lay = res.batch.layout(i)
     row = est.row(i)
@@ -472,14 +483,15 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     states = sum(worst[k] for k in ("weights", "grads", "master", "optimizer"))
     if states > avail:
         lines.append(f"parameter + optimizer state alone is {states:.1f} GiB per GPU: only more GPUs "
-                     "(more pipeline/expert sharding)" + (" or the host's memory" if hw.host is not None else "")
+                     "(more pipeline/expert sharding)" + (" or the host's memory" if hw.host is not None and
+                                                           not piper_train else "")
                      + " can fix that")
-    if hw.host is not None and max(sp.optimizer_offload) < 1.0:  # the host's memory, where the spec gives one
+    if hw.host is not None and max(sp.optimizer_offload) < 1.0 and not piper_train:  # where the spec gives a host
         r1 = search(m, hw, replace(sp, optimizer_offload=(1.0,)), routing, "throughput", headroom_gib)
         if r1.best is not None:
             lines.append(f"fits with the optimizer state in host memory (--optimizer-offload 1): best "
                          f"{r1.est.tokens_per_s[r1.best]:,.0f} tokens/s")
-    if sp.fp8 != "none" and not sp.fp8_params:  # bf16 weights beside their FP8 copies: keep only the copies
+    if sp.fp8 != "none" and not sp.fp8_params and not piper_train:  # bf16 weights beside their FP8 copies
         r_f = search(m, hw, replace(sp, fp8_params=True), routing, "throughput", headroom_gib)
         if r_f.best is not None:
             lines.append(f"fits with the weights kept in FP8 (--fp8-params, Megatron's --fp8-param-gather): best "
@@ -487,6 +499,8 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     for f in (2, 4, 8, 16, 32, 64):
         n2 = sp.gpus * f
         if hw.max_gpus and n2 > hw.max_gpus:
+            lines.append(f"no fit up to the machine's {hw.max_gpus} GPUs (max_gpus)" if f > 2 or sp.gpus < hw.max_gpus
+                         else f"no more GPUs on this machine (max_gpus {hw.max_gpus})")
             break
         # the batch asked for first; a larger one only where that batch cannot occupy the GPUs, and said
         gb2 = sp.global_batch

@@ -126,15 +126,16 @@ def scenarios(hw: HardwareSpec, vary: dict[str, list[float]]) -> dict[tuple, Har
 
 
 def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[float]], space: SearchSpace,
-              routing=None, progress=None, headroom_gib: float = 0.0) -> list[dict]:
-    """One row per (gpus × varied values) scenario with the best plan found, at the space's global
-    batch rounded to a multiple of each GPU count (the row's global_batch), `headroom_gib` kept free."""
+              routing=None, progress=None, headroom_gib: float = 0.0, batch_given: bool = False) -> list[dict]:
+    """One row per (gpus × varied values) scenario with the best plan found, `headroom_gib` kept free,
+    at the space's global batch (the row's global_batch): as given where `batch_given`, else the
+    default batch rounded to a multiple of each GPU count (a size, not a layout)."""
     keys = list(vary)
     specs = scenarios(hw, vary)  # every value checked before the first search
     rows = []
     for n, vals in itertools.product(gpus, specs):
         h = specs[vals]
-        gbs = round_batch(space.global_batch, n)
+        gbs = space.global_batch if batch_given else round_batch(space.global_batch, n)
         res = search(model, h, replace(space, gpus=n, global_batch=gbs), routing, headroom_gib=headroom_gib)
         row = {"gpus": n, **dict(zip(keys, vals)), "global_batch": gbs}
         if res.best is None:

@@ -176,9 +176,13 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                                                     recompute_modules=("core_attn", "moe_act")))]),
                     "layout.recompute_modules", "moe_act")
 
-    # tensor parallelism runs, but sequence parallelism needs the sequence split evenly
-    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tp.json", tp=2, dp=1, ep=1, seq=33))]),
-                    "layout.seq", "tp=2")
+    # tensor parallelism runs, but sequence parallelism needs the sequence split evenly (the planner
+    # writes no such plan: a hand edit)
+    tp_plan = _write(tmp_path, "tp.json", tp=2, dp=1, ep=1)
+    doc = json.loads(tp_plan.read_text())
+    doc["layout"]["seq"] = 33
+    tp_plan.write_text(json.dumps(doc))
+    _one_line_error(run(main, ["--plan", str(tp_plan)]), "sequence parallelism", "tp=2")
 
     empty = tmp_path / "nock"
     empty.mkdir()

@@ -81,3 +81,49 @@ def test_sweep_keeps_the_headroom_it_is_given():
     free, kept = (run_sweep(MIXTRAL, H100, [64], {}, space, headroom_gib=h)[0] for h in (0.0, 60.0))
     assert kept["peak_memory_gib"] + 60.0 <= H100.accelerator.memory_gib < free["peak_memory_gib"] + 60.0
     assert kept["global_batch"] == free["global_batch"] == 512
+
+
+def test_one_stage_layouts_are_searched_whatever_schedules_are_asked_for():
+    # pp 1 runs no schedule: it had been dropped as a duplicate of the 1f1b it was not asked for
+    m, hw = load_model("gpt-1.7b"), load_hardware("dgx-h100")
+    inter = search(m, hw, SearchSpace(gpus=8, global_batch=512, seq=2048, schedules=("interleaved",)))
+    every = search(m, hw, SearchSpace(gpus=8, global_batch=512, seq=2048))
+    best = inter.batch.layout(inter.best)
+    assert (best.pp, best.schedule, best.vpp) == (1, "1f1b", 1)
+    assert inter.est.tokens_per_s[inter.best] == every.est.tokens_per_s[every.best]
+
+
+def test_sequence_parallelism_needs_each_ranks_sequence_to_split_over_tp():
+    m, hw = load_model("llama3-70b"), load_hardware("dgx-h100")
+    res = search(m, hw, SearchSpace(gpus=32, global_batch=64, seq=4100))
+    assert res.rejected["sequence parallelism needs (seq/cp) % tp == 0"] > 0
+    assert all(4100 % res.batch.layout(i).tp == 0 for i in res.order)
+    with pytest.raises(LayoutError, match="does not split into tp=8"):
+        check_for(Layout(gpus=32, tp=8, pp=4, dp=1, global_batch=64, seq=4100), m, hw)
+
+
+def test_megatron_lm_s_interleaved_schedule_without_p2p_overlap_needs_more_than_two_stages():
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    res = search(m, hw, SearchSpace(gpus=16, global_batch=256, seq=4096, schedules=("interleaved",), p2p_overlap=False))
+    lays = [res.batch.layout(i) for i in res.order]
+    assert lays and all(x.pp != 2 for x in lays if x.schedule == "interleaved")
+    assert res.rejected["interleaved without p2p overlap needs pp > 2"] > 0
+
+
+def test_piper_train_s_diagnosis_names_no_option_it_cannot_run():
+    r = CliRunner().invoke(main, ["search", "-m", "llama3-70b", "-H", "gb200-nvl72", "-n", "4", "--runtime",
+                                  "piper-train", "--global-batch", "64"])
+    assert r.exit_code == 1 and "nothing fits" in r.output
+    assert "--optimizer-offload" not in r.output and "host's memory" not in r.output
+
+
+def test_the_diagnosis_says_when_the_machine_has_no_more_gpus():
+    r = CliRunner().invoke(main, ["search", "-m", "kimi-k2", "-H", "dgx-h800", "-n", "1024", "--headroom-gib", "70"])
+    assert r.exit_code == 1 and "no fit up to the machine's 2048 GPUs (max_gpus)" in r.output
+
+
+def test_a_sweep_prices_the_batch_it_is_given_and_says_which():
+    r = CliRunner().invoke(main, ["sweep", "-m", "gpt-1.7b", "-H", "dgx-h100", "--gpus", "8,16", "--global-batch",
+                                  "12"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert [ln.split("│")[2].strip() for ln in r.output.splitlines() if ln.startswith("│")] == ["12", "12"]
