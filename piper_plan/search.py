@@ -20,7 +20,7 @@ from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
-MBS_CHOICES = (1, 2, 4, 8, 16)
+MBS_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)  # not powers of two alone: a batch of 48 on 8 splits as 6
 DEFAULT_BATCH_TOKENS = 4 * 2**20  # a 4M-token global batch when the user gives none
 
 
@@ -32,7 +32,7 @@ def default_global_batch(seq: int) -> int:
 def round_batch(global_batch: int, gpus: int) -> int:
     """The global batch rounded down to a multiple of `gpus` (at least `gpus` sequences)."""
     return max(global_batch, gpus) // gpus * gpus
-VPP_INTERLEAVED = (2, 4)
+VPP_INTERLEAVED = (2, 3, 4, 5, 6, 8)  # Megatron-Bridge recipes run 3, 5, 6 and 8 too
 OBJECTIVES = ("throughput", "mfu", "memory")
 STATE_BOUND = "parameter + optimizer state alone exceed device memory (bound)"
 
