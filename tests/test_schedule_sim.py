@@ -209,14 +209,8 @@ def test_zbv_is_priced_as_torch_s_order_runs(pp, M, f, b, w):
     assert _zbv_step(pp, M, f, b, w) == pytest.approx(simulate(rank_orders("zbv", pp, 2, M), f, b, 0.0, wgt=w))
 
 
-def _pieces_corners(pp):
-    """Chunk times (f, b, w) summing to 1 at every corner of zbv_bubble's linear pieces (where two
-    of them, or one and an edge of the simplex, meet another) and at a point inside each piece."""
-    p = pp
-    pieces = np.array([(2 * (p - 1), 0, 1 - 2 * p), (2 * (p - 1), 1 - p, -1), (2 * p - 3, 1, 2 - 2 * p),
-                       (2 * p - 3, 2 - p, 0), (1, 0, p - 2), (0, 2 * (p - 1), 2 - 2 * p), (0, p - 1, 0),
-                       (0, 1, p - 2)], float)
-    lines = [u - v for u, v in itertools.combinations(pieces, 2)] + list(np.eye(3))
+def _simplex_corners(lines) -> np.ndarray:
+    """The points (f, b, w) >= 0 with f + b + w = 1 where two of `lines` (normals u: u·x = 0) meet."""
     pts = []
     for u, v in itertools.combinations(lines, 2):
         A = np.array([u, v, np.ones(3)])
@@ -224,7 +218,17 @@ def _pieces_corners(pp):
             t = np.linalg.solve(A, [0.0, 0.0, 1.0])
             if (t >= -1e-12).all():
                 pts.append(np.clip(t, 0.0, None))
-    pts = np.array(pts)
+    return np.array(pts)
+
+
+def _pieces_corners(pp):
+    """Chunk times (f, b, w) summing to 1 at every corner of zbv_bubble's linear pieces (where two
+    of them, or one and an edge of the simplex, meet another) and at a point inside each piece."""
+    p = pp
+    pieces = np.array([(2 * (p - 1), 0, 1 - 2 * p), (2 * (p - 1), 1 - p, -1), (2 * p - 3, 1, 2 - 2 * p),
+                       (2 * p - 3, 2 - p, 0), (1, 0, p - 2), (0, 2 * (p - 1), 2 - 2 * p), (0, p - 1, 0),
+                       (0, 1, p - 2)], float)
+    pts = _simplex_corners([u - v for u, v in itertools.combinations(pieces, 2)] + list(np.eye(3)))
     val = pts @ pieces.T
     top = np.isclose(val, val.max(axis=1, keepdims=True), rtol=0, atol=1e-9)
     inside = [pts[top[:, k]].mean(axis=0) for k in range(len(pieces)) if top[:, k].any()]
@@ -370,15 +374,7 @@ def _dualpipev_corners(pp):
     p = pp
     pieces = np.array([(2 * (p - 1), 0, 0), (2 * (p - 1), p - 1, 1 - p), (p - 2, p - 1, 0),
                        (p - 2, 2 * (p - 1), 1 - p)], float)
-    lines = [pieces[0] - pieces[2], pieces[1] - pieces[0], np.array([1.0, -1, -1]), *np.eye(3)]
-    pts = []
-    for u, v in itertools.combinations(lines, 2):
-        A = np.array([u, v, np.ones(3)])
-        if abs(np.linalg.det(A)) > 1e-9:
-            t = np.linalg.solve(A, [0.0, 0.0, 1.0])
-            if (t >= -1e-12).all():
-                pts.append(np.clip(t, 0.0, None))
-    pts = np.array(pts)
+    pts = _simplex_corners([pieces[0] - pieces[2], pieces[1] - pieces[0], np.array([1.0, -1, -1]), *np.eye(3)])
     val = pts @ pieces.T
     top = np.isclose(val, val.max(axis=1, keepdims=True), rtol=0, atol=1e-9)
     side = pts[:, 0] - pts[:, 1] - pts[:, 2]
