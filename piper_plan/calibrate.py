@@ -27,8 +27,7 @@ from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collect
                             fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .clitypes import FiniteFloat
 from .errors import PiperError, SpecError
-from .files import check_writable
-from .files import atomic_write_bytes, atomic_write_text
+from .files import atomic_write_bytes, atomic_write_text, check_writable
 from .specs.hardware import HardwareSpec
 from .specs.registry import device_tokens, hardware_by_device, load_hardware, parse
 

@@ -404,8 +404,8 @@ def estimate(as_json, output, **kw):
     routing = parse_routing(kw["routing"])
     _warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
-    if migration.enabled and migration_refusal(model, lay):
-        raise SpecError("--migration", "ep" if model.moe else "model", migration_refusal(model, lay))
+    if migration.enabled and (why := migration_refusal(model, lay)):
+        raise SpecError("--migration", "ep" if model.moe else "model", why)
     routing.migration = migration if migration.enabled else None
     est = estimate_layout(model, hw, lay, routing)
     if kw["a2a"] == "auto" and model.moe is not None and lay.ep > 1:

@@ -4,6 +4,7 @@ should be) is a SpecError naming it, never a traceback. Writes are atomic (temp 
 same folder + os.replace), so a failed write leaves the old file whole."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -27,8 +28,6 @@ def read_text(path: str | os.PathLike, source: str | None = None) -> str:
 def parse_json(text: str, source: str, object_pairs_hook=None):
     """json.loads with a one-line SpecError for what it raises beside malformed text: an integer
     past Python's 4,300 digits (ValueError) and nesting past the recursion limit."""
-    import json
-
     try:
         return json.loads(text, object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as e:

@@ -145,8 +145,8 @@ def check_consistent(plan: Plan, src: str) -> None:
             [i for chunk in plan.partition for i in chunk] != list(range(m.num_layers)):
         raise SpecError(src, "partition", f"expected {lay.stages} non-empty chunks holding layers 0..{m.num_layers - 1} "
                         "in order, each once")
-    if plan.migration.enabled and (m.moe is None or lay.ep == 1):
-        raise SpecError(src, "migration.enabled", "expected false: " + migration_refusal(m, lay))
+    if plan.migration.enabled and (why := migration_refusal(m, lay)):
+        raise SpecError(src, "migration.enabled", "expected false: " + why)
     if plan.routing.histogram and m.moe and len(plan.routing.histogram[0]) != m.moe.num_experts:
         raise SpecError(src, "routing.histogram", f"expected {m.moe.num_experts} counts a row (one an expert), "
                         f"got {len(plan.routing.histogram[0])}")
@@ -185,8 +185,9 @@ def migration_refusal(model: ModelSpec, layout: Layout) -> str:
     return ""
 
 
-# each group piper-train builds: (its name, the coordinates it joins ranks by, its own coordinate)
-_GROUPS = (("pp", ("dp", "tp"), "pp"), ("dp", ("pp", "tp"), "dp"), ("tp", ("pp", "dp"), "tp"),
+# each group piper-train builds (runtime/mesh.group_lists): (its name, the coordinates it joins
+# ranks by, its own coordinate, which orders the group)
+GROUPS = (("pp", ("dp", "tp"), "pp"), ("dp", ("pp", "tp"), "dp"), ("tp", ("pp", "dp"), "tp"),
            ("ep", ("pp", "edp"), "ep"), ("edp", ("pp", "ep"), "edp"))
 
 
@@ -194,7 +195,7 @@ def _check_group_order(plan: Plan, src: str) -> None:
     """torch.distributed.new_group orders a group's members by global rank, so a rank's place in
     each group is its rank order there: a map whose coordinates run against it (a hand edit)
     would send expert rows and stage messages to the wrong peers."""
-    for name, by, own in _GROUPS:
+    for name, by, own in GROUPS:
         groups: dict = {}
         for c in plan.rank_map:
             groups.setdefault(tuple(getattr(c, k) for k in by), []).append(c)

@@ -61,19 +61,6 @@ def parse_vary(items: list[str]) -> dict[str, list[float]]:
     return out
 
 
-def _plain(x):
-    """`x` as plain data with every field, defaults included: a spec's dump leaves out the
-    fields that hold their default (specs.base._Optional), which a sweep must still reach.
-    Tuples become lists, as in a YAML spec, so that an item can be set."""
-    if isinstance(x, BaseModel):
-        return {k: _plain(getattr(x, k)) for k in type(x).model_fields}
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
-
-
 def _numeric(owner, key) -> type | None:
     """int or float where field `key` of `owner` (a model, or a list/dict inside one) holds a
     number or may (an Optional number left at None), else None."""
@@ -88,7 +75,9 @@ def _numeric(owner, key) -> type | None:
 def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
     """A copy of the spec with one numeric field (dotted path; list items by index) set, a
     field the spec leaves at its default (or unset, None) included."""
-    data = _plain(hw)
+    # every field, those a spec's dump leaves out at their default too (specs.base._Optional), as
+    # plain JSON data (tuples as lists, as in a YAML spec) so that an item can be set
+    data = hw.model_dump(mode="json", context={"defaults": True})
     node, owner, parts = data, hw, path.split(".")
     try:
         for p in parts[:-1]:

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from piper_plan.plan import Plan
+from piper_plan.plan import GROUPS, Plan
 
 
 @dataclass
@@ -65,14 +65,9 @@ def _subgroup(lists: list[list[int]], timeout: timedelta):
 
 def group_lists(plan: Plan) -> dict[str, list[list[int]]]:
     """Rank lists of every group kind (pure function of the plan; tests use it)."""
-    out = {
-        "pp": _enumerate(plan, lambda c: (c.dp, c.tp), lambda c: c.pp),
-        "dp": _enumerate(plan, lambda c: (c.pp, c.tp), lambda c: c.dp),
-        "tp": _enumerate(plan, lambda c: (c.pp, c.dp), lambda c: c.tp),
-        "stage": _enumerate(plan, lambda c: c.pp, lambda c: c.rank),
-        "ep": _enumerate(plan, lambda c: (c.pp, c.edp), lambda c: c.ep),
-        "edp": _enumerate(plan, lambda c: (c.pp, c.ep), lambda c: c.edp),
-    }
+    out = {name: _enumerate(plan, lambda c, by=by: tuple(getattr(c, k) for k in by),
+                            lambda c, own=own: getattr(c, own)) for name, by, own in GROUPS}
+    out["stage"] = _enumerate(plan, lambda c: c.pp, lambda c: c.rank)
     r = plan.layout.zero_replicas
     if r > 1:  # each group's ranks in r consecutive blocks: the shards the planner prices (neighbours)
         for kind in ("dp", "edp"):

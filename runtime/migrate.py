@@ -310,7 +310,6 @@ class Migrator:
     def _device(self):
         return next(iter(self.layers.values())).experts.w1.device
 
-
     def _layout(self, targets, fields, moves, me):
         """send: peer -> tensors in order; recv: peer -> (layer, field, new slot, like, bytes)."""
         send: dict[int, list[torch.Tensor]] = {}

@@ -19,8 +19,10 @@ class _Optional(_Strict):
     _OMIT_AT_DEFAULT: tuple[str, ...] = ()
 
     @model_serializer(mode="wrap")
-    def _omit(self, handler):
+    def _omit(self, handler, info):
         d = handler(self)
+        if (info.context or {}).get("defaults"):  # every field, defaults included (sweep.set_field)
+            return d
         for k in self._OMIT_AT_DEFAULT:
             if k in d and getattr(self, k) == type(self).model_fields[k].get_default(call_default_factory=True):
                 del d[k]
