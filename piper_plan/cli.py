@@ -49,15 +49,17 @@ def show_spec(name):
     """Show one model or hardware spec (bundled name or YAML path) in detail."""
     from . import report
     from .specs import bundled_names
-    from .specs.registry import is_hardware_spec, load_hardware, load_model, _resolve
+    from .specs.registry import hf_config, is_hardware_spec, load_hardware, load_model, _resolve
 
     if name in bundled_names("hardware"):
         report.show(report.hardware_detail(load_hardware(name)))
         return
-    if name in bundled_names("models") or name.endswith(".json"):
+    if name in bundled_names("models"):
         report.show(report.model_detail(load_model(name)))
         return
-    if is_hardware_spec(_resolve(name, "models")):
+    path = _resolve(name, "models")
+    # a Hugging Face config (a .json file or a snapshot's folder) is a model and is never read as YAML
+    if hf_config(path) is None and is_hardware_spec(path):
         report.show(report.hardware_detail(load_hardware(name)))
     else:
         report.show(report.model_detail(load_model(name)))

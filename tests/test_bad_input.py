@@ -289,6 +289,45 @@ def test_a_repeated_hf_key_is_refused(tmp_path):
     one_line(["show-spec", str(p)], "hidden_size", "twice")
 
 
+def test_a_snapshot_folder_s_config_json_is_read_as_json_never_as_yaml(tmp_path):
+    # a tab-indented config.json is valid JSON but no YAML (a tab cannot indent YAML)
+    snap = tmp_path / "snapshot"
+    snap.mkdir()
+    cfg = json.loads(Path(_hf(tmp_path)).read_text())
+    (snap / "config.json").write_text(json.dumps(cfg, indent="\t"))
+    code, out, _ = _run(["show-spec", str(snap)])
+    assert code == 0 and "snapshot" in out, out
+    # a repeated key is JSON's refusal, not YAML's
+    twice = json.dumps(cfg).replace('"hidden_size": 64', '"hidden_size": 64, "hidden_size": 8')
+    (snap / "config.json").write_text(twice)
+    line = one_line(["show-spec", str(snap)], str(snap / "config.json"), "hidden_size", "twice in one JSON object")
+    assert "YAML" not in line
+
+
+@pytest.mark.parametrize("name", ["LLAMA.JSON", "Config.Json"])
+def test_an_hf_config_of_any_suffix_case_is_imported(tmp_path, name):
+    p = tmp_path / name
+    p.write_text(json.dumps(json.loads(Path(_hf(tmp_path)).read_text()), indent="\t"))
+    code, out, _ = _run(["show-spec", str(p)])
+    assert code == 0 and "(qwen3_moe)" in out, out  # the importer's family tag in the title
+    code, out, _ = _run(["estimate", "-m", str(p), "-H", "cpu-local", "-n", "4", "--global-batch", "8"])
+    assert code == 0, out
+
+
+def test_a_file_without_a_suffix_is_read_as_what_it_holds(tmp_path):
+    # a JSON object with model_type or architectures is a Hugging Face config (a Piper spec has neither)
+    p = tmp_path / "config"
+    p.write_text(Path(_hf(tmp_path)).read_text())
+    code, out, _ = _run(["show-spec", str(p)])
+    assert code == 0 and "(qwen3_moe)" in out, out
+    # anything else is a spec YAML, model or hardware
+    for kind, name, needle in (("models", "tiny-moe", "routed experts"), ("hardware", "cpu-local", "topology")):
+        p = tmp_path / name
+        p.write_text((REPO / kind / f"{name}.yaml").read_text())
+        code, out, _ = _run(["show-spec", str(p)])
+        assert code == 0 and needle in out, out
+
+
 # ---- routing histograms ------------------------------------------------------------------
 @pytest.mark.parametrize("counts,needle", [([1, 2, 3], "expected 8 counts"), (["a"] * 8, "finite, non-negative"),
                                            ([None] * 8, "finite, non-negative"), ([0] * 8, "routes no tokens")])

@@ -5,6 +5,7 @@ package data `piper_plan.bundled.models|hardware`, so a plain wheel install find
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -59,14 +60,22 @@ def _known(kind: str) -> str:
     return f"known: {', '.join(bundled_names(kind))}"
 
 
+_SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def _suffix(p: Path) -> str:
+    """The file's suffix in lower case: x.JSON and x.Yaml are what x.json and x.yaml are."""
+    return p.suffix.lower()
+
+
 def _resolve(ref: str, kind: str) -> Path:
     p = Path(ref)
     q = _bundled(ref, kind)
-    if p.is_dir() and q is not None and p.suffix not in (".yaml", ".yml", ".json"):
+    if p.is_dir() and q is not None and _suffix(p) not in _SPEC_SUFFIXES:
         return q  # a folder here named like a bundled spec (a downloaded snapshot) does not hide it
     if kind == "models" and p.is_dir() and (p / "config.json").is_file():
         return p / "config.json"  # a Hugging Face snapshot's folder: its config.json
-    if p.suffix in (".yaml", ".yml", ".json") or p.exists():
+    if _suffix(p) in _SPEC_SUFFIXES or p.exists():
         if p.is_dir():
             raise SpecError(ref, "<file>", "is a folder; expected a spec YAML or a config.json file")
         if not p.is_file():
@@ -144,13 +153,32 @@ def parse(cls: type[T], data: dict, source: str) -> T:
         raise from_validation(source, e) from None
 
 
+def hf_config(path: Path) -> dict | None:
+    """The parsed Hugging Face config where `path` holds one, else None (a YAML spec). A .json file
+    (any case) is one; a .yaml / .yml never is; a file of another or no suffix is one where its text
+    is a JSON object with model_type or architectures (a Piper spec has neither field). A config never
+    goes through the YAML reader, which refuses valid JSON indented by tabs."""
+    suffix = _suffix(path)
+    if suffix in (".yaml", ".yml"):
+        return None
+    text = read_text(path)
+    if suffix != ".json":
+        try:
+            sniffed = json.loads(text)
+        except (ValueError, RecursionError):
+            return None  # not JSON: a YAML spec without its suffix
+        if not (isinstance(sniffed, dict) and ("model_type" in sniffed or "architectures" in sniffed)):
+            return None
+    return parse_json(text, str(path), _unique_keys(str(path)))  # again: a repeated key is refused
+
+
 def load_model(ref: str) -> ModelSpec:
-    """A bundled model name, a model YAML, or a Hugging Face config.json."""
+    """A bundled model name, a model YAML, or a Hugging Face config.json (hf_config)."""
     path = _resolve(ref, "models")
-    if path.suffix == ".json":
+    cfg = hf_config(path)
+    if cfg is not None:
         from .hf import model_from_hf_config
 
-        cfg = parse_json(read_text(path), str(path), _unique_keys(str(path)))
         return model_from_hf_config(cfg, str(path))
     return parse(ModelSpec, _with_base(path, read_yaml(path), (), "models"), str(path))
 
@@ -186,7 +214,7 @@ def _with_base(path: Path, data: dict, seen: tuple[str, ...], kind: str) -> dict
 def _base_file(path: Path, ref: str, kind: str) -> Path | None:
     """The spec a `base: ref` in `path` names: a YAML beside it, else a bundled spec of `kind`."""
     local = path.parent / ref
-    return local if local.suffix in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
+    return local if _suffix(local) in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
 
 
 def is_hardware_spec(path: Path) -> bool:
