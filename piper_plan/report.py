@@ -50,8 +50,11 @@ def model_detail(m: ModelSpec) -> list[Table]:
     t = Table(title=f"{m.name} — {m.source}")
     t.add_column("figure")
     t.add_column("value", justify="right")
+    qk, v = m.qk_v_dims
+    # MLA's heads are as wide as its q·k and v dimensions say, not hidden / heads
+    head = f"{qk} / {v} (q·k / v)" if m.mla is not None else str(m.hd)
     rows = [("layers (dense + MoE)", f"{m.num_layers} ({m.num_dense_layers} + {m.num_moe_layers})"),
-            ("hidden / heads / kv heads / head dim", f"{m.hidden_size} / {m.num_heads} / {m.kv_heads} / {m.hd}"),
+            ("hidden / heads / kv heads / head dim", f"{m.hidden_size} / {m.num_heads} / {m.kv_heads} / {head}"),
             ("vocab / seq", f"{m.vocab_size} / {m.seq_len}"),
             ("total parameters", _b(m.total_params)),
             # both conventions: Mistral, Qwen and Meta count the input embedding, DeepSeek and OpenAI do not
@@ -61,8 +64,7 @@ def model_detail(m: ModelSpec) -> list[Table]:
     local = (f"sliding window of {m.sliding_window}" if m.sliding_window is not None else
              f"chunks of {m.attention_chunk}" if m.attention_chunk is not None else None)
     if local:
-        full = m.num_layers // m.full_attention_every
-        rows.append(("local attention", f"{local} tokens in {m.num_layers - full} of {m.num_layers} layers"))
+        rows.append(("local attention", f"{local} tokens in {m.num_layers - m.full_layers} of {m.num_layers} layers"))
     if m.moe:
         mo = m.moe
         rows.append(("experts / top-k / expert ffn / shared",

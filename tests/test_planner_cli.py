@@ -326,6 +326,15 @@ def test_list_and_show_spec_render_derived_figures():
     assert code == 2 and "not a file and not a bundled model" in out
 
 
+def test_show_spec_gives_mla_heads_their_own_widths_and_counts_layers_local_everywhere():
+    # DeepSeek-V3's heads: q·k 128 + 64 (rope) = 192, v 128; hidden / heads (56) is no head's width
+    code, out, _ = run("show-spec", "deepseek-v3")
+    assert code == 0 and "7168 / 128 / 128 / 192 / 128 (q·k / v)" in out, out
+    # Mistral-7B-v0.1: a 4,096-token window in each of its 32 layers
+    code, out, _ = run("show-spec", os.path.join(os.path.dirname(__file__), "data", "hf", "mistral-7b-v0.1.json"))
+    assert code == 0 and "sliding window of 4096 tokens in 32 of 32 layers" in out, out
+
+
 def _imb(*extra):
     code, text, _ = run("estimate", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "64", "--ep", "8",
                         "--global-batch", "512", "--json", *extra)

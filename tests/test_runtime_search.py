@@ -156,6 +156,27 @@ def test_a_setting_no_searched_layout_would_run_is_not_refused(tmp_path):
     check_supported(plan, 4)
 
 
+def test_a_model_windowed_in_every_layer_is_refused_as_a_windowed_one():
+    # Mistral-7B-v0.1 imports as sliding_window 4096 in every layer (full_attention_every 0); piper-train
+    # attends to the whole sequence, so it would train another model than the plan priced
+    from pathlib import Path
+
+    from piper_plan.errors import PiperError
+
+    m = load_model(str(Path(__file__).parent / "data" / "hf" / "mistral-7b-v0.1.json"))
+    assert (m.sliding_window, m.full_attention_every) == (4096, 0)
+    with pytest.raises(PiperError, match=r"piper-train trains no sliding-window .*sliding_window 4096"):
+        for_runtime(SearchSpace(gpus=8, global_batch=32, seq=4096), "piper-train", m)
+    pytest.importorskip("torch")
+    from piper_plan.plan import make_plan
+    from piper_runtime.launch import check_supported
+
+    plan = make_plan(m, load_hardware("cpu-local"), Layout(gpus=2, dp=2, global_batch=4, seq=32,
+                                                           fused_kernels=False, overlap_grad_reduce=False))
+    with pytest.raises(PiperError, match="model.sliding_window: piper-train trains no"):
+        check_supported(plan, 2)
+
+
 @pytest.mark.parametrize("update,field", [
     ({"sliding_window": 4, "full_attention_every": 2}, "sliding_window"),
     ({"attention_chunk": 8, "full_attention_every": 4}, "attention_chunk"),

@@ -400,8 +400,14 @@ BAD = [
     ("no type", {"hidden_size": 8}, "model_type", "required field is missing"),
     ("top-k", _bad(lambda c: c.update(num_experts_per_tok=9)), "num_experts_per_tok", "exceeds the 8 routed"),
     ("kv heads", _bad(lambda c: c.update(num_key_value_heads=5)), "num_key_value_heads", "must divide"),
-    # a value only ModelSpec's own validation rejects still names the file and a field
-    ("spec", _bad(lambda c: c.update(hidden_size=4001)), "<root>", "must divide by num_heads"),
+    # the heads' width is hidden_size / num_attention_heads without a head_dim: named as the file spells them
+    ("heads", _bad(lambda c: c.update(hidden_size=4001)), "hidden_size",
+     "hidden_size: must divide by num_attention_heads (32) when head_dim is not given, got 4001"),
+    # past ModelSpec's bounds: the key, the range allowed and the family, as the importer's own checks say it
+    ("huge hidden", _bad(lambda c: c.update(hidden_size=10**30), _qwen3), "hidden_size",
+     f"hidden_size: expected an integer in 1..1048576, got {10**30} (qwen3_moe config)"),
+    ("huge vocab", _bad(lambda c: c.update(vocab_size=10**12), _qwen3), "vocab_size",
+     "vocab_size: expected an integer in 1..16777216, got 1000000000000 (qwen3_moe config)"),
     ("mlp_only", _bad(lambda c: c.update(mlp_only_layers=[5]), _qwen3), "mlp_only_layers", "leading run"),
     ("scoring", _bad(lambda c: c.update(scoring_func="tanh"),
                      lambda: json.loads((HF / "deepseek-v3.json").read_text())), "scoring_func", "softmax or sigmoid"),
@@ -416,8 +422,20 @@ BAD = [
     ("minimax lightning", _bad(lambda c: c.update(attn_type_list=[0, 1] * 31),
                                lambda: json.loads((HF / "minimax-m2.json").read_text())),
      "attn_type_list", "lightning attention"),
-    ("hunyuan", {"model_type": "hunyuan", "architectures": ["HunYuanForCausalLM"]}, "model_type",
-     "no form for cross-layer attention"),
+    ("hunyuan cla", {"model_type": "hunyuan", "architectures": ["HunYuanForCausalLM"], "use_cla": True}, "use_cla",
+     "cross-layer attention"),
+    # both bias flags are read, so a bad one is refused whatever the other says
+    ("mlp_bias", _bad(lambda c: c.update(attention_bias=True, mlp_bias="no"),
+                      lambda: json.loads((HF / "llama-3.1-8b.json").read_text())), "mlp_bias",
+     "expected true or false, got 'no'"),
+    ("minimax layers", _bad(lambda c: c.update(attn_type_list=[1] * 10),
+                            lambda: json.loads((HF / "minimax-m2.json").read_text())),
+     "attn_type_list", "expected one entry a layer (62), got 10"),
+    ("rope_scaling", _bad(lambda c: c.update(rope_scaling=[1, 2]), _qwen3), "rope_scaling",
+     "expected an object, got [1, 2]"),
+    ("rope_parameters", _bad(lambda c: c.update(rope_parameters="yarn"), _qwen3), "rope_parameters",
+     "expected an object"),
+    ("model_type", _bad(lambda c: c.update(model_type=5), _qwen3), "model_type", "expected a string, got 5"),
     ("qwen3-next", {"model_type": "qwen3_next"}, "model_type", "Gated DeltaNet"),
     # DBRX keeps attention and experts in nested blocks: an error names the block's field
     ("dbrx top-k", _bad(lambda c: c["ffn_config"].update(moe_top_k=17), _dbrx), "ffn_config.moe_top_k",
@@ -543,6 +561,7 @@ def test_llama4_s_chunked_layers_attend_within_their_8192_token_chunks():
 @pytest.mark.parametrize("extra,needle", [
     ({"sliding_window": 128, "attention_chunk": 8192}, "give one"),
     ({"full_attention_every": 4}, "full_attention_every needs sliding_window or attention_chunk"),
+    ({"full_attention_every": 0}, "full_attention_every needs sliding_window or attention_chunk"),
 ])
 def test_local_attention_is_one_kind_and_its_layer_pattern_needs_it(extra, needle):
     base = load_model("llama4-scout").model_dump()
@@ -555,3 +574,102 @@ def test_a_transformers_5_config_keeps_its_yarn_rope_under_rope_parameters():
     cfg = json.loads((HF / "gpt-oss-120b.json").read_text())
     cfg["rope_parameters"] = cfg.pop("rope_scaling")
     assert model_from_hf_config(cfg, "x/config.json").rope_scaling == "yarn"
+
+
+def test_hunyuan_a13b_is_refused_for_what_it_has_not_for_the_cross_layer_attention_it_turns_off():
+    # Hunyuan-A13B's config (tencent/Hunyuan-A13B-Instruct): use_cla false, one moe_topk /
+    # moe_intermediate_size / num_shared_expert entry a layer, use_mixed_mlp_moe true
+    n = 32
+    cfg = {"model_type": "hunyuan", "architectures": ["HunYuanMoEV1ForCausalLM"], "use_cla": False,
+           "cla_share_factor": 2, "num_hidden_layers": n, "moe_topk": [8] * n, "moe_intermediate_size": [3072] * n,
+           "num_shared_expert": [1] * n, "use_mixed_mlp_moe": True}
+    with pytest.raises(SpecError) as e:
+        model_from_hf_config(cfg, "a13b/config.json")
+    msg = str(e.value)
+    assert msg.startswith("a13b/config.json: model_type: ") and "\n" not in msg
+    assert "moe_topk, moe_intermediate_size, num_shared_expert" in msg and "use_mixed_mlp_moe" in msg
+    assert "cross-layer" not in msg and "use_cla" not in msg
+
+
+# ---- local attention in every layer (full_attention_every 0) ---------------------------------
+
+def test_mistral_7b_v0_1_windows_every_layer_so_its_long_sequence_flops_are_the_windowed_ones():
+    """Mistral 7B (arXiv 2310.06825 Table 1) attends within 4,096 tokens in each of its 32 layers.
+    Forward FLOPs a token: 2 x the matmul weights (attention, SwiGLU FFN, LM head) + per layer
+    2 x keys x heads x (d_qk + d_v); keys a query attends to inside a causal window w of a sequence
+    s, counting causal attention as half (s/2 when unwindowed): w (1 - w / 2s)."""
+    m = load_model(str(HF / "mistral-7b-v0.1.json"))
+    assert (m.sliding_window, m.full_attention_every) == (4096, 0)
+    L, d, H, kv, hd, ffn, V = 32, 4096, 32, 8, 128, 14336, 32000  # the config's figures
+    s, w = 32768, 4096
+    matmul = L * (2 * d * H * hd + 2 * d * kv * hd + 3 * d * ffn) + V * d
+    keys = w * (1 - w / (2 * s))  # 3,840, where unwindowed attention would see 16,384
+    windowed = 3 * (2 * matmul + L * 2 * keys * H * (hd + hd))
+    assert m.flops_per_token(s) == pytest.approx(windowed, rel=1e-12)
+    unwindowed = 3 * (2 * matmul + L * 2 * (s / 2) * H * (hd + hd))
+    assert windowed < 0.8 * unwindowed  # the window is most of the cost at 32k: not a rounding matter
+
+
+def test_mistral_without_a_window_or_with_null_takes_transformers_reading():
+    cfg = json.loads((HF / "mistral-7b-v0.1.json").read_text())
+    # v0.2 and later publish "sliding_window": null: full attention
+    m = model_from_hf_config({**cfg, "sliding_window": None}, "v0.2/config.json")
+    assert m.sliding_window is None and m.full_attention_every == 1
+    # no key at all: MistralConfig's default of 4096 (configuration_mistral.py)
+    del cfg["sliding_window"]
+    assert model_from_hf_config(cfg, "x/config.json").sliding_window == 4096
+
+
+def test_a_spec_local_in_every_layer_attends_within_its_window_everywhere():
+    base = load_model("llama3-8b").model_dump()
+    m = ModelSpec(**{**base, "sliding_window": 1024, "full_attention_every": 0})
+    assert m.full_layers == 0
+    assert float(m.attended_keys(8192)) == pytest.approx(1024 * (1 - 1024 / (2 * 8192)))
+
+
+def _qwen_sliding(name: str, **over) -> ModelSpec:
+    cfg = json.loads((HF / f"{name}.json").read_text())
+    cfg.update(use_sliding_window=True, sliding_window=4096, **over)
+    return model_from_hf_config(cfg, f"{name}/config.json")
+
+
+def test_qwen_sliding_layers_are_transformers_and_an_unmodelled_split_is_refused():
+    # use_sliding_window false in every release: their sliding_window (131072, 32768) is never applied
+    for name in ("qwen2.5-7b", "qwen2-57b-a14b", "qwen1.5-moe-a2.7b", "qwen3-8b", "qwen3-30b-a3b"):
+        assert json.loads((HF / f"{name}.json").read_text())["use_sliding_window"] is False
+        assert load_model(str(HF / f"{name}.json")).sliding_window is None
+    # Qwen2Config / Qwen3Config: layers i >= max_window_layers use the window
+    m = _qwen_sliding("qwen2.5-7b", max_window_layers=0)
+    assert (m.sliding_window, m.full_attention_every) == (4096, 0)
+    assert _qwen_sliding("qwen3-8b", max_window_layers=36).sliding_window is None  # 36 layers: none windowed
+    with pytest.raises(SpecError, match=r"qwen2.5-7b/config.json: max_window_layers: expected full attention every "
+                                        r"Nth layer or in none .*got it in layers 0, 1, 2"):
+        _qwen_sliding("qwen2.5-7b", max_window_layers=14)
+    # Qwen2MoeConfig: the even layers below max_window_layers; Qwen3MoeConfig: every layer
+    q2 = _qwen_sliding("qwen2-57b-a14b", max_window_layers=28)
+    assert (q2.sliding_window, q2.full_attention_every) == (4096, 2)
+    q3 = _qwen_sliding("qwen3-30b-a3b")
+    assert (q3.sliding_window, q3.full_attention_every) == (4096, 0)
+    # a config's own layer_types says which layers use it
+    types = ["sliding_attention", "full_attention"] * 14
+    assert _qwen_sliding("qwen2.5-7b", layer_types=types).full_attention_every == 2
+
+
+# ---- multi-token-prediction modules the import leaves out are said -----------------------------
+
+def test_minimax_m2s_mtp_modules_are_left_out_with_a_warning_naming_file_and_fields(capsys):
+    cfg = json.loads((HF / "minimax-m2.json").read_text())  # use_mtp true, num_mtp_modules 3
+    assert model_from_hf_config(cfg, "m2/config.json").mtp_layers == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: m2/config.json: use_mtp, num_mtp_modules: 3 "), err
+    model_from_hf_config({**cfg, "use_mtp": False}, "m2/config.json")  # modules switched off: nothing dropped
+    assert capsys.readouterr().err == ""
+
+
+def test_mtp_modules_are_warned_of_in_any_family_that_does_not_import_them(capsys):
+    dots = json.loads((HF / "dots.llm1.base.json").read_text())
+    model_from_hf_config({**dots, "num_nextn_predict_layers": 1}, "dots/config.json")
+    assert "warning: dots/config.json: num_nextn_predict_layers: 1 " in capsys.readouterr().err
+    # DeepSeek-V3 imports its module as mtp_layers: nothing is left out, nothing said
+    assert load_model(str(HF / "deepseek-v3.json")).mtp_layers == 1
+    assert capsys.readouterr().err == ""

@@ -9,18 +9,20 @@ modelling code; what ModelSpec does not carry is listed per family below (each <
 decoder's parameters). Only the decoder is imported: Llama 4's vision encoder (0.87B, 0.8% of
 Scout's published 109B) is left out; DeepSeek-V3's multi-token-prediction module
 (num_nextn_predict_layers) is imported as ModelSpec.mtp_layers.
-Every problem is one SpecError line naming the file and the field.
+Every problem is one SpecError line naming the file and the field; multi-token-prediction modules
+a family's import leaves out (MiniMax-M2's) are named in one warning line on stderr.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Callable
 
+import click
 import numpy as np
 from pydantic import ValidationError
 
 from ..errors import SpecError, from_validation
-from .model import MAX_LAYERS, ModelSpec
+from .model import MAX_LAYERS, MLASpec, ModelSpec, MoESpec
 
 _MISSING = object()
 
@@ -96,8 +98,9 @@ _KV_HEADS_DEFAULT = {"mixtral": 8, "mistral": 8, "qwen2_moe": 16, "qwen3_moe": 4
                      "ernie4_5_moe": 4, "phimoe": 8}
 
 
-def _base(c: _Cfg) -> dict:
-    """Fields every decoder family shares (Llama naming)."""
+def _base(c: _Cfg, mla: bool = False) -> dict:
+    """Fields every decoder family shares (Llama naming). `mla`: the heads' widths are MLA's own
+    (DeepSeek), so hidden_size need not divide by the heads."""
     layers = c.get("num_hidden_layers")
     if layers > MAX_LAYERS:  # before any per-layer list is built from it
         raise c._err("num_hidden_layers", f"expected at most {MAX_LAYERS}, got {layers}")
@@ -114,11 +117,51 @@ def _base(c: _Cfg) -> dict:
     # only an explicit head_dim that differs from hidden/heads is a separate figure
     if head_dim is not None and head_dim * heads != hidden:
         out["head_dim"] = head_dim
+    if head_dim is None and not mla and hidden % heads:
+        raise c._err("hidden_size", f"must divide by num_attention_heads ({heads}) when head_dim is not given, "
+                                    f"got {hidden}")
     # transformers 5 saves the RoPE settings as rope_parameters, earlier releases as rope_scaling
+    for key in ("rope_scaling", "rope_parameters"):
+        v = c.data.get(key)
+        if v is not None and not isinstance(v, dict):
+            raise c._err(key, f"expected an object, got {_short(v)}")
     scaling = c.data.get("rope_scaling") or c.data.get("rope_parameters")
     if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == "yarn":
         out["rope_scaling"] = "yarn"
     return out
+
+
+def _local_every(local: list[bool], c: _Cfg, field: str, what: str) -> int | None:
+    """ModelSpec.full_attention_every for a mask of the layers that attend locally (within a window
+    or a chunk): None where none does, 0 where all do, N where the full-attention layers are every
+    N-th (N-1, 2N-1, ...). Any other pattern has no form in the spec: refused, naming `field`."""
+    if not any(local):
+        return None
+    full = [i for i, x in enumerate(local) if not x]
+    if not full:
+        return 0
+    every = full[0] + 1
+    if full != list(range(every - 1, len(local), every)):
+        shown = ", ".join(map(str, full[:12])) + (", ..." if len(full) > 12 else "")
+        raise c._err(field, f"expected {what} every Nth layer or in none (the only patterns modelled), got it in "
+                            f"layers {shown} of {len(local)}")
+    return every
+
+
+def _with_window(out: dict, window: int | None, local: list[bool], c: _Cfg, field: str) -> dict:
+    """Attach a sliding window of `window` tokens to the layers `local` marks (_local_every)."""
+    every = _local_every(local, c, field, "full attention") if window else None
+    if every is not None:
+        out["sliding_window"] = window
+        if every != 1:
+            out["full_attention_every"] = every
+    return out
+
+
+def _window_or_default(c: _Cfg, default: int) -> int | None:
+    """sliding_window where the config gives one; transformers' `default` where the key is absent;
+    None where it is null (no window)."""
+    return c.get("sliding_window", default=None) if "sliding_window" in c.data else default
 
 
 def _fit_layer_pattern(mask: list[bool], c: _Cfg, field: str) -> tuple[int, int]:
@@ -195,14 +238,40 @@ def _qwen_moe(c: _Cfg) -> dict:
                      every, router="softmax", **extra)
     out = _with_layers(out, moe, dense, c, "intermediate_size")
     out["tied_embeddings"] = _tied(c, False)
-    return out
+    return _qwen_window(c, out)
+
+
+def _qwen_window(c: _Cfg, out: dict) -> dict:
+    """Qwen2 / Qwen3 (dense) and Qwen2-MoE / Qwen3-MoE: a sliding window only under
+    use_sliding_window (false in every release), in the layers transformers' config classes
+    (configuration_<type>.py @008e574; defaults sliding_window 4096, max_window_layers 28) mark
+    sliding_attention: qwen2, qwen3 layers i >= max_window_layers; qwen2_moe the even layers below
+    it; qwen3_moe every layer (its config has no max_window_layers and its attention passes the
+    window in each). A config's own layer_types (qwen2, qwen3, qwen2_moe) replaces the rule."""
+    if not c.get("use_sliding_window", bool, default=False):
+        return out
+    window, n = _window_or_default(c, 4096), out["num_layers"]
+    if window is None:
+        return out
+    field = "max_window_layers"
+    if c.family == "qwen3_moe":
+        local = [True] * n
+    elif c.data.get("layer_types") is not None:
+        types, field = c.data["layer_types"], "layer_types"
+        if not (isinstance(types, list) and all(isinstance(t, str) for t in types) and len(types) == n):
+            raise c._err("layer_types", f"expected {n} layer type names (one a layer)")
+        local = [t == "sliding_attention" for t in types]
+    else:
+        m = c.get("max_window_layers", default=28, min_value=0)
+        local = [i % 2 == 0 and i < m for i in range(n)] if c.family == "qwen2_moe" else [i >= m for i in range(n)]
+    return _with_window(out, window, local, c, field)
 
 
 def _deepseek(c: _Cfg) -> dict:
     # DeepseekV2/V3 modelling code: layer i is MoE when n_routed_experts is set,
     # i >= first_k_dense_replace and i % moe_layer_freq == 0; V3's MTP modules (_with_mtp).
     # Not modelled: V3's e_score_correction_bias (n_routed_experts per MoE layer).
-    out = _base(c)
+    out = _base(c, mla=True)
     out.pop("num_kv_heads", None)  # MLA: num_key_value_heads is not a GQA figure
     out.pop("head_dim", None)
     n = out["num_layers"]
@@ -268,16 +337,23 @@ def _route_groups(c: _Cfg, method: str = "") -> dict:
 
 def _llama(c: _Cfg) -> dict:
     # Llama, and the families built on its decoder layer: Mistral, Qwen2, Qwen3 (dense).
-    # Not modelled: Mistral's and Qwen2's sliding_window (attention FLOPs only; Qwen2 applies it only
-    # under use_sliding_window), Qwen2's q/k/v biases (no attention_bias key; < 0.01%), Qwen3's
-    # per-head q/k norms.
+    # Mistral's sliding_window holds in every layer (arXiv 2310.06825 Table 1: window 4096;
+    # transformers' MistralConfig defaults it to 4096, configuration_mistral.py @001f85b; null in
+    # v0.2 and later: no window); Qwen's under use_sliding_window (_qwen_window).
+    # Not modelled: Qwen2's q/k/v biases (no attention_bias key; < 0.01%), Qwen3's per-head q/k norms.
     out = _base(c)
     out["ffn_size"] = c.get("intermediate_size")
     out["tied_embeddings"] = _tied(c, False)
     # ModelSpec has one bias flag for attention and FFN; Llama configs set both alike
-    # (a mismatch would miscount by (ffn + hidden) per layer, < 0.01%).
-    if c.get("attention_bias", bool, default=False) or c.get("mlp_bias", bool, default=False):
+    # (a mismatch would miscount by (ffn + hidden) per layer, < 0.01%). Both are read, so a bad
+    # second value is refused whatever the first says.
+    attention_bias, mlp_bias = c.get("attention_bias", bool, default=False), c.get("mlp_bias", bool, default=False)
+    if attention_bias or mlp_bias:
         out["linear_bias"] = True
+    if c.family == "mistral":
+        return _with_window(out, _window_or_default(c, 4096), [True] * out["num_layers"], c, "sliding_window")
+    if c.family in ("qwen2", "qwen3"):
+        return _qwen_window(c, out)
     return out
 
 
@@ -296,12 +372,9 @@ def _gpt_oss(c: _Cfg) -> dict:
     if types is not None and len(types) != out["num_layers"]:
         raise c._err("layer_types", f"expected one entry a layer ({out['num_layers']}), got {len(types)}")
     if window and types:
-        full = [i for i, t in enumerate(types) if t == "full_attention"]
-        every = full[0] + 1 if full else 0
-        if not full or full != list(range(every - 1, len(types), every)):
-            raise c._err("layer_types", "expected full_attention every Nth layer (the only pattern modelled)")
-        out["sliding_window"] = window
-        out["full_attention_every"] = every
+        every = _local_every([t != "full_attention" for t in types], c, "layer_types", "full_attention")
+        if every is not None:
+            out["sliding_window"], out["full_attention_every"] = window, every
     out["moe"] = _moe_block(c, c.first(("num_local_experts", "num_experts")),
                             c.first(("num_experts_per_tok", "experts_per_token")),
                             c.get("intermediate_size"), router="softmax", expert_bias=True)
@@ -344,12 +417,9 @@ def _llama4(c: _Cfg) -> dict:
         rope = t.data.get("no_rope_layers") or [int((i + 1) % n_int != 0) for i in range(n)]
         if not (isinstance(rope, list) and len(rope) == n and all(v in (0, 1) for v in rope)):
             raise t._err("no_rope_layers", f"expected {n} entries of 0 or 1 (1: a RoPE, chunked layer)")
-        full = [i for i, v in enumerate(rope) if v == 0]
-        every = full[0] + 1 if full else 0
-        if not full or full != list(range(every - 1, n, every)):
-            raise t._err("no_rope_layers", "expected a NoPE (full-attention) layer every Nth layer (the only "
-                         "pattern modelled)")
-        out["attention_chunk"], out["full_attention_every"] = chunk, every
+        every = _local_every([v == 1 for v in rope], t, "no_rope_layers", "a NoPE (full-attention) layer")
+        if every is not None:
+            out["attention_chunk"], out["full_attention_every"] = chunk, every
     # the multimodal config keeps tie_word_embeddings at the top level
     out["tied_embeddings"] = t.get("tie_word_embeddings", bool, default=_tied(c, False))
     return out
@@ -409,12 +479,14 @@ def _minimax_m2(c: _Cfg) -> dict:
     # experts of intermediate_size, grouped-query attention of head_dim. Not modelled: the per-layer
     # q/k norms, the partial rotary embedding, and the multi-token-prediction modules of the release
     # config (use_mtp, num_mtp_modules): transformers' model does not build them and their structure
-    # is not published.
+    # is not published, so the import says it leaves them out (_warn_dropped_mtp).
     out = _base(c)
-    types = c.data.get("attn_type_list")
+    types, n = c.data.get("attn_type_list"), out["num_layers"]
     if types is not None and (not isinstance(types, list) or any(t != 1 for t in types)):
         raise c._err("attn_type_list", "expected full softmax attention (1) in every layer; lightning attention "
                                        "(MiniMax-01's 0) is not modelled")
+    if types is not None and len(types) != n:
+        raise c._err("attn_type_list", f"expected one entry a layer ({n}), got {len(types)}")
     out["moe"] = _moe_block(c, c.get("num_local_experts"), c.get("num_experts_per_tok"), c.get("intermediate_size"),
                             router="sigmoid")
     out["tied_embeddings"] = _tied(c, False)
@@ -529,13 +601,31 @@ _UNMODELLED = {
     "deepseek_v32": "DeepSeek Sparse Attention (the lightning indexer and top-k key selection)",
     "glm_moe_dsa": "DeepSeek Sparse Attention (the lightning indexer and top-k key selection)",
     "minimax": "its lightning (linear) attention layers",
-    "hunyuan": "cross-layer attention (use_cla: layers sharing their key/value projections)",
     "jamba": "its Mamba layers", "granitemoehybrid": "its Mamba layers", "nemotron_h": "its Mamba layers",
 }
 
 
+def _hunyuan(cfg: dict, source: str) -> SpecError:
+    """Why a Hunyuan config (Tencent's remote-code HunYuan, model_type hunyuan) is refused: the
+    features of its config that no importer reads, cross-layer attention only where use_cla is on
+    (Hunyuan-Large; Hunyuan-A13B has it off)."""
+    if cfg.get("use_cla") is True:
+        return SpecError(source, "use_cla", "cross-layer attention (layers sharing their key/value projections) "
+                                            "is not modelled (hunyuan config)")
+    lists = [k for k in ("moe_topk", "moe_intermediate_size", "num_shared_expert") if isinstance(cfg.get(k), list)]
+    why = [f"its per-layer MoE lists ({', '.join(lists)}; ModelSpec has one MoE block for all layers)"] if lists else []
+    if cfg.get("use_mixed_mlp_moe") is True:
+        why.append("use_mixed_mlp_moe's shared MLP beside the experts")
+    what = " or ".join(why) or "its config"
+    return SpecError(source, "model_type", f"'hunyuan' is not modelled: no importer reads {what}")
+
+
 def _family(cfg: dict, source: str) -> str:
     mt = cfg.get("model_type")
+    if mt is not None and not isinstance(mt, str):
+        raise SpecError(source, "model_type", f"expected a string, got {_short(mt)}")
+    if mt == "hunyuan":
+        raise _hunyuan(cfg, source)
     if isinstance(mt, str) and mt in _FAMILIES:
         return mt
     if isinstance(mt, str) and mt in _UNMODELLED:
@@ -552,7 +642,7 @@ def _family(cfg: dict, source: str) -> str:
 
 def _name(cfg: dict, source: str) -> str:
     p = Path(source)
-    if p.stem and p.stem != "config":
+    if p.stem and p.stem.lower() != "config":
         return p.stem
     if p.parent.name:
         return p.parent.name
@@ -570,9 +660,55 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     fields = _FAMILIES[family](_Cfg(cfg, source, family))
     fields.update(name=_name(cfg, source), source=f"HF config.json {source} ({family})")
     try:
-        return ModelSpec.model_validate(fields)
+        spec = ModelSpec.model_validate(fields)
     except ValidationError as e:
-        raise from_validation(source, e, _HF_NAMES) from None
+        raise _validation_error(source, family, e) from None
+    _warn_dropped_mtp(cfg, source, family, spec)
+    return spec
+
+
+# keys a config.json counts its multi-token-prediction modules under (DeepSeek-V3 / GLM-4.5 / ERNIE
+# 4.5: num_nextn_predict_layers; MiniMax-M2: num_mtp_modules under use_mtp; Qwen3-Next:
+# mtp_num_hidden_layers; Megatron-Bridge exports: mtp_num_layers)
+_MTP_KEYS = ("num_nextn_predict_layers", "num_mtp_modules", "mtp_num_hidden_layers", "mtp_num_layers")
+
+
+def _warn_dropped_mtp(cfg: dict, source: str, family: str, spec: ModelSpec) -> None:
+    """One warning line on stderr where the config has multi-token-prediction modules the spec
+    leaves out (MiniMax-M2's use_mtp / num_mtp_modules): the plan prices the model without them,
+    which pre-training with them would not be."""
+    if spec.mtp_layers or cfg.get("use_mtp") is False:
+        return
+    keys = [k for k in _MTP_KEYS if isinstance(cfg.get(k), int) and not isinstance(cfg[k], bool) and cfg[k] > 0]
+    if not keys:
+        return
+    count = cfg[keys[0]]
+    keys = (["use_mtp"] if cfg.get("use_mtp") is True else []) + keys
+    click.echo(f"warning: {source}: {', '.join(keys)}: {count} multi-token-prediction module(s) left out (not "
+               f"modelled for {family}): the spec and its plans price the model without them", err=True)
+
+
+def _validation_error(source: str, family: str, err: ValidationError) -> SpecError:
+    """ModelSpec's refusal of an imported figure in the importer's own form: the key the config.json
+    spells, the range allowed where a bound was broken, and the family tag."""
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e.get("loc", ()))
+    if e.get("type") in ("less_than_equal", "greater_than_equal") and loc:
+        lo, hi = _bounds(loc)
+        allowed = f"in {lo}..{hi}" if lo is not None and hi is not None else f">= {lo}" if hi is None else f"<= {hi}"
+        return SpecError(source, _HF_NAMES.get(loc, loc), f"expected an integer {allowed}, got "
+                                                          f"{_short(e.get('input'))} ({family} config)")
+    out = from_validation(source, err, _HF_NAMES)
+    return SpecError(out.source, out.field, f"{out.expected} ({family} config)")
+
+
+def _bounds(loc: str) -> tuple[Any, Any]:
+    """(ge, le) of a ModelSpec field by its dotted path ("moe.num_experts"); None where unbounded."""
+    *outer, name = loc.split(".")
+    model = {"moe": MoESpec, "mla": MLASpec}.get(outer[-1], ModelSpec) if outer else ModelSpec
+    info = model.model_fields.get(name)
+    got = {type(m).__name__: m for m in (info.metadata if info else ())}
+    return getattr(got.get("Ge"), "ge", None), getattr(got.get("Le"), "le", None)
 
 
 # ModelSpec fields as the config.json keys they are read from say them (the usual spellings; a

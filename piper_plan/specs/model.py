@@ -117,9 +117,10 @@ class ModelSpec(_Optional):
     attention_chunk: Optional[int] = Field(
         None, ge=1, le=MAX_SEQ, description="chunked local attention (Llama 4's attention_chunk_size): the "
         "windowed layers attend causally within aligned chunks of this many tokens, not a sliding window")
-    full_attention_every: int = Field(1, ge=1, description="with sliding_window or attention_chunk: every Nth layer "
+    full_attention_every: int = Field(1, ge=0, description="with sliding_window or attention_chunk: every Nth layer "
                                       "attends to the whole sequence, the others within the window or chunk "
-                                      "(GPT-OSS: 2; Llama 4: 4, its NoPE layers)")
+                                      "(GPT-OSS: 2; Llama 4: 4, its NoPE layers); 0: no layer does, every layer is "
+                                      "local (Mistral-7B-v0.1's 4,096-token window)")
     learned_positions: bool = Field(False, description="learned absolute position table of seq_len × hidden (Megatron GPT)")
     mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="multi-token-prediction modules after the last layer (DeepSeek-V3: "
                             "1): each a block like the last layer, a 2d→d projection and 3 norms, sharing the "
@@ -141,7 +142,8 @@ class ModelSpec(_Optional):
         if local and self.full_attention_every > self.num_layers:
             raise ValueError(f"full_attention_every ({self.full_attention_every}) exceeds num_layers ({self.num_layers})")
         if not local and self.full_attention_every != 1:
-            raise ValueError("full_attention_every needs sliding_window or attention_chunk (which layers are local)")
+            raise ValueError("full_attention_every needs sliding_window or attention_chunk (which layers are local; "
+                             "without either every layer attends to the whole sequence)")
         if self.moe is not None and self.dense_layers + self.moe.every > self.num_layers:
             raise ValueError(f"no layer is an MoE layer ({self.dense_layers} leading dense layers, then one MoE "
                              f"layer every {self.moe.every}, in {self.num_layers} layers)")
@@ -356,8 +358,16 @@ class ModelSpec(_Optional):
             local = (q * c * c + (s - q * c) ** 2) / (2.0 * s)
         else:
             return 0.5 * s
-        full = self.num_layers // self.full_attention_every / self.num_layers
+        full = self.full_layers / self.num_layers
         return full * 0.5 * s + (1.0 - full) * local
+
+    @property
+    def full_layers(self) -> int:
+        """Layers that attend to the whole sequence: every full_attention_every-th with local
+        attention (none where it is 0), all without."""
+        if self.sliding_window is None and self.attention_chunk is None:
+            return self.num_layers
+        return self.num_layers // self.full_attention_every if self.full_attention_every else 0
 
     def attn_core_flops(self, seq: int, causal: bool = True) -> float:
         """Score and value matmuls per token per layer (average over layers), forward:
