@@ -70,6 +70,7 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
         def __init__(self):
             super().__init__()
             self.bytes, self.ops = Counter(), Counter()
+            self.in_core = False  # inside the attention kernel (_opaque_core)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
@@ -78,7 +79,7 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
                 return out
             tensors = [a for a in tree_flatten((args, kwargs))[0] + tree_flatten(out)[0] if isinstance(a, torch.Tensor)]
             n = sum(a.numel() * a.element_size() for a in tensors)
-            if name in GEMMS or name == "_grouped_mm":
+            if self.in_core or name in GEMMS or name == "_grouped_mm":
                 kind = "gemm_attention"
             elif any(tuple(a.shape) in shapes for a in tensors):
                 kind = "weight_casts"  # a weight cast to bf16, or its gradient cast back and accumulated
@@ -89,6 +90,8 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
             return out
 
     mode = Count()
+    if spec.mla is not None:
+        _opaque_core(blk.attn, mode)
     with sums_by_slot(), mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
         y = blk(x)
     forward, forward_ops = dict(mode.bytes), dict(mode.ops)
@@ -96,6 +99,39 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
         y.float().sum().backward()
     return {"spec": spec, "bytes": dict(mode.bytes), "ops": dict(mode.ops), "forward_bytes": forward,
             "forward_ops": forward_ops}
+
+
+def _opaque_core(attn, mode) -> None:
+    """Count MLA's attention core as the one kernel it is on a GPU. Its value heads are narrower
+    than its query/key heads, which torch's CPU flash kernel does not take, so on the CPU SDPA
+    decomposes into the math path (S x S scores, softmax, dropout mask: elementwise ops that
+    would be counted as the block's), where cuDNN's and the memory-efficient kernels take the
+    shapes whole on a GPU. Forward and backward run with their ops booked to the kernel."""
+    import torch
+
+    core = attn.core
+
+    class Core(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            mode.in_core = True
+            try:
+                return core(q, k, v)
+            finally:
+                mode.in_core = False
+
+        @staticmethod
+        def backward(ctx, g):
+            mode.in_core = True
+            try:
+                with torch.enable_grad():
+                    qkv = [a.detach().requires_grad_() for a in ctx.saved_tensors]
+                    return torch.autograd.grad(core(*qkv), qkv, g)
+            finally:
+                mode.in_core = False
+
+    attn.core = Core.apply
 
 
 def priced_fused(spec, seq: int) -> float:
@@ -164,6 +200,44 @@ def solve(dtype: str) -> dict:
             c, _ = nnls(A, y)
             out[("moe" if moe else "dense", ph)] = (np.round(c, 2).tolist(),
                                                      float(np.max(np.abs(A @ c / y - 1))))
+    for key, val in solve_mla(dtype).items():
+        out[key] = val
+    return out
+
+
+# MLA shapes (d, heads, qk_nope, qk_rope, v head dim, kv_lora_rank, q_lora_rank (0: none), tokens)
+SOLVE_MLA = [(64, 4, 32, 16, 32, 48, 0, 136), (128, 8, 16, 8, 16, 32, 48, 136), (96, 6, 24, 8, 24, 64, 0, 200),
+             (160, 4, 48, 16, 32, 40, 80, 72), (64, 2, 40, 24, 40, 56, 0, 264), (192, 12, 16, 16, 24, 72, 96, 104),
+             (128, 4, 64, 32, 64, 96, 0, 152), (96, 8, 24, 12, 16, 36, 40, 232)]
+
+
+def solve_mla(dtype: str) -> dict:
+    """cost/eager.py's MLA_TOKEN for `dtype` (its FFN coefficient, last, is FFN's again) and
+    under ("ops", "mla" | "mla_q", phase) the elementwise ops of an MLA block's pass."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from piper_plan.specs.model import ModelSpec
+
+    out, X, Y = {}, [], {"f": [], "b": []}
+    for d, h, nope, rope, vd, kvr, ql, t in SOLVE_MLA:
+        for w in (2 * d, 5 * d, 96):
+            mla = dict(q_lora_rank=ql or None, kv_lora_rank=kvr, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                       v_head_dim=vd)
+            spec = ModelSpec(name="solve", num_layers=1, hidden_size=d, num_heads=h, vocab_size=256, seq_len=t,
+                             ffn_size=w, mla=mla)
+            r = count_block(spec, t, dtype=dtype)
+            fwd, f_ops = r["forward_bytes"].get("elementwise", 0), r["forward_ops"].get("elementwise", 0)
+            for ph, n in zip(("f", "b"), (f_ops, r["ops"]["elementwise"] - f_ops)):
+                out.setdefault(("ops", "mla_q" if ql else "mla", ph), set()).add(n)
+            Y["f"].append(fwd)
+            Y["b"].append(r["bytes"]["elementwise"] - fwd)
+            X.append([t * d, t * h * (nope + rope), t * h * vd, t * (kvr + rope), t * ql, t, t * w])
+    A = np.array(X, float)
+    for ph in ("f", "b"):
+        y = np.array(Y[ph], float)
+        c, _ = nnls(A, y)
+        out[("mla", ph)] = (np.round(c, 2).tolist(), float(np.max(np.abs(A @ c / y - 1))))
     return out
 
 

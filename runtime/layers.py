@@ -184,11 +184,12 @@ class MLAttention(nn.Module):
         c, k_pe = self.wkv_a(x).split([self.kvr, self.rope], dim=-1)
         kv = self.wkv_b(self.kv_norm(c)).view(B, S, self.H, self.nope + self.vd).transpose(1, 2)
         k_nope, v = kv.split([self.nope, self.vd], dim=-1)
+        k_pe = k_pe.unsqueeze(1)  # one rotary key shared by the heads (none at qk_rope_head_dim 0)
         if self.rope:
             q_pe = apply_rope(q_pe, self.cos, self.sin)
-            k_pe = apply_rope(k_pe.unsqueeze(1), self.cos, self.sin).expand(B, self.H, S, self.rope)
+            k_pe = apply_rope(k_pe, self.cos, self.sin)
         q = torch.cat([q_nope, q_pe], dim=-1)
-        k = torch.cat([k_nope, k_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe.expand(B, self.H, S, self.rope)], dim=-1)
         o = _core(self, q, k, v)
         return _row_out(self.wo, o.transpose(1, 2).reshape(B, S, -1), self.tp)
 

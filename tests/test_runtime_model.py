@@ -18,7 +18,12 @@ from piper_runtime.moe.router import TopKRouter  # noqa: E402
 from runtime_test_support import GELU2, MLA  # noqa: E402
 
 
-@pytest.mark.parametrize("spec", [load_model("tiny-moe"), load_model("tiny-dense"), MLA, GELU2],
+# MLA with no rotary part (qk_rope_head_dim 0, which the spec allows): no shared rotary key
+MLA_NOPE = MLA.model_copy(update={"name": "mla-no-rope",
+                                  "mla": MLA.mla.model_copy(update={"qk_rope_head_dim": 0})})
+
+
+@pytest.mark.parametrize("spec", [load_model("tiny-moe"), load_model("tiny-dense"), MLA, MLA_NOPE, GELU2],
                          ids=lambda s: s.name)
 def test_parameter_count_and_causality(spec):
     seq = 16

@@ -45,8 +45,19 @@ TOKEN = {"bf16": {"f": (107.54, 22.23, 471.56), "b": (293.16, 33.65, 237.01)},
 FFN = {"bf16": {"f": (10.0,), "b": (18.0,)}, "fp32": {"f": (20.0,), "b": (36.0,)}}
 MOE = {"bf16": {"f": (22.02, 10.0, 12.05, 152.18, 8.01), "b": (42.0, 18.0, 24.0, 40.0, 6.0)},
        "fp32": {"f": (36.02, 20.0, 11.62, 153.57, 7.99), "b": (60.0, 36.0, 24.0, 40.0, 12.0)}}
-# ops (kernels) per pass: the dense block's to the token-level part, the MoE block's excess to it
-OPS = {"bf16": {"token": (37, 64), "moe": (27, 10)}, "fp32": {"token": (31, 60), "moe": (27, 11)}}
+# MLA attention's block (DeepSeek-V2/V3) in TOKEN's place, on t·d, t·heads·qk head dim (q, and k
+# after the shared rotary key joins it), t·heads·v head dim, t·(kv_lora_rank + qk_rope_head_dim)
+# (the latent and rotary key), t·q_lora_rank and t; solved on 8 MLA shapes x 3 FFN widths (d
+# 64-192, 2-12 heads, head dims 16-64, latents 32-96, with and without a query latent), within
+# 1.5 % of every count in bf16, 2.8 % in fp32 (benchmarks/eager_bytes.py --solve)
+MLA_TOKEN = {"bf16": {"f": (68.99, 9.86, 13.93, 48.82, 65.78, 347.22),
+                      "b": (241.03, 15.79, 27.8, 88.75, 125.52, 725.11)},
+             "fp32": {"f": (38.41, 20.69, 24.8, 59.85, 85.14, 505.8),
+                      "b": (199.23, 35.92, 42.12, 118.08, 155.65, 842.32)}}
+# ops (kernels) per pass: the dense block's to the token-level part, the MoE block's excess to it;
+# an MLA block's to its token-level part, without and with the query latent ("mla_q": its norm)
+OPS = {"bf16": {"token": (37, 64), "moe": (27, 10), "mla": (47, 83), "mla_q": (55, 99)},
+       "fp32": {"token": (31, 60), "moe": (27, 11), "mla": (39, 77), "mla_q": (45, 91)}}
 
 
 def applies(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
@@ -69,9 +80,15 @@ def _traffic(hw: HardwareSpec, lay: LayoutBatch, table: dict, terms: list, ops: 
 
 def token_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch):
     """(forward, backward) seconds of a block pass's token-level eager traffic per rank: t/tp
-    tokens' share (sequence-parallel shards and the heads each tp rank holds)."""
+    tokens' share (sequence-parallel shards and the heads each tp rank holds); MLA's latents
+    on every token, since each tp rank projects them whole (runtime/layers.MLAttention)."""
     t = lay.tokens / lay.tp
-    return _traffic(hw, lay, TOKEN, [t * m.hidden_size, t * m.kv_heads * m.hd, t], "token")
+    if m.mla is None:
+        return _traffic(hw, lay, TOKEN, [t * m.hidden_size, t * m.kv_heads * m.hd, t], "token")
+    a, (qk, v) = m.mla, m.qk_v_dims
+    terms = [t * m.hidden_size, t * m.num_heads * qk, t * m.num_heads * v,
+             lay.tokens * (a.kv_lora_rank + a.qk_rope_head_dim), lay.tokens * (a.q_lora_rank or 0), t]
+    return _traffic(hw, lay, MLA_TOKEN, terms, "mla_q" if a.q_lora_rank else "mla")
 
 
 def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, width):

@@ -499,8 +499,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     hidden_f = (1.0 - held) * paired_share * f_pair + absorbed_f
     # an interleaved schedule's steady state runs its messages behind the other micro-batch's compute
     # (Layout.p2p_overlap); the warm-up's and the cool-down's wait (_p2p_steady_share)
-    p2p_hidden = p2p_hidden_mb(st(_p2p_steady_share(lay)), p2p_f, p2p_b, phases["f"],
-                               phases["b"] + phases["w"] + phases["r"])
+    p2p_hid_f, p2p_hid_b = p2p_hidden_parts(st(_p2p_steady_share(lay)), p2p_f, p2p_b, phases["f"],
+                                            phases["b"] + phases["w"] + phases["r"])
+    p2p_hidden = p2p_hid_f + p2p_hid_b
     totals = comp_t + comm_t - hidden_of + slow_of - absorbed - p2p_hidden
     t_first, t_mid, t_last = totals
     peak_role_time = np.maximum(np.maximum(t_first, t_last), np.where(has_mid, t_mid, 0.0))
@@ -511,9 +512,19 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     is_first = t_first >= peak_role_time  # the busiest role: first, else last, else mid
     is_last = ~is_first & (t_last >= peak_role_time)
     pick = lambda stacked: _busiest(dict(zip(rs, stacked)), is_first, is_last)  # noqa: E731
+    # the reduction's windows lose the messages that run behind compute too: hidden, they take no
+    # wall time, so a faster link that shortens them must not shorten the window
     comp_r, win_r, dp_win_r = _window(lc, phases, nd_r, nm_r, chunk_mb, parked_f, parked_b, (p2p_f, p2p_b), M,
-                                      (hidden_of - slow_of + absorbed, hidden_f),
+                                      (hidden_of - slow_of + absorbed + p2p_hidden, hidden_f + p2p_hid_f),
                                       (unpaired, np.where(dualpipe_hides, 0.0, alone_f)))
+    # a paired step (dualpipev's F&B chunks, Megatron-Core's EP overlap) runs one micro-batch's
+    # backward beside another's forward for the pair's whole wall time: that micro-batch's
+    # reduction runs behind all of it. Read from its parts instead, the backward's window shrank
+    # where faster compute moved the exposed exchange to the forward's side
+    paired = dualpipe_hides | lay.ep_overlap
+    if paired.any():
+        pair_b = np.maximum(totals - dp_win_r.W - dp_win_r.B, 0.0) * paired_share
+        dp_win_r = replace(dp_win_r, B=np.where(paired, dp_win_r.B + pair_b, dp_win_r.B))
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
     # difference each period: a forward and a backward (1F1B and the other interleaving
     # schedules), a backward (gpipe runs the backwards back to back)
@@ -724,15 +735,21 @@ def _paired_share(lay: LayoutBatch) -> dict:
     return share
 
 
+def p2p_hidden_parts(share, fwd_msgs, bwd_msgs, fwd, bwd):
+    """(forward messages', backward messages') seconds a micro-batch of a rank's pipeline
+    messages that run behind compute, given the `share` of its chunks in the steady state
+    (_p2p_steady_share) and, per micro-batch, the seconds of its forward messages (activations
+    on, `fwd_msgs`) and backward ones (gradients back, `bwd_msgs`), its forward (`fwd`) and
+    backward (`bwd`) compute: a forward's send and next receive run beside the backward that
+    follows, a backward's beside the next forward (Megatron-Core's overlap_p2p_comm; torch's
+    runtime receives one action ahead), so each direction hides only what that phase lasts."""
+    return share * np.minimum(fwd_msgs, bwd), share * np.minimum(bwd_msgs, fwd)
+
+
 def p2p_hidden_mb(share, fwd_msgs, bwd_msgs, fwd, bwd):
-    """Seconds of a rank's pipeline messages a micro-batch that run behind compute, given the
-    `share` of its chunks in the steady state (_p2p_steady_share) and, per micro-batch, the
-    seconds of its forward messages (activations on, `fwd_msgs`) and backward ones (gradients
-    back, `bwd_msgs`), its forward (`fwd`) and backward (`bwd`) compute: a forward's send and
-    next receive run beside the backward that follows, a backward's beside the next forward
-    (Megatron-Core's overlap_p2p_comm; torch's runtime receives one action ahead), so each
-    direction hides only what that phase lasts."""
-    return share * (np.minimum(fwd_msgs, bwd) + np.minimum(bwd_msgs, fwd))
+    """Seconds a micro-batch of a rank's pipeline messages that run behind compute, both
+    directions (p2p_hidden_parts)."""
+    return sum(p2p_hidden_parts(share, fwd_msgs, bwd_msgs, fwd, bwd))
 
 
 def _v_shape(lay: LayoutBatch) -> np.ndarray:
