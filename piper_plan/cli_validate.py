@@ -41,7 +41,7 @@ from .clitypes import one_line_errors
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="with --json: write the JSON to this file (atomically) instead of printing it")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="also draw the priced rows to this PNG: predicted against published with the ±20 / ±35 %% "
+              help="also draw the priced rows to this PNG: predicted against published with the ±20 / ±35 % "
               "bands, and the signed throughput errors of the dense and MoE rows")
 @one_line_errors
 def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals, output,

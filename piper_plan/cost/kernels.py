@@ -124,8 +124,9 @@ def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16",
     2.5× the forward's FLOPs (FlashAttention-2 runs five GEMMs to the forward's two) at
     efficiency.attention_bwd (default: the forward's plateau) held under the power limit, plus
     efficiency.attention_bwd_row_us per query row per head — a fixed cost that a CPU's
-    backward kernel pays whatever the sequence length (measured by calibrate: 2.2 µs per row
-    on this repository's 2-core machine, 12× the forward's time at 64 tokens, 2× at 1,024).
+    backward kernel pays whatever the sequence length (measured by calibrate: the bundled
+    hardware/cpu-local.yaml, calibrated 2026-12-02 with 8 ranks sharing 2 cores, holds 12.76 µs
+    per row per head).
     Narrow heads slow it as they slow the forward (head_dim_slowdown)."""
     eff = hw.efficiency
     e = (eff.attention_bwd if eff.attention_bwd is not None else eff.attention) * eff.sustained_matmul

@@ -3,7 +3,7 @@
 Bytes per parameter with mixed-precision Adam (Megatron): weight 2 (bf16), main gradient
 4 (fp32 accumulation; 2 with bf16 grads), fp32 master 4, Adam m 4 and v 4 — 18 B, or the
 16 B of Piper's equation with bf16 gradients (brief §2). ZeRO over the data-parallel group
-of each parameter (experts: the expert-data-parallel group, dp·tp/ep):
+of each parameter (experts: the expert-data-parallel group, dp·cp·tp/(ep·etp), LayoutBatch.edp):
 stage 1 shards master + moments, 2 also gradients (reduced every micro-batch to keep only the
 share: reduction.dp_comm_time), 3 also weights. Layout.optimizer_offload keeps that share of
 master + moments in host memory instead (cost/offload.py). Stage 3 gathers what it shards one

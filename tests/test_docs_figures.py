@@ -1,0 +1,181 @@
+"""README.md's summaries of the side validation tables, held to the model.
+
+"How close the model is" in README.md summarises six tables beside the bundled one
+(validation/moe-parallel-folding.csv, context-parallel.csv, nemo-performance.csv,
+llama3-405b-meta.csv, torchtitan.csv, primus.csv) in prose: a MAPE here, a signed error there,
+a range, a Kendall τ. Those sentences drifted whenever a cost-model change moved the rows and
+nobody re-ran the tables. Each test here prices one table as `piper-plan validate --table F`
+does (validate.run), computes every figure the README states of it, rounded as the README
+writes it, and asserts it stands in the passage that states it. The passage is found by the
+phrase it opens with and the phrase that follows it, never by line number, and each of those
+phrases must occur once. A figure that moves fails here until README.md is re-run and rewritten
+(and validation/README.md with it, where it repeats the figure). Figures the README labels as
+history ("when first priced", "when added") are not checked: they are not the model's now.
+"""
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import kendalltau
+
+from piper_plan import validate as V
+
+README = Path(__file__).parents[1] / "README.md"
+TABLES = V.data_path().parent
+
+
+def _prose() -> str:
+    """README.md with every run of whitespace (line breaks, list indents) as one space, so a
+    figure matches wherever the text happens to wrap."""
+    return re.sub(r"\s+", " ", README.read_text(encoding="utf-8"))
+
+
+def passage(start: str, end: str) -> str:
+    """The README text from `start` up to (not including) the first `end` after it; each phrase
+    must be in the README, and `start` only once, so the passage is the one meant."""
+    text = _prose()
+    assert text.count(start) == 1, f"README.md should hold {start!r} once, holds it {text.count(start)} times"
+    i = text.index(start)
+    j = text.find(end, i + len(start))
+    assert j > i, f"README.md: no {end!r} after {start!r}"
+    return text[i:j]
+
+
+def _minus(s: str) -> str:
+    return s.replace("-", "−")  # the README writes U+2212 minus signs
+
+
+def pct(x: float, signed: bool = False) -> str:
+    """'7.7 %' or, signed, '+12.9 %' / '−13.7 %' (one decimal, the README's rounding)."""
+    return _minus(f"{x:+.1f} %" if signed else f"{x:.1f} %")
+
+
+def signed(x: float) -> str:
+    return _minus(f"{x:+.1f}")
+
+
+def span(errors) -> str:
+    """A signed range as the README writes it, smallest magnitude first, whole percents:
+    '+19 … +89 %', '−18 … −22 %'."""
+    lo, hi = min(errors, key=abs), max(errors, key=abs)
+    return _minus(f"{lo:+.0f} … {hi:+.0f} %")
+
+
+def mape(rows) -> float:
+    return float(np.mean([abs(r.error_pct) for r in rows]))
+
+
+def max_abs(rows) -> float:
+    return float(max(abs(r.error_pct) for r in rows))
+
+
+def tau(rows) -> str:
+    return f"τ {kendalltau([r.published for r in rows], [r.predicted for r in rows]).statistic:.2f}"
+
+
+def _csv(name: str) -> dict[str, dict]:
+    with open(TABLES / f"{name}.csv", newline="", encoding="utf-8") as f:
+        return {r["id"]: r for r in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def priced():
+    """name -> (results, csv rows by id): each side table priced once for the module, as
+    `piper-plan validate --table validation/<name>.csv` prices it."""
+    names = ("moe-parallel-folding", "context-parallel", "nemo-performance", "llama3-405b-meta", "torchtitan",
+             "primus")
+    return {n: (V.run(path=TABLES / f"{n}.csv"), _csv(n)) for n in names}
+
+
+def _missing(text: str, expected: list[str]) -> list[str]:
+    return [e for e in expected if e not in text]
+
+
+def test_the_moe_parallel_folding_sentence_states_the_table_as_priced_now(priced):
+    res, rows = priced["moe-parallel-folding"]
+    assert all(np.isfinite(r.predicted) and not r.fit for r in res)
+    seq = [r for r in res if int(rows[r.id]["cp"] or 1) > 1]            # Table 5: context parallelism
+    fold = [r for r in res if r not in seq and int(rows[r.id]["etp"] or 1) == 1]
+    base = [r for r in res if r not in seq and r not in fold]          # the MCore baseline, ETP = TP
+    assert (len(fold), len(base), len(seq), len(res)) == (17, 16, 8, 41)
+    text = passage("An independent paper, priced once as written", "Published runs with context parallelism")
+    expected = [
+        f"the {len(fold)} Megatron-Core MoE runs",
+        f"read {pct(mape(fold))} MAPE, max {pct(max_abs(fold))}, Kendall {tau(fold)}",
+        f"Its {len(base)} baseline runs", f"{pct(mape(base))} (max {pct(max_abs(base))}) now",
+        f"its {len(seq)} sequence-scaling runs", f"{pct(mape(seq))} (max {pct(max_abs(seq))})",
+        f"all {len(res)} rows {pct(mape(res))}, {tau(res)}",
+    ]
+    assert not _missing(text, expected), f"README.md's MoE Parallel Folding figures: {_missing(text, expected)}"
+
+
+def test_the_context_parallel_sentence_states_the_table_as_priced_now(priced):
+    res, rows = priced["context-parallel"]
+    assert len(res) == 30 and all(np.isfinite(r.predicted) and not r.fit for r in res)
+    groups = V.summary(res)["groups"]
+    mb, nemo = groups["megatron-bridge-cp"], groups["nemo-performance-cp"]
+    nemo_rows = [r for r in res if r.group == "nemo-performance-cp"]
+    worst = max(nemo_rows, key=lambda r: abs(r.error_pct))
+    long_seq = {hw: [r for r in res if r.group == "nemo-long-sequence" and rows[r.id]["hardware"] == hw]
+                for hw in ("DGX-B200", "DGX-H100")}
+    assert len(long_seq["DGX-B200"]) == len(long_seq["DGX-H100"]) == 6
+    text = passage("Published runs with context parallelism", "The largest published dense runs")
+    expected = [
+        f"{len(res)} rows of Megatron-Bridge and NeMo tables",
+        f"Llama 3.1 405B CP 2 rows {pct(mb['mape'])} (max {pct(mb['max_abs_pct'])})",
+        f"2-8 rows {pct(nemo['mape'])} (max {pct(worst.error_pct, signed=True)}, Mixtral 8x22B on B200)",
+        f"long-sequence rows (32K-1M) {pct(mape(long_seq['DGX-B200']))}",
+        f"H100 long-sequence rows {span([r.error_pct for r in long_seq['DGX-H100']])}",
+    ]
+    assert "mixtral8x22b-b200" in worst.id  # the row the sentence names
+    assert not _missing(text, expected), f"README.md's context-parallel figures: {_missing(text, expected)}"
+
+
+def test_the_nemo_sentence_states_the_table_as_priced_now(priced):
+    res, _ = priced["nemo-performance"]
+    kinds = V.summary(res)["kinds"]
+    assert len(res) == 12 and not any(r.fit for r in res)
+    text = passage("Twelve NeMo Framework rows the bundled table never read", "An independent paper")
+    expected = [f"MoE {pct(kinds['moe']['mape'])} ({kinds['moe']['rows']} rows)",
+                f"dense {pct(kinds['dense']['mape'])} ({kinds['dense']['rows']} rows;"]
+    assert not _missing(text, expected), f"README.md's NeMo figures: {_missing(text, expected)}"
+
+
+def test_the_meta_llama3_405b_sentence_states_the_rows_as_priced_now(priced):
+    res, _ = priced["llama3-405b-meta"]
+    by = {r.id: r for r in res}
+    errs = [by[i].error_pct for i in ("meta-l3-405b-8k", "meta-l3-405b-16k", "meta-l3-405b-16k-cp16")]
+    text = passage("Meta's Llama 3 405B pre-training on 8,192", "Another software stack")
+    expected = [f"{signed(errs[0])}, {signed(errs[1])} and {pct(errs[2], signed=True)} now",
+                f"(MAPE {pct(V.summary(res)['kinds']['dense']['mape'])};"]
+    assert not _missing(text, expected), f"README.md's Meta Llama 3 405B figures: {_missing(text, expected)}"
+
+
+def test_the_torchtitan_sentence_states_the_table_as_priced_now(priced):
+    res, _ = priced["torchtitan"]
+    dense = [r.error_pct for r in res if r.kind == "dense"]
+    moe = [r.error_pct for r in res if r.kind == "moe"]
+    text = passage("Another software stack:", "AMD's own MI355X runs")
+    expected = [f"{len(res)} published torchtitan runs", f"read {span(dense)} on the dense ones",
+                f"and {span(moe)} on DeepSeek-V3"]
+    assert not _missing(text, expected), f"README.md's torchtitan figures: {_missing(text, expected)}"
+
+
+def test_the_primus_sentence_states_the_table_as_priced_now(priced):
+    res, rows = priced["primus"]
+    qwen = {}  # (precision, fit) -> signed errors, shipped config then tuned, as the csv lists them
+    for r in res:
+        if rows[r.id]["model"] == "qwen3-30b-a3b":
+            qwen.setdefault((rows[r.id]["precision"], r.fit), []).append(r.error_pct)
+    dsv3 = sorted((r for r in res if rows[r.id]["model"] == "deepseek-v3"), key=lambda r: int(rows[r.id]["gpus"]))
+    assert len(qwen["bf16", False]) == len(qwen["fp8", True]) == len(dsv3) == 2 and not any(r.fit for r in dsv3)
+    text = passage("AMD's own MI355X runs", "The rows beyond the targets")
+    b, f = qwen["bf16", False], qwen["fp8", True]
+    expected = [f"BF16 {signed(b[0])} / {pct(b[1], signed=True)} out of sample",
+                f"FP8 {signed(f[0])} / {pct(f[1], signed=True)} (marked fit",
+                f"iteration time {signed(dsv3[0].error_pct)} / {pct(dsv3[1].error_pct, signed=True)} ("]
+    assert not _missing(text, expected), f"README.md's Primus figures: {_missing(text, expected)}"
