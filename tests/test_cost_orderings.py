@@ -72,7 +72,11 @@ def test_inside_one_node_halo_is_flat_and_dedup_never_slower(sample):
     one = a.take(np.flatnonzero(a.ep * a.ep_stride <= hw.gpus_per_node))
     n, bad, worst = _violations(sample, P.vary(one, a2a=0), P.vary(one, a2a=1), P.step, expect="==")
     assert n > 20 and bad == 0, f"halo: {bad} of {n}, worst {worst:.2%}"
-    n, bad, worst = _violations(sample, P.vary(one, a2a=2), P.vary(one, a2a=0), P.step)
+    # 1e-5: dualpipev's bubble credits the exchange its pairs hide (schedule.dualpipev_bubble), so
+    # a smaller one leaves the bubble longer by a little of what it saves; a step bound by
+    # ZeRO-2's reduce-scatter, whose windows follow the pairs' wall time, keeps that (2e-6 of
+    # mixtral-8x7b's dualpipev step on 64 Frontier GCDs, tp8 pp8 ep2 ZeRO-2)
+    n, bad, worst = _violations(sample, P.vary(one, a2a=2), P.vary(one, a2a=0), P.step, rtol=1e-5)
     assert n > 20 and bad == 0, f"dedup: {bad} of {n}, worst {worst:.2%}"
 
 
