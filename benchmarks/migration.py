@@ -26,7 +26,8 @@ checksums, vote); its share of training time is taken at the default period
 (plan.Migration().period_steps) against the measured wall step time after migration.
 
 The planner's predictions beside them: piper_plan.cost.migration.predict_imbalance
-(placement, with and without the planner), × the sampling factor the cost model uses;
+(placement, with and without the planner), combined with the sampling factor as the cost
+model combines them (imbalance.combined: their excesses over 1 in quadrature);
 MoE-layer time from piper_plan.cost.compute.moe_phase (hardware cpu-local) at those
 imbalances; migration seconds from migration_overhead."""
 from __future__ import annotations
@@ -42,7 +43,7 @@ import time
 
 import numpy as np
 
-from piper_plan.cost.imbalance import expert_popularity, sampling_factor
+from piper_plan.cost.imbalance import combined, expert_popularity, sampling_factor
 from piper_plan.cost.migration import migration_overhead, predict_imbalance, predict_moe_layer_time
 from piper_plan.layout import Layout
 from piper_plan.plan import Migration, make_plan
@@ -244,8 +245,8 @@ def _predict(sc, model, hw, layout):
     mu = LAYOUT["mbs"] * LAYOUT["seq"] * SPEC["moe"]["top_k"]
     samp = float(sampling_factor(RANKS, mu))
     before, after = predict_imbalance(p, RANKS, None), predict_imbalance(p, RANKS, sc["planner"])
-    tb = predict_moe_layer_time(model, hw, layout, before["max_over_mean"] * samp)
-    ta = predict_moe_layer_time(model, hw, layout, after["max_over_mean"] * samp)
+    tb = predict_moe_layer_time(model, hw, layout, float(combined(before["max_over_mean"], samp)))
+    ta = predict_moe_layer_time(model, hw, layout, float(combined(after["max_over_mean"], samp)))
     mig = migration_overhead(model, hw, layout, DEFAULT_PERIOD, p=p, planner=sc["planner"])
     return dict(before=before["max_over_mean"], after=after["max_over_mean"], lb=after["lower_bound"],
                 samp=samp, drop=1 - ta / tb, mig_s=mig["seconds_per_migration"], moved=after["moved"])
@@ -298,7 +299,8 @@ def report(res: dict, scs) -> dict:
         print(f"{sc['name']:14} {mb:7.3f} -> {ma:6.3f} {lb:6.3f} {ma / lb:8.3f} {tb * 1e3:6.1f} -> {ta * 1e3:6.1f}"
               f" {100 * (1 - ta / tb):5.1f}% {wb * 1e3:5.0f} -> {wa * 1e3:5.0f} {moved:5.1f} {ev['seconds'] * 1e3:7.1f}"
               f" {100 * share:8.2f}%")
-    print("\nplanner's prediction (placement x sampling factor; MoE time from moe_phase on cpu-local)")
+    print("\nplanner's prediction (placement with sampling factor, imbalance.combined; MoE time from moe_phase "
+          "on cpu-local)")
     print(f"{'run':14} {'placement':>17} {'x samp':>6} {'LB':>6} {'drop':>6} {'vs meas':>7} {'moved':>5} "
           f"{'mig ms':>7} {'share@' + str(DEFAULT_PERIOD):>9}")
     for name, s in summary.items():

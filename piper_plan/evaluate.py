@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .cost.batch import from_layouts
 from .cost.estimate import Estimate, Routing, evaluate
-from .cost.imbalance import expert_popularity, step_imbalance
+from .cost.imbalance import expert_popularity, observed_rows, step_imbalance
 from .cost.stages import materialise
 from .errors import SpecError
 from .layout import Layout, check_for
@@ -78,7 +78,8 @@ def ep_load_step(model: ModelSpec, layout: Layout, routing: Routing) -> float:
     p = expert_popularity(model.moe.num_experts, routing.distribution, routing.zipf_s, routing.histogram)
     rows = layout.global_batch / layout.dp * layout.seq / layout.cp / layout.tp * model.moe.top_k * layout.etp
     mig = routing.migration
-    return step_imbalance(p, layout.ep, rows, mig.planner if mig else None, mig.max_moves if mig else None)
+    return step_imbalance(p, layout.ep, rows, mig.planner if mig else None, mig.max_moves if mig else None,
+                          observed_rows(routing.histogram))
 
 
 def build_plan(model: ModelSpec, hw: HardwareSpec, layout: Layout, est: Estimate, i: int = 0,

@@ -9,7 +9,9 @@ is reported the same way, and collective timeouts stop a rank that would otherwi
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -70,7 +72,11 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
                          "reduces after the pipeline)")):
         if getattr(lay, field):
             raise PiperError(f"{source}: layout.{field} = true: the plan is priced for {what}, so its prediction "
-                             "would not hold; plan it with --runtime piper-train")
+                             f"would not hold; plan it with `piper-plan search --runtime piper-train`, or `estimate "
+                             f"{_RUNS_AS[field]}`")
+
+
+_RUNS_AS = {"fused_kernels": "--kernels unfused", "overlap_grad_reduce": "--no-overlap-grad-reduce"}
 
 
 def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
@@ -162,20 +168,24 @@ def run_rank(rank: int, world: int, plan: Plan, cfg, store_path: Optional[str], 
 
 
 def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_path: str, tmp: str,
-             threads: int, launcher: int) -> None:
+             threads: int, launcher: int, sigint_ignored: bool = False) -> None:
     """Entry point of a spawned rank: runs each (plan, config) job in turn on one process
-    group. PiperError -> error file + exit 2; anything else -> traceback + exit 1 (torch
-    multiprocessing then stops the other ranks, so nobody waits for a dead peer)."""
-    import signal
-
+    group. PiperError -> error file + exit 2; a collective that timed out -> one line + exit 1;
+    anything else -> traceback + exit 1 (torch multiprocessing then stops the other ranks, so
+    nobody waits for a dead peer)."""
     import torch.distributed as dist
 
     from .train import train
 
     # Ctrl-C reaches every rank of the terminal's process group: die at once and quietly (a rank
-    # that raised KeyboardInterrupt printed its traceback, one per rank); the launcher reports it
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # that raised KeyboardInterrupt printed its traceback, one per rank); the launcher reports it.
+    # A launcher started with SIGINT ignored (nohup-like shielding) keeps its ranks shielded too
+    signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.SIG_DFL)
     threading.Thread(target=_exit_with, args=(launcher,), daemon=True).start()
+    # torch's pipelining runtime logs the whole action table (a line an action) after the line
+    # naming the action that failed, on every rank: the launcher reports the failure once
+    logging.getLogger("torch.distributed.pipelining.schedules").addFilter(
+        lambda r: r.levelno < logging.ERROR or "\n" not in r.getMessage())
     try:
         import torch
 
@@ -192,9 +202,26 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
     except BaseException as e:
         if isinstance(e, SystemExit):
             raise
+        if _timed_out(e):  # a peer stopped or hung: every survivor's traceback would say only that
+            Path(tmp, "err", f"rank{rank:05d}.crash").write_text(
+                f"rank {rank}: no reply from a peer within --timeout {jobs_json[0][1].timeout_s:g} s (a rank "
+                f"stopped or hung): {error_line(e)}")
+            sys.exit(1)
         traceback.print_exc()
         Path(tmp, "err", f"rank{rank:05d}.crash").write_text(error_line(e))
         sys.exit(1)
+
+
+def _timed_out(e: BaseException) -> bool:
+    """Whether `e`, or what it was raised from, is a collective or transfer timing out (gloo:
+    "Timed out waiting ... for recv"; NCCL's watchdog: "timeout")."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (RuntimeError, TimeoutError)) and "timed out" in str(e).lower():
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _exit_with(launcher: int, every_s: float = 1.0) -> None:
@@ -220,7 +247,6 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
     """Run (plan, TrainConfig) jobs one after another on the same plan.layout.gpus local
     processes (one process start for several runs: tests and benchmarks). Returns rank 0's
     per-step records of each job. Raises PiperError (a rank's input error) or RankFailed."""
-    import logging
 
     import torch.multiprocessing as mp
 
@@ -234,7 +260,8 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
     with tempfile.TemporaryDirectory(prefix="piper-train-") as tmp:
         os.mkdir(os.path.join(tmp, "err"))
         payload = [(p.model_dump_json(), c) for p, c in jobs]
-        ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads, os.getpid()), n)
+        ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads, os.getpid(), ignored), n)
         try:
             while not ctx.join():
                 pass

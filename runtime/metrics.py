@@ -133,6 +133,24 @@ def migration_line(ev: dict) -> str:
             f"EP max/mean {loads}")
 
 
+def merge_migrations(events: list[dict]) -> Optional[dict]:
+    """One record of the migrations the pipeline's stages ran after a step, each on its own
+    layers (runtime/migrate.Migrator.after_step): their layers, moves and loads together, ok only
+    if every stage's committed, the slowest stage's seconds; None where none ran."""
+    if len(events) <= 1:
+        return events[0] if events else None
+    errors = [e["error"] for e in events if e.get("error")]
+    checksums = [e.get("checksum") for e in events]
+    return dict(ok=all(e["ok"] for e in events), error="; ".join(errors) or None, step=events[0]["step"],
+                trigger="period" if any(e["trigger"] == "period" for e in events) else "threshold",
+                seconds=max(e["seconds"] for e in events), plan_s=max(e.get("plan_s", 0.0) for e in events),
+                layers=sorted(k for e in events for k in e["layers"]),
+                moved={k: v for e in events for k, v in e["moved"].items()},
+                max_over_mean={k: v for e in events for k, v in e.get("max_over_mean", {}).items()},
+                bytes_sent=sum(e.get("bytes_sent", 0) for e in events),
+                checksum=",".join(checksums) if all(checksums) else None)
+
+
 class Reporter:
     """Rank 0: append records to JSONL, show a rich live table, print the end summary."""
 
@@ -161,18 +179,21 @@ class Reporter:
         except OSError as e:
             raise PiperError(f"{self.path}: --metrics: cannot write a record ({e.strerror or e})") from None
 
-    def step(self, step: int, stats: dict, migration: Optional[dict] = None) -> Optional[dict]:
-        """Collective: gather every rank's stats; rank 0 records them, with the expert migration
-        its stage ran after the step (runtime/migrate.py), where one ran."""
+    def step(self, step: int, stats: dict) -> Optional[dict]:
+        """Collective: gather every rank's stats; rank 0 records them, with the expert migrations
+        the stages ran after the step (runtime/migrate.py; stats["migration"], one rank a stage),
+        where any ran."""
         out: Optional[list] = [None] * dist.get_world_size() if self.rank0 else None
         dist.gather_object(stats, out, dst=0)
         if not self.rank0:
             return None
+        events = [ev for r in out if (ev := r.pop("migration", None)) is not None]
         rec = summarise(self.plan, step, out)
-        if migration is not None:
-            rec["migration"] = migration
+        if events:
+            rec["migration"] = merge_migrations(events)
             if self.log_every > 0:  # a run's only sign that experts moved, beside the load figures
-                self.console.print(migration_line(migration), highlight=False)
+                for ev in events:  # a line a stage: one's failure leaves another's moves standing
+                    self.console.print(migration_line(ev), highlight=False)
         self.records.append(rec)
         if self.path:
             self._write(json.dumps(rec) + "\n")

@@ -111,7 +111,9 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         clock.mark("optimizer")
         stats = metrics.rank_stats(groups, chunks, losses, clock.total_s, norm, clock.phases)
         event = mig.after_step(step) if mig is not None else None  # step boundary: before stats reset
-        rep.step(step, stats, event)  # the event: rank 0's stage's migration, into the record and the JSONL
+        # each stage migrates its own layers: one rank of each (its ranks' events are alike) reports it
+        stats["migration"] = event if groups.dp_rank == 0 and groups.tp_rank == 0 else None
+        rep.step(step, stats)  # into the record and the JSONL
         done = step + 1
         if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
             # the ranks of a stage hold the same experts state: one of them sends it to rank 0

@@ -92,6 +92,32 @@ def test_a_runs_metrics_file_records_each_migration_as_its_records_do(runs):
     assert any(x.get("migration") for x in steps)
 
 
+def test_every_stage_s_migrations_reach_the_records(runs):
+    # only rank 0's stage's event had reached the record: experts moved in stage 1's layers unseen
+    import json
+
+    recs, tmp = runs
+    saved = json.loads((tmp / "cm5" / "step_00000005" / "experts.json").read_text())
+    moved = {int(k) for k, st in saved.items() if st["rank_of"] != sorted(st["rank_of"])}
+    recorded = {layer for r in recs["cm5"] if r.get("migration", {}).get("ok") for layer in r["migration"]["layers"]}
+    stage1 = set(range(2, 4))  # tiny-moe's 4 layers over 2 stages: layers 2 and 3 on rank 1's
+    assert moved & stage1, saved  # the run does move stage 1's experts
+    assert moved <= recorded
+
+
+def test_the_stages_migrations_make_one_record():
+    from piper_runtime.metrics import merge_migrations
+
+    a = dict(ok=True, error=None, step=2, trigger="period", seconds=0.01, plan_s=0.001, layers=[1], moved={"1": 2},
+             max_over_mean={"1": [1.3, 1.0]}, bytes_sent=100, checksum="aa")
+    b = dict(ok=False, error="rank 3: checksum", step=2, trigger="threshold", seconds=0.02, plan_s=0.002, layers=[2],
+             moved={"2": 1}, max_over_mean={"2": [1.2, 1.1]}, bytes_sent=0, checksum=None)
+    assert merge_migrations([]) is None and merge_migrations([a]) is a
+    assert merge_migrations([a, b]) == dict(
+        ok=False, error="rank 3: checksum", step=2, trigger="period", seconds=0.02, plan_s=0.002, layers=[1, 2],
+        moved={"1": 2, "2": 1}, max_over_mean={"1": [1.3, 1.0], "2": [1.2, 1.1]}, bytes_sent=100, checksum=None)
+
+
 def test_a_migration_reads_as_one_console_line():
     from piper_runtime.metrics import migration_line
 

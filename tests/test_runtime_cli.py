@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -355,6 +356,77 @@ def test_ctrl_c_stops_every_rank_in_one_line_and_the_checkpoint_resumes(tmp_path
     # the summary numbers the steps it measured as the run does: a resumed run's second half is its last step
     summary = _records(tmp_path / "m.jsonl")[-1]
     assert summary["measured_steps"] == [step + 2, step + 2]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")
+def test_a_rank_that_stops_answering_is_one_line_after_the_timeout(tmp_path):
+    # every surviving rank had printed its traceback and torch's pipelining its whole action
+    # table, 268 lines on 4 ranks before the one that said what happened
+    plan, metrics = _write(tmp_path, pp=2, dp=1, ep=1), tmp_path / "m.jsonl"
+
+    def own_group():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.setsid()
+
+    r = subprocess.Popen(_cmd("piper-train", "piper_runtime.launch") + [
+        "--plan", str(plan), "--steps", "100000", "--metrics", str(metrics), "--log-every", "0", "--timeout", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=own_group)
+    try:
+        end = time.monotonic() + 90
+        while not (metrics.is_file() and metrics.read_text().strip()) and r.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        group = _live(r.pid)
+        ranks = [p for p in group if _ppid(_ppid(p)) == r.pid]  # the launcher's forkserver's children
+        assert len(ranks) == 2, (group, r.poll())
+        os.kill(ranks[-1], signal.SIGSTOP)
+        out, err = r.communicate(timeout=120)
+    finally:
+        if r.poll() is None:
+            os.killpg(r.pid, signal.SIGKILL)
+        else:
+            for p in _live(r.pid):
+                os.kill(p, signal.SIGKILL)
+    lines = err.strip().splitlines()
+    assert r.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert len(lines) <= 3, lines  # one line a surviving rank naming the failed action, then the launcher's
+    assert re.match(r"error: a rank failed: rank \d: no reply from a peer within --timeout 5 s", lines[-1]), lines
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")
+def test_a_run_started_with_ctrl_c_ignored_keeps_its_ranks_shielded(tmp_path):
+    # the ranks reset SIGINT to its default whatever the launcher inherited: a job shielded from
+    # the terminal's Ctrl-C (nohup-like) lost every rank to it and failed
+    plan, metrics = _write(tmp_path), tmp_path / "m.jsonl"
+
+    def shielded():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        os.setsid()
+
+    r = subprocess.Popen(_cmd("piper-train", "piper_runtime.launch") + [
+        "--plan", str(plan), "--steps", "100000", "--metrics", str(metrics), "--log-every", "0", "--timeout", "30"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        preexec_fn=shielded)
+    try:
+        end = time.monotonic() + 90
+        while not (metrics.is_file() and metrics.read_text().strip()) and r.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        os.killpg(r.pid, signal.SIGINT)
+        seen = len(metrics.read_text().splitlines())
+        end = time.monotonic() + 30
+        while len(metrics.read_text().splitlines()) < seen + 3 and r.poll() is None and time.monotonic() < end:
+            time.sleep(0.2)
+        assert r.poll() is None and len(metrics.read_text().splitlines()) >= seen + 3, r.poll()
+    finally:
+        os.killpg(r.pid, signal.SIGKILL)
+        r.communicate(timeout=30)
 
 
 def test_the_ranks_exit_when_the_launcher_is_killed_outright(tmp_path):

@@ -18,7 +18,7 @@ from . import comm, host
 from .batch import LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
 from .compute import (Phase, attention_phase, column_wgrad, core_attention, embedding_phase, ffn_phase, lm_head_phase,
                       moe_phase, tp_overlappable)
-from .imbalance import expert_popularity, imbalance
+from .imbalance import expert_popularity, imbalance, observed_rows
 from .kernels import stream_time
 from .memory import layer_params_per_rank
 from .recompute import full_recompute_share, with_recompute
@@ -237,7 +237,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         mig = routing.migration
         # an EP rank's routed rows: its etp group's, pooled by the all-gather (Layout.etp)
         imb = imbalance(p, lay.ep, t / tp * m.moe.top_k * lay.etp, mig.planner if mig else None,
-                        mig.max_moves if mig else None)
+                        mig.max_moves if mig else None, observed_rows(routing.histogram))
         experts = moe_phase(m, hw, sel, dtype, imb)
         ovh = _layer_overhead(hw, "moe", dtype, len(lay))
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)
