@@ -44,6 +44,8 @@ Times in seconds, bytes in bytes.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..specs.hardware import HardwareSpec
@@ -392,15 +394,63 @@ def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None, world=N
     return np.where((n > 1) & (nbytes > 0), t, 0.0)
 
 
-def p2p(hw: HardwareSpec, nbytes, stride):
-    """One message between ranks `stride` apart, over the first level whose domain holds two
-    ranks that far apart (S // stride >= 2, S its job_block of ranks as in level_counts). Pipeline
-    pairs (r, r + stride) run across every stage boundary, not in blocks from rank 0 (level_counts),
-    so a domain edge that cuts some of them (pods of 3072 at stride 1024: one boundary in three) is
-    not looked for."""
+def p2p(hw: HardwareSpec, nbytes, stride, world=None, rounds=1, wraps=0):
+    """Seconds of one stage-boundary message, averaged over the pipeline's messages a micro-batch
+    makes: stage k's ranks [k·s, (k+1)·s) send to the next stage's, s = `stride` (the ranks of one
+    stage), so boundary k is priced at the first level whose domains (its job_block of ranks)
+    hold both stages whole, each `rounds` times (vpp for an interleaved schedule), and its
+    `wraps` (vpp - 1 a micro-batch: the last stage's chunk back to the first's) at the level
+    holding the whole `world`. Pods of 3,072
+    H100 at s 1,024 (Meta's Llama 3 405B) put one boundary in three on the cluster's tapered
+    network, which the smallest level holding two stages had missed. Without `world`: the first
+    level whose domain holds two stages, one pair's message."""
     st = np.maximum(np.asarray(stride), 1)
-    sizes = _expand(np.array(hw.job_blocks), st.ndim)
     bw, lat, _ = _levels(hw)
     bw = bw * _mesh_share(hw, np.ones(len(hw.topology)))  # one peer: one link of a mesh
-    top = np.minimum((sizes // st < 2).sum(0), len(hw.topology) - 1)
-    return lat[top] + np.asarray(nbytes, dtype=float) / bw[top]
+    nbytes = np.asarray(nbytes, dtype=float)
+    if world is None:
+        sizes = _expand(np.array(hw.job_blocks), st.ndim)
+        top = np.minimum((sizes // st < 2).sum(0), len(hw.topology) - 1)
+        return lat[top] + nbytes / bw[top]
+    st, world, rounds, wraps, nbytes = np.broadcast_arrays(st, np.asarray(world), np.asarray(rounds),
+                                                           np.asarray(wraps), nbytes)
+    out = np.zeros(st.shape)
+    cols = (st, world, rounds, wraps)
+    for key in set(zip(*(c.ravel().tolist() for c in cols))):
+        share = _hop_levels(tuple(hw.job_blocks), *key)  # [levels]: the messages' share on each
+        on = np.logical_and.reduce([c == v for c, v in zip(cols, key)])
+        out = np.where(on, share @ lat + (share / bw).sum() * nbytes, out)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _hop_levels(blocks: tuple, stride: int, world: int, rounds: int, wraps: int) -> np.ndarray:
+    """Share of a micro-batch's stage-boundary messages at each level (p2p): pp - 1 boundaries
+    `rounds` times (a V schedule's two arms cross the same ones: one round's share), `wraps` at
+    the level holding the world; the top level holds everything."""
+    S = np.array(blocks)[:, None]
+    pp = max(world // stride, 2)
+    k = np.arange(pp - 1)
+    whole = (k * stride) // S == ((k + 2) * stride - 1) // S  # [levels, boundaries]: both stages in one domain
+    whole[-1] = True
+    share = rounds * np.bincount(whole.argmax(0), minlength=len(blocks)).astype(float)
+    share[_world_level(blocks, world)] += wraps
+    return share / share.sum()
+
+
+def _world_level(blocks, world) -> np.ndarray:
+    """The first level whose domain (its job_block of ranks) holds ranks 0..world-1, else the top."""
+    S, w = np.array(blocks)[:, None], np.atleast_1d(np.asarray(world))[None, :]
+    holds = S >= w
+    return np.where(holds.any(0), holds.argmax(0), len(blocks) - 1).reshape(np.shape(world))
+
+
+def ends_span(hw: HardwareSpec, world):
+    """(bytes/s, seconds) between a first-stage rank and its twin on the last stage, a world
+    apart less one stage (a tied embedding's two copies): one peer over the level holding the
+    world; the pair does not tile the ranks in blocks from rank 0 as group_span's groups do (8
+    GPUs at pp 8 keep the pair (0, 7) in one node)."""
+    bw, lat, _ = _levels(hw)
+    bw = bw * _mesh_share(hw, np.ones(len(hw.topology)))
+    j = _world_level(tuple(hw.job_blocks), world)
+    return bw[j], lat[j]

@@ -667,8 +667,10 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     (mbs, seq, dtype, sp) fix, per layout: expert-DP size and strides, the DP groups' spans,
     one P2P message's seconds. A search has a few hundred distinct combinations, so each is
     priced once (comm's level counts are costly on every candidate)."""
+    # a looped interleaved schedule's chunk rounds and wraps (p2p); a V's arms cross the boundaries alike
+    rounds = np.where(_v_shape(lay), 1, lay.vpp)
     _, first, inv = distinct_rows(lay.tp, lay.cp, lay.dp, lay.ep, lay.etp, lay.placement, lay.mbs, lay.seq,
-                                  lay.act_bytes, lay.sp, lay.p2p_sg, lay.unfused, lay.gpus)
+                                  lay.act_bytes, lay.sp, lay.p2p_sg, lay.unfused, lay.gpus, rounds)
     g = lay.take(first)
     edp = g.edp
     tp = g.tp.astype(float)
@@ -687,7 +689,7 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     dp_bw, dp_lat = comm.group_span(hw, g.dpcp, g.tp, g.gpus)
     edp_bw, edp_lat = comm.group_span(hw, edp, edp_stride, g.gpus)
     out = dict(edp=edp, ep_stride=g.ep_stride, edp_stride=edp_stride,
-               p2p=comm.p2p(hw, p2p_bytes, g.dpcp * g.tp) + co + gather,
+               p2p=comm.p2p(hw, p2p_bytes, g.dpcp * g.tp, g.gpus, rounds[first], rounds[first] - 1) + co + gather,
                dp_bw=dp_bw, dp_lat=dp_lat, edp_bw=edp_bw, edp_lat=edp_lat)
     return {k: np.asarray(v).take(inv) for k, v in out.items()}
 

@@ -129,8 +129,8 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
         rs_half = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, groups, True), rs_half)
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, groups), ag)
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
-    apart = (lay.pp - 1) * (lay.gpus // lay.pp)
-    t_tied = comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, apart, world=lay.gpus) if np.any(tied) else 0.0
+    t_tied = (comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, None, span=comm.ends_span(hw, lay.gpus))
+              if np.any(tied) else 0.0)
     return Collectives(_both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 1.0), rs_half, ag, tied=t_tied)
 
 

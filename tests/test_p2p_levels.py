@@ -1,0 +1,52 @@
+"""Stage-boundary messages and the tied embedding's all-reduce are priced on the links the pairs
+they join actually cross (comm.p2p with the world, comm.ends_span): a pipeline whose stages do
+not fit a domain in twos has some boundaries on the next level up, and an interleaved
+schedule's wrap from the last stage to the first spans the whole job."""
+import numpy as np
+import pytest
+
+from piper_plan.cost import comm
+from piper_plan.specs.registry import load_hardware
+
+H100 = load_hardware("dgx-h100")  # 8 GPUs a node on NVLink (360 GB/s x comm), 40 GB/s NIC share above
+META = load_hardware("meta-h100-roce")  # pods of 3,072 H100, a cluster 7x oversubscribed above them
+
+
+def _at(hw, level, nbytes):
+    bw, lat, _ = comm._levels(hw)
+    return lat[level] + nbytes / bw[level]
+
+
+def test_one_boundary_in_seven_and_the_wrap_leave_the_node():
+    # 16 GPUs, pp 8 (2 ranks a stage), 2 chunks a rank: boundary 3 (ranks 6-9) crosses the node
+    # edge in both rounds, and the one wrap (stage 7 -> 0) spans both nodes: 3 of 15 messages
+    nbytes = 1e6
+    got = float(comm.p2p(H100, nbytes, 2, 16, rounds=2, wraps=1))
+    assert got == pytest.approx((12 * _at(H100, 0, nbytes) + 3 * _at(H100, 1, nbytes)) / 15, rel=1e-12)
+
+
+def test_meta_s_pods_put_every_third_boundary_on_the_oversubscribed_cluster():
+    # Llama 3 405B on 16,384 GPUs: stages of 1,024 ranks, pods of 3,072 hold three; 5 of the 15
+    # boundaries cross a pod edge, and with 8 chunks a rank the 7 wraps span the job
+    nbytes = 8192 * 16384 * 2 / 8
+    pod, cluster = (_at(META, j, nbytes) for j in (len(META.topology) - 2, len(META.topology) - 1))
+    got = float(comm.p2p(META, nbytes, 1024, 16384, rounds=8, wraps=7))
+    assert got == pytest.approx((8 * 10 * pod + (8 * 5 + 7) * cluster) / (8 * 15 + 7), rel=1e-9)
+    # the smallest level holding two stages (the pod) had priced every message
+    old = float(comm.p2p(META, nbytes, 1024))
+    assert old == pytest.approx(pod, rel=1e-12) and old < got
+
+
+def test_a_pipeline_inside_one_node_sends_every_message_over_nvlink():
+    got = comm.p2p(H100, 1e6, np.array([1, 1]), np.array([8, 8]), rounds=np.array([1, 4]), wraps=np.array([0, 3]))
+    assert got == pytest.approx([_at(H100, 0, 1e6)] * 2, rel=1e-12)
+
+
+def test_a_tied_embedding_s_two_copies_on_one_node_reduce_over_nvlink():
+    # pp 8 on 8 GPUs: the first stage's rank 0 and the last's rank 7 share the node; priced as a
+    # group tiling blocks of 14 ranks from rank 0 it had gone over the NIC
+    bw, lat = comm.ends_span(H100, np.array([8, 16]))
+    want_bw, want_lat, _ = comm._levels(H100)
+    assert list(bw) == [want_bw[0], want_bw[1]] and list(lat) == [want_lat[0], want_lat[1]]
+    nvlink = comm.ring_allreduce(H100, 1e8, 2, None, span=comm.ends_span(H100, 8))
+    assert float(nvlink) < 0.2 * float(comm.ring_allreduce(H100, 1e8, 2, 7, world=8))
