@@ -27,11 +27,11 @@ def _p2p(**kw) -> float:
 def test_a_scattered_message_crosses_the_nodes_at_one_tp_th_and_is_all_gathered_in_the_node():
     whole = 2048 * GPT.hidden_size * 2.0  # one micro-batch's bf16 activation, bytes
     co = A100.efficiency.collective_overhead_us * 1e-6
-    stride = 8  # stage neighbours are dp·tp = 8 ranks apart: the next node
-    sent = float(comm.p2p(A100, whole / 8, stride))
+    stride = 8  # stage neighbours are dp·tp = 8 ranks apart: the next node (of 280 GPUs)
+    sent = float(comm.p2p(A100, whole / 8, stride, 280))
     gathered = float(comm.ring_allreduce(A100, whole, 8, 1, 0.5))
     assert _p2p(sequence_parallel=False, p2p_scatter_gather=True) == pytest.approx(sent + co + gathered, rel=1e-12)
-    assert _p2p(sequence_parallel=False) == pytest.approx(float(comm.p2p(A100, whole, stride)) + co, rel=1e-12)
+    assert _p2p(sequence_parallel=False) == pytest.approx(float(comm.p2p(A100, whole, stride, 280)) + co, rel=1e-12)
     # across a node's NIC share, a quarter of a second's message is much more than NVLink's gather
     assert _p2p(sequence_parallel=False, p2p_scatter_gather=True) < 0.3 * _p2p(sequence_parallel=False)
 
