@@ -513,3 +513,18 @@ def test_every_bundled_nvl72_spec_fills_64_gpus_a_rack_and_names_its_source(name
     for cited in ("--segment 16", "Slurm Block Scheduling", "developer.nvidia.com", "128+ GPUs"):
         assert cited in " ".join(block.group(1).replace("#", " ").split()), cited
     assert hw.topology[1].source.startswith("job_block 64: ")  # as show-spec prints the level
+
+
+def test_a_strided_group_s_remote_peers_on_other_nics_cross_the_rails():
+    # EP 2 over 6 ranks of 2-GPU nodes, spread (stride 3): pairs (0, 3), (1, 4), (2, 5), each rank's
+    # peer on the other NIC index; counting a node's members (one each) had put it on the rank's rail
+    q = load_hardware("emu-rail-q")  # a spine of 0.07 x the NIC rate between rails
+    assert float(comm._cross_rail_share(q, 2, 3, 6)) == 1.0
+    assert float(comm._cross_rail_share(q, 4, 2, 8)) == 0.0  # members 0, 2, 4, 6: one local index, one rail
+    assert float(comm._cross_rail_share(q, 8, 1, 16)) == 0.5  # 3 of rank 0's 6 remote peers on the other rail
+    nbytes = 4e6
+    across = float(comm.a2a_flat(q, nbytes, 2, 3, world=6))
+    spine = q.nic_gbps_per_gpu * 1e9 * q.efficiency.comm * q.network.cross_rail_taper
+    assert across >= nbytes / 2 / spine  # the half sent to the peer goes over the spine
+    # on a fabric without rails nothing is cross-rail
+    assert float(comm._cross_rail_share(load_hardware("frontier"), 8, 1, 64)) == 0.0

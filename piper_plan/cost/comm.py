@@ -143,11 +143,41 @@ def _split(hw, n, stride, world=None):
     return c, c - prev  # counts, peers first met at each level
 
 
-def _same_rail_fraction(hw: HardwareSpec, per_node):
-    """Share of a rank's remote peers on its own rail (same NIC index), from the group's members
-    in one node (`per_node`, at hw.node_level: the rails repeat every node, an NVL72 tray too)."""
-    per_nic = max(1, hw.gpus_per_node // hw.network.nics_per_node)
-    return np.minimum(per_node, per_nic) / np.maximum(per_node, 1)
+def _cross_rail_share(hw: HardwareSpec, n, stride, world=None) -> np.ndarray:
+    """Largest share, over the ranks, of a rank's peers beyond its scale-up domain that sit on
+    another rail (NIC index, HardwareSpec.nic_of: nic_affinity or blocks; the rails repeat every
+    node, an NVL72 tray too); a group is `n` ranks `stride` apart in blocks from rank 0, tiling
+    `world` (None: one group). Counted on the ranks themselves: a strided group's members one a
+    node can each sit on another NIC (EP 2 over 6 ranks of 2-GPU nodes, spread: pairs (0, 3),
+    (1, 4), (2, 5), every one across the rails), where counting a node's members had put them on
+    the rank's own. 0 off a rail-optimised fabric."""
+    n, st = np.broadcast_arrays(np.asarray(n), np.maximum(np.asarray(stride), 1))
+    world = n * st if world is None else np.broadcast_to(np.asarray(world), n.shape)
+    out = np.zeros(n.shape)
+    if not hw.network.rail_optimized:
+        return out
+    nics = tuple(hw.nic_of(i) for i in range(hw.gpus_per_node))
+    up = hw.job_blocks[hw.scaleup_level]
+    keys = set(zip(n.ravel().tolist(), st.ravel().tolist(), world.ravel().tolist()))
+    for key in keys:
+        on = (n == key[0]) & (st == key[1]) & (world == key[2])
+        out = np.where(on, _cross_rail_cached(nics, up, *key), out)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _cross_rail_cached(nics: tuple, up: int, n: int, st: int, world: int) -> float:
+    """_cross_rail_share of one group shape: every alignment of a block against the scale-up
+    domains repeats within lcm(block, domain) ranks (the first 8,192 of them looked at)."""
+    span = n * st
+    ranks = np.arange(min(max(world, span), np.lcm(span, up), 8192))
+    members = (ranks // span * span + ranks % st)[:, None] + st * np.arange(n)[None, :]  # [ranks, n]
+    remote = members // up != (ranks // up)[:, None]
+    nic = np.array(nics)
+    other = remote & (nic[members % len(nics)] != nic[ranks % len(nics)][:, None])
+    far = remote.sum(1)
+    share = np.divide(other.sum(1), far, out=np.zeros(len(ranks)), where=far > 0)
+    return float(share.max()) if len(share) else 0.0
 
 
 def _together(nbytes, n, stride):
@@ -166,7 +196,7 @@ def a2a_flat(hw: HardwareSpec, nbytes, n, stride, world=None):
     _, lat, nic = _levels(hw)
     node = hw.scaleup_level  # NVL72-style fabrics span nodes without the NICs
     inter = B[node + 1:].sum(0) if node + 1 < len(hw.topology) else np.zeros_like(per)
-    cross = inter * (1.0 - _same_rail_fraction(hw, c[hw.node_level]))
+    cross = inter * _cross_rail_share(hw, n, stride, world)
     slow = _a2a_nic_slowdown(hw)
     if slow != 1.0:  # network bytes of a fan-out: at a2a_fanout, not comm, of one plane's rate
         B = B * np.where(_expand(nic, B.ndim - 1), slow, 1.0)
