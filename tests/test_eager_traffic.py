@@ -132,7 +132,8 @@ def test_an_mla_block_is_priced_with_mla_s_own_bytes_per_element():
     m = load_model("deepseek-v2")  # MLA with a query latent
     lay = from_layouts([Layout(gpus=8, dp=8, mbs=1, global_batch=8, seq=4096, fused_kernels=False)])
     t = float(lay.tokens[0])
-    want = [stream_time(H200, _token_bytes(m, t, "bf16", ph), eager.OPS["bf16"]["mla_q"][i]) for i, ph in enumerate("fb")]
+    want = [stream_time(H200, _token_bytes(m, t, "bf16", ph), eager.OPS["bf16"]["mla_q"][i])
+            for i, ph in enumerate("fb")]
     got = eager.token_phase(m, H200, lay)
     assert [g[0] for g in got] == pytest.approx([float(w) for w in want], rel=1e-9)
     # the dense attention's table, at hidden/heads, priced DeepSeek-V2's forward 1.44x short

@@ -365,24 +365,30 @@ def _ppid(pid: int) -> int:
         return -1
 
 
+def _training(plan, metrics, timeout_s, sigint) -> subprocess.Popen:
+    """piper-train running `plan` without end in its own process group, SIGINT set to `sigint`
+    there, once its first step record is in `metrics`."""
+    def own_group():
+        signal.signal(signal.SIGINT, sigint)
+        os.setsid()
+
+    r = subprocess.Popen(_cmd("piper-train", "piper_runtime.launch") + [
+        "--plan", str(plan), "--steps", "100000", "--metrics", str(metrics), "--log-every", "0",
+        "--timeout", str(timeout_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=own_group)
+    end = time.monotonic() + 90
+    while not (metrics.is_file() and metrics.read_text().strip()) and r.poll() is None and time.monotonic() < end:
+        time.sleep(0.2)
+    return r
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")
 def test_a_rank_that_stops_answering_is_one_line_after_the_timeout(tmp_path):
     # every surviving rank had printed its traceback and torch's pipelining its whole action
     # table, 268 lines on 4 ranks before the one that said what happened
-    plan, metrics = _write(tmp_path, pp=2, dp=1, ep=1), tmp_path / "m.jsonl"
-
-    def own_group():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.setsid()
-
-    r = subprocess.Popen(_cmd("piper-train", "piper_runtime.launch") + [
-        "--plan", str(plan), "--steps", "100000", "--metrics", str(metrics), "--log-every", "0", "--timeout", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        preexec_fn=own_group)
+    metrics = tmp_path / "m.jsonl"
+    r = _training(_write(tmp_path, pp=2, dp=1, ep=1), metrics, 5, signal.SIG_DFL)
     try:
-        end = time.monotonic() + 90
-        while not (metrics.is_file() and metrics.read_text().strip()) and r.poll() is None and time.monotonic() < end:
-            time.sleep(0.2)
         group = _live(r.pid)
         ranks = [p for p in group if _ppid(_ppid(p)) == r.pid]  # the launcher's forkserver's children
         assert len(ranks) == 2, (group, r.poll())
@@ -404,20 +410,9 @@ def test_a_rank_that_stops_answering_is_one_line_after_the_timeout(tmp_path):
 def test_a_run_started_with_ctrl_c_ignored_keeps_its_ranks_shielded(tmp_path):
     # the ranks reset SIGINT to its default whatever the launcher inherited: a job shielded from
     # the terminal's Ctrl-C (nohup-like) lost every rank to it and failed
-    plan, metrics = _write(tmp_path), tmp_path / "m.jsonl"
-
-    def shielded():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        os.setsid()
-
-    r = subprocess.Popen(_cmd("piper-train", "piper_runtime.launch") + [
-        "--plan", str(plan), "--steps", "100000", "--metrics", str(metrics), "--log-every", "0", "--timeout", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-        preexec_fn=shielded)
+    metrics = tmp_path / "m.jsonl"
+    r = _training(_write(tmp_path), metrics, 30, signal.SIG_IGN)
     try:
-        end = time.monotonic() + 90
-        while not (metrics.is_file() and metrics.read_text().strip()) and r.poll() is None and time.monotonic() < end:
-            time.sleep(0.2)
         os.killpg(r.pid, signal.SIGINT)
         seen = len(metrics.read_text().splitlines())
         end = time.monotonic() + 30
