@@ -79,7 +79,7 @@ def ep_load_step(model: ModelSpec, layout: Layout, routing: Routing) -> float:
     rows = layout.global_batch / layout.dp * layout.seq / layout.cp / layout.tp * model.moe.top_k * layout.etp
     mig = routing.migration
     return step_imbalance(p, layout.ep, rows, mig.planner if mig else None, mig.max_moves if mig else None,
-                          observed_rows(routing.histogram))
+                          observed_rows(routing.histogram, routing.distribution))
 
 
 def build_plan(model: ModelSpec, hw: HardwareSpec, layout: Layout, est: Estimate, i: int = 0,

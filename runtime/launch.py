@@ -214,11 +214,13 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
 
 def _timed_out(e: BaseException) -> bool:
     """Whether `e`, or what it was raised from, is a collective or transfer timing out (gloo:
-    "Timed out waiting ... for recv"; NCCL's watchdog: "timeout")."""
+    "Timed out waiting ... for recv"; NCCL's watchdog: "Watchdog caught collective operation
+    timeout: ... ran for ... before timing out")."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, (RuntimeError, TimeoutError)) and "timed out" in str(e).lower():
+        text = str(e).lower()
+        if isinstance(e, (RuntimeError, TimeoutError)) and ("timed out" in text or "operation timeout" in text):
             return True
         e = e.__cause__ or e.__context__
     return False

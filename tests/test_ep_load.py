@@ -125,3 +125,11 @@ def test_a_run_re_planned_from_its_own_histogram_is_not_charged_its_counting_noi
     # each layer's spread lies within its counting noise: nothing of it is left (the noise kept, 1.131 against
     # the uniform plan's 1.127)
     assert replanned.predicted.ep_load_step == pytest.approx(uniform.predicted.ep_load_step, rel=1e-9)
+
+
+def test_a_histogram_beside_another_distribution_takes_nothing_off_it():
+    # plan.Routing keeps a histogram whatever its distribution: a Zipf plan's placement spread had
+    # been cancelled as the counting noise of a histogram it does not price (2.17 -> 1.00)
+    zipf = Routing(distribution="zipf", zipf_s=1.2)
+    stray = Routing(distribution="zipf", zipf_s=1.2, histogram=[[1, 0, 0, 0, 0, 0, 0, 0]] * 3)
+    assert _plan(stray)[0].predicted.ep_load_step == pytest.approx(_plan(zipf)[0].predicted.ep_load_step, rel=1e-12)

@@ -39,3 +39,17 @@ def test_ranks_see_the_environment_and_folder_of_each_start(tmp_path, monkeypatc
     b = _run(str(second))  # the same server: the ranks must still see "two" in second/
     assert [r["env"] for r in a] == ["one", "one"] and [r["cwd"] for r in a] == [str(first)] * 2
     assert [r["env"] for r in b] == ["two", "two"] and [r["cwd"] for r in b] == [str(second)] * 2
+
+
+def test_a_timed_out_collective_is_recognised_in_gloo_s_words_and_nccl_s():
+    from piper_runtime.launch import _timed_out
+
+    gloo = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation")
+    nccl = RuntimeError("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+                        "OpType=ALLREDUCE) ran for 600005 milliseconds before timing out.")
+    try:
+        raise ValueError("a pipeline action failed") from nccl
+    except ValueError as e:
+        wrapped = e
+    assert _timed_out(gloo) and _timed_out(nccl) and _timed_out(wrapped)
+    assert not _timed_out(RuntimeError("CUDA out of memory")) and not _timed_out(ValueError("timed out"))

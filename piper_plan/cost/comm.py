@@ -150,11 +150,16 @@ def _cross_rail_share(hw: HardwareSpec, n, stride, world=None) -> np.ndarray:
     `world` (None: one group). Counted on the ranks themselves: a strided group's members one a
     node can each sit on another NIC (EP 2 over 6 ranks of 2-GPU nodes, spread: pairs (0, 3),
     (1, 4), (2, 5), every one across the rails), where counting a node's members had put them on
-    the rank's own. 0 off a rail-optimised fabric."""
+    the rank's own. 0 off a rail-optimised fabric, and where its spine carries the NICs' rate
+    (cross_rail_taper 1, no level faster than `comm` of it): cross-rail bytes are NIC bytes then,
+    which bind no sooner on the spine than on the NICs (_bw_time), and a search on 16,384 GPUs
+    need not count them."""
     n, st = np.broadcast_arrays(np.asarray(n), np.maximum(np.asarray(stride), 1))
     world = n * st if world is None else np.broadcast_to(np.asarray(world), n.shape)
     out = np.zeros(n.shape)
-    if not hw.network.rail_optimized:
+    net, eff = hw.network, hw.efficiency.comm
+    spine_full = net.cross_rail_taper >= 1.0 and all((lv.comm or eff) <= eff for lv in hw.topology if lv.via_nic)
+    if not net.rail_optimized or spine_full:
         return out
     nics = tuple(hw.nic_of(i) for i in range(hw.gpus_per_node))
     up = hw.job_blocks[hw.scaleup_level]

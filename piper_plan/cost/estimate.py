@@ -522,9 +522,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # reduction runs behind all of it. Read from its parts instead, the backward's window shrank
     # where faster compute moved the exposed exchange to the forward's side
     paired = dualpipe_hides | lay.ep_overlap
-    if paired.any():
+    if paired.any():  # ZeRO-2's per-micro-batch rounds only: ZeRO-0/1 reduce behind the last, lone backward
         pair_b = np.maximum(totals - dp_win_r.W - dp_win_r.B, 0.0) * paired_share
-        dp_win_r = replace(dp_win_r, B=np.where(paired, dp_win_r.B + pair_b, dp_win_r.B))
+        dp_win_r = replace(dp_win_r, pair=np.where(paired, pair_b, 0.0))
     # in the steady state a rank with less work a micro-batch than the busiest one waits the
     # difference each period: a forward and a backward (1F1B and the other interleaving
     # schedules), a backward (gpipe runs the backwards back to back)

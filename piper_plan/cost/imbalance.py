@@ -113,10 +113,11 @@ def denoised(measured, noise) -> np.ndarray:
     return 1.0 + np.sqrt(np.maximum(m * m - s * s, 0.0))
 
 
-def observed_rows(histogram) -> np.ndarray | None:
+def observed_rows(histogram, distribution: str = "histogram") -> np.ndarray | None:
     """Routed rows each layer's row of a tokens-per-expert histogram was counted from, in
-    expert_popularity's rows (a layer that routed nothing left out); None without one."""
-    if histogram is None:
+    expert_popularity's rows (a layer that routed nothing left out); None without one, or where
+    the routing priced is another `distribution` (a histogram beside a Zipf one is not its)."""
+    if histogram is None or distribution != "histogram":
         return None
     h = np.atleast_2d(np.asarray(histogram, dtype=float))
     tot = h.sum(1)

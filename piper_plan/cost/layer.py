@@ -237,7 +237,7 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         mig = routing.migration
         # an EP rank's routed rows: its etp group's, pooled by the all-gather (Layout.etp)
         imb = imbalance(p, lay.ep, t / tp * m.moe.top_k * lay.etp, mig.planner if mig else None,
-                        mig.max_moves if mig else None, observed_rows(routing.histogram))
+                        mig.max_moves if mig else None, observed_rows(routing.histogram, routing.distribution))
         experts = moe_phase(m, hw, sel, dtype, imb)
         ovh = _layer_overhead(hw, "moe", dtype, len(lay))
         moe = attn + experts + ovh + _weight_casts(hw, lay, moe_rep_p + exp_p)

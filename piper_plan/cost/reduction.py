@@ -84,13 +84,16 @@ class PipeWindow:
     """What the step overlaps the reduction with: the last micro-batch's forward, backward-input
     and backward-weight seconds (F, B, W), the micro-batches per step (M, for ZeRO-2 and 3), and
     the seconds a micro-batch the rank waits for the busiest stage in the pipeline's steady state
-    (slack: 0 on the busiest, the reduction's own window), which ZeRO-2's per-micro-batch
-    reduce-scatters also fill."""
+    (slack: 0 on the busiest, the reduction's own window), and the seconds a paired step runs
+    one micro-batch's backward beside another's forward beyond B + W (pair: dualpipev's F&B
+    chunks, Megatron-Core's EP overlap), both of which ZeRO-2's per-micro-batch reduce-scatters
+    also fill."""
     F: np.ndarray
     B: np.ndarray
     W: np.ndarray
     M: np.ndarray
     slack: np.ndarray | float = 0.0
+    pair: np.ndarray | float = 0.0
 
 
 @dataclass
@@ -233,10 +236,12 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # so it reduce-scatters every micro-batch's gradients, each behind that micro-batch's own
     # backward where overlapped (DeepSpeed's engine: "ZeRO stage >= 2 communicates during non
     # gradient accumulation boundaries as well"), and all but the last also while a stage with
-    # less work than the busiest one waits for it (win.slack); stages 0-1 reduce the accumulated
-    # sum once
+    # less work than the busiest one waits for it (win.slack) or runs a paired step's other half
+    # (win.pair: the last backward runs alone); stages 0-1 reduce the accumulated sum once, behind
+    # the last backward, unpaired
     per_round = np.maximum(0.0, t_rs - window_b)
-    z2 = np.where(win.slack > 0, (M - 1) * np.maximum(0.0, t_rs - window_b - win.slack) + per_round, M * per_round)
+    more = np.where(lay.overlap, win.pair, 0.0) + win.slack
+    z2 = (M - 1) * np.maximum(0.0, t_rs - window_b - more) + per_round
     t_dp = np.where(lay.zero == 2, z2, per_round) + np.maximum(0.0, t_ag - window_f)
     # ZeRO-3 / FSDP holds parameters sharded: every micro-batch gathers them for its forward and
     # again for its backward, and reduce-scatters its gradients; that is all its traffic. Where
