@@ -388,8 +388,11 @@ def _layout_from(kw, model):
 @layout_options
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="also write plan.json for this layout")
+@click.option("--runtime", type=click.Choice(["any", "piper-train"]), default="any", show_default=True,
+              help="piper-train: price the layout as the bundled runtime runs it (eager modules, gradients reduced "
+              "after the pipeline) and refuse what it cannot run, in one line")
 @one_line_errors
-def estimate(as_json, output, **kw):
+def estimate(as_json, output, runtime, **kw):
     """Estimate one layout: memory per stage, time breakdown, throughput."""
     from . import report
     from .evaluate import build_plan, estimate_layout, parse_routing
@@ -403,6 +406,8 @@ def estimate(as_json, output, **kw):
     _check_machine_size(hw, kw["hardware"], kw["gpus"])
     _check_peaks(hw, kw["hardware"], kw)
     lay = _layout_from(kw, model)
+    if runtime == "piper-train":
+        lay = _as_piper_train_runs(lay, model)
     routing = parse_routing(kw["routing"])
     _warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
@@ -430,6 +435,30 @@ def estimate(as_json, output, **kw):
              + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "") + f" a2a={lay.a2a}")
     report.show(report.estimate_tables(row, title))
     _show_track_record(model, hw)
+
+
+def _as_piper_train_runs(lay, model):
+    """`lay` priced as piper-train runs it (eager modules, the reduction after the pipeline), or a
+    one-line refusal of what it cannot run (runtimes.layout_refusal, the table its launch reads);
+    options given on the command line that it would run otherwise are refused, not overridden."""
+    from click.core import ParameterSource
+
+    from .errors import PiperError
+    from .runtimes import PRICED_AS, layout_refusal
+
+    ctx = click.get_current_context()
+    given = {"fused_kernels": ctx.params.get("kernels") == "fused", "overlap_grad_reduce": ctx.params.get(
+        "overlap_grad_reduce")}
+    for field, what, option in PRICED_AS:
+        name = "kernels" if field == "fused_kernels" else field
+        if given[field] and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            raise PiperError(f"--runtime piper-train: layout.{field}: piper-train does not run {what.split(' (')[0]}; "
+                             f"use {option}")
+    lay = lay.model_copy(update={"fused_kernels": False, "overlap_grad_reduce": False})
+    field, why = layout_refusal(lay, model)
+    if field:
+        raise PiperError(f"--runtime piper-train: {field}{'' if why.startswith('=') else ':'} {why}")
+    return lay
 
 
 # ---- search ---------------------------------------------------------------------------

@@ -109,3 +109,38 @@ def choices(s: Support) -> str:
     """The values piper-train runs, as an error suggests them: "0, 1 or 2"."""
     v = [shown(x) for x in s.allowed]
     return v[0] if len(v) == 1 else f"{', '.join(v[:-1])} or {v[-1]}"
+
+
+# how piper-train runs every plan, which a plan priced another way would misstate (a tiny-moe plan
+# priced fused and overlapped reads 66.7 ms a step, as piper-train runs it 88.4 ms): the layout
+# field, what a plan with it set is priced for, the estimate option that prices it as piper-train runs
+PRICED_AS = (("fused_kernels", "fused kernels (piper-train runs eager modules)", "--kernels unfused"),
+             ("overlap_grad_reduce", "a gradient reduction overlapped with the backward (piper-train reduces "
+              "after the pipeline)", "--no-overlap-grad-reduce"))
+
+
+def layout_refusal(lay, model) -> tuple[str, str]:
+    """(the field, why and what to use) where piper-train cannot run layout `lay` of `model`
+    as priced (("", "") where it can): the PIPER_TRAIN table, ZeRO-2 under a schedule that sums
+    weight gradients outside autograd, a model it cannot train, and a plan priced for fused
+    kernels or an overlapped reduction. Read by piper-train's launch check and by
+    `estimate --runtime piper-train` alike."""
+    for s in PIPER_TRAIN:
+        if s.read_when is not None and not s.read_when(lay):
+            continue  # a setting this layout's run never reads (recompute modules without selective recompute)
+        value = getattr(lay, s.field)
+        if not runs(s, value):
+            return f"layout.{s.field}", f"= {shown(value)}: {s.does}; use {s.field} {choices(s)}"
+    if lay.zero == 2 and lay.schedule in WEIGHT_SPLIT:
+        return "layout.zero", (f"ZeRO-2 reduces each micro-batch's gradients as autograd accumulates them, and "
+                               f"torch's {lay.schedule} schedule accumulates its weight gradients outside autograd; "
+                               "use zero 1, or schedule gpipe, 1f1b or interleaved")
+    field, refusal = model_refusal(model)
+    if refusal:
+        return f"model.{field}", refusal
+    for field, what, option in PRICED_AS:
+        if getattr(lay, field):
+            return f"layout.{field}", (f"= true: the plan is priced for {what}, so its prediction would not hold; "
+                                       f"plan it with `piper-plan search --runtime piper-train`, or `estimate "
+                                       f"{option}`")
+    return "", ""

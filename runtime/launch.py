@@ -26,7 +26,7 @@ from piper_plan.clitypes import POSITIVE, FiniteFloat, OneLineCommand
 from piper_plan.errors import PiperError, error_line
 from piper_plan.files import check_outputs, check_writable_folder
 from piper_plan.plan import Plan, read_plan
-from piper_plan.runtimes import PIPER_TRAIN, WEIGHT_SPLIT, choices, model_refusal, runs, shown
+from piper_plan.runtimes import layout_refusal
 
 from .config import check_tp
 from .host import keep_freed_pages
@@ -52,31 +52,9 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
     if world != lay.gpus:
         raise PiperError(f"{source}: layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
     check_tp(plan, source)
-    for s in PIPER_TRAIN:
-        value = getattr(lay, s.field)
-        if s.read_when is not None and not s.read_when(lay):
-            continue  # a setting this layout's run never reads (recompute modules without selective recompute)
-        if not runs(s, value):
-            raise PiperError(f"{source}: layout.{s.field} = {shown(value)}: {s.does}; use {s.field} {choices(s)}")
-    if lay.zero == 2 and lay.schedule in WEIGHT_SPLIT:
-        raise PiperError(f"{source}: layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates "
-                         f"them, and torch's {lay.schedule} schedule accumulates its weight gradients outside "
-                         f"autograd; use zero 1, or schedule gpipe, 1f1b or interleaved")
-    field, refusal = model_refusal(plan.model)
-    if refusal:
-        raise PiperError(f"{source}: model.{field}: {refusal}")
-    # how piper-train runs every plan, which a plan priced another way would misstate (a tiny-moe plan
-    # priced fused and overlapped reads 66.7 ms a step, as piper-train runs it 88.4 ms)
-    for field, what in (("fused_kernels", "fused kernels (piper-train runs eager modules)"),
-                        ("overlap_grad_reduce", "a gradient reduction overlapped with the backward (piper-train "
-                         "reduces after the pipeline)")):
-        if getattr(lay, field):
-            raise PiperError(f"{source}: layout.{field} = true: the plan is priced for {what}, so its prediction "
-                             f"would not hold; plan it with `piper-plan search --runtime piper-train`, or `estimate "
-                             f"{_RUNS_AS[field]}`")
-
-
-_RUNS_AS = {"fused_kernels": "--kernels unfused", "overlap_grad_reduce": "--no-overlap-grad-reduce"}
+    field, why = layout_refusal(lay, plan.model)
+    if field:
+        raise PiperError(f"{source}: {field}{'' if why.startswith('=') else ':'} {why}")
 
 
 def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:

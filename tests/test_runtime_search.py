@@ -201,3 +201,30 @@ def test_a_model_feature_piper_train_does_not_build_is_refused_before_the_search
     r = CliRunner().invoke(main, ["search", "-m", "gpt-oss-20b", "-H", "cpu-local", "-n", "8",
                                   "--runtime", "piper-train", "-o", str(tmp_path / "p.json")])
     assert r.exit_code != 0 and "piper-train trains no" in r.output and not (tmp_path / "p.json").exists()
+
+
+def test_estimate_prices_a_layout_as_piper_train_runs_it_and_refuses_what_it_cannot_run(tmp_path):
+    # estimate had no --runtime: its plans were priced for fused kernels and an overlapped reduction,
+    # which piper-train refuses at launch (its message had named an option estimate did not have)
+    pytest.importorskip("torch")
+    import json
+
+    from piper_plan.plan import read_plan
+    from piper_runtime.launch import check_supported
+
+    base = ["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--ep", "2", "--global-batch", "8",
+            "--runtime", "piper-train"]
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, base + ["--json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    lay = json.loads(r.output)["layout"]
+    assert not lay["fused_kernels"] and not lay["overlap_grad_reduce"]
+    check_supported(read_plan(out), 4)  # the launch check passes
+    for extra, said in ((["--zero", "3"], "layout.zero = 3: piper-train implements ZeRO stages 0, 1 and 2"),
+                        (["--a2a", "dedup"], "layout.a2a = dedup:"),
+                        (["--pp", "2", "--schedule", "zbv", "--zero", "2"], "layout.zero: ZeRO-2 reduces"),
+                        (["--kernels", "fused"], "layout.fused_kernels: piper-train does not run fused kernels; "
+                                                 "use --kernels unfused")):
+        r = CliRunner().invoke(main, base + extra)
+        assert r.exit_code == 2 and r.output.startswith(f"error: --runtime piper-train: {said}"), r.output
+        assert len(r.output.strip().splitlines()) == 1
