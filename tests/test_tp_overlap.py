@@ -7,7 +7,7 @@ import pytest
 from piper_plan.cost.batch import from_layouts
 from piper_plan.cost.estimate import evaluate
 from piper_plan.layout import Layout
-from piper_plan.specs import load_hardware
+from piper_plan.specs import load_hardware, load_model
 from piper_plan.specs.model import ModelSpec
 
 # Llama-3-70B's shape (HF meta-llama/Meta-Llama-3-70B config.json) in Megatron-Bridge's DGX-H100 recipe layout
@@ -41,3 +41,37 @@ def test_only_what_the_gemms_cannot_cover_stays_exposed():
     off, on = est.time["tp_comm"]
     assert 0 < on < off
     assert est.step_time_s[1] < est.step_time_s[0]
+
+
+def test_a_tensor_parallel_collective_pays_each_call_s_fixed_cost():
+    # a CPU spec measures what a call waits for its peers between compute (collective_overhead_us):
+    # a sequence-parallel all-reduce equivalent is two calls, an all-reduce one; GPU specs hold none
+    from piper_plan.cost import comm
+    from piper_plan.cost.layer import _tp_allreduce
+
+    cpu = load_hardware("cpu-local")
+    co = cpu.efficiency.collective_overhead_us * 1e-6
+    assert co > 0
+    lays = from_layouts([Layout(gpus=2, tp=2, global_batch=4, seq=64, sequence_parallel=sp) for sp in (True, False)]
+                        + [Layout(gpus=2, dp=2, global_batch=4, seq=64)])
+    ring = comm.ring_allreduce(cpu, 1e5, lays.tp, 1, world=lays.gpus)
+    assert list(_tp_allreduce(cpu, lays, 1e5)) == pytest.approx(list(ring + co * np.array([2.0, 1.0, 0.0])))
+    h100 = load_hardware("dgx-h100")
+    assert list(_tp_allreduce(h100, lays, 1e5)) == list(comm.ring_allreduce(h100, 1e5, lays.tp, 1, world=lays.gpus))
+
+
+def test_the_vocab_parallel_embedding_and_cross_entropy_are_priced_as_collectives():
+    # the embedding's sum over tp, the head's gather and the cross-entropy's three per-token
+    # all-reduces (max, sum of exponentials, target logit) had been priced as nothing
+    from piper_plan.cost import comm
+    from piper_plan.cost.layer import _vocab_parallel
+
+    m, hw = load_model("gpt-1.7b"), load_hardware("dgx-h100")
+    lay = from_layouts([Layout(gpus=8, tp=8, global_batch=8, seq=2048)])  # sequence parallel
+    t = float(lay.tokens[0])
+    rows = t * m.hidden_size * 2.0
+    half = float(comm.ring_allreduce(hw, rows, 8, 1, 0.5, world=8))
+    ce = 3.0 * float(comm.ring_allreduce(hw, t * 4.0, 8, 1, world=8))
+    emb, head = _vocab_parallel(m, hw, lay)
+    assert (float(emb.f[0]), float(emb.b[0])) == pytest.approx((half, half))
+    assert (float(head.f[0]), float(head.b[0])) == pytest.approx((half + ce, half))

@@ -27,8 +27,42 @@ if TYPE_CHECKING:  # estimate imports this module
     from .estimate import Routing
 
 
-def _tp_allreduce(hw, lay, nbytes):
-    return comm.ring_allreduce(hw, nbytes, lay.tp, 1, world=lay.gpus)
+def _tp_calls(lay) -> np.ndarray:
+    """Collective calls one tensor-parallel all-reduce equivalent makes: a reduce-scatter and an
+    all-gather with sequence parallelism, one all-reduce without (none at tp 1)."""
+    return np.where(lay.tp > 1, np.where(lay.sp, 2.0, 1.0), 0.0)
+
+
+def _tp_allreduce(hw, lay, nbytes, fraction=1.0, calls=None):
+    """Seconds of a tensor-parallel all-reduce of `nbytes` (`fraction` 0.5: its reduce-scatter or
+    all-gather half), with each of its `calls` (default _tp_calls) at the spec's fixed cost a call
+    (efficiency.collective_overhead_us: on shared cores a call waits for its peers to be scheduled;
+    0 on the GPU specs). Without it piper-train's tp 2 on 2 CPU ranks ran 2.6x its price: 27 calls a
+    micro-batch at 1.9 ms of α-β and none of the 0.73 ms each waits for its peer."""
+    co = hw.efficiency.collective_overhead_us * 1e-6
+    calls = _tp_calls(lay) if calls is None else np.where(lay.tp > 1, calls, 0.0)
+    return comm.ring_allreduce(hw, nbytes, lay.tp, 1, fraction, world=lay.gpus) + co * calls
+
+
+def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> tuple[Phase, Phase]:
+    """(embedding, LM head) tensor-parallel collectives a micro-batch, each its forward and backward
+    seconds. The vocab-parallel embedding sums its rows over tp (a reduce-scatter into the
+    sequence-parallel layout, an all-reduce without; its backward all-gathers the gradient under
+    sequence parallelism), the head gathers its input (and reduce-scatters its gradient) where
+    the sequence is split, and the vocab-parallel cross-entropy all-reduces three per-token
+    figures (the max, the sum of exponentials, the target's logit; Megatron-Core's
+    _VocabParallelCrossEntropy, piper-train's tp.vocab_parallel_cross_entropy)."""
+    z = np.zeros(len(lay))
+    eb = lay.act_bytes.astype(float)
+    rows = lay.tokens * m.hidden_size * eb
+    one = np.ones(len(lay))
+    half = _tp_allreduce(hw, lay, rows, 0.5, one)  # a reduce-scatter or an all-gather of the rows
+    whole = _tp_allreduce(hw, lay, rows, 1.0, one)
+    ce = 3.0 * _tp_allreduce(hw, lay, lay.tokens * 4.0, 1.0, one)
+    sp = lay.sp.astype(bool)
+    emb = Phase(np.where(sp, half, whole), np.where(sp, half, z), z, z)
+    head = Phase(np.where(sp, half, z) + ce, np.where(sp, half, whole), z, z)
+    return emb, head
 
 
 def _a2a(hw, lay, nbytes, m: ModelSpec):
@@ -343,9 +377,11 @@ def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
     cpx = _cp_exposed(m, hw, lay, core)
     tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
+    vocab = _vocab_parallel(m, hw, lay)
     out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
-               dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero), emb=embedding_phase(m, hw, lay),
-               head=lm_head_phase(m, hw, lay, dtype), a_in=act.layer_input_bytes(m, lay))
+               dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero),
+               emb=embedding_phase(m, hw, lay) + vocab[0], head=lm_head_phase(m, hw, lay, dtype) + vocab[1],
+               a_in=act.layer_input_bytes(m, lay))
     # both ways: rows of one key differ in recompute, and what the FFN saves depends on it too
     for rc, variant in _recompute_variants(lay, sel):
         out[f"a_attn_{rc}"] = a_attn = sum(act.attention_terms(m, variant).values())
