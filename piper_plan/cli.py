@@ -444,7 +444,7 @@ def _as_piper_train_runs(lay, model):
     from click.core import ParameterSource
 
     from .errors import PiperError
-    from .runtimes import PRICED_AS, layout_refusal
+    from .runtimes import PRICED_AS, layout_refusal, tp_refusal
 
     ctx = click.get_current_context()
     given = {"fused_kernels": ctx.params.get("kernels") == "fused", "overlap_grad_reduce": ctx.params.get(
@@ -454,8 +454,16 @@ def _as_piper_train_runs(lay, model):
         if given[field] and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
             raise PiperError(f"--runtime piper-train: layout.{field}: piper-train does not run {what.split(' (')[0]}; "
                              f"use {option}")
-    lay = lay.model_copy(update={"fused_kernels": False, "overlap_grad_reduce": False})
-    field, why = layout_refusal(lay, model)
+    # piper-train reduces fp32 gradients whatever a plan says (its launch accepts the field, which
+    # changes no mathematics there), so the price is fp32's
+    grad = ctx.params.get("grad_dtype")
+    if grad != "fp32" and ctx.get_parameter_source("grad_dtype") == ParameterSource.COMMANDLINE:
+        raise PiperError("--runtime piper-train: layout.grad_dtype: piper-train reduces fp32 gradients; use "
+                         "--grad-dtype fp32")
+    lay = lay.model_copy(update={"fused_kernels": False, "overlap_grad_reduce": False, "grad_dtype": "fp32"})
+    field, why = tp_refusal(lay, model)
+    if not field:
+        field, why = layout_refusal(lay, model)
     if field:
         raise PiperError(f"--runtime piper-train: {field}{'' if why.startswith('=') else ':'} {why}")
     return lay

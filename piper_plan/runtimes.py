@@ -119,12 +119,49 @@ PRICED_AS = (("fused_kernels", "fused kernels (piper-train runs eager modules)",
               "after the pipeline)", "--no-overlap-grad-reduce"))
 
 
+# the runtime's vocabulary rows (runtime/model.py): a multiple that keeps bf16 rows 16-byte aligned
+# with room for the GEMM tiles, and that every power-of-two tp up to 64 divides, so the padded
+# (logical) shape does not depend on the layout
+VOCAB_MULTIPLE = 64
+
+
+def padded_vocab(vocab_size: int) -> int:
+    """Rows of the runtime's embedding and LM head: the vocabulary rounded up to VOCAB_MULTIPLE."""
+    return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def tp_refusal(lay, m) -> tuple[str, str]:
+    """(the field, why) where piper-train's tensor parallelism cannot split layout `lay` of model
+    `m` evenly (runtime/tp.py; ("", "") where it can). tp is the fastest rank dimension; heads
+    and kv heads are the planner's own rules."""
+    tp = lay.tp
+    if tp == 1:
+        return "", ""
+    need = [("model.num_heads", m.num_heads), ("model.vocab_size (padded)", padded_vocab(m.vocab_size))]
+    if not all(m.layer_is_moe(i) for i in range(m.num_layers)):
+        need.append(("model.ffn_size", m.ffn_size))
+    if m.moe is not None and m.moe.shared_experts:
+        need.append(("model.moe shared expert width", m.moe.shared_experts * m.moe.shared_ffn))
+    if lay.sp:
+        need.append(("layout.seq (sequence parallelism)", lay.seq))
+    elif m.moe is not None:
+        need.append(("layout.mbs*seq (tokens split over tp before routing)", lay.mbs * lay.seq))
+    for what, n in need:
+        if n % tp:
+            return what, f"{n} is not divisible by tp={tp}"
+    kv = m.kv_heads
+    if m.mla is None and kv % tp and tp % kv:
+        return "model.num_kv_heads", f"tp={tp} must divide the {kv} kv heads or be a multiple of them"
+    return "", ""
+
+
 def layout_refusal(lay, model) -> tuple[str, str]:
     """(the field, why and what to use) where piper-train cannot run layout `lay` of `model`
     as priced (("", "") where it can): the PIPER_TRAIN table, ZeRO-2 under a schedule that sums
     weight gradients outside autograd, a model it cannot train, and a plan priced for fused
-    kernels or an overlapped reduction. Read by piper-train's launch check and by
-    `estimate --runtime piper-train` alike."""
+    kernels or an overlapped reduction; the even tensor-parallel splits (tp_refusal) are checked
+    first, apart. Read by piper-train's launch
+    check and by `estimate --runtime piper-train` alike."""
     for s in PIPER_TRAIN:
         if s.read_when is not None and not s.read_when(lay):
             continue  # a setting this layout's run never reads (recompute modules without selective recompute)

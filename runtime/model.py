@@ -15,7 +15,7 @@ all-reduces of B·S values instead of all-gathering B·S·V logits (V/d times mo
 than the hidden states; the gather would also hold the full logits on every rank).
 
 The embedding and the LM head carry the vocabulary padded to a multiple of VOCAB_MULTIPLE
-(config.padded_vocab; Megatron's --make-vocab-size-divisible-by, nanoGPT's 50,304): an odd vocabulary
+(runtimes.padded_vocab; Megatron's --make-vocab-size-divisible-by, nanoGPT's 50,304): an odd vocabulary
 leaves the head's GEMMs without the aligned leading dimension the fast kernels need (Granite's
 49,155 ran cuBLAS's sm75 fallback on an H200 at about 7x the aligned time, 2026-12-04). The
 padded rows are parameters no target names; the logits carry them."""
@@ -34,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from piper_plan.specs.model import ModelSpec
 
 from . import timing
-from .config import padded_vocab
+from piper_plan.runtimes import padded_vocab
 from .layers import FFN, make_attention, make_norm
 from .moe.dispatch import EPDispatcher
 from .moe.experts import GroupedExperts
@@ -116,7 +116,7 @@ class Chunk(nn.Module):
     """Pipeline chunk: [embedding] -> blocks -> [final norm -> LM head]. Input: token ids
     [B, S] (first chunk) or hidden [B, S, d] fp32 ([B, S/tp, d] under sequence
     parallelism); output: hidden fp32, or logits fp32 [B, S, V] ([B, S, V/tp] with tp), V the
-    padded vocabulary (config.padded_vocab)."""
+    padded vocabulary (runtimes.padded_vocab)."""
 
     def __init__(self, spec: ModelSpec, layers: list[int], first: bool, last: bool, ctx: BuildCtx,
                  embed: Optional[nn.Embedding] = None):

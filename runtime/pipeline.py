@@ -21,7 +21,7 @@ from torch.distributed.pipelining.schedules import (
 
 from piper_plan.plan import Plan
 
-from .config import padded_vocab
+from piper_plan.runtimes import padded_vocab
 from .model import BuildCtx, Chunk, build_chunk
 
 SCHEDULE_CLASSES = {

@@ -139,7 +139,7 @@ def test_the_grouped_gemm_probe_can_first_run_inside_a_checkpointed_forward_or_u
 
 
 def test_an_odd_vocabulary_is_padded_to_aligned_rows_that_no_target_names():
-    from piper_runtime.config import padded_vocab
+    from piper_plan.runtimes import padded_vocab
 
     spec = load_model("tiny-moe").model_copy(update={"vocab_size": 500})  # like Granite's 49,155
     seq, rows = 16, padded_vocab(500)

@@ -228,3 +228,18 @@ def test_estimate_prices_a_layout_as_piper_train_runs_it_and_refuses_what_it_can
         r = CliRunner().invoke(main, base + extra)
         assert r.exit_code == 2 and r.output.startswith(f"error: --runtime piper-train: {said}"), r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+def test_estimate_for_piper_train_refuses_an_uneven_tensor_parallel_split_and_prices_fp32_gradients():
+    # the launch's tp splits (runtimes.tp_refusal) had not been read: a plan was written that
+    # piper-train then refused; and --grad-dtype bf16 had been priced though piper-train reduces fp32
+    import json
+
+    base = ["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "2", "--runtime", "piper-train"]
+    r = CliRunner().invoke(main, base + ["--tp", "2", "--seq", "63", "--no-sequence-parallel"])
+    assert r.exit_code == 2 and r.output.strip() == ("error: --runtime piper-train: layout.mbs*seq (tokens split "
+                                                     "over tp before routing): 63 is not divisible by tp=2")
+    r = CliRunner().invoke(main, base + ["--grad-dtype", "bf16"])
+    assert r.exit_code == 2 and "piper-train reduces fp32 gradients; use --grad-dtype fp32" in r.output
+    r = CliRunner().invoke(main, base + ["--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["layout"]["grad_dtype"] == "fp32"

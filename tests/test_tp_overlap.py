@@ -75,3 +75,27 @@ def test_the_vocab_parallel_embedding_and_cross_entropy_are_priced_as_collective
     emb, head = _vocab_parallel(m, hw, lay)
     assert (float(emb.f[0]), float(emb.b[0])) == pytest.approx((half, half))
     assert (float(head.f[0]), float(head.b[0])) == pytest.approx((half + ce, half))
+
+
+def test_a_moe_layer_prices_its_shared_experts_and_routing_collectives_over_tp():
+    # the shared experts' FFN enters and leaves the tensor-parallel region as a dense FFN does,
+    # replicated tokens are split before routing and gathered after, and piper-train's router sums
+    # its statistics over tp: a MoE layer had been priced its attention's collectives alone
+    from piper_plan.cost import comm
+    from piper_plan.cost.layer import _moe_tp_extra, _tp_allreduce
+
+    cpu = load_hardware("cpu-local")
+    m = load_model("tiny-moe")
+    assert m.moe.shared_experts
+    lays = from_layouts([Layout(gpus=2, tp=2, global_batch=4, seq=64, sequence_parallel=sp, fused_kernels=False)
+                         for sp in (True, False)])
+    t, d, E = 64.0, m.hidden_size, m.moe.num_experts
+    tp_ar = _tp_allreduce(cpu, lays, lays.tokens * d * lays.act_bytes)
+    co = cpu.efficiency.collective_overhead_us * 1e-6
+    stats = float(comm.ring_allreduce(cpu, (2 * E + 2) * 4.0, 2, 1, world=2)) + co
+    rows = float(comm.ring_allreduce(cpu, t * d * 2.0, 2, 1, 0.5, world=2)) + co
+    extra = _moe_tp_extra(m, cpu, lays, tp_ar)
+    assert list(extra.f) == pytest.approx([tp_ar[0] + stats, tp_ar[1] + rows + stats])
+    assert list(extra.b) == pytest.approx([tp_ar[0], tp_ar[1] + rows])
+    plain = m.model_copy(update={"moe": m.moe.model_copy(update={"shared_experts": 0})})
+    assert list(_moe_tp_extra(plain, cpu, lays, tp_ar).b) == pytest.approx([0.0, rows])

@@ -44,6 +44,26 @@ def _tp_allreduce(hw, lay, nbytes, fraction=1.0, calls=None):
     return comm.ring_allreduce(hw, nbytes, lay.tp, 1, fraction, world=lay.gpus) + co * calls
 
 
+def _moe_tp_extra(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, tp_ar) -> Phase:
+    """A MoE layer's tensor-parallel collectives beyond its attention's, a micro-batch: the shared
+    experts' FFN enters and leaves the tensor-parallel region as a dense FFN does (one all-reduce
+    equivalent each way; left to the dense FFN's own rules where the stack overlaps or hides
+    those, Layout.tp_comm_overlap / tp_async_dgrad, which this does not price), tokens replicated
+    over tp (no sequence parallelism) are split before routing and gathered after (an
+    all-gather each way), and piper-train's router sums its balance statistics over tp (one
+    small all-reduce forward: 2E + 2 fp32 figures)."""
+    z = np.zeros(len(lay))
+    mo = m.moe
+    plain = ~(lay.tp_overlap.astype(bool) | (lay.tp_async & ~lay.sp & ~lay.unfused))
+    shared = np.where(plain & bool(mo.shared_experts), tp_ar, 0.0)
+    one = np.ones(len(lay))
+    rows = _tp_allreduce(hw, lay, lay.tokens * m.hidden_size * lay.act_bytes.astype(float), 0.5, one)
+    rows = np.where(lay.sp.astype(bool), 0.0, rows)
+    stats = np.where(lay.unfused.astype(bool), _tp_allreduce(hw, lay, (2.0 * mo.num_experts + 2.0) * 4.0, 1.0, one),
+                     0.0)
+    return Phase(shared + rows + stats, shared + rows, z, z)
+
+
 def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> tuple[Phase, Phase]:
     """(embedding, LM head) tensor-parallel collectives a micro-batch, each its forward and backward
     seconds. The vocab-parallel embedding sums its rows over tp (a reduce-scatter into the
@@ -375,6 +395,8 @@ def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     dense_p = layer_params_per_rank(m, lay)[0]
     dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
     tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
+    if m.moe is not None:
+        tp_moe = tp_moe + _moe_tp_extra(m, hw, lay, tp_ar)
     cpx = _cp_exposed(m, hw, lay, core)
     tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
     vocab = _vocab_parallel(m, hw, lay)
