@@ -99,3 +99,19 @@ def test_a_moe_layer_prices_its_shared_experts_and_routing_collectives_over_tp()
     assert list(extra.b) == pytest.approx([tp_ar[0], tp_ar[1] + rows])
     plain = m.model_copy(update={"moe": m.moe.model_copy(update={"shared_experts": 0})})
     assert list(_moe_tp_extra(plain, cpu, lays, tp_ar).b) == pytest.approx([0.0, rows])
+
+
+def test_the_lm_head_s_input_gradient_all_reduce_runs_beside_its_weight_gradient_where_the_stack_does_so():
+    # a column-parallel layer without sequence parallelism all-reduces its input gradient while its
+    # weight gradient computes (Layout.tp_async_dgrad): the head is one, as q/k/v and fc1 are
+    from piper_plan.cost import comm
+    from piper_plan.cost.compute import lm_head_phase
+    from piper_plan.cost.layer import _vocab_parallel
+
+    m, hw = load_model("llama3-70b"), load_hardware("dgx-h100")
+    lays = from_layouts([Layout(gpus=8, tp=8, global_batch=8, seq=4096, sequence_parallel=False, tp_async_dgrad=a,
+                                fused_kernels=f) for a, f in ((False, True), (True, True), (True, False))])
+    w = lm_head_phase(m, hw, lays, "bf16").w
+    whole = comm.ring_allreduce(hw, lays.tokens * m.hidden_size * 2.0, 8, 1, world=8)
+    _, head = _vocab_parallel(m, hw, lays, w)
+    assert list(head.b) == pytest.approx([whole[0], max(whole[1] - w[1], 0.0), whole[2]])  # eager: no async dgrad

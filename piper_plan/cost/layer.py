@@ -64,14 +64,16 @@ def _moe_tp_extra(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, tp_ar) -> Ph
     return Phase(shared + rows + stats, shared + rows, z, z)
 
 
-def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> tuple[Phase, Phase]:
+def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, head_w=0.0) -> tuple[Phase, Phase]:
     """(embedding, LM head) tensor-parallel collectives a micro-batch, each its forward and backward
     seconds. The vocab-parallel embedding sums its rows over tp (a reduce-scatter into the
     sequence-parallel layout, an all-reduce without; its backward all-gathers the gradient under
     sequence parallelism), the head gathers its input (and reduce-scatters its gradient) where
     the sequence is split, and the vocab-parallel cross-entropy all-reduces three per-token
     figures (the max, the sum of exponentials, the target's logit; Megatron-Core's
-    _VocabParallelCrossEntropy, piper-train's tp.vocab_parallel_cross_entropy)."""
+    _VocabParallelCrossEntropy, piper-train's tp.vocab_parallel_cross_entropy). Without sequence
+    parallelism a fused stack all-reduces the head's input gradient beside its weight-gradient
+    GEMM (`head_w` seconds; Layout.tp_async_dgrad, as _tp_exposed's column-parallel layers)."""
     z = np.zeros(len(lay))
     eb = lay.act_bytes.astype(float)
     rows = lay.tokens * m.hidden_size * eb
@@ -81,7 +83,9 @@ def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> tuple[P
     ce = 3.0 * _tp_allreduce(hw, lay, lay.tokens * 4.0, 1.0, one)
     sp = lay.sp.astype(bool)
     emb = Phase(np.where(sp, half, whole), np.where(sp, half, z), z, z)
-    head = Phase(np.where(sp, half, z) + ce, np.where(sp, half, whole), z, z)
+    beside = lay.tp_async & ~sp & ~lay.unfused.astype(bool) & ~lay.tp_overlap.astype(bool)
+    back = np.where(beside, np.maximum(whole - head_w, 0.0), whole)
+    head = Phase(np.where(sp, half, z) + ce, np.where(sp, half, back), z, z)
     return emb, head
 
 
@@ -399,10 +403,11 @@ def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
         tp_moe = tp_moe + _moe_tp_extra(m, hw, lay, tp_ar)
     cpx = _cp_exposed(m, hw, lay, core)
     tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
-    vocab = _vocab_parallel(m, hw, lay)
+    head = lm_head_phase(m, hw, lay, dtype)
+    vocab = _vocab_parallel(m, hw, lay, head.w)
     out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
                dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero),
-               emb=embedding_phase(m, hw, lay) + vocab[0], head=lm_head_phase(m, hw, lay, dtype) + vocab[1],
+               emb=embedding_phase(m, hw, lay) + vocab[0], head=head + vocab[1],
                a_in=act.layer_input_bytes(m, lay))
     # both ways: rows of one key differ in recompute, and what the FFN saves depends on it too
     for rc, variant in _recompute_variants(lay, sel):
