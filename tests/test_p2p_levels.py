@@ -21,7 +21,7 @@ def test_one_boundary_in_seven_and_the_wrap_leave_the_node():
     # 16 GPUs, pp 8 (2 ranks a stage), 2 chunks a rank: boundary 3 (ranks 6-9) crosses the node
     # edge in both rounds, and the one wrap (stage 7 -> 0) spans both nodes: 3 of 15 messages
     nbytes = 1e6
-    got = float(comm.p2p(H100, nbytes, 2, 16, rounds=2, wraps=1))
+    got = float(comm.p2p(H100, nbytes, 2, 16, rounds=2))
     assert got == pytest.approx((12 * _at(H100, 0, nbytes) + 3 * _at(H100, 1, nbytes)) / 15, rel=1e-12)
 
 
@@ -30,7 +30,7 @@ def test_meta_s_pods_put_every_third_boundary_on_the_oversubscribed_cluster():
     # boundaries cross a pod edge, and with 8 chunks a rank the 7 wraps span the job
     nbytes = 8192 * 16384 * 2 / 8
     pod, cluster = (_at(META, j, nbytes) for j in (len(META.topology) - 2, len(META.topology) - 1))
-    got = float(comm.p2p(META, nbytes, 1024, 16384, rounds=8, wraps=7))
+    got = float(comm.p2p(META, nbytes, 1024, 16384, rounds=8))
     assert got == pytest.approx((8 * 10 * pod + (8 * 5 + 7) * cluster) / (8 * 15 + 7), rel=1e-9)
     # the smallest level holding two stages (the pod) had priced every message
     old = float(comm.p2p(META, nbytes, 1024))
@@ -38,7 +38,7 @@ def test_meta_s_pods_put_every_third_boundary_on_the_oversubscribed_cluster():
 
 
 def test_a_pipeline_inside_one_node_sends_every_message_over_nvlink():
-    got = comm.p2p(H100, 1e6, np.array([1, 1]), np.array([8, 8]), rounds=np.array([1, 4]), wraps=np.array([0, 3]))
+    got = comm.p2p(H100, 1e6, np.array([1, 1]), np.array([8, 8]), rounds=np.array([1, 4]))
     assert got == pytest.approx([_at(H100, 0, 1e6)] * 2, rel=1e-12)
 
 

@@ -64,7 +64,7 @@ def test_the_vocab_parallel_embedding_and_cross_entropy_are_priced_as_collective
     # the embedding's sum over tp, the head's gather and the cross-entropy's three per-token
     # all-reduces (max, sum of exponentials, target logit) had been priced as nothing
     from piper_plan.cost import comm
-    from piper_plan.cost.layer import _vocab_parallel
+    from piper_plan.cost.layer import _rows_half, _vocab_parallel
 
     m, hw = load_model("gpt-1.7b"), load_hardware("dgx-h100")
     lay = from_layouts([Layout(gpus=8, tp=8, global_batch=8, seq=2048)])  # sequence parallel
@@ -72,7 +72,7 @@ def test_the_vocab_parallel_embedding_and_cross_entropy_are_priced_as_collective
     rows = t * m.hidden_size * 2.0
     half = float(comm.ring_allreduce(hw, rows, 8, 1, 0.5, world=8))
     ce = 3.0 * float(comm.ring_allreduce(hw, t * 4.0, 8, 1, world=8))
-    emb, head = _vocab_parallel(m, hw, lay)
+    emb, head = _vocab_parallel(m, hw, lay, _rows_half(m, hw, lay))
     assert (float(emb.f[0]), float(emb.b[0])) == pytest.approx((half, half))
     assert (float(head.f[0]), float(head.b[0])) == pytest.approx((half + ce, half))
 
@@ -82,7 +82,7 @@ def test_a_moe_layer_prices_its_shared_experts_and_routing_collectives_over_tp()
     # replicated tokens are split before routing and gathered after, and piper-train's router sums
     # its statistics over tp: a MoE layer had been priced its attention's collectives alone
     from piper_plan.cost import comm
-    from piper_plan.cost.layer import _moe_tp_extra, _tp_allreduce
+    from piper_plan.cost.layer import _moe_tp_extra, _router_stats, _rows_half, _tp_allreduce
 
     cpu = load_hardware("cpu-local")
     m = load_model("tiny-moe")
@@ -94,11 +94,12 @@ def test_a_moe_layer_prices_its_shared_experts_and_routing_collectives_over_tp()
     co = cpu.efficiency.collective_overhead_us * 1e-6
     stats = float(comm.ring_allreduce(cpu, (2 * E + 2) * 4.0, 2, 1, world=2)) + co
     rows = float(comm.ring_allreduce(cpu, t * d * 2.0, 2, 1, 0.5, world=2)) + co
-    extra = _moe_tp_extra(m, cpu, lays, tp_ar)
+    extra = _moe_tp_extra(m, lays, tp_ar, _rows_half(m, cpu, lays), _router_stats(m, cpu, lays))
     assert list(extra.f) == pytest.approx([tp_ar[0] + stats, tp_ar[1] + rows + stats])
     assert list(extra.b) == pytest.approx([tp_ar[0], tp_ar[1] + rows])
     plain = m.model_copy(update={"moe": m.moe.model_copy(update={"shared_experts": 0})})
-    assert list(_moe_tp_extra(plain, cpu, lays, tp_ar).b) == pytest.approx([0.0, rows])
+    assert list(_moe_tp_extra(plain, lays, tp_ar, _rows_half(plain, cpu, lays), _router_stats(plain, cpu, lays)).b) \
+        == pytest.approx([0.0, rows])
 
 
 def test_the_lm_head_s_input_gradient_all_reduce_runs_beside_its_weight_gradient_where_the_stack_does_so():
@@ -106,12 +107,12 @@ def test_the_lm_head_s_input_gradient_all_reduce_runs_beside_its_weight_gradient
     # weight gradient computes (Layout.tp_async_dgrad): the head is one, as q/k/v and fc1 are
     from piper_plan.cost import comm
     from piper_plan.cost.compute import lm_head_phase
-    from piper_plan.cost.layer import _vocab_parallel
+    from piper_plan.cost.layer import _rows_half, _vocab_parallel
 
     m, hw = load_model("llama3-70b"), load_hardware("dgx-h100")
     lays = from_layouts([Layout(gpus=8, tp=8, global_batch=8, seq=4096, sequence_parallel=False, tp_async_dgrad=a,
                                 fused_kernels=f) for a, f in ((False, True), (True, True), (True, False))])
     w = lm_head_phase(m, hw, lays, "bf16").w
     whole = comm.ring_allreduce(hw, lays.tokens * m.hidden_size * 2.0, 8, 1, world=8)
-    _, head = _vocab_parallel(m, hw, lays, w)
+    _, head = _vocab_parallel(m, hw, lays, _rows_half(m, hw, lays), w)
     assert list(head.b) == pytest.approx([whole[0], max(whole[1] - w[1], 0.0), whole[2]])  # eager: no async dgrad

@@ -156,17 +156,23 @@ def _cross_rail_share(hw: HardwareSpec, n, stride, world=None) -> np.ndarray:
     need not count them."""
     n, st = np.broadcast_arrays(np.asarray(n), np.maximum(np.asarray(stride), 1))
     world = n * st if world is None else np.broadcast_to(np.asarray(world), n.shape)
-    out = np.zeros(n.shape)
     net, eff = hw.network, hw.efficiency.comm
     spine_full = net.cross_rail_taper >= 1.0 and all((lv.comm or eff) <= eff for lv in hw.topology if lv.via_nic)
     if not net.rail_optimized or spine_full:
-        return out
+        return np.zeros(n.shape)
     nics = tuple(hw.nic_of(i) for i in range(hw.gpus_per_node))
     up = hw.job_blocks[hw.scaleup_level]
-    keys = set(zip(n.ravel().tolist(), st.ravel().tolist(), world.ravel().tolist()))
-    for key in keys:
-        on = (n == key[0]) & (st == key[1]) & (world == key[2])
-        out = np.where(on, _cross_rail_cached(nics, up, *key), out)
+    return _by_key(lambda *key: _cross_rail_cached(nics, up, *key), n, st, world)
+
+
+def _by_key(fn, *cols) -> np.ndarray:
+    """fn(*key) for each distinct key of the broadcast `cols` (a search has few), placed where
+    the columns hold that key: a scalar fn's value or an array fn's over those places."""
+    cols = np.broadcast_arrays(*cols)
+    out = np.zeros(cols[0].shape)
+    for key in set(zip(*(c.ravel().tolist() for c in cols))):
+        on = np.logical_and.reduce([c == v for c, v in zip(cols, key)])
+        out = np.where(on, fn(*key), out)
     return out
 
 
@@ -429,47 +435,47 @@ def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None, world=N
     return np.where((n > 1) & (nbytes > 0), t, 0.0)
 
 
-def p2p(hw: HardwareSpec, nbytes, stride, world=None, rounds=1, wraps=0):
+def p2p(hw: HardwareSpec, nbytes, stride, world=None, rounds=1):
     """Seconds of one stage-boundary message, averaged over the pipeline's messages a micro-batch
     makes: stage k's ranks [k·s, (k+1)·s) send to the next stage's, s = `stride` (the ranks of one
     stage), so boundary k is priced at the first level whose domains (its job_block of ranks)
-    hold both stages whole, each `rounds` times (vpp for an interleaved schedule), and its
-    `wraps` (vpp - 1 a micro-batch: the last stage's chunk back to the first's) at the level
-    holding the whole `world`. Pods of 3,072
+    hold both stages whole, each `rounds` times (vpp for a looped interleaved schedule, 1 for a V,
+    whose two arms cross the same boundaries), and the rounds - 1 wraps (the last stage's chunk
+    back to the first's) at the level holding the whole `world`. Pods of 3,072
     H100 at s 1,024 (Meta's Llama 3 405B) put one boundary in three on the cluster's tapered
     network, which the smallest level holding two stages had missed. Without `world`: the first
     level whose domain holds two stages, one pair's message."""
     st = np.maximum(np.asarray(stride), 1)
-    bw, lat, _ = _levels(hw)
-    bw = bw * _mesh_share(hw, np.ones(len(hw.topology)))  # one peer: one link of a mesh
+    bw, lat = _one_peer(hw)
     nbytes = np.asarray(nbytes, dtype=float)
     if world is None:
         sizes = _expand(np.array(hw.job_blocks), st.ndim)
         top = np.minimum((sizes // st < 2).sum(0), len(hw.topology) - 1)
         return lat[top] + nbytes / bw[top]
-    st, world, rounds, wraps, nbytes = np.broadcast_arrays(st, np.asarray(world), np.asarray(rounds),
-                                                           np.asarray(wraps), nbytes)
-    out = np.zeros(st.shape)
-    cols = (st, world, rounds, wraps)
-    for key in set(zip(*(c.ravel().tolist() for c in cols))):
-        share = _hop_levels(tuple(hw.job_blocks), *key)  # [levels]: the messages' share on each
-        on = np.logical_and.reduce([c == v for c, v in zip(cols, key)])
-        out = np.where(on, share @ lat + (share / bw).sum() * nbytes, out)
-    return out
+    blocks = tuple(hw.job_blocks)
+    share_lat = _by_key(lambda *key: _hop_levels(blocks, *key) @ lat, st, world, rounds)
+    share_time = _by_key(lambda *key: (_hop_levels(blocks, *key) / bw).sum(), st, world, rounds)
+    return share_lat + share_time * nbytes
+
+
+def _one_peer(hw: HardwareSpec):
+    """(bytes/s, seconds) [levels] of a message to one peer: on a mesh level one link of it."""
+    bw, lat, _ = _levels(hw)
+    return bw * _mesh_share(hw, np.ones(len(hw.topology))), lat
 
 
 @lru_cache(maxsize=4096)
-def _hop_levels(blocks: tuple, stride: int, world: int, rounds: int, wraps: int) -> np.ndarray:
+def _hop_levels(blocks: tuple, stride: int, world: int, rounds: int) -> np.ndarray:
     """Share of a micro-batch's stage-boundary messages at each level (p2p): pp - 1 boundaries
-    `rounds` times (a V schedule's two arms cross the same ones: one round's share), `wraps` at
-    the level holding the world; the top level holds everything."""
+    `rounds` times, rounds - 1 wraps at the level holding the world; the top level holds
+    everything."""
     S = np.array(blocks)[:, None]
     pp = max(world // stride, 2)
     k = np.arange(pp - 1)
     whole = (k * stride) // S == ((k + 2) * stride - 1) // S  # [levels, boundaries]: both stages in one domain
     whole[-1] = True
     share = rounds * np.bincount(whole.argmax(0), minlength=len(blocks)).astype(float)
-    share[_world_level(blocks, world)] += wraps
+    share[_world_level(blocks, world)] += rounds - 1
     return share / share.sum()
 
 
@@ -485,7 +491,6 @@ def ends_span(hw: HardwareSpec, world):
     apart less one stage (a tied embedding's two copies): one peer over the level holding the
     world; the pair does not tile the ranks in blocks from rank 0 as group_span's groups do (8
     GPUs at pp 8 keep the pair (0, 7) in one node)."""
-    bw, lat, _ = _levels(hw)
-    bw = bw * _mesh_share(hw, np.ones(len(hw.topology)))
+    bw, lat = _one_peer(hw)
     j = _world_level(tuple(hw.job_blocks), world)
     return bw[j], lat[j]

@@ -689,7 +689,7 @@ def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:
     dp_bw, dp_lat = comm.group_span(hw, g.dpcp, g.tp, g.gpus)
     edp_bw, edp_lat = comm.group_span(hw, edp, edp_stride, g.gpus)
     out = dict(edp=edp, ep_stride=g.ep_stride, edp_stride=edp_stride,
-               p2p=comm.p2p(hw, p2p_bytes, g.dpcp * g.tp, g.gpus, rounds[first], rounds[first] - 1) + co + gather,
+               p2p=comm.p2p(hw, p2p_bytes, g.dpcp * g.tp, g.gpus, rounds[first]) + co + gather,
                dp_bw=dp_bw, dp_lat=dp_lat, edp_bw=edp_bw, edp_lat=edp_lat)
     return {k: np.asarray(v).take(inv) for k, v in out.items()}
 

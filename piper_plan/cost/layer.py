@@ -44,27 +44,41 @@ def _tp_allreduce(hw, lay, nbytes, fraction=1.0, calls=None):
     return comm.ring_allreduce(hw, nbytes, lay.tp, 1, fraction, world=lay.gpus) + co * calls
 
 
-def _moe_tp_extra(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, tp_ar) -> Phase:
+def _rows_half(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
+    """A reduce-scatter or an all-gather of a layer's rows (t x d) over tp, one call."""
+    return _tp_allreduce(hw, lay, lay.tokens * m.hidden_size * lay.act_bytes.astype(float), 0.5, np.ones(len(lay)))
+
+
+def _router_stats(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
+    """piper-train's router's all-reduce of its balance statistics over tp (2E + 2 fp32), one call."""
+    return _tp_allreduce(hw, lay, (2.0 * m.moe.num_experts + 2.0) * 4.0, 1.0, np.ones(len(lay)))
+
+
+def _dgrad_beside(lay: LayoutBatch) -> np.ndarray:
+    """Layouts whose backward all-reduces a column-parallel layer's input gradient while its
+    weight gradient computes (Layout.tp_async_dgrad): fused stacks at tp > 1 without sequence
+    parallelism or Transformer Engine's overlap (_tp_exposed)."""
+    return (lay.tp_async & ~lay.sp.astype(bool) & ~lay.unfused.astype(bool) & ~lay.tp_overlap.astype(bool)
+            & (lay.tp > 1))
+
+
+def _moe_tp_extra(m: ModelSpec, lay: LayoutBatch, tp_ar, half, stats) -> Phase:
     """A MoE layer's tensor-parallel collectives beyond its attention's, a micro-batch: the shared
     experts' FFN enters and leaves the tensor-parallel region as a dense FFN does (one all-reduce
     equivalent each way; left to the dense FFN's own rules where the stack overlaps or hides
     those, Layout.tp_comm_overlap / tp_async_dgrad, which this does not price), tokens replicated
     over tp (no sequence parallelism) are split before routing and gathered after (an
-    all-gather each way), and piper-train's router sums its balance statistics over tp (one
-    small all-reduce forward: 2E + 2 fp32 figures)."""
+    all-gather each way, `half`: one of a layer's rows), and piper-train's router sums its
+    balance statistics over tp (`stats`: one small all-reduce forward, 2E + 2 fp32 figures)."""
     z = np.zeros(len(lay))
-    mo = m.moe
-    plain = ~(lay.tp_overlap.astype(bool) | (lay.tp_async & ~lay.sp & ~lay.unfused))
-    shared = np.where(plain & bool(mo.shared_experts), tp_ar, 0.0)
-    one = np.ones(len(lay))
-    rows = _tp_allreduce(hw, lay, lay.tokens * m.hidden_size * lay.act_bytes.astype(float), 0.5, one)
-    rows = np.where(lay.sp.astype(bool), 0.0, rows)
-    stats = np.where(lay.unfused.astype(bool), _tp_allreduce(hw, lay, (2.0 * mo.num_experts + 2.0) * 4.0, 1.0, one),
-                     0.0)
+    plain = ~(lay.tp_overlap.astype(bool) | _dgrad_beside(lay))
+    shared = np.where(plain & bool(m.moe.shared_experts), tp_ar, 0.0)
+    rows = np.where(lay.sp.astype(bool), 0.0, half)
+    stats = np.where(lay.unfused.astype(bool), stats, 0.0)
     return Phase(shared + rows + stats, shared + rows, z, z)
 
 
-def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, head_w=0.0) -> tuple[Phase, Phase]:
+def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, half, head_w=0.0) -> tuple[Phase, Phase]:
     """(embedding, LM head) tensor-parallel collectives a micro-batch, each its forward and backward
     seconds. The vocab-parallel embedding sums its rows over tp (a reduce-scatter into the
     sequence-parallel layout, an all-reduce without; its backward all-gathers the gradient under
@@ -73,18 +87,15 @@ def _vocab_parallel(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, head_w=0.0
     figures (the max, the sum of exponentials, the target's logit; Megatron-Core's
     _VocabParallelCrossEntropy, piper-train's tp.vocab_parallel_cross_entropy). Without sequence
     parallelism a fused stack all-reduces the head's input gradient beside its weight-gradient
-    GEMM (`head_w` seconds; Layout.tp_async_dgrad, as _tp_exposed's column-parallel layers)."""
+    GEMM (`head_w` seconds; _dgrad_beside). `half`: a reduce-scatter or an all-gather of a
+    layer's rows, one call."""
     z = np.zeros(len(lay))
-    eb = lay.act_bytes.astype(float)
-    rows = lay.tokens * m.hidden_size * eb
     one = np.ones(len(lay))
-    half = _tp_allreduce(hw, lay, rows, 0.5, one)  # a reduce-scatter or an all-gather of the rows
-    whole = _tp_allreduce(hw, lay, rows, 1.0, one)
+    whole = _tp_allreduce(hw, lay, lay.tokens * m.hidden_size * lay.act_bytes.astype(float), 1.0, one)
     ce = 3.0 * _tp_allreduce(hw, lay, lay.tokens * 4.0, 1.0, one)
     sp = lay.sp.astype(bool)
     emb = Phase(np.where(sp, half, whole), np.where(sp, half, z), z, z)
-    beside = lay.tp_async & ~sp & ~lay.unfused.astype(bool) & ~lay.tp_overlap.astype(bool)
-    back = np.where(beside, np.maximum(whole - head_w, 0.0), whole)
+    back = np.where(_dgrad_beside(lay), np.maximum(whole - head_w, 0.0), whole)
     head = Phase(np.where(sp, half, z) + ce, np.where(sp, half, back), z, z)
     return emb, head
 
@@ -249,7 +260,7 @@ def _tp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, tp
     z = np.zeros(len(lay))
     dense, moe = Phase(2 * tp_ar, 2 * tp_ar, z, z), Phase(tp_ar, tp_ar, z, z)
     on = lay.tp_overlap & (lay.tp > 1)
-    beside = lay.tp_async & ~lay.sp & ~lay.unfused & ~on & (lay.tp > 1)
+    beside = _dgrad_beside(lay)
     if beside.any():
         w_attn, w_ffn = column_wgrad(m, hw, lay, dtype)
         left_attn = np.maximum(tp_ar - w_attn, 0.0)
@@ -399,12 +410,13 @@ def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     dense_p = layer_params_per_rank(m, lay)[0]
     dense = dense + _layer_overhead(hw, "dense", dtype, len(lay)) + _weight_casts(hw, lay, dense_p)
     tp_dense, tp_moe = _tp_exposed(m, hw, lay, dtype, tp_ar)
+    half = _rows_half(m, hw, lay)
     if m.moe is not None:
-        tp_moe = tp_moe + _moe_tp_extra(m, hw, lay, tp_ar)
+        tp_moe = tp_moe + _moe_tp_extra(m, lay, tp_ar, half, _router_stats(m, hw, lay))
     cpx = _cp_exposed(m, hw, lay, core)
     tp_dense, tp_moe = tp_dense + cpx, tp_moe + cpx  # the attention's collectives, either layer's
     head = lm_head_phase(m, hw, lay, dtype)
-    vocab = _vocab_parallel(m, hw, lay, head.w)
+    vocab = _vocab_parallel(m, hw, lay, half, head.w)
     out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
                dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero),
                emb=embedding_phase(m, hw, lay) + vocab[0], head=head + vocab[1],
