@@ -447,13 +447,12 @@ def _as_piper_train_runs(lay, model):
     from .runtimes import PRICED_AS, layout_refusal, tp_refusal
 
     ctx = click.get_current_context()
-    given = {"fused_kernels": ctx.params.get("kernels") == "fused", "overlap_grad_reduce": ctx.params.get(
-        "overlap_grad_reduce")}
-    for field, what, option in PRICED_AS:
+    given = {"fused_kernels": ctx.params.get("kernels") == "fused",
+             "overlap_grad_reduce": ctx.params.get("overlap_grad_reduce")}
+    for field, what, _, option in PRICED_AS:
         name = "kernels" if field == "fused_kernels" else field
         if given[field] and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
-            raise PiperError(f"--runtime piper-train: layout.{field}: piper-train does not run {what.split(' (')[0]}; "
-                             f"use {option}")
+            raise PiperError(f"--runtime piper-train: layout.{field}: piper-train does not run {what}; use {option}")
     # piper-train reduces fp32 gradients whatever a plan says (its launch accepts the field, which
     # changes no mathematics there), so the price is fp32's
     grad = ctx.params.get("grad_dtype")
@@ -461,11 +460,9 @@ def _as_piper_train_runs(lay, model):
         raise PiperError("--runtime piper-train: layout.grad_dtype: piper-train reduces fp32 gradients; use "
                          "--grad-dtype fp32")
     lay = lay.model_copy(update={"fused_kernels": False, "overlap_grad_reduce": False, "grad_dtype": "fp32"})
-    field, why = tp_refusal(lay, model)
-    if not field:
-        field, why = layout_refusal(lay, model)
-    if field:
-        raise PiperError(f"--runtime piper-train: {field}{'' if why.startswith('=') else ':'} {why}")
+    why = tp_refusal(lay, model) or layout_refusal(lay, model)
+    if why:
+        raise PiperError(f"--runtime piper-train: {why}")
     return lay
 
 

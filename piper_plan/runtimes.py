@@ -113,10 +113,11 @@ def choices(s: Support) -> str:
 
 # how piper-train runs every plan, which a plan priced another way would misstate (a tiny-moe plan
 # priced fused and overlapped reads 66.7 ms a step, as piper-train runs it 88.4 ms): the layout
-# field, what a plan with it set is priced for, the estimate option that prices it as piper-train runs
-PRICED_AS = (("fused_kernels", "fused kernels (piper-train runs eager modules)", "--kernels unfused"),
-             ("overlap_grad_reduce", "a gradient reduction overlapped with the backward (piper-train reduces "
-              "after the pipeline)", "--no-overlap-grad-reduce"))
+# field, what a plan with it set is priced for, what piper-train does instead, and the estimate
+# option that prices it as piper-train runs
+PRICED_AS = (("fused_kernels", "fused kernels", "piper-train runs eager modules", "--kernels unfused"),
+             ("overlap_grad_reduce", "a gradient reduction overlapped with the backward",
+              "piper-train reduces after the pipeline", "--no-overlap-grad-reduce"))
 
 
 # the runtime's vocabulary rows (runtime/model.py): a multiple that keeps bf16 rows 16-byte aligned
@@ -130,13 +131,13 @@ def padded_vocab(vocab_size: int) -> int:
     return -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
 
 
-def tp_refusal(lay, m) -> tuple[str, str]:
-    """(the field, why) where piper-train's tensor parallelism cannot split layout `lay` of model
-    `m` evenly (runtime/tp.py; ("", "") where it can). tp is the fastest rank dimension; heads
+def tp_refusal(lay, m) -> str:
+    """Why piper-train's tensor parallelism cannot split layout `lay` of model `m` evenly, as
+    "<field>: <why>" (runtime/tp.py; "" where it can). tp is the fastest rank dimension; heads
     and kv heads are the planner's own rules."""
     tp = lay.tp
     if tp == 1:
-        return "", ""
+        return ""
     need = [("model.num_heads", m.num_heads), ("model.vocab_size (padded)", padded_vocab(m.vocab_size))]
     if not all(m.layer_is_moe(i) for i in range(m.num_layers)):
         need.append(("model.ffn_size", m.ffn_size))
@@ -148,36 +149,35 @@ def tp_refusal(lay, m) -> tuple[str, str]:
         need.append(("layout.mbs*seq (tokens split over tp before routing)", lay.mbs * lay.seq))
     for what, n in need:
         if n % tp:
-            return what, f"{n} is not divisible by tp={tp}"
+            return f"{what}: {n} is not divisible by tp={tp}"
     kv = m.kv_heads
     if m.mla is None and kv % tp and tp % kv:
-        return "model.num_kv_heads", f"tp={tp} must divide the {kv} kv heads or be a multiple of them"
-    return "", ""
+        return f"model.num_kv_heads: tp={tp} must divide the {kv} kv heads or be a multiple of them"
+    return ""
 
 
-def layout_refusal(lay, model) -> tuple[str, str]:
-    """(the field, why and what to use) where piper-train cannot run layout `lay` of `model`
-    as priced (("", "") where it can): the PIPER_TRAIN table, ZeRO-2 under a schedule that sums
+def layout_refusal(lay, model) -> str:
+    """Why piper-train cannot run layout `lay` of `model` as priced, as "<field> ...: <why and
+    what to use>" ("" where it can): the PIPER_TRAIN table, ZeRO-2 under a schedule that sums
     weight gradients outside autograd, a model it cannot train, and a plan priced for fused
     kernels or an overlapped reduction; the even tensor-parallel splits (tp_refusal) are checked
-    first, apart. Read by piper-train's launch
-    check and by `estimate --runtime piper-train` alike."""
+    first, apart. Read by piper-train's launch check and by `estimate --runtime piper-train`
+    alike."""
     for s in PIPER_TRAIN:
         if s.read_when is not None and not s.read_when(lay):
             continue  # a setting this layout's run never reads (recompute modules without selective recompute)
         value = getattr(lay, s.field)
         if not runs(s, value):
-            return f"layout.{s.field}", f"= {shown(value)}: {s.does}; use {s.field} {choices(s)}"
+            return f"layout.{s.field} = {shown(value)}: {s.does}; use {s.field} {choices(s)}"
     if lay.zero == 2 and lay.schedule in WEIGHT_SPLIT:
-        return "layout.zero", (f"ZeRO-2 reduces each micro-batch's gradients as autograd accumulates them, and "
-                               f"torch's {lay.schedule} schedule accumulates its weight gradients outside autograd; "
-                               "use zero 1, or schedule gpipe, 1f1b or interleaved")
+        return (f"layout.zero: ZeRO-2 reduces each micro-batch's gradients as autograd accumulates them, and torch's "
+                f"{lay.schedule} schedule accumulates its weight gradients outside autograd; use zero 1, or schedule "
+                "gpipe, 1f1b or interleaved")
     field, refusal = model_refusal(model)
     if refusal:
-        return f"model.{field}", refusal
-    for field, what, option in PRICED_AS:
+        return f"model.{field}: {refusal}"
+    for field, what, instead, option in PRICED_AS:
         if getattr(lay, field):
-            return f"layout.{field}", (f"= true: the plan is priced for {what}, so its prediction would not hold; "
-                                       f"plan it with `piper-plan search --runtime piper-train`, or `estimate "
-                                       f"{option}`")
-    return "", ""
+            return (f"layout.{field} = true: the plan is priced for {what} ({instead}), so its prediction would not "
+                    f"hold; plan it with `piper-plan search --runtime piper-train`, or `estimate {option}`")
+    return ""

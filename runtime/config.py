@@ -39,6 +39,6 @@ class TrainConfig:
 def check_tp(plan, source: str = "plan") -> None:
     """The even splits tensor parallelism needs (runtime/tp.py; runtimes.tp_refusal), as one-line
     PiperErrors naming `source` (the plan's file)."""
-    field, why = tp_refusal(plan.layout, plan.model)
-    if field:
-        raise PiperError(f"{source}: {field}: {why}")
+    why = tp_refusal(plan.layout, plan.model)
+    if why:
+        raise PiperError(f"{source}: {why}")

@@ -52,9 +52,9 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
     if world != lay.gpus:
         raise PiperError(f"{source}: layout.gpus: the plan is for {lay.gpus} ranks, this launch has {world}")
     check_tp(plan, source)
-    field, why = layout_refusal(lay, plan.model)
-    if field:
-        raise PiperError(f"{source}: {field}{'' if why.startswith('=') else ':'} {why}")
+    why = layout_refusal(lay, plan.model)
+    if why:
+        raise PiperError(f"{source}: {why}")
 
 
 def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
@@ -227,7 +227,6 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
     """Run (plan, TrainConfig) jobs one after another on the same plan.layout.gpus local
     processes (one process start for several runs: tests and benchmarks). Returns rank 0's
     per-step records of each job. Raises PiperError (a rank's input error) or RankFailed."""
-
     import torch.multiprocessing as mp
 
     # torch logs a warning per peer it stops after one rank fails; the failure itself is reported
