@@ -91,8 +91,11 @@ def priced():
     return {n: (V.run(path=TABLES / f"{n}.csv"), _csv(n)) for n in names}
 
 
-def _missing(text: str, expected: list[str]) -> list[str]:
-    return [e for e in expected if e not in text]
+def assert_stated(start: str, end: str, expected: list[str], table: str) -> None:
+    """Every figure in `expected` stands in README.md's passage from `start` to `end` (passage)."""
+    text = passage(start, end)
+    missing = [e for e in expected if e not in text]
+    assert not missing, f"README.md's {table} figures: {missing}"
 
 
 def test_the_moe_parallel_folding_sentence_states_the_table_as_priced_now(priced):
@@ -102,7 +105,6 @@ def test_the_moe_parallel_folding_sentence_states_the_table_as_priced_now(priced
     fold = [r for r in res if r not in seq and int(rows[r.id]["etp"] or 1) == 1]
     base = [r for r in res if r not in seq and r not in fold]          # the MCore baseline, ETP = TP
     assert (len(fold), len(base), len(seq), len(res)) == (17, 16, 8, 41)
-    text = passage("An independent paper, priced once as written", "Published runs with context parallelism")
     expected = [
         f"the {len(fold)} Megatron-Core MoE runs",
         f"read {pct(mape(fold))} MAPE, max {pct(max_abs(fold))}, Kendall {tau(fold)}",
@@ -110,7 +112,8 @@ def test_the_moe_parallel_folding_sentence_states_the_table_as_priced_now(priced
         f"its {len(seq)} sequence-scaling runs", f"{pct(mape(seq))} (max {pct(max_abs(seq))})",
         f"all {len(res)} rows {pct(mape(res))}, {tau(res)}",
     ]
-    assert not _missing(text, expected), f"README.md's MoE Parallel Folding figures: {_missing(text, expected)}"
+    assert_stated("An independent paper, priced once as written", "Published runs with context parallelism",
+                  expected, "MoE Parallel Folding")
 
 
 def test_the_context_parallel_sentence_states_the_table_as_priced_now(priced):
@@ -123,7 +126,6 @@ def test_the_context_parallel_sentence_states_the_table_as_priced_now(priced):
     long_seq = {hw: [r for r in res if r.group == "nemo-long-sequence" and rows[r.id]["hardware"] == hw]
                 for hw in ("DGX-B200", "DGX-H100")}
     assert len(long_seq["DGX-B200"]) == len(long_seq["DGX-H100"]) == 6
-    text = passage("Published runs with context parallelism", "The largest published dense runs")
     expected = [
         f"{len(res)} rows of Megatron-Bridge and NeMo tables",
         f"Llama 3.1 405B CP 2 rows {pct(mb['mape'])} (max {pct(mb['max_abs_pct'])})",
@@ -132,37 +134,35 @@ def test_the_context_parallel_sentence_states_the_table_as_priced_now(priced):
         f"H100 long-sequence rows {span([r.error_pct for r in long_seq['DGX-H100']])}",
     ]
     assert "mixtral8x22b-b200" in worst.id  # the row the sentence names
-    assert not _missing(text, expected), f"README.md's context-parallel figures: {_missing(text, expected)}"
+    assert_stated("Published runs with context parallelism", "The largest published dense runs",
+                  expected, "context-parallel")
 
 
 def test_the_nemo_sentence_states_the_table_as_priced_now(priced):
     res, _ = priced["nemo-performance"]
     kinds = V.summary(res)["kinds"]
     assert len(res) == 12 and not any(r.fit for r in res)
-    text = passage("Twelve NeMo Framework rows the bundled table never read", "An independent paper")
     expected = [f"MoE {pct(kinds['moe']['mape'])} ({kinds['moe']['rows']} rows)",
                 f"dense {pct(kinds['dense']['mape'])} ({kinds['dense']['rows']} rows;"]
-    assert not _missing(text, expected), f"README.md's NeMo figures: {_missing(text, expected)}"
+    assert_stated("Twelve NeMo Framework rows the bundled table never read", "An independent paper", expected, "NeMo")
 
 
 def test_the_meta_llama3_405b_sentence_states_the_rows_as_priced_now(priced):
     res, _ = priced["llama3-405b-meta"]
     by = {r.id: r for r in res}
     errs = [by[i].error_pct for i in ("meta-l3-405b-8k", "meta-l3-405b-16k", "meta-l3-405b-16k-cp16")]
-    text = passage("Meta's Llama 3 405B pre-training on 8,192", "Another software stack")
     expected = [f"{signed(errs[0])}, {signed(errs[1])} and {pct(errs[2], signed=True)} now",
                 f"(MAPE {pct(V.summary(res)['kinds']['dense']['mape'])};"]
-    assert not _missing(text, expected), f"README.md's Meta Llama 3 405B figures: {_missing(text, expected)}"
+    assert_stated("Meta's Llama 3 405B pre-training on 8,192", "Another software stack", expected, "Meta Llama 3 405B")
 
 
 def test_the_torchtitan_sentence_states_the_table_as_priced_now(priced):
     res, _ = priced["torchtitan"]
     dense = [r.error_pct for r in res if r.kind == "dense"]
     moe = [r.error_pct for r in res if r.kind == "moe"]
-    text = passage("Another software stack:", "AMD's own MI355X runs")
     expected = [f"{len(res)} published torchtitan runs", f"read {span(dense)} on the dense ones",
                 f"and {span(moe)} on DeepSeek-V3"]
-    assert not _missing(text, expected), f"README.md's torchtitan figures: {_missing(text, expected)}"
+    assert_stated("Another software stack:", "AMD's own MI355X runs", expected, "torchtitan")
 
 
 def test_the_primus_sentence_states_the_table_as_priced_now(priced):
@@ -173,9 +173,8 @@ def test_the_primus_sentence_states_the_table_as_priced_now(priced):
             qwen.setdefault((rows[r.id]["precision"], r.fit), []).append(r.error_pct)
     dsv3 = sorted((r for r in res if rows[r.id]["model"] == "deepseek-v3"), key=lambda r: int(rows[r.id]["gpus"]))
     assert len(qwen["bf16", False]) == len(qwen["fp8", True]) == len(dsv3) == 2 and not any(r.fit for r in dsv3)
-    text = passage("AMD's own MI355X runs", "The rows beyond the targets")
     b, f = qwen["bf16", False], qwen["fp8", True]
     expected = [f"BF16 {signed(b[0])} / {pct(b[1], signed=True)} out of sample",
                 f"FP8 {signed(f[0])} / {pct(f[1], signed=True)} (marked fit",
                 f"iteration time {signed(dsv3[0].error_pct)} / {pct(dsv3[1].error_pct, signed=True)} ("]
-    assert not _missing(text, expected), f"README.md's Primus figures: {_missing(text, expected)}"
+    assert_stated("AMD's own MI355X runs", "The rows beyond the targets", expected, "Primus")
