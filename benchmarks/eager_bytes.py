@@ -160,9 +160,6 @@ def solve(dtype: str) -> dict:
     shapes, bytes per element by scipy's nnls, forward and backward, with the largest relative
     miss; and under ("ops", kind, phase) the range of elementwise ops a pass (kind "token": the
     dense block's; "moe": the MoE block's excess over the dense block of the same attention)."""
-    import numpy as np
-    from scipy.optimize import nnls
-
     from piper_plan.specs.model import ModelSpec
 
     out, ops = {}, {}
@@ -194,14 +191,22 @@ def solve(dtype: str) -> dict:
                 else:
                     row += [t * spec.ffn_size]
                 X.append(row)
-        A = np.array(X, float)
-        for ph in ("f", "b"):
-            y = np.array(Y[ph], float)
-            c, _ = nnls(A, y)
-            out[("moe" if moe else "dense", ph)] = (np.round(c, 2).tolist(),
-                                                     float(np.max(np.abs(A @ c / y - 1))))
-    for key, val in solve_mla(dtype).items():
-        out[key] = val
+        out.update(_fit("moe" if moe else "dense", X, Y))
+    out.update(solve_mla(dtype))
+    return out
+
+
+def _fit(kind: str, X: list, Y: dict) -> dict:
+    """{(kind, phase): (bytes per element by scipy's nnls, rounded; the largest relative miss)}
+    of the counts Y[phase] on the element counts X, forward and backward."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    A, out = np.array(X, float), {}
+    for ph in ("f", "b"):
+        y = np.array(Y[ph], float)
+        c, _ = nnls(A, y)
+        out[(kind, ph)] = (np.round(c, 2).tolist(), float(np.max(np.abs(A @ c / y - 1))))
     return out
 
 
@@ -214,9 +219,6 @@ SOLVE_MLA = [(64, 4, 32, 16, 32, 48, 0, 136), (128, 8, 16, 8, 16, 32, 48, 136), 
 def solve_mla(dtype: str) -> dict:
     """cost/eager.py's MLA_TOKEN for `dtype` (its FFN coefficient, last, is FFN's again) and
     under ("ops", "mla" | "mla_q", phase) the elementwise ops of an MLA block's pass."""
-    import numpy as np
-    from scipy.optimize import nnls
-
     from piper_plan.specs.model import ModelSpec
 
     out, X, Y = {}, [], {"f": [], "b": []}
@@ -233,11 +235,7 @@ def solve_mla(dtype: str) -> dict:
             Y["f"].append(fwd)
             Y["b"].append(r["bytes"]["elementwise"] - fwd)
             X.append([t * d, t * h * (nope + rope), t * h * vd, t * (kvr + rope), t * ql, t, t * w])
-    A = np.array(X, float)
-    for ph in ("f", "b"):
-        y = np.array(Y[ph], float)
-        c, _ = nnls(A, y)
-        out[("mla", ph)] = (np.round(c, 2).tolist(), float(np.max(np.abs(A @ c / y - 1))))
+    out.update(_fit("mla", X, Y))
     return out
 
 
