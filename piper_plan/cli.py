@@ -8,7 +8,7 @@ import sys
 import click
 
 from .cli_validate import validate_cmd
-from .clitypes import GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, OneLineUsage, one_line_errors
+from .clitypes import BATCH, GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, OneLineUsage, one_line_errors
 from .files import check_outputs
 
 
@@ -90,8 +90,13 @@ def _migration_from(kw):
 
 
 def _inputs(kw) -> list:
-    """The files a planning run reads, as (path, option), that no output of it may replace."""
-    return [(kw["model"], "--model"), (kw["hardware"], "--hardware"), (kw.get("routing"), "--routing")]
+    """The files a planning run reads, as (path, option), that no output of it may replace: a
+    bundled spec's file as well as a path, and each `base:` a spec is laid over."""
+    from .specs.registry import spec_files
+
+    specs = [(str(f), opt) for kind, opt in (("models", "--model"), ("hardware", "--hardware"))
+             for f in spec_files(kw[opt.lstrip("-")], kind)]
+    return specs + [(kw.get("routing"), "--routing")]
 
 
 def _plan_migration(kw, model, layout, output):
@@ -213,8 +218,8 @@ def layout_options(fn):
                      help="expert tensor parallel: ranks each expert is split over (Megatron-Core "
                      "--expert-tensor-parallel-size; its default when unset is --tp)"),
         click.option("--dp", type=POSITIVE, default=None, help="attention data parallel (default gpus/(tp*cp*pp))"),
-        click.option("--mbs", type=POSITIVE, default=1, show_default=True, help="micro-batch size, sequences"),
-        click.option("--global-batch", type=POSITIVE, default=None,
+        click.option("--mbs", type=BATCH, default=1, show_default=True, help="micro-batch size, sequences"),
+        click.option("--global-batch", type=BATCH, default=None,
                      help="sequences per step (default 4M tokens' worth, rounded down to whole dp x mbs)"),
         click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "zbv", "dualpipev"]), default="1f1b",
@@ -322,12 +327,25 @@ def _check_peaks(hw, ref: str, kw) -> None:
     hw.require_peaks(need, str(_resolve(ref, "hardware")))
 
 
-def _check_machine_size(hw, source: str, gpus: int) -> None:
+def _check_machine_size(hw, source: str, gpus: int, said: set | None = None) -> None:
     """Say so where -n is beyond the machine the spec describes (its max_gpus). A warning, not an
-    error: a larger machine of the same parts is a fair question (the topology's top level prices it)."""
+    error: a larger machine of the same parts is a fair question (the topology's top level prices it,
+    more of its network). An error where that top level is no network (not via_nic: a node, an NVL72
+    rack): it would price the GPUs beyond it as if inside it. `said`: warnings already given (a sweep's
+    scenarios), each given once."""
+    from .errors import SpecError
+
+    top = hw.topology[-1]
+    if gpus > top.size and not top.via_nic:
+        raise SpecError(source, "topology", f"-n {gpus} is beyond its top level {top.name!r} ({top.size} GPUs), "
+                        "which is no network: expected a via_nic level above it to price traffic between its domains")
     if hw.max_gpus and gpus > hw.max_gpus:
-        click.echo(f"warning: {source}: max_gpus: the machine has {hw.max_gpus} GPUs; -n {gpus} is priced as a "
-                   "larger machine of the same parts", err=True)
+        line = (f"warning: {source}: max_gpus: the machine has {hw.max_gpus} GPUs; -n {gpus} is priced as a "
+                "larger machine of the same parts")
+        if said is None or line not in said:
+            click.echo(line, err=True)
+            if said is not None:
+                said.add(line)
 
 
 def _seq_batch(kw, model) -> tuple[int, int]:
@@ -471,7 +489,7 @@ def search_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
-        click.option("--global-batch", type=POSITIVE, default=None, help="sequences per step (default 4M tokens' worth)"),
+        click.option("--global-batch", type=BATCH, default=None, help="sequences per step (default 4M tokens' worth)"),
         click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--routing", default="uniform", show_default=True,
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train (its last run's per-expert loads)"),
@@ -686,7 +704,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     from . import report
     from .errors import SpecError
     from .plan import atomic_write_text
-    from .sweep import CSV_COLUMNS, plot, run_sweep, parse_vary
+    from .sweep import CSV_COLUMNS, fmt, parse_vary, plot, run_sweep, scenarios
 
     model, hw, routing = _load_for_search(kw)
     parts = [x.strip() for x in gpus.split(",")]
@@ -698,8 +716,11 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     _check_peaks(hw, kw["hardware"], kw)
     # before the sweep: a path that cannot be written would lose it, or leave half the outputs
     check_outputs([(csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")], _inputs(kw))
-    for c in counts:
-        _check_machine_size(hw, kw["hardware"], c)
+    said: set = set()
+    for h in scenarios(hw, vary_d).values():  # a varied max_gpus or topology is the scenario's machine
+        for c in counts:
+            _check_machine_size(h, kw["hardware"], c, said)
+    _warn_unread_vary(vary_d, space, kw["hardware"])
     n = len(counts)
     for v in vary_d.values():
         n *= len(v)
@@ -712,7 +733,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     for c in keys + ["global batch", "tokens/s", "MFU", "layout"]:
         t.add_column(c)
     for r in rows:  # (the batch: the default's rounds to each GPU count, so say which each row priced)
-        t.add_row(*[f"{r[k]:g}" for k in keys], str(r["global_batch"]), f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
+        t.add_row(*[fmt(r[k]) for k in keys], str(r["global_batch"]), f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
                   r["layout"])
     report.show([t])
     if csv_path:
@@ -726,8 +747,20 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     if plot_path:
         plot(rows, list(vary_d), plot_path)
     if not any(r["fits"] for r in rows):  # as search: an answer with no plan in it is a failure to a script
-        click.echo("nothing fits in any scenario; `piper-plan search` on one of them says why", err=True)
+        click.echo("nothing fits in any scenario; `piper-plan search` says why, on the spec or on a copy of it "
+                   "with the varied fields set", err=True)
         sys.exit(1)
+
+
+def _warn_unread_vary(vary: dict, space, source: str) -> None:
+    """Say so where a varied host field cannot change any scenario: the search tries no host
+    offloading, the one thing that reads the host's link and memory."""
+    host = [k for k in vary if k.startswith("host.")]
+    offloads = (max(space.optimizer_offload) > 0 or max(space.offload_layers) > 0
+                or any(space.offload_modules))
+    if host and not offloads:
+        click.echo(f"warning: {source}: --vary {host[0]}: the search tries no host offloading (--optimizer-offload, "
+                   "--offload-layers, --offload-modules), so every scenario prices alike", err=True)
 
 
 def _register_optional():

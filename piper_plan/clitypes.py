@@ -28,6 +28,7 @@ POSITIVE = click.IntRange(min=1)
 # finite bounds where a typo's value would overflow the cost model's integer arithmetic
 SEQUENCE = click.IntRange(1, 1 << 24)   # tokens (the model spec's own MAX_SEQ)
 GPU_COUNT = click.IntRange(1, 1 << 24)
+BATCH = click.IntRange(1, 1 << 30)      # sequences (a step or a micro-batch): the search lists the divisors
 
 
 def one_line_errors(fn):

@@ -20,13 +20,20 @@ from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
-MBS_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)  # not powers of two alone: a batch of 48 on 8 splits as 6
 DEFAULT_BATCH_TOKENS = 4 * 2**20  # a 4M-token global batch when the user gives none
 
 
 def default_global_batch(seq: int) -> int:
     """Sequences in a DEFAULT_BATCH_TOKENS global batch."""
     return max(1, DEFAULT_BATCH_TOKENS // seq)
+
+
+def mbs_choices(global_batch: int) -> tuple[int, ...]:
+    """Micro-batch sizes (sequences) the search tries by default: every divisor of the global
+    batch, since only those split it whole over some dp (a batch of 48 on 8 ranks splits as 6;
+    short sequences on a small model run fastest at 64 or more); the memory model refuses those
+    whose activations do not fit."""
+    return tuple(_divisors(global_batch))
 
 
 def round_batch(global_batch: int, gpus: int) -> int:
@@ -53,7 +60,8 @@ class SearchSpace:
     hsdp: bool = False
     a2as: tuple[str, ...] = ("flat", "halo")
     placements: tuple[str, ...] = ("packed", "spread")
-    mbs: tuple[int, ...] = MBS_CHOICES
+    # micro-batch sizes tried; None: every divisor of the global batch (mbs_choices)
+    mbs: tuple[int, ...] | None = None
     tps: tuple[int, ...] | None = None
     pps: tuple[int, ...] | None = None
     eps: tuple[int, ...] | None = None
@@ -175,9 +183,11 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     N = sp.gpus
     rejected: dict[str, int] = {}
     E = m.moe.num_experts if m.moe else 1
-    # tp up to the scale-up domain a job fills (a node; 64 GPUs of an NVL72 rack), not the tray of 4
-    tps = [t for t in (sp.tps or _divisors(min(N, hw.job_blocks[hw.scaleup_level]))) if N % t == 0]
-    tps = [t for t in tps if tp_splits_heads(m.num_heads, m.kv_heads, t)]
+    # tp up to the scale-up domain a job fills (a node; 64 GPUs of an NVL72 rack), not the tray of 4:
+    # the larger degrees are enumerated and refused by a counted rule below, as are those that do
+    # not split the heads
+    domain = N if sp.tps else min(N, hw.job_blocks[hw.scaleup_level])
+    tps = [t for t in (sp.tps or _divisors(N)) if N % t == 0]
     # (tp, cp, pp, dp, ep, etp) tuples
     tri = []
     eps = sp.eps or _divisors(E)
@@ -225,7 +235,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     zh = np.arange(len(zs)) >= len(sp.zeros)
     a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
     pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
-    mb = np.array(sp.mbs)
+    mb = np.array(sp.mbs or mbs_choices(sp.global_batch))
     # Stage 1 crosses (tp, pp, ep) × schedule × micro-batch size and applies the rules that
     # depend on those alone; stage 2 crosses the survivors with recompute × ZeRO × a2a ×
     # placement. Stage-1 rejections count once per stage-2 combination, as in a full product.
@@ -248,6 +258,11 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
             rejected[name] = rejected.get(name, 0) + n
         keep &= ~bad
 
+    rule(f"tp beyond the scale-up domain ({domain} GPUs): every layer's collectives would cross the NICs",
+         tp > domain)
+    heads_ok = {t: tp_splits_heads(m.num_heads, m.kv_heads, t) for t in np.unique(tp).tolist()}
+    rule("tp splits neither the heads nor the kv heads (nor is a multiple of them)",
+         ~np.vectorize(heads_ok.get, otypes=[bool])(tp))
     gbs = sp.global_batch
     rule("global batch not divisible by dp*mbs", gbs % (dp * mbs) != 0)
     M = np.where(keep, gbs // np.maximum(dp * mbs, 1), 0)
@@ -291,6 +306,11 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         rule("hsdp: a shard inside the scale-up domain would hold one rank", on(zh, 1) & on(dp * cp // reps < 2, 4))
         rule("hsdp: replicas do not divide the expert-data-parallel group",
              on(zh, 1) & on((dp * cp * tp // (ep * etp)) % np.maximum(reps, 1) != 0, 4))
+    # no data-parallel group to shard over (dp·cp = 1, and for experts ep·etp = tp: expert-data
+    # parallel 1): every ZeRO stage runs the same step (ZeRO-3 adds its gather buffers), so the
+    # lowest stage asked for stays
+    alone = (dp * cp == 1) & ((m.moe is None) | (ep * etp == tp))
+    rule("duplicate (ZeRO stage without a data-parallel group)", on(zs != zs.min(), 1) & on(alone, 4))
     rule("recompute_layers <= the layers of a chunk",  # layout.check_layout's bound
          (rc_n[:, None] > recompute_layers_limit(m.num_layers, pp * vpp)).reshape(len(rc), 1, 1, 1, len(k1)))
     rule("duplicate (recompute_layers covering a whole chunk equals every layer)", _rc_layer_duplicates(m, rc, rc_n, pp * vpp))
@@ -422,6 +442,9 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
     batch, rejected = enumerate_layouts(m, hw, sp, headroom_gib)
     n_all = 0 if batch is None else len(batch) + rejected.get(STATE_BOUND, 0)
+    if headroom_gib and STATE_BOUND in rejected:  # the bound is against the memory less the headroom
+        rejected[STATE_BOUND.replace(" (bound)", _less_headroom(hw, headroom_gib) + " (bound)")] = \
+            rejected.pop(STATE_BOUND)
     if n_all == 0:
         return SearchResult(batch, None, np.array([], int), rejected, 0)
     if len(batch) == 0:
@@ -432,7 +455,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     device_ok = est.peak_memory_gib + headroom_gib <= hw.accelerator.memory_gib
     n_mem, n_host = int(np.count_nonzero(~device_ok)), int(np.count_nonzero(device_ok & ~fits))
     if n_mem:
-        rejected["worst stage exceeds device memory"] = n_mem
+        rejected["worst stage exceeds device memory" + _less_headroom(hw, headroom_gib)] = n_mem
     if n_host:
         rejected["offloaded state and activations exceed the host memory per GPU"] = n_host
     priced = np.isfinite(est.step_time_s) & np.isfinite(est.peak_memory_gib)
@@ -440,12 +463,22 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
         rejected["priced at a non-finite time or memory (a spec figure out of range)"] = int(np.count_nonzero(~priced))
         fits = fits & priced
     key = {"throughput": -est.tokens_per_s, "mfu": -est.mfu, "memory": est.peak_memory_gib}[objective]
-    # deterministic: objective, then throughput, fewer pipeline stages, smaller tp (the
+    # deterministic: objective, then throughput, lower peak memory (the same step with more room
+    # to spare), fewer pipeline stages, smaller tp, then the order enumerate_layouts builds (the
     # sort is stable, so sorting only the fitting layouts gives the same order)
-    keys = (batch.tp, batch.pp, -est.tokens_per_s, key) if objective != "throughput" else (batch.tp, batch.pp, key)
+    mem = est.peak_memory_gib
+    keys = ((batch.tp, batch.pp, mem, -est.tokens_per_s, key) if objective != "throughput"
+            else (batch.tp, batch.pp, mem, key))
     ok = np.flatnonzero(fits)
     order = ok[np.lexsort(tuple(k[ok] for k in keys))]
     return SearchResult(batch, est, order, rejected, n_all, cpu_s)
+
+
+def _less_headroom(hw: HardwareSpec, headroom_gib: float) -> str:
+    """What a memory refusal is against where --headroom-gib keeps part of the device free."""
+    if not headroom_gib:
+        return ""
+    return f" less the {headroom_gib:g} GiB headroom ({hw.accelerator.memory_gib - headroom_gib:.1f} GiB)"
 
 
 def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult, routing: Routing | None = None,

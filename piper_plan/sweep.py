@@ -81,13 +81,13 @@ def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
     node, owner, parts = data, hw, path.split(".")
     try:
         for p in parts[:-1]:
-            k = int(p) if isinstance(node, list) else p
+            k = _index(p) if isinstance(node, list) else p
             node, owner = node[k], (owner[k] if isinstance(owner, (list, dict)) else getattr(owner, k))
             if node is None:  # an optional section (host) the spec leaves out: its other fields unknown
                 raise SpecError(hw.name, path, f"the spec has no {p} section; give the whole section in a "
                                 "spec file to vary one of its fields")
         last = parts[-1]
-        key = int(last) if isinstance(node, list) else last
+        key = _index(last) if isinstance(node, list) else last
         old = node[key]
     except (KeyError, IndexError, ValueError, TypeError):
         raise SpecError(hw.name, path, "no such field in the hardware spec (expected a dotted path such as "
@@ -99,6 +99,21 @@ def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
         raise SpecError(hw.name, path, f"not a numeric field (holds {type(old).__name__})")
     node[key] = int(value) if kind is int and float(value).is_integer() else value
     return parse(HardwareSpec, data, f"{hw.name} with {path}={value:g}")
+
+
+def _index(p: str) -> int:
+    """A list item's index in a dotted path: 0, 1, ... (a negative one counting from the end
+    would name the same level two ways)."""
+    i = int(p)
+    if i < 0:
+        raise ValueError(p)
+    return i
+
+
+def fmt(v) -> str:
+    """A scenario's value as the table prints it: an integer whole, a float to 10 digits (12.5 and
+    12.5000001 apart)."""
+    return str(v) if isinstance(v, int) else f"{v:.10g}"
 
 
 def scenarios(hw: HardwareSpec, vary: dict[str, list[float]]) -> dict[tuple, HardwareSpec]:
@@ -128,7 +143,8 @@ def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[flo
         res = search(model, h, replace(space, gpus=n, global_batch=gbs), routing, headroom_gib=headroom_gib)
         row = {"gpus": n, **dict(zip(keys, vals)), "global_batch": gbs}
         if res.best is None:
-            row.update(fits=False, tokens_per_s=0.0, mfu=0.0, tflops_per_gpu=0.0, layout="nothing fits")
+            row.update(fits=False, tokens_per_s=0.0, mfu=0.0, tflops_per_gpu=0.0, step_time_s=None,
+                       peak_memory_gib=None, layout="nothing fits")
         else:
             i = res.best
             lay = res.batch.layout(i)
@@ -142,6 +158,20 @@ def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[flo
     return rows
 
 
+def plot_lines(rows: list[dict], keys: list[str]) -> tuple[str, list[str], dict[tuple, list[dict]]]:
+    """(the x axis, the other keys, {their values: the line's rows in x order}): on x the first
+    varied field that takes more than one value, else the GPU counts; a scenario where nothing
+    fits has no throughput to draw, so its point is left out, not drawn at zero."""
+    moving = [k for k in keys if len({r[k] for r in rows}) > 1]
+    x_key = moving[0] if moving else "gpus"
+    others = [k for k in (["gpus"] + keys) if k != x_key]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["fits"]:
+            groups.setdefault(tuple(r[k] for k in others), []).append(r)
+    return x_key, others, {g: sorted(rs, key=lambda r: r[x_key]) for g, rs in groups.items()}
+
+
 def plot(rows: list[dict], keys: list[str], path: str) -> None:
     """Throughput and MFU against the varied parameter(s), one line per GPU count."""
     import matplotlib
@@ -149,15 +179,10 @@ def plot(rows: list[dict], keys: list[str], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x_key = keys[0] if keys else "gpus"
-    others = [k for k in (["gpus"] + keys) if k != x_key]
+    x_key, others, groups = plot_lines(rows, keys)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    groups = {}
-    for r in rows:
-        groups.setdefault(tuple(r[k] for k in others), []).append(r)
     for g, rs in groups.items():
-        rs = sorted(rs, key=lambda r: r[x_key])
-        label = ", ".join(f"{k}={v:g}" for k, v in zip(others, g)) or None
+        label = ", ".join(f"{k}={fmt(v)}" for k, v in zip(others, g)) or None
         axes[0].plot([r[x_key] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", label=label)
         axes[1].plot([r[x_key] for r in rs], [100 * r["mfu"] for r in rs], marker="o", label=label)
     axes[0].set_ylabel("tokens / s (best plan)")

@@ -743,6 +743,20 @@ def test_an_output_that_would_lose_a_file_is_refused(tmp_path, args, needle):
     assert (tmp_path / "m.yaml").read_text() == "base: tiny-moe\nname: mine\n" and not (tmp_path / "newdir").exists()
 
 
+def test_an_output_on_a_spec_s_base_or_a_bundled_spec_is_refused(tmp_path):
+    from piper_plan.specs.registry import spec_files
+    base = (REPO / "hardware" / "cpu-local.yaml").read_text()
+    (tmp_path / "base.yaml").write_text(base)
+    (tmp_path / "var.yaml").write_text("base: base.yaml\nname: mine\n")
+    one_line(["sweep", "-m", "tiny-moe", "-H", str(tmp_path / "var.yaml"), "--gpus", "4", "--global-batch", "8",
+              "--csv", str(tmp_path / "base.yaml")], "--csv: is the --hardware this run reads")
+    assert (tmp_path / "base.yaml").read_text() == base
+    # a bundled name stands for its file (checked on the list, not by writing over the repository's spec)
+    assert spec_files("cpu-local", "hardware") == [REPO / "hardware" / "cpu-local.yaml"]
+    assert [f.name for f in spec_files(str(tmp_path / "var.yaml"), "hardware")] == ["var.yaml", "base.yaml"]
+    assert spec_files("no-such-machine", "hardware") == []
+
+
 def test_two_outputs_on_one_file_are_refused_before_the_sweep(tmp_path):
     p = str(tmp_path / "x.out")
     one_line(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8", "--csv", p,

@@ -61,6 +61,9 @@ def test_a_higher_zero_stage_never_holds_more(sample, z):
 @pytest.mark.parametrize("degree", ["tp", "ep", "pp"])
 def test_twice_a_parallel_degree_never_grows_a_ranks_state(sample, degree):
     a = sample[2]
+    if degree == "tp":  # past GQA's kv heads a rank holds the key/value projections whole, as
+        # piper-train keeps them (ModelSpec.attn_params_whole): there doubling tp can grow the state
+        a = a.take(np.flatnonzero(2 * a.tp <= sample[0].kv_heads))
     more = {"tp": dict(tp=2 * a.tp, gpus=2 * a.gpus, sp=True), "ep": dict(ep=2 * a.ep),
             "pp": dict(pp=2 * a.pp, gpus=2 * a.gpus)}[degree]
     n, bad, worst = _violations(sample, P.vary(a, **more), a, P.state)

@@ -178,3 +178,28 @@ def test_the_primus_sentence_states_the_table_as_priced_now(priced):
                 f"FP8 {signed(f[0])} / {pct(f[1], signed=True)} (marked fit",
                 f"iteration time {signed(dsv3[0].error_pct)} / {pct(dsv3[1].error_pct, signed=True)} ("]
     assert_stated("AMD's own MI355X runs", "The rows beyond the targets", expected, "Primus")
+
+
+def test_the_offload_passage_states_the_searches_as_priced_now():
+    # README's DeepSeek-V3 MXFP8 on GB200 offload example: the searches and sweep rows it quotes
+    from piper_plan.search import SearchSpace, search
+    from piper_plan.specs import load_hardware, load_model
+    from piper_plan.sweep import set_field
+    m, hw = load_model("deepseek-v3"), load_hardware("gb200-nvl72")
+    modules = ((), ("expert_fc1", "moe_act"))
+
+    def best(n, link=None, **kw):
+        h = hw if link is None else set_field(hw, "host.link_gbps", link)
+        r = search(m, h, SearchSpace(gpus=n, global_batch=1024, seq=m.seq_len, fp8="mxfp8", fp8_params=True, **kw))
+        return float(r.est.tokens_per_s[r.best])
+
+    plain, mods = best(144), best(144, offload_modules=modules)
+    every = dict(optimizer_offload=(0.0, 1.0), offload_layers=(0, 20, 40), offload_modules=modules)
+    assert best(144, **every) == mods
+    at112 = best(112)
+    assert best(112, offload_modules=modules) == at112
+    expected = [f"({plain:,.0f} tokens/s, {plain / 144:,.0f} a GPU)", f"({mods:,.0f}, {mods / 144:,.0f} a GPU;",
+                f"({at112:,.0f} tokens/s either way", f"instead ({best(112, **every):,.0f})",
+                f"recomputes instead: {best(144, 50, offload_modules=modules):,.0f} against {mods:,.0f}",
+                f"already offloads, {best(144, 100, offload_modules=modules):,.0f})"]
+    assert_stated("tries each value (each module set) as a choice", "- Attention backward", expected, "offload")

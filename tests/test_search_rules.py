@@ -127,3 +127,47 @@ def test_a_sweep_prices_the_batch_it_is_given_and_says_which():
                                   "12"], terminal_width=200)
     assert r.exit_code == 0, r.output
     assert [ln.split("│")[2].strip() for ln in r.output.splitlines() if ln.startswith("│")] == ["12", "12"]
+
+
+def test_the_search_tries_every_micro_batch_size_that_splits_the_batch():
+    # 1,024 short sequences of a small model on 4 ranks: the fastest micro-batch is far above 16
+    m, cpu = load_model("tiny-moe"), load_hardware("cpu-local")
+    sp = SearchSpace(gpus=4, global_batch=1024, seq=m.seq_len, pps=(1,), eps=(1,), zeros=(0,))
+    res = search(m, cpu, sp)
+    tried = set(res.batch.mbs.tolist())
+    assert {1, 2, 16, 32, 64, 128, 256} <= tried and 3 not in tried  # 3 splits no share of 1,024
+    at16 = search(m, cpu, SearchSpace(**{**sp.__dict__, "mbs": (1, 2, 4, 8, 16)}))
+    assert res.batch.mbs[res.best] > 16
+    assert res.est.tokens_per_s[res.best] > at16.est.tokens_per_s[at16.best]
+
+
+def test_zero_stages_without_a_data_parallel_group_are_searched_once():
+    # tp 8 pp 8 ep 8 on 64 GPUs leaves no data-parallel group: ZeRO 0, 1 and 2 run the same step
+    res = search(MIXTRAL, H100, SearchSpace(gpus=64, global_batch=64, seq=4096, tps=(8,), pps=(8,)),
+                 objective="memory")
+    alone = (res.batch.dp == 1) & (res.batch.ep * res.batch.etp == res.batch.tp)
+    assert alone.any() and set(res.batch.zero[alone].tolist()) == {0}
+    assert res.rejected["duplicate (ZeRO stage without a data-parallel group)"] > 0
+    top = [res.batch.layout(i) for i in res.order[:10]]
+    assert len({repr(x.model_copy(update={"zero": 0})) for x in top}) == len(top)  # none differs by ZeRO alone
+
+
+def test_memory_refusals_name_the_headroom_they_were_held_to():
+    res = search(MIXTRAL, H100, SearchSpace(gpus=64, global_batch=1024, seq=4096), headroom_gib=8)
+    avail = H100.accelerator.memory_gib - 8
+    assert res.rejected[f"worst stage exceeds device memory less the 8 GiB headroom ({avail:.1f} GiB)"] > 0
+    assert not any(k == "worst stage exceeds device memory" for k in res.rejected)
+
+
+def test_equal_throughput_ranks_the_layout_holding_less_memory_first():
+    res = search(load_model("qwen3-235b-a22b"), load_hardware("gb200-nvl72"),
+                 SearchSpace(gpus=128, global_batch=1024, seq=4096))
+    tok, mem = res.est.tokens_per_s[res.order], res.est.peak_memory_gib[res.order]
+    ties = np.flatnonzero(tok[1:] == tok[:-1])
+    assert len(ties) and (mem[ties + 1] >= mem[ties]).all()
+
+
+def test_tensor_parallelism_beyond_the_scale_up_domain_is_a_counted_refusal():
+    res = search(MIXTRAL, H100, SearchSpace(gpus=64, global_batch=1024, seq=4096))
+    assert res.batch.tp.max() == 8
+    assert res.rejected["tp beyond the scale-up domain (8 GPUs): every layer's collectives would cross the NICs"] > 0

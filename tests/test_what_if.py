@@ -109,3 +109,62 @@ def test_varying_sustained_matmul_on_a_spec_that_leaves_it_out_changes_the_price
 def test_a_section_the_spec_leaves_out_is_named_when_a_sweep_sets_one_of_its_fields():
     with pytest.raises(SpecError, match="no host section"):
         set_field(load_hardware("dgx-h100"), "host.link_gbps", 10.0)
+
+
+def test_gpus_beyond_a_top_level_that_is_no_network_are_refused_not_priced_at_its_links(tmp_path):
+    # a spec cut to its node: 16 GPUs would be priced as one NVLink domain of 16, whatever the NICs
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+    spec = tmp_path / "one-node.yaml"
+    spec.write_text("base: dgx-h100\nmax_gpus: 8\ntopology:\n  - {name: node, size: 8, bandwidth_gbps: 450, "
+                    "latency_us: 3, source: test}\n")
+    for args in (["sweep", "--gpus", "8,16", "--vary", "nic_gbps=1,400"], ["search", "-n", "16"]):
+        r = CliRunner().invoke(main, [*args, "-m", "mixtral-8x7b", "-H", str(spec), "--global-batch", "64"])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert "topology: -n 16 is beyond its top level 'node' (8 GPUs), which is no network" in r.output
+
+
+def test_a_varied_max_gpus_is_the_scenario_s_machine():
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+    r = CliRunner().invoke(main, ["sweep", "-m", "tiny-moe", "-H", "dgx-h100", "--gpus", "16,32", "--global-batch",
+                                  "64", "--vary", "max_gpus=8,1024"])
+    assert r.exit_code == 0 and "max_gpus: the machine has 8 GPUs; -n 16" in r.output, r.output
+    assert r.output.count("the machine has") == 2  # -n 16 and -n 32 on the 8-GPU machine, once each
+
+
+def test_varying_the_host_without_offloading_says_it_changes_nothing():
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+    args = ["sweep", "-m", "deepseek-v3", "-H", "gb200-nvl72", "--gpus", "144", "--global-batch", "1024",
+            "--vary", "host_link_gbps=50,146"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and "--vary host.link_gbps: the search tries no host offloading" in r.output
+    r = CliRunner().invoke(main, [*args, "--optimizer-offload", "0,1"])
+    assert "tries no host offloading" not in r.output
+
+
+def test_a_list_index_counts_from_the_start_only():
+    hw = load_hardware("dgx-h100")
+    with pytest.raises(SpecError, match="no such field"):
+        set_field(hw, "topology.-1.latency_us", 5.0)
+    assert set_field(hw, "topology.0.latency_us", 5.0).topology[0].latency_us == 5.0
+
+
+def test_the_plot_puts_the_field_that_moves_on_x_and_leaves_out_what_does_not_fit():
+    from piper_plan.sweep import plot_lines
+    rows = [dict(gpus=n, **{"network.nic_gbps": 25.0, "accelerator.memory_gib": g}, fits=n > 128,
+                 tokens_per_s=float(n * g) if n > 128 else 0.0, mfu=0.3) for n in (128, 256) for g in (32.0, 64.0)]
+    x, others, lines = plot_lines(rows, ["network.nic_gbps", "accelerator.memory_gib"])
+    assert x == "accelerator.memory_gib" and others == ["gpus", "network.nic_gbps"]
+    assert list(lines) == [(256, 25.0)] and [r[x] for r in lines[(256, 25.0)]] == [32.0, 64.0]
+
+
+def test_a_scenario_where_nothing_fits_has_the_same_keys_as_one_that_fits():
+    m, hw = load_model("mixtral-8x7b"), load_hardware("dgx-h100")
+    rows = run_sweep(m, hw, [8, 64], {}, SearchSpace(gpus=8, global_batch=64, seq=4096), batch_given=True)
+    assert [r["fits"] for r in rows] == [False, True] and rows[0].keys() == rows[1].keys()
+    assert rows[0]["step_time_s"] is None and rows[0]["peak_memory_gib"] is None

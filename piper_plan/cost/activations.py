@@ -78,7 +78,7 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     out = {
         "attn_norm_in": eb * t * d / sp_div,
         "qkv_in": np.where(ln, 0.0, qb * t * d / sp_div),  # the norm's output: re-made under layernorm recompute
-        "qkv": np.where(up & (m.mla is not None), 0.0, eb * t * m.qkv_dim / tp),  # MLA's up-projected q, k, v
+        "qkv": np.where(up & (m.mla is not None), 0.0, eb * t * m.qkv_dim_per_rank(tp)),  # MLA's up-projected q, k, v
         "scores": np.where(naive & ~sel, eb * sq, 0.0),
         "probs": np.where(eager & ~sel, eb * sq, 0.0),
         "probs_dropout": np.where(eager & ~sel, drop * (1.0 + eb) * sq, 0.0),  # 1-byte mask + the output

@@ -169,7 +169,7 @@ def _attention_shapes(m: ModelSpec, lay: LayoutBatch) -> list[tuple]:
         else:
             shapes += [(t, H * qk / tp, d)]
     else:
-        shapes = [(t, m.qkv_dim / tp, d)]
+        shapes = [(t, m.qkv_dim_per_rank(tp), d)]  # a whole kv head a rank where tp exceeds them
     return shapes + [(t, d, m.attn_out_dim / tp)]
 
 

@@ -655,9 +655,11 @@ def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
     # hardware FLOPs of recompute: full re-runs the forward; selective counts the core attention
     # (its other modules, norms and activations, are memory-bound passes; MLA up-projection and
     # MLP / MoE GEMMs re-run under those modules are left out of this count)
-    # (full recompute of the first N layers of each chunk re-runs that share of the forward)
+    # (full recompute of the first N layers of each chunk re-runs that share of the forward;
+    # the layers' forward only: the LM head, and each MTP module's pass through it, do not re-run)
     share = full_recompute_share(m, lay)
-    rc_flops = np.where(rc == 2, share * model_flops / 3.0,
+    head_fwd = 2.0 * m.vocab_size * m.hidden_size * (1 + m.mtp_layers) * tokens
+    rc_flops = np.where(rc == 2, share * (model_flops / 3.0 - head_fwd),
                         np.where(recomputes(lay, "core_attn"), core_fwd * tokens, 0.0))
     return model_flops, rc_flops
 

@@ -82,13 +82,16 @@ def state_bytes(params, group, lay: LayoutBatch, coeffs: dict | None = None) -> 
 
 def layer_params_per_rank(m: ModelSpec, lay: LayoutBatch):
     """(dense layer, MoE-layer replicated part, MoE-layer expert part) parameters per rank: the
-    rank's E / ep local experts, each split over etp ranks."""
+    tp-split weights / tp and the attention's whole-held ones, and the rank's E / ep local
+    experts, each split over etp ranks."""
     tp = lay.tp.astype(float)
     norms = 2 * m.norm_params
-    dense = (m.attn_params + (m.dense_ffn_params if m.ffn_size else 0)) / tp + norms
+    attn = m.attn_params_per_rank(tp)  # with what every tp rank holds whole (ModelSpec.attn_params_whole)
+    ffn = (m.dense_ffn_params - m.dense_ffn_whole) / tp + m.dense_ffn_whole if m.ffn_size else 0.0
+    dense = attn + ffn + norms
     if m.moe is None:
         return dense, np.zeros_like(dense), np.zeros_like(dense)
-    moe_rep = (m.attn_params + m.shared_params) / tp + norms + m.router_params
+    moe_rep = attn + m.shared_params / tp + norms + m.router_params
     experts = m.moe.num_experts / lay.ep * m.expert_params / lay.etp
     return dense, moe_rep, experts.astype(float)
 

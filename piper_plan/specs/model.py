@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Literal, Optional
 
+import numpy as np
 from pydantic import Field, model_validator
 
 from .base import _Optional, _Strict
@@ -202,6 +203,36 @@ class ModelSpec(_Optional):
             p += H * self.hd + 2 * self.kv_heads * self.hd + d
         return p
 
+    def attn_params_whole(self, tp):
+        """Attention weights of one layer that every one of `tp` tensor-parallel ranks holds whole
+        (tp: a degree or an array of them); the rest splits over tp. MLA: the q and kv
+        down-projections and their norms (Megatron-Core's "duplicated" linears, piper-train's
+        too). GQA where tp exceeds the kv heads: the key and value projections, which piper-train
+        keeps whole on each rank and multiplies by its own head's rows (Megatron-Core refuses tp
+        beyond the kv heads). With biases, the output projection's too (a row-parallel layer adds
+        it once, after the reduction)."""
+        tp = np.asarray(tp)
+        d = self.hidden_size
+        if self.mla is not None:
+            m = self.mla
+            q = d * m.q_lora_rank + m.q_lora_rank if m.q_lora_rank else 0
+            return np.full(tp.shape, float(q + d * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank))
+        kv = 2 * self.kv_heads * self.hd * (d + self.linear_bias)
+        return np.where(tp > self.kv_heads, float(kv), 0.0) + d * self.linear_bias
+
+    def attn_params_per_rank(self, tp):
+        """Attention weights of one layer on one of `tp` tensor-parallel ranks (attn_params_whole)."""
+        whole = self.attn_params_whole(tp)
+        return (self.attn_params - whole) / np.asarray(tp, dtype=float) + whole
+
+    def qkv_dim_per_rank(self, tp):
+        """qkv_dim on one of `tp` tensor-parallel ranks: where tp exceeds GQA's kv heads a rank
+        computes its own head's key and value (one head each), not kv_heads / tp of one."""
+        tp = np.asarray(tp, dtype=float)
+        if self.mla is not None:
+            return self.qkv_dim / tp
+        return self.hd * (self.num_heads / tp + 2 * np.maximum(self.kv_heads / tp, 1.0))
+
     @property
     def attn_out_dim(self) -> int:
         """Width of the attention output (input of the output projection)."""
@@ -226,6 +257,11 @@ class ModelSpec(_Optional):
         if self.linear_bias:
             p += f * (2 if self.ffn_gated else 1) + d
         return p
+
+    @property
+    def dense_ffn_whole(self) -> int:
+        """Dense FFN weights every tensor-parallel rank holds whole: the down projection's bias."""
+        return self.hidden_size * self.linear_bias if self.ffn_size else 0
 
     @property
     def expert_params(self) -> int:

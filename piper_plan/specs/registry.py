@@ -217,6 +217,28 @@ def _base_file(path: Path, ref: str, kind: str) -> Path | None:
     return local if _suffix(local) in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
 
 
+def spec_files(ref: str, kind: str) -> list[Path]:
+    """The files loading `ref` (a bundled name or a path) of `kind` reads: the spec and each
+    `base:` under it; [] where `ref` names none (loading it reports why). An output must not
+    land on any of them (files.check_outputs)."""
+    try:
+        path = _resolve(ref, kind)
+    except SpecError:
+        return []
+    out = [path]
+    while _suffix(path) in (".yaml", ".yml") and len(out) < 32:  # 32: a cycle of bases (load refuses it)
+        try:
+            data = read_yaml(path)
+        except SpecError:
+            break
+        ref = data.get("base") if isinstance(data, dict) else None
+        path = _base_file(path, ref, kind) if isinstance(ref, str) and ref else None
+        if path is None:
+            break
+        out.append(path)
+    return out
+
+
 def is_hardware_spec(path: Path) -> bool:
     """A YAML spec is hardware where it holds an accelerator or is a variant (`base:`) of one."""
     data, seen = read_yaml(path), set()
