@@ -235,6 +235,48 @@ def test_a_plan_whose_ranks_outgrow_this_hosts_memory_is_refused_before_any_rank
                     "2 local ranks of 1000000.00 GiB each", "GiB available")
 
 
+def _limited(args, bytes_per_file: int):
+    """piper-train with `args` where no process may write a file past `bytes_per_file` (ulimit -f)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (bytes_per_file, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    return subprocess.run(_cmd("piper-train", "piper_runtime.launch") + args, capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=limit)
+
+
+def test_a_metrics_write_that_fails_leaves_whole_records_that_the_next_run_appends_to(tmp_path):
+    """A file-size limit (or a full disk) mid-run: the failed write left part of a record, the next
+    run's first record was glued to it, and `piper-plan search --routing` refused the file
+    ("line 16: expected one JSON object per line")."""
+    from piper_plan.cost.migration import load_histogram
+
+    plan, m = _write(tmp_path), tmp_path / "m.jsonl"
+    r = _limited(["--plan", str(plan), "--steps", "40", "--metrics", str(m), "--log-every", "0"], 20 * 1024)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {m}: --metrics: cannot write a record (File too large)"
+    assert m.read_bytes().endswith(b"\n") and all(isinstance(x, dict) for x in _records(m)), m.read_bytes()[-200:]
+    again = _run(["--plan", str(plan), "--steps", "2", "--metrics", str(m), "--log-every", "0"])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _records(m)[-1]["summary"] and load_histogram(m).sum() > 0
+
+
+def test_a_record_a_killed_run_left_half_written_is_dropped_before_the_next_run_appends(tmp_path):
+    """A run killed inside a write leaves a last line without its newline: the next run's records
+    start on a line of their own, and the half record (never a record) goes; a whole last record
+    that lacks only its newline stays."""
+    from piper_runtime.metrics import open_records
+
+    half, whole = tmp_path / "half.jsonl", tmp_path / "whole.jsonl"
+    half.write_text('{"step": 0, "loss": 6.2}\n{"step": 1, "lo')
+    whole.write_text('{"step": 0, "loss": 6.2}\n{"step": 1, "loss": 6.1}')
+    for f in (half, whole):
+        with open_records(f) as fh:
+            fh.write(b'{"step": 2, "loss": 6.0}\n')
+    assert [r["step"] for r in _records(half)] == [0, 2]
+    assert [r["step"] for r in _records(whole)] == [0, 1, 2]
+
+
 def test_a_failed_checkpoint_write_is_named_by_its_os_error_wherever_dcp_nests_it():
     """DCP gathers each rank's failure into a CheckpointException, and a later phase can gather those
     again; a writer may re-raise ENOSPC as a RuntimeError. The disk test below read
