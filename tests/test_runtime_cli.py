@@ -312,6 +312,18 @@ def test_a_checkpoint_write_whose_os_error_was_lost_is_named_by_the_space_left(t
     assert _space_left(tmp_path, 1) is None  # a disk with room: the failure was something else
 
 
+def test_a_checkpoint_past_the_file_size_limit_is_named_by_it(tmp_path):
+    """ulimit -f below a rank's checkpoint file: torch.save's short write loses the EFBIG on the way
+    (as it does a full disk's ENOSPC), and the one line said only "(CheckpointException)"."""
+    plan, ck = _write(tmp_path), tmp_path / "ck"
+    r = _limited(["--plan", str(plan), "--steps", "1", "--checkpoint", str(ck), "--log-every", "0"], 2**20)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, lines[:5]
+    assert lines[0].startswith(f"error: {ck}: cannot write checkpoint step 1 (File too large: files may hold 1.0 MiB "
+                               "here (ulimit -f)"), lines
+    assert not list(ck.glob(".step_*")) and not (ck / "latest").exists()
+
+
 def test_a_checkpoint_the_disk_cannot_hold_is_one_line_and_keeps_the_previous_one(tmp_path):
     """A full file system mid-run: DeepCheckpoint's exception (every rank's traceback, 466 lines in
     an audit) becomes one line naming the folder and the reason, and the last good checkpoint and
