@@ -135,10 +135,9 @@ def test_a_step_a_resumed_run_wrote_again_is_counted_once(tmp_path):
     # a run killed after step 2's record but before its checkpoint (at 2 steps) has no summary;
     # --resume writes step 2 again: its counts had been summed twice
     f = tmp_path / "m.jsonl"
-    recs = [{"step": 0, "tokens_per_expert": {"1": [3, 1, 0, 0]}}, {"step": 1, "tokens_per_expert": {"1": [5, 1, 2, 0]}},
-            {"step": 2, "tokens_per_expert": {"1": [9, 9, 9, 9]}},
-            {"step": 2, "tokens_per_expert": {"1": [0, 0, 4, 4]}}, {"step": 3, "tokens_per_expert": {"1": [1, 1, 1, 1]}},
-            {"summary": True}]
+    counts = [(0, [3, 1, 0, 0]), (1, [5, 1, 2, 0]), (2, [9, 9, 9, 9]),  # the crashed run
+              (2, [0, 0, 4, 4]), (3, [1, 1, 1, 1])]  # the resumed run, from its checkpoint at 2 steps
+    recs = [{"step": s, "tokens_per_expert": {"1": c}} for s, c in counts] + [{"summary": True}]
     f.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
     assert load_histogram(f, 4).tolist() == [[9, 3, 7, 5]]
 
