@@ -245,7 +245,8 @@ def _exit_with(launcher: int, every_s: float = 1.0) -> None:
 
 
 class RankFailed(RuntimeError):
-    """A rank crashed (not an input error); its traceback went to stderr."""
+    """A rank crashed or was killed (not an input error); a rank's own exception printed its
+    traceback to stderr."""
 
 
 def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1, grace_s: float = 5.0) -> list[list[dict]]:
