@@ -13,9 +13,11 @@ checkpoint whole and `latest` pointing at it. Across nodes DIR must be a shared 
 (as DCP's FileSystemWriter assumes)."""
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import resource
 import shutil
 from pathlib import Path
 from typing import Annotated, Optional
@@ -176,7 +178,8 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
     except (CheckpointException, OSError) as e:  # every rank raises (DCP gathers the failures)
         why = _first_os_error(e)
         if not _is_os_reason(why, e):  # the OSError was lost on the way (below): say what the disk says
-            why = _space_left(tmp, sum(v.numel() * v.element_size() for v in state.values())) or why
+            need = sum(v.numel() * v.element_size() for v in state.values())
+            why = _space_left(tmp, need) or _file_size_limit(tmp, need) or why
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # the previous checkpoint and `latest` stay as they were
         raise CheckpointError(f"{d}: cannot write checkpoint step {step} ({why}); the previous "
@@ -243,6 +246,24 @@ def _space_left(folder: Path, need: int) -> Optional[str]:
     if free >= need:
         return None
     return f"No space left on device: {free / 2**20:.1f} MiB free there, a rank's share is {need / 2**20:.1f} MiB"
+
+
+def _file_size_limit(folder: Path, need: int) -> Optional[str]:
+    """"File too large" with the limit, where this process may write files of at most
+    RLIMIT_FSIZE bytes (ulimit -f) and a file of this save stopped at it, or this rank's share
+    (`need` bytes, one file a rank) is past it; None otherwise. The write's EFBIG is lost as the
+    disk's ENOSPC is (_space_left)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        biggest = max((f.stat().st_size for f in folder.iterdir() if f.is_file()), default=0)
+    except OSError:
+        biggest = 0
+    if biggest < limit and need <= limit:
+        return None
+    return (f"{os.strerror(errno.EFBIG)}: files may hold {limit / 2**20:.1f} MiB here (ulimit -f), "
+            f"a rank's share is {need / 2**20:.1f} MiB")
 
 
 def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk]) -> int:

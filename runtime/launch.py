@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -148,9 +149,9 @@ def run_rank(rank: int, world: int, plan: Plan, cfg, store_path: Optional[str], 
 def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_path: str, tmp: str,
              threads: int, launcher: int, sigint_ignored: bool = False) -> None:
     """Entry point of a spawned rank: runs each (plan, config) job in turn on one process
-    group. PiperError -> error file + exit 2; a collective that timed out -> one line + exit 1;
-    anything else -> traceback + exit 1 (torch multiprocessing then stops the other ranks, so
-    nobody waits for a dead peer)."""
+    group. PiperError -> error file + exit 2; a collective that timed out, or a peer's connection
+    lost -> a one-line record (.timeout, .lost) + exit 1; anything else -> traceback, .crash record
+    + exit 1 (spawn_jobs then stops the other ranks, so nobody waits for a dead peer)."""
     import torch.distributed as dist
 
     from .train import train
@@ -180,13 +181,19 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
     except BaseException as e:
         if isinstance(e, SystemExit):
             raise
-        if _timed_out(e):  # a peer stopped or hung: every survivor's traceback would say only that
-            Path(tmp, "err", f"rank{rank:05d}.crash").write_text(
+        # a peer stopped, hung or died: every survivor's traceback would say only that, and bury the
+        # failing rank's own (spawn_jobs reports the cause ahead of these records)
+        if _timed_out(e):
+            Path(tmp, "err", f"rank{rank:05d}.timeout").write_text(
                 f"rank {rank}: no reply from a peer within --timeout {jobs_json[0][1].timeout_s:g} s (a rank "
                 f"stopped or hung): {error_line(e)}")
             sys.exit(1)
+        if _lost_peer(e):
+            Path(tmp, "err", f"rank{rank:05d}.lost").write_text(
+                f"rank {rank}: lost the connection to a peer (a rank exited or was killed): {error_line(e)}")
+            sys.exit(1)
         traceback.print_exc()
-        Path(tmp, "err", f"rank{rank:05d}.crash").write_text(error_line(e))
+        Path(tmp, "err", f"rank{rank:05d}.crash").write_text(f"rank {rank}: {error_line(e)}")
         sys.exit(1)
 
 
@@ -199,6 +206,24 @@ def _timed_out(e: BaseException) -> bool:
         seen.add(id(e))
         text = str(e).lower()
         if isinstance(e, (RuntimeError, TimeoutError)) and ("timed out" in text or "operation timeout" in text):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+# gloo's words (transport/tcp/pair.cc) for a peer whose process is gone: "Connection closed by
+# peer", "Read error ...: Connection reset by peer", "Write error ...: Broken pipe"
+_LOST_PEER = ("closed by peer", "reset by peer", "read error", "write error", "broken pipe")
+
+
+def _lost_peer(e: BaseException) -> bool:
+    """Whether `e`, or what it was raised from, is a collective or transfer failing because a
+    peer's connection closed (the peer exited, crashed or was killed)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).lower()
+        if isinstance(e, (RuntimeError, ConnectionError)) and any(w in text for w in _LOST_PEER):
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -220,18 +245,16 @@ def _exit_with(launcher: int, every_s: float = 1.0) -> None:
 
 
 class RankFailed(RuntimeError):
-    """A rank crashed (not an input error); its traceback went to stderr."""
+    """A rank crashed or was killed (not an input error); a rank's own exception printed its
+    traceback to stderr."""
 
 
-def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[dict]]:
+def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1, grace_s: float = 5.0) -> list[list[dict]]:
     """Run (plan, TrainConfig) jobs one after another on the same plan.layout.gpus local
     processes (one process start for several runs: tests and benchmarks). Returns rank 0's
-    per-step records of each job. Raises PiperError (a rank's input error) or RankFailed."""
-    import torch.multiprocessing as mp
-
-    # torch logs a warning per peer it stops after one rank fails; the failure itself is reported
-    # below as one line, so those lines would only bury it
-    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    per-step records of each job. Raises PiperError (a rank's input error) or RankFailed naming
+    the rank that failed. Once one fails, the others get `grace_s` after SIGTERM, then SIGKILL
+    (torch's join waits 30 s: a frozen rank held the job that long past the timeout)."""
     n = jobs[0][0].layout.gpus
     if any(p.layout.gpus != n for p, _ in jobs):
         raise ValueError("all jobs of one spawn need the same world size")
@@ -242,31 +265,84 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1) -> list[list[d
         ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads, os.getpid(), ignored), n)
         try:
-            while not ctx.join():
-                pass
+            failed = _failed(ctx.processes)
         except KeyboardInterrupt:  # the ranks are the forkserver's children: stop them before leaving
-            _stop(ctx.processes)
+            _stop(ctx.processes, grace_s)
             raise
-        except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
+        if failed:
+            sent = _stop(ctx.processes, grace_s)
             errs = sorted(Path(tmp, "err").glob("*.err"))
             if errs:
                 raise PiperError(errs[0].read_text().strip()) from None
-            crashes = sorted(Path(tmp, "err").glob("*.crash"))
-            raise RankFailed(crashes[0].read_text().strip() if crashes else error_line(e)) from None
+            raise RankFailed(_cause(Path(tmp, "err"), ctx.processes, sent, ctx.error_files))
         return [json.loads(Path(tmp, f"job{j:04d}.json").read_text()) for j in range(len(jobs))]
 
 
-def _stop(procs, grace_s: float = 5.0) -> None:
-    """Terminate the ranks still running (SIGTERM, then SIGKILL after grace_s) and reap them."""
-    for p in procs:
+def _failed(procs) -> bool:
+    """Wait for the ranks until every one exited 0 (False) or one failed (True, at once)."""
+    from multiprocessing.connection import wait
+
+    left = {p.sentinel: i for i, p in enumerate(procs)}
+    while left:
+        for s in wait(list(left)):
+            p = procs[left.pop(s)]
+            p.join()
+            if p.exitcode:
+                return True
+    return False
+
+
+def _cause(errs: Path, procs, sent: dict[int, set[int]], error_files: list) -> str:
+    """One line naming the rank that failed, ahead of the ranks that only lost it: a rank's own
+    exception (its .crash record, or the traceback torch kept where our handler never ran), a rank
+    ended by a signal _stop did not send it, a peer that stopped answering (.timeout), a lost
+    connection (.lost)."""
+    def first(suffix: str) -> Optional[str]:
+        found = sorted(errs.glob(f"*.{suffix}"))
+        return found[0].read_text().strip() if found else None
+
+    codes = {i: p.exitcode for i, p in enumerate(procs)}
+    for i, code in codes.items():  # raised before _spawned's handler (torch's wrapper kept the trace)
+        if code and code > 0 and error_files[i] and os.access(error_files[i], os.R_OK):
+            with open(error_files[i], "rb") as fh:
+                trace = [ln.strip() for ln in pickle.load(fh).splitlines() if ln.strip()]
+            return f"rank {i}: {trace[-1] if trace else 'failed'}"
+    if (crash := first("crash")) is not None:
+        return crash
+    for i, code in codes.items():
+        if code and code < 0 and -code not in sent.get(i, ()):  # killed from outside (a user, the OOM killer)
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"rank {i}: process terminated with signal {name}"
+    for suffix in ("timeout", "lost"):
+        if (rec := first(suffix)) is not None:
+            return rec
+    i, code = next((i, c) for i, c in codes.items() if c)
+    return f"rank {i}: process exited with code {code}"
+
+
+def _stop(procs, grace_s: float = 5.0) -> dict[int, set[int]]:
+    """Terminate the ranks still running (SIGTERM, then SIGKILL after grace_s) and reap them.
+    Returns the signals sent to each rank (a rank's death by another is not ours)."""
+    sent: dict[int, set[int]] = {}
+    for i, p in enumerate(procs):
         if p.is_alive():
             p.terminate()
+            sent[i] = {signal.SIGTERM}
+            try:  # a rank frozen by SIGSTOP (a debugger, kill -STOP) would act on SIGTERM only after grace_s
+                os.kill(p.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
     end = time.monotonic() + grace_s
-    for p in procs:
+    for i, p in enumerate(procs):
         p.join(max(0.0, end - time.monotonic()))
         if p.is_alive():
             p.kill()
+            sent.setdefault(i, set()).add(signal.SIGKILL)
             p.join()
+    return sent
 
 
 # the CPUs this process may run on (a container's or taskset's share, not the machine's)

@@ -14,7 +14,9 @@ the plan's peak_memory_gib, which also counts hardware.memory_overhead_gib) besi
 plan.predicted, with measured/predicted ratios. `saved_tensor_bytes` counts what a forward saves for backward."""
 from __future__ import annotations
 
+import errno
 import json
+import os
 import resource
 import statistics
 import sys
@@ -165,18 +167,29 @@ class Reporter:
             self.console = Console(soft_wrap=True, markup=False)  # one record per line, never wrapped
             if self.path:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.path, "a")
+                self._fh = open_records(self.path)
             if self.console.is_terminal and log_every > 0:
                 from rich.live import Live
                 self.live = Live(console=self.console, refresh_per_second=4)
                 self.live.start()
 
     def _write(self, line: str) -> None:
-        """Append one record and flush it (a full disk is the run's one-line error, not a trace)."""
+        """Append one record whole or not at all (a full disk, a file-size limit: the run's one-line
+        error, not a trace). Part of a record left behind would glue the next run's first record
+        to it, and readers (`piper-plan search --routing`) refuse the file at that line."""
+        fd, data = self._fh.fileno(), memoryview(line.encode())
+        start = os.fstat(fd).st_size  # where an appended record lands
         try:
-            self._fh.write(line)
-            self._fh.flush()
+            while data:
+                n = self._fh.write(data)  # unbuffered: a write may take part of it
+                if not n:
+                    raise OSError(errno.EIO, "the file took none of a record")
+                data = data[n:]
         except OSError as e:
+            try:
+                os.ftruncate(fd, start)
+            except OSError:
+                pass
             raise PiperError(f"{self.path}: --metrics: cannot write a record ({e.strerror or e})") from None
 
     def step(self, step: int, stats: dict) -> Optional[dict]:
@@ -285,6 +298,38 @@ class Reporter:
             self.console.print(f"step time: measured {meas * 1e3:.1f} ms; the plan has no prediction "
                                f"(plan.predicted is empty)", highlight=False)
         return summary
+
+
+def open_records(path: Path):
+    """`path` opened to append JSONL records (unbuffered, binary), its end made a record's first:
+    a last line without its newline is a record a killed or failed run was writing when it
+    stopped. It is dropped where it does not parse (it was never a whole record, and a reader
+    would stop at it) and ended with its newline where it does (a file only missing that)."""
+    try:
+        fh = open(path, "ab", buffering=0)
+        size = os.fstat(fh.fileno()).st_size
+        if size:
+            with open(path, "rb") as f:
+                at, tail = size, b""
+                while at > 0 and b"\n" not in tail:  # back to the last newline, a block at a time
+                    step = min(at, 1 << 16)
+                    at -= step
+                    f.seek(at)
+                    tail = f.read(step) + tail
+            if not tail.endswith(b"\n"):
+                cut = tail.rfind(b"\n") + 1
+                try:
+                    json.loads(tail[cut:])
+                    whole = True
+                except (ValueError, RecursionError):
+                    whole = False
+                if whole:
+                    fh.write(b"\n")
+                else:
+                    os.ftruncate(fh.fileno(), at + cut)
+        return fh
+    except OSError as e:
+        raise PiperError(f"{path}: --metrics: cannot append to it ({e.strerror or e})") from None
 
 
 def _routing_words(plan: Plan) -> str:

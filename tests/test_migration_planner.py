@@ -131,6 +131,17 @@ def test_a_metrics_file_holding_several_runs_gives_the_last_runs_histogram(tmp_p
     assert load_histogram(f, 4).tolist() == [[3, 1, 0, 0]]
 
 
+def test_a_step_a_resumed_run_wrote_again_is_counted_once(tmp_path):
+    # a run killed after step 2's record but before its checkpoint (at 2 steps) has no summary;
+    # --resume writes step 2 again: its counts had been summed twice
+    f = tmp_path / "m.jsonl"
+    counts = [(0, [3, 1, 0, 0]), (1, [5, 1, 2, 0]), (2, [9, 9, 9, 9]),  # the crashed run
+              (2, [0, 0, 4, 4]), (3, [1, 1, 1, 1])]  # the resumed run, from its checkpoint at 2 steps
+    recs = [{"step": s, "tokens_per_expert": {"1": c}} for s, c in counts] + [{"summary": True}]
+    f.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert load_histogram(f, 4).tolist() == [[9, 3, 7, 5]]
+
+
 def test_migration_cost_model():
     # bf16 weights + bf16 grads + fp32 master + Adam = brief §4's 16 B/param
     assert float(bytes_per_param(2, 2, 0, 1)) == 16.0

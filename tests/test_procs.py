@@ -53,3 +53,17 @@ def test_a_timed_out_collective_is_recognised_in_gloo_s_words_and_nccl_s():
         wrapped = e
     assert _timed_out(gloo) and _timed_out(nccl) and _timed_out(wrapped)
     assert not _timed_out(RuntimeError("CUDA out of memory")) and not _timed_out(ValueError("timed out"))
+
+
+def test_a_lost_peer_is_recognised_in_gloo_s_words():
+    from piper_runtime.launch import _lost_peer, _timed_out
+
+    closed = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:32171. "
+                          "This is typically caused by a remote worker crashing.")
+    reset = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:63132: Connection reset by peer")
+    try:
+        raise RuntimeError("\n [Stage 0] failed to run forward") from closed  # torch's pipelining wraps it
+    except RuntimeError as e:
+        wrapped = e
+    assert _lost_peer(closed) and _lost_peer(reset) and _lost_peer(wrapped) and not _timed_out(closed)
+    assert not _lost_peer(RuntimeError("CUDA out of memory")) and not _lost_peer(ValueError("reset by peer"))

@@ -235,6 +235,48 @@ def test_a_plan_whose_ranks_outgrow_this_hosts_memory_is_refused_before_any_rank
                     "2 local ranks of 1000000.00 GiB each", "GiB available")
 
 
+def _limited(args, bytes_per_file: int):
+    """piper-train with `args` where no process may write a file past `bytes_per_file` (ulimit -f)."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (bytes_per_file, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    return subprocess.run(_cmd("piper-train", "piper_runtime.launch") + args, capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=limit)
+
+
+def test_a_metrics_write_that_fails_leaves_whole_records_that_the_next_run_appends_to(tmp_path):
+    """A file-size limit (or a full disk) mid-run: the failed write left part of a record, the next
+    run's first record was glued to it, and `piper-plan search --routing` refused the file
+    ("line 16: expected one JSON object per line")."""
+    from piper_plan.cost.migration import load_histogram
+
+    plan, m = _write(tmp_path), tmp_path / "m.jsonl"
+    r = _limited(["--plan", str(plan), "--steps", "40", "--metrics", str(m), "--log-every", "0"], 20 * 1024)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {m}: --metrics: cannot write a record (File too large)"
+    assert m.read_bytes().endswith(b"\n") and all(isinstance(x, dict) for x in _records(m)), m.read_bytes()[-200:]
+    again = _run(["--plan", str(plan), "--steps", "2", "--metrics", str(m), "--log-every", "0"])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert _records(m)[-1]["summary"] and load_histogram(m).sum() > 0
+
+
+def test_a_record_a_killed_run_left_half_written_is_dropped_before_the_next_run_appends(tmp_path):
+    """A run killed inside a write leaves a last line without its newline: the next run's records
+    start on a line of their own, and the half record (never a record) goes; a whole last record
+    that lacks only its newline stays."""
+    from piper_runtime.metrics import open_records
+
+    half, whole = tmp_path / "half.jsonl", tmp_path / "whole.jsonl"
+    half.write_text('{"step": 0, "loss": 6.2}\n{"step": 1, "lo')
+    whole.write_text('{"step": 0, "loss": 6.2}\n{"step": 1, "loss": 6.1}')
+    for f in (half, whole):
+        with open_records(f) as fh:
+            fh.write(b'{"step": 2, "loss": 6.0}\n')
+    assert [r["step"] for r in _records(half)] == [0, 2]
+    assert [r["step"] for r in _records(whole)] == [0, 1, 2]
+
+
 def test_a_failed_checkpoint_write_is_named_by_its_os_error_wherever_dcp_nests_it():
     """DCP gathers each rank's failure into a CheckpointException, and a later phase can gather those
     again; a writer may re-raise ENOSPC as a RuntimeError. The disk test below read
@@ -268,6 +310,18 @@ def test_a_checkpoint_write_whose_os_error_was_lost_is_named_by_the_space_left(t
     free = shutil.disk_usage(tmp_path).free
     assert _space_left(tmp_path / ".step_00000002.tmp", free * 2).startswith("No space left on device: ")
     assert _space_left(tmp_path, 1) is None  # a disk with room: the failure was something else
+
+
+def test_a_checkpoint_past_the_file_size_limit_is_named_by_it(tmp_path):
+    """ulimit -f below a rank's checkpoint file: torch.save's short write loses the EFBIG on the way
+    (as it does a full disk's ENOSPC), and the one line said only "(CheckpointException)"."""
+    plan, ck = _write(tmp_path), tmp_path / "ck"
+    r = _limited(["--plan", str(plan), "--steps", "1", "--checkpoint", str(ck), "--log-every", "0"], 2**20)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, lines[:5]
+    assert lines[0].startswith(f"error: {ck}: cannot write checkpoint step 1 (File too large: files may hold 1.0 MiB "
+                               "here (ulimit -f)"), lines
+    assert not list(ck.glob(".step_*")) and not (ck / "latest").exists()
 
 
 def test_a_checkpoint_the_disk_cannot_hold_is_one_line_and_keeps_the_previous_one(tmp_path):
@@ -382,28 +436,120 @@ def _training(plan, metrics, timeout_s, sigint) -> subprocess.Popen:
     return r
 
 
+def _ranks(r: subprocess.Popen) -> list[int]:
+    """The ranks of the run `r` started (its forkserver's children), oldest first."""
+    group = _live(r.pid)
+    ranks = sorted(p for p in group if _ppid(_ppid(p)) == r.pid)
+    assert len(ranks) == 2, (group, r.poll())
+    return ranks
+
+
+def _finish(r: subprocess.Popen) -> tuple[str, str]:
+    """Let a launcher held by SIGSTOP go once every rank of its run has exited, and wait for it:
+    the survivors then always lose their peer and write their records before the launcher looks."""
+    def held() -> bool:
+        try:
+            stopped = Path(f"/proc/{r.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        except (OSError, IndexError):
+            return False
+        return stopped and not any(_ppid(_ppid(p)) == r.pid for p in _live(r.pid))
+
+    end = time.monotonic() + 60
+    while not held() and time.monotonic() < end:
+        time.sleep(0.2)
+    os.kill(r.pid, signal.SIGCONT)
+    return r.communicate(timeout=60)
+
+
+def _kill_all(r: subprocess.Popen) -> None:
+    if r.poll() is None:
+        os.kill(r.pid, signal.SIGCONT)
+        os.killpg(r.pid, signal.SIGKILL)
+        r.communicate(timeout=30)
+    else:
+        for p in _live(r.pid):
+            os.kill(p, signal.SIGKILL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")
-def test_a_rank_that_stops_answering_is_one_line_after_the_timeout(tmp_path):
+def test_a_rank_that_stops_answering_is_one_line_soon_after_the_timeout(tmp_path):
     # every surviving rank had printed its traceback and torch's pipelining its whole action
-    # table, 268 lines on 4 ranks before the one that said what happened
+    # table, 268 lines on 4 ranks before the one that said what happened; and torch's join gave
+    # the frozen rank 30 s to act on a SIGTERM it could not see before it sent SIGKILL
     metrics = tmp_path / "m.jsonl"
     r = _training(_write(tmp_path, pp=2, dp=1, ep=1), metrics, 5, signal.SIG_DFL)
     try:
-        group = _live(r.pid)
-        ranks = [p for p in group if _ppid(_ppid(p)) == r.pid]  # the launcher's forkserver's children
-        assert len(ranks) == 2, (group, r.poll())
+        ranks = _ranks(r)
         os.kill(ranks[-1], signal.SIGSTOP)
+        t0 = time.monotonic()
         out, err = r.communicate(timeout=120)
+        took = time.monotonic() - t0
     finally:
-        if r.poll() is None:
-            os.killpg(r.pid, signal.SIGKILL)
-        else:
-            for p in _live(r.pid):
-                os.kill(p, signal.SIGKILL)
+        _kill_all(r)
     lines = err.strip().splitlines()
     assert r.returncode == 1 and "Traceback" not in err, err[-3000:]
     assert len(lines) <= 3, lines  # one line a surviving rank naming the failed action, then the launcher's
     assert re.match(r"error: a rank failed: rank \d: no reply from a peer within --timeout 5 s", lines[-1]), lines
+    assert took < 5 + 15, f"the run ended {took:.0f} s after a rank froze, its collective timeout is 5 s"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")
+def test_a_rank_killed_mid_run_is_named_in_one_line_not_a_survivor_that_lost_it(tmp_path):
+    """SIGKILL to one rank (the OOM killer, a user): each survivor printed the traceback of its lost
+    connection ("Connection closed by peer"), and the one line blamed a survivor's RuntimeError
+    where the survivors wrote theirs before the launcher saw the death (3 runs in 8 in a review).
+    The launcher is held here until every rank has exited, so the survivors always write first."""
+    r = _training(_write(tmp_path), tmp_path / "m.jsonl", 30, signal.SIG_DFL)
+    try:
+        ranks = _ranks(r)
+        os.kill(r.pid, signal.SIGSTOP)
+        os.kill(ranks[-1], signal.SIGKILL)
+        out, err = _finish(r)
+    finally:
+        _kill_all(r)
+    assert r.returncode == 1 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+    assert re.fullmatch(r"error: a rank failed: rank \d: process terminated with signal SIGKILL", err.strip()), err
+
+
+# a rank's optimizer fails at its 3rd step, after holding the launcher (SIGSTOP): the forkserver's parent
+_FAIL_A_RANK = """
+import os, signal
+if os.environ.get("PIPER_TEST_FAIL_RANK"):
+    import torch.distributed as dist
+    import piper_runtime.optim as optim
+
+    step, calls = optim.DistOptimizer.step, []
+
+    def failing(self):
+        calls.append(1)
+        if dist.get_rank() == int(os.environ["PIPER_TEST_FAIL_RANK"]) and len(calls) == 3:
+            stat = open(f"/proc/{os.getppid()}/stat").read()
+            os.kill(int(stat.rsplit(")", 1)[1].split()[1]), signal.SIGSTOP)
+            raise ValueError("injected failure")
+        return step(self)
+
+    optim.DistOptimizer.step = failing
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")
+def test_a_rank_that_raises_is_named_with_its_error_not_a_survivor_that_lost_it(tmp_path, monkeypatch):
+    """An exception on rank 1: rank 0, which lost its peer, printed its traceback too and the one
+    line blamed its "Connection closed by peer" (the lowest-numbered rank's record won). Now the
+    failing rank's traceback is the only one and the line names that rank and its error."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_FAIL_A_RANK)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(inject), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PIPER_TEST_FAIL_RANK", "1")
+    r = _training(_write(tmp_path), tmp_path / "m.jsonl", 30, signal.SIG_DFL)
+    try:
+        out, err = _finish(r)
+    finally:
+        _kill_all(r)
+    lines = err.strip().splitlines()
+    assert r.returncode == 1 and err.count("Traceback") == 1 and "by peer" not in err, err[-3000:]
+    assert lines[-1] == "error: a rank failed: rank 1: ValueError: injected failure", lines
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process groups from /proc")

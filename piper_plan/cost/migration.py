@@ -148,8 +148,12 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
     """Routed tokens per expert [MoE layers, E] summed over the steps of a piper-train
     metrics JSONL (`tokens_per_expert`: {layer: [E counts]} per step record), of its last run:
     piper-train appends each run to the file and ends it with a summary record, and the runs
-    before may have trained another plan or model (metrics_model reads the last one's too)."""
-    rows: dict[str, np.ndarray] = {}
+    before may have trained another plan or model (metrics_model reads the last one's too).
+    A run stopped before its summary and resumed from its checkpoint wrote again the steps past
+    that checkpoint: a step's record supersedes those of the same and later steps before it."""
+    steps: dict = {}  # step -> {layer: counts}, of the run being read
+    width = None  # experts a row (the first row's, or num_experts)
+    last = -1  # the run's last step number read
     ended = False  # a summary record closed the run the rows hold
     for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
@@ -165,12 +169,21 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
         if not tpe:
             continue
         if ended:  # the first step of a later run
-            rows, ended = {}, False
+            steps, width, last, ended = {}, None, -1, False
         if not isinstance(tpe, (dict, list)):
             raise SpecError(str(path), f"line {n}: tokens_per_expert", "expected {layer: [counts]} or a list of lists")
+        step = rec.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            if step <= last:  # redone by a resumed run (steps rise otherwise: no scan a record)
+                for s in [s for s in steps if isinstance(s, int) and s >= step]:
+                    del steps[s]
+            last = step
+        else:
+            step = ("line", n)  # a record without its step number stands alone
+        rows = steps[step] = {}
         items = tpe.items() if isinstance(tpe, dict) else enumerate(tpe if tpe and isinstance(tpe[0], list) else [tpe])
         for layer, counts in items:
-            want = num_experts or (len(next(iter(rows.values()))) if rows else None)
+            want = num_experts or width
             where = f"line {n}: tokens_per_expert[{layer}]"
             try:
                 c = np.asarray(counts, dtype=float)
@@ -183,7 +196,12 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
             key = str(layer)
             if not key.isdigit():
                 raise SpecError(str(path), where, "expected a layer index as the key")
+            width = width or len(c)
             rows[key] = rows[key] + c if key in rows else c
-    if not rows:
+    total: dict[str, np.ndarray] = {}
+    for rows in steps.values():
+        for key, c in rows.items():
+            total[key] = total[key] + c if key in total else c
+    if not total:
         raise SpecError(str(path), "tokens_per_expert", "no step record carries tokens_per_expert")
-    return np.stack([rows[k] for k in sorted(rows, key=int)])
+    return np.stack([total[k] for k in sorted(total, key=int)])
