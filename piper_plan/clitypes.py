@@ -41,6 +41,10 @@ def one_line_errors(fn):
         except PiperError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
+        except MemoryError:  # numpy's too: a search space whose columns outgrow the host's memory
+            click.echo("error: out of memory: the layouts asked for do not fit this host's memory; narrow the "
+                       "space (--schedules, --etp, --cp, --a2a lists, a smaller --global-batch)", err=True)
+            sys.exit(1)
 
     return wrapper
 

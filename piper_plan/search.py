@@ -11,9 +11,10 @@ from typing import Optional
 import numpy as np
 
 from .cost import comm
-from .cost.batch import EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, off_bits, rc_bits, replace_cols
+from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, off_bits, rc_bits,
+                         replace_cols)
 from .cost.estimate import Estimate, Routing, evaluate
-from .cost.memory import state_lower_bound_gib
+from .cost.memory import GIB, state_lower_bound_gib
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
                      offload_limit, recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
@@ -42,6 +43,7 @@ def round_batch(global_batch: int, gpus: int) -> int:
 VPP_INTERLEAVED = (2, 3, 4, 5, 6, 8)  # Megatron-Bridge recipes run 3, 5, 6 and 8 too
 OBJECTIVES = ("throughput", "mfu", "memory")
 STATE_BOUND = "parameter + optimizer state alone exceed device memory (bound)"
+LOGITS_BOUND = "a micro-batch's LM-head logits alone exceed device memory (bound)"
 
 
 @dataclass
@@ -183,9 +185,9 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     N = sp.gpus
     rejected: dict[str, int] = {}
     E = m.moe.num_experts if m.moe else 1
-    # tp up to the scale-up domain a job fills (a node; 64 GPUs of an NVL72 rack), not the tray of 4:
-    # the larger degrees are enumerated and refused by a counted rule below, as are those that do
-    # not split the heads
+    # tp inside the scale-up domain a job fills (a node; 64 GPUs of an NVL72 rack), not the tray of 4:
+    # a divisor of it, so no tp group straddles two domains. The other degrees are enumerated and
+    # refused by a counted rule below, as are those that do not split the heads
     domain = N if sp.tps else min(N, hw.job_blocks[hw.scaleup_level])
     tps = [t for t in (sp.tps or _divisors(N)) if N % t == 0]
     # (tp, cp, pp, dp, ep, etp) tuples
@@ -236,6 +238,18 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
     pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
     mb = np.array(sp.mbs or mbs_choices(sp.global_batch))
+    # a bound before the grid is built: the rank with the LM head keeps at least one micro-batch's
+    # fp32 logits and their gradient (rank_memory._logits), so a micro-batch whose logits alone
+    # overflow the device fits on no layout; sizes over it for every (tp, cp) are not crossed at all
+    avail = (hw.accelerator.memory_gib - (headroom_gib or 0.0)) * GIB
+    per_seq = sp.seq * m.vocab_size * (1 + m.mtp_layers) * (4.0 + DTYPE_BYTES[sp.dtype])
+    widest = int((tri[:, 0] * tri[:, 1]).max())  # the most a sequence's logits are split
+    over_all = mb * per_seq / widest > avail
+    n_over = int(np.count_nonzero(over_all))  # counted as the layouts they would have made
+    n_over *= len(tri) * len(sched) * len(rc) * len(zs) * len(a2) * len(pl) * len(_offload_combos(sp))
+    mb = mb[~over_all]
+    if not len(mb):
+        return None, {LOGITS_BOUND: n_over}
     # Stage 1 crosses (tp, pp, ep) × schedule × micro-batch size and applies the rules that
     # depend on those alone; stage 2 crosses the survivors with recompute × ZeRO × a2a ×
     # placement. Stage-1 rejections count once per stage-2 combination, as in a full product.
@@ -258,10 +272,13 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
             rejected[name] = rejected.get(name, 0) + n
         keep &= ~bad
 
-    rule(f"tp beyond the scale-up domain ({domain} GPUs): every layer's collectives would cross the NICs",
-         tp > domain)
+    if n_over:
+        rejected[LOGITS_BOUND] = n_over
+    rule(LOGITS_BOUND, mbs * per_seq / (tp * cp) > avail)
+    rule(f"tp not a divisor of the scale-up domain ({domain} GPUs): a tp group's collectives on every layer "
+         "would cross the NICs", (tp > domain) | (domain % tp != 0))
     heads_ok = {t: tp_splits_heads(m.num_heads, m.kv_heads, t) for t in np.unique(tp).tolist()}
-    rule("tp splits neither the heads nor the kv heads (nor is a multiple of them)",
+    rule("tp does not divide the query heads, or neither divides nor is a multiple of the kv heads",
          ~np.vectorize(heads_ok.get, otypes=[bool])(tp))
     gbs = sp.global_batch
     rule("global batch not divisible by dp*mbs", gbs % (dp * mbs) != 0)
@@ -442,9 +459,9 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
     batch, rejected = enumerate_layouts(m, hw, sp, headroom_gib)
     n_all = 0 if batch is None else len(batch) + rejected.get(STATE_BOUND, 0)
-    if headroom_gib and STATE_BOUND in rejected:  # the bound is against the memory less the headroom
-        rejected[STATE_BOUND.replace(" (bound)", _less_headroom(hw, headroom_gib) + " (bound)")] = \
-            rejected.pop(STATE_BOUND)
+    for bound in (STATE_BOUND, LOGITS_BOUND):  # the bounds are against the memory less the headroom
+        if headroom_gib and bound in rejected:
+            rejected[bound.replace(" (bound)", _less_headroom(hw, headroom_gib) + " (bound)")] = rejected.pop(bound)
     if n_all == 0:
         return SearchResult(batch, None, np.array([], int), rejected, 0)
     if len(batch) == 0:

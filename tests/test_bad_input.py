@@ -755,6 +755,19 @@ def test_an_output_on_a_spec_s_base_or_a_bundled_spec_is_refused(tmp_path):
     assert spec_files("cpu-local", "hardware") == [REPO / "hardware" / "cpu-local.yaml"]
     assert [f.name for f in spec_files(str(tmp_path / "var.yaml"), "hardware")] == ["var.yaml", "base.yaml"]
     assert spec_files("no-such-machine", "hardware") == []
+    (tmp_path / "plain").write_text("base: base.yaml\nname: mine\n")  # a YAML spec whatever its name
+    assert [f.name for f in spec_files(str(tmp_path / "plain"), "hardware")] == ["plain", "base.yaml"]
+
+
+def test_a_search_space_that_outgrows_the_host_s_memory_is_one_line(monkeypatch):
+    import piper_plan.search as S
+
+    def full(*a, **k):
+        raise MemoryError("Unable to allocate 58.3 MiB")
+    monkeypatch.setattr(S, "enumerate_layouts", full)
+    code, out, _ = _run(["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4"])
+    lines = out.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: out of memory: the layouts asked for"), out
 
 
 def test_two_outputs_on_one_file_are_refused_before_the_sweep(tmp_path):

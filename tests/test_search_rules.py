@@ -167,7 +167,22 @@ def test_equal_throughput_ranks_the_layout_holding_less_memory_first():
     assert len(ties) and (mem[ties + 1] >= mem[ties]).all()
 
 
-def test_tensor_parallelism_beyond_the_scale_up_domain_is_a_counted_refusal():
-    res = search(MIXTRAL, H100, SearchSpace(gpus=64, global_batch=1024, seq=4096))
-    assert res.batch.tp.max() == 8
-    assert res.rejected["tp beyond the scale-up domain (8 GPUs): every layer's collectives would cross the NICs"] > 0
+def test_tensor_parallelism_that_would_straddle_scale_up_domains_is_a_counted_refusal():
+    # on 48 GPUs of 8-GPU nodes tp 6 (ranks 6-11 in two nodes), 12, 16, ... are refused, counted
+    m = load_model("gpt-175b")
+    res = search(m, load_hardware("dgx-a100-80gb"), SearchSpace(gpus=48, global_batch=1536, seq=2048))
+    assert set(res.batch.tp.tolist()) <= {1, 2, 4, 8}
+    assert res.rejected["tp not a divisor of the scale-up domain (8 GPUs): a tp group's collectives on every "
+                        "layer would cross the NICs"] > 0
+
+
+def test_a_micro_batch_whose_logits_alone_overflow_the_device_is_refused_by_a_bound_that_holds():
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import evaluate
+    from piper_plan.search import LOGITS_BOUND, enumerate_layouts
+    m, hw = load_model("deepseek-v3"), load_hardware("frontier")
+    batch, rejected = enumerate_layouts(m, hw, SearchSpace(gpus=64, global_batch=8192, seq=4096, pps=(8,), eps=(8,)))
+    assert rejected[LOGITS_BOUND] > 0 and batch.mbs.max() <= 160 and (batch.mbs[batch.tp == 1] <= 20).all()
+    # just over the bound at tp 8 (a sequence's logits are 3.2 GB / 8): the layout estimate prices overflows
+    lay = Layout(gpus=64, tp=8, pp=8, dp=1, ep=8, mbs=256, global_batch=8192, seq=4096, recompute="full")
+    assert not evaluate(m, hw, from_layouts([lay])).fits[0]

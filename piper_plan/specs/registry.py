@@ -226,8 +226,10 @@ def spec_files(ref: str, kind: str) -> list[Path]:
     except SpecError:
         return []
     out = [path]
-    while _suffix(path) in (".yaml", ".yml") and len(out) < 32:  # 32: a cycle of bases (load refuses it)
-        try:
+    while len(out) < 32:  # 32: a cycle of bases (load refuses it)
+        try:  # a YAML spec whatever its name ends in, as the loaders read it: not a Hugging Face config
+            if hf_config(path) is not None:
+                break
             data = read_yaml(path)
         except SpecError:
             break
