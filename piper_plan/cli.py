@@ -741,9 +741,9 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
         w = csv.DictWriter(buf, fieldnames=[*keys, *CSV_COLUMNS])  # the scenario, then its answer, as the table
         w.writeheader()
         w.writerows(rows)
-        atomic_write_text(csv_path, buf.getvalue())
+        atomic_write_text(csv_path, buf.getvalue(), "--csv")
     if json_path:
-        atomic_write_text(json_path, json.dumps(rows, indent=2))
+        atomic_write_text(json_path, json.dumps(rows, indent=2), "--json")
     if plot_path:
         plot(rows, list(vary_d), plot_path)
     if not any(r["fits"] for r in rows):  # as search: an answer with no plan in it is a failure to a script

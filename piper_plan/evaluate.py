@@ -31,9 +31,13 @@ def parse_routing(text: str | None) -> Routing:
             raise SpecError("--routing", "zipf", f"expected zipf:<s> with a finite s >= 0, got {text!r}")
         return Routing("zipf", z)
     p = Path(text)
-    if p.suffix == ".jsonl" and not p.is_file():
+    try:
+        is_file = p.is_file()
+    except OSError as e:  # a name stat() refuses (too long): one line, not a traceback
+        raise SpecError(text, "--routing", f"cannot read ({e.strerror or e})") from None
+    if p.suffix == ".jsonl" and not is_file:
         raise SpecError(text, "<file>", "no such metrics file")
-    if p.is_file():
+    if is_file:
         return Routing("histogram", histogram=_histogram_from_metrics(p))
     raise SpecError("--routing", "<value>", f"expected uniform, zipf[:s] or a metrics .jsonl file, got {text!r}")
 

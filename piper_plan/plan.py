@@ -101,8 +101,8 @@ def spec_hash(spec: BaseModel) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def write_plan(plan: Plan, path: str | os.PathLike) -> None:
-    atomic_write_text(path, plan.model_dump_json(indent=2) + "\n")
+def write_plan(plan: Plan, path: str | os.PathLike, what: str = "-o") -> None:
+    atomic_write_text(path, plan.model_dump_json(indent=2) + "\n", what)
 
 
 def read_plan(path: str | os.PathLike) -> Plan:

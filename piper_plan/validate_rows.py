@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 from difflib import SequenceMatcher
 from functools import lru_cache
@@ -367,7 +368,7 @@ def table_name(text: str) -> str:
     parenthesised remark, and, unless it is a file, lower case with spaces and underscores as
     '-' ("DeepSeek-V3 (no MTP)" -> deepseek-v3, "Mixtral 8x7B" -> mixtral-8x7b)."""
     name = text.split("(")[0].strip()
-    if Path(name).is_file():
+    if os.path.isfile(name):  # (not Path.is_file: a cell too long for a file name raises there)
         return name
     return re.sub(r"[\s_]+", "-", name.lower())
 
@@ -431,7 +432,7 @@ def _in_order(words: tuple[str, ...], within: tuple[str, ...]) -> bool:
 
 def _named(name: str, kind: str) -> str:
     """A table's name as the spec to load: a file or bundled name as it is, else bundled_as."""
-    if name in bundled_names(kind) or Path(name).is_file():
+    if name in bundled_names(kind) or os.path.isfile(name):
         return name
     return bundled_as(name, kind) or name
 
@@ -445,7 +446,7 @@ def missing_hardware(row: dict) -> str | None:
     name = table_name(row["hardware"])
     if row.get("hardware_spec") or "/" in name or name.endswith((".yaml", ".yml")):
         return None
-    if _named(name, "hardware") in bundled_names("hardware") or Path(name).is_file():
+    if _named(name, "hardware") in bundled_names("hardware") or os.path.isfile(name):
         return None
     return (f"no hardware spec: {row['hardware']!r} is none of the bundled systems "
             f"({', '.join(bundled_names('hardware'))});{_did_you_mean(name, 'hardware')} name a spec file in a "
@@ -546,7 +547,7 @@ def _base_name(name: str, row: dict) -> str | None:
     """The spec a row's model (table_name `name`, no model_spec) is built on: the bundled spec or
     file it names, else _template's; None where there is none (missing_model)."""
     base = _named(name, "models")
-    if base in bundled_names("models") or Path(base).is_file() or _path_like(base):
+    if base in bundled_names("models") or os.path.isfile(base) or _path_like(base):
         return base  # a path that is no file: load_model names it (row_model), not a model to leave unpriced
     return _template(name, row)
 

@@ -804,3 +804,64 @@ def test_a_plan_saved_with_a_byte_order_mark_reads_as_without(tmp_path, plan_doc
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps(plan_doc).encode())
     code, out, _ = _run(["show", str(p)])
     assert code == 0 and "plan: tiny-moe" in out, out
+
+
+# ---- file names the file system cannot hold, links that lead nowhere, write-time errors -------------
+LONG = "p" * 300 + ".json"  # past NAME_MAX (255 bytes): stat() itself raises ENAMETOOLONG
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["estimate", "-m", LONG, "-H", "cpu-local", "-n", "4"], "<file>: cannot read (File name too long)"),
+    (["estimate", "-m", "tiny-moe", "-H", LONG, "-n", "4"], "<file>: cannot read (File name too long)"),
+    ([*EST, "--ep", "2", "--routing", LONG], "--routing: cannot read (File name too long)"),
+    ([*SEARCH, "-o", LONG], "-o: cannot write (File name too long)"),
+    ([*SEARCH, "-o", LONG + "/plan.json"], "-o: cannot write (File name too long)"),
+    (["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8", "--csv", LONG],
+     "--csv: cannot write (File name too long)"),
+    (["validate", "--json", "-o", LONG], "-o: cannot write (File name too long)"),
+    (["calibrate", "--quick", "-o", "c" * 250 + ".yaml"], "-o (its .calibration.json): cannot write"),
+])
+def test_a_file_name_too_long_for_the_file_system_is_one_line(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    one_line(args, needle)
+
+
+@pytest.mark.parametrize("option", ["--metrics", "--checkpoint", "--data"])
+def test_a_piper_train_file_name_too_long_is_one_line(tmp_path, monkeypatch, plan_doc, option):
+    pytest.importorskip("torch")
+    from piper_runtime.launch import main as train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan_doc))
+    one_line(["--plan", "plan.json", "--steps", "1", option, LONG], f"{option}: cannot", "File name too long",
+             cmd=train)
+
+
+def test_an_output_name_of_255_bytes_is_written(tmp_path):
+    """A name NAME_MAX holds is written: the temp file beside it has a short fixed prefix (".{name}."
+    made one past 255 bytes, and the write failed after the search)."""
+    out = tmp_path / ("o" * 250 + ".json")
+    code, text, _ = _run([*SEARCH, "-o", str(out)])
+    assert code == 0, text
+    assert json.loads(out.read_text())["schema_version"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp file left behind
+
+
+def test_a_dangling_symlink_output_is_refused_before_the_work(tmp_path, monkeypatch):
+    """The write follows the link, so the folder of the file it names must exist; checked up front
+    (calibrate would otherwise measure for minutes and then lose the result)."""
+    link = tmp_path / "out.json"
+    link.symlink_to(tmp_path / "nonexistent" / "dir" / "x.json")
+    one_line([*SEARCH, "-o", str(link)], "-o: cannot write: no folder", "nonexistent")
+    one_line(["calibrate", "--quick", "-o", str(link)], "-o: cannot write: no folder")
+
+
+def test_a_write_that_fails_after_the_work_names_the_option(tmp_path):
+    """/dev/full passes every up-front check (a device, in a writable folder); the write's own error
+    names --csv, not <file>."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    code, out, r = _run(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8",
+                         "--csv", "/dev/full"])
+    assert code == 2 and isinstance(r.exception, SystemExit), out  # (the sweep's table comes first)
+    assert out.strip().splitlines()[-1].startswith("error: /dev/full: --csv: cannot write"), out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -51,9 +52,9 @@ def nearest_bundled(name: str, kind: str) -> str | None:
 
 
 def _bundled(ref: str, kind: str) -> Path | None:
-    """The bundled spec file of that name, if there is one."""
+    """The bundled spec file of that name, if there is one (a name too long for a file is none)."""
     q = bundled_dir(kind) / f"{ref}.yaml"
-    return q if q.is_file() else None
+    return q if os.path.isfile(q) else None
 
 
 def _known(kind: str) -> str:
@@ -69,6 +70,13 @@ def _suffix(p: Path) -> str:
 
 
 def _resolve(ref: str, kind: str) -> Path:
+    try:
+        return _resolve_file(ref, kind)
+    except OSError as e:  # stat() refusing the name (ENAMETOOLONG, ELOOP, EACCES above it): one line, not a traceback
+        raise SpecError(ref, "<file>", f"cannot read ({e.strerror or e})") from None
+
+
+def _resolve_file(ref: str, kind: str) -> Path:
     p = Path(ref)
     q = _bundled(ref, kind)
     if p.is_dir() and q is not None and _suffix(p) not in _SPEC_SUFFIXES:
@@ -214,7 +222,7 @@ def _with_base(path: Path, data: dict, seen: tuple[str, ...], kind: str) -> dict
 def _base_file(path: Path, ref: str, kind: str) -> Path | None:
     """The spec a `base: ref` in `path` names: a YAML beside it, else a bundled spec of `kind`."""
     local = path.parent / ref
-    return local if _suffix(local) in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
+    return local if _suffix(local) in (".yaml", ".yml") and os.path.isfile(local) else _bundled(ref, kind)
 
 
 def spec_files(ref: str, kind: str) -> list[Path]:
