@@ -53,6 +53,12 @@ class Migration(_Strict):
     max_moves: Optional[int] = Field(None, ge=0, description="cap on experts moved per migration")
 
 
+# the parts of a step cost.estimate reports in time_breakdown_s (offload only where activations are
+# offloaded), and "total": the step time they share
+TIME_PARTS = ("compute", "host", "a2a", "tp_comm", "cp_comm", "p2p", "bubble", "dp_comm", "optimizer", "migration",
+              "offload", "total")
+
+
 class Predicted(_Strict):
     step_time_s: float = Field(gt=0)
     tokens_per_s: float = Field(gt=0)
@@ -154,9 +160,10 @@ def check_consistent(plan: Plan, src: str) -> None:
         _check_predicted(plan, src)
         for i, st in enumerate(plan.predicted.memory_gib_per_stage):
             if not (isinstance(st.get("stage"), int) and isinstance(st.get("role"), str) and "total" in st and
-                    all(isinstance(v, (int, float)) and math.isfinite(v) for k, v in st.items() if k != "role")):
+                    all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+                        for k, v in st.items() if k != "role")):
                 raise SpecError(src, f"predicted.memory_gib_per_stage[{i}]", "expected stage, role, total and "
-                                "finite GiB figures per component")
+                                "finite GiB figures >= 0 per component")
     gpn = plan.hardware.gpus_per_node
     bounds = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "edp": lay.edp,
               "etp": lay.etp, "local": gpn, "node": -(-lay.gpus // gpn)}
@@ -222,6 +229,18 @@ def _check_predicted(plan: Plan, src: str) -> None:
     if peak and not math.isclose(p.mfu, p.tflops_per_gpu / peak, rel_tol=1e-6):
         raise SpecError(src, "predicted.mfu", f"expected tflops_per_gpu / {lay.dtype} peak = "
                         f"{p.tflops_per_gpu / peak:.6g}, got {p.mfu:.6g}")
+    tb = p.time_breakdown_s
+    if tb:  # ({}: a plan written before the breakdown was recorded)
+        where = "predicted.time_breakdown_s"
+        for k, v in tb.items():
+            if k not in TIME_PARTS:
+                raise SpecError(src, f"{where}.{k}", f"unknown part of the step (known: {', '.join(TIME_PARTS)})")
+            if not (math.isfinite(v) and v >= 0):
+                raise SpecError(src, f"{where}.{k}", f"expected finite seconds >= 0, got {v!r}")
+        if "total" not in tb:
+            raise SpecError(src, f"{where}.total", "required field is missing (the step time the parts share)")
+        if not math.isclose(tb["total"], p.step_time_s, rel_tol=1e-6):
+            raise SpecError(src, f"{where}.total", f"expected step_time_s = {p.step_time_s:.6g}, got {tb['total']:.6g}")
 
 
 def json_schema() -> dict:

@@ -865,3 +865,40 @@ def test_a_write_that_fails_after_the_work_names_the_option(tmp_path):
                          "--csv", "/dev/full"])
     assert code == 2 and isinstance(r.exception, SystemExit), out  # (the sweep's table comes first)
     assert out.strip().splitlines()[-1].startswith("error: /dev/full: --csv: cannot write"), out
+
+
+def _tb(d):
+    return d["predicted"]["time_breakdown_s"]
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: _tb(d).update(total=0), "time_breakdown_s.total: expected step_time_s"),  # show divided by it
+    (lambda d: _tb(d).pop("total"), "time_breakdown_s.total: required field is missing"),
+    (lambda d: _tb(d).update(total=_tb(d)["total"] * 2), "time_breakdown_s.total: expected step_time_s"),
+    (lambda d: _tb(d).update(compute=-1), "time_breakdown_s.compute: expected finite seconds >= 0"),
+    (lambda d: _tb(d).update(comput=0.1), "time_breakdown_s.comput: unknown part of the step"),
+    (lambda d: d["predicted"]["memory_gib_per_stage"][0].update(weights=-1), "memory_gib_per_stage[0]"),
+])
+def test_a_hand_edited_time_breakdown_or_negative_memory_is_refused(tmp_path, plan_doc, edit, needle):
+    doc = json.loads(json.dumps(plan_doc))
+    edit(doc)
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(doc))
+    one_line(["show", str(p)], str(p), needle)
+
+
+def test_every_part_of_the_step_the_estimator_reports_and_none_reads_back(tmp_path):
+    """plan.TIME_PARTS holds what cost.estimate writes, offloading included: a plan it writes reads back;
+    one with no breakdown at all shows too (show read its total unconditionally: KeyError)."""
+    p = tmp_path / "p.json"
+    code, out, _ = _run(["estimate", "-m", "llama3-70b", "-H", "gb200-nvl72", "-n", "64", "--tp", "2",
+                         "--offload-layers", "40", "-o", str(p)])
+    assert code == 0, out
+    assert "offload" in json.loads(p.read_text())["predicted"]["time_breakdown_s"]
+    code, out, _ = _run(["show", str(p)])
+    assert code == 0, out
+    doc = json.loads(p.read_text())
+    _tb(doc).clear()  # a plan without the breakdown (the field's default) shows, without its shares
+    p.write_text(json.dumps(doc))
+    code, out, _ = _run(["show", str(p)])
+    assert code == 0, out
