@@ -902,3 +902,30 @@ def test_every_part_of_the_step_the_estimator_reports_and_none_reads_back(tmp_pa
     p.write_text(json.dumps(doc))
     code, out, _ = _run(["show", str(p)])
     assert code == 0, out
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--offload-layers", "99999999999999999999999"),  # numpy's int64 overflowed
+    ("--recompute-layers", "99999999999999999999999"),  # an object array isfinite could not take
+    ("--offload-layers", "4097"),                       # past MAX_LAYERS: no model has that many layers
+    ("--cp", "99999999999999999999999"),
+    ("--cp", "2\u00b2"),                                # str.isdigit() takes a superscript, int() does not
+])
+def test_a_search_list_item_past_its_bound_is_one_line(option, value):
+    one_line([*SEARCH, option, value], option, "up to")
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--cp", "2,2"], "--cp: got '2,2': 2 is listed twice"),
+    (["--etp", "1,1"], "--etp"),
+    (["--schedules", "1f1b,1f1b"], "--schedules: got '1f1b,1f1b': '1f1b' is listed twice"),
+    (["--selective", "core_attn,core_attn"], "--selective"),
+    (["--selective", "core_attn,mlp", "--selective", "mlp,core_attn"], "'core_attn,mlp' is listed twice"),
+    (["--recompute-layers", "0,0"], "--recompute-layers"),
+    (["--offload-layers", "0,00"], "--offload-layers"),
+    (["--optimizer-offload", "0,0"], "--optimizer-offload"),
+    (["--offload-modules", "none", "--offload-modules", "none"], "--offload-modules"),
+    (["--cuda-graphs", "attn,attn"], "--cuda-graphs"),
+])
+def test_a_search_list_with_a_repeated_item_is_refused_as_gpus_and_vary_are(extra, needle):
+    one_line([*SEARCH, *extra], needle, "listed twice")
