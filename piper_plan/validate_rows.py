@@ -36,11 +36,11 @@ from typing import get_args
 import click
 from pydantic import ValidationError
 
-from .clitypes import GPU_COUNT, SEQUENCE
+from .clitypes import BATCH, GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
 from .layout import CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
 from .specs import load_hardware, load_model
-from .specs.model import ModelSpec
+from .specs.model import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, ModelSpec
 from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
 
 # the bundled table's columns (validation/README.md): a table lacking some reads them as blank
@@ -88,8 +88,18 @@ INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "h
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp", "offload_layers", "recompute_layers")
 FLOATS = ("value", "tokens_per_s_per_gpu")
-# the bounds the CLI puts on the same figures (clitypes.GPU_COUNT, SEQUENCE: the model spec's MAX_SEQ)
-MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max}
+# every integer column's bound: the CLI's on the same figure (clitypes; SEQUENCE is the model spec's
+# MAX_SEQ) or the model spec's (MAX_LAYERS, MAX_WIDTH, ...). A degree spans at most every GPU; chunks
+# per rank (vpp) and counts of layers at most a model's layers; ZeRO stages end at 3. Past them a cell
+# is a typo's extra digits, priced at +4e20 % or overflowing numpy, not a run.
+MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max, "mbs": BATCH.max, "gbs": BATCH.max,
+          **dict.fromkeys(("tp", "pp", "ep", "dp", "etp", "cp", "fsdp"), GPU_COUNT.max),
+          **dict.fromkeys(("vpp", "layers", "offload_layers", "recompute_layers"), MAX_LAYERS),
+          **dict.fromkeys(("hidden", "ffn", "expert_ffn"), MAX_WIDTH), "heads": MAX_HEADS, "kv_heads": MAX_HEADS,
+          "vocab": MAX_VOCAB, "experts": MAX_EXPERTS, "topk": MAX_EXPERTS, "zero_stage": 3,
+          "a2a_sms": 1 << 20}  # (a2a_sms: the hardware spec's bound on compute_units)
+assert set(MAXIMA) == set(INTS)
+_ASCII_INT = re.compile("[0-9]+")  # not str.isdigit(): it takes '2²' (int() then raises) and reads '١٢' as 12
 # architecture column -> ModelSpec field (moe.* inside the MoE block)
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
         "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size",
@@ -306,11 +316,11 @@ def _check_row(path, rid: str, r: dict) -> None:
         v = r.get(c, "")
         if c in ARCH and RANGE_CELL.fullmatch(v):
             continue  # a range the source leaves open ("2560-3072"): unknown, the named spec's value holds
-        if v and not (v.isdigit() and (int(v) > 0 or c in MAY_BE_ZERO)):
+        if v and not (_ASCII_INT.fullmatch(v) and (int(v) > 0 or c in MAY_BE_ZERO)):
             what = "a whole number" if c in MAY_BE_ZERO else "a positive whole number"
-            raise TableError(path, rid, c, f"expected {what}, got {v!r}")
-        if c in MAXIMA and v and int(v) > MAXIMA[c]:  # a typo's extra digits: no run is that large
-            raise TableError(path, rid, c, f"expected at most {MAXIMA[c]:,} (the CLI's bound), got {v!r}")
+            raise TableError(path, rid, c, f"expected {what} in ASCII digits, got {v!r}")
+        if v and int(v) > MAXIMA[c]:  # a typo's extra digits: no run is that large
+            raise TableError(path, rid, c, f"expected at most {MAXIMA[c]:,} (the planner's bound), got {v!r}")
     for c in FLOATS:
         _check_number(path, rid, r, c, lambda x: x > 0, "a positive number")
     _check_number(path, rid, r, "optimizer_offload", lambda x: 0.0 <= x <= 1.0,
@@ -573,7 +583,7 @@ def _template(name: str, row: dict) -> str | None:
     prefix, then the nearest in spelling (Llama 3.1 8B: llama3-8b, not llama3.1-405b); None where
     the family has no such member or there is no family (missing_model)."""
     names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
-    given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
+    given = {c: int(row[c]) for c in ARCH if c != "vocab" and _ASCII_INT.fullmatch(row.get(c, "")) and int(row[c]) > 0}
     # the row's kind where its columns say: experts given, or stated 0 (a dense model)
     moe = "experts" in given
     kind = True if moe else False if row.get("experts", "").strip() == "0" else None
@@ -633,7 +643,7 @@ def _arch(m: ModelSpec, column: str) -> int:
 
 
 def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> ModelSpec:
-    given = {c: int(row[c]) for c in ARCH if row.get(c, "").isdigit()}
+    given = {c: int(row[c]) for c in ARCH if _ASCII_INT.fullmatch(row.get(c, ""))}
     top = {ARCH[c]: v for c, v in given.items() if not ARCH[c].startswith("moe.")}
     moe = {ARCH[c][4:]: v for c, v in given.items() if ARCH[c].startswith("moe.")}
     data = base.model_dump(exclude_none=True)
