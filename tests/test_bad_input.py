@@ -929,3 +929,11 @@ def test_a_search_list_item_past_its_bound_is_one_line(option, value):
 ])
 def test_a_search_list_with_a_repeated_item_is_refused_as_gpus_and_vary_are(extra, needle):
     one_line([*SEARCH, *extra], needle, "listed twice")
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07"])
+def test_a_yaml_spec_with_a_control_character_is_one_line(tmp_path, char):
+    """yaml's ReaderError prints its place on a second line; the error names the line instead."""
+    p = tmp_path / "x.yaml"
+    p.write_text(f"base: cpu-local\nname: x{char}\n")
+    one_line(["show-spec", str(p)], str(p), "line 2: malformed YAML", "control characters")

@@ -141,10 +141,15 @@ def read_yaml(path: Path) -> dict:
     text = read_text(path)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.reader.ReaderError as e:  # a control character: its str() is two lines, without a problem_mark
+        line = text.count("\n", 0, e.position) + 1
+        raise SpecError(str(path), f"line {line}", f"malformed YAML (character #x{e.character:04x}: {e.reason}; "
+                                                   "YAML allows no control characters)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "<yaml>"
-        raise SpecError(str(path), where, f"malformed YAML ({getattr(e, 'problem', None) or e})") from None
+        why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line, whatever the error's str() holds
+        raise SpecError(str(path), where, f"malformed YAML ({why})") from None
     except (ValueError, TypeError, OverflowError) as e:  # a value its tag cannot hold: a date 2024-13-45, !!int abc
         raise SpecError(str(path), "<yaml>", f"a value YAML cannot read ({e})") from None
     except RecursionError:
