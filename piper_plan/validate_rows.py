@@ -312,6 +312,8 @@ def _recompute(rc: str) -> str:
 
 
 def _check_row(path, rid: str, r: dict) -> None:
+    if r.get("zero_stage", "") not in ("", "0", "1", "2", "3"):
+        raise TableError(path, rid, "zero_stage", f"expected 0, 1, 2 or 3 (or blank), got {r['zero_stage']!r}")
     for c in INTS:
         v = r.get(c, "")
         if c in ARCH and RANGE_CELL.fullmatch(v):
@@ -340,8 +342,6 @@ def _check_row(path, rid: str, r: dict) -> None:
     if r.get("precision", "") not in PRECISIONS:
         raise TableError(path, rid, "precision", f"expected one of {', '.join(p for p in PRECISIONS if p)} "
                          f"(or blank), got {r['precision']!r}")
-    if r.get("zero_stage", "") not in ("", "0", "1", "2", "3"):
-        raise TableError(path, rid, "zero_stage", f"expected 0, 1, 2 or 3 (or blank), got {r['zero_stage']!r}")
     for c, words in RECIPE_WORDS.items():
         if r.get(c, "") not in ("", *words):
             raise TableError(path, rid, c, f"expected one of {', '.join(words)} (or blank), got {r[c]!r}")
