@@ -12,7 +12,7 @@ from .cost.imbalance import expert_popularity, observed_rows, step_imbalance
 from .cost.stages import materialise
 from .errors import SpecError
 from .layout import Layout, check_for
-from .plan import Migration, Plan, Predicted, Routing as PlanRouting, make_plan_from
+from .plan import MAX_ZIPF_S, Migration, Plan, Predicted, Routing as PlanRouting, make_plan_from
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -27,8 +27,9 @@ def parse_routing(text: str | None) -> Routing:
             z = 1.0 if text == "zipf" else float(s) if s else float("nan")  # "zipf:" with no s is a typo
         except ValueError:
             z = float("nan")
-        if not 0.0 <= z < float("inf"):  # NaN fails this too
-            raise SpecError("--routing", "zipf", f"expected zipf:<s> with a finite s >= 0, got {text!r}")
+        if not 0.0 <= z <= MAX_ZIPF_S:  # NaN fails this too
+            raise SpecError("--routing", "zipf", f"expected zipf:<s> with s from 0 to {MAX_ZIPF_S:g} (at 10 one "
+                            f"expert takes 99.9 % of the tokens), got {text!r}")
         return Routing("zipf", z)
     p = Path(text)
     try:

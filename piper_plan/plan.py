@@ -27,12 +27,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+# Zipf exponents past this describe no router: at s = 10 the hottest expert already takes 99.9 % of the
+# tokens (1/zeta(10)), so a larger s prices the same collapse onto one expert, and from s ~ 64 a model's
+# 65,536 experts (MAX_EXPERTS) raised to s overflow float64 (RuntimeWarnings, then NaN). Measured routing
+# is s ~ 0-2.
+MAX_ZIPF_S = 10.0
+
+
 class Routing(_Strict):
     """Assumed token -> expert distribution: uniform, Zipf(s) over experts, or a measured
     histogram (tokens per expert, one list per MoE layer or one for all)."""
 
     distribution: Literal["uniform", "zipf", "histogram"] = "uniform"
-    zipf_s: float = Field(1.0, ge=0)
+    zipf_s: float = Field(1.0, ge=0, le=MAX_ZIPF_S)
     histogram: Optional[list[list[Annotated[float, Field(ge=0)]]]] = None
 
     @model_validator(mode="after")

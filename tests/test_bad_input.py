@@ -937,3 +937,65 @@ def test_a_yaml_spec_with_a_control_character_is_one_line(tmp_path, char):
     p = tmp_path / "x.yaml"
     p.write_text(f"base: cpu-local\nname: x{char}\n")
     one_line(["show-spec", str(p)], str(p), "line 2: malformed YAML", "control characters")
+
+
+@pytest.mark.parametrize("value", ["1e300", "10.5", "inf"])
+def test_a_zipf_exponent_past_any_router_is_refused(value):
+    """At s = 10 one expert already takes 99.9 % of the tokens; 1e300 overflowed numpy (RuntimeWarnings)."""
+    one_line([*EST, "--ep", "2", "--routing", f"zipf:{value}"], "--routing: zipf", "from 0 to 10")
+
+
+def test_a_plan_with_a_zipf_exponent_past_any_router_is_refused(tmp_path, plan_doc):
+    doc = json.loads(json.dumps(plan_doc))
+    doc["routing"].update(distribution="zipf", zipf_s=1e300)
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(doc))
+    one_line(["show", str(p)], str(p), "routing.zipf_s")
+
+
+@pytest.mark.parametrize("figure,needle", [
+    ("efficiency:\n  gemm: 1.0e-300", "efficiency.gemm: Input should be greater than or equal to 0.001"),
+    ("efficiency:\n  attention: 1.0e-300", "efficiency.attention"),
+    ("efficiency:\n  attention_bwd: 1.0e-300", "efficiency.attention_bwd"),
+    ("efficiency:\n  memory: 1.0e-300", "efficiency.memory"),
+    ("efficiency:\n  comm: 1.0e-300", "efficiency.comm"),
+    ("efficiency:\n  sustained_matmul: 1.0e-300", "efficiency.sustained_matmul"),
+    ("efficiency:\n  gemm_dtype: {fp8: 1.0e-300}", "gemm_dtype.fp8 must be in [0.001, 1]"),
+    ("efficiency:\n  attention_fp8: [1.0e300, 1.0]", "efficiency.attention_fp8"),
+    ("efficiency:\n  attention_bwd_row_us: 1.0e300", "efficiency.attention_bwd_row_us"),
+    ("efficiency:\n  dglu_dbias_ps: 1.0e300", "efficiency.dglu_dbias_ps"),
+    ("efficiency:\n  attention_softmax_share: 2", "efficiency.attention_softmax_share"),  # a share
+    ("efficiency:\n  collective_skew_base_ms: 1.0e300", "efficiency.collective_skew_base_ms"),
+    ("memory_overhead_gib: 1.0e300", "memory_overhead_gib"),
+    ("accelerator:\n  cache_mib: 1.0e300", "accelerator.cache_mib"),
+    ("network:\n  cross_rail_taper: 1.0e-300", "network.cross_rail_taper"),
+])
+def test_a_hardware_figure_out_of_its_physical_range_is_one_line(tmp_path, figure, needle):
+    p = tmp_path / "x.yaml"
+    p.write_text(f"base: dgx-h100\nname: x\n{figure}\n")
+    one_line(["show-spec", str(p)], str(p), needle)
+
+
+def test_a_topology_fraction_of_1e_300_is_refused(tmp_path):
+    for old, new, field in (("taper: 1.0,", "taper: 1.0e-300,", "topology.1.taper"),
+                            ("latency_us: 3,", "comm: 1.0e-300, latency_us: 3,", "topology.0.comm")):
+        p = _spec(tmp_path, "dgx-h100", lambda t: t.replace(old, new, 1))
+        one_line(["show-spec", p], p, field, "greater than or equal to 0.001")
+
+
+def test_hardware_figures_at_their_bounds_price_without_a_numpy_warning(tmp_path):
+    """Every bound is one the cost model prices finite and quietly: numpy's RuntimeWarnings (overflow,
+    divide by zero) leaked to stderr at 1e-300 and at zipf:1e300."""
+    import warnings
+
+    p = tmp_path / "edge.yaml"
+    p.write_text("base: dgx-h100\nname: edge\nefficiency:\n" + "".join(
+        f"  {k}: 1.0e-3\n" for k in ("gemm", "attention", "attention_bwd", "memory", "comm", "sustained_matmul")) +
+        "  attention_softmax_share: 1\n  attention_bwd_row_us: 1.0e7\n  collective_skew_base_ms: 1.0e4\n"
+        "  collective_skew_us: 1.0e7\nmemory_overhead_gib: 1048576\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for args in (["-m", "deepseek-v3", "-H", str(p), "-n", "256", "--pp", "8", "--ep", "32"],
+                     ["-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--ep", "2"]):
+            code, out, r = _run(["estimate", *args, "--routing", "zipf:10", "--json"])
+            assert code == 0 and r.exception is None and "Warning" not in out, out
