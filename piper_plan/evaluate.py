@@ -47,7 +47,40 @@ def _histogram_from_metrics(path: Path) -> list:
     """Routed tokens per expert of a piper-train metrics file, one row per MoE layer."""
     from .cost.migration import load_histogram
 
+    _check_metrics_records(path)
     return load_histogram(path).tolist()
+
+
+def _check_metrics_records(path: Path) -> None:
+    """What load_histogram's json.loads and float conversion let through, refused: a key repeated in
+    one record (JSON lets the last win; a config.json's repeat is refused by the same hook,
+    registry._unique_keys) and counts that are no numbers ("5" and true, which numpy reads as 5.0
+    and 1.0). A line that is no JSON at all is load_histogram's to name."""
+    import json
+
+    from .files import read_text
+    from .specs.registry import _unique_keys
+
+    for n, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line, object_pairs_hook=_unique_keys(f"{path}: line {n}"))
+        except (ValueError, RecursionError):
+            continue
+        tpe = rec.get("tokens_per_expert") if isinstance(rec, dict) else None
+        if isinstance(tpe, dict):
+            items = tpe.items()
+        elif isinstance(tpe, list):
+            items = enumerate(tpe if tpe and isinstance(tpe[0], list) else [tpe])
+        else:
+            continue
+        for layer, counts in items:
+            bad = next((x for x in counts if isinstance(x, bool) or not isinstance(x, (int, float))), None) \
+                if isinstance(counts, list) else None
+            if bad is not None:
+                raise SpecError(str(path), f"line {n}: tokens_per_expert[{layer}]",
+                                f"expected numbers of tokens, got {json.dumps(bad)[:40]}")
 
 
 def to_plan_routing(r: Routing) -> PlanRouting:

@@ -999,3 +999,20 @@ def test_hardware_figures_at_their_bounds_price_without_a_numpy_warning(tmp_path
                      ["-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--ep", "2"]):
             code, out, r = _run(["estimate", *args, "--routing", "zipf:10", "--json"])
             assert code == 0 and r.exception is None and "Warning" not in out, out
+
+
+@pytest.mark.parametrize("record,needle", [
+    ('{"tokens_per_expert": {"0": ' + json.dumps(["5"] * 8) + "}}",
+     'tokens_per_expert[0]: expected numbers of tokens, got "5"'),
+    ('{"tokens_per_expert": {"0": ' + json.dumps([True] * 8) + "}}",
+     "tokens_per_expert[0]: expected numbers of tokens, got true"),
+    ('{"tokens_per_expert": [' + json.dumps([1] * 7 + ["1"]) + "]}", "tokens_per_expert[0]: expected numbers"),
+    ('{"tokens_per_expert": {"0": [1,1,1,1,1,1,1,1], "0": [2,2,2,2,2,2,2,2]}}', "line 1: 0: appears twice"),
+    ('{"step": 1, "step": 2, "tokens_per_expert": {"0": [1,1,1,1,1,1,1,1]}}', "line 1: step: appears twice"),
+])
+def test_routing_counts_that_are_no_numbers_or_a_repeated_key_are_refused(tmp_path, record, needle):
+    """numpy read "5" and true as 5.0 and 1.0, and JSON let a repeated key's last value win (a config.json's
+    repeat is refused: the same hook)."""
+    p = tmp_path / "m.jsonl"
+    p.write_text(record + "\n")
+    one_line([*EST, "--ep", "4", "--routing", str(p)], str(p), needle)
