@@ -533,7 +533,8 @@ def test_a_topk_method_deepseek_s_code_does_not_know_is_refused_not_dropped(meth
 @pytest.mark.parametrize("key,value", [("type", 123), ("type", ["yarn"]), ("rope_type", {"yarn": 1})])
 def test_a_rope_scaling_type_that_is_no_name_is_refused_not_read_as_no_yarn(key, value):
     cfg = json.loads((HF / "deepseek-v3.json").read_text())
-    cfg["rope_scaling"] = {k: v for k, v in cfg["rope_scaling"].items() if k not in ("type", "rope_type")} | {key: value}
+    kept = {k: v for k, v in cfg["rope_scaling"].items() if k not in ("type", "rope_type")}
+    cfg["rope_scaling"] = kept | {key: value}
     with pytest.raises(SpecError, match=f"rope_scaling.{key}: expected a name"):
         model_from_hf_config(cfg, "x/config.json")
 
