@@ -76,11 +76,11 @@ def _check_metrics_records(path: Path) -> None:
         else:
             continue
         for layer, counts in items:
-            bad = next((x for x in counts if isinstance(x, bool) or not isinstance(x, (int, float))), None) \
-                if isinstance(counts, list) else None
-            if bad is not None:
+            bad = [x for x in counts if isinstance(x, bool) or not isinstance(x, (int, float))] \
+                if isinstance(counts, list) else []
+            if bad:  # (load_histogram's words)
                 raise SpecError(str(path), f"line {n}: tokens_per_expert[{layer}]",
-                                f"expected numbers of tokens, got {json.dumps(bad)[:40]}")
+                                f"expected a list of finite, non-negative token counts, got {json.dumps(bad[0])[:40]}")
 
 
 def to_plan_routing(r: Routing) -> PlanRouting:

@@ -1003,10 +1003,10 @@ def test_hardware_figures_at_their_bounds_price_without_a_numpy_warning(tmp_path
 
 @pytest.mark.parametrize("record,needle", [
     ('{"tokens_per_expert": {"0": ' + json.dumps(["5"] * 8) + "}}",
-     'tokens_per_expert[0]: expected numbers of tokens, got "5"'),
+     'tokens_per_expert[0]: expected a list of finite, non-negative token counts, got "5"'),
     ('{"tokens_per_expert": {"0": ' + json.dumps([True] * 8) + "}}",
-     "tokens_per_expert[0]: expected numbers of tokens, got true"),
-    ('{"tokens_per_expert": [' + json.dumps([1] * 7 + ["1"]) + "]}", "tokens_per_expert[0]: expected numbers"),
+     "tokens_per_expert[0]: expected a list of finite, non-negative token counts, got true"),
+    ('{"tokens_per_expert": [' + json.dumps([1] * 7 + ["1"]) + "]}", "tokens_per_expert[0]: expected a list of finite"),
     ('{"tokens_per_expert": {"0": [1,1,1,1,1,1,1,1], "0": [2,2,2,2,2,2,2,2]}}', "line 1: 0: appears twice"),
     ('{"step": 1, "step": 2, "tokens_per_expert": {"0": [1,1,1,1,1,1,1,1]}}', "line 1: step: appears twice"),
 ])
