@@ -341,14 +341,14 @@ def write_pair(rec_path, record: str, out, spec_text: str) -> None:
     (--check repeats its probes)."""
     rec_path = Path(rec_path)
     old = rec_path.read_bytes() if rec_path.is_file() else None
-    atomic_write_text(rec_path, record)
+    atomic_write_text(rec_path, record, "-o (its .calibration.json)")
     try:
-        atomic_write_text(out, spec_text)
+        atomic_write_text(out, spec_text, "-o")
     except Exception:
         if old is None:
             rec_path.unlink(missing_ok=True)
         else:
-            atomic_write_bytes(rec_path, old)
+            atomic_write_bytes(rec_path, old, "-o (its .calibration.json)")
         raise
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from .calibrate_bench import BenchPlan, run_benchmarks
@@ -30,7 +31,7 @@ def record_for(spec_ref: str) -> tuple[Path, dict]:
     """(path, parsed record) of the calibration record beside a spec (bundled name or YAML path)."""
     path = _resolve(spec_ref, "hardware")
     rec_path = path.with_name(path.stem + ".calibration.json")
-    if not rec_path.is_file():
+    if not os.path.isfile(rec_path):  # (its name may pass NAME_MAX where the spec's does not: no record)
         raise PiperError(f"{path}: no {rec_path.name} beside it: only a spec written by "
                          "`piper-plan calibrate -o PATH` carries the measurements a check repeats")
     try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 
 import click
@@ -172,9 +173,20 @@ OFFLOAD_HELP = {
 }
 
 
+def _no_repeats(items, option: str, text) -> None:
+    """A value listed twice in one option is a typo (as --gpus and --vary hold): refused, naming it."""
+    from .errors import LayoutError
+
+    seen = set()
+    for x in items:
+        if x in seen:
+            raise LayoutError(option, f"got {text!r}: {x!r} is listed twice; list each choice once")
+        seen.add(x)
+
+
 def _listed(text: str, option: str, words: tuple[str, ...]) -> tuple[str, ...]:
     """A comma-separated option value as a tuple of `words` ('none' or blank: empty); an
-    unknown word raises LayoutError naming the option and the words it takes."""
+    unknown word raises LayoutError naming the option and the words it takes, a repeated one too."""
     from .errors import LayoutError
 
     text = text.strip()
@@ -182,6 +194,7 @@ def _listed(text: str, option: str, words: tuple[str, ...]) -> tuple[str, ...]:
     bad = [x for x in listed if x not in words]
     if bad:
         raise LayoutError(option, f"got {bad[0]!r}; expected none or a comma-separated list of {', '.join(words)}")
+    _no_repeats(listed, option, text)
     return listed
 
 
@@ -281,6 +294,7 @@ def _modules(text: str, option: str) -> tuple[str, ...]:
     bad = [x for x in modules if x not in RC_MODULES]
     if bad or not modules:
         raise LayoutError(option, f"got {text!r}; expected a comma-separated list of {', '.join(RC_MODULES)}")
+    _no_repeats(modules, option, text)
     return modules
 
 
@@ -536,14 +550,18 @@ def search_options(fn):
     return fn
 
 
-def _ints(text: str, option: str, least: int = 1) -> tuple[int, ...]:
-    """A comma-separated list of integers of at least `least` (1: degrees; 0: counts), checked."""
+def _ints(text: str, option: str, least: int = 1, most: int = GPU_COUNT.max) -> tuple[int, ...]:
+    """A comma-separated list of distinct integers from `least` to `most` (degrees: 1 to the most GPUs
+    -n takes, no group spans more ranks than there are; counts of layers: 0 to MAX_LAYERS), checked
+    (numpy overflowed on 1e23)."""
     from .errors import LayoutError
 
     parts = [x.strip() for x in text.split(",")]
-    if not all(x.isdigit() and int(x) >= least for x in parts):
+    # ASCII digits only: str.isdigit() takes '2²', which int() refuses, and Arabic-Indic digits
+    if not all(re.fullmatch("[0-9]+", x) and least <= int(x) <= most for x in parts):
         what = "positive integers" if least >= 1 else "whole numbers"
-        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of {what}")
+        raise LayoutError(option, f"got {text!r}; expected a comma-separated list of {what} up to {most:,}")
+    _no_repeats([int(x) for x in parts], option, text)
     return tuple(sorted({int(x) for x in parts}))
 
 
@@ -552,12 +570,13 @@ def _fractions(text: str, option: str) -> tuple[float, ...]:
     from .errors import LayoutError
 
     try:
-        vals = tuple(sorted({float(x) for x in text.split(",")}))
+        listed = [float(x) for x in text.split(",")]
     except ValueError:
-        vals = ()
-    if not vals or not all(0.0 <= v <= 1.0 for v in vals):
+        listed = []
+    if not listed or not all(0.0 <= v <= 1.0 for v in listed):
         raise LayoutError(option, f"got {text!r}; expected a comma-separated list of fractions from 0 to 1")
-    return vals
+    _no_repeats(listed, option, text)
+    return tuple(sorted(listed))
 
 
 def _cps(kw, seq: int) -> tuple[int, ...]:
@@ -569,12 +588,21 @@ def _cps(kw, seq: int) -> tuple[int, ...]:
     return _ints(kw["cps"], "--cp")
 
 
+def _module_sets(texts, model) -> tuple[tuple[str, ...], ...]:
+    """--offload-modules' sets, each once: the same set given twice is a typo, as a module twice in one."""
+    sets = tuple(_offload_modules(t, model) for t in texts)
+    _no_repeats([",".join(sorted(s)) or "none" for s in sets], "--offload-modules", " ".join(texts))
+    return sets
+
+
 def _space(kw, model, gpus):
     from .search import SearchSpace, for_runtime
+    from .specs.model import MAX_LAYERS  # (no chunk holds more layers than a model may have)
 
     seq, gbs = _seq_batch(kw, model)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
     selective = tuple(_modules(text, "--selective") for text in kw["selective"])
+    _no_repeats([",".join(sorted(s)) for s in selective], "--selective", " ".join(kw["selective"]))  # a set twice
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
@@ -585,9 +613,9 @@ def _space(kw, model, gpus):
                      fp8=kw["fp8"], fp8_params=kw["fp8_params"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
-                     offload_layers=_ints(kw["offload_layers"], "--offload-layers", least=0),
-                     offload_modules=tuple(dict.fromkeys(_offload_modules(t, model) for t in kw["offload_modules"])),
-                     recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", least=0),
+                     offload_layers=_ints(kw["offload_layers"], "--offload-layers", 0, MAX_LAYERS),
+                     offload_modules=_module_sets(kw["offload_modules"], model),
+                     recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", 0, MAX_LAYERS),
                      hsdp=kw["hsdp"])
     return for_runtime(sp, kw.get("runtime", "any"), model)
 
@@ -605,6 +633,7 @@ def _load_for_search(kw):
     if bad:
         raise SpecError("--schedules", repr(bad[0]), "expected a comma-separated list of gpipe, 1f1b, interleaved, "
                         "zbv or dualpipev")
+    _no_repeats([s.strip() for s in kw["schedules"].split(",") if s.strip()], "--schedules", kw["schedules"])
     routing = parse_routing(kw["routing"])
     _warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
@@ -741,9 +770,9 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
         w = csv.DictWriter(buf, fieldnames=[*keys, *CSV_COLUMNS])  # the scenario, then its answer, as the table
         w.writeheader()
         w.writerows(rows)
-        atomic_write_text(csv_path, buf.getvalue())
+        atomic_write_text(csv_path, buf.getvalue(), "--csv")
     if json_path:
-        atomic_write_text(json_path, json.dumps(rows, indent=2))
+        atomic_write_text(json_path, json.dumps(rows, indent=2), "--json")
     if plot_path:
         plot(rows, list(vary_d), plot_path)
     if not any(r["fits"] for r in rows):  # as search: an answer with no plan in it is a failure to a script

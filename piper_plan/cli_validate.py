@@ -326,7 +326,7 @@ def _emit_json(obj, output=None) -> None:
         return
     from .files import atomic_write_text
 
-    atomic_write_text(output, text + "\n")
+    atomic_write_text(output, text + "\n", "-o")
     click.echo(f"wrote {output}")
 
 

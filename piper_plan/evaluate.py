@@ -12,7 +12,7 @@ from .cost.imbalance import expert_popularity, observed_rows, step_imbalance
 from .cost.stages import materialise
 from .errors import SpecError
 from .layout import Layout, check_for
-from .plan import Migration, Plan, Predicted, Routing as PlanRouting, make_plan_from
+from .plan import MAX_ZIPF_S, Migration, Plan, Predicted, Routing as PlanRouting, make_plan_from
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -27,13 +27,18 @@ def parse_routing(text: str | None) -> Routing:
             z = 1.0 if text == "zipf" else float(s) if s else float("nan")  # "zipf:" with no s is a typo
         except ValueError:
             z = float("nan")
-        if not 0.0 <= z < float("inf"):  # NaN fails this too
-            raise SpecError("--routing", "zipf", f"expected zipf:<s> with a finite s >= 0, got {text!r}")
+        if not 0.0 <= z <= MAX_ZIPF_S:  # NaN fails this too
+            raise SpecError("--routing", "zipf", f"expected zipf:<s> with s from 0 to {MAX_ZIPF_S:g} (at 10 one "
+                            f"expert takes 99.9 % of the tokens), got {text!r}")
         return Routing("zipf", z)
     p = Path(text)
-    if p.suffix == ".jsonl" and not p.is_file():
+    try:
+        is_file = p.is_file()
+    except OSError as e:  # a name stat() refuses (too long): one line, not a traceback
+        raise SpecError(text, "--routing", f"cannot read ({e.strerror or e})") from None
+    if p.suffix == ".jsonl" and not is_file:
         raise SpecError(text, "<file>", "no such metrics file")
-    if p.is_file():
+    if is_file:
         return Routing("histogram", histogram=_histogram_from_metrics(p))
     raise SpecError("--routing", "<value>", f"expected uniform, zipf[:s] or a metrics .jsonl file, got {text!r}")
 
@@ -42,7 +47,40 @@ def _histogram_from_metrics(path: Path) -> list:
     """Routed tokens per expert of a piper-train metrics file, one row per MoE layer."""
     from .cost.migration import load_histogram
 
+    _check_metrics_records(path)
     return load_histogram(path).tolist()
+
+
+def _check_metrics_records(path: Path) -> None:
+    """What load_histogram's json.loads and float conversion let through, refused: a key repeated in
+    one record (JSON lets the last win; a config.json's repeat is refused by the same hook,
+    registry._unique_keys) and counts that are no numbers ("5" and true, which numpy reads as 5.0
+    and 1.0). A line that is no JSON at all is load_histogram's to name."""
+    import json
+
+    from .files import read_text
+    from .specs.registry import _unique_keys
+
+    for n, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line, object_pairs_hook=_unique_keys(f"{path}: line {n}"))
+        except (ValueError, RecursionError):
+            continue
+        tpe = rec.get("tokens_per_expert") if isinstance(rec, dict) else None
+        if isinstance(tpe, dict):
+            items = tpe.items()
+        elif isinstance(tpe, list):
+            items = enumerate(tpe if tpe and isinstance(tpe[0], list) else [tpe])
+        else:
+            continue
+        for layer, counts in items:
+            bad = [x for x in counts if isinstance(x, bool) or not isinstance(x, (int, float))] \
+                if isinstance(counts, list) else []
+            if bad:  # (load_histogram's words)
+                raise SpecError(str(path), f"line {n}: tokens_per_expert[{layer}]",
+                                f"expected a list of finite, non-negative token counts, got {json.dumps(bad[0])[:40]}")
 
 
 def to_plan_routing(r: Routing) -> PlanRouting:

@@ -12,6 +12,12 @@ from pathlib import Path
 
 from .errors import SpecError
 
+# The one prefix of the temporary files a write makes beside its target (atomic_write_bytes) and the
+# probe makes up front (_probe): short and fixed, so that any name that fits the file system's 255-byte
+# NAME_MAX has a temp file that fits too (a ".{name}." prefix failed on names of 246-255 bytes only at
+# the write, after the work), and the probe tries exactly what the write will do.
+_TMP_PREFIX = ".piper-"
+
 
 def read_text(path: str | os.PathLike, source: str | None = None) -> str:
     """The file's text (UTF-8, a byte-order mark dropped as editors on Windows write one); a
@@ -42,13 +48,21 @@ def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: 
     """Fail before any work where `path` cannot be written: its folder must exist (or, with
     make_parents, be creatable under the nearest folder that does), be a folder and be writable,
     and the path itself must not be a folder. Checked up front so a long run (a calibration, a
-    training run) does not end by losing its result."""
+    training run) does not end by losing its result. A symlink is checked where the write lands,
+    at the file it names (atomic_write_bytes): a dangling one into a missing folder fails here.
+    A name the file system cannot hold (longer than NAME_MAX, 255 bytes) is a SpecError too."""
     p = Path(path)
-    if p.is_dir():
-        raise SpecError(str(p), what, "cannot write: it is a folder")
-    _check_folder(p, p.parent, what, make_parents)
-    if p.parent.is_dir():  # the write makes its temporary file there (atomic_write_bytes): make one now
-        _probe(p, p.parent, what)
+    try:
+        if p.is_dir():
+            raise SpecError(str(p), what, "cannot write: it is a folder")
+        folder = p.parent
+        if p.is_symlink():  # the write follows the link; nothing makes the folders of its target
+            folder, make_parents = Path(os.path.realpath(p)).parent, False
+        _check_folder(p, folder, what, make_parents)
+        if folder.is_dir():  # the write makes its temporary file there (atomic_write_bytes): make one now
+            _probe(p, folder, what)
+    except OSError as e:  # ENAMETOOLONG, ELOOP, EACCES on a folder above: what stat() says, on one line
+        raise SpecError(str(p), what, f"cannot write ({e.strerror or e})") from None
 
 
 def check_outputs(outputs, inputs=(), make_parents: bool = False) -> None:
@@ -75,12 +89,12 @@ def check_writable_folder(path: str | os.PathLike, what: str) -> None:
     """As check_writable, for a folder a run writes into: made, with its parents, where missing,
     and a file written into it and removed (_probe)."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise SpecError(str(p), what, "expected a folder; this is a file")
-    _check_folder(p, p, what, make_parents=True)
     try:
+        if p.exists() and not p.is_dir():
+            raise SpecError(str(p), what, "expected a folder; this is a file")
+        _check_folder(p, p, what, make_parents=True)
         p.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    except OSError as e:  # ENAMETOOLONG from stat() as much as a mkdir refused
         raise SpecError(str(p), what, f"cannot write: {e.strerror or e}") from None
     _probe(p, p, what)
 
@@ -89,7 +103,7 @@ def _probe(p: Path, folder: Path, what: str) -> None:
     """Write a file into `folder` and remove it: permission bits do not stop root where the file
     system refuses (/proc, a read-only mount)."""
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".piper-probe-"):
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=_TMP_PREFIX):
             pass
     except OSError as e:
         raise SpecError(str(p), what, f"cannot write: {e.strerror or e}") from None
@@ -108,23 +122,27 @@ def _check_folder(p: Path, folder: Path, what: str, make_parents: bool) -> None:
         raise SpecError(str(p), what, f"cannot write: folder {str(folder)!r} is not writable")
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike, text: str, what: str = "<file>") -> None:
+    atomic_write_bytes(path, text.encode(), what)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, what: str = "<file>") -> None:
     """Write via a temp file in the same folder and os.replace: a failed write leaves the old file whole
     and is a one-line SpecError. The file keeps the mode of the one it replaces, else gets what open()
     would give it (0666 less the umask; mkstemp's own 0600 would hide a plan or spec from the other
-    users of a machine)."""
+    users of a machine). `what`: the option that named the file, for the error."""
     p = Path(os.path.realpath(path))  # through a symlink to the file it names (not over the link)
-    if p.exists() and not p.is_file() and not p.is_dir():  # a device or a FIFO (/dev/stdout): write into it
+    try:
+        special = p.exists() and not p.is_file() and not p.is_dir()  # a device or a FIFO (/dev/stdout)
+    except OSError as e:  # a name too long: check_writable says so up front, this where it was skipped
+        raise SpecError(str(path), what, f"cannot write ({e.strerror or e})") from None
+    if special:  # write into it
         try:
             with open(p, "wb") as f:
                 f.write(data)
             return
         except OSError as e:
-            raise SpecError(str(path), "<file>", f"cannot write ({e.strerror or e})") from None
+            raise SpecError(str(path), what, f"cannot write ({e.strerror or e})") from None
     try:
         mode = p.stat().st_mode & 0o777
     except OSError:
@@ -132,9 +150,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         os.umask(umask)
         mode = 0o666 & ~umask
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=p.parent)
     except OSError as e:
-        raise SpecError(str(path), "<file>", f"cannot write ({e.strerror or e})") from None
+        raise SpecError(str(path), what, f"cannot write ({e.strerror or e})") from None
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
@@ -148,5 +166,5 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except OSError:
             pass
         if isinstance(e, OSError):
-            raise SpecError(str(path), "<file>", f"cannot write ({e.strerror or e})") from None
+            raise SpecError(str(path), what, f"cannot write ({e.strerror or e})") from None
         raise

@@ -27,12 +27,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+# Zipf exponents past this describe no router: at s = 10 the hottest expert already takes 99.9 % of the
+# tokens (1/zeta(10)), so a larger s prices the same collapse onto one expert, and from s ~ 64 a model's
+# 65,536 experts (MAX_EXPERTS) raised to s overflow float64 (RuntimeWarnings, then NaN). Measured routing
+# is s ~ 0-2.
+MAX_ZIPF_S = 10.0
+
+
 class Routing(_Strict):
     """Assumed token -> expert distribution: uniform, Zipf(s) over experts, or a measured
     histogram (tokens per expert, one list per MoE layer or one for all)."""
 
     distribution: Literal["uniform", "zipf", "histogram"] = "uniform"
-    zipf_s: float = Field(1.0, ge=0)
+    zipf_s: float = Field(1.0, ge=0, le=MAX_ZIPF_S)
     histogram: Optional[list[list[Annotated[float, Field(ge=0)]]]] = None
 
     @model_validator(mode="after")
@@ -51,6 +58,12 @@ class Migration(_Strict):
     planner: Literal["swap", "lpt"] = "lpt"
     window: int = Field(20, ge=1, description="moving-average window of per-expert loads, steps")
     max_moves: Optional[int] = Field(None, ge=0, description="cap on experts moved per migration")
+
+
+# the parts of a step cost.estimate reports in time_breakdown_s (offload only where activations are
+# offloaded), and "total": the step time they share
+TIME_PARTS = ("compute", "host", "a2a", "tp_comm", "cp_comm", "p2p", "bubble", "dp_comm", "optimizer", "migration",
+              "offload", "total")
 
 
 class Predicted(_Strict):
@@ -101,8 +114,8 @@ def spec_hash(spec: BaseModel) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def write_plan(plan: Plan, path: str | os.PathLike) -> None:
-    atomic_write_text(path, plan.model_dump_json(indent=2) + "\n")
+def write_plan(plan: Plan, path: str | os.PathLike, what: str = "-o") -> None:
+    atomic_write_text(path, plan.model_dump_json(indent=2) + "\n", what)
 
 
 def read_plan(path: str | os.PathLike) -> Plan:
@@ -154,9 +167,10 @@ def check_consistent(plan: Plan, src: str) -> None:
         _check_predicted(plan, src)
         for i, st in enumerate(plan.predicted.memory_gib_per_stage):
             if not (isinstance(st.get("stage"), int) and isinstance(st.get("role"), str) and "total" in st and
-                    all(isinstance(v, (int, float)) and math.isfinite(v) for k, v in st.items() if k != "role")):
+                    all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+                        for k, v in st.items() if k != "role")):
                 raise SpecError(src, f"predicted.memory_gib_per_stage[{i}]", "expected stage, role, total and "
-                                "finite GiB figures per component")
+                                "finite GiB figures >= 0 per component")
     gpn = plan.hardware.gpus_per_node
     bounds = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "edp": lay.edp,
               "etp": lay.etp, "local": gpn, "node": -(-lay.gpus // gpn)}
@@ -222,6 +236,18 @@ def _check_predicted(plan: Plan, src: str) -> None:
     if peak and not math.isclose(p.mfu, p.tflops_per_gpu / peak, rel_tol=1e-6):
         raise SpecError(src, "predicted.mfu", f"expected tflops_per_gpu / {lay.dtype} peak = "
                         f"{p.tflops_per_gpu / peak:.6g}, got {p.mfu:.6g}")
+    tb = p.time_breakdown_s
+    if tb:  # ({}: a plan written before the breakdown was recorded)
+        where = "predicted.time_breakdown_s"
+        for k, v in tb.items():
+            if k not in TIME_PARTS:
+                raise SpecError(src, f"{where}.{k}", f"unknown part of the step (known: {', '.join(TIME_PARTS)})")
+            if not (math.isfinite(v) and v >= 0):
+                raise SpecError(src, f"{where}.{k}", f"expected finite seconds >= 0, got {v!r}")
+        if "total" not in tb:
+            raise SpecError(src, f"{where}.total", "required field is missing (the step time the parts share)")
+        if not math.isclose(tb["total"], p.step_time_s, rel_tol=1e-6):
+            raise SpecError(src, f"{where}.total", f"expected step_time_s = {p.step_time_s:.6g}, got {tb['total']:.6g}")
 
 
 def json_schema() -> dict:

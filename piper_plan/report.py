@@ -131,10 +131,10 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
     tt.add_column("component")
     tt.add_column("seconds", justify="right")
     tt.add_column("share", justify="right")
-    total = row["time_breakdown_s"]["total"]
-    for k, v in row["time_breakdown_s"].items():
+    parts = row["time_breakdown_s"]  # {}: a plan written before the breakdown was (plan.check_consistent: total > 0)
+    for k, v in parts.items():
         if k != "total":
-            tt.add_row(k, sig(v, 4), f"{v / total:.1%}")  # as the step time: separators, not an exponent
+            tt.add_row(k, sig(v, 4), f"{v / parts['total']:.1%}")  # as the step time: separators, not an exponent
     mt = Table(title="memory per pipeline rank (GiB)")
     stages = row["memory_gib_per_stage"]
     comps = [k for k in stages[0] if k not in ("stage", "role")] if stages else []

@@ -200,4 +200,4 @@ def plot(rows: list[dict], keys: list[str], path: str) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), "--plot")

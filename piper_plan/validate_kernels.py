@@ -60,6 +60,7 @@ shape), before a GPU's clock settles at its power limit, so they are priced at t
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import numpy as np
@@ -288,7 +289,7 @@ def read_layer_table(path: Path) -> list[dict]:
             if v[k] not in allowed:
                 raise TableError(path, name, k, f"expected one of {', '.join(allowed)}, got {v[k]!r}")
         for k, most in (("tp", MAX_GPUS), ("mbs", MAX_SEQ), ("seq", MAX_SEQ)):
-            if not v[k].isdigit() or not 1 <= int(v[k]) <= most:
+            if not re.fullmatch("[0-9]+", v[k]) or not 1 <= int(v[k]) <= most:  # (isdigit() takes '2²')
                 raise TableError(path, name, k, f"expected a whole number from 1 to {most:,}, got {v[k]!r}")
             v[k] = int(v[k])
         for k in ("forward_ms", "backward_ms"):

@@ -64,7 +64,7 @@ def plot(results, path: str, title: str = "piper-plan validate") -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, buf.getvalue(), "--plot")
 
 
 def _signed(r) -> float:

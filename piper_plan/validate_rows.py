@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
 from difflib import SequenceMatcher
 from functools import lru_cache
@@ -35,11 +36,11 @@ from typing import get_args
 import click
 from pydantic import ValidationError
 
-from .clitypes import GPU_COUNT, SEQUENCE
+from .clitypes import BATCH, GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
 from .layout import CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
 from .specs import load_hardware, load_model
-from .specs.model import ModelSpec
+from .specs.model import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, ModelSpec
 from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
 
 # the bundled table's columns (validation/README.md): a table lacking some reads them as blank
@@ -87,8 +88,18 @@ INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "h
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp", "offload_layers", "recompute_layers")
 FLOATS = ("value", "tokens_per_s_per_gpu")
-# the bounds the CLI puts on the same figures (clitypes.GPU_COUNT, SEQUENCE: the model spec's MAX_SEQ)
-MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max}
+# every integer column's bound: the CLI's on the same figure (clitypes; SEQUENCE is the model spec's
+# MAX_SEQ) or the model spec's (MAX_LAYERS, MAX_WIDTH, ...). A degree spans at most every GPU; chunks
+# per rank (vpp) and counts of layers at most a model's layers; ZeRO stages end at 3. Past them a cell
+# is a typo's extra digits, priced at +4e20 % or overflowing numpy, not a run.
+MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max, "mbs": BATCH.max, "gbs": BATCH.max,
+          **dict.fromkeys(("tp", "pp", "ep", "dp", "etp", "cp", "fsdp"), GPU_COUNT.max),
+          **dict.fromkeys(("vpp", "layers", "offload_layers", "recompute_layers"), MAX_LAYERS),
+          **dict.fromkeys(("hidden", "ffn", "expert_ffn"), MAX_WIDTH), "heads": MAX_HEADS, "kv_heads": MAX_HEADS,
+          "vocab": MAX_VOCAB, "experts": MAX_EXPERTS, "topk": MAX_EXPERTS, "zero_stage": 3,
+          "a2a_sms": 1 << 20}  # (a2a_sms: the hardware spec's bound on compute_units)
+assert set(MAXIMA) == set(INTS)
+_ASCII_INT = re.compile("[0-9]+")  # not str.isdigit(): it takes '2²' (int() then raises) and reads '١٢' as 12
 # architecture column -> ModelSpec field (moe.* inside the MoE block)
 ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "ffn": "ffn_size",
         "vocab": "vocab_size", "experts": "moe.num_experts", "topk": "moe.top_k", "expert_ffn": "moe.expert_ffn_size",
@@ -301,15 +312,17 @@ def _recompute(rc: str) -> str:
 
 
 def _check_row(path, rid: str, r: dict) -> None:
+    if r.get("zero_stage", "") not in ("", "0", "1", "2", "3"):
+        raise TableError(path, rid, "zero_stage", f"expected 0, 1, 2 or 3 (or blank), got {r['zero_stage']!r}")
     for c in INTS:
         v = r.get(c, "")
         if c in ARCH and RANGE_CELL.fullmatch(v):
             continue  # a range the source leaves open ("2560-3072"): unknown, the named spec's value holds
-        if v and not (v.isdigit() and (int(v) > 0 or c in MAY_BE_ZERO)):
+        if v and not (_ASCII_INT.fullmatch(v) and (int(v) > 0 or c in MAY_BE_ZERO)):
             what = "a whole number" if c in MAY_BE_ZERO else "a positive whole number"
-            raise TableError(path, rid, c, f"expected {what}, got {v!r}")
-        if c in MAXIMA and v and int(v) > MAXIMA[c]:  # a typo's extra digits: no run is that large
-            raise TableError(path, rid, c, f"expected at most {MAXIMA[c]:,} (the CLI's bound), got {v!r}")
+            raise TableError(path, rid, c, f"expected {what} in ASCII digits, got {v!r}")
+        if v and int(v) > MAXIMA[c]:  # a typo's extra digits: no run is that large
+            raise TableError(path, rid, c, f"expected at most {MAXIMA[c]:,} (the planner's bound), got {v!r}")
     for c in FLOATS:
         _check_number(path, rid, r, c, lambda x: x > 0, "a positive number")
     _check_number(path, rid, r, "optimizer_offload", lambda x: 0.0 <= x <= 1.0,
@@ -329,8 +342,6 @@ def _check_row(path, rid: str, r: dict) -> None:
     if r.get("precision", "") not in PRECISIONS:
         raise TableError(path, rid, "precision", f"expected one of {', '.join(p for p in PRECISIONS if p)} "
                          f"(or blank), got {r['precision']!r}")
-    if r.get("zero_stage", "") not in ("", "0", "1", "2", "3"):
-        raise TableError(path, rid, "zero_stage", f"expected 0, 1, 2 or 3 (or blank), got {r['zero_stage']!r}")
     for c, words in RECIPE_WORDS.items():
         if r.get(c, "") not in ("", *words):
             raise TableError(path, rid, c, f"expected one of {', '.join(words)} (or blank), got {r[c]!r}")
@@ -367,7 +378,7 @@ def table_name(text: str) -> str:
     parenthesised remark, and, unless it is a file, lower case with spaces and underscores as
     '-' ("DeepSeek-V3 (no MTP)" -> deepseek-v3, "Mixtral 8x7B" -> mixtral-8x7b)."""
     name = text.split("(")[0].strip()
-    if Path(name).is_file():
+    if os.path.isfile(name):  # (not Path.is_file: a cell too long for a file name raises there)
         return name
     return re.sub(r"[\s_]+", "-", name.lower())
 
@@ -431,7 +442,7 @@ def _in_order(words: tuple[str, ...], within: tuple[str, ...]) -> bool:
 
 def _named(name: str, kind: str) -> str:
     """A table's name as the spec to load: a file or bundled name as it is, else bundled_as."""
-    if name in bundled_names(kind) or Path(name).is_file():
+    if name in bundled_names(kind) or os.path.isfile(name):
         return name
     return bundled_as(name, kind) or name
 
@@ -445,7 +456,7 @@ def missing_hardware(row: dict) -> str | None:
     name = table_name(row["hardware"])
     if row.get("hardware_spec") or "/" in name or name.endswith((".yaml", ".yml")):
         return None
-    if _named(name, "hardware") in bundled_names("hardware") or Path(name).is_file():
+    if _named(name, "hardware") in bundled_names("hardware") or os.path.isfile(name):
         return None
     return (f"no hardware spec: {row['hardware']!r} is none of the bundled systems "
             f"({', '.join(bundled_names('hardware'))});{_did_you_mean(name, 'hardware')} name a spec file in a "
@@ -546,7 +557,7 @@ def _base_name(name: str, row: dict) -> str | None:
     """The spec a row's model (table_name `name`, no model_spec) is built on: the bundled spec or
     file it names, else _template's; None where there is none (missing_model)."""
     base = _named(name, "models")
-    if base in bundled_names("models") or Path(base).is_file() or _path_like(base):
+    if base in bundled_names("models") or os.path.isfile(base) or _path_like(base):
         return base  # a path that is no file: load_model names it (row_model), not a model to leave unpriced
     return _template(name, row)
 
@@ -572,7 +583,7 @@ def _template(name: str, row: dict) -> str | None:
     prefix, then the nearest in spelling (Llama 3.1 8B: llama3-8b, not llama3.1-405b); None where
     the family has no such member or there is no family (missing_model)."""
     names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
-    given = {c: int(row[c]) for c in ARCH if c != "vocab" and row.get(c, "").isdigit() and int(row[c]) > 0}
+    given = {c: int(row[c]) for c in ARCH if c != "vocab" and _ASCII_INT.fullmatch(row.get(c, "")) and int(row[c]) > 0}
     # the row's kind where its columns say: experts given, or stated 0 (a dense model)
     moe = "experts" in given
     kind = True if moe else False if row.get("experts", "").strip() == "0" else None
@@ -632,7 +643,7 @@ def _arch(m: ModelSpec, column: str) -> int:
 
 
 def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> ModelSpec:
-    given = {c: int(row[c]) for c in ARCH if row.get(c, "").isdigit()}
+    given = {c: int(row[c]) for c in ARCH if _ASCII_INT.fullmatch(row.get(c, ""))}
     top = {ARCH[c]: v for c, v in given.items() if not ARCH[c].startswith("moe.")}
     moe = {ARCH[c][4:]: v for c, v in given.items() if ARCH[c].startswith("moe.")}
     data = base.model_dump(exclude_none=True)

@@ -59,8 +59,11 @@ class FileTokens:
 def open_tokens(path: str, vocab: int, seq: int, dtype: Optional[str] = None) -> np.ndarray:
     """Memory-map and validate a token file; every problem is a one-line DataError."""
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{path}: no such file")
+    try:
+        if not p.is_file():
+            raise DataError(f"{path}: no such file")
+    except OSError as e:  # a name stat() refuses (too long): one line, not a traceback
+        raise DataError(f"{path}: --data: cannot read ({e.strerror or e})") from None
     try:
         if p.suffix == ".npy":
             arr = np.load(p, mmap_mode="r", allow_pickle=False)

@@ -817,3 +817,215 @@ def test_a_plan_saved_with_a_byte_order_mark_reads_as_without(tmp_path, plan_doc
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps(plan_doc).encode())
     code, out, _ = _run(["show", str(p)])
     assert code == 0 and "plan: tiny-moe" in out, out
+
+
+# ---- file names the file system cannot hold, links that lead nowhere, write-time errors -------------
+LONG = "p" * 300 + ".json"  # past NAME_MAX (255 bytes): stat() itself raises ENAMETOOLONG
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["estimate", "-m", LONG, "-H", "cpu-local", "-n", "4"], "<file>: cannot read (File name too long)"),
+    (["estimate", "-m", "tiny-moe", "-H", LONG, "-n", "4"], "<file>: cannot read (File name too long)"),
+    ([*EST, "--ep", "2", "--routing", LONG], "--routing: cannot read (File name too long)"),
+    ([*SEARCH, "-o", LONG], "-o: cannot write (File name too long)"),
+    ([*SEARCH, "-o", LONG + "/plan.json"], "-o: cannot write (File name too long)"),
+    (["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8", "--csv", LONG],
+     "--csv: cannot write (File name too long)"),
+    (["validate", "--json", "-o", LONG], "-o: cannot write (File name too long)"),
+    (["calibrate", "--quick", "-o", "c" * 250 + ".yaml"], "-o (its .calibration.json): cannot write"),
+])
+def test_a_file_name_too_long_for_the_file_system_is_one_line(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    one_line(args, needle)
+
+
+@pytest.mark.parametrize("option", ["--metrics", "--checkpoint", "--data"])
+def test_a_piper_train_file_name_too_long_is_one_line(tmp_path, monkeypatch, plan_doc, option):
+    pytest.importorskip("torch")
+    from piper_runtime.launch import main as train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(plan_doc))
+    one_line(["--plan", "plan.json", "--steps", "1", option, LONG], f"{option}: cannot", "File name too long",
+             cmd=train)
+
+
+def test_an_output_name_of_255_bytes_is_written(tmp_path):
+    """A name NAME_MAX holds is written: the temp file beside it has a short fixed prefix (".{name}."
+    made one past 255 bytes, and the write failed after the search)."""
+    out = tmp_path / ("o" * 250 + ".json")
+    code, text, _ = _run([*SEARCH, "-o", str(out)])
+    assert code == 0, text
+    assert json.loads(out.read_text())["schema_version"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp file left behind
+
+
+def test_a_dangling_symlink_output_is_refused_before_the_work(tmp_path, monkeypatch):
+    """The write follows the link, so the folder of the file it names must exist; checked up front
+    (calibrate would otherwise measure for minutes and then lose the result)."""
+    link = tmp_path / "out.json"
+    link.symlink_to(tmp_path / "nonexistent" / "dir" / "x.json")
+    one_line([*SEARCH, "-o", str(link)], "-o: cannot write: no folder", "nonexistent")
+    one_line(["calibrate", "--quick", "-o", str(link)], "-o: cannot write: no folder")
+
+
+def test_a_write_that_fails_after_the_work_names_the_option(tmp_path):
+    """/dev/full passes every up-front check (a device, in a writable folder); the write's own error
+    names --csv, not <file>."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    code, out, r = _run(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8",
+                         "--csv", "/dev/full"])
+    assert code == 2 and isinstance(r.exception, SystemExit), out  # (the sweep's table comes first)
+    assert out.strip().splitlines()[-1].startswith("error: /dev/full: --csv: cannot write"), out
+
+
+def _tb(d):
+    return d["predicted"]["time_breakdown_s"]
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda d: _tb(d).update(total=0), "time_breakdown_s.total: expected step_time_s"),  # show divided by it
+    (lambda d: _tb(d).pop("total"), "time_breakdown_s.total: required field is missing"),
+    (lambda d: _tb(d).update(total=_tb(d)["total"] * 2), "time_breakdown_s.total: expected step_time_s"),
+    (lambda d: _tb(d).update(compute=-1), "time_breakdown_s.compute: expected finite seconds >= 0"),
+    (lambda d: _tb(d).update(comput=0.1), "time_breakdown_s.comput: unknown part of the step"),
+    (lambda d: d["predicted"]["memory_gib_per_stage"][0].update(weights=-1), "memory_gib_per_stage[0]"),
+])
+def test_a_hand_edited_time_breakdown_or_negative_memory_is_refused(tmp_path, plan_doc, edit, needle):
+    doc = json.loads(json.dumps(plan_doc))
+    edit(doc)
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(doc))
+    one_line(["show", str(p)], str(p), needle)
+
+
+def test_every_part_of_the_step_the_estimator_reports_and_none_reads_back(tmp_path):
+    """plan.TIME_PARTS holds what cost.estimate writes, offloading included: a plan it writes reads back;
+    one with no breakdown at all shows too (show read its total unconditionally: KeyError)."""
+    p = tmp_path / "p.json"
+    code, out, _ = _run(["estimate", "-m", "llama3-70b", "-H", "gb200-nvl72", "-n", "64", "--tp", "2",
+                         "--offload-layers", "40", "-o", str(p)])
+    assert code == 0, out
+    assert "offload" in json.loads(p.read_text())["predicted"]["time_breakdown_s"]
+    code, out, _ = _run(["show", str(p)])
+    assert code == 0, out
+    doc = json.loads(p.read_text())
+    _tb(doc).clear()  # a plan without the breakdown (the field's default) shows, without its shares
+    p.write_text(json.dumps(doc))
+    code, out, _ = _run(["show", str(p)])
+    assert code == 0, out
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--offload-layers", "99999999999999999999999"),  # numpy's int64 overflowed
+    ("--recompute-layers", "99999999999999999999999"),  # an object array isfinite could not take
+    ("--offload-layers", "4097"),                       # past MAX_LAYERS: no model has that many layers
+    ("--cp", "99999999999999999999999"),
+    ("--cp", "2\u00b2"),                                # str.isdigit() takes a superscript, int() does not
+])
+def test_a_search_list_item_past_its_bound_is_one_line(option, value):
+    one_line([*SEARCH, option, value], option, "up to")
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--cp", "2,2"], "--cp: got '2,2': 2 is listed twice"),
+    (["--etp", "1,1"], "--etp"),
+    (["--schedules", "1f1b,1f1b"], "--schedules: got '1f1b,1f1b': '1f1b' is listed twice"),
+    (["--selective", "core_attn,core_attn"], "--selective"),
+    (["--selective", "core_attn,mlp", "--selective", "mlp,core_attn"], "'core_attn,mlp' is listed twice"),
+    (["--recompute-layers", "0,0"], "--recompute-layers"),
+    (["--offload-layers", "0,00"], "--offload-layers"),
+    (["--optimizer-offload", "0,0"], "--optimizer-offload"),
+    (["--offload-modules", "none", "--offload-modules", "none"], "--offload-modules"),
+    (["--cuda-graphs", "attn,attn"], "--cuda-graphs"),
+])
+def test_a_search_list_with_a_repeated_item_is_refused_as_gpus_and_vary_are(extra, needle):
+    one_line([*SEARCH, *extra], needle, "listed twice")
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07"])
+def test_a_yaml_spec_with_a_control_character_is_one_line(tmp_path, char):
+    """yaml's ReaderError prints its place on a second line; the error names the line instead."""
+    p = tmp_path / "x.yaml"
+    p.write_text(f"base: cpu-local\nname: x{char}\n")
+    one_line(["show-spec", str(p)], str(p), "line 2: malformed YAML", "control characters")
+
+
+@pytest.mark.parametrize("value", ["1e300", "10.5", "inf"])
+def test_a_zipf_exponent_past_any_router_is_refused(value):
+    """At s = 10 one expert already takes 99.9 % of the tokens; 1e300 overflowed numpy (RuntimeWarnings)."""
+    one_line([*EST, "--ep", "2", "--routing", f"zipf:{value}"], "--routing: zipf", "from 0 to 10")
+
+
+def test_a_plan_with_a_zipf_exponent_past_any_router_is_refused(tmp_path, plan_doc):
+    doc = json.loads(json.dumps(plan_doc))
+    doc["routing"].update(distribution="zipf", zipf_s=1e300)
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(doc))
+    one_line(["show", str(p)], str(p), "routing.zipf_s")
+
+
+@pytest.mark.parametrize("figure,needle", [
+    ("efficiency:\n  gemm: 1.0e-300", "efficiency.gemm: Input should be greater than or equal to 0.001"),
+    ("efficiency:\n  attention: 1.0e-300", "efficiency.attention"),
+    ("efficiency:\n  attention_bwd: 1.0e-300", "efficiency.attention_bwd"),
+    ("efficiency:\n  memory: 1.0e-300", "efficiency.memory"),
+    ("efficiency:\n  comm: 1.0e-300", "efficiency.comm"),
+    ("efficiency:\n  sustained_matmul: 1.0e-300", "efficiency.sustained_matmul"),
+    ("efficiency:\n  gemm_dtype: {fp8: 1.0e-300}", "gemm_dtype.fp8 must be in [0.001, 1]"),
+    ("efficiency:\n  attention_fp8: [1.0e300, 1.0]", "efficiency.attention_fp8"),
+    ("efficiency:\n  attention_bwd_row_us: 1.0e300", "efficiency.attention_bwd_row_us"),
+    ("efficiency:\n  dglu_dbias_ps: 1.0e300", "efficiency.dglu_dbias_ps"),
+    ("efficiency:\n  attention_softmax_share: 2", "efficiency.attention_softmax_share"),  # a share
+    ("efficiency:\n  collective_skew_base_ms: 1.0e300", "efficiency.collective_skew_base_ms"),
+    ("memory_overhead_gib: 1.0e300", "memory_overhead_gib"),
+    ("accelerator:\n  cache_mib: 1.0e300", "accelerator.cache_mib"),
+    ("network:\n  cross_rail_taper: 1.0e-300", "network.cross_rail_taper"),
+])
+def test_a_hardware_figure_out_of_its_physical_range_is_one_line(tmp_path, figure, needle):
+    p = tmp_path / "x.yaml"
+    p.write_text(f"base: dgx-h100\nname: x\n{figure}\n")
+    one_line(["show-spec", str(p)], str(p), needle)
+
+
+def test_a_topology_fraction_of_1e_300_is_refused(tmp_path):
+    for old, new, field in (("taper: 1.0,", "taper: 1.0e-300,", "topology.1.taper"),
+                            ("latency_us: 3,", "comm: 1.0e-300, latency_us: 3,", "topology.0.comm")):
+        p = _spec(tmp_path, "dgx-h100", lambda t: t.replace(old, new, 1))
+        one_line(["show-spec", p], p, field, "greater than or equal to 0.001")
+
+
+def test_hardware_figures_at_their_bounds_price_without_a_numpy_warning(tmp_path):
+    """Every bound is one the cost model prices finite and quietly: numpy's RuntimeWarnings (overflow,
+    divide by zero) leaked to stderr at 1e-300 and at zipf:1e300."""
+    import warnings
+
+    p = tmp_path / "edge.yaml"
+    p.write_text("base: dgx-h100\nname: edge\nefficiency:\n" + "".join(
+        f"  {k}: 1.0e-3\n" for k in ("gemm", "attention", "attention_bwd", "memory", "comm", "sustained_matmul")) +
+        "  attention_softmax_share: 1\n  attention_bwd_row_us: 1.0e7\n  collective_skew_base_ms: 1.0e4\n"
+        "  collective_skew_us: 1.0e7\nmemory_overhead_gib: 1048576\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for args in (["-m", "deepseek-v3", "-H", str(p), "-n", "256", "--pp", "8", "--ep", "32"],
+                     ["-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--ep", "2"]):
+            code, out, r = _run(["estimate", *args, "--routing", "zipf:10", "--json"])
+            assert code == 0 and r.exception is None and "Warning" not in out, out
+
+
+@pytest.mark.parametrize("record,needle", [
+    ('{"tokens_per_expert": {"0": ' + json.dumps(["5"] * 8) + "}}",
+     'tokens_per_expert[0]: expected a list of finite, non-negative token counts, got "5"'),
+    ('{"tokens_per_expert": {"0": ' + json.dumps([True] * 8) + "}}",
+     "tokens_per_expert[0]: expected a list of finite, non-negative token counts, got true"),
+    ('{"tokens_per_expert": [' + json.dumps([1] * 7 + ["1"]) + "]}", "tokens_per_expert[0]: expected a list of finite"),
+    ('{"tokens_per_expert": {"0": [1,1,1,1,1,1,1,1], "0": [2,2,2,2,2,2,2,2]}}', "line 1: 0: appears twice"),
+    ('{"step": 1, "step": 2, "tokens_per_expert": {"0": [1,1,1,1,1,1,1,1]}}', "line 1: step: appears twice"),
+])
+def test_routing_counts_that_are_no_numbers_or_a_repeated_key_are_refused(tmp_path, record, needle):
+    """numpy read "5" and true as 5.0 and 1.0, and JSON let a repeated key's last value win (a config.json's
+    repeat is refused: the same hook)."""
+    p = tmp_path / "m.jsonl"
+    p.write_text(record + "\n")
+    one_line([*EST, "--ep", "4", "--routing", str(p)], str(p), needle)

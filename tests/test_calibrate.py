@@ -682,10 +682,10 @@ def test_a_spec_that_cannot_be_written_leaves_the_old_spec_beside_its_own_record
     out.write_text("old spec")
     real = cal.atomic_write_text
 
-    def full_disk(path, text):
+    def full_disk(path, text, what="<file>"):
         if Path(path) == out:
-            raise SpecError(str(path), "<file>", "cannot write (No space left on device)")
-        real(path, text)
+            raise SpecError(str(path), what, "cannot write (No space left on device)")
+        real(path, text, what)
 
     monkeypatch.setattr(cal, "atomic_write_text", full_disk)
     with pytest.raises(SpecError):

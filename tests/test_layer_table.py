@@ -43,6 +43,7 @@ def test_a_moe_model_s_layer_is_its_moe_layer_with_every_expert_local(tmp_path):
     (dict(model_spec="no-such-model"), "model_spec"), (dict(hardware_spec="no-such-gpu"), "hardware_spec"),
     (dict(tp="7"), "tp"), (dict(sequence_parallel="maybe"), "sequence_parallel"), (dict(dtype="int4"), "dtype"),
     (dict(seq="99999999999"), "seq: expected a whole number from 1 to 16,777,216"),
+    (dict(tp="2\u00b2"), "tp: expected a whole number"),  # str.isdigit() took it, int() raised
 ])
 def test_a_bad_row_is_one_line_naming_the_file_the_row_and_the_field(tmp_path, change, field):
     path = _table(tmp_path, **change)

@@ -522,6 +522,23 @@ def test_deepseek_v3_without_topk_method_routes_by_group_as_its_code_always_does
     assert (m.moe.route_groups, m.moe.route_group_limit) == (8, 4)
 
 
+@pytest.mark.parametrize("method", ["noaux-tc", "group_limited", "Greedy"])
+def test_a_topk_method_deepseek_s_code_does_not_know_is_refused_not_dropped(method):
+    """An unknown topk_method silently routed over every expert (_route_groups returned {})."""
+    cfg = json.loads((HF / "deepseek-v3.json").read_text()) | {"topk_method": method}
+    with pytest.raises(SpecError, match="topk_method: expected"):
+        model_from_hf_config(cfg, "x/config.json")
+
+
+@pytest.mark.parametrize("key,value", [("type", 123), ("type", ["yarn"]), ("rope_type", {"yarn": 1})])
+def test_a_rope_scaling_type_that_is_no_name_is_refused_not_read_as_no_yarn(key, value):
+    cfg = json.loads((HF / "deepseek-v3.json").read_text())
+    kept = {k: v for k, v in cfg["rope_scaling"].items() if k not in ("type", "rope_type")}
+    cfg["rope_scaling"] = kept | {key: value}
+    with pytest.raises(SpecError, match=f"rope_scaling.{key}: expected a name"):
+        model_from_hf_config(cfg, "x/config.json")
+
+
 def test_gpt_oss_without_layer_types_alternates_sliding_and_full_attention_as_transformers_does():
     cfg = json.loads((HF / "gpt-oss-120b.json").read_text())
     cfg.pop("layer_types", None)

@@ -633,3 +633,26 @@ def test_tied_figures_leave_kendall_tau_out_and_the_json_strict(tmp_path, bundle
     assert code == 0
     d = json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert "kendall_tau" not in d["groups"]["repeats"]
+
+
+@pytest.mark.parametrize("column,value,needle", [
+    ("layers", "2\u00b2", "in ASCII digits"),            # str.isdigit() took it, int() raised
+    ("layers", "\u0661\u0662", "in ASCII digits"),       # Arabic-Indic digits int() reads as 12
+    ("vpp", "99999999999999999999", "at most 4,096"),    # numpy could not round it: TypeError
+    ("layers", "99999999999999999999", "at most 4,096"),  # priced at +4.4e20 %
+    ("hidden", "99999999999999999999", "at most 1,048,576"),
+    ("mbs", "99999999999999999999", "at most 1,073,741,824"),
+])
+def test_an_integer_cell_in_other_digits_or_past_its_bound_is_one_line(tmp_path, bundled, column, value, needle):
+    row = bundled["kor22-t5-175b-full"]
+    path = write(tmp_path / "bad.csv", [{**row, column: value}])
+    code, out = cli("--table", str(path))
+    lines = [x for x in out.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in out, out
+    assert f"row {row['id']}: {column}: expected" in lines[0] and needle in lines[0], lines[0]
+
+
+def test_every_integer_column_has_a_bound():
+    from piper_plan.validate_rows import INTS, MAXIMA
+
+    assert set(MAXIMA) == set(INTS)

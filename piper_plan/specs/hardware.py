@@ -18,22 +18,27 @@ from .base import _Optional, _Strict
 # up to 10 s
 MIN_GBPS, MAX_GBPS, MAX_US = 1e-3, 1e12, 1e7
 MAX_GPUS = 1 << 24  # the most GPUs a spec or a command names (clitypes.GPU_COUNT): sizes stay in int64 arithmetic
+# efficiency fractions and tapers from 1e-3 to 1: a kernel or collective reaching under a thousandth of
+# its peak, or a level left a thousandth of the NIC rate, is a typo, not a machine (the bundled specs'
+# lowest: a cross-rail taper of 0.07, an attention plateau of 0.13); 1e-300 overflowed the step time
+MIN_FRACTION = 1e-3
+MAX_GIB = 1 << 20  # memory figures (GiB) up to 1 PiB a device or host: any larger is a typo's extra digits
 
 
 class Accelerator(_Optional):
     _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib", "fp8_any_layout")
 
     name: str = Field(min_length=1)
-    memory_gib: float = Field(..., gt=0, le=1 << 20, description="device memory, GiB")
+    memory_gib: float = Field(..., gt=0, le=MAX_GIB, description="device memory, GiB")
     peak_tflops: dict[str, float] = Field(..., description="dense peak TFLOP/s by dtype (bf16, fp16, fp8, fp32)")
     memory_bandwidth_gbps: float = Field(..., ge=MIN_GBPS, le=MAX_GBPS, description="HBM bandwidth, GB/s")
     cache_mib: Optional[float] = Field(
-        None, gt=0, description="working set (MiB) that streams at efficiency.memory; bytes beyond it go at "
-        "efficiency.memory_dram (a CPU rank's cache share, measured by calibrate; None: one rate)")
+        None, gt=0, le=MAX_GIB * 1024, description="working set (MiB) that streams at efficiency.memory; bytes beyond "
+        "it go at efficiency.memory_dram (a CPU rank's cache share, measured by calibrate; None: one rate)")
     compute_units: int = Field(..., ge=1, le=1 << 20, description="SMs / CUs: GEMM tiles run in waves of this many")
-    ranks_per_core: float = Field(
-        1.0, ge=1, description="CPU ranks only: local ranks per physical core (ranks / cores) when ranks share "
-        "cores. The rates of such a spec are per rank with every rank busy, so time one rank spends idle (a "
+    ranks_per_core: float = Field(  # (le: no more ranks share a core than a spec has GPUs)
+        1.0, ge=1, le=MAX_GPUS, description="CPU ranks only: local ranks per physical core (ranks / cores) when ranks "
+        "share cores. The rates of such a spec are per rank with every rank busy, so time one rank spends idle (a "
         "pipeline bubble) can run the others; >1 makes the step max(critical path at these rates, mean busy "
         "time per rank); a layout with fewer ranks a node than gpus_per_node runs each at a larger share of a "
         "core (cost.estimate.core_share). 1: a rank owns its device (GPUs)")
@@ -76,62 +81,64 @@ class Efficiency(_Optional):
                         "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory", "attention_head_dim",
                         "attention_softmax_share", "sustained_matmul", "attention_fp8", "dglu_dbias_ps")
 
-    gemm: float = Field(..., gt=0, le=1, description="large-GEMM fraction of dense peak")
+    gemm: float = Field(..., ge=MIN_FRACTION, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
         default_factory=dict, description="large-GEMM fraction of that dtype's dense peak where it differs from "
         "`gemm` (e.g. fp8 on Hopper reaches a smaller share of its doubled peak), keyed by dtype, or by FP8 recipe "
         "(mxfp8, fp8_blockwise) where its block-scaled GEMMs run below the dtype's")
     gemm_tile: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = Field(
         (128, 128), strict=False, description="output tile (m, n) for wave quantisation")  # a YAML list is a tuple
-    attention: float = Field(..., gt=0, le=1, description="fused (flash) attention fraction of dense peak")
-    attention_fp8: Optional[tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(gt=0)]]] = Field(
-        None, strict=False, description="FP8 fused attention's speed over bf16's, (forward, backward), at sequence 4096 "
-        "(Transformer Engine's fp8_dot_product_attention, Layout.attention_fp8); None: priced as bf16")
+    attention: float = Field(..., ge=MIN_FRACTION, le=1, description="fused (flash) attention fraction of dense peak")
+    # (a speed over bf16's: FP8 doubles the tensor peak, so a factor past 10 either way is a typo)
+    attention_fp8: Optional[tuple[Annotated[float, Field(ge=0.1, le=10)],
+                                  Annotated[float, Field(ge=0.1, le=10)]]] = Field(
+        None, strict=False, description="FP8 fused attention's speed over bf16's, (forward, backward), at sequence "
+        "4096 (Transformer Engine's fp8_dot_product_attention, Layout.attention_fp8); None: priced as bf16")
     attention_bwd: Optional[float] = Field(
-        None, gt=0, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
+        None, ge=MIN_FRACTION, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
         "forward's FLOPs (FlashAttention-2's five GEMMs to the forward's two); None: as `attention`")
-    attention_head_dim: Optional[int] = Field(
-        None, gt=0, description="head dimension the attention plateaus were measured at; narrower heads run "
-        "slower per FLOP (cost.kernels.head_dim_slowdown). None: not known, no head-dim term")
+    attention_head_dim: Optional[int] = Field(  # (le: the model spec's MAX_WIDTH)
+        None, gt=0, le=1 << 20, description="head dimension the attention plateaus were measured at; narrower heads "
+        "run slower per FLOP (cost.kernels.head_dim_slowdown). None: not known, no head-dim term")
     attention_softmax_share: float = Field(
-        0.0, ge=0, description="share of a fused attention kernel's time at attention_head_dim spent on the "
+        0.0, ge=0, le=1, description="share of a fused attention kernel's time at attention_head_dim spent on the "
         "softmax work of its score elements (which does not shrink with the head)")
     attention_bwd_row_us: float = Field(
-        0.0, ge=0, description="fixed cost of the attention backward per query row per head, us (a CPU "
+        0.0, ge=0, le=MAX_US, description="fixed cost of the attention backward per query row per head, us (a CPU "
         "kernel pays it whatever the sequence length: measured by calibrate)")
     sustained_matmul: float = Field(
-        1.0, gt=0, le=1, description="tensor-core throughput a GPU holds once saturated at its power limit, as a "
-        "fraction of the short-burst rate at boost clock that `gemm`, `gemm_dtype` and the attention plateaus were "
-        "measured at (e.g. ml-engineering's MSMF / MAMF: sustained best-shape matmul over the burst one): a "
-        "training step keeps the tensor cores busy for seconds, so its GEMMs and fused attention run at the "
-        "sustained rate. 1.0: not measured, no throttle priced")
-    dglu_dbias_ps: float = Field(
-        0.0, ge=0, description="picoseconds the fused grouped-MLP backward kernel (cuDNN frontend's grouped_gemm_dglu "
-        "with dbias: fc2's dgrad GEMM, a GLU's backward and fc1's bias gradient in its epilogue; Layout.expert_gemm "
-        "grouped, gated experts with biases) spends beyond that GEMM per element of the GLU input gradient it "
-        "writes (rows x 2f/etp), where a library release runs its bias-gradient reduction slowly "
+        1.0, ge=MIN_FRACTION, le=1, description="tensor-core throughput a GPU holds once saturated at its power "
+        "limit, as a fraction of the short-burst rate at boost clock that `gemm`, `gemm_dtype` and the attention "
+        "plateaus were measured at (e.g. ml-engineering's MSMF / MAMF: sustained best-shape matmul over the burst "
+        "one): a training step keeps the tensor cores busy for seconds, so its GEMMs and fused attention run at "
+        "the sustained rate. 1.0: not measured, no throttle priced")
+    dglu_dbias_ps: float = Field(  # (le: a microsecond an element written is a typo; measured: 23 ps)
+        0.0, ge=0, le=1e6, description="picoseconds the fused grouped-MLP backward kernel (cuDNN frontend's "
+        "grouped_gemm_dglu with dbias: fc2's dgrad GEMM, a GLU's backward and fc1's bias gradient in its epilogue; "
+        "Layout.expert_gemm grouped, gated experts with biases) spends beyond that GEMM per element of the GLU "
+        "input gradient it writes (rows x 2f/etp), where a library release runs its bias-gradient reduction slowly "
         "(NVIDIA/cudnn-frontend#256). 0: the epilogue rides the GEMM")
-    memory: float = Field(0.85, gt=0, le=1, description="fraction of HBM bandwidth streaming kernels reach")
+    memory: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth streaming kernels reach")
     quant_memory: Optional[float] = Field(
-        None, gt=0, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
+        None, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
         "scales, row- and column-wise) reaches, where measured below `memory` (None: as `memory`)")
     memory_dram: Optional[float] = Field(
-        None, gt=0, le=1, description="fraction of memory_bandwidth_gbps for the bytes of a working set beyond "
-        "accelerator.cache_mib (None: as `memory`)")
+        None, ge=MIN_FRACTION, le=1, description="fraction of memory_bandwidth_gbps for the bytes of a working set "
+        "beyond accelerator.cache_mib (None: as `memory`)")
     cast: Optional[float] = Field(
-        None, gt=0, le=1, description="dtype casts of weights and gradients (fp32 <-> bf16 into fresh tensors) "
-        "as a fraction of the streaming model's rate for the same bytes (None: at that rate); measured by "
+        None, ge=MIN_FRACTION, le=1, description="dtype casts of weights and gradients (fp32 <-> bf16 into fresh "
+        "tensors) as a fraction of the streaming model's rate for the same bytes (None: at that rate); measured by "
         "calibrate on CPUs, where the conversion kernel, not memory, sets the pace")
     kernel_overhead_us: float = Field(4.0, ge=0, le=MAX_US, description="fixed cost per kernel launch, us")
-    comm: float = Field(0.85, gt=0, le=1, description="fraction of link bandwidth large collectives reach")
+    comm: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of link bandwidth large collectives reach")
     a2a_fanout: Optional[float] = Field(
-        None, gt=0, le=1, description="fraction of the NIC rate that the library's all-to-all reaches across "
-        "nodes when every rank posts a message to each of its remote peers at once (the fan-out of "
+        None, ge=MIN_FRACTION, le=1, description="fraction of the NIC rate that the library's all-to-all reaches "
+        "across nodes when every rank posts a message to each of its remote peers at once (the fan-out of "
         "NCCL/RCCL all_to_all; HALO's Phase II instead sends one pack to each remote node's same-index peer "
         "and runs at `comm`); None: as `comm`")
-    overlap_comm_units: int = Field(
-        0, ge=0, description="compute units (SMs) the communication kernels of an all-to-all hold while it runs "
-        "beside compute (Layout.a2a_overlap, dualpipev): that compute runs on the other units, so each second "
+    overlap_comm_units: int = Field(  # (le: compute_units' own bound)
+        0, ge=0, le=1 << 20, description="compute units (SMs) the communication kernels of an all-to-all hold while "
+        "it runs beside compute (Layout.a2a_overlap, dualpipev): that compute runs on the other units, so each second "
         "of hidden all-to-all costs units_held / compute_units seconds of compute. 0: not measured")
     host_op_us: float = Field(
         0.0, ge=0, le=MAX_US,
@@ -172,9 +179,9 @@ class Efficiency(_Optional):
         "ranks last synchronised, beyond what collective_overhead_us holds at collective_skew_base_ms, "
         "us/√ms. Ranks whose progress jitters independently drift apart like a random walk, so the "
         "last one arrives σ·√W late (measured by calibrate on shared cores; 0: not measured)")
-    collective_skew_base_ms: float = Field(
-        0.0, ge=0, description="compute between calls at which collective_overhead_us was measured, ms: "
-        "a call after W ms of compute adds collective_skew_us·(√W − √base) when W > base")
+    collective_skew_base_ms: float = Field(  # (le: MAX_US, in ms)
+        0.0, ge=0, le=MAX_US / 1e3, description="compute between calls at which collective_overhead_us was measured, "
+        "ms: a call after W ms of compute adds collective_skew_us·(√W − √base) when W > base")
     source: str = ""
 
     @model_validator(mode="after")
@@ -184,8 +191,8 @@ class Efficiency(_Optional):
                 if not 0 <= v <= MAX_US:
                     raise ValueError(f"{name}.{k} must be in [0, {MAX_US:g}] us")
         for k, v in self.gemm_dtype.items():
-            if not 0 < v <= 1:
-                raise ValueError(f"gemm_dtype.{k} must be in (0, 1]")
+            if not MIN_FRACTION <= v <= 1:
+                raise ValueError(f"gemm_dtype.{k} must be in [{MIN_FRACTION:g}, 1]")
         # a misspelt key would silently drop a measured cost: each dict names what it may hold
         allowed = {"optimizer_tensor_us": {"adamw", "grad", "copy"},
                    "layer_overhead_us": {f"{k}_{d}" for k in ("dense", "moe") for d in ("bf16", "fp16", "fp32")},
@@ -217,10 +224,11 @@ class Level(_Optional):
     mesh: bool = Field(False, description="the level's GPUs are fully connected, one link per pair and no switch "
                        "(AMD's 8-GPU Infinity Fabric platforms): bandwidth_gbps is a GPU's all links together, and "
                        "traffic to k of its size-1 peers in the domain uses k/(size-1) of it")
-    taper: float = Field(1.0, gt=0, le=1, description="fraction of NIC injection bandwidth available at this level")
+    taper: float = Field(1.0, ge=MIN_FRACTION, le=1,
+                         description="fraction of NIC injection bandwidth available at this level")
     latency_us: float = Field(..., ge=0, le=MAX_US, description="one-message latency, us")
-    comm: Optional[float] = Field(None, gt=0, le=1, description="fraction of this level's bandwidth collectives "
-                                  "reach where measured on the level itself (None: efficiency.comm)")
+    comm: Optional[float] = Field(None, ge=MIN_FRACTION, le=1, description="fraction of this level's bandwidth "
+                                  "collectives reach where measured on the level itself (None: efficiency.comm)")
     job_block: Optional[int] = Field(
         None, ge=1, le=MAX_GPUS, description="GPUs of one domain of this level that a job's consecutive ranks fill "
         "before moving to the next domain (a scheduler that places a large job 64 GPUs to an NVL72 rack: 64); "
@@ -253,8 +261,8 @@ class Network(_Strict):
     nic_affinity: Optional[list[int]] = Field(None, description="NIC index of each local GPU (default: blocks)")
     rail_optimized: bool = Field(False, description="NIC l of every node sits on rail l; traffic between "
                                  "different NIC indices crosses a shared spine")
-    cross_rail_taper: float = Field(1.0, gt=0, le=1, description="per-GPU share of NIC rate left for cross-rail "
-                                    "traffic when every GPU sends across the spine at once")
+    cross_rail_taper: float = Field(1.0, ge=MIN_FRACTION, le=1, description="per-GPU share of NIC rate left for "
+                                    "cross-rail traffic when every GPU sends across the spine at once")
     planes: int = Field(1, ge=1, description="separate networks (planes) each NIC's nic_gbps is split over, "
                         "one port on each (a ConnectX-8 on Spectrum-X: 2 x 400GbE); collectives that stripe "
                         "their channels over the ports (ring) reach nic_gbps, an all-to-all's per-peer "
@@ -273,7 +281,7 @@ class Host(_Strict):
     memory_bandwidth_gbps: float = Field(..., ge=MIN_GBPS, le=MAX_GBPS,
                                          description="host DRAM bandwidth per GPU (the host's STREAM "
                                          "rate over the GPUs that share it), GB/s")
-    memory_gib: float = Field(..., gt=0, description="host memory per GPU, GiB")
+    memory_gib: float = Field(..., gt=0, le=MAX_GIB, description="host memory per GPU, GiB")
     source: str = ""
 
 
@@ -288,7 +296,7 @@ class HardwareSpec(_Optional):
     max_gpus: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="GPUs in the whole machine")
     network: Network
     topology: list[Level] = Field(..., min_length=1)
-    memory_overhead_gib: float = Field(2.0, ge=0, description="framework/allocator reserve per GPU, GiB")
+    memory_overhead_gib: float = Field(2.0, ge=0, le=MAX_GIB, description="framework/allocator reserve per GPU, GiB")
     host: Optional[Host] = Field(None, description="host memory for optimizer-state and activation offload "
                                  "(None: the spec prices no offload)")
     collectives: Literal["nccl", "gloo"] = Field(

@@ -125,9 +125,14 @@ def _base(c: _Cfg, mla: bool = False) -> dict:
         v = c.data.get(key)
         if v is not None and not isinstance(v, dict):
             raise c._err(key, f"expected an object, got {_short(v)}")
-    scaling = c.data.get("rope_scaling") or c.data.get("rope_parameters")
-    if isinstance(scaling, dict) and (scaling.get("rope_type") or scaling.get("type")) == "yarn":
-        out["rope_scaling"] = "yarn"
+    key = "rope_scaling" if c.data.get("rope_scaling") else "rope_parameters"
+    scaling = c.data.get(key)
+    if isinstance(scaling, dict):
+        for sub in ("rope_type", "type"):  # a number or a list here silently meant no YaRN
+            if scaling.get(sub) is not None and not isinstance(scaling[sub], str):
+                raise c._err(f"{key}.{sub}", f"expected a name such as yarn or llama3, got {_short(scaling[sub])}")
+        if (scaling.get("rope_type") or scaling.get("type")) == "yarn":
+            out["rope_scaling"] = "yarn"
     return out
 
 
@@ -311,6 +316,10 @@ def _with_mtp(c: _Cfg, out: dict) -> dict:
     return out
 
 
+# the routers DeepSeek's modelling code switches on (V2: greedy, group_limited_greedy; V3: noaux_tc)
+_TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
 def _route_groups(c: _Cfg, method: str = "") -> dict:
     """DeepSeek's group-limited routing (modelling code: topk_method group_limited_greedy in V2,
     noaux_tc in V3): the routed experts form n_group groups of consecutive ids and a token picks
@@ -318,7 +327,9 @@ def _route_groups(c: _Cfg, method: str = "") -> dict:
     `method`: the routing of a family whose code has no topk_method switch (GLM-4.5, dots.llm1)."""
     # DeepseekV3Config has no topk_method: V3's code always routes by group (noaux_tc)
     method = method or c.get("topk_method", str, default="noaux_tc" if c.family == "deepseek_v3" else "greedy")
-    if method not in ("group_limited_greedy", "noaux_tc"):
+    if method not in _TOPK_METHODS:  # a misspelt one ("noaux-tc") silently routed over every expert
+        raise c._err("topk_method", f"expected one of {', '.join(_TOPK_METHODS)}, got {_short(method)}")
+    if method == "greedy":
         return {}
     # missing: transformers' defaults, DeepseekV3Config's 8 groups of which 4 (configuration_deepseek_v3.py
     # @008e574), one group elsewhere (DeepseekV2Config's None, Glm4MoeConfig's 1: no limit)

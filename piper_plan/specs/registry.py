@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -51,9 +52,9 @@ def nearest_bundled(name: str, kind: str) -> str | None:
 
 
 def _bundled(ref: str, kind: str) -> Path | None:
-    """The bundled spec file of that name, if there is one."""
+    """The bundled spec file of that name, if there is one (a name too long for a file is none)."""
     q = bundled_dir(kind) / f"{ref}.yaml"
-    return q if q.is_file() else None
+    return q if os.path.isfile(q) else None
 
 
 def _known(kind: str) -> str:
@@ -69,6 +70,13 @@ def _suffix(p: Path) -> str:
 
 
 def _resolve(ref: str, kind: str) -> Path:
+    try:
+        return _resolve_file(ref, kind)
+    except OSError as e:  # stat() refusing the name (ENAMETOOLONG, ELOOP, EACCES above it): one line, not a traceback
+        raise SpecError(ref, "<file>", f"cannot read ({e.strerror or e})") from None
+
+
+def _resolve_file(ref: str, kind: str) -> Path:
     p = Path(ref)
     q = _bundled(ref, kind)
     if p.is_dir() and q is not None and _suffix(p) not in _SPEC_SUFFIXES:
@@ -133,10 +141,15 @@ def read_yaml(path: Path) -> dict:
     text = read_text(path)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.reader.ReaderError as e:  # a control character: its str() is two lines, without a problem_mark
+        line = text.count("\n", 0, e.position) + 1
+        raise SpecError(str(path), f"line {line}", f"malformed YAML (character #x{e.character:04x}: {e.reason}; "
+                                                   "YAML allows no control characters)") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "<yaml>"
-        raise SpecError(str(path), where, f"malformed YAML ({getattr(e, 'problem', None) or e})") from None
+        why = " ".join(str(getattr(e, "problem", None) or e).split())  # one line, whatever the error's str() holds
+        raise SpecError(str(path), where, f"malformed YAML ({why})") from None
     except (ValueError, TypeError, OverflowError) as e:  # a value its tag cannot hold: a date 2024-13-45, !!int abc
         raise SpecError(str(path), "<yaml>", f"a value YAML cannot read ({e})") from None
     except RecursionError:
@@ -214,7 +227,7 @@ def _with_base(path: Path, data: dict, seen: tuple[str, ...], kind: str) -> dict
 def _base_file(path: Path, ref: str, kind: str) -> Path | None:
     """The spec a `base: ref` in `path` names: a YAML beside it, else a bundled spec of `kind`."""
     local = path.parent / ref
-    return local if _suffix(local) in (".yaml", ".yml") and local.is_file() else _bundled(ref, kind)
+    return local if _suffix(local) in (".yaml", ".yml") and os.path.isfile(local) else _bundled(ref, kind)
 
 
 def spec_files(ref: str, kind: str) -> list[Path]:
