@@ -35,6 +35,7 @@ from .migrate import restore_placements
 from .model import EXPERT_TAG, Chunk
 from .moe.placement import ExpertPlacement
 from .optim import DistOptimizer
+from .procs import peer_failure
 from .tp import global_view
 
 KEEP = 2  # checkpoints kept (the newest and one before it)
@@ -176,6 +177,8 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
     try:
         dcp.save(state, checkpoint_id=str(tmp))
     except (CheckpointException, OSError) as e:  # every rank raises (DCP gathers the failures)
+        if (peer := peer_failure(e)) is not None:  # a peer died or hung mid-save: the launcher names it
+            raise RuntimeError(peer) from e
         why = _first_os_error(e)
         if not _is_os_reason(why, e):  # the OSError was lost on the way (below): say what the disk says
             need = sum(v.numel() * v.element_size() for v in state.values())
@@ -278,6 +281,8 @@ def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk])
     try:
         dcp.load(state, checkpoint_id=str(p))
     except (Exception, CheckpointException) as e:  # the latter derives from BaseException
+        if (peer := peer_failure(e)) is not None:  # a peer died or hung mid-load, not a damaged checkpoint
+            raise RuntimeError(peer) from e
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else type(e).__name__
         raise CheckpointError(f"{p}: cannot load, damaged or incompatible ({why[:140]})") from None

@@ -8,6 +8,7 @@ one line with exit status 2; a problem only a worker can see (a damaged checkpoi
 is reported the same way, and collective timeouts stop a rank that would otherwise hang."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from piper_plan.runtimes import layout_refusal
 
 from .config import check_tp
 from .host import keep_freed_pages
-from .procs import start_ranks
+from .procs import lost_peer, start_ranks, timed_out
 
 
 def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
@@ -183,50 +184,18 @@ def _spawned(rank: int, world: int, jobs_json: list[tuple[str, object]], store_p
             raise
         # a peer stopped, hung or died: every survivor's traceback would say only that, and bury the
         # failing rank's own (spawn_jobs reports the cause ahead of these records)
-        if _timed_out(e):
+        if timed_out(e):
             Path(tmp, "err", f"rank{rank:05d}.timeout").write_text(
                 f"rank {rank}: no reply from a peer within --timeout {jobs_json[0][1].timeout_s:g} s (a rank "
                 f"stopped or hung): {error_line(e)}")
             sys.exit(1)
-        if _lost_peer(e):
+        if lost_peer(e):
             Path(tmp, "err", f"rank{rank:05d}.lost").write_text(
                 f"rank {rank}: lost the connection to a peer (a rank exited or was killed): {error_line(e)}")
             sys.exit(1)
         traceback.print_exc()
         Path(tmp, "err", f"rank{rank:05d}.crash").write_text(f"rank {rank}: {error_line(e)}")
         sys.exit(1)
-
-
-def _timed_out(e: BaseException) -> bool:
-    """Whether `e`, or what it was raised from, is a collective or transfer timing out (gloo:
-    "Timed out waiting ... for recv"; NCCL's watchdog: "Watchdog caught collective operation
-    timeout: ... ran for ... before timing out")."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).lower()
-        if isinstance(e, (RuntimeError, TimeoutError)) and ("timed out" in text or "operation timeout" in text):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-# gloo's words (transport/tcp/pair.cc) for a peer whose process is gone: "Connection closed by
-# peer", "Read error ...: Connection reset by peer", "Write error ...: Broken pipe"
-_LOST_PEER = ("closed by peer", "reset by peer", "read error", "write error", "broken pipe")
-
-
-def _lost_peer(e: BaseException) -> bool:
-    """Whether `e`, or what it was raised from, is a collective or transfer failing because a
-    peer's connection closed (the peer exited, crashed or was killed)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).lower()
-        if isinstance(e, (RuntimeError, ConnectionError)) and any(w in text for w in _LOST_PEER):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _exit_with(launcher: int, every_s: float = 1.0) -> None:
@@ -263,8 +232,12 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1, grace_s: float
         os.mkdir(os.path.join(tmp, "err"))
         payload = [(p.model_dump_json(), c) for p, c in jobs]
         ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads, os.getpid(), ignored), n)
+        with _sigint_held() as held:  # a Ctrl-C before start_ranks returns would leave ranks nobody stops
+            ctx = start_ranks(_spawned, (n, payload, os.path.join(tmp, "store"), tmp, threads, os.getpid(), ignored),
+                              n)
         try:
+            if held:
+                raise KeyboardInterrupt
             failed = _failed(ctx.processes)
         except KeyboardInterrupt:  # the ranks are the forkserver's children: stop them before leaving
             _stop(ctx.processes, grace_s)
@@ -276,6 +249,25 @@ def spawn_jobs(jobs: list[tuple[Plan, object]], threads: int = 1, grace_s: float
                 raise PiperError(errs[0].read_text().strip()) from None
             raise RankFailed(_cause(Path(tmp, "err"), ctx.processes, sent, ctx.error_files))
         return [json.loads(Path(tmp, f"job{j:04d}.json").read_text()) for j in range(len(jobs))]
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """Hold a SIGINT that arrives inside the block until it ends: the block yields a list that
+    is not empty where one came (the caller raises KeyboardInterrupt then, where it can stop what
+    the block started). A Python-level handler, not the signal mask, which the forkserver started
+    inside the block would keep for good. Outside the main thread, or where SIGINT is ignored,
+    nothing changes."""
+    got: list = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield got
+        return
+    prev = signal.signal(signal.SIGINT, lambda *_: got.append(True))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, prev)
 
 
 def _failed(procs) -> bool:

@@ -303,8 +303,9 @@ class Reporter:
 def open_records(path: Path):
     """`path` opened to append JSONL records (unbuffered, binary), its end made a record's first:
     a last line without its newline is a record a killed or failed run was writing when it
-    stopped. It is dropped where it does not parse (it was never a whole record, and a reader
-    would stop at it) and ended with its newline where it does (a file only missing that)."""
+    stopped. It is dropped where it starts as a record does but does not parse (it was never a
+    whole record, and a reader would stop at it) and ended with its newline otherwise (a record
+    only missing that, or text that is no record of ours: `--metrics /dev/stdout >> log`)."""
     try:
         fh = open(path, "ab", buffering=0)
         size = os.fstat(fh.fileno()).st_size
@@ -323,7 +324,7 @@ def open_records(path: Path):
                     whole = True
                 except (ValueError, RecursionError):
                     whole = False
-                if whole:
+                if whole or not tail[cut:].lstrip().startswith(b"{"):
                     fh.write(b"\n")
                 else:
                     os.ftruncate(fh.fileno(), at + cut)

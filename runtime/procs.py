@@ -38,3 +38,56 @@ def _enter(rank: int, fn, env: dict, cwd: str, args: tuple) -> None:
     os.environ.update(env)
     os.chdir(cwd)
     fn(rank, *args)
+
+
+def timed_out(e: BaseException) -> bool:
+    """Whether `e`, or what it was raised from, is a collective or transfer timing out (gloo:
+    "Timed out waiting ... for recv"; NCCL's watchdog: "Watchdog caught collective operation
+    timeout: ... ran for ... before timing out")."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).lower()
+        if isinstance(e, (RuntimeError, TimeoutError)) and ("timed out" in text or "operation timeout" in text):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+# gloo's words (transport/tcp/pair.cc) for a peer whose process is gone: "Connection closed by
+# peer", "Read error ...: Connection reset by peer", "Write error ...: Broken pipe"
+_LOST_PEER = ("closed by peer", "reset by peer", "read error", "write error", "broken pipe")
+
+
+def lost_peer(e: BaseException) -> bool:
+    """Whether `e`, or what it was raised from, is a collective or transfer failing because a
+    peer's connection closed (the peer exited, crashed or was killed)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e).lower()
+        if isinstance(e, (RuntimeError, ConnectionError)) and any(w in text for w in _LOST_PEER):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+# what a peer's failure reads as once DCP has gathered it into its CheckpointException (a
+# BaseException, the rank's error text in its message): strict words, as a damaged file's
+# message may well say "read error"
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "timed out")
+
+
+def peer_failure(e: BaseException) -> str | None:
+    """The line saying a peer stopped, hung or died where that, not this rank's own input, is
+    why `e` (or what it was raised from) failed, else None: a checkpoint's gathered failure
+    (DCP's CheckpointException) holds it among its ranks' tracebacks. Raised again as a
+    RuntimeError of that line, timed_out or lost_peer reads it as the launcher's handler needs."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for line in str(e).splitlines():
+            if any(w in line.lower() for w in _PEER_GONE):
+                return line.strip()
+        e = e.__cause__ or e.__context__
+    return None

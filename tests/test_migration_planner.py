@@ -195,3 +195,36 @@ def test_a_migration_moves_whole_expert_sets_of_the_stage_s_moe_layers_at_18_byt
         mig.migration_time(m, hw, from_layouts([Layout(gpus=8 * pp, pp=pp, dp=8, ep=8, global_batch=64, seq=4096)]))
     assert m.expert_params == 3 * 4096 * 14336
     assert offered == pytest.approx([1 * (32 / pp) * m.expert_params * 18 * 8 / 7 for pp in (1, 2, 4)])
+
+
+def test_piper_train_moves_its_fp32_parameter_not_a_bf16_weight_and_a_master():
+    # piper-train's bf16 is an autocast copy of the fp32 parameter: a migration sends the parameter,
+    # its fp32 gradient and Adam's two moments (runtime/migrate.py expert_fields), 16 B a parameter
+    from piper_plan.cost.migration import bytes_per_param
+    assert float(bytes_per_param(2, 4, 0, 1, casts=True)) == 16.0
+    assert float(bytes_per_param(4, 4, 0, 1, casts=True)) == float(bytes_per_param(4, 4, 0, 1)) == 16.0
+    assert float(bytes_per_param(2, 4, 1, 4, casts=True)) == 4 + 4 + 8 / 4  # ZeRO-1 shards the moments alone
+
+
+def test_a_migration_that_moves_nothing_still_agrees_over_its_groups():
+    # the counts, ready flag, checksums and commit vote are four small all-reduces (runtime/migrate.py),
+    # milliseconds each on a CPU: a migration pays them beside what it moves
+    from piper_plan.cost import migration as mig
+    from piper_plan.cost.batch import from_layouts
+    m, cpu = load_model("tiny-moe"), load_hardware("cpu-local")
+    lay = from_layouts([Layout(gpus=4, dp=4, ep=4, global_batch=8, seq=64, fused_kernels=False)])
+    even = np.ones(m.moe.num_experts)
+    t = float(mig.migration_time(m, cpu, lay, even)[0])
+    agree = float(mig._agreement(m, cpu, lay, np.ceil(m.num_moe_layers / lay.pp))[0])
+    assert agree > 4 * cpu.topology[0].latency_us * 1e-6 and t > agree
+    move_only = float(mig.comm.a2a_flat(cpu, 1.0, 4, lay.ep_stride, lay.gpus)[0])
+    assert move_only < agree  # before, a migration was priced as the exchange alone
+
+
+def test_a_run_that_redoes_every_step_of_a_crashed_one_is_read_at_its_own_width(tmp_path):
+    # a crashed 8-expert run (no summary line), then a whole 4-expert run from step 0 in the same file
+    f = tmp_path / "m.jsonl"
+    recs = [{"step": s, "tokens_per_expert": {"1": [1] * 8}} for s in (0, 1)]
+    recs += [{"step": s, "tokens_per_expert": {"1": [2, 1, 1, 0]}} for s in (0, 1, 2)] + [{"summary": True}]
+    f.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    assert load_histogram(f).tolist() == [[6, 3, 3, 0]]

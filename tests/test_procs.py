@@ -42,7 +42,7 @@ def test_ranks_see_the_environment_and_folder_of_each_start(tmp_path, monkeypatc
 
 
 def test_a_timed_out_collective_is_recognised_in_gloo_s_words_and_nccl_s():
-    from piper_runtime.launch import _timed_out
+    from piper_runtime.procs import timed_out as _timed_out
 
     gloo = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation")
     nccl = RuntimeError("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
@@ -56,7 +56,7 @@ def test_a_timed_out_collective_is_recognised_in_gloo_s_words_and_nccl_s():
 
 
 def test_a_lost_peer_is_recognised_in_gloo_s_words():
-    from piper_runtime.launch import _lost_peer, _timed_out
+    from piper_runtime.procs import lost_peer as _lost_peer, timed_out as _timed_out
 
     closed = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:32171. "
                           "This is typically caused by a remote worker crashing.")
@@ -67,3 +67,19 @@ def test_a_lost_peer_is_recognised_in_gloo_s_words():
         wrapped = e
     assert _lost_peer(closed) and _lost_peer(reset) and _lost_peer(wrapped) and not _timed_out(closed)
     assert not _lost_peer(RuntimeError("CUDA out of memory")) and not _lost_peer(ValueError("reset by peer"))
+
+
+def test_a_checkpoint_that_failed_because_a_peer_died_is_not_called_damaged():
+    # DCP gathers every rank's failure into one CheckpointException; a survivor's "Connection closed
+    # by peer" in it is the dead rank's doing, which the launcher names (not "damaged or incompatible")
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from piper_runtime.procs import lost_peer, peer_failure, timed_out
+    tb = traceback.StackSummary.from_list([("dcp.py", 1, "load", "read_data()")])
+    lost = CheckpointException("load", {1: (RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:7"), tb)})
+    hung = CheckpointException("load", {0: (RuntimeError("[pair.cc:600] Timed out waiting 10000ms for recv"), tb)})
+    damaged = CheckpointException("load", {0: (RuntimeError("PytorchStreamReader failed: read error"), tb)})
+    assert lost_peer(RuntimeError(peer_failure(lost))) and timed_out(RuntimeError(peer_failure(hung)))
+    assert peer_failure(damaged) is None and peer_failure(ValueError("size mismatch for w1")) is None

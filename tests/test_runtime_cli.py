@@ -275,6 +275,12 @@ def test_a_record_a_killed_run_left_half_written_is_dropped_before_the_next_run_
             fh.write(b'{"step": 2, "loss": 6.0}\n')
     assert [r["step"] for r in _records(half)] == [0, 2]
     assert [r["step"] for r in _records(whole)] == [0, 1, 2]
+    # text that is no record of ours (`--metrics /dev/stdout >> log`) is kept, the records after it
+    log = tmp_path / "log.txt"
+    log.write_text("previous log line without newline")
+    with open_records(log) as fh:
+        fh.write(b'{"step": 0, "loss": 6.0}\n')
+    assert log.read_text() == 'previous log line without newline\n{"step": 0, "loss": 6.0}\n'
 
 
 def test_a_failed_checkpoint_write_is_named_by_its_os_error_wherever_dcp_nests_it():
@@ -594,3 +600,25 @@ def test_the_ranks_exit_when_the_launcher_is_killed_outright(tmp_path):
         if _live(r.pid):
             os.killpg(r.pid, signal.SIGKILL)
     assert not left, f"{len(left)} processes of the run still alive 15 s after the launcher died"
+
+
+def test_ctrl_c_while_the_ranks_start_stops_the_ranks_it_started(tmp_path, monkeypatch):
+    # a SIGINT before start_ranks returned left its ranks running for minutes (the launcher had no
+    # handle on them yet): it is held until they exist, then stops them as any Ctrl-C does
+    import signal
+
+    import piper_runtime.launch as L
+    from piper_plan.plan import read_plan
+    from piper_runtime.train import TrainConfig
+    started = []
+
+    def interrupted(*a):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives inside the start, as a user's Ctrl-C may
+        ctx = real(*a)
+        started.append(ctx)
+        return ctx
+    real = L.start_ranks
+    monkeypatch.setattr(L, "start_ranks", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        L.spawn_jobs([(read_plan(_write(tmp_path)), TrainConfig(steps=50, timeout_s=60, log_every=0))])
+    assert started and not any(p.is_alive() for p in started[0].processes)

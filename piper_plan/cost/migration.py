@@ -56,15 +56,20 @@ def predict_imbalance(p: np.ndarray, ep: int, placement_planner: Optional[str] =
                 arrivals_max=max(arrivals), placement=pl)
 
 
-def bytes_per_param(act_bytes, grad_bytes, zero, edp, move_grads: bool = True) -> np.ndarray:
+def bytes_per_param(act_bytes, grad_bytes, zero, edp, move_grads: bool = True, casts=False) -> np.ndarray:
     """Bytes of one expert parameter that a migration moves from one rank: weight
     (act_bytes: 2 for bf16, 4 for fp32), gradient (grad_bytes; 0 with move_grads=False),
     fp32 master (4, bf16 only), Adam moments (8); ZeRO >= 1 shards master and moments,
     ZeRO 2 also gradients, ZeRO 3 the weights too, over `edp` ranks. bf16 + fp32 grads + ZeRO-0 = 2+4+4+8 = 18;
-    brief §4's 16 B/param is bf16 weights and gradients."""
+    brief §4's 16 B/param is bf16 weights and gradients. `casts` (LayoutBatch.unfused: piper-train)
+    where the weight is the fp32 parameter itself and bf16 a per-step autocast copy that does not
+    move: 4 + 4 + 8 = 16 (runtime/migrate.py expert_fields sends the parameter, its gradient and
+    the moments)."""
     act_bytes, grad_bytes = np.asarray(act_bytes, dtype=float), np.asarray(grad_bytes, dtype=float)
     zero, edp = np.asarray(zero), np.maximum(np.asarray(edp, dtype=float), 1.0)
-    master = np.where(act_bytes < 4, 4.0, 0.0)
+    casts = np.asarray(casts, bool)
+    master = np.where((act_bytes < 4) & ~casts, 4.0, 0.0)
+    act_bytes = np.where(casts, 4.0, act_bytes)
     opt_share = np.where(zero >= 1, 1.0 / edp, 1.0)
     grad_share = np.where(zero >= 2, 1.0 / edp, 1.0)
     weight_share = np.where(zero >= 3, 1.0 / edp, 1.0)  # ZeRO-3 shards the weights too
@@ -94,11 +99,28 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     uniq, inv = np.unique(ep, return_inverse=True)  # the planner runs once per distinct ep
     arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in uniq], dtype=float)[inv]
     layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
-    per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.zero_shard(lay.edp), move_grads)
+    per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.zero_shard(lay.edp), move_grads,
+                                lay.unfused)
     nbytes = arrivals * layers * m.expert_params * per_param / np.asarray(lay.etp, dtype=float)
     # a2a_flat counts a self share of 1/n: scale so that n-1 peers carry `nbytes`
     n = np.maximum(ep, 2)
-    return np.where(ep > 1, comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.ep_stride, lay.gpus), 0.0)
+    move = comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.ep_stride, lay.gpus)
+    return np.where(ep > 1, move + _agreement(m, hw, lay, layers), 0.0)
+
+
+def _agreement(m: ModelSpec, hw: HardwareSpec, lay, layers) -> np.ndarray:
+    """Seconds of the small all-reduces a migration agrees by (runtime/migrate.py): the stage's
+    per-expert token counts (layers x E int64) and its commit vote over the stage's ranks, the
+    ready flag and the before/after checksums of every expert (2 x layers x E int64) over the EP
+    group. Latency-bound at any size that matters; a CPU pays about a millisecond each."""
+    E = m.moe.num_experts
+    stage = (lay.dp * lay.cp * lay.tp).astype(int)  # a stage's ranks, consecutive (layout.rank_coords)
+    ep = np.asarray(lay.ep)
+    over_stage = (comm.ring_allreduce(hw, 8.0 * layers * E, stage, 1, world=lay.gpus)
+                  + comm.ring_allreduce(hw, 8.0, stage, 1, world=lay.gpus))
+    over_ep = (comm.ring_allreduce(hw, 8.0, ep, lay.ep_stride, world=lay.gpus)
+               + comm.ring_allreduce(hw, 16.0 * layers * E, ep, lay.ep_stride, world=lay.gpus))
+    return over_stage + over_ep
 
 
 def migration_step_time(m: ModelSpec, hw: HardwareSpec, lay, period_steps: int, p: Optional[np.ndarray] = None,
@@ -177,6 +199,8 @@ def load_histogram(path: str | Path, num_experts: Optional[int] = None) -> np.nd
             if step <= last:  # redone by a resumed run (steps rise otherwise: no scan a record)
                 for s in [s for s in steps if isinstance(s, int) and s >= step]:
                     del steps[s]
+                if not steps:  # every earlier record superseded: a new run, perhaps of another model
+                    width = None
             last = step
         else:
             step = ("line", n)  # a record without its step number stands alone
