@@ -187,7 +187,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     E = m.moe.num_experts if m.moe else 1
     # tp inside the scale-up domain a job fills (a node; 64 GPUs of an NVL72 rack), not the tray of 4:
     # a divisor of it, so no tp group straddles two domains. The other degrees are enumerated and
-    # refused by a counted rule below, as are those that do not split the heads
+    # refused, counted, before the grid is built, as are those that do not split the heads
     domain = N if sp.tps else min(N, hw.job_blocks[hw.scaleup_level])
     tps = [t for t in (sp.tps or _divisors(N)) if N % t == 0]
     # (tp, cp, pp, dp, ep, etp) tuples
@@ -238,18 +238,30 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     a2 = np.array([A2AS.index(a) for a in sp.a2as]) if m.moe else np.array([0])
     pl = np.array([PLACEMENTS.index(p) for p in sp.placements]) if m.moe else np.array([0])
     mb = np.array(sp.mbs or mbs_choices(sp.global_batch))
-    # a bound before the grid is built: the rank with the LM head keeps at least one micro-batch's
-    # fp32 logits and their gradient (rank_memory._logits), so a micro-batch whose logits alone
-    # overflow the device fits on no layout; sizes over it for every (tp, cp) are not crossed at all
+    # rules on the degrees alone and a memory bound on the micro-batch, before the grid is built
+    # (each counted as the layouts it would have made): its tp rules are on tp alone, and the rank
+    # with the LM head keeps at least one micro-batch's fp32 logits and their gradient
+    # (rank_memory._logits), so a micro-batch whose logits alone overflow the device fits on no
+    # layout; sizes over it for every (tp, cp) left are not crossed at all
+    per_tri = len(sched) * len(rc) * len(zs) * len(a2) * len(pl) * len(_offload_combos(sp))  # layouts a tuple makes
+    for name, bad in ((f"tp not a divisor of the scale-up domain ({domain} GPUs): a tp group's collectives on "
+                       "every layer would cross the NICs", lambda t: t > domain or domain % t != 0),
+                      ("tp does not divide the query heads, or neither divides nor is a multiple of the kv heads",
+                       lambda t: not tp_splits_heads(m.num_heads, m.kv_heads, t))):
+        drop = np.array([bad(int(t)) for t in tri[:, 0]])
+        if drop.any():
+            rejected[name] = int(drop.sum()) * len(mb) * per_tri
+            tri = tri[~drop]
+    if not len(tri):
+        return None, rejected
     avail = (hw.accelerator.memory_gib - (headroom_gib or 0.0)) * GIB
     per_seq = sp.seq * m.vocab_size * (1 + m.mtp_layers) * (4.0 + DTYPE_BYTES[sp.dtype])
     widest = int((tri[:, 0] * tri[:, 1]).max())  # the most a sequence's logits are split
     over_all = mb * per_seq / widest > avail
-    n_over = int(np.count_nonzero(over_all))  # counted as the layouts they would have made
-    n_over *= len(tri) * len(sched) * len(rc) * len(zs) * len(a2) * len(pl) * len(_offload_combos(sp))
+    n_over = int(np.count_nonzero(over_all)) * len(tri) * per_tri
     mb = mb[~over_all]
     if not len(mb):
-        return None, {LOGITS_BOUND: n_over}
+        return None, {**rejected, LOGITS_BOUND: n_over}
     # Stage 1 crosses (tp, pp, ep) × schedule × micro-batch size and applies the rules that
     # depend on those alone; stage 2 crosses the survivors with recompute × ZeRO × a2a ×
     # placement. Stage-1 rejections count once per stage-2 combination, as in a full product.
@@ -275,11 +287,6 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     if n_over:
         rejected[LOGITS_BOUND] = n_over
     rule(LOGITS_BOUND, mbs * per_seq / (tp * cp) > avail)
-    rule(f"tp not a divisor of the scale-up domain ({domain} GPUs): a tp group's collectives on every layer "
-         "would cross the NICs", (tp > domain) | (domain % tp != 0))
-    heads_ok = {t: tp_splits_heads(m.num_heads, m.kv_heads, t) for t in np.unique(tp).tolist()}
-    rule("tp does not divide the query heads, or neither divides nor is a multiple of the kv heads",
-         ~np.vectorize(heads_ok.get, otypes=[bool])(tp))
     gbs = sp.global_batch
     rule("global batch not divisible by dp*mbs", gbs % (dp * mbs) != 0)
     M = np.where(keep, gbs // np.maximum(dp * mbs, 1), 0)
