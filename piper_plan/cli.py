@@ -588,10 +588,11 @@ def _cps(kw, seq: int) -> tuple[int, ...]:
     return _ints(kw["cps"], "--cp")
 
 
-def _module_sets(texts, model) -> tuple[tuple[str, ...], ...]:
-    """--offload-modules' sets, each once: the same set given twice is a typo, as a module twice in one."""
-    sets = tuple(_offload_modules(t, model) for t in texts)
-    _no_repeats([",".join(sorted(s)) or "none" for s in sets], "--offload-modules", " ".join(texts))
+def _module_sets(texts, option: str, parse) -> tuple[tuple[str, ...], ...]:
+    """A repeatable option's module sets (`parse` reads one), each once: the same set given twice
+    is a typo, as a module twice in one."""
+    sets = tuple(parse(t) for t in texts)
+    _no_repeats([",".join(sorted(s)) or "none" for s in sets], option, " ".join(texts))
     return sets
 
 
@@ -601,8 +602,7 @@ def _space(kw, model, gpus):
 
     seq, gbs = _seq_batch(kw, model)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
-    selective = tuple(_modules(text, "--selective") for text in kw["selective"])
-    _no_repeats([",".join(sorted(s)) for s in selective], "--selective", " ".join(kw["selective"]))  # a set twice
+    selective = _module_sets(kw["selective"], "--selective", lambda t: _modules(t, "--selective"))
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
@@ -614,7 +614,8 @@ def _space(kw, model, gpus):
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
                      offload_layers=_ints(kw["offload_layers"], "--offload-layers", 0, MAX_LAYERS),
-                     offload_modules=_module_sets(kw["offload_modules"], model),
+                     offload_modules=_module_sets(kw["offload_modules"], "--offload-modules",
+                                                  lambda t: _offload_modules(t, model)),
                      recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", 0, MAX_LAYERS),
                      hsdp=kw["hsdp"])
     return for_runtime(sp, kw.get("runtime", "any"), model)
@@ -746,7 +747,8 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     # before the sweep: a path that cannot be written would lose it, or leave half the outputs
     check_outputs([(csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")], _inputs(kw))
     said: set = set()
-    for h in scenarios(hw, vary_d).values():  # a varied max_gpus or topology is the scenario's machine
+    specs = scenarios(hw, vary_d)  # every value checked before the first search
+    for h in specs.values():  # a varied max_gpus or topology is the scenario's machine
         for c in counts:
             _check_machine_size(h, kw["hardware"], c, said)
     _warn_unread_vary(vary_d, space, kw["hardware"])
@@ -756,7 +758,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     with Progress(transient=True, disable=n < 4) as prog:
         task = prog.add_task("sweeping", total=n)
         rows = run_sweep(model, hw, counts, vary_d, space, routing, lambda: prog.advance(task), kw["headroom_gib"],
-                         batch_given=kw["global_batch"] is not None)
+                         batch_given=kw["global_batch"] is not None, specs=specs)
     keys = ["gpus", *vary_d]
     t = Table(title=f"{model.name} on {hw.name}: best plan per scenario")
     for c in keys + ["global batch", "tokens/s", "MFU", "layout"]:

@@ -46,13 +46,20 @@ def from_validation(source: str, err: ValidationError, names: dict[str, str] | N
     return SpecError(source, loc, expected)
 
 
+def exception_chain(e: BaseException) -> list[BaseException]:
+    """`e`, then what it was raised from or during (__cause__, else __context__), outermost
+    first, each once (a cycle ends it)."""
+    chain = [e]
+    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
+        chain.append(nxt)
+    return chain
+
+
 def error_line(e: BaseException) -> str:
     """One line saying what failed: the innermost cause's type and first non-empty line (torch's
     pipelining wraps a stage's error as RuntimeError("\n [Stage 0] failed ..."), whose first line
     is empty), else the first non-empty line anywhere along the chain."""
-    chain = [e]
-    while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None and nxt not in chain:
-        chain.append(nxt)
+    chain = exception_chain(e)
     for x in reversed(chain):
         line = next((ln.strip() for ln in str(x).splitlines() if ln.strip()), "")
         if line:

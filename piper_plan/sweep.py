@@ -130,12 +130,14 @@ def scenarios(hw: HardwareSpec, vary: dict[str, list[float]]) -> dict[tuple, Har
 
 
 def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[float]], space: SearchSpace,
-              routing=None, progress=None, headroom_gib: float = 0.0, batch_given: bool = False) -> list[dict]:
+              routing=None, progress=None, headroom_gib: float = 0.0, batch_given: bool = False,
+              specs: dict[tuple, HardwareSpec] | None = None) -> list[dict]:
     """One row per (gpus × varied values) scenario with the best plan found, `headroom_gib` kept free,
     at the space's global batch (the row's global_batch): as given where `batch_given`, else the
-    default batch rounded to a multiple of each GPU count (a size, not a layout)."""
+    default batch rounded to a multiple of each GPU count (a size, not a layout). `specs`:
+    scenarios(hw, vary) where the caller has them already."""
     keys = list(vary)
-    specs = scenarios(hw, vary)  # every value checked before the first search
+    specs = specs or scenarios(hw, vary)  # every value checked before the first search
     rows = []
     for n, vals in itertools.product(gpus, specs):
         h = specs[vals]

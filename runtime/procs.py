@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+from piper_plan.errors import exception_chain
+
 PRELOAD = ["torch", "torch.distributed", "piper_runtime.train"]
 
 
@@ -44,13 +46,10 @@ def timed_out(e: BaseException) -> bool:
     """Whether `e`, or what it was raised from, is a collective or transfer timing out (gloo:
     "Timed out waiting ... for recv"; NCCL's watchdog: "Watchdog caught collective operation
     timeout: ... ran for ... before timing out")."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).lower()
-        if isinstance(e, (RuntimeError, TimeoutError)) and ("timed out" in text or "operation timeout" in text):
+    for x in exception_chain(e):
+        text = str(x).lower()
+        if isinstance(x, (RuntimeError, TimeoutError)) and ("timed out" in text or "operation timeout" in text):
             return True
-        e = e.__cause__ or e.__context__
     return False
 
 
@@ -62,14 +61,8 @@ _LOST_PEER = ("closed by peer", "reset by peer", "read error", "write error", "b
 def lost_peer(e: BaseException) -> bool:
     """Whether `e`, or what it was raised from, is a collective or transfer failing because a
     peer's connection closed (the peer exited, crashed or was killed)."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        text = str(e).lower()
-        if isinstance(e, (RuntimeError, ConnectionError)) and any(w in text for w in _LOST_PEER):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+    return any(isinstance(x, (RuntimeError, ConnectionError)) and any(w in str(x).lower() for w in _LOST_PEER)
+               for x in exception_chain(e))
 
 
 # what a peer's failure reads as once DCP has gathered it into its CheckpointException (a
@@ -83,11 +76,5 @@ def peer_failure(e: BaseException) -> str | None:
     why `e` (or what it was raised from) failed, else None: a checkpoint's gathered failure
     (DCP's CheckpointException) holds it among its ranks' tracebacks. Raised again as a
     RuntimeError of that line, timed_out or lost_peer reads it as the launcher's handler needs."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        for line in str(e).splitlines():
-            if any(w in line.lower() for w in _PEER_GONE):
-                return line.strip()
-        e = e.__cause__ or e.__context__
-    return None
+    return next((line.strip() for x in exception_chain(e) for line in str(x).splitlines()
+                 if any(w in line.lower() for w in _PEER_GONE)), None)
