@@ -1,46 +1,14 @@
 """Bad input to either command is a one-line error naming the file or option, the field and what
 was expected, with a non-zero exit: never a traceback, never nonsense accepted. Each case here is
-one a fuzzing pass over the CLIs found giving a traceback or exit 0 (session 33)."""
+one a fuzzing pass over the CLIs found giving a traceback or exit 0 (session 33). Outputs that
+cannot be written, or would lose a file, are test_bad_output.py's."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from piper_plan.cli import main
-
-REPO = Path(__file__).resolve().parents[1]
-EST = ["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
-SEARCH = ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8"]
-
-
-def _run(args, cmd=main):
-    r = CliRunner().invoke(cmd, args)
-    out = r.output + (r.stderr if hasattr(r, "stderr") and r.stderr not in r.output else "")
-    return r.exit_code, out, r
-
-
-def one_line(args, *needles, cmd=main):
-    """The command exits 2 with exactly one line, `error: ...`, holding every needle."""
-    code, out, r = _run(args, cmd)
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    lines = [x for x in out.strip().splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), out
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
-
-
-def refused(args, *needles, cmd=main):
-    """click refuses the option value (its usage error, exit 2) or the command gives one line."""
-    code, out, r = _run(args, cmd)
-    assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
-    assert code == 2 and "Traceback" not in out, out
-    for n in needles:
-        assert n in out, out
+from bad_input_support import EST, REPO, SEARCH, SWEEP, _run, one_line, refused
 
 
 def _spec(tmp_path, name, edit, kind="hardware"):
@@ -50,7 +18,7 @@ def _spec(tmp_path, name, edit, kind="hardware"):
     return str(p)
 
 
-# ---- files that cannot be read or written --------------------------------------------
+# ---- files that cannot be read ----------------------------------------------------------
 @pytest.mark.parametrize("flag", ["-m", "-H"])
 def test_a_binary_spec_is_one_line(tmp_path, flag):
     p = tmp_path / "garbage.yaml"
@@ -65,37 +33,6 @@ def test_a_binary_plan_and_hf_config_are_one_line(tmp_path):
         (tmp_path / name).write_bytes(b"\xff\xfe\x00garbage")
     one_line(["show", str(tmp_path / "plan.json")], "plan.json", "UTF-8")
     one_line(["estimate", "-m", str(tmp_path / "config.json"), "-H", "cpu-local", "-n", "4"], "config.json", "UTF-8")
-
-
-@pytest.mark.parametrize("where", ["afile/plan.json", "nodir/sub/plan.json"])
-def test_an_unwritable_output_is_one_line_and_leaves_nothing_behind(tmp_path, where):
-    (tmp_path / "afile").write_text("a file where a folder should be")
-    out = tmp_path / where
-    one_line([*SEARCH, "-o", str(out)], str(out), "cannot write")
-    one_line([*EST, "-o", str(out)], str(out), "cannot write")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
-
-
-def test_a_readonly_folder_keeps_the_old_plan_whole(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders")
-    old = tmp_path / "plan.json"
-    old.write_text("old")
-    tmp_path.chmod(0o555)
-    try:
-        one_line([*SEARCH, "-o", str(old)], "cannot write")
-    finally:
-        tmp_path.chmod(0o755)
-    assert old.read_text() == "old"
-
-
-def test_calibrate_refuses_an_unwritable_output_before_measuring(tmp_path):
-    from piper_plan.calibrate import calibrate_cmd
-
-    (tmp_path / "afile").write_text("")
-    line = one_line(["-o", str(tmp_path / "afile" / "x.yaml"), "--smoke"], "cannot create its folder",
-                    cmd=calibrate_cmd)
-    assert "afile" in line
 
 
 # ---- option values ---------------------------------------------------------------------
@@ -134,9 +71,6 @@ def test_sweep_refuses_non_finite_or_repeated_what_ifs(vary, needle):
     one_line(args, "--vary", needle)
 
 
-SWEEP = ["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8"]
-
-
 @pytest.mark.parametrize("vary,needle", [(["nic_gbps=1,1"], "distinct"), (["=1"], "expected FIELD=v1,v2"),
                                          (["nic=1"], "one of nic_gbps, hbm_gib")])
 def test_sweep_refuses_repeated_values_and_nameless_or_unknown_fields_saying_what_it_takes(vary, needle):
@@ -156,27 +90,6 @@ def test_sweep_refuses_a_value_the_spec_refuses_before_it_searches_any_scenario(
 
     monkeypatch.setattr(piper_plan.sweep, "search", searched)
     one_line([*SWEEP, "--vary", "nic_gbps=12.5,-1"], "network.nic_gbps", "greater than or equal to 0.001")
-
-
-@pytest.mark.parametrize("flag", ["--csv", "--json", "--plot"])
-def test_sweep_checks_every_output_before_it_sweeps_and_leaves_the_others_whole(tmp_path, flag):
-    # an output it could not write had failed after the sweep, with the outputs before it written
-    kept = tmp_path / "kept.csv"
-    kept.write_text("an earlier sweep\n")
-    bad = str(tmp_path / "no-such-folder" / "out")
-    args = [*SWEEP, "--vary", "nic_gbps=12.5,25"] + (["--csv", str(kept)] if flag != "--csv" else [])
-    one_line([*args, flag, bad], bad, flag, "no folder")
-    assert kept.read_text() == "an earlier sweep\n"
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs a folder the file system refuses writes into")
-def test_an_output_in_a_folder_that_refuses_files_is_refused_before_the_sweep_even_for_root(tmp_path):
-    # /proc passes os.access for root; the probe writes a file there as the atomic write would
-    kept = tmp_path / "kept.csv"
-    kept.write_text("an earlier sweep\n")
-    one_line([*SWEEP, "--vary", "nic_gbps=12.5,25", "--csv", str(kept), "--plot", "/proc/x.png"], "/proc/x.png",
-             "--plot", "cannot write")
-    assert kept.read_text() == "an earlier sweep\n"
 
 
 def test_sweep_says_when_a_gpu_count_is_beyond_the_machine():
@@ -362,15 +275,7 @@ def test_a_searched_plan_whose_best_layout_has_ep_1_is_written_with_migration_of
     assert f"warning: {p}: migration.enabled: written false" in out
 
 
-# ---- plan.json a hand edit broke -----------------------------------------------------------
-@pytest.fixture(scope="module")
-def plan_doc(tmp_path_factory):
-    p = tmp_path_factory.mktemp("plan") / "plan.json"
-    code, out, _ = _run([*SEARCH, "--runtime", "piper-train", "-o", str(p)])
-    assert code == 0, out
-    return json.loads(p.read_text())
-
-
+# ---- plan.json a hand edit broke (the plan_doc fixture: conftest.py) -----------------------
 def _swap_in_a_group(doc, own, by):
     """Swap the `own` coordinate of the first two ranks that share `by` (one group's members):
     every coordinate stays in range and unique, only their order against the global rank breaks."""
@@ -535,16 +440,6 @@ def test_show_spec_knows_a_hardware_variant_from_its_base(tmp_path):
         assert code == 0 and name in out and "H100" in out, out
 
 
-def test_a_write_through_a_symlink_updates_the_file_it_names(tmp_path):
-    (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "p.json").write_text("old")
-    link = tmp_path / "link.json"
-    link.symlink_to(tmp_path / "real" / "p.json")
-    code, out, _ = _run([*EST, "-o", str(link)])
-    assert code == 0, out
-    assert link.is_symlink() and json.loads((tmp_path / "real" / "p.json").read_text())["schema_version"] == 1
-
-
 @pytest.mark.parametrize("tpe,needle", [
     ([[1] * 8, [1] * 4, [1] * 8], "expected 8 counts"),                       # a ragged list of layers
     ({"x": [1] * 8, "1": [1] * 8}, "a layer index"),                          # a key that is no layer
@@ -596,20 +491,6 @@ def test_a_histogram_from_another_model_of_the_same_shape_is_said(tmp_path):
 def test_plain_zipf_means_s_1():
     code, out, _ = _run([*EST, "--ep", "4", "--routing", "zipf", "--json"])
     assert code == 0 and json.loads(out[out.index("{"):])["imbalance"] > 1.0, out
-
-
-def test_a_metrics_file_may_go_into_folders_the_run_will_make(tmp_path):
-    """piper-train makes --metrics' folders (metrics.py), so its pre-flight check accepts missing ones,
-    and still refuses a file standing where a folder must go."""
-    from piper_plan.errors import SpecError
-    from piper_plan.files import check_writable
-
-    check_writable(tmp_path / "runs" / "exp1" / "m.jsonl", "--metrics", make_parents=True)
-    (tmp_path / "afile").write_text("")
-    with pytest.raises(SpecError, match="not a folder"):
-        check_writable(tmp_path / "afile" / "sub" / "m.jsonl", "--metrics", make_parents=True)
-    with pytest.raises(SpecError, match="no folder"):
-        check_writable(tmp_path / "runs2" / "m.jsonl", "--metrics")
 
 
 def test_fsdp_options_that_mean_nothing_for_the_layout_are_refused():
@@ -737,34 +618,6 @@ def test_brackets_in_a_specs_name_or_source_are_printed_as_written(tmp_path):
     assert code == 0 and "moe [/] v2" in out, out
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["-o", ""], "-o: expected a file name (not empty, not a folder)"),
-    (["-o", "{tmp}/newdir/"], "-o: expected a file name (not empty, not a folder)"),
-    (["-m", "{tmp}/m.yaml", "-o", "{tmp}/m.yaml"], "-o: is the --model this run reads"),
-])
-def test_an_output_that_would_lose_a_file_is_refused(tmp_path, args, needle):
-    (tmp_path / "m.yaml").write_text("base: tiny-moe\nname: mine\n")
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    one_line([*EST, *args], needle)
-    assert (tmp_path / "m.yaml").read_text() == "base: tiny-moe\nname: mine\n" and not (tmp_path / "newdir").exists()
-
-
-def test_an_output_on_a_spec_s_base_or_a_bundled_spec_is_refused(tmp_path):
-    from piper_plan.specs.registry import spec_files
-    base = (REPO / "hardware" / "cpu-local.yaml").read_text()
-    (tmp_path / "base.yaml").write_text(base)
-    (tmp_path / "var.yaml").write_text("base: base.yaml\nname: mine\n")
-    one_line(["sweep", "-m", "tiny-moe", "-H", str(tmp_path / "var.yaml"), "--gpus", "4", "--global-batch", "8",
-              "--csv", str(tmp_path / "base.yaml")], "--csv: is the --hardware this run reads")
-    assert (tmp_path / "base.yaml").read_text() == base
-    # a bundled name stands for its file (checked on the list, not by writing over the repository's spec)
-    assert spec_files("cpu-local", "hardware") == [REPO / "hardware" / "cpu-local.yaml"]
-    assert [f.name for f in spec_files(str(tmp_path / "var.yaml"), "hardware")] == ["var.yaml", "base.yaml"]
-    assert spec_files("no-such-machine", "hardware") == []
-    (tmp_path / "plain").write_text("base: base.yaml\nname: mine\n")  # a YAML spec whatever its name
-    assert [f.name for f in spec_files(str(tmp_path / "plain"), "hardware")] == ["plain", "base.yaml"]
-
-
 def test_a_search_space_that_outgrows_the_host_s_memory_is_one_line(monkeypatch):
     import piper_plan.search as S
 
@@ -774,31 +627,6 @@ def test_a_search_space_that_outgrows_the_host_s_memory_is_one_line(monkeypatch)
     code, out, _ = _run(["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4"])
     lines = out.strip().splitlines()
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: out of memory: the layouts asked for"), out
-
-
-def test_two_outputs_on_one_file_are_refused_before_the_sweep(tmp_path):
-    p = str(tmp_path / "x.out")
-    one_line(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8", "--csv", p,
-              "--json", p], "--json: is --csv's file too")
-
-
-def test_a_validation_output_on_its_own_table_is_refused(tmp_path):
-    t = tmp_path / "t.csv"
-    t.write_text((REPO / "validation" / "published.csv").read_text())
-    one_line(["validate", "--table", str(t), "--json", "-o", str(t)], "-o: is the --table this run reads")
-
-
-def test_piper_train_metrics_on_the_plan_or_a_full_disk_is_one_line(tmp_path, plan_doc):
-    pytest.importorskip("torch")
-    from piper_runtime.launch import main as train
-
-    p = tmp_path / "plan.json"
-    p.write_text(json.dumps(plan_doc))
-    one_line(["--plan", str(p), "--steps", "1", "--metrics", str(p)], "--metrics: is the --plan this run reads",
-             cmd=train)
-    assert json.loads(p.read_text()) == plan_doc
-    if os.path.exists("/dev/full"):  # a write that fails mid-run: the run's one-line error, not a rank's trace
-        one_line(["--plan", str(p), "--steps", "1", "--metrics", "/dev/full"], "cannot write a record", cmd=train)
 
 
 @pytest.mark.parametrize("text,needle", [
@@ -823,67 +651,6 @@ def test_a_plan_saved_with_a_byte_order_mark_reads_as_without(tmp_path, plan_doc
     p.write_bytes(b"\xef\xbb\xbf" + json.dumps(plan_doc).encode())
     code, out, _ = _run(["show", str(p)])
     assert code == 0 and "plan: tiny-moe" in out, out
-
-
-# ---- file names the file system cannot hold, links that lead nowhere, write-time errors -------------
-LONG = "p" * 300 + ".json"  # past NAME_MAX (255 bytes): stat() itself raises ENAMETOOLONG
-
-
-@pytest.mark.parametrize("args,needle", [
-    (["estimate", "-m", LONG, "-H", "cpu-local", "-n", "4"], "<file>: cannot read (File name too long)"),
-    (["estimate", "-m", "tiny-moe", "-H", LONG, "-n", "4"], "<file>: cannot read (File name too long)"),
-    ([*EST, "--ep", "2", "--routing", LONG], "--routing: cannot read (File name too long)"),
-    ([*SEARCH, "-o", LONG], "-o: cannot write (File name too long)"),
-    ([*SEARCH, "-o", LONG + "/plan.json"], "-o: cannot write (File name too long)"),
-    (["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8", "--csv", LONG],
-     "--csv: cannot write (File name too long)"),
-    (["validate", "--json", "-o", LONG], "-o: cannot write (File name too long)"),
-    (["calibrate", "--quick", "-o", "c" * 250 + ".yaml"], "-o (its .calibration.json): cannot write"),
-])
-def test_a_file_name_too_long_for_the_file_system_is_one_line(tmp_path, monkeypatch, args, needle):
-    monkeypatch.chdir(tmp_path)
-    one_line(args, needle)
-
-
-@pytest.mark.parametrize("option", ["--metrics", "--checkpoint", "--data"])
-def test_a_piper_train_file_name_too_long_is_one_line(tmp_path, monkeypatch, plan_doc, option):
-    pytest.importorskip("torch")
-    from piper_runtime.launch import main as train
-
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "plan.json").write_text(json.dumps(plan_doc))
-    one_line(["--plan", "plan.json", "--steps", "1", option, LONG], f"{option}: cannot", "File name too long",
-             cmd=train)
-
-
-def test_an_output_name_of_255_bytes_is_written(tmp_path):
-    """A name NAME_MAX holds is written: the temp file beside it has a short fixed prefix (".{name}."
-    made one past 255 bytes, and the write failed after the search)."""
-    out = tmp_path / ("o" * 250 + ".json")
-    code, text, _ = _run([*SEARCH, "-o", str(out)])
-    assert code == 0, text
-    assert json.loads(out.read_text())["schema_version"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temp file left behind
-
-
-def test_a_dangling_symlink_output_is_refused_before_the_work(tmp_path, monkeypatch):
-    """The write follows the link, so the folder of the file it names must exist; checked up front
-    (calibrate would otherwise measure for minutes and then lose the result)."""
-    link = tmp_path / "out.json"
-    link.symlink_to(tmp_path / "nonexistent" / "dir" / "x.json")
-    one_line([*SEARCH, "-o", str(link)], "-o: cannot write: no folder", "nonexistent")
-    one_line(["calibrate", "--quick", "-o", str(link)], "-o: cannot write: no folder")
-
-
-def test_a_write_that_fails_after_the_work_names_the_option(tmp_path):
-    """/dev/full passes every up-front check (a device, in a writable folder); the write's own error
-    names --csv, not <file>."""
-    if not os.path.exists("/dev/full"):
-        pytest.skip("no /dev/full")
-    code, out, r = _run(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8",
-                         "--csv", "/dev/full"])
-    assert code == 2 and isinstance(r.exception, SystemExit), out  # (the sweep's table comes first)
-    assert out.strip().splitlines()[-1].startswith("error: /dev/full: --csv: cannot write"), out
 
 
 def _tb(d):
