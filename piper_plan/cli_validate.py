@@ -14,8 +14,8 @@ from .clitypes import one_line_errors
 
 @click.command("validate")
 @click.option("--table", "table_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="a csv of your own measurements in the published table's schema (../shared/validation/"
-              "README.md: id, group, model, hardware, gpus, seq, metric, value and the layout columns); a model "
+              help="a csv of your own measurements in the published table's schema (validation/README.md "
+              "of this project: id, group, model, hardware, gpus, seq, metric, value and the layout columns); a model "
               "without a bundled spec is built from its architecture columns (piper_plan/validate_rows.py). "
               "Default: the bundled validation/published.csv")
 @click.option("--layer-table", "layer_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -121,6 +121,11 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
         res, bare = run(group, table_path), None
         summ = summary(res)
         checks = _bundled_checks() if table_path is None else None  # they check the bundled specs, not a table
+    peers = None
+    if table_path is None:  # other planners' predictions of the bundled rows (validation/peers.csv)
+        from .validate_peers import beside
+
+        peers = beside(res)
     if plot_path is not None:
         from .validate_plot import plot
 
@@ -130,7 +135,7 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
         extra = {"no_recipe_inferred": bare} if blind else {}
         nan = lambda x: None if x != x else x  # noqa: E731  (nothing fits: JSON has no NaN)
         emit({"rows": [dict(r.__dict__, predicted=nan(r.predicted), error_pct=nan(r.error_pct)) for r in res],
-              **summ, **(checks or {}), **extra})
+              **summ, **(checks or {}), **extra, **({"peers": peers} if peers is not None else {})})
         return
     # the error is the metric's own (predicted / published - 1): on a time row - means too fast;
     # the missed column is signed one way on every row (+: the model missed time, too fast)
@@ -157,7 +162,7 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
     for name, d in summ["kinds"].items():
         k.add_row(labels.get(name, name), str(d["rows"]), _pct(d["mape"]), f"≤{d['target_mape']:g}%",
                   _pct(d["max_abs_pct"]), f"≤{d['target_max']:g}%")
-    report.show([t, g, k])
+    report.show([t, g, k, *([_peer_table(peers)] if peers and peers["rows"] else [])])
     fitted = [r for r in res if r.fit]
     if fitted:
         click.echo("in-sample (a hardware figure was set from the row or its run; kept out of the group and target "
@@ -230,6 +235,23 @@ def _layer_table(rows: list[dict], title: str):
         meas, pred = r["measured_fwd_ms"] + r["measured_bwd_ms"], r["predicted_fwd_ms"] + r["predicted_bwd_ms"]
         t.add_row(r["experiment"], f"{r['measured_fwd_ms']:g}", f"{r['predicted_fwd_ms']:.2f}",
                   f"{r['measured_bwd_ms']:g}", f"{r['predicted_bwd_ms']:.2f}", f"{100 * (pred / meas - 1):+.1f}%")
+    return t
+
+
+def _peer_table(peers: dict):
+    """validate_peers.beside as a table: each row a peer predicted, its error and Piper's."""
+    from rich.table import Table
+
+    cap = "; ".join(f"{n}: mean |error| {_pct(d['peer_mape'])}, max {_pct(d['peer_max_abs_pct'])} against "
+                    f"Piper's {_pct(d['mape'])}, max {_pct(d['max_abs_pct'])} over the same {d['rows']} rows"
+                    for n, d in peers["peers"].items())
+    t = Table(title="other planners' predictions of the same rows (validation/peers.csv; how each was run: its "
+                    "source column)", caption=cap)
+    for c in ("id", "peer", "metric", "published", "peer predicted", "peer error", "Piper predicted", "Piper error"):
+        t.add_column(c)
+    for r in peers["rows"]:
+        t.add_row(r["id"], r["peer"], r["metric"], f"{r['published']:g}", f"{r['peer_predicted']:.4g}",
+                  _pct(r["peer_error_pct"], "+"), f"{r['predicted']:.4g}", _pct(r["error_pct"], "+"))
     return t
 
 
