@@ -5,7 +5,10 @@ backward, causal attention counted as half, no recompute) × tokens; TFLOPS are 
 (rank); MFU is that over plan.hardware.accelerator.peak_tflops[plan.layout.dtype].
 Stage forward/backward times are host wall time inside each chunk; under zbv/dualpipev
 the backward figure is the input-gradient pass only (the deferred weight-gradient pass
-is not bracketed). All-to-all time is the row exchanges, forward and backward, per rank.
+is not bracketed). All-to-all time is the count exchange and the row exchanges, forward and
+backward, per rank, as the plan prices it. Migration's per-step work (the load all-reduce,
+re-planning and expert transfers, after the optimizer) is part of the measured step, as the
+plan's step time holds its migration share.
 
 Closed loop (issue 8): the end summary sets the measured step time and all-to-all time per
 step (slowest rank; medians over the second half of the steps, finish()) and peak resident
@@ -250,21 +253,30 @@ class Reporter:
         dev_peaks = [r["peak_device_gib"] for r in self.records if r.get("peak_device_gib") is not None]
         device_gib = max(dev_peaks) if dev_peaks else None  # on a GPU its memory, not the host's, is planned
         mem = device_gib if device_gib is not None else rss
+        # every MoE layer's EP groups, every step; none to compare at ep 1, where max/mean is 1 by definition
         loads = [v for r in use for g in r["ep_max_over_mean"].values() for v in g.values()]
-        load = statistics.median(loads) if loads else None  # every MoE layer's EP groups, every step
+        load = statistics.median(loads) if loads and self.plan.layout.ep > 1 else None
+        # migration runs every few steps: its mean a step over the measured steps, as the plan amortises it
+        migrating = self.plan.migration.enabled and self.plan.layout.ep > 1
+        mig = statistics.fmean(r["phase_s"].get("migration", 0.0) for r in use) if migrating else None
         p = self.plan.predicted
         pred = p.step_time_s if p else None
         p_a2a = p.a2a_time_s if p else None
         p_mem = p.peak_memory_gib if p else None
         ratio = lambda a, b: (a / b if b else None)  # noqa: E731
+        p_mig = p.time_breakdown_s.get("migration") if p and migrating else None
         summary = dict(summary=True, model=self.plan.model.name, model_hash=self.plan.model_hash,
+                       hardware=self.plan.hardware.name, hardware_hash=self.plan.hardware_hash,
                        steps=len(times), measured_steps=[use[0]["step"] + 1, use[-1]["step"] + 1],
                        measured_step_time_s=meas, predicted_step_time_s=pred,
                        measured_over_predicted=ratio(meas, pred),
                        measured_a2a_time_s=a2a, predicted_a2a_time_s=p_a2a, a2a_measured_over_predicted=ratio(a2a, p_a2a),
                        measured_peak_rss_gib=rss, measured_peak_device_gib=device_gib, predicted_peak_memory_gib=p_mem,
                        memory_measured_over_predicted=ratio(mem, p_mem),
-                       measured_ep_max_over_mean=load, predicted_ep_max_over_mean=p.ep_load_step if p else None)
+                       measured_ep_max_over_mean=load,
+                       predicted_ep_max_over_mean=p.ep_load_step if p and load is not None else None,
+                       measured_migration_s_per_step=mig, predicted_migration_s_per_step=p_mig,
+                       migration_measured_over_predicted=ratio(mig, p_mig) if mig is not None else None)
         if self.path:
             self._write(json.dumps(summary) + "\n")
             self._fh.close()
@@ -281,8 +293,15 @@ class Reporter:
             what = ("peak device memory {:.3f} GiB per rank (the caching allocator's, max_memory_reserved)"
                     .format(device_gib) if device_gib is not None else f"peak RSS {rss:.3f} GiB per rank (whole process)")
             r_mem = summary["memory_measured_over_predicted"]
-            self.console.print(f"memory: {what}, predicted peak {p_mem:.3f} GiB, "
+            fixed = self.plan.hardware.memory_overhead_gib
+            self.console.print(f"memory: {what}, predicted peak {p_mem:.3f} GiB ({p_mem - fixed:.3f} modelled, "
+                               f"{fixed:g} the spec's fixed memory_overhead_gib), "
                                f"ratio {'-' if r_mem is None else f'{r_mem:.2f}'}", highlight=False)
+            if mig is not None:
+                r_mig = summary["migration_measured_over_predicted"]
+                self.console.print(f"migration: measured {mig * 1e3:.2f} ms/step (mean of steps {a}-{b}: load "
+                                   f"all-reduce, re-planning, transfers), predicted {(p_mig or 0) * 1e3:.2f} ms, "
+                                   f"ratio {'-' if r_mig is None else f'{r_mig:.2f}'}", highlight=False)
             if load is not None:
                 planned = ("the plan records none" if p.ep_load_step is None
                            else f"predicted {p.ep_load_step:.3f} for {_routing_words(self.plan)}")

@@ -110,7 +110,13 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
             torch.cuda.synchronize(device)
         clock.mark("optimizer")
         stats = metrics.rank_stats(groups, chunks, losses, clock.total_s, norm, clock.phases)
-        event = mig.after_step(step) if mig is not None else None  # step boundary: before stats reset
+        event = None
+        if mig is not None:  # step boundary: before stats reset; its time is the step's, as the plan's is
+            after = metrics.PhaseClock()
+            event = mig.after_step(step)
+            after.mark("migration")
+            stats["phases"].update(after.phases)
+            stats["step_s"] += after.total_s
         # each stage migrates its own layers: one rank of each (its ranks' events are alike) reports it
         stats["migration"] = event if groups.dp_rank == 0 and groups.tp_rank == 0 else None
         rep.step(step, stats)  # into the record and the JSONL

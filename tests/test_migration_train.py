@@ -22,10 +22,17 @@ from runtime_test_support import read_checkpoint  # noqa: E402
 REL = 1e-6
 
 
-def _plan(pp, dp, zero, migration=None, schedule="1f1b", ep=2):
+def _plan(pp, dp, zero, migration=None, schedule="1f1b", ep=2, priced=False):
     lay = Layout(gpus=pp * dp, pp=pp, dp=dp, ep=ep, mbs=1, global_batch=8, seq=32, schedule=schedule, zero=zero,
                  dtype="fp32")
-    return make_plan(load_model("tiny-moe"), load_hardware("cpu-local"), lay, migration=migration)
+    m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    if not priced:
+        return make_plan(m, hw, lay, migration=migration)
+    from piper_plan.evaluate import Routing, build_plan, estimate_layout  # as estimate -o writes it
+
+    routing = Routing(migration=migration)
+    lay = lay.model_copy(update={"fused_kernels": False})
+    return build_plan(m, hw, lay, estimate_layout(m, hw, lay, routing), 0, routing, migration)
 
 
 def _mig(planner):
@@ -39,7 +46,7 @@ def runs(tmp_path_factory):
     cfg = lambda **kw: TrainConfig(timeout_s=60, log_every=0, **kw)  # noqa: E731
     jobs = {
         "a": (_plan(1, 4, 1), cfg(steps=5, checkpoint=str(tmp / "a"), checkpoint_every=3)),
-        "a_mig": (_plan(1, 4, 1, _mig("lpt")), cfg(steps=3, checkpoint=str(tmp / "a_mig"),
+        "a_mig": (_plan(1, 4, 1, _mig("lpt"), priced=True), cfg(steps=3, checkpoint=str(tmp / "a_mig"),
                                                   metrics=str(tmp / "a_mig.jsonl"))),
         "a_resumed": (_plan(1, 4, 1, ep=4), cfg(steps=5, checkpoint=str(tmp / "a_mig"), resume=True)),
         # the same migrating run straight through 5 steps, and stopped after 3 and resumed
@@ -90,6 +97,26 @@ def test_a_runs_metrics_file_records_each_migration_as_its_records_do(runs):
     steps = [x for x in lines if not x.get("summary")]
     assert [x.get("migration") for x in steps] == [r.get("migration") for r in recs["a_mig"]]
     assert any(x.get("migration") for x in steps)
+
+
+def test_a_migrating_steps_time_holds_its_migration_and_the_summary_compares_it(runs):
+    # the step clock had stopped at the optimizer, before the load all-reduce, re-planning and
+    # transfers, while the plan's step time holds migration's share: measured and predicted differed
+    import json
+
+    recs, tmp = runs
+    for r in recs["a_mig"]:
+        walls = {k: v for k, v in r["phase_s"].items() if not k.endswith("_cpu")}
+        assert walls["migration"] > 0
+        assert r["step_time_s"] == pytest.approx(sum(walls.values()), rel=1e-9)
+    summary = [x for x in map(json.loads, (tmp / "a_mig.jsonl").read_text().splitlines()) if x.get("summary")][-1]
+    moved = [r["phase_s"]["migration"] for r in recs["a_mig"][1:]]  # the summary's measured steps: 2-3
+    assert summary["measured_migration_s_per_step"] == pytest.approx(sum(moved) / len(moved))
+    assert summary["predicted_migration_s_per_step"] > 0
+    assert summary["migration_measured_over_predicted"] == pytest.approx(
+        summary["measured_migration_s_per_step"] / summary["predicted_migration_s_per_step"])
+    assert summary["hardware"] == "cpu-local" and len(summary["hardware_hash"]) > 8
+    assert all("migration" not in r["phase_s"] for r in recs["a"])  # no migration, no such phase
 
 
 def test_every_stage_s_migrations_reach_the_records(runs):

@@ -83,6 +83,13 @@ def test_search_then_train(tmp_path):
     assert summary["measured_over_predicted"] == pytest.approx(
         summary["measured_step_time_s"] / summary["predicted_step_time_s"])
     assert "predicted" in r.stdout and "ratio" in r.stdout
+    # the memory line parts the modelled bytes from the spec's fixed overhead, most of a tiny model's peak
+    fixed = load_hardware("cpu-local").memory_overhead_gib
+    assert f"modelled, {fixed:g} the spec's fixed memory_overhead_gib)" in r.stdout
+    # the search's best runs every expert on each rank (ep 1): max/mean is 1 by definition, nothing to compare
+    assert json.loads(plan.read_text())["layout"]["ep"] == 1
+    assert "EP load" not in r.stdout and summary["measured_ep_max_over_mean"] is None
+    assert summary["predicted_ep_max_over_mean"] is None
 
 
 def test_the_run_reports_its_ep_load_beside_the_plan_s(tmp_path):

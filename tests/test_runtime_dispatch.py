@@ -6,6 +6,8 @@ counts it exchanged (HALO's own count exchange is disabled in that run), and wit
 sums a GPU takes (by slot, runtime/moe/permute.py) as well as the CPU's (embedding_bag)."""
 from __future__ import annotations
 
+import time
+import types
 
 import pytest
 
@@ -89,9 +91,21 @@ def _worker(rank: int, store: str, grouped, a2a: str, slots: bool) -> None:
         disp = EPDispatcher(PLACE, rank, dist.group.WORLD, ex)
         x, idx, w, gout = _inputs(rank)
         x.requires_grad_(True)
-        with sums_by_slot(slots):
-            y = disp(x, idx, w, experts)
-            (y * gout).sum().backward()
+        import piper_runtime.moe.dispatch as dispatch_mod
+
+        def slow_counts(*a, **k):  # the count exchange, made to take 0.2 s more
+            time.sleep(0.2)
+            return dist.all_to_all_single(*a, **k)
+
+        dispatch_mod.dist = types.SimpleNamespace(all_to_all_single=slow_counts)
+        try:
+            with sums_by_slot(slots):
+                y = disp(x, idx, w, experts)
+                (y * gout).sum().backward()
+        finally:
+            dispatch_mod.dist = dist
+        # the count exchange is timed as all-to-all, as the plan prices it (its call and its wait)
+        assert disp.a2a.fwd_s >= 0.2, disp.a2a.fwd_s
 
         # dense reference over every rank's tokens (all inputs are reproducible anywhere)
         rws = [w.clone().requires_grad_() for w in ws]

@@ -108,36 +108,50 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     return np.where(ep > 1, move + _agreement(m, hw, lay, layers), 0.0)
 
 
+def _stage_ranks(lay) -> np.ndarray:
+    return (lay.dp * lay.cp * lay.tp).astype(int)  # a stage's ranks, consecutive (layout.rank_coords)
+
+
 def _agreement(m: ModelSpec, hw: HardwareSpec, lay, layers) -> np.ndarray:
-    """Seconds of the small all-reduces a migration agrees by (runtime/migrate.py): the stage's
-    per-expert token counts (layers x E int64) and its commit vote over the stage's ranks, the
-    ready flag and the before/after checksums of every expert (2 x layers x E int64) over the EP
-    group. Latency-bound at any size that matters; a CPU pays about a millisecond each."""
+    """Seconds of the small all-reduces a migration agrees by (runtime/migrate.py): its commit
+    vote over the stage's ranks, the ready flag and the before/after checksums of every expert
+    (2 x layers x E int64) over the EP group. Latency-bound at any size that matters; a CPU pays
+    about a millisecond each."""
     E = m.moe.num_experts
-    stage = (lay.dp * lay.cp * lay.tp).astype(int)  # a stage's ranks, consecutive (layout.rank_coords)
     ep = np.asarray(lay.ep)
-    over_stage = (comm.ring_allreduce(hw, 8.0 * layers * E, stage, 1, world=lay.gpus)
-                  + comm.ring_allreduce(hw, 8.0, stage, 1, world=lay.gpus))
+    over_stage = comm.ring_allreduce(hw, 8.0, _stage_ranks(lay), 1, world=lay.gpus)
     over_ep = (comm.ring_allreduce(hw, 8.0, ep, lay.ep_stride, world=lay.gpus)
                + comm.ring_allreduce(hw, 16.0 * layers * E, ep, lay.ep_stride, world=lay.gpus))
     return over_stage + over_ep
 
 
+def load_counting_time(m: ModelSpec, hw: HardwareSpec, lay) -> np.ndarray:
+    """Seconds a step of the load tracking migration needs whether or not it moves anything: the
+    stage's per-expert token counts (layers x E int64) all-reduced over its ranks after every
+    optimizer step (runtime/migrate.py Migrator.gather_counts), 0 without expert parallelism."""
+    layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
+    t = comm.ring_allreduce(hw, 8.0 * layers * m.moe.num_experts, _stage_ranks(lay), 1, world=lay.gpus)
+    return np.where(np.asarray(lay.ep) > 1, t, 0.0)
+
+
 def migration_step_time(m: ModelSpec, hw: HardwareSpec, lay, period_steps: int, p: Optional[np.ndarray] = None,
                         planner: str = "lpt", max_moves: Optional[int] = None) -> np.ndarray:
-    """Migration seconds per training step (one migration every `period_steps` steps)."""
-    return migration_time(m, hw, lay, p, planner, max_moves) / max(int(period_steps), 1)
+    """Migration seconds per training step: one migration every `period_steps` steps, and the
+    load counts every step."""
+    return (migration_time(m, hw, lay, p, planner, max_moves) / max(int(period_steps), 1)
+            + load_counting_time(m, hw, lay))
 
 
 def migration_overhead(model: ModelSpec, hw: HardwareSpec, layout, period: int, step_time_s: Optional[float] = None,
                        p: Optional[np.ndarray] = None, planner: str = "lpt", max_moves: Optional[int] = None) -> dict:
     """One layout (piper_plan.layout.Layout): seconds per migration, amortised seconds per
-    step, and their share of `step_time_s` (the step time without migration) if given."""
+    step (with the load counts every step), and their share of `step_time_s` (the step time
+    without migration) if given."""
     from .batch import from_layouts
 
     lay = from_layouts([layout])
     t = float(migration_time(model, hw, lay, p, planner, max_moves)[0])
-    per_step = t / max(int(period), 1)
+    per_step = t / max(int(period), 1) + float(load_counting_time(model, hw, lay)[0])
     return dict(seconds_per_migration=t, seconds_per_step=per_step,
                 share=(per_step / (step_time_s + per_step) if step_time_s else None))
 

@@ -88,6 +88,9 @@ class EPDispatcher:
             slot_counts = counts
         else:
             W = self.ep
+            # the count exchange is timed with the rows' (and the wait for the slowest peer at
+            # it): the plan's all-to-all time prices both (cost/layer.py's call and its wait)
+            rows = timing.start(rows, self.a2a)
             send_t = counts.view(W, per).sum(1)
             # to peer j: my rows for j's slots, then my whole send-split vector
             msg = torch.cat([counts.view(W, per), send_t.expand(W, W)], dim=1).contiguous()
@@ -97,7 +100,6 @@ class EPDispatcher:
             mat = got_msg[:, per:].tolist()                                  # row s: s's send splits
             full = Counts(tuple(tuple(r) for r in mat))
             send_splits, recv_splits = full.send(self.ep_rank), full.recv(self.ep_rank)
-            rows = timing.start(rows, self.a2a)
             got = timing.end(self.exchange(rows, send_splits, recv_splits, counts=full), self.a2a)
             # (src, slot) order -> (slot, src) order so each slot's rows are contiguous
             slot_of_row = torch.arange(per, device=dev).repeat(W).repeat_interleave(
