@@ -132,7 +132,7 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
     if "attention" in comp:
         eff["attention"] = round(comp["attention"], 4)
     if "cache_mib" in comp:
-        acc["cache_mib"] = round(comp["cache_mib"], 3)
+        acc["cache_mib"] = float(f"{comp['cache_mib']:.4g}")  # significant figures: a small cache is not 0
         eff["memory_dram"] = round(comp["memory_dram"], 4)
     else:  # no knee fitted (too few sizes, no drop): one rate, not the base's knee beside this run's rate
         acc["cache_mib"] = None

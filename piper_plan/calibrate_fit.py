@@ -305,7 +305,9 @@ def fit_stream_cache(rows: list[dict], overhead_us: float) -> tuple[dict, dict]:
     stream); C (bounded to the measured sizes) and the DRAM rate B_d are fitted by
     least_squares on log time (scipy). Returns ({cache_gbps, cache_mib, dram_gbps}, residual
     stats 'stream_cache'), or ({}, {}) when the points cannot say (fewer than 4, or no rate
-    drop of a quarter or more beyond the cache)."""
+    drop of a quarter or more beyond the cache, or a knee at the smallest timed size: a cache
+    smaller than any stream the fixed cost does not hide is not seen, and one slow point there
+    had fitted a 1e-5 MiB cache)."""
     from scipy.optimize import least_squares
     pts = sorted((float(p["nbytes"]), float(p["seconds"])) for p in rows)
     if len(pts) < 4:
@@ -317,7 +319,7 @@ def fit_stream_cache(rows: list[dict], overhead_us: float) -> tuple[dict, dict]:
         return {}, {}
     bc = float((n[timed] / (t[timed] - o)).max())
     big = n[n > 0]
-    lo, hi = np.log(big.min()), np.log(big.max())
+    lo, hi = np.log(n[timed].min()), np.log(big.max())
 
     def model(x):
         c, bd = np.exp(x)
@@ -328,7 +330,8 @@ def fit_stream_cache(rows: list[dict], overhead_us: float) -> tuple[dict, dict]:
     fit = least_squares(lambda x: np.log(model(x)) - np.log(t), x0, method="trf",
                         bounds=([lo, -np.inf], [hi, np.log(bc)]))
     c, bd = np.exp(fit.x)
-    if bd >= 0.75 * bc or c >= 0.99 * big.max():  # no clear drop: one rate (noise makes small ones)
+    # no clear drop (noise makes small ones), or the knee on either bound: one rate
+    if bd >= 0.75 * bc or c >= 0.99 * big.max() or c <= 1.01 * n[timed].min():
         return {}, {}
     out = {"cache_gbps": bc / 1e9, "cache_mib": c / 2**20, "dram_gbps": bd / 1e9}
     return out, residual_stats({"stream_cache": model(fit.x)}, {"stream_cache": t})

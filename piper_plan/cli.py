@@ -220,7 +220,7 @@ def layout_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
-        click.option("--gpus", "-n", type=GPU_COUNT, required=True),
+        click.option("--gpus", "-n", type=GPU_COUNT, required=True, help="GPUs (or GCDs, CPU ranks) the layout uses"),
         click.option("--tp", type=POSITIVE, default=1, show_default=True),
         click.option("--cp", type=POSITIVE, default=1, show_default=True,
                      help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size, "
@@ -461,12 +461,19 @@ def estimate(as_json, output, runtime, **kw):
         write_plan(build_plan(model, hw, lay, est, 0, routing, migration), output)
     if as_json:
         click.echo(json.dumps(row, indent=2))
-        return
-    title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay)} "
-             f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero}"
-             + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "") + f" a2a={lay.a2a}")
-    report.show(report.estimate_tables(row, title))
-    _show_track_record(model, hw)
+    else:
+        title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay)} "
+                 f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero}"
+                 + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "") + f" a2a={lay.a2a}")
+        report.show(report.estimate_tables(row, title))
+        _show_track_record(model, hw)
+        if output:
+            click.echo(f"wrote {output}")
+    if output and not row["fits"]:  # written as asked (to inspect, to compare), but not silently
+        where = (f"its busiest rank needs {row['peak_memory_gib']:.1f} GiB against the device's "
+                 f"{hw.accelerator.memory_gib:g} GiB" if row["peak_memory_gib"] > hw.accelerator.memory_gib
+                 else "its ranks' host memory exceeds the host's")
+        click.echo(f"warning: {output} holds a layout that does not fit ({where}); piper-train refuses it", err=True)
 
 
 def _as_piper_train_runs(lay, model):
@@ -530,7 +537,8 @@ def search_options(fn):
         click.option("--recompute-layers", "recompute_layers", default="0", show_default=True,
                      help="layers of each pipeline chunk that full recompute re-runs, comma-separated, each a choice "
                      "(e.g. 0,1,2,4; Megatron-Core --recompute-method block --recompute-num-layers); 0: every layer"),
-        click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True),
+        click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True,
+                     help="pipeline schedules to try, comma-separated (zbv and dualpipev: two chunks a rank in a V)"),
         click.option("--hsdp/--no-hsdp", default=False, show_default=True,
                      help="also try each ZeRO stage hybrid-sharded: sharded inside the scale-up domain (a node, an "
                      "NVL72 rack) and replicated across domains, the copies all-reducing once a step (Layout."
@@ -644,10 +652,13 @@ def _load_for_search(kw):
 
 @main.command("search")
 @search_options
-@click.option("--gpus", "-n", type=GPU_COUNT, required=True)
-@click.option("--objective", type=click.Choice(["throughput", "mfu", "memory"]), default="throughput", show_default=True)
-@click.option("--top", "top_k", type=POSITIVE, default=10, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--gpus", "-n", type=GPU_COUNT, required=True,
+              help="GPUs (or GCDs, CPU ranks) the layouts use, all of them")
+@click.option("--objective", type=click.Choice(["throughput", "mfu", "memory"]), default="throughput",
+              show_default=True,
+              help="rank by tokens/s, by model FLOPs utilisation, or by the lowest peak memory among the fitting")
+@click.option("--top", "top_k", type=POSITIVE, default=10, show_default=True, help="layouts shown (and in --json)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object: counts, rejections, the top layouts")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="write the best layout as plan.json")
 @one_line_errors
 def search_cmd(gpus, objective, top_k, as_json, output, **kw):

@@ -41,7 +41,8 @@ def from_validation(source: str, err: ValidationError, names: dict[str, str] | N
         if isinstance(got, (dict, list)) or got is None:
             expected = msg  # a whole-object check: the message names the fields
         else:
-            got_s = repr(got)
+            # a numpy scalar as the number it is: np.float64(0.0) reads 0.0
+            got_s = repr(got.item() if type(got).__module__ == "numpy" and hasattr(got, "item") else got)
             expected = f"{msg} (got {got_s[:37] + '...' if len(got_s) > 40 else got_s})"
     return SpecError(source, loc, expected)
 

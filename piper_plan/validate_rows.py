@@ -1,6 +1,6 @@
 """Reading a validation table, the bundled one or a user's, and the specs each row is priced on.
 
-A table is a csv in the schema of the published measurements (../shared/validation/README.md:
+A table is a csv in the schema of the published measurements (validation/README.md:
 id, group, model, hardware, layout columns, metric, value); the recipe columns the bundled table
 adds (validation/README.md) are optional and read as blank where a table lacks them. Only
 id, group, model, hardware, gpus, seq, metric and value must be present.

@@ -475,6 +475,23 @@ def test_stream_fit_recovers_cache_size_and_dram_rate():
     assert fit_stream_cache(rows(20e9, 1e12, 20e9), 5.0) == ({}, {})
 
 
+def test_one_slow_mid_size_stream_does_not_fit_a_cache_smaller_than_any_timed_stream():
+    """Stream times a quick calibration measured on a shared 2-core host, its 786 KB point read
+    4x slow (that point's own spread there was 1.8x): the fit had put the knee at its lower
+    bound, 1.1e-5 MiB, which the spec then rounded to 0 and refused after the whole run. A
+    knee can only be where a timed stream (one the fixed cost does not hide) shows it."""
+    from piper_plan.calibrate_fit import fit_stream_cache
+
+    sizes = (12, 768, 786432, 12582912, 50331648, 100663296)
+    secs = (9.887e-06, 9.987e-06, 5.111e-05, 1.1884e-03, 1.2061e-02, 2.1004e-02)
+    for slow in (1, 2, 3, 4, 8):
+        rows = [{"nbytes": n, "seconds": t * (slow if n == 786432 else 1)} for n, t in zip(sizes, secs)]
+        got, _ = fit_stream_cache(rows, 5.0)
+        assert not got or got["cache_mib"] * 2**20 > 786432, (slow, got)
+        if slow == 1:
+            assert got["cache_mib"] == pytest.approx(9.5, rel=0.05)
+
+
 def test_streams_beyond_the_cache_run_at_the_dram_rate():
     from piper_plan.cost.kernels import stream_time
 
@@ -695,3 +712,18 @@ def test_a_spec_that_cannot_be_written_leaves_the_old_spec_beside_its_own_record
     with pytest.raises(SpecError):
         cal.write_pair(rec, "new record", out, "new spec")
     assert not rec.exists()
+
+
+def test_a_spec_error_shows_a_numpy_number_as_a_number():
+    """A calibrated figure the spec refuses is named as the number it is, not numpy's repr."""
+    from pydantic import BaseModel, Field, ValidationError
+
+    from piper_plan.errors import from_validation
+
+    class Acc(BaseModel):
+        cache_mib: float = Field(gt=0)
+
+    with pytest.raises(ValidationError) as e:
+        Acc(cache_mib=np.float64(0.0))
+    said = str(from_validation("my-machine.yaml", e.value))
+    assert said.endswith("cache_mib: Input should be greater than 0 (got 0.0)"), said

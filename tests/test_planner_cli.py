@@ -174,6 +174,24 @@ def test_batch_that_cannot_split_names_the_rule():
     assert "global batch 1 splits over dp in [1]" in why
 
 
+def test_estimate_says_it_wrote_a_plan_and_warns_when_the_plan_does_not_fit(tmp_path):
+    """estimate -o writes the layout asked for, fitting or not, and says so; one that does not fit
+    is written with a warning naming the memory, since piper-train would refuse it."""
+    base = ["estimate", "-m", "deepseek-v3", "-H", "frontier", "-n", "1024", "--mbs", "1"]
+    small = ["--tp", "4", "--ep", "32", "--zero", "1"]  # the search's best's degrees
+    for name, args, fits in (("big", ["--ep", "64"], False), ("small", small, True)):
+        out = tmp_path / f"{name}.json"
+        code, text, _ = run(*base, *args, "--pp", "16", "-o", str(out))
+        assert code == 0 and out.exists(), text
+        assert json.loads(out.read_text())["predicted"]["fits"] is fits
+        assert f"wrote {out}" in text
+        warned = [l for l in text.splitlines() if l.startswith("warning:")]
+        if fits:
+            assert not warned, text
+        else:
+            assert len(warned) == 1 and "does not fit" in warned[0] and "against the device's 64 GiB" in warned[0]
+
+
 def test_estimate_json_has_required_keys():
     code, text, _ = run("estimate", "-m", "deepseek-v3", "-H", "frontier", "-n", "2048", "--pp", "16", "--ep", "64",
                         "--recompute", "full", "--global-batch", "4096", "--json")
