@@ -11,18 +11,28 @@ phrase it opens with and the phrase that follows it, never by line number, and e
 phrases must occur once. A figure that moves fails here until README.md is re-run and rewritten
 (and validation/README.md with it, where it repeats the figure). Figures the README labels as
 history ("when first priced", "when added") are not checked: they are not the model's now.
+
+The same holds for the figures README.md states of the bundled table (`piper-plan validate`'s
+targets table, `--residuals`, `--blind`, the handed-over 47-row table), of Granite's plans A and B
+as `piper-plan estimate` prices them in "piper-train on one GPU" (measured figures there came from
+GPU runs and stay as written), and of the FP8 searches in Conventions: each is computed the way the
+command the README quotes computes it.
 """
 from __future__ import annotations
 
 import csv
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from scipy.stats import kendalltau
 
 from piper_plan import validate as V
+from piper_plan.cli import main
+from piper_plan.report import layout_str
 
 README = Path(__file__).parents[1] / "README.md"
 TABLES = V.data_path().parent
@@ -203,3 +213,155 @@ def test_the_offload_passage_states_the_searches_as_priced_now():
                 f"recomputes instead: {best(144, 50, offload_modules=modules):,.0f} against {mods:,.0f}",
                 f"already offloads, {best(144, 100, offload_modules=modules):,.0f})"]
     assert_stated("tries each value (each module set) as a choice", "- Attention backward", expected, "offload")
+
+
+def cli_json(*args, exit_code: int = 0) -> dict:
+    """`piper-plan ARGS --json`'s document, as the README's command prints it (a search where
+    nothing fits exits 1)."""
+    r = CliRunner().invoke(main, [*args, "--json"])
+    assert r.exit_code == exit_code, r.output
+    return json.loads(r.stdout)
+
+
+def times(x: float) -> str:
+    return f"×{x:.2f}"
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    """(results, table rows) of the bundled table, priced once as `piper-plan validate` prices it."""
+    return V.run_with_rows(None, None)
+
+
+def test_the_targets_table_states_the_bundled_table_as_priced_now(bundled):
+    res, _ = bundled
+    s = V.summary(res)
+    kinds = s["kinds"]
+    mb = [r for r in res if r.group == "megatron-bridge-dense" and not r.fit]
+    assert len(mb) == s["groups"]["megatron-bridge-dense"]["rows"] and all(np.isfinite(r.predicted) for r in mb)
+    mb_within = sum(abs(r.error_pct) <= V.TARGETS["dense"][1] for r in mb)
+
+    def row(label, n, mape_, max_, within, target):
+        return f"| {label} | {n} | {pct(mape_)} | {pct(max_)} | {within} of {n} ({target:g} %) |"
+
+    def kind_row(label, name):
+        k = kinds[name]
+        return row(label, k["rows"], k["mape"], k["max_abs_pct"], k["within_target_max"], k["target_max"])
+
+    g = s["groups"]["megatron-bridge-dense"]
+    expected = [
+        kind_row("dense, A100 (Narayanan 2021 Table 1, Korthikanti 2022 Table 5)", "dense_named_sources"),
+        row("dense, Hopper/Blackwell (Megatron-Bridge Llama 3 8B / 70B / 405B)", g["rows"], g["mape"],
+            g["max_abs_pct"], mb_within, V.TARGETS["dense"][1]),
+        kind_row("memory (Korthikanti 2022 Fig. 1)", "memory"),
+        kind_row("MoE (Megatron-Bridge, X-MoE, Piper Fig. 13 and weak scaling)", "moe_named_sources"),
+        kind_row("MoE, all (the above, Megatron-LM's rows, the Megatron-Core report and its model zoo)", "moe"),
+    ]
+    assert_stated("| rows | n | MAPE |", "Whether the misses share a cause", expected, "validate targets table")
+
+
+def test_the_residuals_sentence_states_the_track_record_as_priced_now(bundled):
+    from piper_plan.validate_residuals import TRENDS, residuals, setups
+
+    d = residuals(*bundled)
+    gpus = [TRENDS["gpus"](u["row"]) for u in setups(*bundled)]
+    rho = next(x for x in d["trends"] if x["setting"] == "gpus")
+    level = {(s["factor"], s["level"]): s for s in d["levels"]}
+    oss, hybridep = level["model", "gpt-oss-120b"], level["model x dispatcher", "gpt-oss-120b x hybridep"]
+    graphs = [level["model x cuda_graphs", f"{m} x full_iteration"] for m in ("qwen3-235b-a22b", "deepseek-v3-mtp")]
+    # "no dispatcher, CUDA-graph scope, expert-GEMM form or overlap setting is biased; one model is"
+    assert not any(s["bias"] for s in d["levels"] if s["factor"] in ("dispatcher", "cuda_graphs", "expert_gemm",
+                                                                        "a2a_overlap"))
+    assert [s["level"] for s in d["levels"] if s["factor"] == "model" and s["bias"]] == ["gpt-oss-120b"]
+    assert not rho["trend"] and oss["bias"] and hybridep["bias"] and not any(s["bias"] for s in graphs)
+    slow = sorted(-s["mean_pct"] for s in graphs)
+    gpu_rho = _minus(f"{rho['rho']:+.2f}")
+    expected = [f"Over {d['setups']} setups the mean is {pct(d['overall_pct'], signed=True)};",
+                f"(ρ {gpu_rho}, {min(gpus):,.0f} to {max(gpus):,.0f} GPUs)",
+                f"GPT-OSS-120B, {pct(oss['mean_pct'], signed=True)} over {oss['setups']} setups "
+                f"({pct(hybridep['mean_pct'], signed=True)} where HybridEP dispatches)",
+                f"read {slow[0]:.0f}-{slow[1]:.0f} % slow and are no longer flagged"]
+    assert_stated("Whether the misses share a cause", "`piper-plan estimate` and `search` end with", expected,
+                  "validate --residuals")
+
+
+def test_the_handed_over_table_sentence_states_it_as_priced_now():
+    k = V.summary(V.run(path=Path(__file__).parent / "data" / "published-schema.csv"))["kinds"]
+    expected = [f"read dense {pct(k['dense']['mape'])}, memory {pct(k['memory']['mape'])}, "
+                f"MoE {pct(k['moe']['mape'])} MAPE that way"]
+    assert_stated("The 47 rows of the published table as handed", "A row that states no recipe", expected,
+                  "published-schema.csv")
+
+
+def test_the_blind_sentence_states_the_blind_run_as_priced_now():
+    from piper_plan.validate_blind import blind_run
+
+    inferred = V.summary(blind_run()[0])["kinds"]
+    bare = V.summary(blind_run(infer=False)[0])["kinds"]
+    moe, none = inferred["moe"], bare["moe"]
+    expected = [f"reads MoE {pct(moe['mape'])} MAPE, {moe['within_target_max']} of {moe['rows']} within "
+                f"{moe['target_max']:g} % (with no recipe at all, {pct(none['mape'])} and {none['within_target_max']}),"
+                f" dense {pct(inferred['dense']['mape'])} (A100 {pct(inferred['dense_named_sources']['mape'])})"]
+    assert_stated("What that is worth on runs the bundled", "Twelve NeMo Framework rows", expected, "validate --blind")
+
+
+GRANITE = ["-m", "tests/data/hf/granite-3.0-3b-a800m-instruct.json", "-H", "dgx-h200", "-n", "1", "--global-batch",
+           "8", "--seq", "2048", "--zero", "0", "--a2a", "flat", "--kernels", "unfused", "--no-sequence-parallel",
+           "--no-overlap-grad-reduce"]
+GRANITE_PLANS = {"A": ["--mbs", "8", "--recompute", "full"], "B": ["--mbs", "4"]}
+# measured on a lent H200 (README's table: median step of steps 9-16 in ms, device memory peak in GiB);
+# GPU runs, not the model: they stand as written
+GRANITE_MEASURED = {"A": (763.2, 65.9), "B": (666.3, 100.6)}
+
+
+def test_the_granite_section_states_plans_a_and_b_as_estimate_prices_them_now():
+    root = Path(__file__).parents[1]
+    args = [str(root / a) if a.endswith(".json") else a for a in GRANITE]
+    est = {k: cli_json("estimate", *args, *extra) for k, extra in GRANITE_PLANS.items()}
+    s = {k: e["step_time_s"] for k, e in est.items()}
+    gib = {k: e["peak_memory_gib"] for k, e in est.items()}
+    ms = {k: GRANITE_MEASURED[k][0] for k in est}
+    mem = {k: GRANITE_MEASURED[k][1] for k in est}
+    expected = [f"| {ms[k]:.1f} ms | {1000 * s[k]:.1f} ms ({times(ms[k] / (1000 * s[k]))}) | "
+                f"{mem[k]:.1f} / {gib[k]:.1f} GiB ({times(mem[k] / gib[k])}) |" for k in "AB"]
+    expected += [
+        f"plan B is priced at {s['B']:.3f} s and {gib['B']:.1f} GiB (the table's prediction)",
+        f"`piper-plan estimate {' '.join(GRANITE)} {' '.join(GRANITE_PLANS['B'])} -o plan_b.json`; "
+        f"plan A: `{' '.join(GRANITE_PLANS['A'])}`)",
+        f"plan B {s['B']:.3f} s against {ms['B'] / 1000:.3f} measured ({times(ms['B'] / (1000 * s['B']))}; "
+        f"memory {mem['B']:.1f} / {gib['B']:.1f} GiB, {times(mem['B'] / gib['B'])})",
+        f"plan A (MBS 8, full recompute) {s['A']:.3f} s against {ms['A'] / 1000:.3f} measured "
+        f"({times(ms['A'] / (1000 * s['A']))}; {mem['A']:.1f} / {gib['A']:.1f} GiB, {times(mem['A'] / gib['A'])})",
+    ]
+    assert_stated("## piper-train on one GPU", "## Conventions", expected, "Granite plans A and B")
+
+
+def test_the_fp8_bullet_states_the_llama3_405b_and_qwen3_235b_searches_as_priced_now():
+    def best(model, n, *flags, exit_code=0):
+        return cli_json("search", "-m", model, "-H", "gb200-nvl72", "-n", str(n), *flags, exit_code=exit_code)
+
+    cur, cur_p, mx, mx_p = (best("llama3.1-405b", 256, *f)["top"][0] for f in (
+        ("--fp8", "current"), ("--fp8", "current", "--fp8-params"), ("--fp8", "mxfp8"),
+        ("--fp8", "mxfp8", "--fp8-params")))
+    assert (cur_p["layout"]["pp"], cur_p["layout"]["zero"]) == (1, 3)  # "no pipeline, ZeRO-3 over DP ..."
+    assert layout_str(mx["layout"]) == layout_str(cur["layout"])       # "(the same layout)"
+    assert layout_str(mx_p["layout"]) != layout_str(mx["layout"])      # "another plan"
+    qwen = ("qwen3-235b-a22b", 24, "--fp8", "mxfp8")
+    nothing = best(*qwen, exit_code=1)
+    fp8_params = best(*qwen, "--fp8-params")["top"][0]["tokens_per_s"]
+    host_optimizer = best(*qwen, "--optimizer-offload", "1")["top"][0]["tokens_per_s"]
+    assert nothing["top"] == [] and any("--fp8-params" in w and f"best {fp8_params:,.0f} tokens/s" in w
+                                        for w in nothing["infeasible"])
+    assert any("--optimizer-offload 1" in w and f"best {host_optimizer:,.0f} tokens/s" in w
+               for w in nothing["infeasible"])
+    expected = [
+        f"--fp8 current`): {cur['tokens_per_s']:,.0f} tokens/s with bf16 weights (`{layout_str(cur['layout'])}`), "
+        f"{cur_p['tokens_per_s']:,.0f} with FP8 ones (`--fp8-params`: `{layout_str(cur_p['layout'])}`, no pipeline, "
+        f"ZeRO-3 over DP {cur_p['layout']['dp']})",
+        f"under `--fp8 mxfp8` {mx['tokens_per_s']:,.0f} with bf16 weights (the same layout) and "
+        f"{mx_p['tokens_per_s']:,.0f} with FP8 ones, another plan (`{layout_str(mx_p['layout'])}`)",
+        f"mxfp8`: {fp8_params:,.0f} tokens/s, what `--fp8-params` finds; the optimizer state on the host: "
+        f"{host_optimizer:,.0f})",
+    ]
+    assert_stated("in FP8 on 256 GB200 (`piper-plan search -m llama3.1-405b", "`--expert-probs activation`",
+                  expected, "FP8 searches")
