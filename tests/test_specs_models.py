@@ -316,6 +316,37 @@ def test_deepseek_v3_without_its_routing_groups_gets_transformers_8_groups_of_wh
     assert (m.moe.route_groups, m.moe.route_group_limit) == (8, 4)
 
 
+@pytest.mark.parametrize("name,dense,shared", [("deepseek-v3", 3, 1), ("glm-4.7", 1, 1)])
+def test_a_config_without_its_dense_layers_or_shared_experts_gets_what_transformers_builds(name, dense, shared):
+    """DeepseekV3Config defaults first_k_dense_replace to 3 and n_shared_experts to 1,
+    Glm4MoeConfig both to 1: a trimmed config had been read as every layer MoE and no shared
+    expert (DeepSeek-V3 4 % larger than the model transformers builds from it)."""
+    cfg = json.loads((HF / f"{name}.json").read_text())
+    del cfg["first_k_dense_replace"], cfg["n_shared_experts"]
+    m = model_from_hf_config(cfg, "x/config.json")
+    assert (m.num_layers - m.num_moe_layers, m.moe.shared_experts) == (dense, shared)
+
+
+@pytest.mark.parametrize("key,value,said", [
+    ("index_topk", 2048, "index_topk: DeepSeek Sparse Attention"),
+    ("linear_attn_config", {"kda_layers": [1, 2]}, "linear_attn_config: linear-attention layers"),
+    ("full_attention_interval", 4, "full_attention_interval: linear-attention layers"),
+    ("layer_types", ["full_attention"] * 60 + ["linear_attention"], "layer_types: 'linear_attention' layers"),
+])
+def test_attention_of_a_form_the_spec_cannot_hold_is_refused_whatever_the_model_type(key, value, said):
+    # DeepSeek-V3.2's indexer keys under a deepseek_v3 label had been priced as dense MLA
+    cfg = {**json.loads((HF / "deepseek-v3.json").read_text()), key: value}
+    with pytest.raises(SpecError) as e:
+        model_from_hf_config(cfg, "x/config.json")
+    assert str(e.value).startswith(f"x/config.json: {said}"), str(e.value)
+
+
+def test_kimi_linear_and_longcat_flash_are_refused_with_their_reason():
+    for mt, why in (("kimi_linear", "Kimi Delta Attention"), ("longcat_flash", "zero-computation experts")):
+        with pytest.raises(SpecError, match=f"'{mt}' is not modelled: ModelSpec has no form for .*{why}"):
+            model_from_hf_config({"model_type": mt}, "x/config.json")
+
+
 def test_family_found_from_architectures_when_model_type_is_unknown():
     """Kimi K2's config says model_type kimi_k2 with architectures DeepseekV3ForCausalLM."""
     cfg = json.loads((HF / "glm-4.5-air.json").read_text())

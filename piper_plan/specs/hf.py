@@ -272,6 +272,18 @@ def _qwen_window(c: _Cfg, out: dict) -> dict:
     return _with_window(out, window, local, c, field)
 
 
+# what transformers' config classes build where a config leaves these keys out (DeepseekV3Config:
+# first_k_dense_replace 3, n_shared_experts 1; Glm4MoeConfig: 1 and 1); other families' code
+# defaults them to 0 / none. A trimmed config read with 0 had priced 61 MoE layers and no shared
+# expert for DeepSeek-V3, 4 % more parameters than the model transformers builds.
+_FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "glm4_moe": 1}
+_SHARED_EXPERTS_DEFAULT = {"deepseek_v3": 1, "glm4_moe": 1}
+
+
+def _first_dense(c: _Cfg) -> int:
+    return c.get("first_k_dense_replace", default=_FIRST_DENSE_DEFAULT.get(c.family, 0), min_value=0)
+
+
 def _deepseek(c: _Cfg) -> dict:
     # DeepseekV2/V3 modelling code: layer i is MoE when n_routed_experts is set,
     # i >= first_k_dense_replace and i % moe_layer_freq == 0; V3's MTP modules (_with_mtp).
@@ -280,7 +292,7 @@ def _deepseek(c: _Cfg) -> dict:
     out.pop("num_kv_heads", None)  # MLA: num_key_value_heads is not a GQA figure
     out.pop("head_dim", None)
     n = out["num_layers"]
-    first = c.get("first_k_dense_replace", default=0, min_value=0)
+    first = _first_dense(c)
     freq = c.get("moe_layer_freq", default=1)
     mask = [i >= first and i % freq == 0 for i in range(n)]
     dense, every = _fit_layer_pattern(mask, c, "moe_layer_freq")
@@ -298,7 +310,7 @@ def _deepseek_moe(c: _Cfg, out: dict, dense: int, every: int, router: str, metho
     """DeepSeek's MoE fields (n_routed_experts, num_experts_per_tok, moe_intermediate_size,
     n_shared_experts, n_group / topk_group; intermediate_size for the dense layers), which GLM-4.5
     and dots.llm1 keep under grouped-query attention. `method`: as _route_groups."""
-    shared = c.get("n_shared_experts", default=0, min_value=0)
+    shared = c.get("n_shared_experts", default=_SHARED_EXPERTS_DEFAULT.get(c.family, 0), min_value=0)
     moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
                      every, router=router, **({"shared_experts": shared} if shared else {}),
                      **_route_groups(c, method))
@@ -457,7 +469,7 @@ def _gqa_moe(c: _Cfg, router: str, method: str) -> dict:
     """DeepSeek's MoE (_deepseek_moe) in every layer from first_k_dense_replace on, under ordinary
     grouped-query attention."""
     out = _base(c)
-    first = c.get("first_k_dense_replace", default=0, min_value=0)
+    first = _first_dense(c)
     dense, every = _fit_layer_pattern([i >= first for i in range(out["num_layers"])], c, "first_k_dense_replace")
     return _deepseek_moe(c, out, dense, every, router, method)
 
@@ -613,7 +625,36 @@ _UNMODELLED = {
     "glm_moe_dsa": "DeepSeek Sparse Attention (the lightning indexer and top-k key selection)",
     "minimax": "its lightning (linear) attention layers",
     "jamba": "its Mamba layers", "granitemoehybrid": "its Mamba layers", "nemotron_h": "its Mamba layers",
+    "kimi_linear": "its Kimi Delta Attention (linear) layers",
+    "longcat_flash": "its zero-computation experts and shortcut-connected MoE",
 }
+
+# keys that give attention a form ModelSpec cannot hold, whatever the config's model_type says (a
+# DeepSeek-V3.2 config relabelled deepseek_v3 had been priced as dense MLA, without a word)
+_UNMODELLED_KEYS = {
+    "index_topk": "DeepSeek Sparse Attention's indexer (top-k key selection)",
+    "linear_attn_config": "linear-attention layers",
+    "full_attention_interval": "linear-attention layers between the full-attention ones",
+}
+_MODELLED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _refuse_unmodelled_keys(cfg: dict, source: str) -> None:
+    """One line naming the first key (at the top or under text_config) whose layers ModelSpec has
+    no form for: sparse or linear attention, or a layer_types entry other than full or sliding
+    attention (mamba, linear_attention)."""
+    for part in (cfg, cfg.get("text_config")):
+        if not isinstance(part, dict):
+            continue
+        for key, what in _UNMODELLED_KEYS.items():
+            if part.get(key) is not None:
+                raise SpecError(source, key, f"{what} is not modelled (ModelSpec has no form for it)")
+        types = part.get("layer_types")
+        if isinstance(types, list):
+            other = sorted({t for t in types if isinstance(t, str) and t not in _MODELLED_LAYER_TYPES})
+            if other:
+                raise SpecError(source, "layer_types", f"{other[0]!r} layers are not modelled (expected "
+                                                       f"{' or '.join(_MODELLED_LAYER_TYPES)})")
 
 
 def _hunyuan(cfg: dict, source: str) -> SpecError:
@@ -668,6 +709,7 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(source, "<root>", "expected a JSON object (a Hugging Face config.json)")
     family = _family(cfg, source)
+    _refuse_unmodelled_keys(cfg, source)
     fields = _FAMILIES[family](_Cfg(cfg, source, family))
     fields.update(name=_name(cfg, source), source=f"HF config.json {source} ({family})")
     try:
