@@ -46,7 +46,8 @@ def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
                 upd[field] = min(1.0, v * factor)
     topo = hw.topology
     if "comm" in families:  # a level's own measured fraction (Level.comm) moves with the family
-        topo = [lv.model_copy(update={"comm": min(1.0, lv.comm * factor)}) if lv.comm else lv for lv in topo]
+        topo = [lv.model_copy(update={k: min(1.0, getattr(lv, k) * factor) for k in ("comm", "a2a_comm")
+                                      if getattr(lv, k)}) for lv in topo]
     return hw.model_copy(update={"efficiency": eff.model_copy(update=upd), "topology": topo})
 
 

@@ -147,8 +147,15 @@ def test_published_runs_with_context_parallelism_price_within_the_targets_where_
         per_token = float(row["value"]) * 1e12 / float(row["tokens_per_s_per_gpu"])
         assert per_token == pytest.approx(m.flops_per_token(int(row["seq"]), causal=False), rel=0.005)
         assert row["attention_flops"] == "full"
-    b200 = err([x for x in long if "b200" in x.id])  # Llama 3 8B, 32K-1M, TFLOPS only: priced in that count
-    assert len(b200) == 6 and np.mean(b200) <= 10.0 and max(b200) <= 12.0
+    # Llama 3 8B on B200, 32K-1M, TFLOPS only: priced in that count. B200's attention plateau is its
+    # own cuDNN rate at 4K (0.507 of peak; GB200's 0.55 stood in before, which read them -3 ... -9 %);
+    # cuDNN's sweeps run 1.2-1.3x faster at 16K-32K than at 4K, a length term the model lacks, so
+    # every row reads too slow, the more so the longer the sequence (validation/README.md, session 60)
+    seq = {row["id"]: int(row["seq"]) for row in read_rows(path)}
+    b200 = sorted((x for x in long if "b200" in x.id), key=lambda x: seq[x.id])
+    slow = [x.error_pct for x in b200]
+    assert len(slow) == 6 and all(e < 0 for e in slow) and slow[-1] < slow[0] - 5, slow
+    assert np.mean(err(b200)) <= 17.5 and max(err(b200)) <= 22.0
     # NeMo 24.03's H100 runs (2024 kernels) are a third slower than the model at every length
     assert all(25.0 <= x.predicted / x.published * 100 - 100 <= 40.0 for x in long if "h100" in x.id)
 

@@ -257,7 +257,7 @@ def test_nvl72_tray_shares_the_rack_links():
     moves 7/8 of its bytes through one 900 GB/s NVLink budget, not 3/8 and 4/8 through two."""
     hw = load_hardware("gb200-nvl72")
     assert hw.topology[0].shared_links
-    bw = hw.topology[1].bandwidth_gbps * 1e9 * hw.topology[1].comm
+    bw = hw.topology[1].bandwidth_gbps * 1e9 * hw.topology[1].a2a_comm  # an all-to-all's fraction of it
     nbytes = 512 * 2**20
     lat = 3 * 2.5e-6 + 4 * 3e-6  # 3 tray peers, 4 rack peers
     assert float(comm.a2a_flat(hw, nbytes, 8, 1)) == pytest.approx(nbytes * 7 / 8 / bw + lat, rel=1e-9)
@@ -270,7 +270,8 @@ def test_nvl72_tray_shares_the_rack_links():
 def test_all_to_all_model_against_megatron_core_table7():
     """validation/a2a_mcore_table7.csv (Megatron-Core MoE report Table 7: DeepSeek-V3 shapes, EP 8-64):
     the flat model is within 16 % of the NCCL dispatcher on H100 at every EP size and within 10 % on
-    GB200 (whose NVLink levels take their efficiency from these eight GB200 rows: Level.comm); the
+    GB200 (whose NVLink levels take their all-to-all efficiency from these eight GB200 rows:
+    Level.a2a_comm); the
     token-level model (group-limited as DeepSeek-V3 routes) within 30 % of HybridEP across H100
     nodes. Inside GB200's one scale-up domain the model's HybridEP is 19 % fast at EP 8 and 28 %
     slow at EP 64: the measured dispatch grows less with EP than the model's; not asserted."""
@@ -306,16 +307,19 @@ def test_frontier_node_all_to_all_against_rccl_on_one_mi250x_node():
 
 
 def test_a_level_measured_on_its_own_links_uses_its_own_efficiency():
-    """Level.comm (GB200's NVLink levels, from Table 7) scales that level's bandwidth only: an
-    all-to-all inside the rack slows by the ratio, one across racks keeps the NICs' efficiency."""
+    """Level.a2a_comm (GB200's NVLink levels, from Table 7) and Level.comm (their ring all-reduce's
+    measured bus bandwidth) scale that level's bandwidth only: an all-to-all inside the rack slows
+    by the ratio, one across racks keeps the NICs' efficiency."""
     from piper_plan.cost import comm
 
     hw = load_hardware("gb200-nvl72")
-    generic = hw.model_copy(update={"topology": [lv.model_copy(update={"comm": None}) for lv in hw.topology]})
+    generic = hw.model_copy(update={"topology": [lv.model_copy(update={"comm": None, "a2a_comm": None})
+                                                 for lv in hw.topology]})
     inside = [comm.a2a_flat(h, 256e6, 64, 1) for h in (hw, generic)]
     assert inside[0] > inside[1]
     nvl = hw.topology[hw.scaleup_level]
-    assert nvl.comm < hw.efficiency.comm and all(lv.comm is None for lv in hw.topology if lv.via_nic)
+    assert nvl.a2a_comm < nvl.comm < hw.efficiency.comm
+    assert all(lv.comm is None and lv.a2a_comm is None for lv in hw.topology if lv.via_nic)
 
 
 def test_a_ring_across_nodes_moves_at_its_members_nics_not_one_gpus():

@@ -50,3 +50,17 @@ def test_a_tied_embedding_s_two_copies_on_one_node_reduce_over_nvlink():
     assert list(bw) == [want_bw[0], want_bw[1]] and list(lat) == [want_lat[0], want_lat[1]]
     nvlink = comm.ring_allreduce(H100, 1e8, 2, None, span=comm.ends_span(H100, 8))
     assert float(nvlink) < 0.2 * float(comm.ring_allreduce(H100, 1e8, 2, 7, world=8))
+
+
+def test_a_levels_all_to_all_fraction_prices_the_all_to_all_and_not_the_ring_collectives():
+    """GB200's NVLink5 tray: ring all-reduce bus bandwidth measured at 0.755 of the link (Level.comm),
+    the all-to-all model set on the Megatron-Core report's dispatch latencies at 0.698
+    (Level.a2a_comm). The all-to-all fraction had priced the ring collectives too, 8 % slow."""
+    hw = load_hardware("gb200-nvl72")
+    assert (hw.topology[0].comm, hw.topology[0].a2a_comm) == (0.755, 0.698)
+    one = hw.model_copy(update={"topology": [lv.model_copy(update={"a2a_comm": None}) for lv in hw.topology]})
+    ring = [float(comm.ring_allreduce(h, 4e9, 4, 1, world=4)) for h in (hw, one)]
+    a2a = [float(comm.a2a_flat(h, 4e9, 4, 1, world=4)) for h in (hw, one)]
+    steps = 6 * hw.topology[0].latency_us * 1e-6  # 2 (n - 1) latency steps
+    assert ring[0] == ring[1] == pytest.approx(1.5 * 4e9 / (900e9 * 0.755) + steps, rel=1e-6)
+    assert a2a[0] / a2a[1] == pytest.approx(0.755 / 0.698, rel=1e-2)

@@ -93,8 +93,12 @@ def _smallest_piece(span, sizes, world, cut) -> np.ndarray:
     return out
 
 
-def _levels(hw: HardwareSpec):
-    eff = [lv.comm or hw.efficiency.comm for lv in hw.topology]  # a level's own measured fraction, if any
+def _levels(hw: HardwareSpec, a2a: bool = False):
+    """(bytes/s, seconds, via a NIC) [levels]: each level's bandwidth at its own measured fraction
+    (Level.comm, else efficiency.comm), an all-to-all's (`a2a`) at Level.a2a_comm where measured
+    apart: an all-to-all fit had priced Blackwell's NVLink ring collectives 8 % below their
+    measured bus bandwidth."""
+    eff = [(a2a and lv.a2a_comm) or lv.comm or hw.efficiency.comm for lv in hw.topology]
     bw = np.array([hw.level_bandwidth_gbps(i) * e for i, e in enumerate(eff)]) * 1e9
     lat = np.array([lv.latency_us for lv in hw.topology]) * 1e-6
     nic = np.array([lv.via_nic for lv in hw.topology])
@@ -116,9 +120,10 @@ def _mesh_share(hw: HardwareSpec, peers) -> np.ndarray:
 
 
 def _bw_time(hw: HardwareSpec, per_level_bytes: np.ndarray, cross_rail_bytes=0.0, peers=None) -> np.ndarray:
-    """Bandwidth time when each level carries per_level_bytes[j] (from one rank) concurrently,
-    to peers[j] peers there (for mesh levels, _mesh_share; None: the whole level's links)."""
-    bw, _, nic = _levels(hw)
+    """Bandwidth time of an all-to-all's exchange when each level carries per_level_bytes[j] (from
+    one rank) concurrently, to peers[j] peers there (for mesh levels, _mesh_share; None: the whole
+    level's links), at each level's all-to-all fraction (_levels)."""
+    bw, _, nic = _levels(hw, a2a=True)
     nd = per_level_bytes.ndim - 1
     if any(lv.shared_links for lv in hw.topology):  # a level riding the next one's links adds to its bytes
         per_level_bytes = np.array(per_level_bytes, dtype=float)

@@ -229,6 +229,10 @@ class Level(_Optional):
     latency_us: float = Field(..., ge=0, le=MAX_US, description="one-message latency, us")
     comm: Optional[float] = Field(None, ge=MIN_FRACTION, le=1, description="fraction of this level's bandwidth "
                                   "collectives reach where measured on the level itself (None: efficiency.comm)")
+    a2a_comm: Optional[float] = Field(None, ge=MIN_FRACTION, le=1, description="fraction of this level's bandwidth "
+                                      "an all-to-all's exchanges reach where measured apart from the ring "
+                                      "collectives (None: comm); all-reduces, gathers and point-to-point messages "
+                                      "keep comm")
     job_block: Optional[int] = Field(
         None, ge=1, le=MAX_GPUS, description="GPUs of one domain of this level that a job's consecutive ranks fill "
         "before moving to the next domain (a scheduler that places a large job 64 GPUs to an NVL72 rack: 64); "
