@@ -172,6 +172,8 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
     if comm is not None:
         j = [lv["size"] for lv in d["topology"]].index(d["gpus_per_node"])
         backend = "NCCL" if device["kind"] == "cuda" else "gloo"
+        for own in ("comm", "a2a_comm"):  # the base's own fractions for the level would outrank the fit
+            d["topology"][j].pop(own, None)
         d["topology"][j].update(
             bandwidth_gbps=round(comm["bandwidth_gbps"], 4), latency_us=round(comm["latency_us"], 3),
             source=(f"calibrate {stamp}: α-β fit over {backend} p2p (ring shift), ring all-reduce and all-to-all, "

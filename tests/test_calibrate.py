@@ -142,6 +142,21 @@ def test_cuda_datasheet_spec_keeps_machine_shape():
     assert spec.efficiency.attention * spec.peak_flops("bf16") == pytest.approx(450e12, rel=1e-3)
 
 
+def test_a_calibrated_node_level_takes_the_fitted_fraction_not_its_bases_own():
+    """dgx-b200's NVLink level carries its own ring and all-to-all fractions; a calibration that
+    fits the node's collectives writes efficiency.comm, which the base's level values outranked."""
+    base = load_hardware("dgx-b200")
+    rates = ComputeRates({"bf16": 1700.0}, 7000.0, 4.0, 1100.0, (128, 256))
+    comp = split_compute(rates, {"gemm_tflops": {"bf16": 1700.0}, "stream_gbps": 7000.0, "attention_tflops": 1100.0},
+                         (base.accelerator.peak_tflops, base.accelerator.memory_bandwidth_gbps))
+    dev = {"kind": "cuda", "name": "NVIDIA B200", "torch": "x", "cores": 16, "ram_gib": 1000.0, "compute_units": 148}
+    spec = build_spec(base, name="b200-cal", ranks=8, device=dev, comp=comp, comp_res={},
+                      comm=dict(comm=0.5, bandwidth_gbps=800.0, latency_us=4.0), comm_res={}, stamp="t", record="r",
+                      datasheet=True)
+    node = spec.topology[[lv.size for lv in spec.topology].index(spec.gpus_per_node)]
+    assert (node.comm, node.a2a_comm, spec.efficiency.comm, node.bandwidth_gbps) == (None, None, 0.5, 800.0)
+
+
 def test_a_calibrated_spec_names_the_collective_library_its_probes_ran_on():
     """calibrate measures with gloo on CPU and NCCL on GPUs (calibrate_bench), and piper-train runs
     the same there, so the spec it writes says which, whatever its base said: gloo's reduce moves

@@ -64,3 +64,20 @@ def test_a_levels_all_to_all_fraction_prices_the_all_to_all_and_not_the_ring_col
     steps = 6 * hw.topology[0].latency_us * 1e-6  # 2 (n - 1) latency steps
     assert ring[0] == ring[1] == pytest.approx(1.5 * 4e9 / (900e9 * 0.755) + steps, rel=1e-6)
     assert a2a[0] / a2a[1] == pytest.approx(0.755 / 0.698, rel=1e-2)
+
+
+def test_a_spec_without_an_all_to_all_fraction_dumps_and_hashes_as_before_the_field_existed():
+    """Level.a2a_comm at its default is not written out: a plan written before it was added carries
+    a hardware spec without the key, and its hash must still match (plan.json's hardware_hash)."""
+    import hashlib
+    import json
+
+    from piper_plan.plan import spec_hash
+
+    h100 = load_hardware("dgx-h100")
+    before = h100.model_dump(mode="json")  # the dump a plan written before the field holds, and hashes
+    for lv in before["topology"]:
+        lv.pop("a2a_comm", None)
+    old_hash = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+    assert spec_hash(h100) == old_hash
+    assert "a2a_comm" in str(load_hardware("gb200-nvl72").model_dump())

@@ -316,7 +316,7 @@ def test_deepseek_v3_without_its_routing_groups_gets_transformers_8_groups_of_wh
     assert (m.moe.route_groups, m.moe.route_group_limit) == (8, 4)
 
 
-@pytest.mark.parametrize("name,dense,shared", [("deepseek-v3", 3, 1), ("glm-4.7", 1, 1)])
+@pytest.mark.parametrize("name,dense,shared", [("deepseek-v3", 3, 1), ("glm-4.7", 1, 1), ("deepseek-v2", 0, 2)])
 def test_a_config_without_its_dense_layers_or_shared_experts_gets_what_transformers_builds(name, dense, shared):
     """DeepseekV3Config defaults first_k_dense_replace to 3 and n_shared_experts to 1,
     Glm4MoeConfig both to 1: a trimmed config had been read as every layer MoE and no shared
@@ -339,6 +339,19 @@ def test_attention_of_a_form_the_spec_cannot_hold_is_refused_whatever_the_model_
     with pytest.raises(SpecError) as e:
         model_from_hf_config(cfg, "x/config.json")
     assert str(e.value).startswith(f"x/config.json: {said}"), str(e.value)
+
+
+def test_llama4_layer_types_as_transformers_builds_them_are_read_not_refused():
+    """Llama4TextConfig fills layer_types from no_rope_layers: chunked_attention where a layer
+    uses RoPE, full_attention where it does not; the importer reads those chunks already."""
+    cfg = json.loads((HF / "llama4-scout.json").read_text())
+    text = cfg["text_config"]
+    text["layer_types"] = ["chunked_attention" if r else "full_attention" for r in text["no_rope_layers"]]
+    assert model_from_hf_config(cfg, "x/config.json") == model_from_hf_config(
+        json.loads((HF / "llama4-scout.json").read_text()), "x/config.json")
+    text["layer_types"][0] = "linear_attention"
+    with pytest.raises(SpecError, match="'linear_attention' layers are not modelled"):
+        model_from_hf_config(cfg, "x/config.json")
 
 
 def test_kimi_linear_and_longcat_flash_are_refused_with_their_reason():

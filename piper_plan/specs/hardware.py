@@ -210,7 +210,7 @@ class Level(_Optional):
     bandwidth (unless `shared_links`); levels above the node go through the NICs (`via_nic`),
     possibly tapered."""
 
-    _OMIT_AT_DEFAULT = ("shared_links", "comm", "mesh", "job_block")
+    _OMIT_AT_DEFAULT = ("shared_links", "comm", "mesh", "job_block", "a2a_comm")
 
     name: str = Field(min_length=1)
     size: int = Field(..., ge=1, le=MAX_GPUS, description="GPUs in one domain of this level")

@@ -273,11 +273,11 @@ def _qwen_window(c: _Cfg, out: dict) -> dict:
 
 
 # what transformers' config classes build where a config leaves these keys out (DeepseekV3Config:
-# first_k_dense_replace 3, n_shared_experts 1; Glm4MoeConfig: 1 and 1); other families' code
-# defaults them to 0 / none. A trimmed config read with 0 had priced 61 MoE layers and no shared
-# expert for DeepSeek-V3, 4 % more parameters than the model transformers builds.
+# first_k_dense_replace 3, n_shared_experts 1; Glm4MoeConfig: 1 and 1; DeepseekV2Config: 0 and 2);
+# other families' code defaults them to 0 / none. A trimmed config read with 0 had priced 61 MoE
+# layers and no shared expert for DeepSeek-V3, 4 % more parameters than the model transformers builds.
 _FIRST_DENSE_DEFAULT = {"deepseek_v3": 3, "glm4_moe": 1}
-_SHARED_EXPERTS_DEFAULT = {"deepseek_v3": 1, "glm4_moe": 1}
+_SHARED_EXPERTS_DEFAULT = {"deepseek_v3": 1, "glm4_moe": 1, "deepseek_v2": 2}
 
 
 def _first_dense(c: _Cfg) -> int:
@@ -637,12 +637,16 @@ _UNMODELLED_KEYS = {
     "full_attention_interval": "linear-attention layers between the full-attention ones",
 }
 _MODELLED_LAYER_TYPES = ("full_attention", "sliding_attention")
+# Llama 4's chunked local attention (Llama4TextConfig builds layer_types from no_rope_layers;
+# the importer reads the chunks from attention_chunk_size and no_rope_layers)
+_FAMILY_LAYER_TYPES = {"llama4": ("chunked_attention",), "llama4_text": ("chunked_attention",)}
 
 
-def _refuse_unmodelled_keys(cfg: dict, source: str) -> None:
+def _refuse_unmodelled_keys(cfg: dict, source: str, family: str) -> None:
     """One line naming the first key (at the top or under text_config) whose layers ModelSpec has
-    no form for: sparse or linear attention, or a layer_types entry other than full or sliding
-    attention (mamba, linear_attention)."""
+    no form for: sparse or linear attention, or a layer_types entry other than the attention the
+    family's importer reads (mamba, linear_attention)."""
+    known = _MODELLED_LAYER_TYPES + _FAMILY_LAYER_TYPES.get(family, ())
     for part in (cfg, cfg.get("text_config")):
         if not isinstance(part, dict):
             continue
@@ -651,10 +655,10 @@ def _refuse_unmodelled_keys(cfg: dict, source: str) -> None:
                 raise SpecError(source, key, f"{what} is not modelled (ModelSpec has no form for it)")
         types = part.get("layer_types")
         if isinstance(types, list):
-            other = sorted({t for t in types if isinstance(t, str) and t not in _MODELLED_LAYER_TYPES})
+            other = sorted({t for t in types if isinstance(t, str) and t not in known})
             if other:
                 raise SpecError(source, "layer_types", f"{other[0]!r} layers are not modelled (expected "
-                                                       f"{' or '.join(_MODELLED_LAYER_TYPES)})")
+                                                       f"{' or '.join(known)})")
 
 
 def _hunyuan(cfg: dict, source: str) -> SpecError:
@@ -709,7 +713,7 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(source, "<root>", "expected a JSON object (a Hugging Face config.json)")
     family = _family(cfg, source)
-    _refuse_unmodelled_keys(cfg, source)
+    _refuse_unmodelled_keys(cfg, source, family)
     fields = _FAMILIES[family](_Cfg(cfg, source, family))
     fields.update(name=_name(cfg, source), source=f"HF config.json {source} ({family})")
     try:
