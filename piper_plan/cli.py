@@ -159,6 +159,9 @@ STACK_OPTIONS = [
                      "layers a chunk, as Megatron-Core does"),
 ]
 
+GRAD_DTYPE_HELP = ("element type the gradients are reduced in (Megatron-Core --grad-reduce-in-bf16; fp32: "
+                   "its default main grads; piper-train reduces fp32)")
+
 OFFLOAD_HELP = {
     "optimizer": "share of each rank's optimizer state (fp32 master weights, Adam moments) kept and stepped in host "
                  "memory (Megatron-Core --optimizer-cpu-offload --optimizer-offload-fraction); needs the hardware "
@@ -271,7 +274,8 @@ def layout_options(fn):
         click.option("--dropout/--no-dropout", default=False, show_default=True),
         *STACK_OPTIONS,
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
-        click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True),
+        click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+                     help=GRAD_DTYPE_HELP),
         click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True),
         click.option("--optimizer-offload", type=FiniteFloat(0.0, 1.0), default=0.0, show_default=True,
                      help=OFFLOAD_HELP["optimizer"]),
@@ -548,6 +552,8 @@ def search_options(fn):
                      "--recompute-modules: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts); "
                      "repeat to try several sets, each a choice of its own (piper-train runs core_attn only)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
+        click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
+                     help=GRAD_DTYPE_HELP),
         click.option("--runtime", type=click.Choice(["any", "piper-train"]), default="any", show_default=True,
                      help="piper-train: only plans the bundled runtime runs, priced as it runs them (eager modules, "
                      "ZeRO 0-2, gradients reduced after the pipeline)"),
@@ -619,7 +625,7 @@ def _space(kw, model, gpus):
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      p2p_overlap=kw["p2p_overlap"],
                      fp8=kw["fp8"], fp8_params=kw["fp8_params"], expert_probs=kw["expert_probs"],
-                     cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"],
+                     cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),
                      offload_layers=_ints(kw["offload_layers"], "--offload-layers", 0, MAX_LAYERS),
                      offload_modules=_module_sets(kw["offload_modules"], "--offload-modules",
@@ -669,6 +675,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     from .evaluate import build_plan
     from .plan import write_plan
     from .search import diagnose, search
+    from .track_record import memory_margin_line
 
     t0 = time.perf_counter()
     model, hw, routing = _load_for_search(kw)
@@ -689,9 +696,12 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
         i = res.best
         write_plan(build_plan(model, hw, res.batch.layout(i), res.est, i, routing,
                               _plan_migration(kw, model, res.batch.layout(i), output)), output)
+    # a best plan fuller than any published run the memory model was checked on says so
+    note = memory_margin_line(rows[0]["peak_memory_gib"], hw.accelerator.memory_gib) if rows else None
     if as_json:
         click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
-                               "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why}, indent=2))
+                               "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why,
+                               "memory_note": note}, indent=2))
     else:
         title = f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts evaluated in {wall:.2f} s, " \
                 f"{len(res.order):,} fit"
@@ -701,6 +711,8 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
             click.echo(title)
         report.show_rejections(res.rejected, why)
         _show_track_record(model, hw)
+        if note:
+            click.echo(note)
         if output and rows:
             click.echo(f"wrote {output}")
     if not rows:

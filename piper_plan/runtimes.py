@@ -32,6 +32,7 @@ class Support:
 PIPER_TRAIN: tuple[Support, ...] = (
     Support("dtype", ("bf16", "fp32"), "--dtype", "fp16 needs loss scaling, which piper-train does not do"),
     Support("zero", (0, 1, 2), "--zero", "piper-train implements ZeRO stages 0, 1 and 2"),
+    Support("grad_dtype", ("fp32",), "--grad-dtype", "piper-train reduces fp32 gradients"),
     Support("fp8_params", (False,), "--fp8-params", "piper-train keeps its weights in the layout's dtype"),
     Support("fp8", ("none",), "--fp8", "piper-train runs its GEMMs in the layout's dtype, not FP8"),
     Support("a2a", ("flat", "halo"), "--a2a", "piper-train runs the flat or HALO all-to-all, not DeepEP / "

@@ -85,6 +85,7 @@ class SearchSpace:
     cuda_graphs: tuple[str, ...] = ()  # Layout.cuda_graphs: what the runtime replays as CUDA graphs
     pipeline_split: str = "balanced"  # Layout.pipeline_split: how the runtime splits layers into chunks
     overlap_grad_reduce: bool = True  # Layout.overlap_grad_reduce
+    grad_dtype: str = "fp32"          # Layout.grad_dtype: the element type gradients are reduced in
     # layers of each chunk full recompute re-runs, each a choice (Layout.recompute_layers; 0: all)
     recompute_layers: tuple[int, ...] = (0,)
     # host offloading, each value a choice (Layout.optimizer_offload: share of the optimizer state on the
@@ -370,7 +371,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                 fp8=FP8S.index(sp.fp8), fp8_par=sp.fp8_params, probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
                 split=SPLITS.index(sp.pipeline_split),
-                dtype=DTYPES.index(sp.dtype), grad_bytes=4,
+                dtype=DTYPES.index(sp.dtype), grad_bytes=4 if sp.grad_dtype == "fp32" else 2,
                 # the state bound below holds for every offload choice at the largest share offloaded
                 opt_offload=float(max(sp.optimizer_offload)), offload_layers=0, off_mods=0)
     if headroom_gib is not None:

@@ -11,6 +11,7 @@ Reading a stored file keeps scipy and the table's pricing out of estimate's and 
 from __future__ import annotations
 
 import json
+import math
 
 from .specs.registry import validation_dir
 
@@ -55,3 +56,18 @@ def lines(model_name: str, hardware_name: str) -> list[str]:
                    f"{s['mean_pct']:+.1f} % on average (spread {s['sd_pct']:.1f} %), {verdict}; "
                    "piper-plan validate --residuals")
     return out
+
+
+def memory_margin_line(peak_gib: float, device_gib: float) -> str | None:
+    """A note where a plan's busiest rank is predicted fuller than any published run the memory
+    model was checked on (validate_residuals.memory_checked), with the --headroom-gib that keeps
+    a search within that; None where it is not, or where nothing is stored."""
+    m = _stored().get("memory") or {}
+    share = m.get("max_share")
+    if not share or device_gib <= 0 or peak_gib <= share * device_gib:
+        return None
+    keep = device_gib * (1.0 - share)
+    return (f"note: the best plan's busiest rank is predicted at {100 * peak_gib / device_gib:.1f} % of the device's "
+            f"{device_gib:g} GiB; of the {m['runs']} published runs the memory model is checked on, none is "
+            f"predicted above {100 * share:.1f} % ({m['at']}): --headroom-gib {math.ceil(keep):d} keeps plans "
+            f"within that (the allocator's fragmentation is not modelled)")

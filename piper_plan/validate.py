@@ -421,7 +421,7 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
     if row["recompute"] != "planner's choice":
         x = _settings(row)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
-                "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce")
+                "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce", "grad_dtype")
         # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
         # the space's defaults stand for those
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),

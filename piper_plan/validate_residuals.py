@@ -128,11 +128,13 @@ def residuals(results, rows: list[dict]) -> dict:
     setups, rows, mean_pct, sd_pct, p, q, bias}], "trends": [{setting, setups, rho, p, q,
     trend}]}. mean_pct = 100·(exp(mean ln ratio) − 1); sd_pct the setups' spread in the same
     units (one standard deviation of ln ratio, as %); thresholds the MIN_SETUPS, MAX_Q and
-    BIAS_PCT the verdicts were drawn with, so a reader of the stored answer need not restate them."""
+    BIAS_PCT the verdicts were drawn with, so a reader of the stored answer need not restate them;
+    memory: how full the published runs' devices are predicted (memory_checked)."""
     thresholds = {"min_setups": MIN_SETUPS, "max_q": MAX_Q, "bias_pct": BIAS_PCT}
     units = setups(results, rows)
     if not units:
-        return {"setups": 0, "rows": 0, "overall_pct": None, "thresholds": thresholds, "levels": [], "trends": []}
+        return {"setups": 0, "rows": 0, "overall_pct": None, "thresholds": thresholds, "levels": [], "trends": [],
+                "memory": memory_checked(results)}
     err = np.array([u["error"] for u in units])
     levels = _levels(units)
     stats = []
@@ -151,7 +153,20 @@ def residuals(results, rows: list[dict]) -> dict:
     stats.sort(key=lambda s: (s["q"], -abs(s["mean_pct"])))
     return {"setups": len(units), "rows": sum(len(u["ids"]) for u in units),
             "overall_pct": 100.0 * float(np.expm1(err.mean())), "thresholds": thresholds, "levels": stats,
-            "trends": _trends(units, err)}
+            "trends": _trends(units, err), "memory": memory_checked(results)}
+
+
+def memory_checked(results) -> dict:
+    """How full the memory model puts the devices of the published runs it prices that it
+    predicts to fit (each of them ran): {"runs", "max_share" (busiest rank's predicted peak over
+    the device's memory), "at" (that run's id)}. A plan fuller than max_share is in territory
+    no published run has checked the memory model in (search says so)."""
+    fit = [(r.peak_memory_gib / r.device_memory_gib, r.id) for r in results
+           if r.peak_memory_gib and r.device_memory_gib and r.peak_memory_gib <= r.device_memory_gib]
+    if not fit:
+        return {"runs": 0, "max_share": None, "at": None}
+    share, at = max(fit)
+    return {"runs": len(fit), "max_share": float(share), "at": at}
 
 
 def _trends(units: list[dict], err: np.ndarray) -> list[dict]:

@@ -192,6 +192,29 @@ def test_estimate_says_it_wrote_a_plan_and_warns_when_the_plan_does_not_fit(tmp_
             assert len(warned) == 1 and "does not fit" in warned[0] and "against the device's 64 GiB" in warned[0]
 
 
+def test_search_prices_the_gradients_in_the_dtype_asked_for(tmp_path):
+    """Megatron-Bridge's recipes reduce bf16 gradients (--grad-reduce-in-bf16): the search had no
+    such option and priced every candidate's gradients in fp32, 2 bytes an element too many."""
+    base = ["search", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "16", "--global-batch", "256", "--json"]
+    best = {}
+    for dt in ("fp32", "bf16"):
+        code, text, _ = run(*base, "--grad-dtype", dt, "-o", str(tmp_path / f"{dt}.json"))
+        assert code == 0, text
+        best[dt] = json.loads(text)["top"][0]
+        assert json.loads((tmp_path / f"{dt}.json").read_text())["layout"]["grad_dtype"] == dt
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs.registry import load_hardware, load_model
+
+    m, hw = load_model("qwen3-30b-a3b"), load_hardware("dgx-h100")
+    lay = Layout(**best["fp32"]["layout"])
+    mem = [estimate_layout(m, hw, lay.model_copy(update={"grad_dtype": dt})).peak_memory_gib[0]
+           for dt in ("fp32", "bf16")]
+    assert mem[1] < mem[0]  # the same layout holds half-size gradients
+    code, text, _ = run(*base, "--grad-dtype", "bf16", "--runtime", "piper-train")
+    assert code == 2 and "it cannot run --grad-dtype bf16 (piper-train reduces fp32 gradients)" in text
+
+
 def test_estimate_json_has_required_keys():
     code, text, _ = run("estimate", "-m", "deepseek-v3", "-H", "frontier", "-n", "2048", "--pp", "16", "--ep", "64",
                         "--recompute", "full", "--global-batch", "4096", "--json")

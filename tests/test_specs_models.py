@@ -354,6 +354,25 @@ def test_llama4_layer_types_as_transformers_builds_them_are_read_not_refused():
         model_from_hf_config(cfg, "x/config.json")
 
 
+def test_a_multimodal_wrapper_around_a_supported_decoder_prices_the_decoder_and_says_so(capsys):
+    """Kimi-K2.5 (model_type kimi_k25) keeps a DeepSeek-V3 decoder in text_config beside its vision
+    tower: it had been refused as an unsupported model."""
+    text = json.loads((HF / "deepseek-v3.json").read_text())
+    wrapped = {"model_type": "kimi_k25", "architectures": ["KimiK25ForConditionalGeneration"],
+               "text_config": text, "vision_config": {"hidden_size": 1152}}
+    got = model_from_hf_config(wrapped, "kimi-k2.5/config.json")
+    assert got.model_dump(exclude=_ARCH_ONLY) == model_from_hf_config(text, "x/config.json").model_dump(
+        exclude=_ARCH_ONLY)
+    assert got.name == "kimi-k2.5"
+    err = capsys.readouterr().err
+    assert "model_type 'kimi_k25' keeps a deepseek_v3 decoder in text_config" in err and "vision tower" in err
+    bad = {**wrapped, "text_config": {**text, "hidden_size": "wide"}}
+    with pytest.raises(SpecError, match=r"text_config\.hidden_size: expected an integer"):
+        model_from_hf_config(bad, "kimi-k2.5/config.json")
+    with pytest.raises(SpecError, match="unsupported model"):  # a wrapped decoder of no supported type
+        model_from_hf_config({**wrapped, "text_config": {"model_type": "kimi_linear"}}, "x/config.json")
+
+
 def test_kimi_linear_and_longcat_flash_are_refused_with_their_reason():
     for mt, why in (("kimi_linear", "Kimi Delta Attention"), ("longcat_flash", "zero-computation experts")):
         with pytest.raises(SpecError, match=f"'{mt}' is not modelled: ModelSpec has no form for .*{why}"):

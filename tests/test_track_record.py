@@ -3,6 +3,7 @@ machine planned, read from validation/track_record.json, which must match the ta
 import json
 import math
 
+import pytest
 from click.testing import CliRunner
 
 from piper_plan import track_record
@@ -33,6 +34,28 @@ def test_the_stored_track_record_is_what_the_table_gives_today():
     for k, t in new_t.items():
         assert old_t[k]["setups"] == t["setups"] and old_t[k]["trend"] == t["trend"], f"{k} stale: {REWRITE}"
         assert math.isclose(old_t[k]["rho"], t["rho"], rel_tol=1e-6, abs_tol=1e-9), f"{k} stale: {REWRITE}"
+    m_old, m_new = stored["memory"], fresh["memory"]
+    assert (m_old["runs"], m_old["at"]) == (m_new["runs"], m_new["at"]), f"memory stale: {REWRITE}"
+    assert math.isclose(m_old["max_share"], m_new["max_share"], rel_tol=1e-9), f"memory stale: {REWRITE}"
+
+
+def test_a_search_whose_best_plan_is_fuller_than_any_checked_run_says_so_and_how_to_keep_a_margin():
+    """The search keeps no margin of its own (--headroom-gib 0): a best plan predicted fuller than
+    every published run the memory model was checked on (none above 92.6 % of its device) gets a
+    note naming the headroom that keeps plans within that; with that headroom, no note."""
+    share = json.loads(track_record.path().read_text())["memory"]["max_share"]
+    args = ["search", "-m", "qwen3-235b-a22b", "-H", "dgx-h100", "-n", "256", "--global-batch", "2048", "--top", "1"]
+    r = CliRunner().invoke(main, args + ["--json"])
+    d = json.loads(r.output)
+    from piper_plan.specs.registry import load_hardware
+
+    peak, device = d["top"][0]["peak_memory_gib"], load_hardware("dgx-h100").accelerator.memory_gib
+    assert peak > share * device and d["memory_note"].startswith("note: the best plan's busiest rank is predicted at")
+    keep = math.ceil(device * (1 - share))
+    assert f"--headroom-gib {keep} keeps plans within that" in d["memory_note"]
+    r = CliRunner().invoke(main, args + ["--headroom-gib", str(keep), "--json"])
+    d = json.loads(r.output)
+    assert d["memory_note"] is None and d["top"][0]["peak_memory_gib"] <= share * device
 
 
 def test_a_biased_model_is_said_to_be_and_an_unvalidated_one_says_nothing():
@@ -83,3 +106,15 @@ def test_an_edited_copy_of_a_bundled_spec_gets_no_track_record(tmp_path):
     assert out.exit_code == 0, out.output
     assert "track record, gpt-oss-120b" not in out.output and "track record, dgx-h100:" in out.output
 
+
+
+def test_the_readme_states_the_memory_margin_as_stored():
+    from pathlib import Path
+
+    m = json.loads(track_record.path().read_text())["memory"]
+    readme = Path(__file__).parents[1] / "README.md"
+    if not readme.exists():
+        pytest.skip("an installed wheel carries no top-level README.md")
+    text = " ".join(readme.read_text(encoding="utf-8").split())
+    assert f"any of the {m['runs']} published runs the memory model is checked on (none above " \
+           f"{100 * m['max_share']:.1f} % of its device;" in text

@@ -712,16 +712,37 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     max_position_embeddings is the longest context, not a training length."""
     if not isinstance(cfg, dict):
         raise SpecError(source, "<root>", "expected a JSON object (a Hugging Face config.json)")
-    family = _family(cfg, source)
+    name = _name(cfg, source)
+    family, prefix = _wrapped_family(cfg), "text_config."
+    if family is not None:  # a multimodal wrapper around a supported decoder (Kimi-K2.5: DeepSeek-V3)
+        click.echo(f"warning: {source}: model_type {cfg.get('model_type')!r} keeps a {family} decoder in "
+                   f"text_config: the spec and its plans price that language model, not the vision tower",
+                   err=True)
+        cfg = cfg["text_config"]
+    else:
+        family, prefix = _family(cfg, source), ""
     _refuse_unmodelled_keys(cfg, source, family)
-    fields = _FAMILIES[family](_Cfg(cfg, source, family))
-    fields.update(name=_name(cfg, source), source=f"HF config.json {source} ({family})")
+    fields = _FAMILIES[family](_Cfg(cfg, source, family, prefix))
+    fields.update(name=name, source=f"HF config.json {source} ({family})")
     try:
         spec = ModelSpec.model_validate(fields)
     except ValidationError as e:
         raise _validation_error(source, family, e) from None
     _warn_dropped_mtp(cfg, source, family, spec)
     return spec
+
+
+def _wrapped_family(cfg: dict) -> str | None:
+    """The family of the decoder a config of no supported type keeps in text_config, where that
+    decoder's model_type is one the importer reads (Kimi-K2.5's kimi_k25 wraps a deepseek_v3); None
+    otherwise, and for every type _family decides itself (supported, refused, Llama 4's own)."""
+    mt, archs, text = cfg.get("model_type"), cfg.get("architectures"), cfg.get("text_config")
+    if not isinstance(mt, str) or mt in _FAMILIES or mt in _UNMODELLED or mt == "hunyuan" or not isinstance(text, dict):
+        return None
+    if isinstance(archs, list) and archs and archs[0] in _ARCHITECTURES:
+        return None
+    inner = text.get("model_type")
+    return inner if isinstance(inner, str) and inner in _FAMILIES else None
 
 
 # keys a config.json counts its multi-token-prediction modules under (DeepSeek-V3 / GLM-4.5 / ERNIE
