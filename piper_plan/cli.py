@@ -378,6 +378,8 @@ def _layout_from(kw, model):
     from .errors import LayoutError
     from .layout import Layout
 
+    _check_grad_dtype(kw)
+
     gpus, tp, cp, pp = kw["gpus"], kw["tp"], kw["cp"], kw["pp"]
     dp = kw["dp"]
     if dp is None:
@@ -496,8 +498,8 @@ def _as_piper_train_runs(lay, model):
         name = "kernels" if field == "fused_kernels" else field
         if given[field] and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
             raise PiperError(f"--runtime piper-train: layout.{field}: piper-train does not run {what}; use {option}")
-    # piper-train reduces fp32 gradients whatever a plan says (its launch accepts the field, which
-    # changes no mathematics there), so the price is fp32's
+    # piper-train reduces fp32 gradients (its launch refuses a plan priced for bf16 ones), so the
+    # price is fp32's
     grad = ctx.params.get("grad_dtype")
     if grad != "fp32" and ctx.get_parameter_source("grad_dtype") == ParameterSource.COMMANDLINE:
         raise PiperError("--runtime piper-train: layout.grad_dtype: piper-train reduces fp32 gradients; use "
@@ -610,9 +612,20 @@ def _module_sets(texts, option: str, parse) -> tuple[tuple[str, ...], ...]:
     return sets
 
 
+def _check_grad_dtype(kw) -> None:
+    """bf16 gradients of fp32 weights are not a reduction any runtime makes: the gradients of an
+    fp32 model are fp32 (memory.py prices them so), and the plan would say bf16."""
+    from .errors import PiperError
+
+    if kw.get("grad_dtype") == "bf16" and kw.get("dtype") == "fp32":
+        raise PiperError("--grad-dtype bf16: the gradients of --dtype fp32 weights are fp32; use --grad-dtype fp32")
+
+
 def _space(kw, model, gpus):
     from .search import SearchSpace, for_runtime
     from .specs.model import MAX_LAYERS  # (no chunk holds more layers than a model may have)
+
+    _check_grad_dtype(kw)
 
     seq, gbs = _seq_batch(kw, model)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
@@ -697,7 +710,8 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
         write_plan(build_plan(model, hw, res.batch.layout(i), res.est, i, routing,
                               _plan_migration(kw, model, res.batch.layout(i), output)), output)
     # a best plan fuller than any published run the memory model was checked on says so
-    note = memory_margin_line(rows[0]["peak_memory_gib"], hw.accelerator.memory_gib) if rows else None
+    note = (memory_margin_line(rows[0]["peak_memory_gib"], hw.accelerator.memory_gib,
+                               float(res.est.peak_memory_gib[res.order].min())) if rows else None)
     if as_json:
         click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
                                "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why,

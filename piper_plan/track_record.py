@@ -58,16 +58,21 @@ def lines(model_name: str, hardware_name: str) -> list[str]:
     return out
 
 
-def memory_margin_line(peak_gib: float, device_gib: float) -> str | None:
+def memory_margin_line(peak_gib: float, device_gib: float, leanest_gib: float | None = None) -> str | None:
     """A note where a plan's busiest rank is predicted fuller than any published run the memory
-    model was checked on (validate_residuals.memory_checked), with the --headroom-gib that keeps
-    a search within that; None where it is not, or where nothing is stored."""
+    model was checked on and predicts to fit (validate_residuals.memory_checked), with the
+    --headroom-gib that keeps a search within that, or, where even the search's leanest fitting
+    plan (`leanest_gib`) is fuller, that none of its plans is; None where the plan is within it,
+    or where nothing is stored."""
     m = _stored().get("memory") or {}
     share = m.get("max_share")
     if not share or device_gib <= 0 or peak_gib <= share * device_gib:
         return None
-    keep = device_gib * (1.0 - share)
-    return (f"note: the best plan's busiest rank is predicted at {100 * peak_gib / device_gib:.1f} % of the device's "
-            f"{device_gib:g} GiB; of the {m['runs']} published runs the memory model is checked on, none is "
-            f"predicted above {100 * share:.1f} % ({m['at']}): --headroom-gib {math.ceil(keep):d} keeps plans "
-            f"within that (the allocator's fragmentation is not modelled)")
+    said = (f"note: the best plan's busiest rank is predicted at {100 * peak_gib / device_gib:.1f} % of the device's "
+            f"{device_gib:g} GiB; of the {m['runs']} published runs the memory model is checked on and predicts "
+            f"to fit, none is above {100 * share:.1f} % ({m['at']}): ")
+    if leanest_gib is not None and leanest_gib > share * device_gib:
+        return said + ("no plan of this search is within that (more GPUs, or less memory a rank, would be; the "
+                       "allocator's fragmentation is not modelled)")
+    keep = math.ceil(10 * device_gib * (1.0 - share)) / 10  # to 0.1 GiB: a small device's margin is small
+    return said + f"--headroom-gib {keep:g} keeps plans within that (the allocator's fragmentation is not modelled)"

@@ -213,6 +213,9 @@ def test_search_prices_the_gradients_in_the_dtype_asked_for(tmp_path):
     assert mem[1] < mem[0]  # the same layout holds half-size gradients
     code, text, _ = run(*base, "--grad-dtype", "bf16", "--runtime", "piper-train")
     assert code == 2 and "it cannot run --grad-dtype bf16 (piper-train reduces fp32 gradients)" in text
+    for cmd in (base, ["estimate", "-m", "qwen3-30b-a3b", "-H", "dgx-h100", "-n", "16"]):  # fp32 weights' are fp32
+        line = err_line(*run(*cmd, "--dtype", "fp32", "--grad-dtype", "bf16")[:2])
+        assert "--grad-dtype bf16: the gradients of --dtype fp32 weights are fp32" in line
 
 
 def test_estimate_json_has_required_keys():

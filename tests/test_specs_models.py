@@ -369,8 +369,12 @@ def test_a_multimodal_wrapper_around_a_supported_decoder_prices_the_decoder_and_
     bad = {**wrapped, "text_config": {**text, "hidden_size": "wide"}}
     with pytest.raises(SpecError, match=r"text_config\.hidden_size: expected an integer"):
         model_from_hf_config(bad, "kimi-k2.5/config.json")
-    with pytest.raises(SpecError, match="unsupported model"):  # a wrapped decoder of no supported type
+    with pytest.raises(SpecError, match=r"text_config\.model_type: 'kimi_linear' is not modelled"):
         model_from_hf_config({**wrapped, "text_config": {"model_type": "kimi_linear"}}, "x/config.json")
+    with pytest.raises(SpecError, match=r"text_config\.index_topk: DeepSeek Sparse Attention"):
+        model_from_hf_config({**wrapped, "text_config": {**text, "index_topk": 2048}}, "x/config.json")
+    with pytest.raises(SpecError, match="unsupported model"):  # a wrapped decoder of no known type
+        model_from_hf_config({**wrapped, "text_config": {"model_type": "something_else"}}, "x/config.json")
 
 
 def test_kimi_linear_and_longcat_flash_are_refused_with_their_reason():
@@ -669,6 +673,9 @@ def test_hunyuan_a13b_is_refused_for_what_it_has_not_for_the_cross_layer_attenti
     assert msg.startswith("a13b/config.json: model_type: ") and "\n" not in msg
     assert "moe_topk, moe_intermediate_size, num_shared_expert" in msg and "use_mixed_mlp_moe" in msg
     assert "cross-layer" not in msg and "use_cla" not in msg
+    # transformers' own HunYuanMoEV1 config names the same model hunyuan_v1_moe: the same reasons
+    with pytest.raises(SpecError, match=r"'hunyuan_v1_moe' is not modelled: no importer reads its per-layer"):
+        model_from_hf_config({**cfg, "model_type": "hunyuan_v1_moe"}, "a13b/config.json")
 
 
 # ---- local attention in every layer (full_attention_every 0) ---------------------------------

@@ -642,29 +642,34 @@ _MODELLED_LAYER_TYPES = ("full_attention", "sliding_attention")
 _FAMILY_LAYER_TYPES = {"llama4": ("chunked_attention",), "llama4_text": ("chunked_attention",)}
 
 
-def _refuse_unmodelled_keys(cfg: dict, source: str, family: str) -> None:
-    """One line naming the first key (at the top or under text_config) whose layers ModelSpec has
-    no form for: sparse or linear attention, or a layer_types entry other than the attention the
-    family's importer reads (mamba, linear_attention)."""
+def _refuse_unmodelled_keys(cfg: dict, source: str, family: str, prefix: str = "") -> None:
+    """One line naming the first key (at the top or under text_config; `prefix`: where `cfg`
+    itself sits in the file) whose layers ModelSpec has no form for: sparse or linear attention,
+    or a layer_types entry other than the attention the family's importer reads (mamba,
+    linear_attention)."""
     known = _MODELLED_LAYER_TYPES + _FAMILY_LAYER_TYPES.get(family, ())
-    for part in (cfg, cfg.get("text_config")):
+    for part, at in ((cfg, prefix), (cfg.get("text_config"), prefix + "text_config.")):
         if not isinstance(part, dict):
             continue
         for key, what in _UNMODELLED_KEYS.items():
             if part.get(key) is not None:
-                raise SpecError(source, key, f"{what} is not modelled (ModelSpec has no form for it)")
+                raise SpecError(source, at + key, f"{what} is not modelled (ModelSpec has no form for it)")
         types = part.get("layer_types")
         if isinstance(types, list):
             other = sorted({t for t in types if isinstance(t, str) and t not in known})
             if other:
-                raise SpecError(source, "layer_types", f"{other[0]!r} layers are not modelled (expected "
-                                                       f"{' or '.join(known)})")
+                raise SpecError(source, at + "layer_types", f"{other[0]!r} layers are not modelled (expected "
+                                                            f"{' or '.join(known)})")
+
+
+_HUNYUAN = ("hunyuan", "hunyuan_v1_moe")
 
 
 def _hunyuan(cfg: dict, source: str) -> SpecError:
-    """Why a Hunyuan config (Tencent's remote-code HunYuan, model_type hunyuan) is refused: the
-    features of its config that no importer reads, cross-layer attention only where use_cla is on
-    (Hunyuan-Large; Hunyuan-A13B has it off)."""
+    """Why a Hunyuan config (Tencent's remote-code HunYuan, model_type hunyuan; transformers'
+    HunYuanMoEV1, hunyuan_v1_moe) is refused: the features of its config that no importer reads,
+    cross-layer attention only where use_cla is on (Hunyuan-Large; Hunyuan-A13B has it off)."""
+    mt = cfg.get("model_type")
     if cfg.get("use_cla") is True:
         return SpecError(source, "use_cla", "cross-layer attention (layers sharing their key/value projections) "
                                             "is not modelled (hunyuan config)")
@@ -673,14 +678,14 @@ def _hunyuan(cfg: dict, source: str) -> SpecError:
     if cfg.get("use_mixed_mlp_moe") is True:
         why.append("use_mixed_mlp_moe's shared MLP beside the experts")
     what = " or ".join(why) or "its config"
-    return SpecError(source, "model_type", f"'hunyuan' is not modelled: no importer reads {what}")
+    return SpecError(source, "model_type", f"{mt!r} is not modelled: no importer reads {what}")
 
 
 def _family(cfg: dict, source: str) -> str:
     mt = cfg.get("model_type")
     if mt is not None and not isinstance(mt, str):
         raise SpecError(source, "model_type", f"expected a string, got {_short(mt)}")
-    if mt == "hunyuan":
+    if mt in _HUNYUAN:
         raise _hunyuan(cfg, source)
     if isinstance(mt, str) and mt in _FAMILIES:
         return mt
@@ -713,7 +718,7 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(source, "<root>", "expected a JSON object (a Hugging Face config.json)")
     name = _name(cfg, source)
-    family, prefix = _wrapped_family(cfg), "text_config."
+    family, prefix = _wrapped_family(cfg, source), "text_config."
     if family is not None:  # a multimodal wrapper around a supported decoder (Kimi-K2.5: DeepSeek-V3)
         click.echo(f"warning: {source}: model_type {cfg.get('model_type')!r} keeps a {family} decoder in "
                    f"text_config: the spec and its plans price that language model, not the vision tower",
@@ -721,7 +726,7 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
         cfg = cfg["text_config"]
     else:
         family, prefix = _family(cfg, source), ""
-    _refuse_unmodelled_keys(cfg, source, family)
+    _refuse_unmodelled_keys(cfg, source, family, prefix)
     fields = _FAMILIES[family](_Cfg(cfg, source, family, prefix))
     fields.update(name=name, source=f"HF config.json {source} ({family})")
     try:
@@ -732,16 +737,19 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     return spec
 
 
-def _wrapped_family(cfg: dict) -> str | None:
+def _wrapped_family(cfg: dict, source: str) -> str | None:
     """The family of the decoder a config of no supported type keeps in text_config, where that
     decoder's model_type is one the importer reads (Kimi-K2.5's kimi_k25 wraps a deepseek_v3); None
     otherwise, and for every type _family decides itself (supported, refused, Llama 4's own)."""
     mt, archs, text = cfg.get("model_type"), cfg.get("architectures"), cfg.get("text_config")
-    if not isinstance(mt, str) or mt in _FAMILIES or mt in _UNMODELLED or mt == "hunyuan" or not isinstance(text, dict):
+    if not isinstance(mt, str) or mt in _FAMILIES or mt in _UNMODELLED or mt in _HUNYUAN or not isinstance(text, dict):
         return None
     if isinstance(archs, list) and archs and archs[0] in _ARCHITECTURES:
         return None
     inner = text.get("model_type")
+    if isinstance(inner, str) and inner in _UNMODELLED:  # the decoder is one no spec describes: its reason
+        raise SpecError(source, "text_config.model_type",
+                        f"{inner!r} is not modelled: ModelSpec has no form for {_UNMODELLED[inner]}")
     return inner if isinstance(inner, str) and inner in _FAMILIES else None
 
 
