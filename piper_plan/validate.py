@@ -724,12 +724,16 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
 
 def memory_of_runs(results: list[Result]) -> dict:
     """The memory model against the runs themselves: each published throughput row ran its
-    layout, so the model should find that layout fits the device. Returns the rows checked and
-    those predicted over the device's memory (id, peak GiB, device GiB)."""
+    layout, so the model should find that layout fits the device. Returns the rows checked,
+    those predicted over the device's memory (id, peak GiB, device GiB), and of those predicted to
+    fit the fullest: its share of the device (busiest rank's peak over the device's memory) and
+    id; a plan fuller than that is where no published run has checked the model (search says so)."""
     ran = [r for r in results if r.peak_memory_gib is not None]
     over = [{"id": r.id, "peak_gib": r.peak_memory_gib, "device_gib": r.device_memory_gib}
             for r in ran if r.peak_memory_gib > r.device_memory_gib]
-    return {"rows": len(ran), "over": over}
+    fit = [(r.peak_memory_gib / r.device_memory_gib, r.id) for r in ran if r.peak_memory_gib <= r.device_memory_gib]
+    share, at = max(fit) if fit else (None, None)
+    return {"rows": len(ran), "over": over, "max_fit_share": share, "max_fit_at": at}
 
 
 def _priced_ok(r: Result) -> bool:

@@ -157,16 +157,12 @@ def residuals(results, rows: list[dict]) -> dict:
 
 
 def memory_checked(results) -> dict:
-    """How full the memory model puts the devices of the published runs it prices that it
-    predicts to fit (each of them ran): {"runs", "max_share" (busiest rank's predicted peak over
-    the device's memory), "at" (that run's id)}. A plan fuller than max_share is in territory
-    no published run has checked the memory model in (search says so)."""
-    fit = [(r.peak_memory_gib / r.device_memory_gib, r.id) for r in results
-           if r.peak_memory_gib and r.device_memory_gib and r.peak_memory_gib <= r.device_memory_gib]
-    if not fit:
-        return {"runs": 0, "max_share": None, "at": None}
-    share, at = max(fit)
-    return {"runs": len(fit), "max_share": float(share), "at": at}
+    """How full the memory model puts the devices of the published runs it predicts to fit (each
+    of them ran; validate.memory_of_runs): {"runs", "max_share", "at"}, as track_record reads it."""
+    from .validate import memory_of_runs
+
+    m = memory_of_runs(results)
+    return {"runs": m["rows"] - len(m["over"]), "max_share": m["max_fit_share"], "at": m["max_fit_at"]}
 
 
 def _trends(units: list[dict], err: np.ndarray) -> list[dict]:

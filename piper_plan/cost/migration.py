@@ -98,7 +98,7 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     ep = np.asarray(lay.ep)
     uniq, inv = np.unique(ep, return_inverse=True)  # the planner runs once per distinct ep
     arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in uniq], dtype=float)[inv]
-    layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
+    layers = _stage_moe_layers(m, lay)
     per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.zero_shard(lay.edp), move_grads,
                                 lay.unfused)
     nbytes = arrivals * layers * m.expert_params * per_param / np.asarray(lay.etp, dtype=float)
@@ -110,6 +110,10 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
 
 def _stage_ranks(lay) -> np.ndarray:
     return (lay.dp * lay.cp * lay.tp).astype(int)  # a stage's ranks, consecutive (layout.rank_coords)
+
+
+def _stage_moe_layers(m: ModelSpec, lay) -> np.ndarray:
+    return np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))  # the busiest stage's MoE layers
 
 
 def _agreement(m: ModelSpec, hw: HardwareSpec, lay, layers) -> np.ndarray:
@@ -129,8 +133,8 @@ def load_counting_time(m: ModelSpec, hw: HardwareSpec, lay) -> np.ndarray:
     """Seconds a step of the load tracking migration needs whether or not it moves anything: the
     stage's per-expert token counts (layers x E int64) all-reduced over its ranks after every
     optimizer step (runtime/migrate.py Migrator.gather_counts), 0 without expert parallelism."""
-    layers = np.ceil(m.num_moe_layers / np.asarray(lay.pp, dtype=float))
-    t = comm.ring_allreduce(hw, 8.0 * layers * m.moe.num_experts, _stage_ranks(lay), 1, world=lay.gpus)
+    counts = 8.0 * _stage_moe_layers(m, lay) * m.moe.num_experts
+    t = comm.ring_allreduce(hw, counts, _stage_ranks(lay), 1, world=lay.gpus)
     return np.where(np.asarray(lay.ep) > 1, t, 0.0)
 
 

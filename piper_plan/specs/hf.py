@@ -681,19 +681,35 @@ def _hunyuan(cfg: dict, source: str) -> SpecError:
     return SpecError(source, "model_type", f"{mt!r} is not modelled: no importer reads {what}")
 
 
-def _family(cfg: dict, source: str) -> str:
+def _unmodelled(source: str, field: str, mt: str) -> SpecError:
+    return SpecError(source, field, f"{mt!r} is not modelled: ModelSpec has no form for {_UNMODELLED[mt]}")
+
+
+def _family(cfg: dict, source: str) -> tuple[str, dict, str]:
+    """(family, the dict its fields are read from, that dict's prefix in the file): the config's
+    own model_type, else its architectures[0]; else, for a type no importer reads, the decoder it
+    keeps in text_config where that decoder's type is one (a multimodal wrapper: Kimi-K2.5's
+    kimi_k25 around a deepseek_v3), said in a warning. Refused in one line otherwise."""
     mt = cfg.get("model_type")
     if mt is not None and not isinstance(mt, str):
         raise SpecError(source, "model_type", f"expected a string, got {_short(mt)}")
     if mt in _HUNYUAN:
         raise _hunyuan(cfg, source)
     if isinstance(mt, str) and mt in _FAMILIES:
-        return mt
+        return mt, cfg, ""
     if isinstance(mt, str) and mt in _UNMODELLED:
-        raise SpecError(source, "model_type", f"{mt!r} is not modelled: ModelSpec has no form for {_UNMODELLED[mt]}")
+        raise _unmodelled(source, "model_type", mt)
     archs = cfg.get("architectures")
     if isinstance(archs, list) and archs and archs[0] in _ARCHITECTURES:
-        return _ARCHITECTURES[archs[0]]
+        return _ARCHITECTURES[archs[0]], cfg, ""
+    text = cfg.get("text_config")
+    inner = text.get("model_type") if isinstance(text, dict) and mt is not None else None
+    if isinstance(inner, str) and inner in _UNMODELLED:  # the wrapped decoder is one no spec describes
+        raise _unmodelled(source, "text_config.model_type", inner)
+    if isinstance(inner, str) and inner in _FAMILIES:
+        click.echo(f"warning: {source}: model_type {mt!r} keeps a {inner} decoder in text_config: the spec and "
+                   f"its plans price that language model, not the vision tower", err=True)
+        return inner, text, "text_config."
     supported = ", ".join(sorted(_FAMILIES))
     if mt is None and not archs:
         raise SpecError(source, "model_type", f"required field is missing (supported: {supported})")
@@ -718,14 +734,7 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     if not isinstance(cfg, dict):
         raise SpecError(source, "<root>", "expected a JSON object (a Hugging Face config.json)")
     name = _name(cfg, source)
-    family, prefix = _wrapped_family(cfg, source), "text_config."
-    if family is not None:  # a multimodal wrapper around a supported decoder (Kimi-K2.5: DeepSeek-V3)
-        click.echo(f"warning: {source}: model_type {cfg.get('model_type')!r} keeps a {family} decoder in "
-                   f"text_config: the spec and its plans price that language model, not the vision tower",
-                   err=True)
-        cfg = cfg["text_config"]
-    else:
-        family, prefix = _family(cfg, source), ""
+    family, cfg, prefix = _family(cfg, source)
     _refuse_unmodelled_keys(cfg, source, family, prefix)
     fields = _FAMILIES[family](_Cfg(cfg, source, family, prefix))
     fields.update(name=name, source=f"HF config.json {source} ({family})")
@@ -735,22 +744,6 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
         raise _validation_error(source, family, e) from None
     _warn_dropped_mtp(cfg, source, family, spec)
     return spec
-
-
-def _wrapped_family(cfg: dict, source: str) -> str | None:
-    """The family of the decoder a config of no supported type keeps in text_config, where that
-    decoder's model_type is one the importer reads (Kimi-K2.5's kimi_k25 wraps a deepseek_v3); None
-    otherwise, and for every type _family decides itself (supported, refused, Llama 4's own)."""
-    mt, archs, text = cfg.get("model_type"), cfg.get("architectures"), cfg.get("text_config")
-    if not isinstance(mt, str) or mt in _FAMILIES or mt in _UNMODELLED or mt in _HUNYUAN or not isinstance(text, dict):
-        return None
-    if isinstance(archs, list) and archs and archs[0] in _ARCHITECTURES:
-        return None
-    inner = text.get("model_type")
-    if isinstance(inner, str) and inner in _UNMODELLED:  # the decoder is one no spec describes: its reason
-        raise SpecError(source, "text_config.model_type",
-                        f"{inner!r} is not modelled: ModelSpec has no form for {_UNMODELLED[inner]}")
-    return inner if isinstance(inner, str) and inner in _FAMILIES else None
 
 
 # keys a config.json counts its multi-token-prediction modules under (DeepSeek-V3 / GLM-4.5 / ERNIE
