@@ -393,8 +393,8 @@ def group_span(hw: HardwareSpec, n, stride, world=None):
     """(bandwidth B/s, latency s) a ring over a group of n ranks `stride` apart moves at: the
     slowest of the levels it spans, a NIC level counted at its per-GPU share times the group's
     members inside the domain it joins (the ring's channels leave that domain through all their
-    NICs, module docstring; capped by the levels below), and the latency of the top level
-    spanned (`world`: as for level_counts). Pass it to ring_allreduce as `span` when several
+    NICs, module docstring; capped by the levels below), and the mean latency of its steps,
+    each at the level it crosses (_hop_latency; `world`: as for level_counts). Pass it to ring_allreduce as `span` when several
     collectives share one group."""
     n = np.asarray(n)
     c = level_counts(hw, n, stride, world)
@@ -405,13 +405,31 @@ def group_span(hw: HardwareSpec, n, stride, world=None):
     # a NIC level at its members' NIC shares; a mesh level over its links to the other c-1 members
     eff = _expand(bw, nd) * np.where(_expand(nic, nd), below, 1) * _mesh_share(hw, c - 1)
     spanned = _expand(np.arange(len(hw.topology)), nd) <= top
-    return np.where(spanned, eff, np.inf).min(axis=0), lat[top]
+    return np.where(spanned, eff, np.inf).min(axis=0), _hop_latency(lat, c, n)
+
+
+def _hop_latency(lat, c, n) -> np.ndarray:
+    """Seconds a ring step waits on average along a chain of n ranks (a ring less one edge: the
+    n-1 steps a chunk passes on one pass) with c [levels, ...] of them in one domain of each
+    level: the chain leaves a domain of level j-1 once between each two of the n/c[j-1] it
+    covers, and that step runs at level j or above; the others stay below it. Each level's
+    latency is so paid on its own steps only, as NCCL's ring model charges an all-reduce's
+    2(nNodes-1) inter-node steps at the network's latency and its other 2(n-nNodes) at
+    NVLink's (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel). 0 for one rank."""
+    nd = c.ndim - 1
+    n = np.asarray(n, dtype=float)
+    domains = n / np.maximum(c, 1)  # domains of each level the group covers
+    below = np.concatenate([np.broadcast_to(n, domains[:1].shape), domains[:-1]], 0)
+    reach = np.maximum(below - 1.0, 0.0)  # steps that leave a domain of the level below: here or above
+    steps = np.clip(reach - np.concatenate([reach[1:], np.zeros_like(reach[:1])], 0), 0.0, None)
+    return (steps * _expand(lat, nd)).sum(0) / np.maximum(n - 1.0, 1.0)
 
 
 def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None, world=None):
-    """Ring (or NCCL tree/ring hierarchy) all-reduce of nbytes over n ranks:
-    2(n-1)/n·B over the slowest level spanned, 2(n-1) latency steps (each plus
-    efficiency.collective_step_us, 0 unless measured on shared cores).
+    """Ring all-reduce of nbytes over n ranks: 2(n-1)/n·B over the slowest level spanned,
+    2(n-1) latency steps, each at the level it crosses (group_span), plus
+    efficiency.collective_step_us (0 unless measured on shared cores). NCCL's tree, which it
+    picks for small all-reduces over many nodes (log-depth latency), is not priced.
     fraction=0.5 gives a reduce-scatter or an all-gather."""
     nbytes = np.asarray(nbytes, dtype=float)
     n = np.asarray(n)
