@@ -9,9 +9,11 @@ source's own FLOP convention:
   rows, which count as X-MoE's own throughput calculator does (full s×s attention, no router:
   _xmoe_flops_per_token), and except where
   the row's notes publish tokens/s/GPU (Megatron-Bridge): then throughput is compared in
-  tokens/s, which needs no FLOP convention (theirs differs from ours for some models: gpt-oss-120b
-  27.2 GFLOP/token against our 32.7 with its sliding windows; Qwen3-30B-A3B 118 TFLOPS at
-  5113 tok/s is 23.1, as ours);
+  tokens/s, which needs no FLOP convention (theirs differs from ours for some models: their
+  tables through 26.04.01 count gpt-oss-120b at 27.2 GFLOP/token against our 32.7, its experts
+  as ungated two-matrix MLPs (-7.2) and no sliding window (+1.7), Megatron-LM's
+  num_floating_point_operations with ffn_expansion_factor 2 unless --swiglu; from 26.06 32.6;
+  Qwen3-30B-A3B 118 TFLOPS at 5113 tok/s is 23.1, as ours);
 - params_optimizer_gib_per_gpu / activation_gib_per_gpu: the memory model's components on the
   first pipeline stage (Korthikanti 2022 Fig. 1 excludes the embedding from the states).
 Software settings follow each source: Megatron 2021/22 ran eager fused-softmax attention with
@@ -318,7 +320,7 @@ def _layout(row, hw: HardwareSpec) -> Layout:
 _NOTES_TOKENS = re.compile(r"(?:^|;)\s*(\d[\d,]*(?:\.\d+)?)\s*tok/s/GPU")
 # how far a TFLOPS figure's FLOPs per token (TFLOPS / tokens/s) may sit from the model's own
 # count and still be the same run: FLOP conventions differ by up to ~20 % (Megatron-Bridge's
-# 25.x tables count GPT-OSS-120B at 27.2 GFLOP a token, the planner 32.7); a factor of 2 is a
+# tables through 26.04.01 count GPT-OSS-120B at 27.2 GFLOP a token, the planner 32.7); a factor of 2 is a
 # transcription slip (the published table's Qwen3-30B note once held half the figure)
 _CONVENTION = (0.75, 1.0 / 0.75)
 

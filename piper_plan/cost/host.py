@@ -115,7 +115,9 @@ def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarr
 
 def host_time(hw: HardwareSpec, ops) -> Phase:
     """Host seconds of a layer issuing `ops` forward operations: forward, backward (twice the
-    forward's; full recompute's re-issue is added by the caller)."""
+    forward's, an assumption: a linear's backward issues two GEMMs, dgrad and wgrad, an
+    elementwise op one kernel, and autograd adds its own per-node work; no published count;
+    full recompute's re-issue is added by the caller)."""
     s = np.asarray(ops, dtype=float) * hw.efficiency.host_op_us * 1e-6
     z = np.zeros_like(s)
     return Phase(s, 2.0 * s, z, z)

@@ -87,7 +87,8 @@ class Efficiency(_Optional):
         "`gemm` (e.g. fp8 on Hopper reaches a smaller share of its doubled peak), keyed by dtype, or by FP8 recipe "
         "(mxfp8, fp8_blockwise) where its block-scaled GEMMs run below the dtype's")
     gemm_tile: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = Field(
-        (128, 128), strict=False, description="output tile (m, n) for wave quantisation")  # a YAML list is a tuple
+        (128, 128), strict=False, description="output tile (m, n) for wave quantisation (default: an "
+        "assumption; every bundled GPU spec states its own)")  # a YAML list is a tuple
     attention: float = Field(..., ge=MIN_FRACTION, le=1, description="fused (flash) attention fraction of dense peak")
     # (a speed over bf16's: FP8 doubles the tensor peak, so a factor past 10 either way is a typo)
     attention_fp8: Optional[tuple[Annotated[float, Field(ge=0.1, le=10)],
@@ -118,7 +119,8 @@ class Efficiency(_Optional):
         "Layout.expert_gemm grouped, gated experts with biases) spends beyond that GEMM per element of the GLU "
         "input gradient it writes (rows x 2f/etp), where a library release runs its bias-gradient reduction slowly "
         "(NVIDIA/cudnn-frontend#256). 0: the epilogue rides the GEMM")
-    memory: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth streaming kernels reach")
+    memory: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth streaming kernels reach (default 0.85: an "
+        "assumption; every bundled GPU spec states its own, with its source)")
     quant_memory: Optional[float] = Field(
         None, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
         "scales, row- and column-wise) reaches, where measured below `memory` (None: as `memory`)")
@@ -129,8 +131,10 @@ class Efficiency(_Optional):
         None, ge=MIN_FRACTION, le=1, description="dtype casts of weights and gradients (fp32 <-> bf16 into fresh "
         "tensors) as a fraction of the streaming model's rate for the same bytes (None: at that rate); measured by "
         "calibrate on CPUs, where the conversion kernel, not memory, sets the pace")
-    kernel_overhead_us: float = Field(4.0, ge=0, le=MAX_US, description="fixed cost per kernel launch, us")
-    comm: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of link bandwidth large collectives reach")
+    kernel_overhead_us: float = Field(4.0, ge=0, le=MAX_US, description="fixed cost per kernel launch, us "
+        "(default 4: an assumption; every bundled GPU spec states its own, with its source)")
+    comm: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of link bandwidth large collectives reach "
+        "(default 0.85: an assumption; every bundled GPU spec states its own, with its source)")
     a2a_fanout: Optional[float] = Field(
         None, ge=MIN_FRACTION, le=1, description="fraction of the NIC rate that the library's all-to-all reaches "
         "across nodes when every rank posts a message to each of its remote peers at once (the fan-out of "
@@ -300,7 +304,10 @@ class HardwareSpec(_Optional):
     max_gpus: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="GPUs in the whole machine")
     network: Network
     topology: list[Level] = Field(..., min_length=1)
-    memory_overhead_gib: float = Field(2.0, ge=0, le=MAX_GIB, description="framework/allocator reserve per GPU, GiB")
+    memory_overhead_gib: float = Field(2.0, ge=0, le=MAX_GIB, description="framework/allocator reserve per "
+        "GPU, GiB (default 2: an assumption, no published breakdown found: the CUDA context, NCCL's buffers and the "
+        "caching allocator's held blocks; validate checks it against the published runs' memory, which it "
+        "predicts to fit all but one of)")
     host: Optional[Host] = Field(None, description="host memory for optimizer-state and activation offload "
                                  "(None: the spec prices no offload)")
     collectives: Literal["nccl", "gloo"] = Field(
