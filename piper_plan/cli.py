@@ -516,7 +516,8 @@ def search_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
-        click.option("--global-batch", type=BATCH, default=None, help="sequences per step (default 4M tokens' worth)"),
+        click.option("--global-batch", type=BATCH, default=None, help="sequences per step (default 4M tokens' worth; sweep rounds that "
+                     "default to a multiple of each GPU count, at least one sequence a GPU)"),
         click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--routing", default="uniform", show_default=True,
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train (its last run's per-expert loads)"),
@@ -696,6 +697,10 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     _check_machine_size(hw, kw["hardware"], gpus)
     sp = _space(kw, model, gpus)  # before the peaks: a runtime that cannot run the options says so first
     _check_peaks(hw, kw["hardware"], kw)
+    if kw["global_batch"] is None and sp.global_batch < gpus:  # the default is a size, not a scale
+        click.echo(f"warning: --global-batch: the default, {sp.global_batch:,} sequences (4M tokens), is under one "
+                   f"a GPU on {gpus:,} GPUs: every layout splits sequences (tp, cp, pp, ep) to use them; state "
+                   "the batch you will run", err=True)
     res = search(model, hw, sp, routing, objective, kw["headroom_gib"])
     wall = time.perf_counter() - t0
     rows = []

@@ -329,10 +329,12 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                  expert_ffn: int = 0) -> None:
     """Raise LayoutError naming the first broken constraint."""
     check_degrees(lay, num_experts, expert_ffn)
-    if lay.stages > num_layers:
-        raise LayoutError("pp*vpp <= layers", f"{lay.stages} pipeline chunks for {num_layers} layers")
+    account = lay.pipeline_split == "account"  # the embedding and the loss take a layer slot each
+    slots = num_layers + 2 * account
+    if lay.stages > slots:
+        raise LayoutError("pp*vpp <= layers" + " + 2" * account,
+                          f"{lay.stages} pipeline chunks for {num_layers} layers" + " and 2 slots" * account)
     if split_refused(lay.pipeline_split, num_layers, lay.stages):
-        slots = num_layers + 2 * (lay.pipeline_split == "account")
         raise LayoutError(f"pipeline_split {lay.pipeline_split} needs whole layers a chunk",
                           f"{slots} layer slots do not split into pp={lay.pp} x vpp={lay.vpp} equal chunks "
                           "(Megatron-Core asserts num_layers % pp == 0 and its layers a stage % vpp == 0); "
@@ -383,7 +385,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.recompute_layers and lay.recompute != "full":
         raise LayoutError("recompute_layers with recompute full", f"recompute_layers={lay.recompute_layers} chooses "
                           f"the layers full recompute re-runs; recompute is {lay.recompute!r}")
-    most = recompute_layers_limit(num_layers, lay.stages)
+    most = recompute_layers_limit(num_layers, lay.stages, account)
     if lay.recompute_layers > most:
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
@@ -430,10 +432,11 @@ def check_a2a_sms(a2a_sms: Optional[int], hw) -> None:
                           "has would leave no compute beside the hidden all-to-all")
 
 
-def recompute_layers_limit(num_layers: int, chunks):
+def recompute_layers_limit(num_layers: int, chunks, account=False):
     """The most layers full recompute can re-run in each pipeline chunk (ints or arrays): the
-    largest chunk `chunks` chunks of `num_layers` layers can hold, the others one layer each."""
-    return num_layers - chunks + 1
+    largest chunk `chunks` chunks of `num_layers` layers can hold, the others one layer slot each
+    (`account`: the embedding and the loss fill a slot each, so two chunks may hold no layer)."""
+    return num_layers + 2 * account - chunks + 1
 
 
 def offload_limit(num_layers: int, pp):

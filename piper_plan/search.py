@@ -297,9 +297,11 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     first_variant = (s_idx == sched[0, 0]) & (vpp == sched[0, 1])
     rule("duplicate (pp=1 needs no pipeline schedule)", ~pipelined & ~first_variant)
     s_idx, vpp = np.where(pipelined, s_idx, 1), np.where(pipelined, vpp, 1)
-    rule("pp*vpp > layers", pp * vpp > m.num_layers)
-    # Megatron-Core's even splits need whole layers a chunk (layout.check_layout's rule)
+    # a chunk holds at least one layer slot: the account split counts the embedding and the loss
+    # as a slot each (Meta's 126-layer Llama 3 405B over pp 16 x vpp 8 = 128 chunks)
     slots = "(layers+2)" if sp.pipeline_split == "account" else "layers"
+    rule(f"pp*vpp > {slots}", pp * vpp > m.num_layers + 2 * (sp.pipeline_split == "account"))
+    # Megatron-Core's even splits need whole layers a chunk (layout.check_layout's rule)
     rule(f"pipeline_split {sp.pipeline_split} needs {slots} % (pp*vpp) == 0",
          split_refused(sp.pipeline_split, m.num_layers, pp * vpp))
     # the search runs sequence parallelism wherever tp > 1 (_batch), and Megatron-Core and piper-train
@@ -336,8 +338,9 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     # lowest stage asked for stays
     alone = (dp * cp == 1) & ((m.moe is None) | (ep * etp == tp))
     rule("duplicate (ZeRO stage without a data-parallel group)", on(zs != zs.min(), 1) & on(alone, 4))
+    rc_most = recompute_layers_limit(m.num_layers, pp * vpp, sp.pipeline_split == "account")
     rule("recompute_layers <= the layers of a chunk",  # layout.check_layout's bound
-         (rc_n[:, None] > recompute_layers_limit(m.num_layers, pp * vpp)).reshape(len(rc), 1, 1, 1, len(k1)))
+         (rc_n[:, None] > rc_most).reshape(len(rc), 1, 1, 1, len(k1)))
     rule("duplicate (recompute_layers covering a whole chunk equals every layer)", _rc_layer_duplicates(m, rc, rc_n, pp * vpp))
     moe_ep = (m.moe is not None) & (ep > 1)
     # without expert parallelism every a2a choice prices alike: the first one listed stays

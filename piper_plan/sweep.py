@@ -154,6 +154,7 @@ def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[flo
                        tflops_per_gpu=float(res.est.tflops_per_gpu[i]), step_time_s=float(res.est.step_time_s[i]),
                        peak_memory_gib=float(res.est.peak_memory_gib[i]),
                        layout=layout_str(lay.model_dump()))
+        del res  # one scenario's priced space at a time: the next search's would sit beside it
         rows.append(row)
         if progress:
             progress()

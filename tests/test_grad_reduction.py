@@ -254,3 +254,32 @@ def test_a_tied_embedding_on_two_stages_sums_its_gradients_between_them_once_a_s
     want = float(comm.ring_allreduce(hw, m.vocab_size * m.hidden_size / 8 * 4.0, 2, 7 * 8)) if pays else 0.0
     assert tied - untied == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert (want > 0) == pays
+
+
+def _z3_dp_comm(model: str, gpus: int, gbs: int, ep: int, zero_replicas: int = 1) -> float:
+    """Unoverlapped dp_comm seconds of a ZeRO-3 layout with no pipeline, tp 2, on DGX H100s."""
+    lay = Layout(gpus=gpus, tp=2, pp=1, dp=gpus // 2, ep=ep, mbs=1, global_batch=gbs, seq=4096,
+                 schedule="1f1b", recompute="full", zero=3, zero_replicas=zero_replicas,
+                 overlap_grad_reduce=False)
+    est = evaluate(load_model(model), load_hardware("dgx-h100"), from_layouts([lay]))
+    return float(est.time["dp_comm"][0])
+
+
+def test_zero3_gathers_a_layer_at_a_time_so_each_layer_pays_a_call_s_latency():
+    """FSDP2 and Megatron-FSDP gather and reduce-scatter one unit (a layer) per call, and each
+    call over n ranks waits n-1 steps: at 16,384 data-parallel ranks DeepSeek-V3's 61 layers
+    pay ~57 ms a call, three calls a layer and micro-batch. Priced as one call per micro-batch,
+    the time hardly grew from 2,048 ranks (8.64 -> 9.01 s); priced per layer, it doubles."""
+    small = _z3_dp_comm("deepseek-v3", 4096, 2048, 16)
+    large = _z3_dp_comm("deepseek-v3", 32768, 16384, 16)
+    assert large > 2 * small
+    # the latency is what grows: the same bytes over hybrid shards of 2,048 ranks (8 copies)
+    # pay the small group's calls again, plus one all-reduce of the reduced shard
+    hybrid = _z3_dp_comm("deepseek-v3", 32768, 16384, 16, zero_replicas=8)
+    assert hybrid < large / 2
+
+
+def test_a_single_call_latency_is_none_for_one_rank():
+    hw = load_hardware("dgx-h100")
+    assert float(comm.call_latency(hw, 1, 1)) == 0.0
+    assert float(comm.call_latency(hw, 16, 1)) == pytest.approx(14 * 3e-6 + 1 * 5e-6, rel=1e-9)

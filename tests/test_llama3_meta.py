@@ -44,3 +44,24 @@ def test_the_meta_cluster_is_the_dgx_h100_node_on_a_network_oversubscribed_above
     across, _ = comm.group_span(meta, np.array([4]), np.array([3072]))
     inside, _ = comm.group_span(meta, np.array([4]), np.array([512]))
     assert np.isclose(across[0] / inside[0], 1 / 7, rtol=1e-3)
+
+
+def test_the_account_split_s_two_extra_slots_let_estimate_and_search_reach_meta_s_layout():
+    """126 layers, the embedding and the loss fill 128 one-slot chunks over pp 16 x vpp 8: the
+    chunk-count bound counts the slots under the account split (it had refused 128 chunks for
+    126 layers, so neither estimate nor search could reach the published layout)."""
+    import pytest
+
+    from piper_plan.layout import Layout, LayoutError, check_layout
+    from piper_plan.search import SearchSpace, enumerate_layouts
+    from piper_plan.specs.registry import load_model
+
+    meta = dict(gpus=16384, tp=8, pp=16, dp=128, vpp=8, mbs=1, global_batch=2048, seq=8192,
+                schedule="interleaved", recompute="none")
+    check_layout(Layout(**meta, pipeline_split="account"), 126)
+    with pytest.raises(LayoutError, match="pp\\*vpp <= layers"):
+        check_layout(Layout(**meta, pipeline_split="balanced"), 126)
+    sp = SearchSpace(gpus=16384, seq=8192, global_batch=2048, tps=(8,), pps=(16,), mbs=(1,), zeros=(1,),
+                     recomputes=("none",), schedules=("interleaved",), pipeline_split="account")
+    batch, _ = enumerate_layouts(load_model("llama3.1-405b"), load_hardware("meta-h100-roce"), sp)
+    assert batch is not None and np.any((batch.pp == 16) & (batch.vpp == 8))

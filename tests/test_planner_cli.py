@@ -472,3 +472,15 @@ def test_the_default_batch_is_rounded_to_whole_data_parallel_micro_batches():
     code, out, _ = run("estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "24", "--ep", "8",
                        "--global-batch", "1024")
     assert "global batch 1024 is not a multiple of dp*mbs = 24" in err_line(code, out)
+
+
+def test_a_default_batch_under_one_sequence_a_gpu_is_said_not_silently_searched():
+    """The default global batch is 4M tokens whatever the machine: on 2,048 GPUs that is half a
+    sequence a GPU, and the search says so (sweep rounds it up to one a GPU instead)."""
+    runner = CliRunner()
+    big = runner.invoke(main, ["search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "2048", "--top", "1"])
+    assert "warning: --global-batch: the default, 1,024 sequences" in big.output
+    stated = runner.invoke(main, ["search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "2048", "--top", "1",
+                                  "--global-batch", "1024"])
+    small = runner.invoke(main, ["search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "512", "--top", "1"])
+    assert "--global-batch: the default" not in stated.output + small.output

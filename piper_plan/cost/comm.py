@@ -439,6 +439,15 @@ def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None,
     return np.where((n > 1) & (nbytes > 0), t, 0.0)  # nothing to reduce issues no collective
 
 
+def call_latency(hw: HardwareSpec, n, stride, span=None, world=None):
+    """Seconds of latency one all-gather or reduce-scatter over n ranks pays beside its bytes:
+    its n-1 steps (ring_allreduce at fraction 0.5, with no bytes), also a rooted chain's n-1;
+    0 for one rank. What a collective split into k calls pays k times."""
+    n = np.asarray(n)
+    _, lat = span if span is not None else group_span(hw, n, stride, world)
+    return np.where(n > 1, (n - 1) * (lat + hw.efficiency.collective_step_us * 1e-6), 0.0)
+
+
 def rooted(hw: HardwareSpec, nbytes, n, stride, reduce=False, span=None, world=None):
     """A broadcast from, or (reduce=True) a reduce to, one root of nbytes over n ranks: the root's
     whole buffer leaves (or enters) it, so B over the slowest level spanned rather than an

@@ -108,16 +108,22 @@ class Collectives:
     ag: np.ndarray
     ar_rep: np.ndarray | float = 0.0
     tied: np.ndarray | float = 0.0  # the tied embedding's all-reduce between its two stages (collectives)
+    # the latency one gather (or reduce-scatter) call over the sharding groups pays beside its
+    # bytes, and the units a ZeRO-3 rank gathers one at a time (its stage's layers, plus the
+    # embedding and head where it holds them): FSDP2 and Megatron-FSDP issue a call a unit
+    unit_lat: np.ndarray | float = 0.0
+    units: np.ndarray | float = 1.0
 
 
-def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tied=0.0, tables=0.0) -> Collectives:
+def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tied=0.0, tables=0.0,
+                units=1.0) -> Collectives:
     """Collectives of ranks holding `rep` replicated (`tables` of them the embedding and LM head:
     memory.table_params) and `exp` expert parameters over the groups `grp`
     (estimate._group_terms), and `tied` parameters of a word embedding tied to the LM head on
     another stage, whose two copies' gradients are summed between the first and the last stage
     once a step (Megatron-Core finalize_model_grads' _allreduce_word_embedding_grads;
     piper-train's embedding group). None reads the ZeRO stage: a search prices them once per
-    layout without it (estimate._zero_free)."""
+    layout without it (estimate._zero_free). `units`: the ZeRO-3 units a rank holds (Collectives)."""
     gb, wb = grad_bytes(lay, eb), weight_bytes(lay, eb)
     groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"]), lay.gpus),
               (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"]), lay.gpus))
@@ -134,7 +140,15 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     t_tied = (comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, None, span=comm.ends_span(hw, lay.gpus))
               if np.any(tied) else 0.0)
-    return Collectives(_both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 1.0), rs_half, ag, tied=t_tied)
+    return Collectives(_both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 1.0), rs_half, ag, tied=t_tied,
+                       unit_lat=_unit_latency(hw, exp, groups), units=units)
+
+
+def _unit_latency(hw: HardwareSpec, exp, groups) -> np.ndarray:
+    """comm.call_latency over the dense group, plus the expert group's where the rank holds experts."""
+    (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
+    return (comm.call_latency(hw, n_d, st_d, span_d, w_d)
+            + np.where(np.asarray(exp) > 0, comm.call_latency(hw, n_e, st_e, span_e, w_e), 0.0))
 
 
 def _both(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, *args):
@@ -212,7 +226,8 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
         rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
         ar = np.where(reduced_whole(lay), 0.0, ar)
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
-                       np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied)
+                       np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied,
+                       np.where(on, _unit_latency(hw, exp, shards), coll.unit_lat), coll.units)
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -249,10 +264,13 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # reduce-scatter runs behind the next layer's backward (FSDP2's forward/backward prefetch,
     # Megatron-FSDP; DeepSpeed turns overlap_comm on by default for stage 3), so a phase exposes
     # only the traffic its compute cannot cover. A unit kept gathered from forward to backward
-    # (Layout.reshard_after_forward false) is not gathered again for the backward
+    # (Layout.reshard_after_forward false) is not gathered again for the backward. Each unit's
+    # gather and reduce-scatter is its own call, so each pays the call's latency (Collectives)
     if np.any(lay.zero >= 3):
-        z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag - F), t_ag)
-        t_b = np.where(lay.reshard, t_ag, 0.0) + t_rs
+        per_call = np.maximum(np.asarray(coll.units, dtype=float) - 1.0, 0.0) * coll.unit_lat
+        t_ag3, t_rs3 = t_ag + per_call, t_rs + per_call
+        z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag3 - F), t_ag3)
+        t_b = np.where(lay.reshard, t_ag3, 0.0) + t_rs3
         z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
         t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
     # hybrid sharding: the copies of each shard all-reduce it once a step, after the last
