@@ -701,7 +701,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
         click.echo(f"warning: --global-batch: the default, {sp.global_batch:,} sequences (4M tokens), is under one "
                    f"a GPU on {gpus:,} GPUs: every layout splits sequences (tp, cp, pp, ep) to use them; state "
                    "the batch you will run", err=True)
-    res = search(model, hw, sp, routing, objective, kw["headroom_gib"])
+    res = search(model, hw, sp, routing, objective, kw["headroom_gib"], keep=top_k)  # bounded memory
     wall = time.perf_counter() - t0
     rows = []
     for i in res.order[:top_k]:
@@ -718,12 +718,12 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     note = (memory_margin_line(rows[0]["peak_memory_gib"], hw.accelerator.memory_gib,
                                float(res.est.peak_memory_gib[res.order].min())) if rows else None)
     if as_json:
-        click.echo(json.dumps({"evaluated": res.evaluated, "fitting": int(len(res.order)), "rejected": res.rejected,
+        click.echo(json.dumps({"evaluated": res.evaluated, "fitting": res.fitting, "rejected": res.rejected,
                                "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why,
                                "memory_note": note}, indent=2))
     else:
         title = f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts evaluated in {wall:.2f} s, " \
-                f"{len(res.order):,} fit"
+                f"{res.fitting:,} fit"
         if rows:
             report.show([report.search_table(rows, title)])
         else:  # no empty table: the rejections and the diagnosis below say why

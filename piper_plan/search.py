@@ -1,8 +1,9 @@
-"""Enumerate every layout for N GPUs, evaluate all of them at once, rank, explain rejections.
+"""Enumerate every layout for N GPUs, evaluate them, rank, explain rejections.
 
 Candidates are built as numpy columns (a cartesian product filtered by the layout rules),
-then `cost.estimate.evaluate` prices them in one vectorised call — no Python loop per
-candidate. Rejections are counted by the rule that removed them."""
+then `cost.estimate.evaluate` prices them in vectorised calls (all at once, or in chunks where
+the caller keeps only the best) — no Python loop per candidate. Rejections are counted by the
+rule that removed them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, c
                          replace_cols)
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
+from .cost.offload import check_host
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
                      offload_limit, recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
@@ -158,16 +160,23 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
 
 @dataclass
 class SearchResult:
+    """With search's `keep`, batch and est hold only the layouts kept (_price_kept, in enumeration
+    order) and order the kept fitting ones: the best `keep`, then the leanest fitting where it ranks lower."""
     batch: LayoutBatch
     est: Estimate
     order: np.ndarray           # indices of fitting candidates, best first
     rejected: dict[str, int] = field(default_factory=dict)
     evaluated: int = 0
     cpu_s: float = 0.0  # CPU seconds spent enumerating and evaluating (robust to a loaded machine)
+    n_fit: int | None = None  # fitting layouts, where order lists only some (search's keep)
 
     @property
     def best(self) -> int | None:
         return int(self.order[0]) if len(self.order) else None
+
+    @property
+    def fitting(self) -> int:
+        return len(self.order) if self.n_fit is None else self.n_fit
 
 
 def _divisors(n: int) -> list[int]:
@@ -461,12 +470,21 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
                        a2a=a2a, placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 
 
+# layouts one evaluate call prices where search keeps only the best: its Estimate and working arrays
+# stay a few hundred MB (the 4.7M layouts of a wide DeepSeek-V3 space priced at once took 6.9 GB)
+PRICE_CHUNK = 1 << 16
+
+
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,
-           objective: str = "throughput", headroom_gib: float = 0.0) -> SearchResult:
+           objective: str = "throughput", headroom_gib: float = 0.0, keep: int | None = None) -> SearchResult:
+    """The space's layouts priced and ranked. keep None: the result holds every priced layout and its
+    Estimate; a count: they are priced PRICE_CHUNK at a time and only the best `keep` fitting, the
+    leanest fitting and the leanest of all are kept (SearchResult), so memory stays bounded."""
     import time
 
     t0 = time.process_time()
     check_a2a_sms(sp.a2a_sms, hw)  # one value for the whole space: refused before anything is priced
+    check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))  # likewise
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
     batch, rejected = enumerate_layouts(m, hw, sp, headroom_gib)
     n_all = 0 if batch is None else len(batch) + rejected.get(STATE_BOUND, 0)
@@ -477,29 +495,88 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
         return SearchResult(batch, None, np.array([], int), rejected, 0)
     if len(batch) == 0:
         return SearchResult(batch, None, np.array([], int), rejected, n_all, time.process_time() - t0)
-    est = evaluate(m, hw, batch, routing, headroom_gib)
-    cpu_s = time.process_time() - t0
-    fits = est.fits
+    counts = np.zeros(3, int)  # layouts over device memory, over the host's, priced non-finite
+    if keep is None:
+        est = evaluate(m, hw, batch, routing, headroom_gib)
+        cpu_s = time.process_time() - t0
+        ok = np.flatnonzero(_fitting(hw, est, headroom_gib, counts))
+        _count_refusals(rejected, hw, headroom_gib, counts)
+        # deterministic: the sort is stable, so ties keep the order enumerate_layouts builds
+        order = ok[np.lexsort(_rank_keys(batch, est, objective, ok))]
+        return SearchResult(batch, est, order, rejected, n_all, cpu_s)
+    sub, est, order, n_fit = _price_kept(m, hw, batch, routing, objective, headroom_gib, keep, counts)
+    _count_refusals(rejected, hw, headroom_gib, counts)
+    return SearchResult(sub, est, order, rejected, n_all, time.process_time() - t0, n_fit)
+
+
+def _price_kept(m: ModelSpec, hw: HardwareSpec, batch: LayoutBatch, routing: Routing | None, objective: str,
+                headroom_gib: float, keep: int, counts: np.ndarray) -> tuple:
+    """(layouts kept, their Estimate, the fitting ones' indices among them best first, fitting layouts)
+    of `batch` priced PRICE_CHUNK at a time, kept as search's `keep` says; `counts` as _fitting's."""
+    top, top_keys, n_fit = np.zeros(0, np.intp), None, 0
+    lean_fit = lean_all = None
+    for s in range(0, len(batch), PRICE_CHUNK):
+        part = batch.take(np.arange(s, min(s + PRICE_CHUNK, len(batch))))
+        est = evaluate(m, hw, part, routing, headroom_gib)
+        ok = np.flatnonzero(_fitting(hw, est, headroom_gib, counts))
+        n_fit += len(ok)
+        lean_all = _leaner(lean_all, est.peak_memory_gib, s + np.arange(len(part)))
+        if len(ok):
+            lean_fit = _leaner(lean_fit, est.peak_memory_gib[ok], s + ok)
+            keys = _rank_keys(part, est, objective, ok)
+            keys = keys if top_keys is None else [np.concatenate(k) for k in zip(top_keys, keys)]
+            idx = np.concatenate([top, s + ok])
+            # the enumeration index breaks ties, as the stable sort over all layouts at once does
+            best = np.lexsort((idx, *keys))[:keep]
+            top, top_keys = idx[best], [k[best] for k in keys]
+    # a layout ranked below the best keeps its place after them: the leanest fitting (the memory note)
+    ranked = top if lean_fit is None or lean_fit[1] in top else np.append(top, lean_fit[1])
+    kept = np.unique(np.append(ranked, lean_all[1]))  # and the leanest of all (diagnose, where none fits)
+    # the few kept re-priced: a layout's figures do not depend on the others priced beside it, but a step's
+    # breakdown has "offload" only where one of them parks activations: one does where one of the batch did
+    parks = (batch.offload_layers > 0) | (batch.off_mods != 0)
+    if parks.any() and not parks[kept].any():
+        kept = np.unique(np.append(kept, np.argmax(parks)))
+    sub = batch.take(kept)
+    return sub, evaluate(m, hw, sub, routing, headroom_gib), np.searchsorted(kept, ranked), n_fit
+
+
+def _fitting(hw: HardwareSpec, est: Estimate, headroom_gib: float, counts: np.ndarray) -> np.ndarray:
+    """Which of est's layouts fit and are priced finite; `counts` gains those over the device's memory,
+    over the host's, and priced non-finite (a spec figure past any physical range, 1e308 us, overflows)."""
     device_ok = est.peak_memory_gib + headroom_gib <= hw.accelerator.memory_gib
-    n_mem, n_host = int(np.count_nonzero(~device_ok)), int(np.count_nonzero(device_ok & ~fits))
+    priced = np.isfinite(est.step_time_s) & np.isfinite(est.peak_memory_gib)
+    counts += [np.count_nonzero(~device_ok), np.count_nonzero(device_ok & ~est.fits), np.count_nonzero(~priced)]
+    return est.fits & priced
+
+
+def _count_refusals(rejected: dict, hw: HardwareSpec, headroom_gib: float, counts: np.ndarray) -> None:
+    """_fitting's counts as rejections."""
+    n_mem, n_host, n_inf = (int(c) for c in counts)
     if n_mem:
         rejected["worst stage exceeds device memory" + _less_headroom(hw, headroom_gib)] = n_mem
     if n_host:
         rejected["offloaded state and activations exceed the host memory per GPU"] = n_host
-    priced = np.isfinite(est.step_time_s) & np.isfinite(est.peak_memory_gib)
-    if not priced.all():  # a spec figure past any physical range (an overhead of 1e308 us) overflows
-        rejected["priced at a non-finite time or memory (a spec figure out of range)"] = int(np.count_nonzero(~priced))
-        fits = fits & priced
-    key = {"throughput": -est.tokens_per_s, "mfu": -est.mfu, "memory": est.peak_memory_gib}[objective]
-    # deterministic: objective, then throughput, lower peak memory (the same step with more room
-    # to spare), fewer pipeline stages, smaller tp, then the order enumerate_layouts builds (the
-    # sort is stable, so sorting only the fitting layouts gives the same order)
-    mem = est.peak_memory_gib
-    keys = ((batch.tp, batch.pp, mem, -est.tokens_per_s, key) if objective != "throughput"
-            else (batch.tp, batch.pp, mem, key))
-    ok = np.flatnonzero(fits)
-    order = ok[np.lexsort(tuple(k[ok] for k in keys))]
-    return SearchResult(batch, est, order, rejected, n_all, cpu_s)
+    if n_inf:
+        rejected["priced at a non-finite time or memory (a spec figure out of range)"] = n_inf
+
+
+def _rank_keys(batch: LayoutBatch, est: Estimate, objective: str, rows: np.ndarray) -> tuple:
+    """np.lexsort keys of layouts `rows`, the last first: the objective, then throughput, lower peak
+    memory (the same step with more room to spare), fewer pipeline stages, smaller tp."""
+    tok, mem = est.tokens_per_s[rows], est.peak_memory_gib[rows]
+    key = {"throughput": -tok, "mfu": -est.mfu[rows], "memory": mem}[objective]
+    tp, pp = batch.tp[rows], batch.pp[rows]
+    return (tp, pp, mem, -tok, key) if objective != "throughput" else (tp, pp, mem, key)
+
+
+def _leaner(cur: tuple | None, peak: np.ndarray, idx: np.ndarray) -> tuple:
+    """(peak, index) of the leaner of `cur` and layouts `idx` at `peak`, as np.argmin picks over all
+    of them in index order: the first NaN, else the first lowest."""
+    i = int(np.argmin(peak))
+    if cur is None or (not np.isnan(cur[0]) and (np.isnan(peak[i]) or peak[i] < cur[0])):
+        return float(peak[i]), int(idx[i])
+    return cur
 
 
 def _less_headroom(hw: HardwareSpec, headroom_gib: float) -> str:
@@ -518,7 +595,8 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     if res.est is None:
         full, _ = enumerate_layouts(m, hw, sp)
         if full is not None and len(full):  # every layout was dropped by the state-memory bound: price them all
-            res = SearchResult(full, evaluate(m, hw, full, routing, headroom_gib), np.array([], int), res.rejected)
+            sub, est, _, _ = _price_kept(m, hw, full, routing, "throughput", headroom_gib, 1, np.zeros(3, int))
+            res = SearchResult(sub, est, np.array([], int), res.rejected)  # the leanest, below
     if res.est is None:
         top = sorted(res.rejected.items(), key=lambda kv: -kv[1])
         lines.append(f"no layout of {sp.gpus} GPUs satisfies the layout rules; removed by: "
@@ -548,12 +626,12 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
                                                            not piper_train else "")
                      + " can fix that")
     if hw.host is not None and max(sp.optimizer_offload) < 1.0 and not piper_train:  # where the spec gives a host
-        r1 = search(m, hw, replace(sp, optimizer_offload=(1.0,)), routing, "throughput", headroom_gib)
+        r1 = search(m, hw, replace(sp, optimizer_offload=(1.0,)), routing, "throughput", headroom_gib, keep=1)
         if r1.best is not None:
             lines.append(f"fits with the optimizer state in host memory (--optimizer-offload 1): best "
                          f"{r1.est.tokens_per_s[r1.best]:,.0f} tokens/s")
     if sp.fp8 != "none" and not sp.fp8_params and not piper_train:  # bf16 weights beside their FP8 copies
-        r_f = search(m, hw, replace(sp, fp8_params=True), routing, "throughput", headroom_gib)
+        r_f = search(m, hw, replace(sp, fp8_params=True), routing, "throughput", headroom_gib, keep=1)
         if r_f.best is not None:
             lines.append(f"fits with the weights kept in FP8 (--fp8-params, Megatron's --fp8-param-gather): best "
                          f"{r_f.est.tokens_per_s[r_f.best]:,.0f} tokens/s")
@@ -565,10 +643,10 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
             break
         # the batch asked for first; a larger one only where that batch cannot occupy the GPUs, and said
         gb2 = sp.global_batch
-        r2 = search(m, hw, replace(sp, gpus=n2), routing, "throughput", headroom_gib)
+        r2 = search(m, hw, replace(sp, gpus=n2), routing, "throughput", headroom_gib, keep=1)
         if r2.best is None and gb2 < n2:
             gb2 = n2
-            r2 = search(m, hw, replace(sp, gpus=n2, global_batch=n2), routing, "throughput", headroom_gib)
+            r2 = search(m, hw, replace(sp, gpus=n2, global_batch=n2), routing, "throughput", headroom_gib, keep=1)
         if r2.best is not None:
             lines.append(f"fits with {n2} GPUs ({n2 - sp.gpus} more), best {r2.est.tokens_per_s[r2.best]:,.0f} tokens/s"
                          + (f" at a global batch of {gb2} sequences" if gb2 != sp.global_batch else ""))
@@ -580,7 +658,7 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
             if sp.seq // div < 128:
                 break
             r3 = search(m, hw, replace(sp, seq=sp.seq // div, global_batch=sp.global_batch * div), routing,
-                        "throughput", headroom_gib)
+                        "throughput", headroom_gib, keep=1)
             if r3.best is not None:
                 lines.append(f"fits with sequence length {sp.seq // div} (same tokens per step): activations "
                              "shrink with fewer tokens per micro-batch")

@@ -142,7 +142,7 @@ def run_sweep(model, hw: HardwareSpec, gpus: list[int], vary: dict[str, list[flo
     for n, vals in itertools.product(gpus, specs):
         h = specs[vals]
         gbs = space.global_batch if batch_given else round_batch(space.global_batch, n)
-        res = search(model, h, replace(space, gpus=n, global_batch=gbs), routing, headroom_gib=headroom_gib)
+        res = search(model, h, replace(space, gpus=n, global_batch=gbs), routing, headroom_gib=headroom_gib, keep=1)
         row = {"gpus": n, **dict(zip(keys, vals)), "global_batch": gbs}
         if res.best is None:
             row.update(fits=False, tokens_per_s=0.0, mfu=0.0, tflops_per_gpu=0.0, step_time_s=None,

@@ -104,6 +104,23 @@ def test_the_cli_names_the_spec_that_lacks_a_host():
     assert np.isfinite(float(__import__("json").loads(ok.output)["step_time_s"]))
 
 
+def test_a_search_that_offloads_on_a_spec_without_a_host_is_refused_before_anything_is_priced(monkeypatch):
+    import piper_plan.search as S
+
+    def price(*args):
+        raise AssertionError("priced before the refusal")
+
+    monkeypatch.setattr(S, "evaluate", price)  # a wide space took 16 s, 7 GB to enumerate before evaluate refused it
+    h100 = load_hardware("dgx-h100")
+    for offload in (dict(optimizer_offload=(0.0, 1.0)), dict(offload_layers=(0, 2)),
+                    dict(offload_modules=((), ("core_attn",)))):
+        with pytest.raises(PiperError, match="dgx-h100: host: offloading .* needs the spec's host section"):
+            search(LLAMA70, h100, SearchSpace(gpus=64, global_batch=64, seq=8192, **offload))
+    r = CliRunner().invoke(main, ["search", "-m", "llama3-70b", "-H", "dgx-h100", "-n", "64", "--optimizer-offload",
+                                  "0,1"])
+    assert r.exit_code != 0 and "host section" in r.output and len(r.output.strip().splitlines()) == 1
+
+
 def test_published_runs_that_offloaded_activations_fit_and_price_within_the_dense_targets():
     # validation/host-offload.csv: Megatron-Bridge's Llama 3 70B (64 GB200 / GB300) and Llama 3.1
     # 405B (128 GB200) runs with Megatron-FSDP and 20-95 layers of activations offloaded to the

@@ -56,7 +56,12 @@ def uses_host(lay: LayoutBatch) -> bool:
 
 def require_host(hw: HardwareSpec, lay: LayoutBatch) -> None:
     """Raise PiperError where a layout offloads and the hardware spec says nothing of its host."""
-    if hw.host is None and uses_host(lay):
+    check_host(hw, uses_host(lay))
+
+
+def check_host(hw: HardwareSpec, offloads: bool) -> None:
+    """Raise PiperError where something `offloads` and the hardware spec says nothing of its host."""
+    if hw.host is None and offloads:
         raise PiperError(f"hardware {hw.name}: host: offloading (optimizer_offload, offload_layers, offload_modules) "
                          "needs the spec's host section (link_gbps, memory_bandwidth_gbps, memory_gib)")
 
