@@ -435,8 +435,10 @@ def check_a2a_sms(a2a_sms: Optional[int], hw) -> None:
 def recompute_layers_limit(num_layers: int, chunks, account=False):
     """The most layers full recompute can re-run in each pipeline chunk (ints or arrays): the
     largest chunk `chunks` chunks of `num_layers` layers can hold, the others one layer slot each
-    (`account`: the embedding and the loss fill a slot each, so two chunks may hold no layer)."""
-    return num_layers + 2 * account - chunks + 1
+    (`account`: the embedding and the loss fill a slot each, so two chunks may hold no layer; no
+    chunk holds more layers than the model has)."""
+    most = num_layers + 2 * account - chunks + 1
+    return (most + num_layers - abs(most - num_layers)) // 2  # min(most, num_layers), for ints and arrays
 
 
 def offload_limit(num_layers: int, pp):

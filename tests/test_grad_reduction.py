@@ -283,3 +283,33 @@ def test_a_single_call_latency_is_none_for_one_rank():
     hw = load_hardware("dgx-h100")
     assert float(comm.call_latency(hw, 1, 1)) == 0.0
     assert float(comm.call_latency(hw, 16, 1)) == pytest.approx(14 * 3e-6 + 1 * 5e-6, rel=1e-9)
+
+
+def test_only_the_layers_holding_experts_pay_the_expert_group_s_calls():
+    """DeepSeek-V3's 3 dense layers gather over the dense group alone: of a rank's 62 units (61
+    layers and the embedding's), the expert group's call latency is paid on its 58 MoE layers."""
+    from piper_plan.cost.reduction import _unit_extra
+
+    hw = load_hardware("dgx-h100")
+    groups = ((2048, 2, None, 32768), (2048, 16, None, 32768))
+    dense, expert = (float(comm.call_latency(hw, 2048, st, None, 32768)) for st in (2, 16))
+    got = float(_unit_extra(hw, 1.0, groups, 62, 58))
+    assert got == pytest.approx(61 * dense + 57 * expert, rel=1e-12)
+    assert float(_unit_extra(hw, 0.0, groups, 62, 0)) == pytest.approx(61 * dense, rel=1e-12)  # no experts held
+
+
+def test_hybrid_zero3_copies_all_reduce_a_unit_at_a_time(monkeypatch):
+    """FSDP2's HSDP all-reduces each unit's reduced shard across the copies (foreach_reduce per
+    fully_shard unit): unoverlapped, the step pays the copies' ring latency, 2(r-1) steps, for
+    each of a rank's 61 units beyond the first (58 of them over the expert copies too)."""
+    from piper_plan.cost import reduction
+
+    hw = load_hardware("dgx-h100")
+    r, shard = 8, 16384 // 8
+    copies = ((r, 2 * shard, None, 32768), (r, 16 * (2048 // r), None, 32768))
+    per_step = float(reduction._unit_extra(hw, 1.0, copies, 62, 58, calls=2.0))
+    with_units = _z3_dp_comm("deepseek-v3", 32768, 16384, 16, zero_replicas=r)
+    real = reduction._unit_extra
+    monkeypatch.setattr(reduction, "_unit_extra", lambda *a, calls=1.0: real(*a, calls=calls) * (calls == 1.0))
+    once = _z3_dp_comm("deepseek-v3", 32768, 16384, 16, zero_replicas=r)
+    assert per_step > 0 and with_units - once == pytest.approx(per_step, rel=1e-6)

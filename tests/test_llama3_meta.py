@@ -65,3 +65,17 @@ def test_the_account_split_s_two_extra_slots_let_estimate_and_search_reach_meta_
                      recomputes=("none",), schedules=("interleaved",), pipeline_split="account")
     batch, _ = enumerate_layouts(load_model("llama3.1-405b"), load_hardware("meta-h100-roce"), sp)
     assert batch is not None and np.any((batch.pp == 16) & (batch.vpp == 8))
+
+
+def test_the_account_split_s_slots_do_not_let_recompute_layers_pass_the_model_s_layers():
+    """One chunk holds every layer: recompute_layers 33 of a 32-layer model is refused under the
+    account split as under the balanced one (its two extra slots hold the embedding and the loss)."""
+    import pytest
+
+    from piper_plan.layout import Layout, LayoutError, check_layout
+
+    one = dict(gpus=8, tp=1, pp=1, dp=8, mbs=1, global_batch=64, seq=4096, recompute="full")
+    for split in ("account", "balanced"):
+        with pytest.raises(LayoutError, match="recompute_layers <= the layers of a chunk"):
+            check_layout(Layout(**one, recompute_layers=33, pipeline_split=split), 32)
+    check_layout(Layout(**one, recompute_layers=32, pipeline_split="account"), 32)

@@ -340,7 +340,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     # a word embedding tied to the LM head of another stage: those two ranks sum its gradients
     tied = st({r: (has_emb[r] ^ has_head[r]) * (m.vocab_size * d / tp) for r in ROLES}) if m.tied_embeddings else 0.0
     stage_tables = st(tables)
-    units = st({r: roles[r][0] + roles[r][1] + np.maximum(has_emb[r], has_head[r]) for r in roles})  # ZeRO-3's
+    units = (st({r: roles[r][0] + roles[r][1] + np.maximum(has_emb[r], has_head[r]) for r in roles}),
+             st({r: roles[r][1] for r in roles}))  # ZeRO-3's units and those holding experts
     coll = collectives(hw, lay, pipe.grp, stage_rep, stage_exp, lay.act_bytes.astype(float), tied, stage_tables,
                        units)
     return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, ranks,

@@ -108,22 +108,28 @@ class Collectives:
     ag: np.ndarray
     ar_rep: np.ndarray | float = 0.0
     tied: np.ndarray | float = 0.0  # the tied embedding's all-reduce between its two stages (collectives)
-    # the latency one gather (or reduce-scatter) call over the sharding groups pays beside its
-    # bytes, and the units a ZeRO-3 rank gathers one at a time (its stage's layers, plus the
-    # embedding and head where it holds them): FSDP2 and Megatron-FSDP issue a call a unit
-    unit_lat: np.ndarray | float = 0.0
+    # ZeRO-3 gathers, reduce-scatters and (hybrid-sharded) all-reduces across copies a unit at a
+    # time, each unit its own call (FSDP2's foreach_all_gather / foreach_reduce per fully_shard
+    # unit, Megatron-FSDP's per-module buckets): the units a rank holds (its stage's layers, plus
+    # the embedding and head where it holds them; moe_units of them hold experts), and the latency
+    # their calls beyond the first add to one gather or reduce-scatter (unit_extra) and to the
+    # copies' all-reduce (rep_unit_extra), seconds
     units: np.ndarray | float = 1.0
+    moe_units: np.ndarray | float = 0.0
+    unit_extra: np.ndarray | float = 0.0
+    rep_unit_extra: np.ndarray | float = 0.0
 
 
 def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tied=0.0, tables=0.0,
-                units=1.0) -> Collectives:
+                units=(1.0, 0.0)) -> Collectives:
     """Collectives of ranks holding `rep` replicated (`tables` of them the embedding and LM head:
     memory.table_params) and `exp` expert parameters over the groups `grp`
     (estimate._group_terms), and `tied` parameters of a word embedding tied to the LM head on
     another stage, whose two copies' gradients are summed between the first and the last stage
     once a step (Megatron-Core finalize_model_grads' _allreduce_word_embedding_grads;
     piper-train's embedding group). None reads the ZeRO stage: a search prices them once per
-    layout without it (estimate._zero_free). `units`: the ZeRO-3 units a rank holds (Collectives)."""
+    layout without it (estimate._zero_free). `units`: (units, MoE units) a ZeRO-3 rank holds
+    (Collectives)."""
     gb, wb = grad_bytes(lay, eb), weight_bytes(lay, eb)
     groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"]), lay.gpus),
               (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"]), lay.gpus))
@@ -140,15 +146,20 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     t_tied = (comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, None, span=comm.ends_span(hw, lay.gpus))
               if np.any(tied) else 0.0)
+    n_units, n_moe = units
     return Collectives(_both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 1.0), rs_half, ag, tied=t_tied,
-                       unit_lat=_unit_latency(hw, exp, groups), units=units)
+                       units=n_units, moe_units=n_moe, unit_extra=_unit_extra(hw, exp, groups, n_units, n_moe))
 
 
-def _unit_latency(hw: HardwareSpec, exp, groups) -> np.ndarray:
-    """comm.call_latency over the dense group, plus the expert group's where the rank holds experts."""
+def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units, calls=1.0) -> np.ndarray:
+    """Seconds of latency the calls beyond the first add when `units` units each make one call
+    over the dense group of `groups` and the `moe_units` holding experts one more over the expert
+    group (comm.call_latency; `calls` such latencies a call: 2 for an all-reduce)."""
     (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
-    return (comm.call_latency(hw, n_d, st_d, span_d, w_d)
-            + np.where(np.asarray(exp) > 0, comm.call_latency(hw, n_e, st_e, span_e, w_e), 0.0))
+    more = lambda k: np.maximum(np.asarray(k, dtype=float) - 1.0, 0.0)  # noqa: E731
+    return calls * (more(units) * comm.call_latency(hw, n_d, st_d, span_d, w_d)
+                    + np.where(np.asarray(exp) > 0, more(moe_units) * comm.call_latency(hw, n_e, st_e, span_e, w_e),
+                               0.0))
 
 
 def _both(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, *args):
@@ -225,9 +236,13 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, shards), ag)
         rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
         ar = np.where(reduced_whole(lay), 0.0, ar)
+    # the copies of a shard: r ranks a shard's span apart, over the dense and the expert group
+    copies = ((r, st_d * s_d, None, lay.gpus), (np.where(edp > 1, r, 1), st_e * s_e, None, lay.gpus))
+    n_u, n_m = coll.units, coll.moe_units
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
-                       np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied,
-                       np.where(on, _unit_latency(hw, exp, shards), coll.unit_lat), coll.units)
+                       np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied, n_u, n_m,
+                       np.where(on, _unit_extra(hw, exp, shards, n_u, n_m), coll.unit_extra),
+                       np.where(on, _unit_extra(hw, exp, copies, n_u, n_m, calls=2.0), 0.0))
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -267,17 +282,19 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # (Layout.reshard_after_forward false) is not gathered again for the backward. Each unit's
     # gather and reduce-scatter is its own call, so each pays the call's latency (Collectives)
     if np.any(lay.zero >= 3):
-        per_call = np.maximum(np.asarray(coll.units, dtype=float) - 1.0, 0.0) * coll.unit_lat
-        t_ag3, t_rs3 = t_ag + per_call, t_rs + per_call
+        t_ag3, t_rs3 = t_ag + coll.unit_extra, t_rs + coll.unit_extra
         z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag3 - F), t_ag3)
         t_b = np.where(lay.reshard, t_ag3, 0.0) + t_rs3
         z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
         t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
     # hybrid sharding: the copies of each shard all-reduce it once a step, after the last
     # micro-batch's reduce-scatter and behind what is left of its backward where overlapped
+    # (ZeRO-3: a call a unit, as its gathers)
     if np.any(coll.ar_rep):
-        last = np.where(lay.zero >= 3, np.where(lay.reshard, t_ag, 0.0) + t_rs, t_rs)
-        t_dp = t_dp + (np.maximum(0.0, last + coll.ar_rep - window_b) - np.maximum(0.0, last - window_b))
+        z3 = lay.zero >= 3
+        last = np.where(z3, np.where(lay.reshard, t_ag + coll.unit_extra, 0.0) + t_rs + coll.unit_extra, t_rs)
+        ar = coll.ar_rep + np.where(z3, coll.rep_unit_extra, 0.0)
+        t_dp = t_dp + (np.maximum(0.0, last + ar - window_b) - np.maximum(0.0, last - window_b))
     t_dp = t_dp + coll.tied  # after the backward, on the step's path in both runtimes
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
     # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
