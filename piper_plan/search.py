@@ -1,13 +1,13 @@
 """Enumerate every layout for N GPUs, evaluate them, rank, explain rejections.
 
 Candidates are built as numpy columns (a cartesian product filtered by the layout rules),
-then `cost.estimate.evaluate` prices them in vectorised calls (all at once, or in chunks where
-the caller keeps only the best) — no Python loop per candidate. Rejections are counted by the
-rule that removed them."""
+then `cost.estimate.evaluate` prices them in vectorised calls (all at once, or, where the caller
+keeps only the best, built slice by slice and priced in chunks) — no Python loop per candidate.
+Rejections are counted by the rule that removed them."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, fields
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -189,11 +189,73 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     """All candidate layouts as columns, and how many were dropped by each rule. With
     `headroom_gib`, also drop those whose parameter and optimizer state alone (a lower
     bound on the worst stage) overflow device memory less that headroom (rule STATE_BOUND)."""
-    from .cost.batch import A2AS, DTYPES, PLACEMENTS
+    rejected: dict[str, int] = {}
+    parts = list(enumerate_slices(m, hw, sp, rejected, headroom_gib))  # one slice: every tuple at once
+    return (parts[0][0] if parts else None), _counted(rejected)
+
+
+# grid cells (tuple x schedule x micro-batch x recompute x ZeRO x a2a x placement x offload choice) one slice
+# of a kept search crosses: a slice's layouts and rule masks stay near 100 MB (the 19.8M layouts of a wide
+# DeepSeek-V3 space on GB200 built at once took 5.2 GB)
+ENUM_CELLS = 1 << 18
+
+
+def enumerate_slices(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, rejected: dict[str, int],
+                     headroom_gib: float | None = None, cells: int | None = None) -> Iterator[tuple]:
+    """enumerate_layouts' layouts a slice at a time: (layouts, their enumeration keys) for each run of the
+    (tp, cp, pp, dp, ep, etp) tuples, in order, that crosses at most `cells` grid cells (one tuple at least;
+    None: every tuple in one run). A key sorts as its layout's place in enumerate_layouts' batch. `rejected`
+    gains each rule's count as the slices are built, zeros too, so that it lists the rules in the order they
+    apply whichever slice a rule first removes layouts from (_counted drops the zeros). Nothing is yielded
+    where no tuple is left."""
+    g = _grid(m, hw, sp, headroom_gib, rejected)
+    if g is None:
+        return
+    step = len(g.tri) if cells is None else max(1, cells // g.cells)
+    base = 0  # layouts of the slices before, each offload choice counted once (_with_offload's keys)
+    for s in range(0, len(g.tri), step):
+        batch = _slice(m, hw, sp, g, g.tri[s:s + step], headroom_gib, rejected)
+        yield _with_offload(m, sp, batch, rejected, base)
+        base += len(batch)
+
+
+def _counted(rejected: dict[str, int]) -> dict[str, int]:
+    """`rejected` less the rules that removed nothing."""
+    return {k: v for k, v in rejected.items() if v}
+
+
+@dataclass
+class _Grid:
+    """The choices enumerate_slices crosses each (tp, cp, pp, dp, ep, etp) tuple with, once the rules that read
+    the whole space have run."""
+    tri: np.ndarray      # [tuple, (tp, cp, pp, dp, ep, etp)]
+    sched: np.ndarray    # [variant, (SCHEDULES index, vpp)]
+    rc: np.ndarray       # recompute choices: RECOMPUTES index, module bits, layers a chunk re-runs
+    rc_mod: np.ndarray
+    rc_n: np.ndarray
+    zs: np.ndarray       # ZeRO stages, the hybrid-sharded ones (zh) after the whole-group ones
+    zh: np.ndarray
+    a2: np.ndarray
+    pl: np.ndarray
+    mb: np.ndarray       # micro-batch sizes the logits bound leaves
+    per_seq: float       # bytes of a sequence's fp32 logits and their gradient
+    avail: float         # device bytes less the headroom
+    n_off: int           # host-offloading choices (_offload_combos)
+
+    @property
+    def cells(self) -> int:
+        """Grid cells one tuple makes."""
+        return len(self.sched) * len(self.mb) * len(self.rc) * len(self.zs) * len(self.a2) * len(self.pl) * self.n_off
+
+
+def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float | None,
+          rejected: dict[str, int]) -> _Grid | None:
+    """The space's tuples and choices, less what the rules on tp alone and the logits bound remove from every
+    layout (counted in `rejected`); None where no layout is left."""
+    from .cost.batch import A2AS, PLACEMENTS
     from .layout import RECOMPUTES, SCHEDULES, tp_splits_heads
 
     N = sp.gpus
-    rejected: dict[str, int] = {}
     E = m.moe.num_experts if m.moe else 1
     # tp inside the scale-up domain a job fills (a node; 64 GPUs of an NVL72 rack), not the tray of 4:
     # a divisor of it, so no tp group straddles two domains. The other degrees are enumerated and
@@ -221,8 +283,9 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
                             continue
                         tri.append((tp, cp, pp, dp, ep, etp))
     if not tri:
-        return None, {"no (tp, cp, pp, ep, etp) satisfies tp*cp*pp*dp == gpus, ep | experts, ep*etp | dp*cp*tp, "
-                      "etp | expert width, 2*cp | seq, pp <= layers": 1}
+        rejected["no (tp, cp, pp, ep, etp) satisfies tp*cp*pp*dp == gpus, ep | experts, ep*etp | dp*cp*tp, "
+                 "etp | expert width, 2*cp | seq, pp <= layers"] = 1
+        return None
     tri = np.array(tri)
     # schedule variants: (sched index, vpp)
     sched = []
@@ -263,15 +326,30 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
             rejected[name] = int(drop.sum()) * len(mb) * per_tri
             tri = tri[~drop]
     if not len(tri):
-        return None, rejected
+        return None
     avail = (hw.accelerator.memory_gib - (headroom_gib or 0.0)) * GIB
     per_seq = sp.seq * m.vocab_size * (1 + m.mtp_layers) * (4.0 + DTYPE_BYTES[sp.dtype])
     widest = int((tri[:, 0] * tri[:, 1]).max())  # the most a sequence's logits are split
     over_all = mb * per_seq / widest > avail
     n_over = int(np.count_nonzero(over_all)) * len(tri) * per_tri
     mb = mb[~over_all]
+    if n_over:
+        rejected[LOGITS_BOUND] = n_over
     if not len(mb):
-        return None, {**rejected, LOGITS_BOUND: n_over}
+        return None
+    return _Grid(tri, sched, rc, rc_mod, rc_n, zs, zh, a2, pl, mb, per_seq, avail, len(_offload_combos(sp)))
+
+
+def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.ndarray, headroom_gib: float | None,
+           rejected: dict[str, int]) -> LayoutBatch:
+    """The layouts of tuples `tri` crossed with `g`'s choices, less those the rules remove (counted in `rejected`,
+    zeros too), before the host-offloading choices."""
+    from .cost.batch import DTYPES
+    from .layout import SCHEDULES
+
+    N, sched, rc, rc_mod, rc_n, zs, zh, a2, pl, mb = (sp.gpus, g.sched, g.rc, g.rc_mod, g.rc_n, g.zs, g.zh, g.a2,
+                                                      g.pl, g.mb)
+    per_seq, avail = g.per_seq, g.avail
     # Stage 1 crosses (tp, pp, ep) × schedule × micro-batch size and applies the rules that
     # depend on those alone; stage 2 crosses the survivors with recompute × ZeRO × a2a ×
     # placement. Stage-1 rejections count once per stage-2 combination, as in a full product.
@@ -284,18 +362,14 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
     mbs = np.tile(mb, n_t * n_s)
     keep = np.ones(n_t * n_s * n_b, bool)
     # every count is of layouts x host-offloading choices (_with_offload), as `evaluated` is
-    n_off = len(_offload_combos(sp))
+    n_off = g.n_off
     weight = per_combo * n_off
 
     def rule(name, bad):
         nonlocal keep
-        n = int(np.count_nonzero(keep & bad)) * weight
-        if n:
-            rejected[name] = rejected.get(name, 0) + n
+        rejected[name] = rejected.get(name, 0) + int(np.count_nonzero(keep & bad)) * weight
         keep &= ~bad
 
-    if n_over:
-        rejected[LOGITS_BOUND] = n_over
     rule(LOGITS_BOUND, mbs * per_seq / (tp * cp) > avail)
     gbs = sp.global_batch
     rule("global batch not divisible by dp*mbs", gbs % (dp * mbs) != 0)
@@ -396,7 +470,7 @@ def enumerate_layouts(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace,
         rule(STATE_BOUND, (lb + headroom_gib > hw.accelerator.memory_gib).reshape(1, len(zs), 1, 1, len(k1)))
     j, ri, zi, ai, pi = np.unravel_index(np.flatnonzero(keep.transpose(4, 0, 1, 2, 3)), (len(k1),) + shape[:4])
     batch = _batch(cols, j, zs[zi], np.where(zh[zi], reps[j], 1), rc[ri], a2[ai], pl[pi], rc_mod[ri], rc_n[ri])
-    return _with_offload(m, sp, batch, rejected), rejected
+    return batch
 
 
 def _rc_layer_duplicates(m: ModelSpec, rc: np.ndarray, rc_n: np.ndarray, chunks: np.ndarray) -> np.ndarray:
@@ -413,22 +487,28 @@ def _rc_layer_duplicates(m: ModelSpec, rc: np.ndarray, rc_n: np.ndarray, chunks:
     return dup.reshape(len(rc), 1, 1, 1, -1)
 
 
-def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: dict) -> LayoutBatch:
+_CHOICE_SHIFT = 40  # an enumeration key's offload choice sits above its row (2**40 rows: far past any search)
+
+
+def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: dict,
+                  base: int = 0) -> tuple[LayoutBatch, np.ndarray]:
     """`batch` once per host-offloading choice (SearchSpace.optimizer_offload x offload_layers x
     offload_modules), less the layouts whose ranks hold too few layers to offload that many
-    (layout.check_offload), counted in `rejected`."""
+    (layout.check_offload), counted in `rejected`; and each layout's enumeration key: its offload
+    choice, then `base` + its row of `batch` (the choices are crossed outermost)."""
     combos = _offload_combos(sp)
+    rows = base + np.arange(len(batch))
     if combos == [(0.0, 0, 0)]:
-        return batch
+        return batch, rows
     most = offload_limit(m.num_layers, batch.pp)
-    parts = []
-    for f, n, b in combos:
-        bad = n > most
-        if bad.any():
-            name = "offload_layers >= layers on a rank (layout.check_offload)"
-            rejected[name] = rejected.get(name, 0) + int(bad.sum())
-        parts.append(replace_cols(batch, opt_offload=f, offload_layers=n, off_mods=b).take(np.flatnonzero(~bad)))
-    return concat(parts)
+    parts, keys = [], []
+    for c, (f, n, b) in enumerate(combos):
+        ok = np.flatnonzero(n <= most)
+        name = "offload_layers >= layers on a rank (layout.check_offload)"
+        rejected[name] = rejected.get(name, 0) + len(batch) - len(ok)
+        parts.append(replace_cols(batch, opt_offload=f, offload_layers=n, off_mods=b).take(ok))
+        keys.append((c << _CHOICE_SHIFT) + rows.take(ok))
+    return concat(parts), np.concatenate(keys)
 
 
 def _offload_combos(sp: SearchSpace) -> list[tuple]:
@@ -478,24 +558,32 @@ PRICE_CHUNK = 1 << 16
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,
            objective: str = "throughput", headroom_gib: float = 0.0, keep: int | None = None) -> SearchResult:
     """The space's layouts priced and ranked. keep None: the result holds every priced layout and its
-    Estimate; a count: they are priced PRICE_CHUNK at a time and only the best `keep` fitting, the
-    leanest fitting and the leanest of all are kept (SearchResult), so memory stays bounded."""
+    Estimate; a count: they are enumerated ENUM_CELLS grid cells and priced PRICE_CHUNK layouts at a time,
+    and only the best `keep` fitting, the leanest fitting and the leanest of all are kept (SearchResult),
+    so memory stays bounded."""
     import time
 
     t0 = time.process_time()
     check_a2a_sms(sp.a2a_sms, hw)  # one value for the whole space: refused before anything is priced
     check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))  # likewise
+    counts = np.zeros(3, int)  # layouts over device memory, over the host's, priced non-finite
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
-    batch, rejected = enumerate_layouts(m, hw, sp, headroom_gib)
-    n_all = 0 if batch is None else len(batch) + rejected.get(STATE_BOUND, 0)
+    if keep is None:
+        batch, rejected = enumerate_layouts(m, hw, sp, headroom_gib)
+        n_priced = 0 if batch is None else len(batch)
+    else:  # each slice priced as it is built: the space is never held whole
+        rejected = {}
+        slices = enumerate_slices(m, hw, sp, rejected, headroom_gib, ENUM_CELLS)
+        batch, est, order, n_fit, n_priced = _price_kept(m, hw, slices, routing, objective, headroom_gib, keep, counts)
+        rejected = _counted(rejected)
+    n_all = 0 if batch is None else n_priced + rejected.get(STATE_BOUND, 0)
     for bound in (STATE_BOUND, LOGITS_BOUND):  # the bounds are against the memory less the headroom
         if headroom_gib and bound in rejected:
             rejected[bound.replace(" (bound)", _less_headroom(hw, headroom_gib) + " (bound)")] = rejected.pop(bound)
     if n_all == 0:
         return SearchResult(batch, None, np.array([], int), rejected, 0)
-    if len(batch) == 0:
+    if n_priced == 0:
         return SearchResult(batch, None, np.array([], int), rejected, n_all, time.process_time() - t0)
-    counts = np.zeros(3, int)  # layouts over device memory, over the host's, priced non-finite
     if keep is None:
         est = evaluate(m, hw, batch, routing, headroom_gib)
         cpu_s = time.process_time() - t0
@@ -504,41 +592,94 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
         # deterministic: the sort is stable, so ties keep the order enumerate_layouts builds
         order = ok[np.lexsort(_rank_keys(batch, est, objective, ok))]
         return SearchResult(batch, est, order, rejected, n_all, cpu_s)
-    sub, est, order, n_fit = _price_kept(m, hw, batch, routing, objective, headroom_gib, keep, counts)
     _count_refusals(rejected, hw, headroom_gib, counts)
-    return SearchResult(sub, est, order, rejected, n_all, time.process_time() - t0, n_fit)
+    return SearchResult(batch, est, order, rejected, n_all, time.process_time() - t0, n_fit)
 
 
-def _price_kept(m: ModelSpec, hw: HardwareSpec, batch: LayoutBatch, routing: Routing | None, objective: str,
+def _price_chunks(parts: Iterable[tuple]) -> Iterator[tuple]:
+    """`parts` ((layouts, enumeration keys)) regrouped PRICE_CHUNK layouts at a time, the last fewer (or none,
+    where they hold none), so that evaluate's calls stay full however many layouts a slice holds."""
+    held, n = [], 0
+    for part in parts:
+        held.append(part)
+        n += len(part[0])
+        if n < PRICE_CHUNK:
+            continue
+        lay, key = _joined(held)
+        end = n - n % PRICE_CHUNK
+        for s in range(0, end, PRICE_CHUNK):
+            yield _rows(lay, s, s + PRICE_CHUNK), key[s:s + PRICE_CHUNK]
+        held, n = [(_rows(lay, end, n), key[end:])], n - end
+    if held:
+        yield _joined(held)
+
+
+def _joined(parts: list[tuple]) -> tuple:
+    """(layouts, keys) of `parts` one after another."""
+    return parts[0] if len(parts) == 1 else (concat([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def _rows(lay: LayoutBatch, start: int, end: int) -> LayoutBatch:
+    """Rows start..end of `lay` as views (no copy: they are only read)."""
+    return LayoutBatch(**{f.name: getattr(lay, f.name)[start:end] for f in fields(LayoutBatch)})
+
+
+def _price_kept(m: ModelSpec, hw: HardwareSpec, parts: Iterable[tuple], routing: Routing | None, objective: str,
                 headroom_gib: float, keep: int, counts: np.ndarray) -> tuple:
-    """(layouts kept, their Estimate, the fitting ones' indices among them best first, fitting layouts)
-    of `batch` priced PRICE_CHUNK at a time, kept as search's `keep` says; `counts` as _fitting's."""
-    top, top_keys, n_fit = np.zeros(0, np.intp), None, 0
-    lean_fit = lean_all = None
-    for s in range(0, len(batch), PRICE_CHUNK):
-        part = batch.take(np.arange(s, min(s + PRICE_CHUNK, len(batch))))
-        est = evaluate(m, hw, part, routing, headroom_gib)
+    """(layouts kept, their Estimate, the fitting ones' indices among them best first, fitting layouts, layouts
+    priced) of `parts` ((layouts, enumeration keys) as enumerate_slices yields them) priced PRICE_CHUNK at a
+    time, kept as search's `keep` says, in enumeration order; `counts` as _fitting's. Where none is priced: no
+    Estimate, and an empty batch (None where `parts` holds no slice)."""
+    top = None  # the best `keep` fitting so far: (layouts, enumeration keys, rank keys)
+    lean_fit = lean_all = park = seen = None
+    rows = {}  # enumeration key -> the layout, of the leanest and the first that parks activations
+    n_fit = n = 0
+
+    def leaner(cur, peak, idx):  # _leaner, holding on to the row of a new leanest
+        new = _leaner(cur, peak, idx)
+        if new is not cur:
+            rows[new[1]] = seen.take(np.flatnonzero(key == new[1]))
+        return new
+
+    for seen, key in _price_chunks(parts):
+        if not len(seen):
+            continue
+        n += len(seen)
+        est = evaluate(m, hw, seen, routing, headroom_gib)
         ok = np.flatnonzero(_fitting(hw, est, headroom_gib, counts))
         n_fit += len(ok)
-        lean_all = _leaner(lean_all, est.peak_memory_gib, s + np.arange(len(part)))
+        lean_all = leaner(lean_all, est.peak_memory_gib, key)
+        parks = np.flatnonzero((seen.offload_layers > 0) | (seen.off_mods != 0))
+        if len(parks) and (park is None or key[parks].min() < park):
+            i = parks[np.argmin(key[parks])]
+            park, rows[int(key[i])] = int(key[i]), seen.take([i])
         if len(ok):
-            lean_fit = _leaner(lean_fit, est.peak_memory_gib[ok], s + ok)
-            keys = _rank_keys(part, est, objective, ok)
-            keys = keys if top_keys is None else [np.concatenate(k) for k in zip(top_keys, keys)]
-            idx = np.concatenate([top, s + ok])
-            # the enumeration index breaks ties, as the stable sort over all layouts at once does
-            best = np.lexsort((idx, *keys))[:keep]
-            top, top_keys = idx[best], [k[best] for k in keys]
+            lean_fit = leaner(lean_fit, est.peak_memory_gib[ok], key[ok])
+            ranks = _rank_keys(seen, est, objective, ok)
+            # the enumeration key breaks ties, as the stable sort over all layouts at once does
+            o = np.lexsort((key[ok], *ranks))[:keep]
+            cand = (seen.take(ok[o]), key[ok[o]], [k[o] for k in ranks])
+            if top is not None:
+                cand = (concat([top[0], cand[0]]), np.concatenate([top[1], cand[1]]),
+                        [np.concatenate(k) for k in zip(top[2], cand[2])])
+                best = np.lexsort((cand[1], *cand[2]))[:keep]
+                cand = (cand[0].take(best), cand[1][best], [k[best] for k in cand[2]])
+            top = cand
+    if lean_all is None:
+        return seen, None, np.array([], int), 0, 0
+    for i, k in enumerate(top[1] if top is not None else ()):
+        rows[int(k)] = top[0].take([i])
     # a layout ranked below the best keeps its place after them: the leanest fitting (the memory note)
-    ranked = top if lean_fit is None or lean_fit[1] in top else np.append(top, lean_fit[1])
-    kept = np.unique(np.append(ranked, lean_all[1]))  # and the leanest of all (diagnose, where none fits)
+    ranked = [] if top is None else [int(k) for k in top[1]]
+    ranked += [] if lean_fit is None or lean_fit[1] in ranked else [lean_fit[1]]
+    kept = sorted({*ranked, lean_all[1]})  # and the leanest of all (diagnose, where none fits)
     # the few kept re-priced: a layout's figures do not depend on the others priced beside it, but a step's
     # breakdown has "offload" only where one of them parks activations: one does where one of the batch did
-    parks = (batch.offload_layers > 0) | (batch.off_mods != 0)
-    if parks.any() and not parks[kept].any():
-        kept = np.unique(np.append(kept, np.argmax(parks)))
-    sub = batch.take(kept)
-    return sub, evaluate(m, hw, sub, routing, headroom_gib), np.searchsorted(kept, ranked), n_fit
+    sub = concat([rows[k] for k in kept])
+    if park is not None and not ((sub.offload_layers > 0) | (sub.off_mods != 0)).any():
+        kept = sorted([*kept, park])
+        sub = concat([rows[k] for k in kept])
+    return sub, evaluate(m, hw, sub, routing, headroom_gib), np.searchsorted(kept, ranked), n_fit, n
 
 
 def _fitting(hw: HardwareSpec, est: Estimate, headroom_gib: float, counts: np.ndarray) -> np.ndarray:
@@ -571,12 +712,15 @@ def _rank_keys(batch: LayoutBatch, est: Estimate, objective: str, rows: np.ndarr
 
 
 def _leaner(cur: tuple | None, peak: np.ndarray, idx: np.ndarray) -> tuple:
-    """(peak, index) of the leaner of `cur` and layouts `idx` at `peak`, as np.argmin picks over all
-    of them in index order: the first NaN, else the first lowest."""
-    i = int(np.argmin(peak))
-    if cur is None or (not np.isnan(cur[0]) and (np.isnan(peak[i]) or peak[i] < cur[0])):
-        return float(peak[i]), int(idx[i])
-    return cur
+    """(peak, enumeration key) of the leaner of `cur` and layouts `idx` at `peak`, as np.argmin picks over
+    all of them in enumeration order whatever order they come in: the first NaN, else the first lowest."""
+    nan = np.isnan(peak)
+    pool = np.flatnonzero(nan if nan.any() else peak == peak.min())
+    i = pool[np.argmin(idx[pool])]
+    new = float(peak[i]), int(idx[i])
+    if cur is None:
+        return new
+    return min(cur, new, key=lambda c: (not np.isnan(c[0]), 0.0 if np.isnan(c[0]) else c[0], c[1]))
 
 
 def _less_headroom(hw: HardwareSpec, headroom_gib: float) -> str:
@@ -593,9 +737,10 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
 
     lines = []
     if res.est is None:
-        full, _ = enumerate_layouts(m, hw, sp)
-        if full is not None and len(full):  # every layout was dropped by the state-memory bound: price them all
-            sub, est, _, _ = _price_kept(m, hw, full, routing, "throughput", headroom_gib, 1, np.zeros(3, int))
+        # every layout was dropped by the state-memory bound: price them all, slice by slice
+        every = enumerate_slices(m, hw, sp, {}, None, ENUM_CELLS)
+        sub, est, _, _, _ = _price_kept(m, hw, every, routing, "throughput", headroom_gib, 1, np.zeros(3, int))
+        if est is not None:
             res = SearchResult(sub, est, np.array([], int), res.rejected)  # the leanest, below
     if res.est is None:
         top = sorted(res.rejected.items(), key=lambda kv: -kv[1])

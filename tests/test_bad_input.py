@@ -623,7 +623,7 @@ def test_a_search_space_that_outgrows_the_host_s_memory_is_one_line(monkeypatch)
 
     def full(*a, **k):
         raise MemoryError("Unable to allocate 58.3 MiB")
-    monkeypatch.setattr(S, "enumerate_layouts", full)
+    monkeypatch.setattr(S, "enumerate_slices", full)  # what search and enumerate_layouts build the layouts with
     code, out, _ = _run(["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4"])
     lines = out.strip().splitlines()
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: out of memory: the layouts asked for"), out
