@@ -313,3 +313,24 @@ def test_hybrid_zero3_copies_all_reduce_a_unit_at_a_time(monkeypatch):
     monkeypatch.setattr(reduction, "_unit_extra", lambda *a, calls=1.0: real(*a, calls=calls) * (calls == 1.0))
     once = _z3_dp_comm("deepseek-v3", 32768, 16384, 16, zero_replicas=r)
     assert per_step > 0 and with_units - once == pytest.approx(per_step, rel=1e-6)
+
+
+def test_the_copies_all_reduce_waits_for_the_last_unit_s_calls_before_it():
+    """Hybrid ZeRO-3, overlapped: the copies' all-reduce follows the last micro-batch's gathers and
+    reduce-scatter, per-unit call latency included, so it leaves the backward's window sooner.
+    Gather and reduce-scatter 1 s each plus 0.5 s of per-unit latency, a 3.5 s backward window:
+    the all-reduce (0.6 s + 0.2 s a unit) starts at 3 s and 0.3 s of it is exposed; counted
+    without the latency it would start at 2 s and hide whole."""
+    from piper_plan.cost.reduction import Collectives, PipeWindow, dp_comm_time
+
+    lay = from_layouts([Layout(gpus=64, tp=1, pp=1, dp=64, mbs=1, global_batch=64, seq=4096, schedule="1f1b",
+                               recompute="none", zero=3, zero_replicas=2, overlap_grad_reduce=True)])
+    hw, one = load_hardware("dgx-h100"), np.ones(1)
+    win = PipeWindow(F=2.0 * one, B=3.0 * one, W=0.5 * one, M=one)
+
+    def dp(extra):
+        coll = Collectives(rs_full=one, rs_half=one, ag=one, ar_rep=0.6 * one, units=33 * one,
+                           unit_extra=extra * one, rep_unit_extra=0.2 * one)
+        return float(dp_comm_time(hw, lay, one, win, coll)[0])
+
+    assert dp(0.5) - dp(0.0) == pytest.approx(0.3, abs=1e-12)
