@@ -516,8 +516,9 @@ def search_options(fn):
     opts = [
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
-        click.option("--global-batch", type=BATCH, default=None, help="sequences per step (default 4M tokens' worth; sweep rounds that "
-                     "default to a multiple of each GPU count, at least one sequence a GPU)"),
+        click.option("--global-batch", type=BATCH, default=None,
+                     help="sequences per step (default 4M tokens' worth; sweep rounds that default to a multiple of "
+                     "each GPU count, at least one sequence a GPU)"),
         click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--routing", default="uniform", show_default=True,
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train (its last run's per-expert loads)"),

@@ -329,11 +329,11 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                  expert_ffn: int = 0) -> None:
     """Raise LayoutError naming the first broken constraint."""
     check_degrees(lay, num_experts, expert_ffn)
-    account = lay.pipeline_split == "account"  # the embedding and the loss take a layer slot each
-    slots = num_layers + 2 * account
+    slots = layer_slots(num_layers, lay.pipeline_split)
+    extra = slots - num_layers
     if lay.stages > slots:
-        raise LayoutError("pp*vpp <= layers" + " + 2" * account,
-                          f"{lay.stages} pipeline chunks for {num_layers} layers" + " and 2 slots" * account)
+        raise LayoutError("pp*vpp <= layers" + f" + {extra}" * bool(extra),
+                          f"{lay.stages} pipeline chunks for {num_layers} layers" + f" and {extra} slots" * bool(extra))
     if split_refused(lay.pipeline_split, num_layers, lay.stages):
         raise LayoutError(f"pipeline_split {lay.pipeline_split} needs whole layers a chunk",
                           f"{slots} layer slots do not split into pp={lay.pp} x vpp={lay.vpp} equal chunks "
@@ -385,7 +385,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.recompute_layers and lay.recompute != "full":
         raise LayoutError("recompute_layers with recompute full", f"recompute_layers={lay.recompute_layers} chooses "
                           f"the layers full recompute re-runs; recompute is {lay.recompute!r}")
-    most = recompute_layers_limit(num_layers, lay.stages, account)
+    most = recompute_layers_limit(num_layers, lay.stages, lay.pipeline_split)
     if lay.recompute_layers > most:
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
@@ -394,12 +394,19 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     check_fp8_params(lay.fp8_params, lay.fp8)
 
 
+def layer_slots(num_layers: int, split: str) -> int:
+    """The slots a pipeline split fills with layers: each layer, and under "account" the embedding
+    and the loss one each (Megatron-Core's account_for_embedding_in_pipeline_split and
+    account_for_loss_in_pipeline_split)."""
+    return num_layers + 2 * (split == "account")
+
+
 def split_refused(split: str, num_layers: int, chunks):
     """Where Megatron-Core refuses an even split (split "even", or "account", which counts the
     embedding and the loss as a layer each): its layer slots must fill pp·vpp chunks equally
     (transformer_block.get_num_layers_to_build asserts slots % pp == 0 and slots / pp % vpp == 0).
     chunks: pp·vpp, an int or an array of them."""
-    return (split in ("even", "account")) & ((num_layers + 2 * (split == "account")) % chunks != 0)
+    return (split in ("even", "account")) & (layer_slots(num_layers, split) % chunks != 0)
 
 
 def tp_splits_heads(num_heads: int, kv_heads: int, tp: int) -> bool:
@@ -432,12 +439,12 @@ def check_a2a_sms(a2a_sms: Optional[int], hw) -> None:
                           "has would leave no compute beside the hidden all-to-all")
 
 
-def recompute_layers_limit(num_layers: int, chunks, account=False):
+def recompute_layers_limit(num_layers: int, chunks, split: str = "balanced"):
     """The most layers full recompute can re-run in each pipeline chunk (ints or arrays): the
     largest chunk `chunks` chunks of `num_layers` layers can hold, the others one layer slot each
-    (`account`: the embedding and the loss fill a slot each, so two chunks may hold no layer; no
-    chunk holds more layers than the model has)."""
-    most = num_layers + 2 * account - chunks + 1
+    (layer_slots: under `split` account the embedding and the loss fill a slot each, so two chunks
+    may hold no layer; no chunk holds more layers than the model has)."""
+    most = layer_slots(num_layers, split) - chunks + 1
     return (most + num_layers - abs(most - num_layers)) // 2  # min(most, num_layers), for ints and arrays
 
 

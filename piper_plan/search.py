@@ -18,7 +18,7 @@ from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
-                     offload_limit, recompute_layers_limit, split_refused)
+                     layer_slots, offload_limit, recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -383,7 +383,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     # a chunk holds at least one layer slot: the account split counts the embedding and the loss
     # as a slot each (Meta's 126-layer Llama 3 405B over pp 16 x vpp 8 = 128 chunks)
     slots = "(layers+2)" if sp.pipeline_split == "account" else "layers"
-    rule(f"pp*vpp > {slots}", pp * vpp > m.num_layers + 2 * (sp.pipeline_split == "account"))
+    rule(f"pp*vpp > {slots}", pp * vpp > layer_slots(m.num_layers, sp.pipeline_split))
     # Megatron-Core's even splits need whole layers a chunk (layout.check_layout's rule)
     rule(f"pipeline_split {sp.pipeline_split} needs {slots} % (pp*vpp) == 0",
          split_refused(sp.pipeline_split, m.num_layers, pp * vpp))
@@ -421,7 +421,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     # lowest stage asked for stays
     alone = (dp * cp == 1) & ((m.moe is None) | (ep * etp == tp))
     rule("duplicate (ZeRO stage without a data-parallel group)", on(zs != zs.min(), 1) & on(alone, 4))
-    rc_most = recompute_layers_limit(m.num_layers, pp * vpp, sp.pipeline_split == "account")
+    rc_most = recompute_layers_limit(m.num_layers, pp * vpp, sp.pipeline_split)
     rule("recompute_layers <= the layers of a chunk",  # layout.check_layout's bound
          (rc_n[:, None] > rc_most).reshape(len(rc), 1, 1, 1, len(k1)))
     rule("duplicate (recompute_layers covering a whole chunk equals every layer)", _rc_layer_duplicates(m, rc, rc_n, pp * vpp))
@@ -635,7 +635,7 @@ def _price_kept(m: ModelSpec, hw: HardwareSpec, parts: Iterable[tuple], routing:
     rows = {}  # enumeration key -> the layout, of the leanest and the first that parks activations
     n_fit = n = 0
 
-    def leaner(cur, peak, idx):  # _leaner, holding on to the row of a new leanest
+    def leaner(cur, peak, idx, seen, key):  # _leaner, holding on to the row of a new leanest among `seen`
         new = _leaner(cur, peak, idx)
         if new is not cur:
             rows[new[1]] = seen.take(np.flatnonzero(key == new[1]))
@@ -648,13 +648,13 @@ def _price_kept(m: ModelSpec, hw: HardwareSpec, parts: Iterable[tuple], routing:
         est = evaluate(m, hw, seen, routing, headroom_gib)
         ok = np.flatnonzero(_fitting(hw, est, headroom_gib, counts))
         n_fit += len(ok)
-        lean_all = leaner(lean_all, est.peak_memory_gib, key)
+        lean_all = leaner(lean_all, est.peak_memory_gib, key, seen, key)
         parks = np.flatnonzero((seen.offload_layers > 0) | (seen.off_mods != 0))
         if len(parks) and (park is None or key[parks].min() < park):
             i = parks[np.argmin(key[parks])]
             park, rows[int(key[i])] = int(key[i]), seen.take([i])
         if len(ok):
-            lean_fit = leaner(lean_fit, est.peak_memory_gib[ok], key[ok])
+            lean_fit = leaner(lean_fit, est.peak_memory_gib[ok], key[ok], seen, key)
             ranks = _rank_keys(seen, est, objective, ok)
             # the enumeration key breaks ties, as the stable sort over all layouts at once does
             o = np.lexsort((key[ok], *ranks))[:keep]

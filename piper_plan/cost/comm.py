@@ -394,8 +394,8 @@ def group_span(hw: HardwareSpec, n, stride, world=None):
     slowest of the levels it spans, a NIC level counted at its per-GPU share times the group's
     members inside the domain it joins (the ring's channels leave that domain through all their
     NICs, module docstring; capped by the levels below), and the mean latency of its steps,
-    each at the level it crosses (_hop_latency; `world`: as for level_counts). Pass it to ring_allreduce as `span` when several
-    collectives share one group."""
+    each at the level it crosses (_hop_latency; `world`: as for level_counts). Pass it to
+    ring_allreduce as `span` when several collectives share one group."""
     n = np.asarray(n)
     c = level_counts(hw, n, stride, world)
     bw, lat, nic = _levels(hw)

@@ -225,10 +225,12 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     s_d, s_e = lay.dpcp // r, np.maximum(edp // r, 1)
     st_d, st_e = lay.tp, lay.edp_stride
     shards = ((s_d, st_d, None, lay.gpus), (s_e, st_e, None, lay.gpus))  # the shard's ranks of each group
+    # the copies of a shard: r ranks a shard's span apart, over the dense and the expert group (none
+    # where the experts have no data-parallel group)
+    copies = ((r, st_d * s_d, None, lay.gpus), (np.where(edp > 1, r, 1), st_e * s_e, None, lay.gpus))
 
-    # each copy holds 1/s of the reduced gradients; its ring's members sit a shard apart
-    ar = (comm.ring_allreduce(hw, rep * gb / s_d, r, st_d * s_d, world=lay.gpus)
-          + np.where(edp > 1, comm.ring_allreduce(hw, exp * gb / s_e, r, st_e * s_e, world=lay.gpus), 0.0))
+    # each copy holds 1/s of the reduced gradients
+    ar = _both(comm.ring_allreduce, hw, rep * gb / s_d, exp * gb / s_e, copies, 1.0)
     wb, rep_w = weight_bytes(lay, eb), gathered_bytes(lay, eb, rep, tables)
     ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, shards, 0.5)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
@@ -236,8 +238,6 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, shards), ag)
         rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
         ar = np.where(reduced_whole(lay), 0.0, ar)
-    # the copies of a shard: r ranks a shard's span apart, over the dense and the expert group
-    copies = ((r, st_d * s_d, None, lay.gpus), (np.where(edp > 1, r, 1), st_e * s_e, None, lay.gpus))
     n_u, n_m = coll.units, coll.moe_units
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
                        np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied, n_u, n_m,
@@ -281,18 +281,18 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # only the traffic its compute cannot cover. A unit kept gathered from forward to backward
     # (Layout.reshard_after_forward false) is not gathered again for the backward. Each unit's
     # gather and reduce-scatter is its own call, so each pays the call's latency (Collectives)
-    if np.any(lay.zero >= 3):
-        t_ag3, t_rs3 = t_ag + coll.unit_extra, t_rs + coll.unit_extra
+    z3 = lay.zero >= 3
+    t_ag3, t_rs3 = t_ag + coll.unit_extra, t_rs + coll.unit_extra
+    t_b3 = np.where(lay.reshard, t_ag3, 0.0) + t_rs3  # a micro-batch's backward gathers and reduce-scatters
+    if np.any(z3):
         z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag3 - F), t_ag3)
-        t_b = np.where(lay.reshard, t_ag3, 0.0) + t_rs3
-        z3_b = np.where(lay.overlap, np.maximum(0.0, t_b - (B + W)), t_b)
-        t_dp = np.where(lay.zero >= 3, M * (z3_f + z3_b), t_dp)
+        z3_b = np.where(lay.overlap, np.maximum(0.0, t_b3 - (B + W)), t_b3)
+        t_dp = np.where(z3, M * (z3_f + z3_b), t_dp)
     # hybrid sharding: the copies of each shard all-reduce it once a step, after the last
     # micro-batch's reduce-scatter and behind what is left of its backward where overlapped
     # (ZeRO-3: a call a unit, as its gathers)
     if np.any(coll.ar_rep):
-        z3 = lay.zero >= 3
-        last = np.where(z3, np.where(lay.reshard, t_ag + coll.unit_extra, 0.0) + t_rs + coll.unit_extra, t_rs)
+        last = np.where(z3, t_b3, t_rs)
         ar = coll.ar_rep + np.where(z3, coll.rep_unit_extra, 0.0)
         t_dp = t_dp + (np.maximum(0.0, last + ar - window_b) - np.maximum(0.0, last - window_b))
     t_dp = t_dp + coll.tied  # after the backward, on the step's path in both runtimes

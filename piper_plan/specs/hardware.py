@@ -119,8 +119,8 @@ class Efficiency(_Optional):
         "Layout.expert_gemm grouped, gated experts with biases) spends beyond that GEMM per element of the GLU "
         "input gradient it writes (rows x 2f/etp), where a library release runs its bias-gradient reduction slowly "
         "(NVIDIA/cudnn-frontend#256). 0: the epilogue rides the GEMM")
-    memory: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth streaming kernels reach (default 0.85: an "
-        "assumption; every bundled GPU spec states its own, with its source)")
+    memory: float = Field(0.85, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth streaming kernels "
+                          "reach (default 0.85: an assumption; every bundled GPU spec states its own, with its source)")
     quant_memory: Optional[float] = Field(
         None, ge=MIN_FRACTION, le=1, description="fraction of HBM bandwidth an FP8 quantisation kernel (cast with its "
         "scales, row- and column-wise) reaches, where measured below `memory` (None: as `memory`)")
