@@ -194,7 +194,10 @@ def test_piper_train_s_zero_is_priced_as_the_collectives_it_issues():
     assert (eager1[2], eager1[3]) == pytest.approx((rooted(4e9), rooted(4e9)), rel=1e-12)  # fp32 through owners
     assert (fused1[2], fused1[3]) == pytest.approx((ring(4e9, 0.5), ring(2e9, 0.5)), rel=1e-12)
     assert fused1[0] == pytest.approx(fused1[2] + fused1[3], rel=1e-12)  # a reduce-scatter and a gather
-    assert eager0[0] == pytest.approx(eager0[1] + float(comm.ring_allreduce(hw, 8.0, 64, 1)), rel=1e-12)  # + the norm
+    # + the norm's 8-byte all-reduce, which NCCL's tuner runs as a tree over these 8 nodes
+    norm = float(comm.allreduce(hw, 8.0, 64, 1))
+    assert norm < float(comm.ring_allreduce(hw, 8.0, 64, 1))
+    assert eager0[0] == pytest.approx(eager0[1] + norm, rel=1e-12)
     # a rooted collective moves its whole buffer: n/(n-1) of a ring's half, less a latency step
     assert rooted(4e9) > ring(4e9, 0.5)
 
@@ -300,17 +303,19 @@ def test_only_the_layers_holding_experts_pay_the_expert_group_s_calls():
 
 def test_hybrid_zero3_copies_all_reduce_a_unit_at_a_time(monkeypatch):
     """FSDP2's HSDP all-reduces each unit's reduced shard across the copies (foreach_reduce per
-    fully_shard unit): unoverlapped, the step pays the copies' ring latency, 2(r-1) steps, for
-    each of a rank's 61 units beyond the first (58 of them over the expert copies too)."""
+    fully_shard unit): unoverlapped, the step pays the copies' all-reduce latency (2(r-1) ring
+    steps, or NCCL's tree where shorter: comm.allreduce_latency) for each of a rank's 61 units
+    beyond the first (58 of them over the expert copies too)."""
     from piper_plan.cost import reduction
 
     hw = load_hardware("dgx-h100")
     r, shard = 8, 16384 // 8
     copies = ((r, 2 * shard, None, 32768), (r, 16 * (2048 // r), None, 32768))
-    per_step = float(reduction._unit_extra(hw, 1.0, copies, 62, 58, calls=2.0))
+    per_step = float(reduction._unit_extra(hw, 1.0, copies, 62, 58, allreduce=True))
     with_units = _z3_dp_comm("deepseek-v3", 32768, 16384, 16, zero_replicas=r)
     real = reduction._unit_extra
-    monkeypatch.setattr(reduction, "_unit_extra", lambda *a, calls=1.0: real(*a, calls=calls) * (calls == 1.0))
+    monkeypatch.setattr(reduction, "_unit_extra",
+                        lambda *a, allreduce=False: real(*a, allreduce=allreduce) * (not allreduce))
     once = _z3_dp_comm("deepseek-v3", 32768, 16384, 16, zero_replicas=r)
     assert per_step > 0 and with_units - once == pytest.approx(per_step, rel=1e-6)
 

@@ -58,7 +58,7 @@ def test_a_shard_reduces_and_gathers_as_a_group_of_its_size_and_its_copies_all_r
     assert hy.rs_half[0] == pytest.approx(node.rs_half[0], rel=1e-12)  # experts: a shard of one rank reduces nothing
     assert hy.ag[0] == pytest.approx(node.ag[0], rel=1e-12)
     gb = 4.0
-    want = comm.ring_allreduce(H100, 1e9 * gb / 8, 16, 8) + comm.ring_allreduce(H100, 4e9 * gb / 1, 16, 8)
+    want = comm.allreduce(H100, 1e9 * gb / 8, 16, 8) + comm.allreduce(H100, 4e9 * gb / 1, 16, 8)
     assert hy.ar_rep[0] == pytest.approx(float(want), rel=1e-12)
     _, _, whole = _collectives(Layout(gpus=128, dp=128, ep=8, global_batch=512, seq=4096, zero=1))
     assert whole.ar_rep == 0.0 and whole.ag[0] > hy.ag[0]  # one group over 16 nodes: no copies, a longer ring
@@ -179,7 +179,7 @@ def test_piper_train_s_hybrid_zero1_is_priced_as_its_whole_group_all_reduce_and_
     assert hy.ar_rep[0] == 0.0 and hy.rs_full[0] == whole.rs_full[0]
     z = np.zeros(1)
     t = dp_comm_time(hw, b, edp, PipeWindow(z, z, z, b.m), hy)
-    norm = comm.ring_allreduce(hw, 8.0, 64, 1)
+    norm = comm.allreduce(hw, 8.0, 64, 1)  # the norm's all-reduce: NCCL's tree over 8 nodes
     assert t[0] == pytest.approx(whole.rs_full[0] + hy.ag[0] + float(norm), rel=1e-12)
 
 
@@ -195,9 +195,9 @@ def test_piper_train_s_hybrid_zero2_reduces_within_the_shard_and_all_reduces_the
     # dense shards of 64 / 4 = 16 neighbouring ranks; experts (edp 8) in shards of 2, st_e apart
     reduce = comm.rooted(hw, 1e9 * gb, 16, 1, True) + comm.rooted(hw, 4e9 * gb, 2, st_e, True)
     assert hy.rs_half[0] == pytest.approx(float(reduce), rel=1e-12)
-    copies = comm.ring_allreduce(hw, 1e9 * gb / 16, 4, 16) + comm.ring_allreduce(hw, 4e9 * gb / 2, 4, 2 * st_e)
+    copies = comm.allreduce(hw, 1e9 * gb / 16, 4, 16) + comm.allreduce(hw, 4e9 * gb / 2, 4, 2 * st_e)
     assert hy.ar_rep[0] == pytest.approx(float(copies), rel=1e-12)
     z = np.zeros(1)
     t = dp_comm_time(hw, b, edp, PipeWindow(z, z, z, b.m), hy)
-    norm = comm.ring_allreduce(hw, 8.0, 64, 1)  # one micro-batch: its reduce, the copies, the broadcasts
+    norm = comm.allreduce(hw, 8.0, 64, 1)  # one micro-batch: its reduce, the copies, the broadcasts
     assert t[0] == pytest.approx(hy.rs_half[0] + hy.ar_rep[0] + hy.ag[0] + float(norm), rel=1e-12)

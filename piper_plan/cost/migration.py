@@ -123,9 +123,9 @@ def _agreement(m: ModelSpec, hw: HardwareSpec, lay, layers) -> np.ndarray:
     about a millisecond each."""
     E = m.moe.num_experts
     ep = np.asarray(lay.ep)
-    over_stage = comm.ring_allreduce(hw, 8.0, _stage_ranks(lay), 1, world=lay.gpus)
-    over_ep = (comm.ring_allreduce(hw, 8.0, ep, lay.ep_stride, world=lay.gpus)
-               + comm.ring_allreduce(hw, 16.0 * layers * E, ep, lay.ep_stride, world=lay.gpus))
+    over_stage = comm.allreduce(hw, 8.0, _stage_ranks(lay), 1, world=lay.gpus)
+    over_ep = (comm.allreduce(hw, 8.0, ep, lay.ep_stride, world=lay.gpus)
+               + comm.allreduce(hw, 16.0 * layers * E, ep, lay.ep_stride, world=lay.gpus))
     return over_stage + over_ep
 
 
@@ -134,7 +134,7 @@ def load_counting_time(m: ModelSpec, hw: HardwareSpec, lay) -> np.ndarray:
     stage's per-expert token counts (layers x E int64) all-reduced over its ranks after every
     optimizer step (runtime/migrate.py Migrator.gather_counts), 0 without expert parallelism."""
     counts = 8.0 * _stage_moe_layers(m, lay) * m.moe.num_experts
-    t = comm.ring_allreduce(hw, counts, _stage_ranks(lay), 1, world=lay.gpus)
+    t = comm.allreduce(hw, counts, _stage_ranks(lay), 1, world=lay.gpus)
     return np.where(np.asarray(lay.ep) > 1, t, 0.0)
 
 

@@ -147,19 +147,20 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     t_tied = (comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, None, span=comm.ends_span(hw, lay.gpus))
               if np.any(tied) else 0.0)
     n_units, n_moe = units
-    return Collectives(_both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 1.0), rs_half, ag, tied=t_tied,
+    return Collectives(_both(comm.allreduce, hw, rep * gb, exp * gb, groups), rs_half, ag, tied=t_tied,
                        units=n_units, moe_units=n_moe, unit_extra=_unit_extra(hw, exp, groups, n_units, n_moe))
 
 
-def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units, calls=1.0) -> np.ndarray:
+def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units, allreduce=False) -> np.ndarray:
     """Seconds of latency the calls beyond the first add when `units` units each make one call
     over the dense group of `groups` and the `moe_units` holding experts one more over the expert
-    group (comm.call_latency; `calls` such latencies a call: 2 for an all-reduce)."""
+    group: a gather's or a reduce-scatter's (comm.call_latency), or with `allreduce` an
+    all-reduce's (comm.allreduce_latency: the ring's two passes or NCCL's tree)."""
     (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
     more = lambda k: np.maximum(np.asarray(k, dtype=float) - 1.0, 0.0)  # noqa: E731
-    return calls * (more(units) * comm.call_latency(hw, n_d, st_d, span_d, w_d)
-                    + np.where(np.asarray(exp) > 0, more(moe_units) * comm.call_latency(hw, n_e, st_e, span_e, w_e),
-                               0.0))
+    lat = comm.allreduce_latency if allreduce else comm.call_latency
+    return (more(units) * lat(hw, n_d, st_d, span_d, w_d)
+            + np.where(np.asarray(exp) > 0, more(moe_units) * lat(hw, n_e, st_e, span_e, w_e), 0.0))
 
 
 def _both(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, *args):
@@ -230,7 +231,7 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     copies = ((r, st_d * s_d, None, lay.gpus), (np.where(edp > 1, r, 1), st_e * s_e, None, lay.gpus))
 
     # each copy holds 1/s of the reduced gradients
-    ar = _both(comm.ring_allreduce, hw, rep * gb / s_d, exp * gb / s_e, copies, 1.0)
+    ar = _both(comm.allreduce, hw, rep * gb / s_d, exp * gb / s_e, copies)
     wb, rep_w = weight_bytes(lay, eb), gathered_bytes(lay, eb, rep, tables)
     ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, shards, 0.5)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
@@ -242,7 +243,7 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
                        np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied, n_u, n_m,
                        np.where(on, _unit_extra(hw, exp, shards, n_u, n_m), coll.unit_extra),
-                       np.where(on, _unit_extra(hw, exp, copies, n_u, n_m, calls=2.0), 0.0))
+                       np.where(on, _unit_extra(hw, exp, copies, n_u, n_m, allreduce=True), 0.0))
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -297,11 +298,11 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
         t_dp = t_dp + (np.maximum(0.0, last + ar - window_b) - np.maximum(0.0, last - window_b))
     t_dp = t_dp + coll.tied  # after the backward, on the step's path in both runtimes
     # the global gradient norm, one fp64 summed over every rank: piper-train (eager) all-reduces it
-    # over the world group after the reduction (latency-bound: 2(n−1) steps of the slowest level
-    # spanned); fused runtimes reduce it inside their model-parallel group, priced by the call's
+    # over the world group after the reduction (latency-bound: the ring's 2(n−1) steps, or NCCL's
+    # tree); fused runtimes reduce it inside their model-parallel group, priced by the call's
     # fixed cost below
     if lay.unfused.any():  # the world group's span is costly to find for every candidate of a search
-        t_dp = t_dp + np.where(lay.unfused, comm.ring_allreduce(hw, 8.0, lay.gpus, 1, world=lay.gpus), 0.0)
+        t_dp = t_dp + np.where(lay.unfused, comm.allreduce(hw, 8.0, lay.gpus, 1, world=lay.gpus), 0.0)
     co = hw.efficiency.collective_overhead_us * 1e-6
     if co:  # fixed cost per call: one reduction per replication group, the ZeRO gather as one
         # broadcast per owner (whole-parameter sharding, as torch's ZeroRedundancyOptimizer and

@@ -1,0 +1,86 @@
+"""A whole all-reduce is priced as NCCL runs it: its tuner times a ring and a double binary tree
+for each call and takes the faster (NVIDIA/nccl src/graph/tuning.cc), so over many nodes a small
+all-reduce pays the tree's log-depth latency, not the ring's 2(n-1) steps, and a large one keeps
+the ring's bandwidth. Reduce-scatters and all-gathers stay rings; gloo runs rings."""
+import numpy as np
+import pytest
+
+from piper_plan.cost import comm, reduction
+from piper_plan.specs.registry import load_hardware
+
+H100 = load_hardware("dgx-h100")  # node of 8 (3 us), scalable unit of 256 (5 us), system (7 us)
+FRONTIER = load_hardware("frontier")  # gcd pair 2 (2 us), node 8 (3), switch 32 (5), group 1,024 (6)
+GB200 = load_hardware("gb200-nvl72")  # tray 4 (2.5 us), NVLink rack 72 filled 64 a rack (3), system (7)
+CPU = load_hardware("cpu-local")
+
+
+def test_tree_latency_is_nccls_formula_on_a_two_level_machine():
+    # 128 H100, 16 nodes in one scalable unit: NCCL's 2((nRanks/nNodes - 1) intraLat + log2(nNodes) interLat)
+    assert comm.tree_latency(H100, 128, 1) == pytest.approx(2 * (7 * 3 + 4 * 5) * 1e-6, rel=1e-12)
+
+
+def test_each_network_level_adds_the_depth_of_its_own_subtree():
+    # 16,384 H100: 7 NVLink hops in the node's chain, log2(32) hops inside a scalable unit, log2(64) across them
+    assert comm.tree_latency(H100, 16384, 1) == pytest.approx(2 * (7 * 3 + 5 * 5 + 6 * 7) * 1e-6, rel=1e-12)
+
+
+def test_the_chain_inside_a_node_crosses_every_sub_node_level():
+    # 64 Frontier GCDs: the chain through a node's 8 passes 4 pairs (1 hop each, 2 us) and
+    # joins them with 3 hops (3 us); then log2(4) nodes of a switch, log2(2) switches
+    assert comm.tree_latency(FRONTIER, 64, 1) == pytest.approx(2 * (4 * 2 + 3 * 3 + 2 * 5 + 1 * 6) * 1e-6, rel=1e-12)
+    # an NVL72 rack is one NVLink domain, so its 64 ranks form one chain, as NCCL's multi-node NVLink
+    assert comm.tree_latency(GB200, 128, 1, 128) == pytest.approx(2 * (16 * 3 * 2.5 + 15 * 3 + 1 * 7) * 1e-6, rel=1e-12)
+
+
+def test_a_strided_group_of_one_rank_a_node_is_all_tree():
+    assert comm.tree_latency(H100, 16, 8, 128) == pytest.approx(2 * 4 * 5e-6, rel=1e-12)
+
+
+def test_a_small_all_reduce_over_many_nodes_takes_the_tree():
+    ring = float(comm.ring_allreduce(H100, 8.0, 16384, 1, world=16384))
+    t = float(comm.allreduce(H100, 8.0, 16384, 1, world=16384))
+    assert ring > 0.1  # 2 x 16,383 ring steps: over 100 ms for 8 bytes
+    assert t == pytest.approx(float(comm.tree_latency(H100, 16384, 1)) + 8.0 / (comm.TREE_BW * 0.9 * float(
+        comm.group_span(H100, 16384, 1)[0])), rel=1e-9)
+    assert t < 2e-4
+
+
+def test_a_large_all_reduce_keeps_the_ring():
+    # 1 GB inside one scalable unit: the ring's 2(n-1)/n B/bw beats the tree's B/(0.46 bw)
+    nbytes = 1e9
+    assert float(comm.allreduce(H100, nbytes, 64, 1)) == float(comm.ring_allreduce(H100, nbytes, 64, 1))
+
+
+def test_medium_messages_pay_nccls_tree_correction():
+    bw = float(comm.group_span(H100, 4096, 1)[0])
+    lat = float(comm.tree_latency(H100, 4096, 1))
+    # 1 MiB: log2(2^20 / 64) = 14, NCCL's Simple-protocol factor 0.5
+    tree = lat + 2**20 / (comm.TREE_BW * 0.5 * bw)
+    assert float(comm.allreduce(H100, 2.0**20, 4096, 1)) == pytest.approx(min(tree, float(
+        comm.ring_allreduce(H100, 2.0**20, 4096, 1))), rel=1e-12)
+    # 512 MiB and beyond: no correction
+    big = 2.0**29
+    assert float(comm.allreduce(H100, big, 4096, 1)) == pytest.approx(min(
+        lat + big / (comm.TREE_BW * bw), float(comm.ring_allreduce(H100, big, 4096, 1))), rel=1e-12)
+
+
+def test_gloo_runs_the_ring():
+    assert CPU.collectives == "gloo"
+    n = np.array([2, 4])
+    assert np.array_equal(comm.allreduce(CPU, 8.0, n, 1), comm.ring_allreduce(CPU, 8.0, n, 1))
+    assert np.array_equal(comm.allreduce_latency(CPU, n, 1), 2 * comm.call_latency(CPU, n, 1))
+
+
+def test_one_rank_or_no_bytes_moves_nothing():
+    assert float(comm.allreduce(H100, 8.0, 1, 1)) == 0.0
+    assert float(comm.allreduce(H100, 0.0, 64, 1)) == 0.0
+    assert float(comm.allreduce_latency(H100, 1, 1)) == 0.0
+
+
+def test_hybrid_copies_pay_the_tree_per_unit_where_it_is_shorter():
+    # ZeRO-3's per-unit all-reduce across 64 copies one node apart: the tree's 2 log2(64) hops, not 2 x 63 ring steps
+    groups = ((64, 8, None, 512), (1, 1, None, 512))
+    extra = reduction._unit_extra(H100, 0.0, groups, 11.0, 0.0, allreduce=True)
+    tree = float(comm.tree_latency(H100, 64, 8, 512))
+    assert tree < 2 * float(comm.call_latency(H100, 64, 8, world=512))
+    assert float(extra) == pytest.approx(10 * tree, rel=1e-12)
