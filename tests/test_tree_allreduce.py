@@ -2,7 +2,6 @@
 for each call and takes the faster (NVIDIA/nccl src/graph/tuning.cc), so over many nodes a small
 all-reduce pays the tree's log-depth latency, not the ring's 2(n-1) steps, and a large one keeps
 the ring's bandwidth. Reduce-scatters and all-gathers stay rings; gloo runs rings."""
-import numpy as np
 import pytest
 
 from piper_plan.cost import comm, reduction
@@ -29,11 +28,24 @@ def test_the_chain_inside_a_node_crosses_every_sub_node_level():
     # joins them with 3 hops (3 us); then log2(4) nodes of a switch, log2(2) switches
     assert comm.tree_latency(FRONTIER, 64, 1) == pytest.approx(2 * (4 * 2 + 3 * 3 + 2 * 5 + 1 * 6) * 1e-6, rel=1e-12)
     # an NVL72 rack is one NVLink domain, so its 64 ranks form one chain, as NCCL's multi-node NVLink
-    assert comm.tree_latency(GB200, 128, 1, 128) == pytest.approx(2 * (16 * 3 * 2.5 + 15 * 3 + 1 * 7) * 1e-6, rel=1e-12)
+    assert comm.tree_latency(GB200, 128, 1) == pytest.approx(2 * (16 * 3 * 2.5 + 15 * 3 + 1 * 7) * 1e-6, rel=1e-12)
 
 
 def test_a_strided_group_of_one_rank_a_node_is_all_tree():
-    assert comm.tree_latency(H100, 16, 8, 128) == pytest.approx(2 * 4 * 5e-6, rel=1e-12)
+    assert comm.tree_latency(H100, 16, 8) == pytest.approx(2 * 4 * 5e-6, rel=1e-12)
+
+
+def test_a_tree_over_three_nodes_is_one_level_deep():
+    # NCCL's log2i: floor(log2 3) = 1, as a binary tree of three nodes has depth 1
+    assert comm.tree_latency(H100, 24, 1) == pytest.approx(2 * (7 * 3 + 1 * 5) * 1e-6, rel=1e-12)
+
+
+def test_groups_a_domain_boundary_cuts_wait_on_their_fullest_node():
+    # 72 ranks on racks filled 64 at a time: one group holds 64 ranks of a rack (a 63-hop chain)
+    # and 8 of the next; the tree waits on that chain and one hop between the two racks
+    assert comm.tree_latency(GB200, 72, 1) == pytest.approx(comm.tree_latency(GB200, 128, 1), rel=1e-12)
+    # 12 H100 ranks a group: some group fills a node (7 hops), and spans two nodes (1 network hop)
+    assert comm.tree_latency(H100, 12, 1) == pytest.approx(2 * (7 * 3 + 1 * 5) * 1e-6, rel=1e-12)
 
 
 def test_a_small_all_reduce_over_many_nodes_takes_the_tree():
@@ -65,22 +77,49 @@ def test_medium_messages_pay_nccls_tree_correction():
 
 
 def test_gloo_runs_the_ring():
+    # 16 CPU ranks over two of cpu-local's nodes: a tree would be shorter, but gloo rings
     assert CPU.collectives == "gloo"
-    n = np.array([2, 4])
-    assert np.array_equal(comm.allreduce(CPU, 8.0, n, 1), comm.ring_allreduce(CPU, 8.0, n, 1))
-    assert np.array_equal(comm.allreduce_latency(CPU, n, 1), 2 * comm.call_latency(CPU, n, 1))
+    ring = float(comm.ring_allreduce(CPU, 8.0, 16, 1))
+    assert float(comm.tree_latency(CPU, 16, 1)) < ring / 1.5
+    assert float(comm.allreduce(CPU, 8.0, 16, 1)) == ring
 
 
 def test_one_rank_or_no_bytes_moves_nothing():
     assert float(comm.allreduce(H100, 8.0, 1, 1)) == 0.0
     assert float(comm.allreduce(H100, 0.0, 64, 1)) == 0.0
-    assert float(comm.allreduce_latency(H100, 1, 1)) == 0.0
+    assert float(comm.tree_latency(H100, 1, 1)) == 0.0
 
 
-def test_hybrid_copies_pay_the_tree_per_unit_where_it_is_shorter():
-    # ZeRO-3's per-unit all-reduce across 64 copies one node apart: the tree's 2 log2(64) hops, not 2 x 63 ring steps
+def _copies_extra(hw, dense, expert, groups, units, moe_units):
+    one = reduction._both(comm.allreduce, hw, dense, expert, groups)
+    return float(reduction._unit_allreduce_extra(hw, dense, expert, groups, units, moe_units, one)), float(one)
+
+
+def test_a_unit_s_all_reduce_across_copies_is_priced_at_its_own_size():
+    # ZeRO-3 in copies (FSDP2's HSDP) all-reduces each unit's shard as its own call: 62 dense calls
+    # and 58 expert calls, each as NCCL picks for its bytes, less the one call's price
+    groups = ((8, 4096, None, 32768), (8, 256, None, 32768))
+    dense, expert = 3e8, 2e10
+    got, one = _copies_extra(H100, dense, expert, groups, 62, 58)
+    split = (62 * float(comm.allreduce(H100, dense / 62, 8, 4096, world=32768))
+             + 58 * float(comm.allreduce(H100, expert / 58, 8, 256, world=32768)))
+    assert got == pytest.approx(split - one, rel=1e-12)
+
+
+def test_bandwidth_bound_units_keep_the_ring_and_its_latency():
+    # 20 GB of expert shards in 58 calls of 345 MB over 8 copies a node apart: each call is a ring
+    # (its bytes split evenly), so each call beyond the first adds the ring's 2(n-1) steps, not the tree's
+    groups = ((1, 1, None, 32768), (8, 256, None, 32768))
+    got, _ = _copies_extra(H100, 0.0, 2e10, groups, 1, 58)
+    ring_call = 2 * float(comm.call_latency(H100, 8, 256, world=32768))
+    assert ring_call > float(comm.tree_latency(H100, 8, 256))
+    assert got == pytest.approx(57 * ring_call, rel=1e-9)
+
+
+def test_latency_bound_units_take_the_tree():
+    # 11 units of 1 kB each across 64 copies a node apart: each call takes the tree's 2 log2(64) hops
     groups = ((64, 8, None, 512), (1, 1, None, 512))
-    extra = reduction._unit_extra(H100, 0.0, groups, 11.0, 0.0, allreduce=True)
-    tree = float(comm.tree_latency(H100, 64, 8, 512))
+    got, _ = _copies_extra(H100, 11e3, 0.0, groups, 11, 0)
+    tree = float(comm.tree_latency(H100, 64, 8))
     assert tree < 2 * float(comm.call_latency(H100, 64, 8, world=512))
-    assert float(extra) == pytest.approx(10 * tree, rel=1e-12)
+    assert got == pytest.approx(10 * tree, rel=0.02)  # the bytes' own time is a hair of it

@@ -443,40 +443,48 @@ def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None,
 
 # NCCL's tree all-reduce (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel / ncclTopoGetAlgoTime):
 # its bus bandwidth 0.92 of the ring's, halved into algorithm bandwidth (each byte goes up the tree
-# and back down: ratio .5 where the ring's is n/(2(n-1))), and for medium messages cut again by the
-# Simple protocol's treeCorrectionFactor, indexed by log2(bytes / 64), 64 B to 256 MB, 1 beyond
+# and back down: ratio .5 where the ring's is n/(2(n-1))), and cut again by the Simple protocol's
+# treeCorrectionFactor, indexed by log2i(bytes / 64): 0.5-0.9 below 512 MiB, 1 from there. RCCL
+# (the AMD specs) keeps per-architecture tables of its own; these are NVIDIA's, used for both
 TREE_BW = 0.92 * 0.5
 TREE_CORRECTION = np.array([.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9])
 
 
-def tree_latency(hw: HardwareSpec, n, stride, world=None) -> np.ndarray:
+def tree_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
     """Seconds of latency NCCL's double binary tree all-reduce pays over n ranks `stride` apart:
-    twice (reduce up, broadcast down) a chain through the group's members in one node (the levels
-    below the first NIC level: of level j, (c_j / c_(j-1) - 1) hops in each of its domains the
-    node holds) and a binary tree over the nodes (of each level from the first NIC level up,
-    log2 of its domains of the level below), each hop at its level's latency. NCCL's own model
-    is 2((nRanks/nNodes - 1) intraLat + log2(nNodes) interLat), whose Simple-protocol hop
-    latencies match its ring's (network 14 / 14 us, NVLink 4.0 / 3.4 us: tuning.cc hwLat), so a
-    hop here waits what a ring step waits (Level.latency_us). 0 for one rank."""
-    c = level_counts(hw, n, stride, world).astype(float)
+    twice (reduce up, broadcast down) a chain through the group's members in its fullest node
+    (the levels below the first NIC level, each hop at the level it crosses) and a binary tree
+    over the nodes (of each level from the first NIC level up, floor(log2) of the domains of the
+    level below it holds). NCCL's own model is 2((nRanks/nNodes - 1) intraLat + log2i(nNodes)
+    interLat), whose Simple-protocol hop latencies match its ring's (network 14 / 14 us, NVLink
+    4.0 / 3.4 us: tuning.cc hwLat), so a hop here waits what a ring step waits
+    (Level.latency_us). A domain of S ranks holds at most min(n, ceil(S / stride)) members: where
+    a domain boundary cuts the groups, the fullest node's chain is the path every group waits on.
+    0 for one rank."""
+    n, st = np.asarray(n, dtype=float), np.maximum(np.asarray(stride, dtype=float), 1.0)
+    nd = np.broadcast(n, st).ndim
     _, lat, nic = _levels(hw)
-    nd = c.ndim - 1
-    per = c / np.concatenate([np.ones_like(c[:1]), c[:-1]], 0)  # domains of the level below in one of this level
+    sizes = _expand(np.array(hw.job_blocks, dtype=float), nd)
+    full = np.minimum(n, np.ceil(sizes / st))  # [levels, ...] the most members one domain holds
+    full[-1] = n  # the top level holds the whole group
     first_nic = int(np.argmax(nic)) if nic.any() else len(nic)
-    node = c[first_nic - 1] if first_nic > 0 else np.ones_like(c[0])  # the group's members in one node
-    chain = node / c * (per - 1.0)  # a level's hops along the node's chain: its domains there, each crossed
-    tree = np.log2(np.maximum(per, 1.0))
+    below = np.concatenate([np.ones_like(full[:1]), full[:-1]], 0)
+    node = full[first_nic - 1] if first_nic > 0 else np.ones_like(full[0])  # the fullest node's members
+    # along the node's chain, a level's hops are the domains of the level below it passes, less its own
+    chain = np.ceil(node / below) - np.ceil(node / full)
+    tree = np.floor(np.log2(np.maximum(np.ceil(full / below), 1.0)))
     hops = np.where(_expand(np.arange(len(nic)) < first_nic, nd), chain, tree)
     lat = _expand(lat, nd) + hw.efficiency.collective_step_us * 1e-6
     return 2.0 * (hops * lat).sum(0)
 
 
 def allreduce(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):
-    """An all-reduce of nbytes over n ranks as the library runs it: NCCL (and RCCL) time a ring and
-    a tree for each call and take the faster (tuning.cc), so over many nodes a small all-reduce
-    pays the tree's log-depth latency instead of the ring's 2(n-1) steps, and a large one the
-    ring's bandwidth. The tree moves nbytes / (TREE_BW x the ring's bus rate x TREE_CORRECTION);
-    gloo (HardwareSpec.collectives) runs the ring. Seconds."""
+    """An all-reduce of nbytes over n ranks as the library runs it: NCCL times a ring and a tree
+    for each call and takes the faster (tuning.cc), so over many nodes a small all-reduce pays the
+    tree's log-depth latency instead of the ring's 2(n-1) steps, and a large one the ring's
+    bandwidth. The tree moves nbytes / (TREE_BW x the ring's bus rate x TREE_CORRECTION); gloo
+    (HardwareSpec.collectives) runs the ring. NCCL's 1.4x "plateau" on a large multi-node ring's
+    latency is not priced. Seconds."""
     nbytes = np.asarray(nbytes, dtype=float)
     span = span if span is not None else group_span(hw, n, stride, world)
     ring = ring_allreduce(hw, nbytes, n, stride, span=span, world=world)
@@ -484,17 +492,8 @@ def allreduce(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):
         return ring
     step = np.floor(np.log2(np.maximum(nbytes, 64.0) / 64.0)).astype(int)
     corr = np.where(step < len(TREE_CORRECTION), TREE_CORRECTION[np.minimum(step, len(TREE_CORRECTION) - 1)], 1.0)
-    tree = tree_latency(hw, n, stride, world) + nbytes / (TREE_BW * span[0] * corr)
+    tree = tree_latency(hw, n, stride) + nbytes / (TREE_BW * span[0] * corr)
     return np.where((np.asarray(n) > 1) & (nbytes > 0), np.minimum(ring, tree), 0.0)
-
-
-def allreduce_latency(hw: HardwareSpec, n, stride, span=None, world=None):
-    """Seconds of latency one all-reduce call over n ranks pays beside its bytes: the ring's
-    2(n-1) steps, or NCCL's tree where shorter (allreduce); 0 for one rank."""
-    ring = 2.0 * call_latency(hw, n, stride, span, world)
-    if hw.collectives != "nccl":
-        return ring
-    return np.where(np.asarray(n) > 1, np.minimum(ring, tree_latency(hw, n, stride, world)), 0.0)
 
 
 def call_latency(hw: HardwareSpec, n, stride, span=None, world=None):

@@ -151,16 +151,27 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
                        units=n_units, moe_units=n_moe, unit_extra=_unit_extra(hw, exp, groups, n_units, n_moe))
 
 
-def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units, allreduce=False) -> np.ndarray:
-    """Seconds of latency the calls beyond the first add when `units` units each make one call
-    over the dense group of `groups` and the `moe_units` holding experts one more over the expert
-    group: a gather's or a reduce-scatter's (comm.call_latency), or with `allreduce` an
-    all-reduce's (comm.allreduce_latency: the ring's two passes or NCCL's tree)."""
+def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units) -> np.ndarray:
+    """Seconds of latency the calls beyond the first add when `units` units each make one gather
+    or reduce-scatter over the dense group of `groups` and the `moe_units` holding experts one
+    more over the expert group (comm.call_latency: a ring's bytes cost the same split or not)."""
     (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
     more = lambda k: np.maximum(np.asarray(k, dtype=float) - 1.0, 0.0)  # noqa: E731
-    lat = comm.allreduce_latency if allreduce else comm.call_latency
-    return (more(units) * lat(hw, n_d, st_d, span_d, w_d)
-            + np.where(np.asarray(exp) > 0, more(moe_units) * lat(hw, n_e, st_e, span_e, w_e), 0.0))
+    return (more(units) * comm.call_latency(hw, n_d, st_d, span_d, w_d)
+            + np.where(np.asarray(exp) > 0, more(moe_units) * comm.call_latency(hw, n_e, st_e, span_e, w_e), 0.0))
+
+
+def _unit_allreduce_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, units, moe_units, one) -> np.ndarray:
+    """Seconds the copies' all-reduce adds when it is made a call a unit (ZeRO-3: FSDP2's
+    foreach_reduce per fully_shard unit) over `one`, its price as one call: `units` calls over the dense
+    group of `groups`, each 1/units of dense_bytes, and `moe_units` over the expert group, each
+    priced as NCCL picks for its own size (comm.allreduce: a ring or the tree). Floored at 0:
+    NCCL's tree correction is not monotone in size, so a split could read a hair cheaper."""
+    (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
+    u, mu = np.maximum(np.asarray(units, dtype=float), 1.0), np.maximum(np.asarray(moe_units, dtype=float), 1.0)
+    split = (u * comm.allreduce(hw, dense_bytes / u, n_d, st_d, span=span_d, world=w_d)
+             + mu * comm.allreduce(hw, expert_bytes / mu, n_e, st_e, span=span_e, world=w_e))
+    return np.maximum(split - one, 0.0)
 
 
 def _both(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, *args):
@@ -231,7 +242,8 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     copies = ((r, st_d * s_d, None, lay.gpus), (np.where(edp > 1, r, 1), st_e * s_e, None, lay.gpus))
 
     # each copy holds 1/s of the reduced gradients
-    ar = _both(comm.allreduce, hw, rep * gb / s_d, exp * gb / s_e, copies)
+    rep_ar, exp_ar = rep * gb / s_d, exp * gb / s_e
+    ar = _both(comm.allreduce, hw, rep_ar, exp_ar, copies)
     wb, rep_w = weight_bytes(lay, eb), gathered_bytes(lay, eb, rep, tables)
     ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, shards, 0.5)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
@@ -243,7 +255,7 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
                        np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied, n_u, n_m,
                        np.where(on, _unit_extra(hw, exp, shards, n_u, n_m), coll.unit_extra),
-                       np.where(on, _unit_extra(hw, exp, copies, n_u, n_m, allreduce=True), 0.0))
+                       np.where(on, _unit_allreduce_extra(hw, rep_ar, exp_ar, copies, n_u, n_m, ar), 0.0))
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
