@@ -206,8 +206,9 @@ def _cells(path, reader: csv.DictReader, r: dict) -> dict:
         width = len(reader.fieldnames)
         rid = next((v.strip() for k, v in r.items() if k and _column(k) == "id" and v and v.strip()),
                    f"at line {reader.line_num}")
+        sep = {",": "comma", ";": "semicolon", "\t": "tab"}.get(reader.reader.dialect.delimiter, "separator")
         raise TableError(path, rid, "cells", f"{width + len(spill)} cells where the header has {width} columns; a "
-                         "cell holding a comma must be quoted")
+                         f"cell holding a {sep} must be quoted")
     return r
 
 

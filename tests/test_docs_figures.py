@@ -233,6 +233,15 @@ def bundled():
     return V.run_with_rows(None, None)
 
 
+def test_the_count_of_published_measurements_is_the_bundled_table_s(bundled):
+    res, _ = bundled
+    text = README.read_text()
+    assert f"{len(res)} published measurements, each with its source" in text
+    beyond = [r for r in res if r.kind == "moe" and not r.fit and abs(r.error_pct) > V.TARGETS["moe"][1]]
+    words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    assert f"of the {words.get(len(beyond), len(beyond))} MoE ones" in text
+
+
 def test_the_targets_table_states_the_bundled_table_as_priced_now(bundled):
     res, _ = bundled
     s = V.summary(res)

@@ -516,7 +516,18 @@ def test_a_row_with_more_cells_than_the_header_is_refused_not_cut(tmp_path, line
     p.write_text("id,group,model,hardware,gpus,seq,metric,value,notes\n" + line + "\n")
     code, out = cli("--table", str(p))
     assert code == 2 and len(out.strip().splitlines()) == 1, out
-    assert f"{p}: row u1: cells: 10 cells where the header has 9 columns" in out and "must be quoted" in out
+    assert f"{p}: row u1: cells: 10 cells where the header has 9 columns" in out
+    assert "a cell holding a comma must be quoted" in out
+
+
+def test_the_refusal_names_the_separator_the_table_uses(tmp_path):
+    # a semicolon table (a European spreadsheet's export): the cell to quote holds a semicolon
+    p = tmp_path / "s.csv"
+    p.write_text("id;group;model;hardware;gpus;seq;metric;value;notes\n"
+                 "u1;mine;Mixtral 8x7B;H100;64;4096;tokens_per_s_per_gpu;2500;median; 3 runs\n")
+    code, out = cli("--table", str(p))
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "10 cells where the header has 9 columns; a cell holding a semicolon must be quoted" in out
 
 
 def test_a_table_not_in_utf8_is_one_line_saying_what_is_expected(tmp_path, bundled):
