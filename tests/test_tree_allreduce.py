@@ -2,6 +2,7 @@
 for each call and takes the faster (NVIDIA/nccl src/graph/tuning.cc), so over many nodes a small
 all-reduce pays the tree's log-depth latency, not the ring's 2(n-1) steps, and a large one keeps
 the ring's bandwidth. Reduce-scatters and all-gathers stay rings; gloo runs rings."""
+import numpy as np
 import pytest
 
 from piper_plan.cost import comm, reduction
@@ -57,10 +58,67 @@ def test_a_small_all_reduce_over_many_nodes_takes_the_tree():
     assert t < 2e-4
 
 
-def test_a_large_all_reduce_keeps_the_ring():
-    # 1 GB inside one scalable unit: the ring's 2(n-1)/n B/bw beats the tree's B/(0.46 bw)
+def test_a_large_all_reduce_keeps_the_ring_over_a_few_nodes_and_takes_the_tree_over_many():
+    # 1 GB: the tree's bytes move ~8 % slower (1/0.46 against 2(n-1)/n), which the ring's 2(n-1)
+    # latency steps outweigh from about 100 H100 ranks
     nbytes = 1e9
-    assert float(comm.allreduce(H100, nbytes, 64, 1)) == float(comm.ring_allreduce(H100, nbytes, 64, 1))
+    for n in (32, 64):
+        assert float(comm.allreduce(H100, nbytes, n, 1)) == float(comm.ring_allreduce(H100, nbytes, n, 1))
+    for n in (128, 256):
+        assert float(comm.allreduce(H100, nbytes, n, 1)) < float(comm.ring_allreduce(H100, nbytes, n, 1))
+
+
+def test_bytes_that_are_not_finite_price_as_the_ring_does():
+    for nbytes in (float("inf"), float("nan")):
+        got, ring = float(comm.allreduce(H100, nbytes, 16, 1)), float(comm.ring_allreduce(H100, nbytes, 16, 1))
+        assert got == ring or (got != got and ring != ring)
+
+
+def _lay(**kw):
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.layout import Layout
+
+    return from_layouts([Layout(seq=4096, **kw)])
+
+
+def test_zero0_s_gradient_all_reduce_is_the_tree_over_two_thousand_nodes():
+    # tp 8 strides the data-parallel group one rank a node: 2,048 ranks, 400 MB of gradients
+    from piper_plan.cost.estimate import _group_terms
+    from piper_plan.cost.reduction import collectives
+
+    b = _lay(gpus=16384, tp=8, dp=2048, global_batch=2048, zero=0)
+    rep, exp, eb = np.array([1e8]), np.array([0.0]), np.array([2.0])
+    coll = collectives(H100, b, _group_terms(H100, b, 4096), rep, exp, eb)
+    gb = 4.0  # fp32 gradients
+    want = float(comm.allreduce(H100, 1e8 * gb, 2048, 8, world=16384))
+    assert float(np.max(coll.rs_full)) == pytest.approx(want, rel=1e-9)
+    assert want < 0.6 * float(comm.ring_allreduce(H100, 1e8 * gb, 2048, 8, world=16384))
+
+
+def test_hybrid_copies_all_reduce_is_the_tree_where_shards_are_small_and_copies_many():
+    # ZeRO-1 in 512 copies of a one-rank shard, one copy a node: 40 MB over 512 nodes
+    from piper_plan.cost.estimate import _group_terms
+    from piper_plan.cost.reduction import collectives, hybrid
+
+    b = _lay(gpus=4096, tp=8, dp=512, global_batch=512, zero=1, zero_replicas=512)
+    grp = _group_terms(H100, b, 4096)
+    rep, exp, eb = np.array([1e7]), np.array([0.0]), np.array([2.0])
+    hy = hybrid(H100, b, grp["edp"], rep, exp, eb, collectives(H100, b, grp, rep, exp, eb))
+    want = float(comm.allreduce(H100, 4e7, 512, 8, world=4096))
+    assert float(np.max(hy.ar_rep)) == pytest.approx(want, rel=1e-9)
+    assert want < 0.5 * float(comm.ring_allreduce(H100, 4e7, 512, 8, world=4096))
+
+
+def test_migration_s_count_all_reduce_is_the_tree_over_a_stage_of_many_nodes():
+    from piper_plan.cost import migration
+    from piper_plan.specs.registry import load_model
+
+    m = load_model("deepseek-v3")
+    b = _lay(gpus=2048, tp=1, pp=1, dp=2048, ep=256, global_batch=2048)
+    counts = 8.0 * m.num_moe_layers * m.moe.num_experts
+    want = float(comm.allreduce(H100, counts, 2048, 1, world=2048))
+    assert float(migration.load_counting_time(m, H100, b)[0]) == pytest.approx(want, rel=1e-9)
+    assert want < 0.2 * float(comm.ring_allreduce(H100, counts, 2048, 1, world=2048))
 
 
 def test_medium_messages_pay_nccls_tree_correction():

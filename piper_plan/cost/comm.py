@@ -490,7 +490,9 @@ def allreduce(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):
     ring = ring_allreduce(hw, nbytes, n, stride, span=span, world=world)
     if hw.collectives != "nccl":
         return ring
-    step = np.floor(np.log2(np.maximum(nbytes, 64.0) / 64.0)).astype(int)
+    # NCCL's log2i(bytes >> 6); bytes that are not finite read the last entry (the ring prices them so too)
+    step = np.floor(np.log2(np.maximum(np.nan_to_num(nbytes, nan=np.inf), 64.0) / 64.0))
+    step = np.minimum(step, len(TREE_CORRECTION)).astype(int)
     corr = np.where(step < len(TREE_CORRECTION), TREE_CORRECTION[np.minimum(step, len(TREE_CORRECTION) - 1)], 1.0)
     tree = tree_latency(hw, n, stride) + nbytes / (TREE_BW * span[0] * corr)
     return np.where((np.asarray(n) > 1) & (nbytes > 0), np.minimum(ring, tree), 0.0)
