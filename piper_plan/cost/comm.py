@@ -448,6 +448,7 @@ def ring_allreduce(hw: HardwareSpec, nbytes, n, stride, fraction=1.0, span=None,
 # (the AMD specs) keeps per-architecture tables of its own; these are NVIDIA's, used for both
 TREE_BW = 0.92 * 0.5
 TREE_CORRECTION = np.array([.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9])
+_TREE_FACTOR = np.append(TREE_CORRECTION, 1.0)  # indexed by log2i(bytes / 64) capped at 23: 1 from 512 MiB
 
 
 def tree_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
@@ -492,8 +493,7 @@ def allreduce(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):
         return ring
     # NCCL's log2i(bytes >> 6); bytes that are not finite read the last entry (the ring prices them so too)
     step = np.floor(np.log2(np.maximum(np.nan_to_num(nbytes, nan=np.inf), 64.0) / 64.0))
-    step = np.minimum(step, len(TREE_CORRECTION)).astype(int)
-    corr = np.where(step < len(TREE_CORRECTION), TREE_CORRECTION[np.minimum(step, len(TREE_CORRECTION) - 1)], 1.0)
+    corr = _TREE_FACTOR[np.minimum(step, len(TREE_CORRECTION)).astype(int)]
     tree = tree_latency(hw, n, stride) + nbytes / (TREE_BW * span[0] * corr)
     return np.where((np.asarray(n) > 1) & (nbytes > 0), np.minimum(ring, tree), 0.0)
 

@@ -124,8 +124,9 @@ def _agreement(m: ModelSpec, hw: HardwareSpec, lay, layers) -> np.ndarray:
     E = m.moe.num_experts
     ep = np.asarray(lay.ep)
     over_stage = comm.allreduce(hw, 8.0, _stage_ranks(lay), 1, world=lay.gpus)
-    over_ep = (comm.allreduce(hw, 8.0, ep, lay.ep_stride, world=lay.gpus)
-               + comm.allreduce(hw, 16.0 * layers * E, ep, lay.ep_stride, world=lay.gpus))
+    span = comm.group_span(hw, ep, lay.ep_stride, lay.gpus)  # the EP group's, for both of its all-reduces
+    over_ep = (comm.allreduce(hw, 8.0, ep, lay.ep_stride, span=span, world=lay.gpus)
+               + comm.allreduce(hw, 16.0 * layers * E, ep, lay.ep_stride, span=span, world=lay.gpus))
     return over_stage + over_ep
 
 

@@ -174,6 +174,12 @@ def _unit_allreduce_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, u
     return np.maximum(split - one, 0.0)
 
 
+def _spanned(hw: HardwareSpec, n, stride, world) -> tuple:
+    """A group of n ranks `stride` apart as _both's `groups` hold it, its span found once for the
+    several collectives priced over it (comm.group_span)."""
+    return n, stride, comm.group_span(hw, n, stride, world), world
+
+
 def _both(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, *args):
     """`op` (comm.ring_allreduce with its fraction, or comm.rooted with its reduce flag, in `args`)
     of dense_bytes over the dense data-parallel group plus of expert_bytes over the expert one;
@@ -236,10 +242,10 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     edp = np.asarray(edp)
     s_d, s_e = lay.dpcp // r, np.maximum(edp // r, 1)
     st_d, st_e = lay.tp, lay.edp_stride
-    shards = ((s_d, st_d, None, lay.gpus), (s_e, st_e, None, lay.gpus))  # the shard's ranks of each group
+    shards = (_spanned(hw, s_d, st_d, lay.gpus), _spanned(hw, s_e, st_e, lay.gpus))  # the shard's ranks of each group
     # the copies of a shard: r ranks a shard's span apart, over the dense and the expert group (none
     # where the experts have no data-parallel group)
-    copies = ((r, st_d * s_d, None, lay.gpus), (np.where(edp > 1, r, 1), st_e * s_e, None, lay.gpus))
+    copies = (_spanned(hw, r, st_d * s_d, lay.gpus), _spanned(hw, np.where(edp > 1, r, 1), st_e * s_e, lay.gpus))
 
     # each copy holds 1/s of the reduced gradients
     rep_ar, exp_ar = rep * gb / s_d, exp * gb / s_e
