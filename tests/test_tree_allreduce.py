@@ -1,7 +1,8 @@
 """A whole all-reduce is priced as NCCL runs it: its tuner times a ring and a double binary tree
 for each call and takes the faster (NVIDIA/nccl src/graph/tuning.cc), so over many nodes a small
 all-reduce pays the tree's log-depth latency, not the ring's 2(n-1) steps, and a large one keeps
-the ring's bandwidth. Reduce-scatters and all-gathers stay rings; gloo runs rings."""
+the ring's bandwidth. Reduce-scatters stay rings, all-gathers over one rank a node may run PAT
+(tests/test_pat_allgather.py); gloo runs rings."""
 import numpy as np
 import pytest
 

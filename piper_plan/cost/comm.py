@@ -35,7 +35,9 @@ the NICs of all the group's members in that domain, so the level carries one ran
 at that many NIC shares (group_span): the 760 GB/s above is ~8 x the 100 GB/s NIC of one GPU,
 and a group with one member per node keeps the one share (tensor-parallel-strided groups).
 A whole all-reduce is the faster of that ring and NCCL's double binary tree, as NCCL's tuner
-picks per call (allreduce): over many nodes a small one pays the tree's log-depth latency.
+picks per call (allreduce): over many nodes a small one pays the tree's log-depth latency. An
+all-gather over one rank a node is the faster of the ring and NCCL's PAT (allgather); a
+reduce-scatter stays a ring (PAT does not run the averaged sums the priced stacks reduce with).
 HALO (brief §3): Phase I intra-node exchange ‖ Phase II one pack per remote node to the
 same-index peer (stays on its rail), then Phase III forwards inside the node (a2a_halo).
 A `mesh` level (AMD's 8-GPU platforms: one Infinity Fabric link per GPU pair, no switch) gives
@@ -451,17 +453,13 @@ TREE_CORRECTION = np.array([.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, 
 _TREE_FACTOR = np.append(TREE_CORRECTION, 1.0)  # indexed by log2i(bytes / 64) capped at 23: 1 from 512 MiB
 
 
-def tree_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
-    """Seconds of latency NCCL's double binary tree all-reduce pays over n ranks `stride` apart:
-    twice (reduce up, broadcast down) a chain through the group's members in its fullest node
-    (the levels below the first NIC level, each hop at the level it crosses) and a binary tree
-    over the nodes (of each level from the first NIC level up, floor(log2) of the domains of the
-    level below it holds). NCCL's own model is 2((nRanks/nNodes - 1) intraLat + log2i(nNodes)
-    interLat), whose Simple-protocol hop latencies match its ring's (network 14 / 14 us, NVLink
-    4.0 / 3.4 us: tuning.cc hwLat), so a hop here waits what a ring step waits
-    (Level.latency_us). A domain of S ranks holds at most min(n, ceil(S / stride)) members: where
-    a domain boundary cuts the groups, the fullest node's chain is the path every group waits on.
-    0 for one rank."""
+def _node_tree(hw: HardwareSpec, n, stride):
+    """A group of n ranks `stride` apart, as NCCL's tuner sees it: (hops [levels, ...] a chain
+    through the group's fullest node takes at each level below the first NIC level, and a binary
+    tree over each NIC level's domains, floor(log2) of the domains of the level below it holds;
+    the fullest node's members; each level's latency plus efficiency.collective_step_us). A
+    domain of S ranks holds at most min(n, ceil(S / stride)) members: where a domain boundary
+    cuts the groups, the fullest node is the one every group waits on."""
     n, st = np.asarray(n, dtype=float), np.maximum(np.asarray(stride, dtype=float), 1.0)
     nd = np.broadcast(n, st).ndim
     _, lat, nic = _levels(hw)
@@ -474,9 +472,70 @@ def tree_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
     # along the node's chain, a level's hops are the domains of the level below it passes, less its own
     chain = np.ceil(node / below) - np.ceil(node / full)
     tree = np.floor(np.log2(np.maximum(np.ceil(full / below), 1.0)))
-    hops = np.where(_expand(np.arange(len(nic)) < first_nic, nd), chain, tree)
-    lat = _expand(lat, nd) + hw.efficiency.collective_step_us * 1e-6
+    on_node = _expand(np.arange(len(nic)) < first_nic, nd)
+    hops = np.where(on_node, chain, tree)
+    return hops, on_node, node, _expand(lat, nd) + hw.efficiency.collective_step_us * 1e-6
+
+
+def tree_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
+    """Seconds of latency NCCL's double binary tree all-reduce pays over n ranks `stride` apart:
+    twice (reduce up, broadcast down) a chain through the group's members in its fullest node
+    (the levels below the first NIC level, each hop at the level it crosses) and a binary tree
+    over the nodes (_node_tree). NCCL's own model is 2((nRanks/nNodes - 1) intraLat +
+    log2i(nNodes) interLat), whose Simple-protocol hop latencies match its ring's (network 14 /
+    14 us, NVLink 4.0 / 3.4 us: tuning.cc hwLat), so a hop here waits what a ring step waits
+    (Level.latency_us). 0 for one rank."""
+    hops, _, _, lat = _node_tree(hw, n, stride)
     return 2.0 * (hops * lat).sum(0)
+
+
+# NCCL's PAT (2.23+; NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel): all-gathers and
+# reduce-scatters over groups of one rank a node (ncclPatEnable: nNodes == nRanks), Simple protocol,
+# bus bandwidth 0.75 of the ring's with no algorithm-bandwidth ratio (each byte crosses once, where
+# the ring's (n-1)/n is priced), latency log2i(nNodes) x interLat / 3.5 + 2.8 us x nRanks beside a
+# base of 8 us (the ring's 8.4, left out of both here). interLat at one rank a node is the tree's
+# network hop (14 us Simple), which Level.latency_us stands for, as in tree_latency. NCCL needs
+# compute capability 6.0 for it; RCCL ships it off (PAT_ENABLE 0 in ROCm/rccl's tuning.cc), so
+# the AMD specs, which state no compute capability, keep the ring
+PAT_BW = 0.75
+PAT_HOP_SHARE = 1.0 / 3.5
+PAT_RANK_S = 2.8e-6
+
+
+def pat_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
+    """Seconds of latency NCCL's PAT all-gather pays over n ranks `stride` apart: the binary tree
+    over the nodes (_node_tree: floor(log2) of each NIC level's domains, at that level's latency)
+    at 1/3.5 of a hop each, plus 2.8 us a rank; inf where a node holds two or more of the group,
+    which PAT does not run, and on a spec whose library does not run it (_runs_pat)."""
+    hops, on_node, node, lat = _node_tree(hw, n, stride)
+    t = PAT_HOP_SHARE * np.where(on_node, 0.0, hops * lat).sum(0) + PAT_RANK_S * np.asarray(n, dtype=float)
+    return np.where((node <= 1) & _runs_pat(hw), t, np.inf)
+
+
+def _runs_pat(hw: HardwareSpec) -> bool:
+    """NCCL on an NVIDIA GPU of compute capability 6.0 or more (ncclPatEnable); not gloo, and not
+    RCCL (the specs without a compute capability), which ships PAT disabled."""
+    cc = hw.accelerator.compute_capability
+    return hw.collectives == "nccl" and cc is not None and cc >= 6.0
+
+
+def allgather(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):
+    """An all-gather of an nbytes buffer over n ranks as NCCL runs it: the faster of the ring
+    (ring_allreduce at fraction 0.5) and, over groups of one rank a node, PAT (pat_latency +
+    nbytes / (PAT_BW x the ring's bus rate)): over thousands of nodes a small gather, such as a
+    ZeRO-3 unit's, pays PAT's 2.8 us a rank in place of the ring's n-1 network hops; a large one
+    keeps the ring's bandwidth. Reduce-scatters stay rings: NCCL runs PAT for a plain sum only,
+    not for the PreMulSum and SumPostDiv that an average in the collective maps to (tuning.cc),
+    which torch FSDP2 asks for with bf16 and fp32 gradients (ReduceOp.AVG,
+    _get_gradient_divide_factors) and Megatron-Core with average_in_collective, a recipe setting
+    no layout holds. Seconds."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    span = span if span is not None else group_span(hw, n, stride, world)
+    ring = ring_allreduce(hw, nbytes, n, stride, 0.5, span=span, world=world)
+    if not _runs_pat(hw):
+        return ring
+    pat = pat_latency(hw, n, stride) + nbytes / (PAT_BW * span[0])
+    return np.where((np.asarray(n) > 1) & (nbytes > 0), np.minimum(ring, pat), 0.0)
 
 
 def allreduce(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):

@@ -118,6 +118,13 @@ class Collectives:
     moe_units: np.ndarray | float = 0.0
     unit_extra: np.ndarray | float = 0.0
     rep_unit_extra: np.ndarray | float = 0.0
+    # the gathers' own (NCCL may run a small one as PAT: _unit_gather_extra); None: unit_extra
+    ag_unit_extra: np.ndarray | float | None = None
+
+    @property
+    def gather_extra(self):
+        """Latency the units' calls beyond the first add to one gather, seconds."""
+        return self.unit_extra if self.ag_unit_extra is None else self.ag_unit_extra
 
 
 def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tied=0.0, tables=0.0,
@@ -134,8 +141,11 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     groups = ((lay.dpcp, lay.tp, (grp["dp_bw"], grp["dp_lat"]), lay.gpus),
               (grp["edp"], grp["edp_stride"], (grp["edp_bw"], grp["edp_lat"]), lay.gpus))
     rep_w = gathered_bytes(lay, eb, rep, tables)
-    ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, groups, 0.5)
+    ag = _both(comm.allgather, hw, rep_w, exp * wb, groups)
     rs_half = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 0.5)
+    n_units, n_moe = units
+    rs_extra = _unit_extra(hw, exp, groups, n_units, n_moe)
+    ag_extra = _unit_gather_extra(hw, rep_w, exp * wb, groups, n_units, n_moe, ag, rs_extra)
     if lay.unfused.any():
         # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
         # reduces each bucket to its owner and every owner broadcasts its share, one after another,
@@ -146,9 +156,8 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     t_tied = (comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, None, span=comm.ends_span(hw, lay.gpus))
               if np.any(tied) else 0.0)
-    n_units, n_moe = units
     return Collectives(_both(comm.allreduce, hw, rep * gb, exp * gb, groups), rs_half, ag, tied=t_tied,
-                       units=n_units, moe_units=n_moe, unit_extra=_unit_extra(hw, exp, groups, n_units, n_moe))
+                       units=n_units, moe_units=n_moe, unit_extra=rs_extra, ag_unit_extra=ag_extra)
 
 
 def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units) -> np.ndarray:
@@ -159,6 +168,22 @@ def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units) -> np.ndarray:
     more = lambda k: np.maximum(np.asarray(k, dtype=float) - 1.0, 0.0)  # noqa: E731
     return (more(units) * comm.call_latency(hw, n_d, st_d, span_d, w_d)
             + np.where(np.asarray(exp) > 0, more(moe_units) * comm.call_latency(hw, n_e, st_e, span_e, w_e), 0.0))
+
+
+def _unit_gather_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, units, moe_units, one, ring_extra):
+    """Seconds the gather adds when it is made a call a unit (ZeRO-3) over `one`, its price as one
+    call: where a group can run NCCL's PAT (one rank a node: comm.pat_latency finite), each of the
+    `units` dense and `moe_units` expert calls is priced at its own size as NCCL picks
+    (comm.allgather), floored at 0; elsewhere the ring's `ring_extra` (_unit_extra: the same
+    split, whose bytes cost the same in one call or many)."""
+    (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
+    pat = np.isfinite(comm.pat_latency(hw, n_d, st_d)) | np.isfinite(comm.pat_latency(hw, n_e, st_e))
+    if not np.any(pat):
+        return ring_extra
+    u, mu = np.maximum(np.asarray(units, dtype=float), 1.0), np.maximum(np.asarray(moe_units, dtype=float), 1.0)
+    split = (u * comm.allgather(hw, dense_bytes / u, n_d, st_d, span=span_d, world=w_d)
+             + mu * comm.allgather(hw, expert_bytes / mu, n_e, st_e, span=span_e, world=w_e))
+    return np.where(pat, np.maximum(split - one, 0.0), ring_extra)
 
 
 def _unit_allreduce_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, units, moe_units, one) -> np.ndarray:
@@ -251,17 +276,20 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     rep_ar, exp_ar = rep * gb / s_d, exp * gb / s_e
     ar = _both(comm.allreduce, hw, rep_ar, exp_ar, copies)
     wb, rep_w = weight_bytes(lay, eb), gathered_bytes(lay, eb, rep, tables)
-    ag = _both(comm.ring_allreduce, hw, rep_w, exp * wb, shards, 0.5)
+    ag = _both(comm.allgather, hw, rep_w, exp * wb, shards)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
+    n_u, n_m = coll.units, coll.moe_units
+    rs_extra = _unit_extra(hw, exp, shards, n_u, n_m)
+    ag_extra = _unit_gather_extra(hw, rep_w, exp * wb, shards, n_u, n_m, ag, rs_extra)
     if lay.unfused.any():  # through the owners, over the shard's ranks
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, shards), ag)
         rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
         ar = np.where(reduced_whole(lay), 0.0, ar)
-    n_u, n_m = coll.units, coll.moe_units
     return Collectives(coll.rs_full, np.where(on, rs, coll.rs_half),
                        np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied, n_u, n_m,
-                       np.where(on, _unit_extra(hw, exp, shards, n_u, n_m), coll.unit_extra),
-                       np.where(on, _unit_allreduce_extra(hw, rep_ar, exp_ar, copies, n_u, n_m, ar), 0.0))
+                       np.where(on, rs_extra, coll.unit_extra),
+                       np.where(on, _unit_allreduce_extra(hw, rep_ar, exp_ar, copies, n_u, n_m, ar), 0.0),
+                       np.where(on, ag_extra, coll.gather_extra))
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -301,7 +329,7 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # (Layout.reshard_after_forward false) is not gathered again for the backward. Each unit's
     # gather and reduce-scatter is its own call, so each pays the call's latency (Collectives)
     z3 = lay.zero >= 3
-    t_ag3, t_rs3 = t_ag + coll.unit_extra, t_rs + coll.unit_extra
+    t_ag3, t_rs3 = t_ag + coll.gather_extra, t_rs + coll.unit_extra
     t_b3 = np.where(lay.reshard, t_ag3, 0.0) + t_rs3  # a micro-batch's backward gathers and reduce-scatters
     if np.any(z3):
         z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag3 - F), t_ag3)
