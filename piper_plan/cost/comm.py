@@ -494,22 +494,34 @@ def tree_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
 # bus bandwidth 0.75 of the ring's with no algorithm-bandwidth ratio (each byte crosses once, where
 # the ring's (n-1)/n is priced), latency log2i(nNodes) x interLat / 3.5 + 2.8 us x nRanks beside a
 # base of 8 us (the ring's 8.4, left out of both here). interLat at one rank a node is the tree's
-# network hop (14 us Simple), which Level.latency_us stands for, as in tree_latency. NCCL needs
-# compute capability 6.0 for it; RCCL ships it off (PAT_ENABLE 0 in ROCm/rccl's tuning.cc), so
-# the AMD specs, which state no compute capability, keep the ring
+# network hop, 14 us (Simple), which NCCL's ring also steps at there; its 2.8 us a rank is 0.2 of
+# that hop. The ring here steps at the spec's level latencies (Level.latency_us: 5-7 us on the H100
+# specs), so PAT's terms are taken on the same scale, a hop at its level's latency and a rank at 0.2
+# of the group's mean ring step, and the faster of the two is NCCL's pick on that scale (with 14 us
+# hops, exactly its tuner's). NCCL needs compute capability 6.0 for PAT; RCCL ships it off
+# (PAT_ENABLE 0 in ROCm/rccl's tuning.cc), so the AMD specs, which state no compute capability,
+# keep the ring
 PAT_BW = 0.75
 PAT_HOP_SHARE = 1.0 / 3.5
-PAT_RANK_S = 2.8e-6
+PAT_RANK_SHARE = 2.8 / 14.0
 
 
-def pat_latency(hw: HardwareSpec, n, stride) -> np.ndarray:
+def pat_runs(hw: HardwareSpec, n, stride) -> np.ndarray:
+    """Where NCCL may run PAT over n ranks `stride` apart: two ranks or more, each in a node of
+    its own (_node_tree's fullest node holds one), on a spec whose library runs it (_runs_pat)."""
+    _, _, node, _ = _node_tree(hw, n, stride)
+    return (node <= 1) & (np.asarray(n) > 1) & _runs_pat(hw)
+
+
+def pat_latency(hw: HardwareSpec, n, stride, span=None, world=None) -> np.ndarray:
     """Seconds of latency NCCL's PAT all-gather pays over n ranks `stride` apart: the binary tree
     over the nodes (_node_tree: floor(log2) of each NIC level's domains, at that level's latency)
-    at 1/3.5 of a hop each, plus 2.8 us a rank; inf where a node holds two or more of the group,
-    which PAT does not run, and on a spec whose library does not run it (_runs_pat)."""
-    hops, on_node, node, lat = _node_tree(hw, n, stride)
-    t = PAT_HOP_SHARE * np.where(on_node, 0.0, hops * lat).sum(0) + PAT_RANK_S * np.asarray(n, dtype=float)
-    return np.where((node <= 1) & _runs_pat(hw), t, np.inf)
+    at 1/3.5 of a hop each, plus 0.2 of the group's mean ring step (group_span; `span` where
+    found) a rank; inf where it does not run (pat_runs)."""
+    hops, on_node, _, lat = _node_tree(hw, n, stride)
+    step = (span if span is not None else group_span(hw, n, stride, world))[1]
+    t = PAT_HOP_SHARE * np.where(on_node, 0.0, hops * lat).sum(0) + PAT_RANK_SHARE * step * np.asarray(n, float)
+    return np.where(pat_runs(hw, n, stride), t, np.inf)
 
 
 def _runs_pat(hw: HardwareSpec) -> bool:
@@ -523,8 +535,8 @@ def allgather(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):
     """An all-gather of an nbytes buffer over n ranks as NCCL runs it: the faster of the ring
     (ring_allreduce at fraction 0.5) and, over groups of one rank a node, PAT (pat_latency +
     nbytes / (PAT_BW x the ring's bus rate)): over thousands of nodes a small gather, such as a
-    ZeRO-3 unit's, pays PAT's 2.8 us a rank in place of the ring's n-1 network hops; a large one
-    keeps the ring's bandwidth. Reduce-scatters stay rings: NCCL runs PAT for a plain sum only,
+    ZeRO-3 unit's, pays PAT's 0.2 of a ring step a rank in place of the ring's n-1 network steps;
+    a large one keeps the ring's bandwidth. Reduce-scatters stay rings: NCCL runs PAT for a plain sum only,
     not for the PreMulSum and SumPostDiv that an average in the collective maps to (tuning.cc),
     which torch FSDP2 asks for with bf16 and fp32 gradients (ReduceOp.AVG,
     _get_gradient_divide_factors) and Megatron-Core with average_in_collective, a recipe setting
@@ -534,7 +546,7 @@ def allgather(hw: HardwareSpec, nbytes, n, stride, span=None, world=None):
     ring = ring_allreduce(hw, nbytes, n, stride, 0.5, span=span, world=world)
     if not _runs_pat(hw):
         return ring
-    pat = pat_latency(hw, n, stride) + nbytes / (PAT_BW * span[0])
+    pat = pat_latency(hw, n, stride, span=span) + nbytes / (PAT_BW * span[0])
     return np.where((np.asarray(n) > 1) & (nbytes > 0), np.minimum(ring, pat), 0.0)
 
 

@@ -147,6 +147,7 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     rs_extra = _unit_extra(hw, exp, groups, n_units, n_moe)
     ag_extra = _unit_gather_extra(hw, rep_w, exp * wb, groups, n_units, n_moe, ag, rs_extra)
     if lay.unfused.any():
+        ag_extra = np.where(lay.unfused, rs_extra, ag_extra)
         # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
         # reduces each bucket to its owner and every owner broadcasts its share, one after another,
         # each a rooted collective that moves its whole buffer through the root (comm.rooted): all
@@ -174,16 +175,18 @@ def _unit_gather_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, unit
     """Seconds the gather adds when it is made a call a unit (ZeRO-3) over `one`, its price as one
     call: where a group can run NCCL's PAT (one rank a node: comm.pat_latency finite), each of the
     `units` dense and `moe_units` expert calls is priced at its own size as NCCL picks
-    (comm.allgather), floored at 0; elsewhere the ring's `ring_extra` (_unit_extra: the same
-    split, whose bytes cost the same in one call or many)."""
+    (comm.allgather; u calls of b/u never cost less than one of b, ring or PAT); elsewhere the
+    ring's `ring_extra` (_unit_extra: the same split, whose bytes cost the same in one call or
+    many). The caller keeps `ring_extra` for piper-train's gathers, owner broadcasts that NCCL
+    runs as rings only."""
     (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
-    pat = np.isfinite(comm.pat_latency(hw, n_d, st_d)) | np.isfinite(comm.pat_latency(hw, n_e, st_e))
+    pat = comm.pat_runs(hw, n_d, st_d) | comm.pat_runs(hw, n_e, st_e)
     if not np.any(pat):
         return ring_extra
     u, mu = np.maximum(np.asarray(units, dtype=float), 1.0), np.maximum(np.asarray(moe_units, dtype=float), 1.0)
     split = (u * comm.allgather(hw, dense_bytes / u, n_d, st_d, span=span_d, world=w_d)
              + mu * comm.allgather(hw, expert_bytes / mu, n_e, st_e, span=span_e, world=w_e))
-    return np.where(pat, np.maximum(split - one, 0.0), ring_extra)
+    return np.where(pat, split - one, ring_extra)
 
 
 def _unit_allreduce_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, units, moe_units, one) -> np.ndarray:
@@ -282,6 +285,7 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     rs_extra = _unit_extra(hw, exp, shards, n_u, n_m)
     ag_extra = _unit_gather_extra(hw, rep_w, exp * wb, shards, n_u, n_m, ag, rs_extra)
     if lay.unfused.any():  # through the owners, over the shard's ranks
+        ag_extra = np.where(lay.unfused, rs_extra, ag_extra)
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, shards), ag)
         rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
         ar = np.where(reduced_whole(lay), 0.0, ar)
