@@ -547,6 +547,9 @@ def search_options(fn):
                      "(e.g. 0,1,2,4; Megatron-Core --recompute-method block --recompute-num-layers); 0: every layer"),
         click.option("--schedules", default="gpipe,1f1b,interleaved,zbv,dualpipev", show_default=True,
                      help="pipeline schedules to try, comma-separated (zbv and dualpipev: two chunks a rank in a V)"),
+        click.option("--zero", "zeros", default=None,
+                     help="ZeRO stages to try, comma-separated (e.g. 1,3); default 0,1,2,3 (0-2 under "
+                     "--runtime piper-train, which implements those)"),
         click.option("--hsdp/--no-hsdp", default=False, show_default=True,
                      help="also try each ZeRO stage hybrid-sharded: sharded inside the scale-up domain (a node, an "
                      "NVL72 rack) and replicated across domains, the copies all-reducing once a step (Layout."
@@ -646,8 +649,25 @@ def _space(kw, model, gpus):
                      offload_modules=_module_sets(kw["offload_modules"], "--offload-modules",
                                                   lambda t: _offload_modules(t, model)),
                      recompute_layers=_ints(kw["recompute_layers"], "--recompute-layers", 0, MAX_LAYERS),
-                     hsdp=kw["hsdp"])
+                     hsdp=kw["hsdp"], **_zeros(kw))
     return for_runtime(sp, kw.get("runtime", "any"), model)
+
+
+def _zeros(kw) -> dict:
+    """--zero's stages, where given: a list piper-train cannot run all of is refused (the default,
+    every stage, is cut to the ones it runs by search.for_runtime)."""
+    from .errors import PiperError
+    from .runtimes import PIPER_TRAIN
+
+    if kw.get("zeros") is None:
+        return {}
+    zeros = _ints(kw["zeros"], "--zero", 0, 3)
+    if kw.get("runtime") == "piper-train":
+        s = next(s for s in PIPER_TRAIN if s.field == "zero")
+        bad = [z for z in zeros if z not in s.allowed]
+        if bad:
+            raise PiperError(f"--runtime piper-train: it cannot run --zero {bad[0]} ({s.does})")
+    return {"zeros": zeros}
 
 
 def _load_for_search(kw):

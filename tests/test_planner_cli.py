@@ -484,3 +484,23 @@ def test_a_default_batch_under_one_sequence_a_gpu_is_said_not_silently_searched(
                                   "--global-batch", "1024"])
     small = runner.invoke(main, ["search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "512", "--top", "1"])
     assert "--global-batch: the default" not in stated.output + small.output
+
+
+def test_search_tries_only_the_zero_stages_asked_for():
+    stages = lambda *opt: {p["layout"]["zero"] for p in json.loads(run(  # noqa: E731
+        "search", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--global-batch", "256", "--json",
+        "--top", "200", *opt)[1])["top"]}
+    assert stages() >= {0, 1, 2}  # stage 3 is tried too, ranked below them here
+    assert stages("--zero", "3") == {3}
+    assert stages("--zero", "0,2") == {0, 2}
+
+
+@pytest.mark.parametrize("args,says", [
+    (("--zero", "4"), "error: layout: --zero: got '4'; expected a comma-separated list of whole numbers up to 3"),
+    (("--zero", "1,1"), "error: layout: --zero: got '1,1': 1 is listed twice; list each choice once"),
+    (("--runtime", "piper-train", "--zero", "1,3"),
+     "error: --runtime piper-train: it cannot run --zero 3 (piper-train implements ZeRO stages 0, 1 and 2)"),
+])
+def test_a_zero_stage_search_cannot_try_is_a_one_line_error(args, says):
+    code, out, _ = run("search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8", *args)
+    assert err_line(code, out) == says
