@@ -566,6 +566,33 @@ def test_ernie_4_5_routes_from_its_start_index_to_its_end_index_every_interval()
         model_from_hf_config({**cfg, "moe_layer_end_index": 28}, "t")
 
 
+def test_ernie_4_5_s_mtp_block_is_dense():
+    # Baidu's mtp_block is a decoder layer of index 0, below moe_layer_start_index: a dense MLP of
+    # intermediate_size, not the last layer's 64 experts (PaddleFormers modeling_moe.py, vLLM ernie_mtp.py)
+    cfg = json.loads((HF / "ernie-4.5-21b-a3b.json").read_text()) | {"num_nextn_predict_layers": 1}
+    m = model_from_hf_config(cfg, "ernie/config.json")
+    assert m.mtp_layers == 1 and m.mtp_dense and not m.mtp_is_moe
+    assert m.mtp_params == m.dense_layer_params + m.mtp_extra_params
+    assert m.total_params == pytest.approx(21.95e9, rel=1e-3)  # 22.63B with an MoE block
+    # DeepSeek's MTP block still holds experts like its last layer
+    ds = load_model(str(HF / "deepseek-v3.json"))
+    assert ds.mtp_is_moe and not ds.mtp_dense and "mtp_dense" not in ds.model_dump()
+    # a dense MTP block needs a dense width
+    with pytest.raises(ValueError, match="mtp_dense"):
+        type(ds).model_validate(ds.model_dump() | {"mtp_dense": True, "ffn_size": 0})
+
+
+@pytest.mark.parametrize("family", ["mixtral", "phimoe"])
+def test_a_mixtral_or_phi_window_holds_in_every_layer_unless_it_spans_the_context(family):
+    cfg = json.loads((HF / "mixtral-8x7b.json").read_text()) | {"model_type": family}
+    m = model_from_hf_config(cfg | {"sliding_window": 4096, "max_position_embeddings": 32768}, "x/config.json")
+    assert (m.sliding_window, m.full_attention_every) == (4096, 0)
+    for no_window in ({"sliding_window": None}, {"sliding_window": 131072, "max_position_embeddings": 131072}):
+        assert model_from_hf_config(cfg | no_window, "x/config.json").sliding_window is None
+    assert model_from_hf_config({k: v for k, v in cfg.items() if k != "sliding_window"}, "x/config.json"
+                                ).sliding_window is None
+
+
 def test_dbrx_reads_its_nested_blocks_and_phi_moe_is_mixtral_with_layernorm():
     dbrx = load_model(str(HF / "dbrx-instruct.json"))
     assert (dbrx.num_layers, dbrx.hidden_size, dbrx.num_heads, dbrx.num_kv_heads) == (40, 6144, 48, 8)

@@ -218,12 +218,19 @@ def _tied(c: _Cfg, default: bool) -> bool:
 
 
 def _mixtral(c: _Cfg) -> dict:
-    # Not modelled: sliding_window (attention FLOPs only). Experts: SwiGLU w1/w3/w2.
+    # Experts: SwiGLU w1/w3/w2. sliding_window holds in every layer, as transformers' Mixtral and
+    # Phimoe attention pass it (their configs default it to None: no window; Mixtral-8x7B-v0.1
+    # publishes null); a window spanning max_position_embeddings or more changes nothing
+    # (Phi-3.5-MoE: 131,072 of 131,072) and is left out.
     out = _base(c)
     out["moe"] = _moe_block(c, c.get("num_local_experts"), c.get("num_experts_per_tok"),
                             c.get("intermediate_size"), router="softmax")
     out["tied_embeddings"] = _tied(c, False)
-    return out
+    window = c.get("sliding_window", default=None)
+    context = c.get("max_position_embeddings", default=None)
+    if window is not None and context is not None and window >= context:
+        window = None
+    return _with_window(out, window, [True] * out["num_layers"], c, "sliding_window")
 
 
 def _qwen_moe(c: _Cfg) -> dict:
@@ -569,8 +576,12 @@ def _ernie4_5_moe(c: _Cfg) -> dict:
     # resolves it), else a dense MLP of intermediate_size; the router a softmax whose top-k is
     # chosen on the probabilities plus e_score_correction_bias; the shared experts one MLP of
     # moe_intermediate_size x moe_num_shared_experts; tied embeddings unless the config unties
-    # them. MTP modules (num_nextn_predict_layers) as DeepSeek's (_with_mtp): transformers does
-    # not build them, the released PT checkpoints carry them. Not modelled: use_bias (false in
+    # them. MTP modules (num_nextn_predict_layers) as DeepSeek's (_with_mtp) but each a dense
+    # block of intermediate_size (mtp_dense): Baidu's modelling code builds mtp_block from decoder
+    # layers of index 0, below moe_layer_start_index (PaddleFormers ernie4_5_moe modeling_moe.py,
+    # its tensor-parallel map naming only mtp_block.0.mlp), as vLLM's ernie_mtp.py does (a
+    # LlamaDecoderLayer); transformers does not build them, the released PT checkpoints carry
+    # them. Not modelled: use_bias (false in
     # the releases), the interleaved (GLM-style) RoPE pairing (no cost of its own).
     out = _base(c)
     n = out["num_layers"]
@@ -588,7 +599,11 @@ def _ernie4_5_moe(c: _Cfg) -> dict:
     moe = _moe_block(c, c.get("moe_num_experts"), c.get("moe_k"), width, every, router="softmax", **extra)
     out = _with_layers(out, moe, dense, c, "intermediate_size")
     out["tied_embeddings"] = _tied(c, True)
-    return _with_mtp(c, out)
+    out = _with_mtp(c, out)
+    if out.get("mtp_layers"):
+        out["ffn_size"] = c.get("intermediate_size")  # the MTP block's width, dense layers or none
+        out["mtp_dense"] = True
+    return out
 
 
 _FAMILIES: dict[str, Callable[[_Cfg], dict]] = {

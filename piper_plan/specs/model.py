@@ -90,7 +90,7 @@ class MoESpec(_Optional):
 
 
 class ModelSpec(_Optional):
-    _OMIT_AT_DEFAULT = ("rope_scaling", "attention_chunk")  # specs without them dump (and hash) as before
+    _OMIT_AT_DEFAULT = ("rope_scaling", "attention_chunk", "mtp_dense")  # specs without them dump (and hash) as before
 
     name: str = Field(min_length=1)
     source: str = Field("", description="where the architecture figures come from")
@@ -126,6 +126,9 @@ class ModelSpec(_Optional):
     mtp_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="multi-token-prediction modules after the last layer (DeepSeek-V3: "
                             "1): each a block like the last layer, a 2d→d projection and 3 norms, sharing the "
                             "embedding and LM head, whose logits it computes again")
+    mtp_dense: bool = Field(False, description="each MTP module's block is a dense layer of ffn_size whatever the "
+                            "last layer is (ERNIE 4.5: its mtp_block is a decoder layer of index 0, below "
+                            "moe_layer_start_index)")
 
     @model_validator(mode="after")
     def _check(self):
@@ -137,6 +140,8 @@ class ModelSpec(_Optional):
             raise ValueError("moe.every > 1 interleaves dense layers, which need ffn_size > 0")
         if self.dense_layers > self.num_layers:
             raise ValueError("dense_layers exceeds num_layers")
+        if self.mtp_dense and (self.mtp_layers == 0 or self.ffn_size == 0):
+            raise ValueError("mtp_dense needs mtp_layers > 0 and ffn_size > 0 (the dense block's width)")
         local = self.sliding_window is not None or self.attention_chunk is not None
         if self.sliding_window is not None and self.attention_chunk is not None:
             raise ValueError("sliding_window and attention_chunk are two kinds of local attention: give one")
@@ -327,8 +332,9 @@ class ModelSpec(_Optional):
     @property
     def mtp_is_moe(self) -> bool:
         """A multi-token-prediction block is the kind of the model's last layer (DeepSeek-V3's
-        checkpoint: layer 61, the MTP block, holds routed experts like layers 3-60)."""
-        return self.layer_is_moe(self.num_layers - 1)
+        checkpoint: layer 61, the MTP block, holds routed experts like layers 3-60), unless the
+        spec says it is dense (mtp_dense)."""
+        return not self.mtp_dense and self.layer_is_moe(self.num_layers - 1)
 
     @property
     def mtp_extra_params(self) -> int:
