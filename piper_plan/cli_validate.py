@@ -427,7 +427,7 @@ def _show_batch_scan(group, as_json, path=None, emit=_emit_json):
     def cell(pred, pub):
         return "nothing fits" if pred is None else f"{pred:.1f} ({100 * (pred / pub - 1):+.0f}%)"
 
-    t = Table(title="planner's-choice rows at other global batches (model TFLOPS per GPU, error against the "
+    t = Table(title="planner's-choice rows at other global batches (each in its row's metric, error against the "
                     "published figure; the sources publish no batch, validate uses the default 4M tokens)")
     for c in ("id", "GPUs", "published", "default batch", *(f"{k} seq/GPU" for k in PER_GPU), "published in range"):
         t.add_column(c)

@@ -44,13 +44,14 @@ from scipy.stats import kendalltau
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
 from .errors import LayoutError, PiperError, from_validation
-from .layout import Layout, check_batch, check_degrees, degrees_label, offload_label, recompute_label, tp_splits_heads
+from .layout import (Layout, check_batch, check_degrees, degrees_label, layer_slots, offload_label, recompute_label,
+                     tp_splits_heads)
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
 from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, RANGE_CELL, built_on, missing_hardware,
-                            missing_model, read_rows, row_hardware, row_model, table_name)
+                            missing_model, model_name, read_rows, row_hardware, row_model, table_name)
 
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
 # the MoE sources issue 4's acceptance names (Megatron-Bridge, X-MoE, Piper's Fig. 13 and weak
@@ -477,6 +478,12 @@ def _row_estimate(row, m, hw):
     # published runs hold layouts those refuse (a Megatron pipeline layout with more chunks than layers)
     check_degrees(lay, m.moe.num_experts if m.moe else 0, m.moe.expert_ffn_size if m.moe else 0)
     check_batch(lay)
+    # but no run holds more chunks than layers and Megatron's two accounted slots, nor chunks without a pipeline
+    if lay.stages > layer_slots(m.num_layers, "account"):
+        raise LayoutError("pp*vpp <= layers + 2", f"{lay.stages} pipeline chunks (pp {lay.pp} x vpp {lay.vpp}) "
+                          f"for {m.num_layers} layers")
+    if lay.pp == 1 and lay.vpp > 1:
+        raise LayoutError("pp=1 runs no pipeline schedule", f"vpp={lay.vpp} with one stage: state vpp 1")
     if not tp_splits_heads(m.num_heads, m.kv_heads, lay.tp):  # no run splits 24 heads 16 ways
         raise LayoutError("tp divides the attention heads", f"tp={lay.tp} for {m.num_heads} query heads and "
                           f"{m.kv_heads} kv heads")
@@ -520,7 +527,7 @@ def spec_names(specs: dict, path: Path):
 
     def _names(row) -> tuple[str, str, bool]:
         if missing_model(row):  # not priced: matched by its table names only
-            return table_name(row["model"]), table_name(row["hardware"]), _i(row["experts"], 0) > 0
+            return model_name(row), table_name(row["hardware"]), _i(row["experts"], 0) > 0
         m = _row_model(row, specs, path)
         # a machine with no spec (missing_hardware) goes by its table name: its row is not priced
         hw = table_name(row["hardware"]) if missing_hardware(row) else row_specs(row, specs, path)[1].name

@@ -25,19 +25,24 @@ PER_GPU = (1, 2, 4, 8, 16)
 WEAK_SCALING = ("piper2026-weak-scaling",)
 
 
-def _best_tflops(m, hw, space) -> tuple[float | None, str]:
-    """(model TFLOPS per GPU of the best plan, its layout) in `space`; (None, "") if nothing fits."""
+def _best(m, hw, space, metric: str) -> tuple[float | None, str]:
+    """(the best plan's figure in the row's `metric`, as validate prices a searched row: model or
+    hardware TFLOPS per GPU, tokens/s per GPU or the step's seconds; its layout) in `space`;
+    (None, "") if nothing fits."""
     res = search(m, hw, space)
     if res.best is None:
         return None, ""
-    lay = res.batch.layout(res.best)
-    return float(res.est.tflops_per_gpu[res.best]), f"pp{lay.pp} ep{lay.ep} dp{lay.dp} mbs{lay.mbs} rc={lay.recompute}"
+    i, est = res.best, res.est
+    lay = res.batch.layout(i)
+    own = {"model_tflops_per_gpu": est.tflops_per_gpu[i], "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i],
+           "iteration_time_s": est.step_time_s[i], "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
+    return float(own[metric]), f"pp{lay.pp} ep{lay.ep} dp{lay.dp} mbs{lay.mbs} rc={lay.recompute}"
 
 
 def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = None) -> list[dict]:
     """[{id, group, gpus, published, default: {global_batch, predicted, layout},
     scan: [{per_gpu, global_batch, predicted, layout}], low, high, inside}] for every searched
-    row (TFLOPS per GPU; predicted None where nothing fits at that batch)."""
+    row (in the row's metric; predicted None where nothing fits at that batch)."""
     out, specs = [], {}
     path = path or data_path()
     for row in read_rows(path):
@@ -46,10 +51,10 @@ def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = No
         m, hw = row_specs(row, specs, path)
         gpus = int(row["gpus"])
         space = searched_space(row)
-        pred, lay = _best_tflops(m, hw, space)
+        pred, lay = _best(m, hw, space, row["metric"])
         scan = []
         for k in per_gpu:
-            p, lay_k = _best_tflops(m, hw, searched_space(row, k * gpus))
+            p, lay_k = _best(m, hw, searched_space(row, k * gpus), row["metric"])
             scan.append({"per_gpu": k, "global_batch": k * gpus, "predicted": p, "layout": lay_k})
         vals = [s["predicted"] for s in scan if s["predicted"] is not None] + ([pred] if pred is not None else [])
         pub = float(row["value"])

@@ -106,7 +106,12 @@ ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "
         "kv_heads": "num_kv_heads"}  # kv_heads: an optional column (GQA's key/value heads; Llama 2 13B has 40 of 40)
 RANGE_CELL = re.compile(r"\d+-\d+")  # an architecture figure the source leaves open ("2560-3072")
 # a model text that says it trains with multi-token prediction, not "no MTP" / "w/o MTP" / "without"
-_MTP = re.compile(r"(?<!no )(?<!w/o )(?<!without )\bmtp\b", re.IGNORECASE)
+# a model cell that names the MTP module as run ("with MTP"), not as left out ("no MTP", "MTP off")
+_MTP = re.compile(r"(?<!no )(?<!w/o )(?<!without )\bmtp\b(?![\s:=]*(?:off|disabled|excluded|removed|none|no|0)\b)",
+                  re.IGNORECASE)
+# the phrase a model cell says it with, which names no model ("DeepSeek-V3 w/o MTP": deepseek-v3)
+_MTP_PHRASE = re.compile(r"[,+]?\s*(?:\b(?:with|without|no)\s+|\bw/o\s+)?\bmtp\b"
+                         r"(?:[\s:=]*(?:off|on|disabled|enabled|excluded|removed|none|no|yes|\d+)\b)?", re.IGNORECASE)
 GENERIC = "gpt-175b"  # Megatron's GPT: the template of a model with no family among the bundled specs
 EXACT = 0.05  # Σ |log ratio| under which a row's columns are taken to state a spec's own shape
 
@@ -141,7 +146,8 @@ def read_rows(path: Path) -> list[dict]:
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             sep = _delimiter(f)
-            reader = csv.DictReader(f, delimiter=sep)
+            # skipinitialspace: a "comma and space" file's quoted cell ( "9,000") is one cell
+            reader = csv.DictReader(f, delimiter=sep, skipinitialspace=True)
             header = [_column(h) for h in (reader.fieldnames or [])]
             missing = [c for c in REQUIRED if c not in header]
             if missing:
@@ -157,8 +163,14 @@ def read_rows(path: Path) -> list[dict]:
                 raise TableError(path, None, "header", f"columns {', '.join(twice)} appear twice "
                                  "(as written or by another name for them)")
             blank = dict.fromkeys(COLUMNS, "")
-            rows = [{**blank, **{_column(k): (v or "").strip() for k, v in _cells(path, reader, r).items() if k}}
-                    for r in reader]
+            rows, lines = [], []
+            for r in reader:
+                cells = _cells(path, reader, r)
+                if not any((v or "").strip() for v in cells.values()):
+                    continue  # a spreadsheet's empty trailing rows (",,,,")
+                _headed(path, reader, cells)
+                rows.append({**blank, **{_column(k): (v or "").strip() for k, v in cells.items() if k}})
+                lines.append(reader.line_num)
     except OSError as e:
         raise TableError(path, None, "file", f"cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:  # a spreadsheet's "CSV" in its own code page (cp1252) or UTF-16
@@ -169,7 +181,7 @@ def read_rows(path: Path) -> list[dict]:
     if not rows:
         raise TableError(path, None, "rows", "the table has no rows")
     seen = set()
-    for n, r in enumerate(rows, start=2):
+    for n, r in zip(lines, rows):
         rid = r.get("id") or f"at line {n}"
         for c in REQUIRED:
             if not r.get(c):
@@ -177,11 +189,32 @@ def read_rows(path: Path) -> list[dict]:
         if r["id"] in seen:
             raise TableError(path, rid, "id", "appears twice; ids must be unique")
         seen.add(r["id"])
+        _unambiguous(path, rid, r, sep)
         _normalise(r, decimal_comma=sep != ",")
+        _beside_table(path, r)
         _check_row(path, rid, r)
         if r["metric"] == "mfu" and not missing_hardware(r):
             _mfu_as_tflops(path, r)
     return rows
+
+
+# a number whose one separator has three digits after it: a thousand in one locale, a decimal in
+# another ("3,000" in an English export, 3.0 in a French one; "3.000" the other way round)
+_GROUPED = {";": re.compile(r"[1-9]\d{0,2}(?:\.\d{3})+"), "\t": re.compile(r"[1-9]\d{0,2}(?:[.,]\d{3})+")}
+
+
+def _unambiguous(path, rid: str, r: dict, sep: str) -> None:
+    """Refuse a number a semicolon or tab table holds in a form its locale cannot tell
+    (_GROUPED): a semicolon export's locale writes decimals with a comma, so its "3.000" is three
+    thousand or three; a tab-separated copy may come from either kind of locale, so its "3,000"
+    and "3.000" are both. A comma table's "3,000" (quoted) is a thousand, a semicolon table's
+    "1,420" 1.42 (_normalise)."""
+    pattern = _GROUPED.get(sep)
+    for c in (*INTS, *FLOATS):
+        v = r.get(c, "")
+        if pattern is not None and pattern.fullmatch(v):
+            raise TableError(path, rid, c, f"{v!r} reads as {v.replace(',', '').replace('.', '')} in one locale and "
+                             f"as {v.replace(',', '.')} in another; write it with no grouping separator")
 
 
 def _delimiter(f) -> str:
@@ -210,6 +243,28 @@ def _cells(path, reader: csv.DictReader, r: dict) -> dict:
         raise TableError(path, rid, "cells", f"{width + len(spill)} cells where the header has {width} columns; a "
                          f"cell holding a {sep} must be quoted")
     return r
+
+
+def _headed(path, reader: csv.DictReader, cells: dict) -> None:
+    """Refuse a value under a blank heading: empty trailing columns are a spreadsheet's, but a
+    figure there is a shifted row or a column someone forgot to name, which would be dropped."""
+    stray = [v.strip() for k, v in cells.items() if k is not None and not k.strip() and v and v.strip()]
+    if stray:
+        rid = next((v.strip() for k, v in cells.items() if k and _column(k) == "id" and v and v.strip()),
+                   f"at line {reader.line_num}")
+        raise TableError(path, rid, "cells", f"{stray[0]!r} sits under a column with no heading; name the column "
+                         "or move the value")
+
+
+def _beside_table(path, r: dict) -> None:
+    """Spec paths a row gives relative to its table's folder, where they name no file from the
+    working directory (a table and its specs moved together), made so in place."""
+    folder = Path(path).parent
+    for c in ("model_spec", "hardware_spec", "model", "hardware"):
+        v = r.get(c, "")
+        if v and (c.endswith("_spec") or _path_like(v)) and not os.path.isabs(os.path.expanduser(v)) \
+                and not os.path.exists(v) and (folder / v).is_file():
+            r[c] = str(folder / v)
 
 
 def _mfu_as_tflops(path, r: dict) -> None:
@@ -416,7 +471,12 @@ def _hardware_as(name: str, want: tuple[str, ...], toks: dict) -> str | None:
     A100-SXM4-80GB: dgx-a100-80gb, OLCF Frontier: frontier, Frontier ROCm 5.7: frontier-rocm57);
     the system whose accelerator the name's model number names (registry.hardware_by_device;
     MI250X: frontier, the base of the systems that share that GPU; 8x H100: dgx-h100). A capacity
-    the name states must be the accelerator's (A100 40GB is none)."""
+    the name states must be the accelerator's (A100 40GB is none), and so must its form factor: a
+    PCIe card or an H100 / H200 NVL (a PCIe pair, "nvl" with no rack size after it) is none of the
+    bundled SXM systems (other clocks, power and links)."""
+    if "pcie" in want or any(w == "nvl" and not (i + 1 < len(want) and want[i + 1].isdigit())
+                             for i, w in enumerate(want)):
+        return None
     for words in (want, tuple(w for w in want if w not in _VENDOR)):  # DGX-GB200: gb200-nvl72
         k = len(words)
         holds = [b for b, t in toks.items() if k and any(t[i:i + k] == words for i in range(len(t) - k + 1))]
@@ -471,6 +531,15 @@ def _did_you_mean(name: str, kind: str) -> str:
     return f" did you mean {close}?" if close else ""
 
 
+def model_name(row: dict) -> str:
+    """A row's model name as a spec's (table_name), without what it says of an MTP module (row_model
+    reads that: "DeepSeek-V3 w/o MTP" is deepseek-v3, "DeepSeek-V3 MTP" deepseek-v3 and its module)."""
+    name = table_name(row["model"])
+    if _named(name, "models") in bundled_names("models") or os.path.isfile(name):
+        return name  # deepseek-v3-mtp as written
+    return table_name(_MTP_PHRASE.sub(" ", row["model"]).strip())
+
+
 def _path_like(name: str) -> bool:
     """Whether a table's model name is written as a spec file's path (a YAML or a Hugging Face
     config.json), which must then exist; a repository id such as meta-llama/Llama-3.1-8B is a name."""
@@ -484,7 +553,8 @@ def row_hardware(path, row: dict):
     try:
         return load_hardware(ref)
     except PiperError as e:
-        raise TableError(path, row["id"], "hardware", str(e)) from None
+        raise TableError(path, row["id"], "hardware_spec" if row.get("hardware_spec") else "hardware",
+                         str(e)) from None
 
 
 def row_model(path, row: dict) -> ModelSpec:
@@ -495,7 +565,7 @@ def row_model(path, row: dict) -> ModelSpec:
             return load_model(row["model_spec"])
         except PiperError as e:
             raise TableError(path, row["id"], "model_spec", str(e)) from None
-    name = table_name(row["model"])
+    name = model_name(row)
     base_name = _base_name(name, row)
     if base_name is None:
         raise TableError(path, row["id"], "model", missing_model(row))
@@ -505,7 +575,15 @@ def row_model(path, row: dict) -> ModelSpec:
         base = load_model(base_name)
     except PiperError as e:
         raise TableError(path, row["id"], "model", str(e)) from None
-    return _overlaid(path, row, name, base_name, base)
+    m = _overlaid(path, row, name, base_name, base)
+    size = total_size(_tokens(name))
+    named = _named(name, "models")  # a spec the row names takes its columns as the row gives them
+    templated = not (named in bundled_names("models") or os.path.isfile(named) or _path_like(named))
+    if templated and built_on(m) and size and not _of_size(m, size):
+        raise TableError(path, row["id"], "model", f"built from its columns on {base_name} it holds "
+                         f"{m.total_params / 1e9:.1f}B parameters where its name says {size / 1e9:g}B; check the "
+                         "architecture columns (experts 0 for a dense model) or give model_spec")
+    return m
 
 
 _BUILT = "the row's architecture columns on"
@@ -532,6 +610,16 @@ def stated_size(parts: tuple[str, ...]) -> float | None:
     return None
 
 
+def total_size(parts: tuple[str, ...]) -> float | None:
+    """The whole model's size a name states (stated_size), or None where the size it states is a
+    part's: one followed by an expert count (GPT-MoE-1.3B-64E's dense base, Llama-4-Scout-17B-16E's
+    active parameters)."""
+    i = next((i for i, t in enumerate(parts) if _SIZE.fullmatch(t)), None)
+    if i is None or any(re.fullmatch(r"\d+e", t) for t in parts[i + 1:]):
+        return None
+    return stated_size(parts)
+
+
 def _of_size(m: ModelSpec, size: float) -> bool:
     return 1.0 / SIZE_TOLERANCE <= m.total_params / size <= SIZE_TOLERANCE
 
@@ -544,7 +632,7 @@ def missing_model(row: dict) -> str | None:
     Megatron's GPT-175B, would be another run's figure."""
     if row.get("model_spec"):
         return None
-    name = table_name(row["model"])
+    name = model_name(row)
     if _base_name(name, row):
         return None
     size = stated_size(_tokens(name))
@@ -583,18 +671,19 @@ def _template(name: str, row: dict) -> str | None:
     word and every word before the size) of that size within SIZE_TOLERANCE, sharing the longest
     prefix, then the nearest in spelling (Llama 3.1 8B: llama3-8b, not llama3.1-405b); None where
     the family has no such member or there is no family (missing_model)."""
-    names = [b for b in bundled_names("models") if not b.startswith("tiny-")]  # CPU test models
+    # not the CPU test models, nor a spec's MTP variant, which row_model takes where the row says MTP
+    names = [b for b in bundled_names("models") if not b.startswith("tiny-") and not b.endswith("-mtp")]
     given = {c: int(row[c]) for c in ARCH if c != "vocab" and _ASCII_INT.fullmatch(row.get(c, "")) and int(row[c]) > 0}
     # the row's kind where its columns say: experts given, or stated 0 (a dense model)
     moe = "experts" in given
     kind = True if moe else False if row.get("experts", "").strip() == "0" else None
     parts = _tokens(name)
-    size = stated_size(parts)
+    size = total_size(parts)  # a part's size (Llama-4-Scout-17B-16E's active 17B) picks no member
     if not given and size:
         # its family: every word (not number) its name has before the size (GPT-OSS 20B is no GPT)
         words = {t for t in parts[:next(i for i, t in enumerate(parts) if _SIZE.fullmatch(t))] if t.isalpha()}
         pool = [b for b in names if _tokens(b)[:1] == parts[:1] and words <= set(_tokens(b))
-                and _of_size(_bundled_model(b), size)]
+                and _of_size(_bundled_model(b), size) and _same_kind_by_name(parts, _tokens(b))]
         if not pool:
             return None
 
@@ -602,12 +691,25 @@ def _template(name: str, row: dict) -> str | None:
             t = _tokens(b)
             return next((i for i, (x, y) in enumerate(zip(t, parts)) if x != y), min(len(t), len(parts)))
         return max(pool, key=lambda b: (shared(b), SequenceMatcher(None, name, b).ratio()))
-    for k in range(len(parts) - 1, 0, -1):
+    # with no columns the name alone says the model: at least two of its words and numbers in
+    # common with the family's (DeepSeek-R1 is no DeepSeek-V2), and no word beyond them but a
+    # release's (Base, Instruct; DeepSeek-V2-Lite is no DeepSeek-V2)
+    least = 1 if given else 2
+    # with columns and a size in its name, a spec the columns turn into a model of another size is
+    # the wrong one (Qwen3-32B's columns on qwen3-235b-a22b build a 201B MoE)
+    fits = (lambda b: _of_size(_built(name, row, b), size)) if given and size else (lambda b: True)
+    for k in range(len(parts) - 1, least - 1, -1):
+        if not given and any(t.isalpha() and t not in _RELEASE_WORDS for t in parts[k:]):
+            continue
         family = {b: _bundled_model(b) for b in names if _tokens(b)[:k] == parts[:k]}
-        same = [b for b, m in family.items() if kind is None or (m.moe is not None) == kind]
+        same = [b for b, m in family.items() if (kind is None or (m.moe is not None) == kind) and fits(b)]
         if same:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
             # equal shapes (no columns given): the name nearest in spelling (deepseek-v3.1: v3, not v2)
-            return min(same, key=lambda b: (_shape_distance(family[b], given), -SequenceMatcher(None, name, b).ratio()))
+            pick = min(same, key=lambda b: (_shape_distance(family[b], given), -SequenceMatcher(None, name, b).ratio()))
+            m = family[pick]
+            if k == 1 and m.moe is not None and not _plain(m) and _shape_distance(m, given) > EXACT:
+                break  # one word in common carries no family's peculiarities (Llama-3-MoE is no Llama 4)
+            return pick
     if not given:
         return None  # no family and no shape: nothing to build it on (missing_model)
     best, best_d = GENERIC, float("inf")
@@ -618,9 +720,45 @@ def _template(name: str, row: dict) -> str | None:
         d = _shape_distance(m, given)
         if moe and d > EXACT and not _plain(m):
             continue
+        if size:  # the build's size against the name's, the one figure of the whole model a row states,
+            # counted as four columns: it tells SwiGLU from GELU where the widths cannot (Qwen3-32B's
+            # FFN is 5 d wide, GELU's width, yet its columns build 30.5B on Llama and 24.3B on GPT)
+            d += 4.0 * abs(math.log(_built(name, row, b).total_params / size))
         if d < best_d:
             best, best_d = b, d
     return best
+
+
+def _built(name: str, row: dict, base_name: str) -> ModelSpec:
+    """The model a row's architecture columns build on `base_name` (_overlaid); the spec itself
+    where they cannot (a column the spec refuses)."""
+    base = _bundled_model(base_name)
+    try:
+        return _overlaid("", row, name, base_name, base)
+    except TableError:
+        return base
+
+
+# words a released checkpoint's name adds that do not change its architecture
+_RELEASE_WORDS = frozenset({"base", "instruct", "chat", "it", "hf", "pt", "sft", "preview", "release", "bf", "fp",
+                            "llm", "model", "text", "pretrain", "pretrained", "pretraining"})  # NeMo: LLAMA4-Scout-LLM
+
+
+def _moe_named(parts: tuple[str, ...]) -> bool:
+    """Whether a name's words mark a MoE model: an active size (Qwen3-30B-A3B's "a", "3b"),
+    experts times size (Mixtral 8x7B's "8x"), an expert count (Llama-4-Scout-17B-16E's "16e"), or MoE."""
+    return any(t == "moe" or re.fullmatch(r"\d+x|\d+e", t) or (t == "a" and i + 1 < len(parts) and
+               _SIZE.fullmatch(parts[i + 1])) for i, t in enumerate(parts))
+
+
+def _same_kind_by_name(parts: tuple[str, ...], spec: tuple[str, ...]) -> bool:
+    """A bundled spec a name with no columns may mean by its stated size: one whose name marks it
+    MoE or dense as the row's does (Qwen3-32B, dense, is no Qwen3-30B-A3B; Qwen2.5-72B no
+    Qwen2-57B-A14B), unless the two state the same size (Qwen3 235B: qwen3-235b-a22b)."""
+    if _moe_named(parts) == _moe_named(spec):
+        return True
+    size = lambda t: next((x for x in t if _SIZE.fullmatch(x)), None)  # noqa: E731
+    return size(parts) is not None and size(parts) == size(spec)
 
 
 def _shape_distance(m: ModelSpec, given: dict) -> float:

@@ -207,7 +207,8 @@ def test_a_setting_the_nearest_row_never_exercised_comes_from_the_nearest_of_its
     assert by_id(bundled, "mlm-qwen3-235b-b200-mxfp8-deepep")["tp_comm_overlap"] == "no"
     gpt = {**bare(by_id(bundled, "mb-llama8b-b200-fp8-2511"), id="g", group="nemo-performance",
                   source="NeMo Framework performance summary (25.02)", model="GPT3-175B", tp="4", pp="4", vpp="6",
-                  dp="32", gpus="512", seq="2048", gbs="2048", mbs="2")}
+                  dp="32", gpus="512", seq="2048", gbs="2048", mbs="2",
+                  **dict.fromkeys(("layers", "hidden", "heads", "ffn", "vocab", "experts", "topk", "expert_ffn"), ""))}
     got = inherit_recipes([gpt], bundled, names)
     assert got["g"].startswith("mb-llama8b-b200-fp8-2511") and "tp_comm_overlap from" in got["g"]
     lender = by_id(bundled, got["g"].split("tp_comm_overlap from ")[1].rstrip(")"))
