@@ -46,8 +46,8 @@ def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = No
     out, specs = [], {}
     path = path or data_path()
     for row in read_rows(path):
-        if not is_searched(row) or (group and row["group"] != group):
-            continue
+        if not is_searched(row) or (group and row["group"] != group) or row["metric"].endswith("gib_per_gpu"):
+            continue  # (a memory row needs the layout it was measured under: validate refuses it unsearched)
         m, hw = row_specs(row, specs, path)
         gpus = int(row["gpus"])
         space = searched_space(row)

@@ -107,11 +107,11 @@ ARCH = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "
 RANGE_CELL = re.compile(r"\d+-\d+")  # an architecture figure the source leaves open ("2560-3072")
 # a model text that says it trains with multi-token prediction, not "no MTP" / "w/o MTP" / "without"
 # a model cell that names the MTP module as run ("with MTP"), not as left out ("no MTP", "MTP off")
-_MTP = re.compile(r"(?<!no )(?<!w/o )(?<!without )\bmtp\b(?![\s:=]*(?:off|disabled|excluded|removed|none|no|0)\b)",
-                  re.IGNORECASE)
+_MTP = re.compile(r"(?<!no)(?<!no[ -])(?<!w/o )(?<!without )\bmtp\b"
+                  r"(?![\s:=-]*(?:off|disabled|excluded|removed|none|no|0)\b)", re.IGNORECASE)
 # the phrase a model cell says it with, which names no model ("DeepSeek-V3 w/o MTP": deepseek-v3)
-_MTP_PHRASE = re.compile(r"[,+]?\s*(?:\b(?:with|without|no)\s+|\bw/o\s+)?\bmtp\b"
-                         r"(?:[\s:=]*(?:off|on|disabled|enabled|excluded|removed|none|no|yes|\d+)\b)?", re.IGNORECASE)
+_MTP_PHRASE = re.compile(r"[,+]?\s*(?:\b(?:with|without|no)[\s-]*|\bw/o?\s*)?(?<![a-z])mtp\b"
+                         r"(?:[\s:=-]*(?:off|on|disabled|enabled|excluded|removed|none|no|yes|\d+)\b)?", re.IGNORECASE)
 GENERIC = "gpt-175b"  # Megatron's GPT: the template of a model with no family among the bundled specs
 EXACT = 0.05  # Σ |log ratio| under which a row's columns are taken to state a spec's own shape
 
@@ -200,21 +200,23 @@ def read_rows(path: Path) -> list[dict]:
 
 # a number whose one separator has three digits after it: a thousand in one locale, a decimal in
 # another ("3,000" in an English export, 3.0 in a French one; "3.000" the other way round)
-_GROUPED = {";": re.compile(r"[1-9]\d{0,2}(?:\.\d{3})+"), "\t": re.compile(r"[1-9]\d{0,2}(?:[.,]\d{3})+")}
+_GROUPED = {";": re.compile(r"[1-9]\d{0,2}(?:\.\d{3})+"), "\t": re.compile(r"[1-9]\d{0,2}(?:,\d{3})+")}
 
 
 def _unambiguous(path, rid: str, r: dict, sep: str) -> None:
     """Refuse a number a semicolon or tab table holds in a form its locale cannot tell
     (_GROUPED): a semicolon export's locale writes decimals with a comma, so its "3.000" is three
-    thousand or three; a tab-separated copy may come from either kind of locale, so its "3,000"
-    and "3.000" are both. A comma table's "3,000" (quoted) is a thousand, a semicolon table's
-    "1,420" 1.42 (_normalise)."""
+    thousand or three; a tab-separated copy may come from either kind of locale, so its "3,000" is
+    a thousand or three (its "1.500", a decimal point in any locale that groups with a comma, or
+    Python's own output, reads as 1.5). A comma table's "3,000" (quoted) is a thousand, a semicolon
+    table's "1,420" 1.42 (_normalise)."""
     pattern = _GROUPED.get(sep)
     for c in (*INTS, *FLOATS):
         v = r.get(c, "")
         if pattern is not None and pattern.fullmatch(v):
             raise TableError(path, rid, c, f"{v!r} reads as {v.replace(',', '').replace('.', '')} in one locale and "
-                             f"as {v.replace(',', '.')} in another; write it with no grouping separator")
+                             f"as {v.replace(',', '.')} in another; write the number without grouping "
+                             f"({v.replace(',', '').replace('.', '')}) or with a decimal point")
 
 
 def _delimiter(f) -> str:
@@ -472,10 +474,11 @@ def _hardware_as(name: str, want: tuple[str, ...], toks: dict) -> str | None:
     the system whose accelerator the name's model number names (registry.hardware_by_device;
     MI250X: frontier, the base of the systems that share that GPU; 8x H100: dgx-h100). A capacity
     the name states must be the accelerator's (A100 40GB is none), and so must its form factor: a
-    PCIe card or an H100 / H200 NVL (a PCIe pair, "nvl" with no rack size after it) is none of the
-    bundled SXM systems (other clocks, power and links)."""
-    if "pcie" in want or any(w == "nvl" and not (i + 1 < len(want) and want[i + 1].isdigit())
-                             for i, w in enumerate(want)):
+    PCIe card or an H100 / H200 NVL (a PCIe pair; "GB200 NVL" is the rack) is none of the bundled
+    SXM systems (other clocks, power and links)."""
+    pair = want[:1] == ("h",) or "h" in want  # H100 NVL, H200 NVL: PCIe pairs; GB200 NVL is the rack
+    if "pcie" in want or (pair and any(w == "nvl" and not (i + 1 < len(want) and want[i + 1].isdigit())
+                                       for i, w in enumerate(want))):
         return None
     for words in (want, tuple(w for w in want if w not in _VENDOR)):  # DGX-GB200: gb200-nvl72
         k = len(words)
@@ -575,15 +578,7 @@ def row_model(path, row: dict) -> ModelSpec:
         base = load_model(base_name)
     except PiperError as e:
         raise TableError(path, row["id"], "model", str(e)) from None
-    m = _overlaid(path, row, name, base_name, base)
-    size = total_size(_tokens(name))
-    named = _named(name, "models")  # a spec the row names takes its columns as the row gives them
-    templated = not (named in bundled_names("models") or os.path.isfile(named) or _path_like(named))
-    if templated and built_on(m) and size and not _of_size(m, size):
-        raise TableError(path, row["id"], "model", f"built from its columns on {base_name} it holds "
-                         f"{m.total_params / 1e9:.1f}B parameters where its name says {size / 1e9:g}B; check the "
-                         "architecture columns (experts 0 for a dense model) or give model_spec")
-    return m
+    return _overlaid(path, row, name, base_name, base)
 
 
 _BUILT = "the row's architecture columns on"
@@ -599,6 +594,11 @@ _SCALE = {"m": 1e6, "b": 1e9, "t": 1e12}
 SIZE_TOLERANCE = 1.5  # names round their sizes: Llama 3 8B holds 8.03B, Mixtral 8x7B 46.7B of its 8 x 7
 
 
+def _size_at(parts: tuple[str, ...]) -> int | None:
+    """Where a name's words hold its first size ("8b", "1.3b", "1t"), or None."""
+    return next((i for i, t in enumerate(parts) if _SIZE.fullmatch(t)), None)
+
+
 def stated_size(parts: tuple[str, ...]) -> float | None:
     """The parameter count a model's name states (_tokens: "llama-3.1-8b" 8e9, "mixtral-8x7b"
     5.6e10, "qwen3-30b-a3b" 3e10: the first size, not the active one), or None."""
@@ -611,11 +611,13 @@ def stated_size(parts: tuple[str, ...]) -> float | None:
 
 
 def total_size(parts: tuple[str, ...]) -> float | None:
-    """The whole model's size a name states (stated_size), or None where the size it states is a
-    part's: one followed by an expert count (GPT-MoE-1.3B-64E's dense base, Llama-4-Scout-17B-16E's
-    active parameters)."""
-    i = next((i for i, t in enumerate(parts) if _SIZE.fullmatch(t)), None)
-    if i is None or any(re.fullmatch(r"\d+e", t) for t in parts[i + 1:]):
+    """The whole model's size a name states (stated_size), or None where its size may be a part's:
+    a name that marks a MoE (_moe_named: Qwen1.5-MoE-A2.7B's active size, GPT-MoE-1.3B-64E's dense
+    base, Llama-4-Scout-17B-16E's active parameters; Mixtral 8x7B's experts times size is the
+    whole's, near enough) or states two sizes (OLMoE-1B-7B). Llama 4 Maverick 17B names its
+    active size with no mark: its columns' build is checked only where the name's size fits."""
+    sizes = [t for t in parts if _SIZE.fullmatch(t)]
+    if len(sizes) != 1 or (_moe_named(parts) and not any(re.fullmatch(r"\d+x", t) for t in parts)):
         return None
     return stated_size(parts)
 
@@ -635,7 +637,7 @@ def missing_model(row: dict) -> str | None:
     name = model_name(row)
     if _base_name(name, row):
         return None
-    size = stated_size(_tokens(name))
+    size = total_size(_tokens(name))
     said = f" of {size / 1e9:g}B parameters" if size else ""
     return (f"no model spec: {row['model']!r} is no bundled model{said} and the "
             f"row gives no architecture columns (layers, hidden, heads, ffn, vocab, experts, topk, expert_ffn) to "
@@ -666,11 +668,15 @@ def _template(name: str, row: dict) -> str | None:
     cannot state (not _plain: DeepSeek's MLA and shared experts, Llama 4's shared expert, GPT-OSS's
     windows and biases, X-MoE's 2-matrix experts) only where its columns state that spec's shape
     (within EXACT: "X-MoE Small"); otherwise the nearest plain one: a conventional MoE is a guess
-    the columns cannot refute, another family's peculiarities are not. With no columns the spec is
-    the model: where the name states a size (stated_size), the member of its family (its first
-    word and every word before the size) of that size within SIZE_TOLERANCE, sharing the longest
-    prefix, then the nearest in spelling (Llama 3.1 8B: llama3-8b, not llama3.1-405b); None where
-    the family has no such member or there is no family (missing_model)."""
+    the columns cannot refute, another family's peculiarities are not; a family met by one word
+    lends none of its own attention or expert code (_own_code). Where the name states the whole
+    model's size (total_size), a member the columns build to another size is not the family's, and
+    among the nearest-shape candidates the size counts as four columns. With no columns the spec is
+    the model: where the name states the whole model's size, the member of its family (its first
+    word and every word before the size) of that size within SIZE_TOLERANCE and of its kind
+    (_same_kind_by_name), sharing the longest prefix, then the nearest in spelling (Llama 3.1 8B:
+    llama3-8b, not llama3.1-405b); else a bundled model it names a release of (_release_of); None
+    where there is none (missing_model)."""
     # not the CPU test models, nor a spec's MTP variant, which row_model takes where the row says MTP
     names = [b for b in bundled_names("models") if not b.startswith("tiny-") and not b.endswith("-mtp")]
     given = {c: int(row[c]) for c in ARCH if c != "vocab" and _ASCII_INT.fullmatch(row.get(c, "")) and int(row[c]) > 0}
@@ -681,9 +687,9 @@ def _template(name: str, row: dict) -> str | None:
     size = total_size(parts)  # a part's size (Llama-4-Scout-17B-16E's active 17B) picks no member
     if not given and size:
         # its family: every word (not number) its name has before the size (GPT-OSS 20B is no GPT)
-        words = {t for t in parts[:next(i for i, t in enumerate(parts) if _SIZE.fullmatch(t))] if t.isalpha()}
+        words = {t for t in parts[:_size_at(parts)] if t.isalpha()}
         pool = [b for b in names if _tokens(b)[:1] == parts[:1] and words <= set(_tokens(b))
-                and _of_size(_bundled_model(b), size) and _same_kind_by_name(parts, _tokens(b))]
+                and _of_size(_bundled_model(b), size) and _same_kind_by_name(parts, b)]
         if not pool:
             return None
 
@@ -691,25 +697,22 @@ def _template(name: str, row: dict) -> str | None:
             t = _tokens(b)
             return next((i for i, (x, y) in enumerate(zip(t, parts)) if x != y), min(len(t), len(parts)))
         return max(pool, key=lambda b: (shared(b), SequenceMatcher(None, name, b).ratio()))
-    # with no columns the name alone says the model: at least two of its words and numbers in
-    # common with the family's (DeepSeek-R1 is no DeepSeek-V2), and no word beyond them but a
-    # release's (Base, Instruct; DeepSeek-V2-Lite is no DeepSeek-V2)
-    least = 1 if given else 2
-    # with columns and a size in its name, a spec the columns turn into a model of another size is
-    # the wrong one (Qwen3-32B's columns on qwen3-235b-a22b build a 201B MoE)
-    fits = (lambda b: _of_size(_built(name, row, b), size)) if given and size else (lambda b: True)
-    for k in range(len(parts) - 1, least - 1, -1):
-        if not given and any(t.isalpha() and t not in _RELEASE_WORDS for t in parts[k:]):
-            continue
+    if not given:
+        # the name alone says the model: a release of a bundled one (_release_of), the nearest in spelling
+        releases = [b for b in names if _release_of(parts, _tokens(b))]
+        return max(releases, key=lambda b: SequenceMatcher(None, name, b).ratio()) if releases else None
+    # with a size in its name, a spec the columns turn into a model of another size is the wrong
+    # one (Qwen3-32B's columns on qwen3-235b-a22b build a 201B MoE)
+    fits = (lambda b: _of_size(_built(name, row, b), size)) if size else (lambda b: True)
+    for k in range(len(parts) - 1, 0, -1):
         family = {b: _bundled_model(b) for b in names if _tokens(b)[:k] == parts[:k]}
-        same = [b for b, m in family.items() if (kind is None or (m.moe is not None) == kind) and fits(b)]
+        # one word in common lends no attention or expert code of a family's own (Llama 4's chunks,
+        # GPT-OSS's windows and biases: Llama-3-MoE is no Llama 4); a DeepSeek's shared experts and
+        # dense first layers are its MoE family's (DeepSeek-MoE-16B on deepseek-v2)
+        same = [b for b, m in family.items() if (kind is None or (m.moe is not None) == kind) and fits(b)
+                and not (k == 1 and _own_code(m))]
         if same:  # the family; within it, the member nearest in shape (deepseek-v3.1 on deepseek-v3)
-            # equal shapes (no columns given): the name nearest in spelling (deepseek-v3.1: v3, not v2)
-            pick = min(same, key=lambda b: (_shape_distance(family[b], given), -SequenceMatcher(None, name, b).ratio()))
-            m = family[pick]
-            if k == 1 and m.moe is not None and not _plain(m) and _shape_distance(m, given) > EXACT:
-                break  # one word in common carries no family's peculiarities (Llama-3-MoE is no Llama 4)
-            return pick
+            return min(same, key=lambda b: (_shape_distance(family[b], given), -SequenceMatcher(None, name, b).ratio()))
     if not given:
         return None  # no family and no shape: nothing to build it on (missing_model)
     best, best_d = GENERIC, float("inf")
@@ -739,9 +742,33 @@ def _built(name: str, row: dict, base_name: str) -> ModelSpec:
         return base
 
 
-# words a released checkpoint's name adds that do not change its architecture
-_RELEASE_WORDS = frozenset({"base", "instruct", "chat", "it", "hf", "pt", "sft", "preview", "release", "bf", "fp",
-                            "llm", "model", "text", "pretrain", "pretrained", "pretraining"})  # NeMo: LLAMA4-Scout-LLM
+# words a name adds that make it another model than the bundled one it otherwise spells: another
+# size or modality of a family (DeepSeek-V2-Lite, GLM-4.5-Air, Qwen3-VL)
+_VARIANT_WORDS = frozenset({"lite", "mini", "small", "tiny", "nano", "micro", "flash", "air", "medium", "large", "xl",
+                            "pro", "max", "plus", "ultra", "turbo", "light", "next", "vl", "vision", "omni", "audio"})
+
+
+def _release_of(parts: tuple[str, ...], spec: tuple[str, ...]) -> bool:
+    """Whether a name (no columns, no size) names a release of the bundled spec whose words and
+    numbers are `spec`: all of them, in order, from its first; a number may differ from the spec's
+    below its major version (DeepSeek-V3.1 and GLM-4.6 are releases of deepseek-v3 and glm-4.5,
+    DeepSeek-V4 and Kimi K3 not of V2 or K2); words beyond them name a release (Instruct,
+    Thinking, Terminus, LLM, a date), not another size or modality (_VARIANT_WORDS)."""
+    if len(parts) < len(spec) or len(spec) < 2:
+        return False
+    major = lambda t: t.split(".")[0]  # noqa: E731
+    for a, b in zip(parts, spec):
+        if a != b and not (a[:1].isdigit() and b[:1].isdigit() and major(a) == major(b)):
+            return False
+    return not any(t in _VARIANT_WORDS for t in parts[len(spec):])
+
+
+def _own_code(m: ModelSpec) -> bool:
+    """A spec's attention or expert code no other family runs: sliding windows, chunked attention,
+    expert biases or clamps, 2-matrix experts (GPT-OSS, Llama 4, X-MoE and Piper's synthetics)."""
+    mo = m.moe
+    return (m.sliding_window is not None or m.attention_chunk is not None
+            or (mo is not None and (mo.expert_bias or mo.glu_clamp is not None or not mo.gated)))
 
 
 def _moe_named(parts: tuple[str, ...]) -> bool:
@@ -751,14 +778,24 @@ def _moe_named(parts: tuple[str, ...]) -> bool:
                _SIZE.fullmatch(parts[i + 1])) for i, t in enumerate(parts))
 
 
-def _same_kind_by_name(parts: tuple[str, ...], spec: tuple[str, ...]) -> bool:
-    """A bundled spec a name with no columns may mean by its stated size: one whose name marks it
-    MoE or dense as the row's does (Qwen3-32B, dense, is no Qwen3-30B-A3B; Qwen2.5-72B no
-    Qwen2-57B-A14B), unless the two state the same size (Qwen3 235B: qwen3-235b-a22b)."""
-    if _moe_named(parts) == _moe_named(spec):
-        return True
-    size = lambda t: next((x for x in t if _SIZE.fullmatch(x)), None)  # noqa: E731
-    return size(parts) is not None and size(parts) == size(spec)
+def _active_named(parts: tuple[str, ...]) -> bool:
+    """Whether a name states its active size (Qwen3-30B-A3B's "a", "3b"): a MoE's own naming."""
+    return any(t == "a" and i + 1 < len(parts) and _SIZE.fullmatch(parts[i + 1]) for i, t in enumerate(parts))
+
+
+def _same_kind_by_name(parts: tuple[str, ...], spec: str) -> bool:
+    """A bundled spec a name with no columns may mean by its stated size: not a MoE for a name that
+    marks one (_moe_named) where the spec has no experts, and not a spec whose name states an active
+    size for a name that states none (Qwen3-32B, dense, is no Qwen3-30B-A3B; Qwen2.5-72B no
+    Qwen2-57B-A14B) unless the two state the same size (Qwen3 235B: qwen3-235b-a22b). A spec whose
+    name says nothing of its kind (kimi-k2, deepseek-v3) may be meant either way ("Kimi K2 1T MoE")."""
+    toks = _tokens(spec)
+    if _moe_named(parts) and _bundled_model(spec).moe is None:
+        return False
+    if _active_named(toks) and not _active_named(parts):
+        i, j = _size_at(parts), _size_at(toks)
+        return i is not None and j is not None and parts[i] == toks[j]
+    return True
 
 
 def _shape_distance(m: ModelSpec, given: dict) -> float:
