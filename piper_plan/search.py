@@ -760,6 +760,10 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     comps = sorted(((k, v) for k, v in worst.items() if k not in ("stage", "role", "total", "host")),
                    key=lambda kv: -kv[1])
     avail = hw.accelerator.memory_gib - headroom_gib
+    if hw.memory_overhead_gib >= avail:  # (a what-if scenario may shrink the device so far: a spec may not say so)
+        lines.append(f"nothing fits on any number of GPUs: the spec's reserve (memory_overhead_gib "
+                     f"{hw.memory_overhead_gib:g} GiB) fills the {avail:g} GiB available on each")
+        return lines
     lines.append(f"nothing fits: the leanest layout ({degrees_label(lay)} mbs{lay.mbs} "
                  f"{lay.schedule} recompute={lay.recompute} zero{lay.zero}) needs {row['peak_memory_gib']:.1f} GiB on "
                  f"stage {worst['stage']}, {avail:.1f} GiB available; largest parts: "

@@ -25,6 +25,11 @@ MIN_FRACTION = 1e-3
 MAX_GIB = 1 << 20  # memory figures (GiB) up to 1 PiB a device or host: any larger is a typo's extra digits
 
 
+# the element types a peak may be stated for (the planner prices bf16/fp16/fp32 and the FP8 recipes)
+PEAK_DTYPES = frozenset({"bf16", "fp16", "fp32", "tf32", "fp8", "fp6", "fp4", "int8", "mxfp8", "mxfp4", "nvfp4",
+                         "fp8_blockwise"})
+
+
 class Accelerator(_Optional):
     _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib", "fp8_any_layout")
 
@@ -60,6 +65,9 @@ class Accelerator(_Optional):
     def _peaks(self):
         if "bf16" not in self.peak_tflops:
             raise ValueError("peak_tflops needs a bf16 entry")
+        unknown = sorted(set(self.peak_tflops) - PEAK_DTYPES)
+        if unknown:  # a misspelt dtype (BF16, bfloat16) would sit beside the real one, never read
+            raise ValueError(f"peak_tflops keys must be among {', '.join(sorted(PEAK_DTYPES))}; not {unknown}")
         for k, v in self.peak_tflops.items():
             if not 1e-6 <= v <= 1e7:  # (a TFLOP/s of 1e-300 or 1e300 overflows the step time)
                 raise ValueError(f"peak_tflops.{k} must be in [1e-6, 1e7] TFLOP/s")
@@ -340,7 +348,14 @@ class HardwareSpec(_Optional):
             if seen_nic and not lv.via_nic:
                 raise ValueError(f"level {lv.name!r} sits above a via_nic level and must be via_nic too")
             seen_nic |= lv.via_nic
+            if lv.mesh and inter:  # no switch, a link per pair: 8 GPUs of an AMD platform, not a fabric of nodes
+                raise ValueError(f"level {lv.name!r}: mesh (a direct link between every pair of GPUs) spans one "
+                                 f"node at most ({self.gpus_per_node} GPUs), got {lv.size}; a torus or other direct "
+                                 "network between nodes is not modelled")
         self._job_blocks()
+        if self.network.cross_rail_taper != 1.0 and not self.network.rail_optimized:
+            raise ValueError("network.cross_rail_taper prices the spine between the rails of a rail-optimized fabric "
+                             "(rail_optimized: true); a tapered spine of any fabric is topology[*].taper")
         aff = self.network.nic_affinity
         if aff is not None:
             if len(aff) != self.gpus_per_node:
@@ -410,8 +425,12 @@ class HardwareSpec(_Optional):
 
     @property
     def nic_gbps_per_gpu(self) -> float:
-        """Injection bandwidth a GPU gets from the node's NICs when all GPUs send, GB/s."""
-        return self.network.nics_per_node * self.network.nic_gbps / self.gpus_per_node
+        """Injection bandwidth a GPU gets from the node's NICs when all GPUs send, GB/s: its NIC's
+        rate over the GPUs that share it, on the busiest NIC (nic_of), which the slowest rank of a
+        collective or exchange waits on; with GPUs spread evenly, nics x nic_gbps / GPUs."""
+        shared = max(sum(self.nic_of(g) == n for g in range(self.gpus_per_node))
+                     for n in range(self.network.nics_per_node))
+        return self.network.nic_gbps / max(shared, 1) if shared else self.network.nic_gbps
 
     def level_bandwidth_gbps(self, i: int) -> float:
         lv = self.topology[i]

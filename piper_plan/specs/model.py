@@ -54,6 +54,8 @@ class MoESpec(_Optional):
 
     @model_validator(mode="after")
     def _k(self):
+        if self.shared_expert_ffn_size is not None and not self.shared_experts:
+            raise ValueError("shared_expert_ffn_size needs shared_experts > 0 (no shared expert to be that wide)")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
         if (self.route_groups is None) != (self.route_group_limit is None):
@@ -140,6 +142,10 @@ class ModelSpec(_Optional):
             raise ValueError("moe.every > 1 interleaves dense layers, which need ffn_size > 0")
         if self.dense_layers > self.num_layers:
             raise ValueError("dense_layers exceeds num_layers")
+        if self.moe is None and self.dense_layers:
+            raise ValueError("dense_layers counts the leading dense layers of a MoE model; a dense model has no moe")
+        if self.mla is not None and self.head_dim is not None:
+            raise ValueError("head_dim is unused with mla (its widths are mla's qk_nope/qk_rope/v_head_dim)")
         if self.mtp_dense and (self.mtp_layers == 0 or self.ffn_size == 0):
             raise ValueError("mtp_dense needs mtp_layers > 0 and ffn_size > 0 (the dense block's width)")
         local = self.sliding_window is not None or self.attention_chunk is not None

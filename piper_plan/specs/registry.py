@@ -193,14 +193,22 @@ def load_model(ref: str) -> ModelSpec:
         from .hf import model_from_hf_config
 
         return model_from_hf_config(cfg, str(path))
-    return parse(ModelSpec, _with_base(path, read_yaml(path), (), "models"), str(path))
+    data = read_yaml(path)
+    if "accelerator" in data or ("network" in data and "num_layers" not in data):
+        raise SpecError(str(path), "accelerator" if "accelerator" in data else "network",
+                        "this is a hardware spec, not a model: pass it as the hardware (-H)")
+    return parse(ModelSpec, _with_base(path, data, (), "models"), str(path))
 
 
 def load_hardware(ref: str) -> HardwareSpec:
     """A bundled hardware name or a hardware YAML; a YAML with `base:` (a bundled name or a path
     beside it) is that spec with the YAML's fields laid over it (_with_base)."""
     path = _resolve(ref, "hardware")
-    return parse(HardwareSpec, _with_base(path, read_yaml(path), (), "hardware"), str(path))
+    data = read_yaml(path)
+    if "num_layers" in data or "model_type" in data:
+        raise SpecError(str(path), "num_layers" if "num_layers" in data else "model_type",
+                        "this is a model spec, not hardware: pass it as the model (-m)")
+    return parse(HardwareSpec, _with_base(path, data, (), "hardware"), str(path))
 
 
 def _with_base(path: Path, data: dict, seen: tuple[str, ...], kind: str) -> dict:
