@@ -428,9 +428,13 @@ class HardwareSpec(_Optional):
         """Injection bandwidth a GPU gets from the node's NICs when all GPUs send, GB/s: its NIC's
         rate over the GPUs that share it, on the busiest NIC (nic_of), which the slowest rank of a
         collective or exchange waits on; with GPUs spread evenly, nics x nic_gbps / GPUs."""
-        shared = max(sum(self.nic_of(g) == n for g in range(self.gpus_per_node))
-                     for n in range(self.network.nics_per_node))
-        return self.network.nic_gbps / max(shared, 1) if shared else self.network.nic_gbps
+        aff, nics, gpn = self.network.nic_affinity, self.network.nics_per_node, self.gpus_per_node
+        if aff is not None:
+            shared = max(aff.count(n) for n in set(aff))
+        else:  # nic_of's blocks: `per` GPUs a NIC, the last NIC taking what is left
+            per = max(1, gpn // nics)
+            shared = max(per, gpn - per * (nics - 1))
+        return self.network.nic_gbps / shared
 
     def level_bandwidth_gbps(self, i: int) -> float:
         lv = self.topology[i]
