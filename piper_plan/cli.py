@@ -654,20 +654,9 @@ def _space(kw, model, gpus):
 
 
 def _zeros(kw) -> dict:
-    """--zero's stages, where given: a list piper-train cannot run all of is refused (the default,
-    every stage, is cut to the ones it runs by search.for_runtime)."""
-    from .errors import PiperError
-    from .runtimes import PIPER_TRAIN
-
-    if kw.get("zeros") is None:
-        return {}
-    zeros = _ints(kw["zeros"], "--zero", 0, 3)
-    if kw.get("runtime") == "piper-train":
-        s = next(s for s in PIPER_TRAIN if s.field == "zero")
-        bad = [z for z in zeros if z not in s.allowed]
-        if bad:
-            raise PiperError(f"--runtime piper-train: it cannot run --zero {bad[0]} ({s.does})")
-    return {"zeros": zeros}
+    """--zero's stages, where given (search.for_runtime refuses a list piper-train cannot run and
+    cuts the default, every stage, to the ones it runs)."""
+    return {} if kw.get("zeros") is None else {"zeros": _ints(kw["zeros"], "--zero", 0, 3)}
 
 
 def _load_for_search(kw):

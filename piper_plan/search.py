@@ -48,6 +48,9 @@ STATE_BOUND = "parameter + optimizer state alone exceed device memory (bound)"
 LOGITS_BOUND = "a micro-batch's LM-head logits alone exceed device memory (bound)"
 
 
+ALL_ZEROS = (0, 1, 2, 3)  # the ZeRO stages a search tries unless asked for fewer
+
+
 @dataclass
 class SearchSpace:
     gpus: int
@@ -58,7 +61,7 @@ class SearchSpace:
     recomputes: tuple[str, ...] = ("none", "selective", "full")
     # the module sets "selective" tries (Layout.recompute_modules), each a choice of its own
     selective: tuple[tuple[str, ...], ...] = (("core_attn",),)
-    zeros: tuple[int, ...] = (0, 1, 2, 3)
+    zeros: tuple[int, ...] = ALL_ZEROS
     # also try each ZeRO stage >= 1 sharded inside the scale-up domain and replicated across it
     # (Layout.zero_replicas, hsdp_replicas)
     hsdp: bool = False
@@ -124,9 +127,9 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
     the ZeRO stages it implements (ZeRO-2 not with zbv / dualpipev, a search rule), and none of
     the other stacks' features. A value the caller asked for that it cannot run raises
     PiperError naming the option, unless no layout of the space would run it (Support.searched_when:
-    --no-p2p-overlap without the interleaved schedule); the ZeRO stages, which the space enumerates
-    by itself, are cut instead; so does a `model` it cannot train (runtimes.model_refusal). "any"
-    returns `sp` unchanged."""
+    --no-p2p-overlap without the interleaved schedule); the ZeRO stages, where the space enumerates
+    all of them by itself (ALL_ZEROS), are cut instead; so does a `model` it cannot train
+    (runtimes.model_refusal). "any" returns `sp` unchanged."""
     from dataclasses import replace
 
     from .errors import PiperError
@@ -151,7 +154,7 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
         plural = attr in several.values()
         asked = getattr(sp, attr) if plural else (getattr(sp, attr),)
         bad = [v for v in asked if not runs(s, v)]
-        if bad and attr != "zeros":
+        if bad and not (attr == "zeros" and asked == ALL_ZEROS):
             raise PiperError(f"--runtime piper-train: it cannot run {s.option} {shown(bad[0])} ({s.does})")
         if plural:
             cut[attr] = tuple(v for v in asked if runs(s, v))
@@ -752,6 +755,11 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
                          f"{sp.gpus} sequences for full data parallelism")
         return lines
     est = res.est
+    avail = hw.accelerator.memory_gib - headroom_gib
+    if hw.memory_overhead_gib >= avail:  # (a what-if scenario may shrink the device so far: a spec may not say so)
+        lines.append(f"nothing fits on any number of GPUs: the spec's reserve (memory_overhead_gib "
+                     f"{hw.memory_overhead_gib:g} GiB) fills the {avail:g} GiB available on each")
+        return lines
     piper_train = sp.runtime == "piper-train"  # (hints name only options the runtime runs)
     i = int(np.argmin(est.peak_memory_gib))
     lay = res.batch.layout(i)
@@ -759,11 +767,6 @@ def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult,
     worst = max(row["memory_gib_per_stage"], key=lambda d: d["total"])
     comps = sorted(((k, v) for k, v in worst.items() if k not in ("stage", "role", "total", "host")),
                    key=lambda kv: -kv[1])
-    avail = hw.accelerator.memory_gib - headroom_gib
-    if hw.memory_overhead_gib >= avail:  # (a what-if scenario may shrink the device so far: a spec may not say so)
-        lines.append(f"nothing fits on any number of GPUs: the spec's reserve (memory_overhead_gib "
-                     f"{hw.memory_overhead_gib:g} GiB) fills the {avail:g} GiB available on each")
-        return lines
     lines.append(f"nothing fits: the leanest layout ({degrees_label(lay)} mbs{lay.mbs} "
                  f"{lay.schedule} recompute={lay.recompute} zero{lay.zero}) needs {row['peak_memory_gib']:.1f} GiB on "
                  f"stage {worst['stage']}, {avail:.1f} GiB available; largest parts: "

@@ -598,6 +598,16 @@ def _step_gap(row, m, lay, est, i) -> dict:
     return out
 
 
+def searched_figure(est, i, lay: Layout, metric: str, tflops=None) -> float:
+    """A searched plan's own figure in a row's throughput `metric` (model or hardware TFLOPS per
+    GPU, tokens/s per GPU, the step's seconds); `tflops` where the row counts model FLOPs its own
+    way (_row_value), else the estimate's."""
+    own = {"model_tflops_per_gpu": est.tflops_per_gpu[i] if tflops is None else tflops,
+           "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i], "iteration_time_s": est.step_time_s[i],
+           "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
+    return float(own[metric])
+
+
 def _row_value(row, m, lay, est, i) -> tuple[float, str]:
     """The row's metric from the estimate it is priced under (_row_estimate), and the layout."""
     metric = row["metric"]
@@ -608,9 +618,7 @@ def _row_value(row, m, lay, est, i) -> tuple[float, str]:
     if row.get("attention_flops", "") == "full":  # the source's count: every query against every key
         tflops = est.tokens_per_s[i] / lay.gpus * _flops_per_token(row, m, lay.seq) / 1e12
     if is_searched(row):  # the searched plan's own figures (its global batch is the search's)
-        own = {"model_tflops_per_gpu": tflops, "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i],
-               "iteration_time_s": step, "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
-        return float(own[metric]), _desc(lay)
+        return searched_figure(est, i, lay, metric, tflops), _desc(lay)
     if metric == "hw_tflops_per_gpu":
         if _narayanan_convention(m, lay):
             return _narayanan_flops(row, m, lay) / step / lay.gpus / 1e12, _desc(lay)

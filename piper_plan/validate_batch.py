@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .search import search
-from .validate import data_path, is_searched, row_specs, searched_space
+from .validate import data_path, is_searched, row_specs, searched_figure, searched_space
 from .validate_rows import read_rows
 
 # sequences per GPU per step: 1 is the least Piper's PP x EP mesh can run under 1F1B with one
@@ -32,11 +32,9 @@ def _best(m, hw, space, metric: str) -> tuple[float | None, str]:
     res = search(m, hw, space)
     if res.best is None:
         return None, ""
-    i, est = res.best, res.est
-    lay = res.batch.layout(i)
-    own = {"model_tflops_per_gpu": est.tflops_per_gpu[i], "hw_tflops_per_gpu": est.hw_tflops_per_gpu[i],
-           "iteration_time_s": est.step_time_s[i], "tokens_per_s_per_gpu": est.tokens_per_s[i] / lay.gpus}
-    return float(own[metric]), f"pp{lay.pp} ep{lay.ep} dp{lay.dp} mbs{lay.mbs} rc={lay.recompute}"
+    lay = res.batch.layout(res.best)
+    return (searched_figure(res.est, res.best, lay, metric),
+            f"pp{lay.pp} ep{lay.ep} dp{lay.dp} mbs{lay.mbs} rc={lay.recompute}")
 
 
 def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = None) -> list[dict]:

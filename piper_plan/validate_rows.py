@@ -211,12 +211,14 @@ def _unambiguous(path, rid: str, r: dict, sep: str) -> None:
     Python's own output, reads as 1.5). A comma table's "3,000" (quoted) is a thousand, a semicolon
     table's "1,420" 1.42 (_normalise)."""
     pattern = _GROUPED.get(sep)
+    if pattern is None:
+        return
     for c in (*INTS, *FLOATS):
         v = r.get(c, "")
-        if pattern is not None and pattern.fullmatch(v):
-            raise TableError(path, rid, c, f"{v!r} reads as {v.replace(',', '').replace('.', '')} in one locale and "
-                             f"as {v.replace(',', '.')} in another; write the number without grouping "
-                             f"({v.replace(',', '').replace('.', '')}) or with a decimal point")
+        if pattern.fullmatch(v):
+            whole = v.replace(",", "").replace(".", "")
+            raise TableError(path, rid, c, f"{v!r} reads as {whole} in one locale and as {v.replace(',', '.')} in "
+                             f"another; write the number without grouping ({whole}) or with a decimal point")
 
 
 def _delimiter(f) -> str:
@@ -239,12 +241,17 @@ def _cells(path, reader: csv.DictReader, r: dict) -> dict:
     spill = r.get(None)  # DictReader's cells beyond the header
     if spill:
         width = len(reader.fieldnames)
-        rid = next((v.strip() for k, v in r.items() if k and _column(k) == "id" and v and v.strip()),
-                   f"at line {reader.line_num}")
+        rid = _raw_id(reader, r)
         sep = {",": "comma", ";": "semicolon", "\t": "tab"}.get(reader.reader.dialect.delimiter, "separator")
         raise TableError(path, rid, "cells", f"{width + len(spill)} cells where the header has {width} columns; a "
                          f"cell holding a {sep} must be quoted")
     return r
+
+
+def _raw_id(reader: csv.DictReader, cells: dict) -> str:
+    """A row's id as read (any heading the schema reads as id), or its line in the file."""
+    return next((v.strip() for k, v in cells.items() if k and _column(k) == "id" and v and v.strip()),
+                f"at line {reader.line_num}")
 
 
 def _headed(path, reader: csv.DictReader, cells: dict) -> None:
@@ -252,10 +259,8 @@ def _headed(path, reader: csv.DictReader, cells: dict) -> None:
     figure there is a shifted row or a column someone forgot to name, which would be dropped."""
     stray = [v.strip() for k, v in cells.items() if k is not None and not k.strip() and v and v.strip()]
     if stray:
-        rid = next((v.strip() for k, v in cells.items() if k and _column(k) == "id" and v and v.strip()),
-                   f"at line {reader.line_num}")
-        raise TableError(path, rid, "cells", f"{stray[0]!r} sits under a column with no heading; name the column "
-                         "or move the value")
+        raise TableError(path, _raw_id(reader, cells), "cells", f"{stray[0]!r} sits under a column with no "
+                         "heading; name the column or move the value")
 
 
 def _beside_table(path, r: dict) -> None:
@@ -703,7 +708,8 @@ def _template(name: str, row: dict) -> str | None:
         return max(releases, key=lambda b: SequenceMatcher(None, name, b).ratio()) if releases else None
     # with a size in its name, a spec the columns turn into a model of another size is the wrong
     # one (Qwen3-32B's columns on qwen3-235b-a22b build a 201B MoE)
-    fits = (lambda b: _of_size(_built(name, row, b), size)) if size else (lambda b: True)
+    built = lru_cache(maxsize=None)(lambda b: _built(name, row, b))  # the family's and the fallback's candidates
+    fits = (lambda b: _of_size(built(b), size)) if size else (lambda b: True)
     for k in range(len(parts) - 1, 0, -1):
         family = {b: _bundled_model(b) for b in names if _tokens(b)[:k] == parts[:k]}
         # one word in common lends no attention or expert code of a family's own (Llama 4's chunks,
@@ -726,7 +732,7 @@ def _template(name: str, row: dict) -> str | None:
         if size:  # the build's size against the name's, the one figure of the whole model a row states,
             # counted as four columns: it tells SwiGLU from GELU where the widths cannot (Qwen3-32B's
             # FFN is 5 d wide, GELU's width, yet its columns build 30.5B on Llama and 24.3B on GPT)
-            d += 4.0 * abs(math.log(_built(name, row, b).total_params / size))
+            d += 4.0 * abs(math.log(built(b).total_params / size))
         if d < best_d:
             best, best_d = b, d
     return best
@@ -772,10 +778,9 @@ def _own_code(m: ModelSpec) -> bool:
 
 
 def _moe_named(parts: tuple[str, ...]) -> bool:
-    """Whether a name's words mark a MoE model: an active size (Qwen3-30B-A3B's "a", "3b"),
-    experts times size (Mixtral 8x7B's "8x"), an expert count (Llama-4-Scout-17B-16E's "16e"), or MoE."""
-    return any(t == "moe" or re.fullmatch(r"\d+x|\d+e", t) or (t == "a" and i + 1 < len(parts) and
-               _SIZE.fullmatch(parts[i + 1])) for i, t in enumerate(parts))
+    """Whether a name's words mark a MoE model: an active size (_active_named), experts times size
+    (Mixtral 8x7B's "8x"), an expert count (Llama-4-Scout-17B-16E's "16e"), or MoE."""
+    return _active_named(parts) or any(t == "moe" or re.fullmatch(r"\d+x|\d+e", t) for t in parts)
 
 
 def _active_named(parts: tuple[str, ...]) -> bool:

@@ -509,7 +509,11 @@ PAT_RANK_SHARE = 2.8 / 14.0
 def pat_runs(hw: HardwareSpec, n, stride) -> np.ndarray:
     """Where NCCL may run PAT over n ranks `stride` apart: two ranks or more, each in a node of
     its own (_node_tree's fullest node holds one), on a spec whose library runs it (_runs_pat)."""
-    _, _, node, _ = _node_tree(hw, n, stride)
+    return _pat_where(hw, n, _node_tree(hw, n, stride)[2])
+
+
+def _pat_where(hw: HardwareSpec, n, node) -> np.ndarray:
+    """pat_runs from the group's fullest node's members (_node_tree), where they are at hand."""
     return (node <= 1) & (np.asarray(n) > 1) & _runs_pat(hw)
 
 
@@ -518,10 +522,10 @@ def pat_latency(hw: HardwareSpec, n, stride, span=None, world=None) -> np.ndarra
     over the nodes (_node_tree: floor(log2) of each NIC level's domains, at that level's latency)
     at 1/3.5 of a hop each, plus 0.2 of the group's mean ring step (group_span; `span` where
     found) a rank; inf where it does not run (pat_runs)."""
-    hops, on_node, _, lat = _node_tree(hw, n, stride)
+    hops, on_node, node, lat = _node_tree(hw, n, stride)
     step = (span if span is not None else group_span(hw, n, stride, world))[1]
     t = PAT_HOP_SHARE * np.where(on_node, 0.0, hops * lat).sum(0) + PAT_RANK_SHARE * step * np.asarray(n, float)
-    return np.where(pat_runs(hw, n, stride), t, np.inf)
+    return np.where(_pat_where(hw, n, node), t, np.inf)
 
 
 def _runs_pat(hw: HardwareSpec) -> bool:

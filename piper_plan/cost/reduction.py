@@ -144,10 +144,8 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     ag = _both(comm.allgather, hw, rep_w, exp * wb, groups)
     rs_half = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, groups, 0.5)
     n_units, n_moe = units
-    rs_extra = _unit_extra(hw, exp, groups, n_units, n_moe)
-    ag_extra = _unit_gather_extra(hw, rep_w, exp * wb, groups, n_units, n_moe, ag, rs_extra)
+    rs_extra, ag_extra = _unit_extras(hw, lay, exp, rep_w, exp * wb, groups, n_units, n_moe, ag)
     if lay.unfused.any():
-        ag_extra = np.where(lay.unfused, rs_extra, ag_extra)
         # piper-train's ZeRO moves whole parameters through their owners (runtime/optim.py): ZeRO-2
         # reduces each bucket to its owner and every owner broadcasts its share, one after another,
         # each a rooted collective that moves its whole buffer through the root (comm.rooted): all
@@ -171,21 +169,37 @@ def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units) -> np.ndarray:
             + np.where(np.asarray(exp) > 0, more(moe_units) * comm.call_latency(hw, n_e, st_e, span_e, w_e), 0.0))
 
 
+def _unit_extras(hw: HardwareSpec, lay: LayoutBatch, exp, dense_w, expert_w, groups, units, moe_units, ag):
+    """(reduce-scatter's, gather's) latency the units' calls beyond the first add (_unit_extra,
+    _unit_gather_extra over `ag`, the fused gather as one call): piper-train's gathers are owner
+    broadcasts, which NCCL runs as rings only, so they keep the ring's."""
+    rs_extra = _unit_extra(hw, exp, groups, units, moe_units)
+    ag_extra = _unit_gather_extra(hw, dense_w, expert_w, groups, units, moe_units, ag, rs_extra)
+    return rs_extra, np.where(lay.unfused, rs_extra, ag_extra) if lay.unfused.any() else ag_extra
+
+
+def _per_unit(op, hw: HardwareSpec, dense_bytes, expert_bytes, groups, units, moe_units):
+    """Seconds of a collective `op` (comm.allgather, comm.allreduce) made a call a unit: `units`
+    calls over the dense group of `groups`, each 1/units of dense_bytes, and `moe_units` over the
+    expert group, each priced as the library picks for its own size."""
+    (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
+    u, mu = np.maximum(np.asarray(units, dtype=float), 1.0), np.maximum(np.asarray(moe_units, dtype=float), 1.0)
+    return (u * op(hw, dense_bytes / u, n_d, st_d, span=span_d, world=w_d)
+            + mu * op(hw, expert_bytes / mu, n_e, st_e, span=span_e, world=w_e))
+
+
 def _unit_gather_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, units, moe_units, one, ring_extra):
     """Seconds the gather adds when it is made a call a unit (ZeRO-3) over `one`, its price as one
     call: where a group can run NCCL's PAT (one rank a node: comm.pat_latency finite), each of the
     `units` dense and `moe_units` expert calls is priced at its own size as NCCL picks
     (comm.allgather; u calls of b/u never cost less than one of b, ring or PAT); elsewhere the
     ring's `ring_extra` (_unit_extra: the same split, whose bytes cost the same in one call or
-    many). The caller keeps `ring_extra` for piper-train's gathers, owner broadcasts that NCCL
-    runs as rings only."""
-    (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
+    many)."""
+    (n_d, st_d, _, _), (n_e, st_e, _, _) = groups
     pat = comm.pat_runs(hw, n_d, st_d) | comm.pat_runs(hw, n_e, st_e)
     if not np.any(pat):
         return ring_extra
-    u, mu = np.maximum(np.asarray(units, dtype=float), 1.0), np.maximum(np.asarray(moe_units, dtype=float), 1.0)
-    split = (u * comm.allgather(hw, dense_bytes / u, n_d, st_d, span=span_d, world=w_d)
-             + mu * comm.allgather(hw, expert_bytes / mu, n_e, st_e, span=span_e, world=w_e))
+    split = _per_unit(comm.allgather, hw, dense_bytes, expert_bytes, groups, units, moe_units)
     return np.where(pat, split - one, ring_extra)
 
 
@@ -195,10 +209,7 @@ def _unit_allreduce_extra(hw: HardwareSpec, dense_bytes, expert_bytes, groups, u
     group of `groups`, each 1/units of dense_bytes, and `moe_units` over the expert group, each
     priced as NCCL picks for its own size (comm.allreduce: a ring or the tree). Floored at 0:
     NCCL's tree correction is not monotone in size, so a split could read a hair cheaper."""
-    (n_d, st_d, span_d, w_d), (n_e, st_e, span_e, w_e) = groups
-    u, mu = np.maximum(np.asarray(units, dtype=float), 1.0), np.maximum(np.asarray(moe_units, dtype=float), 1.0)
-    split = (u * comm.allreduce(hw, dense_bytes / u, n_d, st_d, span=span_d, world=w_d)
-             + mu * comm.allreduce(hw, expert_bytes / mu, n_e, st_e, span=span_e, world=w_e))
+    split = _per_unit(comm.allreduce, hw, dense_bytes, expert_bytes, groups, units, moe_units)
     return np.maximum(split - one, 0.0)
 
 
@@ -282,10 +293,8 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
     ag = _both(comm.allgather, hw, rep_w, exp * wb, shards)
     rs = _both(comm.ring_allreduce, hw, rep * gb, exp * gb, shards, 0.5)
     n_u, n_m = coll.units, coll.moe_units
-    rs_extra = _unit_extra(hw, exp, shards, n_u, n_m)
-    ag_extra = _unit_gather_extra(hw, rep_w, exp * wb, shards, n_u, n_m, ag, rs_extra)
+    rs_extra, ag_extra = _unit_extras(hw, lay, exp, rep_w, exp * wb, shards, n_u, n_m, ag)
     if lay.unfused.any():  # through the owners, over the shard's ranks
-        ag_extra = np.where(lay.unfused, rs_extra, ag_extra)
         ag = np.where(lay.unfused, _both(comm.rooted, hw, rep_w, exp * wb, shards), ag)
         rs = np.where(lay.unfused, _both(comm.rooted, hw, rep * gb, exp * gb, shards, True), rs)
         ar = np.where(reduced_whole(lay), 0.0, ar)
