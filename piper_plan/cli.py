@@ -115,6 +115,11 @@ def _plan_migration(kw, model, layout, output):
 
 # how the training stack runs its kernels: the planner prices each (estimate and search alike)
 STACK_OPTIONS = [
+        click.option("--attention", type=click.Choice(["flash", "fa2", "eager"]), default="flash", show_default=True,
+                     help="the attention kernel: flash, the fused kernel the hardware spec's plateau measures "
+                     "(Transformer Engine's cuDNN on Hopper and Blackwell); fa2, FlashAttention-2, which PyTorch's "
+                     "scaled_dot_product_attention runs on Hopper in torch 2.5.1-2.10 (torchtitan, Hugging Face), "
+                     "at the spec's efficiency.attention_fa2; eager, materialised scores (Megatron-LM of 2021-22)"),
         click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
                      help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
         click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
@@ -270,7 +275,6 @@ def layout_options(fn):
         click.option("--placement", type=click.Choice(["packed", "spread"]), default="packed", show_default=True),
         click.option("--routing", default="uniform", show_default=True,
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train (its last run's per-expert loads)"),
-        click.option("--attention", type=click.Choice(["flash", "eager"]), default="flash", show_default=True),
         click.option("--dropout/--no-dropout", default=False, show_default=True),
         *STACK_OPTIONS,
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
@@ -337,12 +341,14 @@ def _show_track_record(model, hw) -> None:
 
 def _check_peaks(hw, ref: str, kw) -> None:
     """The spec must give the peak the options' GEMMs run at (--dtype's, and fp8's for an --fp8
-    recipe): one line naming the file, before anything is priced."""
+    recipe) and the plateau of the attention kernel they run (--attention fa2): one line naming the
+    file, before anything is priced."""
     from .specs.registry import _resolve
 
     # every FP8 recipe runs at the fp8 peak, and so does FP8 attention
     need = [kw["dtype"]] + (["fp8"] if kw["fp8"] != "none" or kw.get("attention_fp8") else [])
     hw.require_peaks(need, str(_resolve(ref, "hardware")))
+    hw.require_attention(kw["attention"], str(_resolve(ref, "hardware")))
 
 
 def _check_machine_size(hw, source: str, gpus: int, said: set | None = None) -> None:
@@ -630,7 +636,12 @@ def _space(kw, model, gpus):
     from .search import SearchSpace, for_runtime
     from .specs.model import MAX_LAYERS  # (no chunk holds more layers than a model may have)
 
+    from .errors import SpecError
+
     _check_grad_dtype(kw)
+    if kw["attention_fp8"] and kw["attention"] != "flash":  # (estimate's layout check says it for one layout)
+        raise SpecError("--attention-fp8", f"with --attention {kw['attention']}", "expected --attention flash: FP8 "
+                        "attention is Transformer Engine's fused kernel (fp8_dot_product_attention)")
 
     seq, gbs = _seq_batch(kw, model)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)
@@ -641,7 +652,7 @@ def _space(kw, model, gpus):
                      etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
-                     p2p_overlap=kw["p2p_overlap"],
+                     attention_kernel=kw["attention"], p2p_overlap=kw["p2p_overlap"],
                      fp8=kw["fp8"], fp8_params=kw["fp8_params"], expert_probs=kw["expert_probs"],
                      cuda_graphs=_graph_scopes(kw), pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
                      optimizer_offload=_fractions(kw["optimizer_offload"], "--optimizer-offload"),

@@ -29,6 +29,7 @@ Fp8 = Literal["none", "current", "mxfp8", "blockwise"]
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts",
                           "attn_block", "act_fc2"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
+AttentionKernel = Literal["flash", "fa2", "eager"]
 ExpertProbs = Literal["combine", "activation"]
 A2A = Literal["flat", "halo", "dedup"]
 # Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
@@ -93,8 +94,12 @@ class Layout(BaseModel):
                      "node's experts over the scale-up links)")
     placement: Placement = "packed"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
-    attention_kernel: Literal["flash", "eager"] = Field(
-        "flash", description="fused flash attention, or eager (materialised scores; Megatron 2021/22)")
+    attention_kernel: AttentionKernel = Field(
+        "flash", description="flash: the fused kernel the hardware spec's attention plateau measures (Transformer "
+        "Engine's cuDNN kernel on Hopper and Blackwell, FlashAttention-2 on A100, CK on MI300X); fa2: "
+        "FlashAttention-2, PyTorch SDPA's flash backend, which torch 2.5.1-2.10 run on Hopper (cuDNN's is opt-in "
+        "there: pytorch#138522; later releases prefer it on sm90/sm100 with cuDNN > 9.15): torchtitan's and "
+        "Hugging Face's runs, at the spec's efficiency.attention_fa2; eager: materialised scores (Megatron 2021/22)")
     fused_kernels: bool = Field(True, description="fused norm / SwiGLU / routing kernels (Megatron, TE); false "
                                 "for eager PyTorch modules (piper-train), which save extra tensors")
     expert_gemm: ExpertGemm = Field(
@@ -343,9 +348,12 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.cp > 1 and lay.seq % (2 * lay.cp):
         raise LayoutError("seq divisible by 2*cp", f"seq {lay.seq} does not split into {2 * lay.cp} chunks "
                           "(context parallelism balances causal attention over 2·cp chunks)")
-    if lay.cp > 1 and lay.attention_kernel != "flash":
-        raise LayoutError("cp > 1 needs flash attention", "context parallelism runs ring attention over fused "
-                          "attention kernels; use attention flash")
+    if lay.cp > 1 and lay.attention_kernel == "eager":
+        raise LayoutError("cp > 1 needs fused attention", "context parallelism runs ring attention over fused "
+                          "attention kernels; use attention flash or fa2")
+    if lay.attention_fp8 and lay.attention_kernel != "flash":
+        raise LayoutError("attention_fp8 needs attention flash", f"FP8 attention is Transformer Engine's fused "
+                          f"kernel (fp8_dot_product_attention), not attention {lay.attention_kernel}")
     m = lay.microbatches
     if lay.pp == 1 and (lay.schedule != "1f1b" or lay.vpp != 1):
         raise LayoutError("pp=1 runs no pipeline schedule", f"schedule {lay.schedule} vpp={lay.vpp} with one stage: "

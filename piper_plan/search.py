@@ -271,7 +271,7 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
     etps = sp.etps if m.moe is not None else (1,)
     width = m.moe.expert_ffn_size if m.moe is not None else 1
     # context parallelism splits each sequence into 2·cp causal chunks over fused attention
-    cps = [c for c in sp.cps if c == 1 or (sp.seq % (2 * c) == 0 and sp.attention_kernel == "flash")]
+    cps = [c for c in sp.cps if c == 1 or (sp.seq % (2 * c) == 0 and sp.attention_kernel != "eager")]
     for tp in tps:
         for cp in cps:
             if N % (tp * cp):
@@ -453,7 +453,8 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
         level = [lv.name for lv in hw.topology].index(sp.ep_in_domain)
         rule(f"EP group leaves the {sp.ep_in_domain} domain", per_pl(inside[level] < ep[:, None]))
     cols = dict(gpus=N, tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq, sched=s_idx,
-                eager=sp.attention_kernel == "eager", unfused=not sp.fused_kernels, dropout=False,
+                eager=sp.attention_kernel == "eager", fa2=sp.attention_kernel == "fa2", unfused=not sp.fused_kernels,
+                dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8, p2p_sg=False, tp_async=True,
                 p2p_ovl=sp.p2p_overlap,

@@ -170,6 +170,8 @@ def _settings(row) -> dict:
     --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
     run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to);
     attention_fp8 (yes where the recipe sets fp8_dot_product_attention: Layout.attention_fp8),
+    attention_kernel (fa2 where the stack runs PyTorch SDPA's FlashAttention-2 on Hopper, torchtitan
+    with torch 2.5.1-2.10; blank: the spec's fused kernel, eager for the 2021-22 rows),
     fp8_params (yes where it keeps the weights in FP8, fp8_param_gather / --fp8-param-gather:
     Layout.fp8_params; blank: bf16 weights, TE's default),
     tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
@@ -183,13 +185,14 @@ def _settings(row) -> dict:
     the last micro-batch's backward, for 1.7B-18B; local DDP after the backward above; blank: fp32
     after the backward)."""
     if row["group"].startswith(MEGATRON_2021):  # Megatron-LM 2021-22: eager, local or torch DDP
-        return dict(attention_kernel="eager", dropout=True, zero=0, grad_dtype=_grad_dtype(row),
+        return dict(attention_kernel=row.get("attention_kernel") or "eager", dropout=True, zero=0,
+                    grad_dtype=_grad_dtype(row),
                     overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
     graphs = row.get("cuda_graphs", "")
     # Megatron's distributed optimizer shards the optimizer state (ZeRO-1); Megatron-FSDP's
     # optim_grads_params everything (the csv's zero_stage 3), whose units a reshard_after_forward
     # "no" keeps gathered from forward to backward (torchtitan's fsdp_reshard_after_forward="never")
-    return dict(attention_kernel="flash", dropout=False, zero=_zero(row),
+    return dict(attention_kernel=row.get("attention_kernel") or "flash", dropout=False, zero=_zero(row),
                 reshard_after_forward=row.get("reshard_after_forward") != "no",
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",

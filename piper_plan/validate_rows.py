@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from .clitypes import BATCH, GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
-from .layout import CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
+from .layout import AttentionKernel, CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
 from .specs import load_hardware, load_model
 from .specs.model import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, ModelSpec
 from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
@@ -50,7 +50,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
-           "reshard_after_forward", "offload_modules", "fp8_params")
+           "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -323,7 +323,7 @@ def _precision(text: str) -> str:
 DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
 # the words of the recipe columns (validation/README.md): one word, or several joined by "+"
 RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
-                "dispatcher": tuple(k for k in DISPATCHER_A2A if k)}
+                "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel)}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),
                 "offload_modules": get_args(OffloadModule)}
 # columns a row answers with yes or no (blank: the reading its source's stack implies)

@@ -18,7 +18,7 @@ from .validate import run, summary
 # times, TIMES, scaled the other way: a slower launch is a larger overhead)
 FAMILIES = {
     "gemm": ("gemm", "gemm_dtype"),
-    "attention": ("attention", "attention_bwd"),
+    "attention": ("attention", "attention_bwd", "attention_fa2"),
     "memory": ("memory", "memory_dram", "quant_memory"),
     "comm": ("comm", "a2a_fanout"),
     "kernel_overhead_us": ("kernel_overhead_us",),
@@ -42,6 +42,9 @@ def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
                 upd[field] = v / factor
             elif isinstance(v, dict):
                 upd[field] = {k: min(1.0, x * factor) for k, x in v.items()}
+            elif hasattr(v, "forward"):  # another kernel's plateaus (AttentionPlateau): its rates, not its share
+                upd[field] = v.model_copy(update={k: min(1.0, getattr(v, k) * factor) for k in ("forward", "backward")
+                                                  if getattr(v, k) is not None})
             else:
                 upd[field] = min(1.0, v * factor)
     topo = hw.topology

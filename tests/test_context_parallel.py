@@ -70,7 +70,7 @@ def test_ranks_order_tp_then_cp_then_dp():
 
 
 @pytest.mark.parametrize("kw, rule", [(dict(cp=3, dp=1, gpus=3, seq=8192), "seq divisible by 2\\*cp"),
-                                      (dict(cp=2, dp=4, attention_kernel="eager"), "cp > 1 needs flash attention"),
+                                      (dict(cp=2, dp=4, attention_kernel="eager"), "cp > 1 needs fused attention"),
                                       (dict(cp=2, dp=8), "tp\\*cp\\*pp\\*dp == gpus")])
 def test_layouts_context_parallelism_cannot_run_are_refused_with_the_rule_named(kw, rule):
     with pytest.raises(LayoutError, match=rule):

@@ -67,7 +67,7 @@ class LayoutBatch:
     """Column arrays, one entry per candidate layout (int64 unless noted).
 
     sched: index into layout.SCHEDULES; recompute: index into RECOMPUTES (0 none, 1 selective,
-    2 full); a2a: 0 flat, 1 halo, 2 dedup; placement: 0 packed, 1 spread; sp, eager, dropout: bool."""
+    2 full); a2a: 0 flat, 1 halo, 2 dedup; placement: 0 packed, 1 spread; sp, eager, fa2, dropout: bool."""
 
     gpus: np.ndarray
     tp: np.ndarray
@@ -90,6 +90,7 @@ class LayoutBatch:
     a2a: np.ndarray
     placement: np.ndarray
     eager: np.ndarray
+    fa2: np.ndarray         # bool: FlashAttention-2 in place of the spec's fused kernel (Layout.attention_kernel fa2)
     unfused: np.ndarray     # bool: eager PyTorch modules instead of fused kernels (Layout.fused_kernels false)
     dropout: np.ndarray
     egemm: np.ndarray       # index into EXPERT_GEMMS (how the local experts' GEMMs launch)
@@ -179,7 +180,8 @@ class LayoutBatch:
                       sequence_parallel=bool(self.sp[i]), zero=g("zero"), zero_replicas=g("zrep"),
                       reshard_after_forward=bool(self.reshard[i]),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=DTYPES[g("dtype")],
-                      attention_kernel="eager" if self.eager[i] else "flash", dropout=bool(self.dropout[i]),
+                      attention_kernel="eager" if self.eager[i] else "fa2" if self.fa2[i] else "flash",
+                      dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
                       a2a_overlap=bool(self.a2a_overlap[i]), a2a_sms=g("a2a_sms") or None, fp8=FP8S[g("fp8")],
                       fp8_params=bool(self.fp8_par[i]),
@@ -211,6 +213,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         reshard=col(lambda x: x.reshard_after_forward),
         a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
+        fa2=col(lambda x: x.attention_kernel == "fa2"),
         unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
         a2a_overlap=col(lambda x: x.a2a_overlap), a2a_sms=col(lambda x: x.a2a_sms or 0),

@@ -216,7 +216,8 @@ def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
 
 def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
     """softmax(QK^T)V of one layer for one micro-batch on a rank: its tokens' queries against the
-    whole sequence's keys. Fused kernels skip masked blocks (causal half, sliding windows); under
+    whole sequence's keys, at the plateau of the fused kernel the layout runs (the spec's own, or
+    FlashAttention-2's: Layout.attention_kernel). Fused kernels skip masked blocks (causal half, sliding windows); under
     context parallelism (Layout.cp) the ring runs one kernel a step, cp in all each way, on the
     rank's load-balanced share of the FLOPs."""
     t = lay.tokens
@@ -235,6 +236,11 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     merge_b = stream_time(hw, more * 2.0 * t * heads * dqk * eb, more)
     flash_f = flash_attention_time(hw, core_flops, adt, dqk, dv) + steps + merge_f
     flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv) + steps + merge_b
+    if lay.fa2.any():  # FlashAttention-2 where the stack runs it (Layout.attention_kernel fa2)
+        flash_f = np.where(lay.fa2, flash_attention_time(hw, core_flops, adt, dqk, dv, "fa2") + steps + merge_f,
+                           flash_f)
+        flash_b = np.where(lay.fa2, flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv, "fa2")
+                           + steps + merge_b, flash_b)
     if hw.efficiency.attention_fp8 and lay.attn_fp8.any():  # FP8 attention where measured (Layout.attention_fp8)
         sf, sb = hw.efficiency.attention_fp8
         ovh = lay.cp * hw.efficiency.kernel_overhead_us * 1e-6  # the launches are not faster in FP8

@@ -96,41 +96,59 @@ def stream_time(hw: HardwareSpec, nbytes, kernels=1):
     return cached / bw + (nbytes - cached) / (acc.memory_bandwidth_gbps * 1e9 * eff.memory_dram) + fixed
 
 
-def head_dim_slowdown(hw: HardwareSpec, dqk=None, dv=None):
+def attention_plateau(hw: HardwareSpec, kernel: str = "flash") -> tuple[float, float, float]:
+    """(forward, backward, softmax share) of the fused attention `kernel` (Layout.attention_kernel):
+    flash, the spec's own (efficiency.attention, attention_bwd, attention_softmax_share); fa2,
+    FlashAttention-2's (efficiency.attention_fa2; HardwareSpec.require_attention refuses a spec
+    without it)."""
+    eff = hw.efficiency
+    if kernel == "fa2":
+        hw.require_attention(kernel)
+        fa = eff.attention_fa2
+        return fa.forward, fa.backward if fa.backward is not None else fa.forward, fa.softmax_share
+    return eff.attention, eff.attention_bwd if eff.attention_bwd is not None else eff.attention, \
+        eff.attention_softmax_share
+
+
+def head_dim_slowdown(hw: HardwareSpec, dqk=None, dv=None, kernel: str = "flash"):
     """How much slower than its plateau a fused attention kernel runs per FLOP with heads of
     query-key width dqk and value width dv, below the head dimension the spec measured its
     plateau at (efficiency.attention_head_dim): each score element costs its softmax work
     whatever the head, and 2·(dqk + dv) matmul FLOPs, so the softmax's share of the time grows as
-    heads narrow: 1 + share·(2·ref / (dqk + dv) − 1) (efficiency.attention_softmax_share). Wider
+    heads narrow: 1 + share·(2·ref / (dqk + dv) − 1) (the kernel's share: attention_plateau). Wider
     heads than measured are not credited (kernels change tiles there)."""
     eff = hw.efficiency
     if dqk is None or eff.attention_head_dim is None:
         return 1.0
     width = (np.asarray(dqk, dtype=float) + np.asarray(dv if dv is not None else dqk, dtype=float)) / 2.0
-    return 1.0 + eff.attention_softmax_share * np.maximum(eff.attention_head_dim / width - 1.0, 0.0)
+    share = attention_plateau(hw, kernel)[2]
+    return 1.0 + share * np.maximum(eff.attention_head_dim / width - 1.0, 0.0)
 
 
-def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16", dqk=None, dv=None):
-    """Fused attention forward: FLOPs at the attention plateau efficiency held under the power
-    limit (efficiency.sustained_matmul; one kernel), slower for narrow heads (head_dim_slowdown)."""
+def flash_attention_time(hw: HardwareSpec, flops, dtype: str = "bf16", dqk=None, dv=None, kernel: str = "flash"):
+    """Fused attention forward: FLOPs at the `kernel`'s plateau (attention_plateau) held under the
+    power limit (efficiency.sustained_matmul; one kernel), slower for narrow heads (head_dim_slowdown)."""
     flops = np.asarray(flops, dtype=float)
     eff = hw.efficiency
-    return (flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * eff.attention * eff.sustained_matmul)
+    fwd = attention_plateau(hw, kernel)[0]
+    return (flops * head_dim_slowdown(hw, dqk, dv, kernel) / (hw.peak_flops(dtype) * fwd * eff.sustained_matmul)
             + eff.kernel_overhead_us * 1e-6)
 
 
-def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16", dqk=None, dv=None):
+def flash_attention_bwd_time(hw: HardwareSpec, flops, rows, dtype: str = "bf16", dqk=None, dv=None,
+                             kernel: str = "flash"):
     """Fused attention backward for a forward of `flops` over `rows` query rows × heads:
-    2.5× the forward's FLOPs (FlashAttention-2 runs five GEMMs to the forward's two) at
-    efficiency.attention_bwd (default: the forward's plateau) held under the power limit, plus
+    2.5× the forward's FLOPs (FlashAttention-2 runs five GEMMs to the forward's two) at the
+    `kernel`'s backward plateau (attention_plateau; flash: efficiency.attention_bwd, default the
+    forward's) held under the power limit, plus
     efficiency.attention_bwd_row_us per query row per head — a fixed cost that a CPU's
     backward kernel pays whatever the sequence length (measured by calibrate: the bundled
     hardware/cpu-local.yaml, calibrated 2026-12-02 with 8 ranks sharing 2 cores, holds 12.76 µs
     per row per head).
     Narrow heads slow it as they slow the forward (head_dim_slowdown)."""
     eff = hw.efficiency
-    e = (eff.attention_bwd if eff.attention_bwd is not None else eff.attention) * eff.sustained_matmul
+    e = attention_plateau(hw, kernel)[1] * eff.sustained_matmul
     flops = np.asarray(flops, dtype=float)
-    return (2.5 * flops * head_dim_slowdown(hw, dqk, dv) / (hw.peak_flops(dtype) * e)
+    return (2.5 * flops * head_dim_slowdown(hw, dqk, dv, kernel) / (hw.peak_flops(dtype) * e)
             + np.asarray(rows, dtype=float) * eff.attention_bwd_row_us * 1e-6
             + eff.kernel_overhead_us * 1e-6)

@@ -74,6 +74,19 @@ class Accelerator(_Optional):
         return self
 
 
+class AttentionPlateau(_Strict):
+    """One fused attention kernel's plateaus, where a stack runs another kernel than the one
+    `Efficiency.attention` measures (Layout.attention_kernel fa2: FlashAttention-2)."""
+
+    forward: float = Field(..., ge=MIN_FRACTION, le=1, description="forward's fraction of dense peak")
+    backward: Optional[float] = Field(
+        None, ge=MIN_FRACTION, le=1, description="backward's fraction of dense peak, counting 2.5x the forward's "
+        "FLOPs; None: as `forward`")
+    softmax_share: float = Field(
+        0.0, ge=0, le=1, description="share of its time at Efficiency.attention_head_dim spent on the softmax work "
+        "of its score elements (Efficiency.attention_softmax_share, for this kernel)")
+
+
 class Efficiency(_Optional):
     """Achievable fractions of the peaks. Physical terms (roofline, wave quantisation,
     launch overhead) are modelled separately, so these are the plateau values a large,
@@ -87,7 +100,8 @@ class Efficiency(_Optional):
     _OMIT_AT_DEFAULT = ("gemm_dtype", "gemm_overhead_us", "layer_overhead_us", "collective_overhead_us", "attention_bwd",
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
                         "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory", "attention_head_dim",
-                        "attention_softmax_share", "sustained_matmul", "attention_fp8", "dglu_dbias_ps")
+                        "attention_softmax_share", "sustained_matmul", "attention_fp8", "dglu_dbias_ps",
+                        "attention_fa2")
 
     gemm: float = Field(..., ge=MIN_FRACTION, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -103,6 +117,10 @@ class Efficiency(_Optional):
                                   Annotated[float, Field(ge=0.1, le=10)]]] = Field(
         None, strict=False, description="FP8 fused attention's speed over bf16's, (forward, backward), at sequence "
         "4096 (Transformer Engine's fp8_dot_product_attention, Layout.attention_fp8); None: priced as bf16")
+    attention_fa2: Optional[AttentionPlateau] = Field(
+        None, description="FlashAttention-2's plateaus on this accelerator (Layout.attention_kernel fa2: PyTorch "
+        "SDPA's flash backend, which torch 2.5.1-2.10 run on Hopper, where Transformer Engine runs cuDNN's kernel, "
+        "the one `attention` measures); None: not measured, and a layout asking for it is refused")
     attention_bwd: Optional[float] = Field(
         None, ge=MIN_FRACTION, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
         "forward's FLOPs (FlashAttention-2's five GEMMs to the forward's two); None: as `attention`")
@@ -413,6 +431,15 @@ class HardwareSpec(_Optional):
             if d not in peaks:
                 raise SpecError(source or f"hardware {self.name}", "accelerator.peak_tflops",
                                 f"expected an entry for {d} (the layout runs {d} math); it has {', '.join(sorted(peaks))}")
+
+    def require_attention(self, kernel: str, source: str | None = None) -> None:
+        """A one-line SpecError naming `source` (default the spec's name) where the spec states no
+        plateau for the fused attention kernel a layout runs (Layout.attention_kernel): fa2
+        priced at another kernel's plateau would be 1.5x fast on an H100."""
+        if kernel == "fa2" and self.efficiency.attention_fa2 is None:
+            raise SpecError(source or f"hardware {self.name}", "efficiency.attention_fa2",
+                            "expected FlashAttention-2's plateaus (forward, backward) on this accelerator for "
+                            "attention fa2; it states only its fused kernel's (attention flash)")
 
     def peak_flops(self, dtype: str = "bf16") -> float:
         """Dense peak, FLOP/s (require_peaks: the CLI checks first, naming the file)."""

@@ -1,0 +1,122 @@
+"""A stack that runs FlashAttention-2 where the hardware spec's attention plateau is another
+kernel's (PyTorch SDPA on Hopper, torch 2.5.1-2.10: torchtitan) is priced at FlashAttention-2's
+own plateaus (Layout.attention_kernel fa2, efficiency.attention_fa2); a spec that states none
+refuses it in one line, as does FP8 attention beside it."""
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from piper_plan.cli import main
+from piper_plan.cost.kernels import flash_attention_bwd_time, flash_attention_time, head_dim_slowdown
+from piper_plan.errors import LayoutError, SpecError
+from piper_plan.evaluate import estimate_layout
+from piper_plan.layout import Layout, check_layout
+from piper_plan.specs import load_hardware, load_model
+
+LLAMA = dict(gpus=8, tp=1, pp=1, dp=8, mbs=1, global_batch=64, seq=8192, zero=1)
+
+
+def step(hw, kernel, **kw):
+    lay = Layout(**{**LLAMA, **kw}, attention_kernel=kernel)
+    return estimate_layout(load_model("llama3-8b"), load_hardware(hw), lay).row(0)["step_time_s"]
+
+
+def test_fa2_runs_at_flashattention2_s_measured_rate_on_an_h100():
+    h100 = load_hardware("dgx-h100")  # FlashAttention-3 paper: FA2 319 TFLOPS forward, 310 backward
+    flops = np.array([1e12])
+    fwd = flops / (989e12 * 0.323 * h100.efficiency.sustained_matmul) + h100.efficiency.kernel_overhead_us * 1e-6
+    assert flash_attention_time(h100, flops, "bf16", 128, 128, "fa2") == pytest.approx(fwd)
+    bwd = 2.5 * flops / (989e12 * 0.313 * h100.efficiency.sustained_matmul) + h100.efficiency.kernel_overhead_us * 1e-6
+    assert flash_attention_bwd_time(h100, flops, 0, "bf16", 128, 128, "fa2") == pytest.approx(bwd)
+    # cuDNN's kernel (the spec's flash plateau) runs the same FLOPs 1.7x as fast
+    assert flash_attention_time(h100, flops, "bf16", 128, 128) < 0.6 * fwd
+
+
+def test_narrow_heads_slow_fa2_by_its_own_softmax_share():
+    h100 = load_hardware("dgx-h100")  # causal forward at 4k: 319 TFLOPS at head dim 128, 284 at 64
+    assert head_dim_slowdown(h100, 64, 64, "fa2") == pytest.approx(1.123)
+    assert head_dim_slowdown(h100, 64, 64) == pytest.approx(1.49)  # cuDNN's
+
+
+def test_fa2_slows_an_h100_step_but_not_an_a100_one_whose_flash_is_fa2():
+    assert step("dgx-h100", "flash") < step("dgx-h100", "fa2") < step("dgx-h100", "eager")
+    assert step("dgx-h200", "flash") < step("dgx-h200", "fa2")
+    assert step("dgx-a100-80gb", "fa2") == step("dgx-a100-80gb", "flash")
+
+
+def test_a_spec_without_a_flashattention2_plateau_refuses_it_in_one_line():
+    with pytest.raises(SpecError, match="efficiency.attention_fa2"):
+        step("dgx-b200", "fa2")
+    for cmd in (["estimate", "-n", "8"], ["search", "-n", "8"], ["sweep", "--gpus", "8,16"]):
+        r = CliRunner().invoke(main, [cmd[0], "-m", "llama3-8b", "-H", "dgx-b200", *cmd[1:], "--attention", "fa2"])
+        assert r.exit_code != 0 and len(r.output.strip().splitlines()) == 1, (cmd, r.output)
+        assert "dgx-b200.yaml: efficiency.attention_fa2: expected FlashAttention-2" in r.output
+
+
+def test_fa2_beside_fp8_attention_is_refused_and_beside_context_parallelism_runs():
+    with pytest.raises(LayoutError, match="attention_fp8 needs attention flash"):
+        check_layout(Layout(**LLAMA, attention_kernel="fa2", attention_fp8=True), 32)
+    r = CliRunner().invoke(main, ["search", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "8", "--attention", "fa2",
+                                  "--attention-fp8"])
+    assert r.exit_code != 0 and "--attention-fp8: with --attention fa2: expected --attention flash" in r.output
+    check_layout(Layout(**{**LLAMA, "dp": 4}, cp=2, attention_kernel="fa2"), 32)  # ring attention over FA2
+    with pytest.raises(LayoutError, match="cp > 1 needs fused attention"):
+        check_layout(Layout(**{**LLAMA, "dp": 4}, cp=2, attention_kernel="eager"), 32)
+
+
+def test_search_writes_the_kernel_it_priced_into_the_plan(tmp_path):
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["search", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "8", "--attention", "fa2",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(out.read_text())
+    assert plan["layout"]["attention_kernel"] == "fa2"
+    lay = Layout(**plan["layout"])
+    assert step("dgx-h100", "fa2", **{k: getattr(lay, k) for k in LLAMA if k != "zero"}, zero=lay.zero) == \
+        pytest.approx(plan["predicted"]["step_time_s"])
+
+
+HEAD = "id,group,model,hardware,gpus,seq,metric,value,tp,pp,dp,mbs,gbs,zero_stage,attention_kernel"
+
+
+def test_validate_reads_a_row_s_attention_kernel_and_refuses_an_unknown_one(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text(HEAD + "\na,g,llama3-8b,H100,8,8192,tokens_per_s_per_gpu,6000,1,1,8,1,8,3,\n"
+                 "b,g,llama3-8b,H100,8,8192,tokens_per_s_per_gpu,6000,1,1,8,1,8,3,fa2\n")
+    r = CliRunner().invoke(main, ["validate", "--table", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    pred = {x["id"]: x["predicted"] for x in json.loads(r.output)["rows"]}
+    assert pred["b"] < pred["a"]  # FlashAttention-2 on an H100: fewer tokens a second
+    p.write_text(HEAD + "\na,g,llama3-8b,H100,8,8192,tokens_per_s_per_gpu,6000,1,1,8,1,8,3,fa3\n")
+    r = CliRunner().invoke(main, ["validate", "--table", str(p)])
+    assert r.exit_code != 0 and "attention_kernel: expected one of flash, fa2, eager" in r.output
+
+
+def test_a_plateau_with_a_misspelt_key_is_refused(tmp_path):
+    p = tmp_path / "h.yaml"
+    p.write_text("base: dgx-b200\nefficiency: {attention_fa2: {forward: 0.3, bwd: 0.3}}\n")
+    with pytest.raises(SpecError, match="bwd"):
+        load_hardware(str(p))
+    # a spec that states no plateau dumps as it did before the field existed (its plan hash holds)
+    assert "attention_fa2" not in load_hardware("dgx-b200").model_dump()["efficiency"]
+
+
+def test_flash_and_fa2_layouts_priced_together_keep_their_own_kernels():
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import evaluate
+
+    m, h100 = load_model("llama3-8b"), load_hardware("dgx-h100")
+    lays = [Layout(**LLAMA, attention_kernel=k) for k in ("flash", "fa2")]
+    together = evaluate(m, h100, from_layouts(lays))
+    alone = [evaluate(m, h100, from_layouts([x])).row(0)["step_time_s"] for x in lays]
+    assert [together.row(i)["step_time_s"] for i in range(2)] == pytest.approx(alone)
+    assert alone[0] < alone[1]
+
+
+def test_the_sensitivity_scan_moves_fa2_s_plateau_with_the_attention_family():
+    from piper_plan.validate_sensitivity import scaled
+
+    fa = scaled(load_hardware("dgx-h100"), ("attention",), 1.25).efficiency.attention_fa2
+    assert (fa.forward, fa.backward, fa.softmax_share) == pytest.approx((0.323 * 1.25, 0.313 * 1.25, 0.123))
