@@ -52,6 +52,9 @@ PIPER_TRAIN: tuple[Support, ...] = (
             "ScheduleInterleaved1F1B) posts each receive ahead of the compute that needs it",
             read_when=lambda lay: lay.schedule == "interleaved",
             searched_when=lambda sp: "interleaved" in sp.schedules),
+    Support("attention_kernel", ("flash", "eager"), "--attention", "piper-train's attention is torch's "
+            "scaled_dot_product_attention, which torch 2.11 on (this project pins 2.13) runs as cuDNN's kernel on "
+            "Hopper and Blackwell, not FlashAttention-2"),
     Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
             "not FP8"),
     Support("cuda_graphs", ((),), "--cuda-graphs", "piper-train runs eagerly and captures no CUDA graphs"),

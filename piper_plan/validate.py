@@ -283,6 +283,27 @@ def _p2p_overlap(row, hw: HardwareSpec, tp: int, cp: int) -> bool:
     return not (stack(row) == "megatron-core" and single_queue)
 
 
+# PyTorch-native stacks, whose attention is torch's scaled_dot_product_attention
+_SDPA_STACK = re.compile(r"torchtitan|torchao")
+_TORCH_VERSION = re.compile(r"(?:pytorch|torch)(?: version)?[\s:=']*(\d+)\.(\d+)", re.IGNORECASE)
+
+
+def _attention_kernel(row, hw: HardwareSpec) -> str | None:
+    """The attention kernel a row ran where its attention_kernel column is blank and the stack
+    implies one other than its recipe default (_settings): fa2 for torchtitan's and torchao's
+    runs on a spec that states FlashAttention-2's plateau (efficiency.attention_fa2), since torch's
+    scaled_dot_product_attention runs its flash backend first on Hopper from 2.5.1 (cuDNN's kernel
+    opt-in, pytorch#138522) until the builds that prefer cuDNN's on sm90/sm100 (2.11 on, whose
+    cuDNN is past 9.15): a row whose notes state torch 2.11 or later keeps the spec's kernel. None:
+    the recipe default stands."""
+    if row.get("attention_kernel") or hw.efficiency.attention_fa2 is None:
+        return None
+    if not _SDPA_STACK.search(f"{row['group']} {row.get('source', '')}".lower()):
+        return None
+    said = [(int(a), int(b)) for a, b in _TORCH_VERSION.findall(row.get("notes", ""))]
+    return None if said and min(said) >= (2, 11) else "fa2"
+
+
 def _layout(row, hw: HardwareSpec) -> Layout:
     gpus, tp, pp = _i(row["gpus"]), _i(row["tp"], 1), _i(row["pp"], 1)
     cp = _cp(row, gpus, tp, pp)
@@ -318,7 +339,7 @@ def _layout(row, hw: HardwareSpec) -> Layout:
                   optimizer_offload=float(row.get("optimizer_offload") or 0.0),
                   offload_layers=_i(row.get("offload_layers"), 0),
                   offload_modules=tuple(x for x in row.get("offload_modules", "").split("+") if x and x != "none"),
-                  **_settings(row))
+                  **{**_settings(row), **({"attention_kernel": k} if (k := _attention_kernel(row, hw)) else {})})
 
 
 _NOTES_TOKENS = re.compile(r"(?:^|;)\s*(\d[\d,]*(?:\.\d+)?)\s*tok/s/GPU")

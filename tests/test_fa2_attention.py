@@ -120,3 +120,25 @@ def test_the_sensitivity_scan_moves_fa2_s_plateau_with_the_attention_family():
 
     fa = scaled(load_hardware("dgx-h100"), ("attention",), 1.25).efficiency.attention_fa2
     assert (fa.forward, fa.backward, fa.softmax_share) == pytest.approx((0.323 * 1.25, 0.313 * 1.25, 0.123))
+
+
+def test_a_torchtitan_row_that_states_no_kernel_runs_what_its_torch_runs_on_its_gpu(tmp_path):
+    head = "id,group,source,model,hardware,gpus,seq,metric,value,tp,pp,dp,mbs,gbs,zero_stage,attention_kernel,notes"
+    run = "llama3-8b,{hw},8,8192,tokens_per_s_per_gpu,6000,1,1,8,1,8,3"
+    lines = [f"fa2,t,torchtitan,{run.format(hw='H100')},fa2,",
+             f"titan,torchtitan,docs/performance.md,{run.format(hw='H100')},,pytorch version: 2.7.0a0",
+             f"new,bench,torchtitan benchmarks,{run.format(hw='H100')},,torch 2.11.0 nightly",
+             f"flash,t,torchtitan,{run.format(hw='H100')},flash,",
+             f"mcore,t,Megatron-Bridge docs,{run.format(hw='H100')},,",
+             f"a100,torchtitan,torchtitan,{run.format(hw='A100 80GB')},,",
+             f"a100-flash,t,Megatron-Bridge docs,{run.format(hw='A100 80GB')},,",
+             f"mi300x,torchtitan,torchtitan,{run.format(hw='MI300X')},,",
+             f"mi300x-flash,t,t,{run.format(hw='MI300X')},flash,"]
+    p = tmp_path / "t.csv"
+    p.write_text("\n".join([head, *lines]) + "\n")
+    r = CliRunner().invoke(main, ["validate", "--table", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    pred = {x["id"]: x["predicted"] for x in json.loads(r.output)["rows"]}
+    assert pred["titan"] == pred["fa2"] < pred["flash"]  # torch 2.7 on Hopper: FlashAttention-2
+    assert pred["new"] == pred["flash"] == pred["mcore"]  # torch 2.11 prefers cuDNN's; Megatron runs TE's
+    assert pred["a100"] == pred["a100-flash"] and pred["mi300x"] == pred["mi300x-flash"]  # no other plateau

@@ -67,7 +67,8 @@ UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gem
          "expert_probs": "activation", "a2a_overlap": True, "tp_comm_overlap": True, "attention_fp8": True,
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
          "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True,
-         "offload_modules": ("expert_fc1",), "fp8_params": True, "p2p_overlap": False, "grad_dtype": "bf16"}
+         "offload_modules": ("expert_fc1",), "fp8_params": True, "p2p_overlap": False, "grad_dtype": "bf16",
+         "attention_kernel": "fa2"}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -75,7 +76,7 @@ def test_the_search_and_the_launch_refuse_the_same_features():
     from piper_plan.errors import PiperError
     from piper_plan.plan import make_plan
     from piper_plan.runtimes import PIPER_TRAIN
-    from piper_plan.specs.hardware import Host
+    from piper_plan.specs.hardware import AttentionPlateau, Host
     from piper_runtime.launch import check_supported
 
     assert set(UNRUN) == {s.field for s in PIPER_TRAIN}
@@ -93,6 +94,9 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         dp = 1 if s.field in ("cp", "p2p_overlap") else 2  # two ranks: one sequence over both; two stages
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures
         spec = hw.model_copy(update={"host": Host(link_gbps=10, memory_bandwidth_gbps=10, memory_gib=16)})
+        if s.field == "attention_kernel":  # FlashAttention-2 is priced only where a spec states its plateau
+            fa2 = AttentionPlateau(forward=hw.efficiency.attention)
+            spec = spec.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"attention_fa2": fa2})})
         plan = make_plan(m, spec, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
         with pytest.raises(PiperError, match=f"plan: layout.{s.field} = "):
             check_supported(plan, 2)
