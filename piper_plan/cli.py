@@ -637,11 +637,12 @@ def _space(kw, model, gpus):
     from .specs.model import MAX_LAYERS  # (no chunk holds more layers than a model may have)
 
     from .errors import SpecError
+    from .layout import attention_conflict
 
     _check_grad_dtype(kw)
-    if kw["attention_fp8"] and kw["attention"] != "flash":  # (estimate's layout check says it for one layout)
-        raise SpecError("--attention-fp8", f"with --attention {kw['attention']}", "expected --attention flash: FP8 "
-                        "attention is Transformer Engine's fused kernel (fp8_dot_product_attention)")
+    why = attention_conflict(kw["attention"], kw["attention_fp8"])  # (estimate's layout check says it too)
+    if why:
+        raise SpecError("--attention-fp8", f"with --attention {kw['attention']}", f"expected --attention flash: {why}")
 
     seq, gbs = _seq_batch(kw, model)
     a2as = ("flat", "halo") if kw["a2a"] == "auto" else (kw["a2a"],)

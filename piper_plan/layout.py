@@ -330,6 +330,13 @@ def check_batch(lay: Layout) -> None:
                           f"global batch {lay.global_batch} is not a multiple of dp*mbs = {lay.dp * lay.mbs}")
 
 
+def attention_conflict(kernel: str, fp8: bool) -> str:
+    """Why FP8 attention cannot run beside the attention `kernel` ("" where it can): FP8 attention
+    is Transformer Engine's fused kernel (fp8_dot_product_attention), the spec's flash one."""
+    return f"FP8 attention is Transformer Engine's fused kernel (fp8_dot_product_attention), not attention " \
+        f"{kernel}" if fp8 and kernel != "flash" else ""
+
+
 def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_node: Optional[int] = None,
                  expert_ffn: int = 0) -> None:
     """Raise LayoutError naming the first broken constraint."""
@@ -351,9 +358,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.cp > 1 and lay.attention_kernel == "eager":
         raise LayoutError("cp > 1 needs fused attention", "context parallelism runs ring attention over fused "
                           "attention kernels; use attention flash or fa2")
-    if lay.attention_fp8 and lay.attention_kernel != "flash":
-        raise LayoutError("attention_fp8 needs attention flash", f"FP8 attention is Transformer Engine's fused "
-                          f"kernel (fp8_dot_product_attention), not attention {lay.attention_kernel}")
+    why = attention_conflict(lay.attention_kernel, lay.attention_fp8)
+    if why:
+        raise LayoutError("attention_fp8 needs attention flash", why)
     m = lay.microbatches
     if lay.pp == 1 and (lay.schedule != "1f1b" or lay.vpp != 1):
         raise LayoutError("pp=1 runs no pipeline schedule", f"schedule {lay.schedule} vpp={lay.vpp} with one stage: "

@@ -53,8 +53,9 @@ PIPER_TRAIN: tuple[Support, ...] = (
             read_when=lambda lay: lay.schedule == "interleaved",
             searched_when=lambda sp: "interleaved" in sp.schedules),
     Support("attention_kernel", ("flash", "eager"), "--attention", "piper-train's attention is torch's "
-            "scaled_dot_product_attention, which torch 2.11 on (this project pins 2.13) runs as cuDNN's kernel on "
-            "Hopper and Blackwell, not FlashAttention-2"),
+            "scaled_dot_product_attention, whose kernel the installed torch picks (cuDNN's on Hopper and Blackwell "
+            "from torch 2.11, as README's 2.13; FlashAttention-2 in 2.5.1-2.10): a plan cannot say which, so it "
+            "is priced at the spec's kernel"),
     Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
             "not FP8"),
     Support("cuda_graphs", ((),), "--cuda-graphs", "piper-train runs eagerly and captures no CUDA graphs"),

@@ -44,8 +44,8 @@ from scipy.stats import kendalltau
 from .cost.batch import from_layouts
 from .cost.estimate import evaluate
 from .errors import LayoutError, PiperError, from_validation
-from .layout import (Layout, check_batch, check_degrees, degrees_label, layer_slots, offload_label, recompute_label,
-                     tp_splits_heads)
+from .layout import (Layout, attention_conflict, check_batch, check_degrees, degrees_label, layer_slots, offload_label,
+                     recompute_label, tp_splits_heads)
 from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
@@ -152,7 +152,7 @@ def _default(row, column: str) -> str:
 DISPATCHER_SMS = {"hybridep": 16, "deepep": 20}
 
 
-def _settings(row) -> dict:
+def _settings(row, hw: HardwareSpec) -> dict:
     """What each source's software runs beyond the published layout, from the csv's columns
     (validation/README.md; each row's notes quote the recipe they were read from).
     Megatron-Bridge: Megatron-Core's TEGroupedMLP, whose GroupedLinear launches one cuBLAS GEMM
@@ -170,8 +170,9 @@ def _settings(row) -> dict:
     --grad-reduce-in-bf16), and overlap_grad_reduce (no: the reduction and the parameter gather
     run after the backward; blank: overlapped, as the Megatron-Core report's recipes are taken to);
     attention_fp8 (yes where the recipe sets fp8_dot_product_attention: Layout.attention_fp8),
-    attention_kernel (fa2 where the stack runs PyTorch SDPA's FlashAttention-2 on Hopper, torchtitan
-    with torch 2.5.1-2.10; blank: the spec's fused kernel, eager for the 2021-22 rows),
+    attention_kernel (fa2 where the stack runs FlashAttention-2 where `hw`'s plateau is another
+    kernel's; blank: the spec's fused kernel, eager for the 2021-22 rows, or what a PyTorch-native
+    stack's torch runs: _sdpa_kernel; FP8 attention beside another kernel is refused),
     fp8_params (yes where it keeps the weights in FP8, fp8_param_gather / --fp8-param-gather:
     Layout.fp8_params; blank: bf16 weights, TE's default),
     tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
@@ -192,7 +193,11 @@ def _settings(row) -> dict:
     # Megatron's distributed optimizer shards the optimizer state (ZeRO-1); Megatron-FSDP's
     # optim_grads_params everything (the csv's zero_stage 3), whose units a reshard_after_forward
     # "no" keeps gathered from forward to backward (torchtitan's fsdp_reshard_after_forward="never")
-    return dict(attention_kernel=row.get("attention_kernel") or "flash", dropout=False, zero=_zero(row),
+    kernel = row.get("attention_kernel") or _sdpa_kernel(row, hw) or "flash"
+    why = attention_conflict(kernel, row.get("attention_fp8") == "yes")
+    if why:
+        raise LayoutError("attention_fp8 needs attention flash", why)
+    return dict(attention_kernel=kernel, dropout=False, zero=_zero(row),
                 reshard_after_forward=row.get("reshard_after_forward") != "no",
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",
@@ -285,23 +290,29 @@ def _p2p_overlap(row, hw: HardwareSpec, tp: int, cp: int) -> bool:
 
 # PyTorch-native stacks, whose attention is torch's scaled_dot_product_attention
 _SDPA_STACK = re.compile(r"torchtitan|torchao")
-_TORCH_VERSION = re.compile(r"(?:pytorch|torch)(?: version)?[\s:=']*(\d+)\.(\d+)", re.IGNORECASE)
+# a torch version a row's notes state ("pytorch version: 2.7.0a0", "torch==2.11.0", "torch v2.10",
+# "PyTorch nightly (2.11.0.dev...)"): the word, separators and "version" or "nightly", major.minor[.patch]
+_TORCH_VERSION = re.compile(r"(?:pytorch|torch)[\s:=_'\"(v-]*(?:version|nightly)?[\s:=_'\"(v-]*"
+                            r"(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)
 
 
-def _attention_kernel(row, hw: HardwareSpec) -> str | None:
-    """The attention kernel a row ran where its attention_kernel column is blank and the stack
-    implies one other than its recipe default (_settings): fa2 for torchtitan's and torchao's
-    runs on a spec that states FlashAttention-2's plateau (efficiency.attention_fa2), since torch's
-    scaled_dot_product_attention runs its flash backend first on Hopper from 2.5.1 (cuDNN's kernel
-    opt-in, pytorch#138522) until the builds that prefer cuDNN's on sm90/sm100 (2.11 on, whose
-    cuDNN is past 9.15): a row whose notes state torch 2.11 or later keeps the spec's kernel. None:
-    the recipe default stands."""
-    if row.get("attention_kernel") or hw.efficiency.attention_fa2 is None:
+def _sdpa_kernel(row, hw: HardwareSpec) -> str | None:
+    """The attention kernel of a row whose attention_kernel column is blank and whose stack is
+    PyTorch-native (torchtitan, torchao: their attention is torch's scaled_dot_product_attention),
+    on a spec that states FlashAttention-2's plateau (efficiency.attention_fa2): fa2 where the
+    torch its notes state (the first one named; none: one of that era) runs its flash backend first
+    on Hopper: before 2.5.0, and from 2.5.1 (cuDNN's kernel made opt-in, pytorch#138522) until the
+    builds that prefer cuDNN's on sm90/sm100 (2.11 on, whose cuDNN is past 9.15); None for 2.5.0
+    (cuDNN's first on H100) and 2.11 on, for Megatron's stacks and FP8 attention (Transformer
+    Engine's), and on other specs: the spec's fused kernel stands."""
+    if hw.efficiency.attention_fa2 is None or row.get("attention_fp8") == "yes" or stack(row) in MEGATRON_STACKS:
         return None
     if not _SDPA_STACK.search(f"{row['group']} {row.get('source', '')}".lower()):
         return None
-    said = [(int(a), int(b)) for a, b in _TORCH_VERSION.findall(row.get("notes", ""))]
-    return None if said and min(said) >= (2, 11) else "fa2"
+    said = _TORCH_VERSION.search(row.get("notes", ""))
+    version = tuple(int(x or 0) for x in said.groups()) if said else None
+    return None if version is not None and (version >= (2, 11) or version[:2] == (2, 5) and version < (2, 5, 1)) \
+        else "fa2"
 
 
 def _layout(row, hw: HardwareSpec) -> Layout:
@@ -339,7 +350,7 @@ def _layout(row, hw: HardwareSpec) -> Layout:
                   optimizer_offload=float(row.get("optimizer_offload") or 0.0),
                   offload_layers=_i(row.get("offload_layers"), 0),
                   offload_modules=tuple(x for x in row.get("offload_modules", "").split("+") if x and x != "none"),
-                  **{**_settings(row), **({"attention_kernel": k} if (k := _attention_kernel(row, hw)) else {})})
+                  **_settings(row, hw))
 
 
 _NOTES_TOKENS = re.compile(r"(?:^|;)\s*(\d[\d,]*(?:\.\d+)?)\s*tok/s/GPU")
@@ -432,12 +443,13 @@ def piper_space(gpus: int, seq: int) -> SearchSpace:
 MEGATRON_STACKS = ("megatron-core", "megatron-lm-2021")  # Megatron's schedules: 1F1B, interleaved
 
 
-def searched_space(row, global_batch: int | None = None) -> SearchSpace:
+def searched_space(row, hw: HardwareSpec, global_batch: int | None = None) -> SearchSpace:
     """The space a searched row's best plan is sought in: Piper's mesh for the planner's choice,
     for X-MoE (the DeepSpeed-MoE lineage) no pipeline, for another row that states no layout the
     planner's own space under the row's recipe (its precision, dispatcher, graphs, overlap, ZeRO
     stage; Megatron's schedules where it runs Megatron); at `global_batch` sequences, by default
-    the row's batch or the default batch (4M tokens) rounded to the GPUs."""
+    the row's batch or the default batch (4M tokens) rounded to the GPUs; `hw`, the spec it runs on
+    (_settings)."""
     seq, gpus = _i(row["seq"]), _i(row["gpus"])
     gbs = global_batch or _i(row["gbs"]) or round_batch(default_global_batch(seq), gpus)
     if row["group"] == "xmoe2025":  # X-MoE's stack, as _xmoe_settings runs its published layouts
@@ -446,7 +458,7 @@ def searched_space(row, global_batch: int | None = None) -> SearchSpace:
                            expert_gemm=x["expert_gemm"], expert_probs=x["expert_probs"],
                            overlap_grad_reduce=x["overlap_grad_reduce"])
     if row["recompute"] != "planner's choice":
-        x = _settings(row)
+        x = _settings(row, hw)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
                 "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce", "grad_dtype")
         # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
@@ -491,7 +503,7 @@ def _row_estimate(row, m, hw):
         if row["metric"].endswith("gib_per_gpu"):
             raise PiperError("metric: a memory figure needs the layout it was measured under (tp, pp, ep, "
                              f"dp), not a searched one (recompute {row['recompute']!r}, no degree stated)")
-        res = search(m, hw, searched_space(row))
+        res = search(m, hw, searched_space(row, hw))
         if res.best is None:
             return None, res.est, -1
         return res.batch.layout(res.best), res.est, res.best
@@ -693,7 +705,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
 def _desc(lay: Layout) -> str:
     return (f"{degrees_label(lay)} mbs{lay.mbs} {lay.schedule}"
             + (f" v{lay.vpp}" if lay.vpp > 1 else "") + f" rc={recompute_label(lay.recompute, lay.recompute_modules, lay.recompute_layers)}"
-            + offload_label(lay))
+            + offload_label(lay) + (" attn=fa2" if lay.attention_kernel == "fa2" else ""))
 
 
 def check_group(group: str, path: Path | None = None) -> None:

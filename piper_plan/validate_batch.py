@@ -48,11 +48,11 @@ def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = No
             continue  # (a memory row needs the layout it was measured under: validate refuses it unsearched)
         m, hw = row_specs(row, specs, path)
         gpus = int(row["gpus"])
-        space = searched_space(row)
+        space = searched_space(row, hw)
         pred, lay = _best(m, hw, space, row["metric"])
         scan = []
         for k in per_gpu:
-            p, lay_k = _best(m, hw, searched_space(row, k * gpus), row["metric"])
+            p, lay_k = _best(m, hw, searched_space(row, hw, k * gpus), row["metric"])
             scan.append({"per_gpu": k, "global_batch": k * gpus, "predicted": p, "layout": lay_k})
         vals = [s["predicted"] for s in scan if s["predicted"] is not None] + ([pred] if pred is not None else [])
         pub = float(row["value"])

@@ -62,6 +62,7 @@ from __future__ import annotations
 import csv
 import re
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
@@ -69,7 +70,7 @@ from .cost import comm
 from .cost.batch import from_layouts
 from .cost.compute import gemm_dtype, moe_phase
 from .cost.kernels import burst, gemm_time
-from .layout import Layout
+from .layout import AttentionKernel, Layout
 from .specs.hardware import MAX_GPUS
 from .specs.model import MAX_SEQ
 from .specs.registry import load_hardware, load_model, validation_dir
@@ -247,7 +248,7 @@ def implied_gemm(path: Path | None = None) -> float:
 LAYER_COLUMNS = ("experiment", "model_spec", "hardware_spec", "tp", "mbs", "seq", "recompute", "sequence_parallel",
                  "forward_ms", "backward_ms")
 _CHOICES = {"recompute": ("none", "selective", "full"), "sequence_parallel": ("yes", "no"),
-            "attention": ("flash", "eager"), "dropout": ("yes", "no"), "dtype": ("bf16", "fp16", "fp32"),
+            "attention": get_args(AttentionKernel), "dropout": ("yes", "no"), "dtype": ("bf16", "fp16", "fp32"),
             "async_allreduce": ("yes", "no")}
 _DEFAULTS = {"attention": "flash", "dropout": "no", "dtype": "bf16", "async_allreduce": "yes"}
 
@@ -342,6 +343,7 @@ def layer_time_check(path: Path | None = None) -> list[dict]:
             raise TableError(path, v["experiment"], "tp", str(e)) from None
         m, hw = v["model"], v["hardware"]
         hw.require_peaks((lay.dtype,), v["hardware_spec"])
+        hw.require_attention(lay.attention_kernel, v["hardware_spec"])
         lc = _layer_costs(m, hw, from_layouts([lay]), Routing(), lay.dtype)
         ph = (lc["moe"] + lc["moe_comm"]) if m.moe is not None else (lc["dense"] + lc["dense_comm"])
         out.append({"experiment": v["experiment"], "model": m.name, "hardware": hw.name, "tp": v["tp"],

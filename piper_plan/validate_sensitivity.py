@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .specs.hardware import HardwareSpec
+from .specs.hardware import AttentionPlateau, HardwareSpec
 from .validate import run, summary
 
 # each family: the efficiency fields it scales (fractions of a peak, capped at 1, or per-call
@@ -42,7 +42,7 @@ def scaled(hw: HardwareSpec, families, factor: float) -> HardwareSpec:
                 upd[field] = v / factor
             elif isinstance(v, dict):
                 upd[field] = {k: min(1.0, x * factor) for k, x in v.items()}
-            elif hasattr(v, "forward"):  # another kernel's plateaus (AttentionPlateau): its rates, not its share
+            elif isinstance(v, AttentionPlateau):  # another kernel's plateaus: its rates, not its share
                 upd[field] = v.model_copy(update={k: min(1.0, getattr(v, k) * factor) for k in ("forward", "backward")
                                                   if getattr(v, k) is not None})
             else:

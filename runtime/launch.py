@@ -40,8 +40,9 @@ def check_supported(plan: Plan, world: int, source: str = "plan") -> None:
     the field (before any process starts).
 
     Layout fields that change no mathematics are accepted and not modelled exactly:
-    attention_kernel (torch's scaled_dot_product_attention picks the kernel), placement (taken
-    from plan.rank_map as written). A plan priced for bf16 gradients (grad_dtype) is refused:
+    attention_kernel flash or eager (torch's scaled_dot_product_attention picks the kernel; fa2,
+    priced at a kernel the installed torch may not run, is refused), placement (taken from
+    plan.rank_map as written). A plan priced for bf16 gradients (grad_dtype) is refused:
     piper-train reduces fp32 ones, which the price would misstate. What it runs of the rest is
     the table piper_plan.runtimes.PIPER_TRAIN
     (which `piper-plan search --runtime piper-train` reads too); runtime features of other stacks

@@ -118,7 +118,7 @@ def test_the_cli_takes_context_parallel_degrees_and_names_them_in_its_layouts():
     assert bad.exit_code != 0 and "--cp" in bad.output and len(bad.output.strip().splitlines()) == 1
 
 
-def test_published_runs_with_context_parallelism_price_within_the_targets_where_their_kernels_are_current():
+def test_published_runs_with_context_parallelism_price_within_the_targets_where_their_kernels_are_current(tmp_path):
     # validation/context-parallel.csv: runs with CP > 1 the bundled tables had left out, added
     # before they were priced, as a newcomer's table (recipes inferred from the bundled rows)
     from piper_plan import validate as V
@@ -156,8 +156,24 @@ def test_published_runs_with_context_parallelism_price_within_the_targets_where_
     slow = [x.error_pct for x in b200]
     assert len(slow) == 6 and all(e < 0 for e in slow) and slow[-1] < slow[0] - 5, slow
     assert np.mean(err(b200)) <= 17.5 and max(err(b200)) <= 22.0
-    # NeMo 24.03's H100 runs (2024 kernels) are a third slower than the model at every length
-    assert all(25.0 <= x.predicted / x.published * 100 - 100 <= 40.0 for x in long if "h100" in x.id)
+    # NeMo 24.03's H100 runs ran FlashAttention-2 (their launcher exported NVTE_FUSED_ATTN=0): priced so,
+    # they read within 20 % at every length; at cuDNN's rate, the spec's own kernel, a third too fast
+    h100_runs = [x for x in long if "h100" in x.id]
+    assert len(h100_runs) == 6 and all(row["attention_kernel"] == "fa2" for row in h100)
+    assert all(abs(x.error_pct) <= 20.0 for x in h100_runs)
+    import csv
+
+    with open(path, newline="") as f:
+        table = list(csv.DictReader(f))
+    for row in table:
+        row["attention_kernel"] = ""
+    blank = tmp_path / "context-parallel.csv"
+    with open(blank, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]))
+        w.writeheader()
+        w.writerows(table)
+    at_cudnn = [x for x in V.run(path=blank) if x.group == "nemo-long-sequence" and "h100" in x.id]
+    assert len(at_cudnn) == 6 and all(25.0 <= x.error_pct <= 40.0 for x in at_cudnn)
 
 
 def test_a_row_naming_another_attention_count_is_refused_with_the_column_named(tmp_path):

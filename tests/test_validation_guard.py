@@ -2,6 +2,7 @@
 import pytest
 
 from piper_plan.validate import TARGETS, data_path, read_rows, run, summary
+from piper_plan.specs import load_hardware
 
 
 # issue 4's acceptance, written here rather than read from the code it guards: (mean, max |%|)
@@ -161,7 +162,7 @@ def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with
                                        "mlm-fsdp-qwen3-30b-gb200-bf16-v1", "mlm-fsdp-qwen3-30b-gb200-bf16-v2",
                                        "mlm-fsdp-qwen3-30b-gb200-mxfp8-v2"]
     assert all(r["zero_stage"] == "3" and "optim_grads_params" in r["notes"] for r in fsdp)
-    assert V._settings(fsdp[0])["zero"] == 3
+    assert V._settings(fsdp[0], load_hardware("dgx-h100"))["zero"] == 3
     # FP8 weights: every FP8 row says whether its recipe kept them, and the notes quote where
     fp8 = [r for r in rows if r["precision"] in ("fp8", "mxfp8", "fp8-blockwise")]
     assert fp8 and all(r["fp8_params"] in ("yes", "no") for r in fp8)
@@ -171,7 +172,7 @@ def test_published_tokens_per_second_and_zero_stages_are_columns_that_agree_with
     assert all((r["tp_comm_overlap"] == "yes") == ("tp_comm_overlap=True" in r["notes"]) for r in rows)
     fp8_attn = [r for r in rows if r["attention_fp8"] == "yes"]
     assert len(fp8_attn) == 37 and all("fp8_dot_product_attention" in r["notes"] for r in fp8_attn)
-    assert all(V._settings(r)["attention_fp8"] for r in fp8_attn)
+    assert all(V._settings(r, V.row_specs(r, {})[1])["attention_fp8"] for r in fp8_attn)
 
 
 def test_every_pipelined_megatron_row_says_how_its_layers_were_split(published):
@@ -194,7 +195,7 @@ def test_narayanan_rows_reduce_gradients_as_the_sc21_scripts_ran_them(published)
         torch_ddp = float(r["id"].split("-")[-1].rstrip("b")) <= 18.4
         assert r["grad_reduce"] == "fp16" and r["overlap_grad_reduce"] == ("yes" if torch_ddp else "no"), r["id"]
         assert ("DDP=torch" if torch_ddp else "DDP=local") in r["notes"]
-        s = V._settings(r)
+        s = V._settings(r, load_hardware("dgx-a100-80gb"))
         assert s["grad_dtype"] == "bf16" and s["overlap_grad_reduce"] == torch_ddp  # a 2-byte reduction
     # Korthikanti's Table 5 runs no data parallelism: no reduction to describe
     kor = [r for r in published if r["group"] == "korthikanti2022-table5"]
