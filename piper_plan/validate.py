@@ -290,27 +290,41 @@ def _p2p_overlap(row, hw: HardwareSpec, tp: int, cp: int) -> bool:
 
 # PyTorch-native stacks, whose attention is torch's scaled_dot_product_attention
 _SDPA_STACK = re.compile(r"torchtitan|torchao")
-# a torch version a row's notes state ("pytorch version: 2.7.0a0", "torch==2.11.0", "torch v2.10",
-# "PyTorch nightly (2.11.0.dev...)"): the word, separators and "version" or "nightly", major.minor[.patch]
-_TORCH_VERSION = re.compile(r"(?:pytorch|torch)[\s:=_'\"(v-]*(?:version|nightly)?[\s:=_'\"(v-]*"
-                            r"(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)
+# a torch version a row's notes state ("pytorch version: 2.7.0a0", "torch==2.11.0", "torch>=2.11",
+# "torch v2.10", "torch/2.11.0", "torch.__version__ 2.11.0", "PyTorch release 2.11", "PyTorch nightly
+# (2.11.0.dev...)"): the word, separators and one of those words, major.minor[.patch]
+_TORCH_VERSION = re.compile(r"(?:pytorch|torch)[\s:=_'\"(v/<>-]*(?:\.?__version__|version|release|ver\.?|nightly)?"
+                            r"[\s:=_'\"(v/<>-]*(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)
+
+
+def _torch_version(notes: str) -> tuple[int, int, int] | None:
+    """The first torch version `notes` state, None if none; an NGC container's tag read after the
+    word ("nvcr.io/nvidia/pytorch:25.01-py3", "PyTorch 24.12 container": a year and a month, no
+    torch release has a major past 2) is passed over for the next."""
+    for said in _TORCH_VERSION.finditer(notes):
+        version = tuple(int(x or 0) for x in said.groups())
+        if version[0] <= 2:
+            return version
+    return None
 
 
 def _sdpa_kernel(row, hw: HardwareSpec) -> str | None:
     """The attention kernel of a row whose attention_kernel column is blank and whose stack is
-    PyTorch-native (torchtitan, torchao: their attention is torch's scaled_dot_product_attention),
-    on a spec that states FlashAttention-2's plateau (efficiency.attention_fa2): fa2 where the
-    torch its notes state (the first one named; none: one of that era) runs its flash backend first
-    on Hopper: before 2.5.0, and from 2.5.1 (cuDNN's kernel made opt-in, pytorch#138522) until the
-    builds that prefer cuDNN's on sm90/sm100 (2.11 on, whose cuDNN is past 9.15); None for 2.5.0
-    (cuDNN's first on H100) and 2.11 on, for Megatron's stacks and FP8 attention (Transformer
-    Engine's), and on other specs: the spec's fused kernel stands."""
-    if hw.efficiency.attention_fa2 is None or row.get("attention_fp8") == "yes" or stack(row) in MEGATRON_STACKS:
+    PyTorch-native (its group torchtitan or torchao, or, for a row of no Megatron stack, its
+    source: their attention is torch's scaled_dot_product_attention), on a spec that states
+    FlashAttention-2's plateau (efficiency.attention_fa2): fa2 where the torch its notes state
+    (the first one named; none: one of that era) runs its flash backend first on Hopper: before
+    2.5.0, and from 2.5.1 (cuDNN's kernel made opt-in, pytorch#138522) until the builds that prefer
+    cuDNN's on sm90/sm100 (2.11 on, whose cuDNN is past 9.15); None for 2.5.0 (cuDNN's first on
+    H100) and 2.11 on, for FP8 attention (Transformer Engine's), for Megatron's stacks and on other
+    specs: the spec's fused kernel stands."""
+    if hw.efficiency.attention_fa2 is None or row.get("attention_fp8") == "yes":
         return None
-    if not _SDPA_STACK.search(f"{row['group']} {row.get('source', '')}".lower()):
+    native = _SDPA_STACK.search(row["group"].lower()) or (
+        stack(row) not in MEGATRON_STACKS and _SDPA_STACK.search(row.get("source", "").lower()))
+    if not native:
         return None
-    said = _TORCH_VERSION.search(row.get("notes", ""))
-    version = tuple(int(x or 0) for x in said.groups()) if said else None
+    version = _torch_version(row.get("notes", ""))
     return None if version is not None and (version >= (2, 11) or version[:2] == (2, 5) and version < (2, 5, 1)) \
         else "fa2"
 

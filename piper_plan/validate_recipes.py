@@ -39,7 +39,7 @@ from .validate_rows import table_name
 # the columns that say how a row's software ran (validation/README.md), not what it measured
 RECIPE = ("recompute_modules", "cuda_graphs", "pipeline_split", "dispatcher", "a2a_overlap", "a2a_sms",
           "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
-          "fp8_params", "attention_kernel")
+          "fp8_params")
 # recipe columns a publisher chooses per model and scale, not per stack: taken from a reference
 # of the same model only (Megatron-FSDP for one single-node Llama 8B run is no default for 512 GPUs)
 PER_MODEL = ("zero_stage",)

@@ -152,6 +152,8 @@ def test_a_torchtitan_row_that_states_no_kernel_runs_what_its_torch_runs_on_its_
     ("torch 2.5.0 (cuDNN's kernel first on H100)", None), ("torch 2.11.0", None), ("pytorch-2.11", None),
     ("torch v2.11", None), ("torch_version=2.11.0", None), ("PyTorch nightly (2.11.0.dev20260101)", None),
     ("torch==2.12.0; compared with a torch 2.4 run", None), ("torch.compile 2.5x faster", "fa2"),
+    ("torch>=2.11", None), ("torch/2.11.0", None), ("torch.__version__ 2.11.0", None), ("PyTorch release 2.11", None),
+    ("nvcr.io/nvidia/pytorch:25.01-py3 (torch 2.6.0a0)", "fa2"), ("NGC PyTorch 26.03 container, torch 2.11", None),
 ])
 def test_the_torch_a_torchtitan_row_names_decides_its_kernel(notes, kernel):
     from piper_plan.validate import _sdpa_kernel
@@ -168,6 +170,8 @@ def test_only_a_pytorch_native_stack_without_fp8_attention_is_read_as_fa2():
     assert _sdpa_kernel({"group": "megatron-bridge-moe", "source": "vs torchtitan", "notes": ""}, h100) is None
     assert _sdpa_kernel({"group": "g", "source": "Megatron-Bridge docs (vs torchtitan)", "notes": ""}, h100) is None
     assert _sdpa_kernel({"group": "g", "source": "torchtitan", "notes": "", "attention_fp8": "yes"}, h100) is None
+    # a torchtitan group's row that names Megatron in its source (a baseline it beat) still ran torch's SDPA
+    assert _sdpa_kernel({"group": "torchtitan", "source": "torchtitan (vs Megatron-LM)", "notes": ""}, h100) == "fa2"
     assert _sdpa_kernel({"group": "g", "source": "torchtitan", "notes": ""}, load_hardware("dgx-b200")) is None
 
 
@@ -198,3 +202,14 @@ def test_a_layer_table_row_may_run_fa2_where_the_spec_states_it(tmp_path):
     p.write_text(head + "\nb200,llama3-8b,dgx-b200,1,1,8192,none,no,10,20,fa2\n")
     r = CliRunner().invoke(main, ["validate", "--layer-table", str(p)])
     assert r.exit_code != 0 and "efficiency.attention_fa2" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_a_row_that_states_only_its_kernel_still_takes_its_recipe_from_its_nearest_row():
+    # context-parallel.csv's NeMo 24.03 rows state attention_kernel fa2 and no recipe column: the rest
+    # of their recipe (tensor-parallel overlap, gradient dtype, FP8 weights) still comes from the
+    # nearest bundled row of their stack, as it did before they stated the kernel
+    from piper_plan import validate as V
+
+    rows = {r.id: r for r in V.run(path=V.data_path().parent / "context-parallel.csv")}
+    nemo = [r for i, r in rows.items() if i.startswith("nemo-llama2-7b-h100")]
+    assert len(nemo) == 6 and all(r.recipe_from and r.recipe_from.startswith("mb-llama") for r in nemo)
