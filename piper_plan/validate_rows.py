@@ -321,7 +321,8 @@ def _precision(text: str) -> str:
 # the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
 # copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
 DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
-# the words of the recipe columns (validation/README.md): one word, or several joined by "+"
+# the words of the recipe columns (validation/README.md): one word, or several joined by "+"; attention_kernel's
+# too, though it is no recipe column (validate_recipes.RECIPE: a row stating it still inherits its recipe)
 RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
                 "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel)}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),

@@ -234,13 +234,12 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     steps = more * hw.efficiency.kernel_overhead_us * 1e-6
     merge_f = stream_time(hw, more * 3.0 * t * heads * dv * eb, more)
     merge_b = stream_time(hw, more * 2.0 * t * heads * dqk * eb, more)
-    flash_f = flash_attention_time(hw, core_flops, adt, dqk, dv) + steps + merge_f
-    flash_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv) + steps + merge_b
+    kern_f = flash_attention_time(hw, core_flops, adt, dqk, dv)
+    kern_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv)
     if lay.fa2.any():  # FlashAttention-2 where the stack runs it (Layout.attention_kernel fa2)
-        flash_f = np.where(lay.fa2, flash_attention_time(hw, core_flops, adt, dqk, dv, "fa2") + steps + merge_f,
-                           flash_f)
-        flash_b = np.where(lay.fa2, flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv, "fa2")
-                           + steps + merge_b, flash_b)
+        kern_f = np.where(lay.fa2, flash_attention_time(hw, core_flops, adt, dqk, dv, "fa2"), kern_f)
+        kern_b = np.where(lay.fa2, flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv, "fa2"), kern_b)
+    flash_f, flash_b = kern_f + steps + merge_f, kern_b + steps + merge_b
     if hw.efficiency.attention_fp8 and lay.attn_fp8.any():  # FP8 attention where measured (Layout.attention_fp8)
         sf, sb = hw.efficiency.attention_fp8
         ovh = lay.cp * hw.efficiency.kernel_overhead_us * 1e-6  # the launches are not faster in FP8
