@@ -22,7 +22,7 @@ from ..specs.model import ModelSpec
 from . import eager as eager_traffic
 from .activations import expected_pad
 from .batch import EXPERT_GEMM_STREAMS, LayoutBatch, per_expert_launch, recomputes
-from .kernels import flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
+from .kernels import block_factor, flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
 
 
 class Phase:
@@ -214,6 +214,26 @@ def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     return _sum(attn[:-1]).w if len(attn) > 1 else z, ffn[0].w if ffn else z
 
 
+def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch):
+    """(forward, backward) time per counted FLOP of a layer's fused core attention over the
+    plateau's (kernels.block_factor), averaged over the model's layers by their counted FLOPs:
+    full layers causal over the sequence, windowed ones (sliding_window) over their window,
+    chunked ones (attention_chunk) causal within a chunk; under context parallelism the ring's
+    steps each pass over the rank's query blocks (kernels.tile_cost). 1 where the spec states
+    no block costs."""
+    if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk
+        local = dict(seq=np.minimum(float(m.attention_chunk), lay.seq.astype(float)))
+    else:
+        local = dict(seq=lay.seq, window=m.sliding_window)
+    full_f, full_b = block_factor(hw, lay.seq, cp=lay.cp)
+    if m.full_layers == m.num_layers or isinstance(full_f, float):
+        return full_f, full_b
+    loc_f, loc_b = block_factor(hw, cp=lay.cp, **local)
+    s = lay.seq.astype(float)
+    share = m.full_layers / m.num_layers * 0.5 * s / m.attended_keys(s)  # the full layers' share of the FLOPs
+    return share * full_f + (1.0 - share) * loc_f, share * full_b + (1.0 - share) * loc_b
+
+
 def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
     """softmax(QK^T)V of one layer for one micro-batch on a rank: its tokens' queries against the
     whole sequence's keys, at the plateau of the fused kernel the layout runs (the spec's own, or
@@ -234,8 +254,9 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     steps = more * hw.efficiency.kernel_overhead_us * 1e-6
     merge_f = stream_time(hw, more * 3.0 * t * heads * dv * eb, more)
     merge_b = stream_time(hw, more * 2.0 * t * heads * dqk * eb, more)
-    kern_f = flash_attention_time(hw, core_flops, adt, dqk, dv)
-    kern_b = flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv)
+    tiles_f, tiles_b = attention_tiles(m, hw, lay)  # the spec's own kernel at this length and mask
+    kern_f = flash_attention_time(hw, core_flops * tiles_f, adt, dqk, dv)
+    kern_b = flash_attention_bwd_time(hw, core_flops * tiles_b, t * heads, adt, dqk, dv)
     if lay.fa2.any():  # FlashAttention-2 where the stack runs it (Layout.attention_kernel fa2)
         kern_f = np.where(lay.fa2, flash_attention_time(hw, core_flops, adt, dqk, dv, "fa2"), kern_f)
         kern_b = np.where(lay.fa2, flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv, "fa2"), kern_b)

@@ -110,6 +110,46 @@ def attention_plateau(hw: HardwareSpec, kernel: str = "flash") -> tuple[float, f
         eff.attention_softmax_share
 
 
+def tile_cost(c, n, k=None, cp=1, causal: bool = True):
+    """Tiles of work a fused attention kernel spends per counted tile (the FLOPs its mask keeps,
+    ModelSpec.attended_keys' count): n query blocks, each attending the k key blocks before it
+    (a window; None or k ≥ n: the whole causal prefix) or, not causal, all n; c tiles of fixed
+    cost a query block's pass (Efficiency.attention_blocks). The kernel computes every tile the
+    mask touches whole, k(k+1)/2 + (n−k)(k+1) of them, where its count keeps nk − k²/2; so causal
+    over the whole sequence it spends (n + 1 + 2c) / n, unmasked 1 + c/n.
+    Under a context-parallel ring of cp ranks (Transformer Engine's load-balanced causal ring,
+    AttnFuncWithCPAndKVP2P: a rank holds two chunks, one from each end) every rank computes 1/cp
+    of the counted tiles, in cp kernels: its own chunks causal, then each step i either all its
+    queries against the first of the arriving chunk pair's (i <= rank) or its second chunk's
+    queries against both. The last rank takes the first branch at every step, so it makes cp
+    passes over its n/cp query blocks, and the layer waits for it. All arguments broadcast."""
+    n = np.maximum(np.asarray(n, dtype=float), 1.0)
+    passes = np.asarray(cp, dtype=float)
+    if not causal:
+        return 1.0 + c * passes / n
+    k = n if k is None else np.clip(np.asarray(k, dtype=float), 1e-9, n)
+    touched = k * (k + 1.0) / 2.0 + (n - k) * (k + 1.0)
+    counted = n * k - k * k / 2.0
+    return (touched + c * n * passes) / counted
+
+
+def block_factor(hw: HardwareSpec, seq, window=None, cp=1, causal: bool = True, kernel: str = "flash"):
+    """(forward, backward) time per FLOP of the fused `kernel` at this mask over its time where the
+    spec measured the plateau (causal at attention_blocks.seq tokens, one rank): tile_cost at each
+    pass's fixed cost. 1 where the spec states no block costs, and for FlashAttention-2 (fa2),
+    whose plateau is priced flat: its causal rate moves 319 -> 333 TFLOPS from 4k to 8k tokens
+    on H100 (FlashAttention-3 paper, arXiv 2407.08608 Fig. 5), within this law's diagonal term."""
+    bl = hw.efficiency.attention_blocks
+    if bl is None or kernel != "flash":
+        return 1.0, 1.0
+    n = np.asarray(seq, dtype=float) / bl.block
+    k = None if window is None else np.asarray(window, dtype=float) / bl.block
+    out = []
+    for c in (bl.forward, bl.backward if bl.backward is not None else bl.forward):
+        out.append(tile_cost(c, n, k, cp, causal) / tile_cost(c, bl.seq / bl.block))
+    return out[0], out[1]
+
+
 def head_dim_slowdown(hw: HardwareSpec, dqk=None, dv=None, kernel: str = "flash"):
     """How much slower than its plateau a fused attention kernel runs per FLOP with heads of
     query-key width dqk and value width dv, below the head dimension the spec measured its

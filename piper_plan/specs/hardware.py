@@ -87,6 +87,21 @@ class AttentionPlateau(_Strict):
         "of its score elements (Efficiency.attention_softmax_share, for this kernel)")
 
 
+class AttentionBlocks(_Strict):
+    """How a fused attention kernel's rate moves with the shape of its mask. The kernel walks
+    tiles of `block` queries by `block` keys, computes every tile its mask touches whole (the causal
+    diagonal's too) and pays a fixed cost for each query block's pass (loading its queries, the
+    softmax's last rescale, writing its output), worth `forward` / `backward` tiles of work. Its
+    plateaus (Efficiency.attention, attention_bwd) were measured causal at `seq` tokens; other
+    lengths, windows and context-parallel ring steps are priced against that (cost.kernels.tile_cost)."""
+
+    forward: float = Field(..., ge=0, le=1000, description="the forward's fixed cost a query block's pass, in tiles")
+    backward: Optional[float] = Field(
+        None, ge=0, le=1000, description="the backward's, in tiles; None: as `forward`")
+    block: int = Field(128, ge=1, le=1 << 16, description="the kernel's tile edge, tokens")
+    seq: int = Field(4096, ge=1, le=1 << 30, description="the causal sequence length the plateaus were measured at")
+
+
 class Efficiency(_Optional):
     """Achievable fractions of the peaks. Physical terms (roofline, wave quantisation,
     launch overhead) are modelled separately, so these are the plateau values a large,
@@ -101,7 +116,7 @@ class Efficiency(_Optional):
                         "attention_bwd_row_us", "memory_dram", "pipeline_chunk_us", "collective_step_us", "cast",
                         "a2a_fanout", "overlap_comm_units", "host_op_us", "quant_memory", "attention_head_dim",
                         "attention_softmax_share", "sustained_matmul", "attention_fp8", "dglu_dbias_ps",
-                        "attention_fa2")
+                        "attention_fa2", "attention_blocks")
 
     gemm: float = Field(..., ge=MIN_FRACTION, le=1, description="large-GEMM fraction of dense peak")
     gemm_dtype: dict[str, float] = Field(
@@ -121,6 +136,10 @@ class Efficiency(_Optional):
         None, description="FlashAttention-2's plateaus on this accelerator (Layout.attention_kernel fa2: PyTorch "
         "SDPA's flash backend, which torch 2.5.1-2.10 run on Hopper, where Transformer Engine runs cuDNN's kernel, "
         "the one `attention` measures); None: not measured, and a layout asking for it is refused")
+    attention_blocks: Optional[AttentionBlocks] = Field(
+        None, description="the fused kernel's (`attention`'s) fixed cost a query block's pass, which makes it "
+        "faster per FLOP on long sequences and slower in narrow windows and context-parallel ring steps; None: "
+        "one rate whatever the length and mask (not measured)")
     attention_bwd: Optional[float] = Field(
         None, ge=MIN_FRACTION, le=1, description="fused attention backward's fraction of dense peak, counting 2.5x the "
         "forward's FLOPs (FlashAttention-2's five GEMMs to the forward's two); None: as `attention`")
