@@ -131,6 +131,9 @@ def build_spec(base: HardwareSpec, *, name: str, ranks: int, device: dict, comp:
         acc["expert_row_multiple"] = CPU_EXPERT_ROW_MULTIPLE
     if "attention" in comp:
         eff["attention"] = round(comp["attention"], 4)
+        # the probes fit one rate at their lengths (flash_attention_time): the base's block costs,
+        # measured on another kernel, would re-price the fitted plateau at every other length
+        eff["attention_blocks"] = None
     if "cache_mib" in comp:
         acc["cache_mib"] = float(f"{comp['cache_mib']:.4g}")  # significant figures: a small cache is not 0
         eff["memory_dram"] = round(comp["memory_dram"], 4)

@@ -268,7 +268,7 @@ def _attention_table(att: dict):
     seqs = sorted({s for v in att["summary"].values() for s in v["time_error_pct"]})
     t = Table(title="attention model (the plateau measured causal at 4k, with the kernel's block costs fitted to the "
                     "no-mask rows at 4k-16k) vs cuDNN 9.19's SDPA sweep (cudnn-frontend): + the model is slower; "
-                    "windows are GPT-OSS's 1,024 tokens, heads of 64")
+                    "windows of 1,024 tokens (the benchmark's; GPT-OSS's own is 128), heads of 64")
     for col in ("spec / mask", "forward mean |error|", "backward", *(f"time error {s // 1024}k" for s in seqs)):
         t.add_column(col)
     for k, v in att["summary"].items():

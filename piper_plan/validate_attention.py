@@ -3,9 +3,10 @@
 validation/attention_cudnn.csv: NVIDIA cudnn-frontend's training SDPA benchmark (cuDNN 9.19; its
 results/*_919_only_cudnn files) on GB200, GB300 and H200: forward and backward TFLOPS of Llama
 3.1's attention (64 query and 8 KV heads of 128, batch 1) at 2,048-32,768 tokens with no mask and
-causal, and of GPT-OSS's windowed attention (64 / 8 heads of 64, batch 2, a 1,024-token window)
-over the same lengths. The benchmark counts the FLOPs of the pairs a query attends (4 per pair
-and head dimension forward, 2.5x that backward), as ModelSpec.attended_keys does.
+causal, and of GPT-OSS's heads in a window (64 / 8 heads of 64, batch 2, a 1,024-token window: the
+benchmark's; GPT-OSS's own is 128) over the same lengths. The benchmark counts the FLOPs of the
+pairs a query attends (4 per pair and head dimension forward, 2.5x that backward), as
+ModelSpec.attended_keys does.
 
 Each row is priced as the step model prices a layer's core attention (compute.core_attention):
 the counted FLOPs at the spec's plateau (kernels.flash_attention_time, flash_attention_bwd_time,
@@ -14,7 +15,8 @@ times the kernel's tiles per counted tile at the row's length and mask over the 
 (kernels.block_factor: the sweep runs faster with length and slower in narrow windows). The one
 thing fitted here is each GPU's fixed cost a query block's pass (Efficiency.attention_blocks),
 to its rows with no mask at 4k-16k tokens (fit_block_costs); its causal and windowed rows are out
-of sample.
+of sample. FlashAttention-2's are fitted the same way to the FlashAttention-3 paper's H100 charts
+(validation/attention_fa3_h100.csv, fit_chart_block_costs).
 """
 from __future__ import annotations
 
@@ -57,23 +59,41 @@ def price_row(r: dict, hw=None) -> tuple[float, float]:
 
 
 FIT_SEQ = (4096, 16384)  # the lengths the block costs are fitted over (2k runs short; GB300's 32k dips below its 16k)
+FA3_CHARTS = "attention_fa3_h100.csv"  # the FlashAttention-3 paper's H100 charts: FA2 and mid-2024 cuDNN
+
+
+def _fit_passes(seq, tflops, block: int = 128) -> float:
+    """The fixed cost a query block's pass, in tiles, that makes unmasked rates at `seq` tokens
+    follow tile_cost: rate = E / (1 + c / n) over n query blocks, E and c fitted in least squares
+    of the relative errors."""
+    from scipy.optimize import least_squares
+
+    s, y = np.asarray(seq, dtype=float), np.asarray(tflops, dtype=float)
+    fit = least_squares(lambda p: p[0] / tile_cost(p[1], s, causal=False, block=block) / y - 1.0, [y.max(), 1.0],
+                        bounds=([0.0, 0.0], [np.inf, 1000.0]))
+    return float(fit.x[1])
 
 
 def fit_block_costs(hardware: str, path: Path | None = None, block: int = 128) -> tuple[float, float]:
-    """(forward, backward) fixed cost a query block's pass, in tiles, that makes the unmasked
-    rows of `hardware` at FIT_SEQ tokens follow tile_cost: rate = E / (1 + c / n) over n query
-    blocks, E and c fitted in least squares of the relative errors."""
-    from scipy.optimize import least_squares
-
+    """(forward, backward) fixed cost a query block's pass of cuDNN 9.19's kernel on `hardware`,
+    fitted to its unmasked rows at FIT_SEQ tokens (Efficiency.attention_blocks)."""
     rows = [r for r in read_table(path or TABLES / TABLE) if r["hardware_spec"] == hardware
             and r["mask"] == "none" and FIT_SEQ[0] <= int(r["seq"]) <= FIT_SEQ[1]]
-    n = np.array([float(r["seq"]) / block for r in rows])
+    seq = [r["seq"] for r in rows]
+    return (_fit_passes(seq, [r["forward_tflops"] for r in rows], block),
+            _fit_passes(seq, [r["backward_tflops"] for r in rows], block))
+
+
+def fit_chart_block_costs(kernel: str = "fa2", path: Path | None = None, block: int = 128) -> tuple[float, float]:
+    """(forward, backward) fixed cost a query block's pass of `kernel` (fa2, or cudnn of mid-2024) on
+    H100, fitted to the FlashAttention-3 paper's non-causal rows at FIT_SEQ tokens
+    (validation/attention_fa3_h100.csv; AttentionPlateau.blocks for fa2)."""
+    rows = [r for r in read_table(path or TABLES / FA3_CHARTS) if r["kernel"] == kernel and r["mask"] == "none"
+            and FIT_SEQ[0] <= int(r["seq"]) <= FIT_SEQ[1]]
     out = []
-    for col in ("forward_tflops", "backward_tflops"):
-        y = np.array([float(r[col]) for r in rows])
-        fit = least_squares(lambda p: p[0] / tile_cost(p[1], n, causal=False) / y - 1.0, [y.max(), 1.0],
-                            bounds=([0.0, 0.0], [np.inf, 1000.0]))
-        out.append(float(fit.x[1]))
+    for ps in ("forward", "backward"):
+        sel = [r for r in rows if r["pass"] == ps]
+        out.append(_fit_passes([r["seq"] for r in sel], [r["tflops"] for r in sel], block))
     return out[0], out[1]
 
 
@@ -101,7 +121,7 @@ def attention_check(path: Path | None = None) -> list[dict]:
 def summary(rows: list[dict], min_seq: int = 4096) -> dict:
     """{"hardware / kind": {rows, forward_mape, backward_mape, time_error_pct_<seq>...}} over rows
     of at least `min_seq` tokens (training's lengths), in table order: mean |error| % of each
-    pass, and the layer-time error at each length, which shows how far the flat plateau drifts."""
+    pass, and the layer-time error at each length, which shows how well the block costs follow it."""
     groups = defaultdict(list)
     for r in rows:
         if r["seq"] >= min_seq:

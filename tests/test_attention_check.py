@@ -38,7 +38,7 @@ def test_a_causal_layers_time_keeps_its_4k_error_from_2k_to_32k(hw):
 
 @pytest.mark.parametrize("hw", ["gb200-nvl72", "gb300-nvl72"])
 def test_blackwells_narrow_windows_are_priced_within_an_eighth(hw):
-    # GPT-OSS's 1,024-token window, heads of 64: one flat rate had priced them 16-29 % fast
+    # the benchmark's 1,024-token window over GPT-OSS's heads of 64: one flat rate had priced them 16-29 % fast
     err = SUMMARY[f"{hw} / window"]["time_error_pct"]
     assert all(0.0 < e <= 13.0 for e in err.values()), err
 

@@ -140,6 +140,8 @@ def test_cuda_datasheet_spec_keeps_machine_shape():
     assert spec.gpus_per_node == base.gpus_per_node and spec.topology == base.topology
     assert spec.peak_flops("bf16") * spec.efficiency.gemm == pytest.approx(700e12, rel=1e-3)
     assert spec.efficiency.attention * spec.peak_flops("bf16") == pytest.approx(450e12, rel=1e-3)
+    # the fitted rate is one rate at the probes' lengths, as the fit priced it: no block costs kept
+    assert base.efficiency.attention_blocks is not None and spec.efficiency.attention_blocks is None
 
 
 def test_a_calibrated_node_level_takes_the_fitted_fraction_not_its_bases_own():

@@ -22,7 +22,8 @@ from ..specs.model import ModelSpec
 from . import eager as eager_traffic
 from .activations import expected_pad
 from .batch import EXPERT_GEMM_STREAMS, LayoutBatch, per_expert_launch, recomputes
-from .kernels import block_factor, flash_attention_bwd_time, flash_attention_time, gemm_time, stream_time
+from .kernels import (block_factor, flash_attention_bwd_time, flash_attention_time, gemm_time, has_blocks,
+                      stream_time)
 
 
 class Phase:
@@ -214,22 +215,24 @@ def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     return _sum(attn[:-1]).w if len(attn) > 1 else z, ffn[0].w if ffn else z
 
 
-def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch):
+def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: str = "flash"):
     """(forward, backward) time per counted FLOP of a layer's fused core attention over the
     plateau's (kernels.block_factor), averaged over the model's layers by their counted FLOPs:
-    full layers causal over the sequence, windowed ones (sliding_window) over their window,
-    chunked ones (attention_chunk) causal within a chunk; under context parallelism the ring's
-    steps each pass over the rank's query blocks (kernels.tile_cost). 1 where the spec states
-    no block costs."""
-    if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk
-        local = dict(seq=np.minimum(float(m.attention_chunk), lay.seq.astype(float)))
-    else:
-        local = dict(seq=lay.seq, window=m.sliding_window)
-    full_f, full_b = block_factor(hw, lay.seq, cp=lay.cp)
-    if m.full_layers == m.num_layers or isinstance(full_f, float):
+    full layers causal over the sequence, a context-parallel ring's steps each a pass over the
+    rank's query blocks; windowed layers (sliding_window) over their window and chunked ones
+    (attention_chunk) causal within a chunk, without the ring (Transformer Engine runs a window
+    only with its all-gather or all-to-all context parallelism, where a rank's one kernel passes
+    over its own query blocks once). 1 where the spec states no block costs for the kernel."""
+    if not has_blocks(hw, kernel):
+        return 1.0, 1.0
+    full_f, full_b = block_factor(hw, lay.seq, cp=lay.cp, kernel=kernel)
+    if m.full_layers == m.num_layers:
         return full_f, full_b
-    loc_f, loc_b = block_factor(hw, cp=lay.cp, **local)
     s = lay.seq.astype(float)
+    if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk
+        loc_f, loc_b = block_factor(hw, np.minimum(float(m.attention_chunk), s), kernel=kernel)
+    else:
+        loc_f, loc_b = block_factor(hw, s, window=m.sliding_window, kernel=kernel)
     share = m.full_layers / m.num_layers * 0.5 * s / m.attended_keys(s)  # the full layers' share of the FLOPs
     return share * full_f + (1.0 - share) * loc_f, share * full_b + (1.0 - share) * loc_b
 
@@ -258,8 +261,10 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     kern_f = flash_attention_time(hw, core_flops * tiles_f, adt, dqk, dv)
     kern_b = flash_attention_bwd_time(hw, core_flops * tiles_b, t * heads, adt, dqk, dv)
     if lay.fa2.any():  # FlashAttention-2 where the stack runs it (Layout.attention_kernel fa2)
-        kern_f = np.where(lay.fa2, flash_attention_time(hw, core_flops, adt, dqk, dv, "fa2"), kern_f)
-        kern_b = np.where(lay.fa2, flash_attention_bwd_time(hw, core_flops, t * heads, adt, dqk, dv, "fa2"), kern_b)
+        fa_f, fa_b = attention_tiles(m, hw, lay, "fa2")
+        kern_f = np.where(lay.fa2, flash_attention_time(hw, core_flops * fa_f, adt, dqk, dv, "fa2"), kern_f)
+        kern_b = np.where(lay.fa2, flash_attention_bwd_time(hw, core_flops * fa_b, t * heads, adt, dqk, dv, "fa2"),
+                          kern_b)
     flash_f, flash_b = kern_f + steps + merge_f, kern_b + steps + merge_b
     if hw.efficiency.attention_fp8 and lay.attn_fp8.any():  # FP8 attention where measured (Layout.attention_fp8)
         sf, sb = hw.efficiency.attention_fp8

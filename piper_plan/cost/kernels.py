@@ -110,44 +110,62 @@ def attention_plateau(hw: HardwareSpec, kernel: str = "flash") -> tuple[float, f
         eff.attention_softmax_share
 
 
-def tile_cost(c, n, k=None, cp=1, causal: bool = True):
-    """Tiles of work a fused attention kernel spends per counted tile (the FLOPs its mask keeps,
-    ModelSpec.attended_keys' count): n query blocks, each attending the k key blocks before it
-    (a window; None or k ≥ n: the whole causal prefix) or, not causal, all n; c tiles of fixed
-    cost a query block's pass (Efficiency.attention_blocks). The kernel computes every tile the
-    mask touches whole, k(k+1)/2 + (n−k)(k+1) of them, where its count keeps nk − k²/2; so causal
-    over the whole sequence it spends (n + 1 + 2c) / n, unmasked 1 + c/n.
-    Under a context-parallel ring of cp ranks (Transformer Engine's load-balanced causal ring,
-    AttnFuncWithCPAndKVP2P: a rank holds two chunks, one from each end) every rank computes 1/cp
-    of the counted tiles, in cp kernels: its own chunks causal, then each step i either all its
-    queries against the first of the arriving chunk pair's (i <= rank) or its second chunk's
-    queries against both. The last rank takes the first branch at every step, so it makes cp
-    passes over its n/cp query blocks, and the layer waits for it. All arguments broadcast."""
-    n = np.maximum(np.asarray(n, dtype=float), 1.0)
-    passes = np.asarray(cp, dtype=float)
+def tile_cost(c, seq, window=None, cp=1, causal: bool = True, block: int = 128):
+    """Tiles of work a fused attention kernel spends per counted tile (a block x block square of
+    the (query, key) pairs ModelSpec.attended_keys counts), c tiles of fixed cost a query block's
+    pass (Efficiency.attention_blocks). The kernel pads its queries and keys to whole tiles,
+    computes every tile its mask touches whole and makes a pass a query block: causal over s
+    tokens, Q = ceil(s/b) query blocks touch Q(Q+1)/2 tiles against the s²/2 counted, so for
+    long sequences (n + 1 + 2c) / n tiles a counted one (n = s/b); unmasked, Q² against s²; a
+    causal window of w tokens touches ceil((w−1)/b) + 1 key blocks a query block (fewer at the
+    sequence's start) against the s·w − w²/2 counted.
+    Under a context-parallel ring of cp ranks (full causal attention: Transformer Engine's
+    load-balanced ring, AttnFuncWithCPAndKVP2P) a rank holds two chunks of s/2cp tokens, one from
+    each end, each padded to ceil(s/(2cp·b)) blocks, and runs cp kernels: its own chunks causal,
+    then at each step i either all its queries against the first of the arriving pair's chunks
+    (i <= rank) or its second chunk's queries against both. The last rank takes the first branch
+    at every step, so it makes cp passes over its query blocks, and the layer waits for it; the
+    count above, with Q = 2cp·ceil(s/(2cp·b)) and the fixed cost c·Q·cp, is its time times cp.
+    All arguments but `causal` and `block` broadcast."""
+    s = np.maximum(np.asarray(seq, dtype=float), 1.0)
+    cp = np.asarray(cp, dtype=float)
+    q = np.where(cp > 1, 2.0 * cp * np.ceil(s / (2.0 * cp * block)), np.ceil(s / block))
+    fixed = c * q * cp
     if not causal:
-        return 1.0 + c * passes / n
-    k = n if k is None else np.clip(np.asarray(k, dtype=float), 1e-9, n)
-    touched = k * (k + 1.0) / 2.0 + (n - k) * (k + 1.0)
-    counted = n * k - k * k / 2.0
-    return (touched + c * n * passes) / counted
+        return (q * q + fixed) / (s / block) ** 2
+    if window is None:
+        return (q * (q + 1.0) / 2.0 + fixed) / ((s / block) ** 2 / 2.0)
+    w = np.minimum(np.asarray(window, dtype=float), s)
+    k = np.minimum(np.ceil((w - 1.0) / block), q)  # earlier key blocks a query block reaches
+    touched = k * (k + 1.0) / 2.0 + (q - k) * (k + 1.0)
+    return (touched + fixed) / ((s * w - w * w / 2.0) / block ** 2)
+
+
+def _blocks(hw: HardwareSpec, kernel: str):
+    """The fused `kernel`'s block costs on `hw` (None: one rate): the spec's own kernel's
+    (Efficiency.attention_blocks), or FlashAttention-2's (attention_fa2.blocks)."""
+    eff = hw.efficiency
+    if kernel == "fa2":
+        return eff.attention_fa2.blocks if eff.attention_fa2 is not None else None
+    return eff.attention_blocks if kernel == "flash" else None
 
 
 def block_factor(hw: HardwareSpec, seq, window=None, cp=1, causal: bool = True, kernel: str = "flash"):
-    """(forward, backward) time per FLOP of the fused `kernel` at this mask over its time where the
-    spec measured the plateau (causal at attention_blocks.seq tokens, one rank): tile_cost at each
-    pass's fixed cost. 1 where the spec states no block costs, and for FlashAttention-2 (fa2),
-    whose plateau is priced flat: its causal rate moves 319 -> 333 TFLOPS from 4k to 8k tokens
-    on H100 (FlashAttention-3 paper, arXiv 2407.08608 Fig. 5), within this law's diagonal term."""
-    bl = hw.efficiency.attention_blocks
-    if bl is None or kernel != "flash":
+    """(forward, backward) time per counted FLOP of the fused `kernel` with this mask over its time
+    where the spec measured its plateau (causal at blocks.seq tokens, one rank): tile_cost at each
+    pass's fixed cost. 1 where the spec states no block costs for the kernel."""
+    bl = _blocks(hw, kernel)
+    if bl is None:
         return 1.0, 1.0
-    n = np.asarray(seq, dtype=float) / bl.block
-    k = None if window is None else np.asarray(window, dtype=float) / bl.block
     out = []
     for c in (bl.forward, bl.backward if bl.backward is not None else bl.forward):
-        out.append(tile_cost(c, n, k, cp, causal) / tile_cost(c, bl.seq / bl.block))
+        out.append(tile_cost(c, seq, window, cp, causal, bl.block) / tile_cost(c, bl.seq, block=bl.block))
     return out[0], out[1]
+
+
+def has_blocks(hw: HardwareSpec, kernel: str = "flash") -> bool:
+    """Whether the spec prices `kernel`'s rate by its mask (block_factor is not 1)."""
+    return _blocks(hw, kernel) is not None
 
 
 def head_dim_slowdown(hw: HardwareSpec, dqk=None, dv=None, kernel: str = "flash"):

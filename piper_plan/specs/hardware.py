@@ -74,19 +74,6 @@ class Accelerator(_Optional):
         return self
 
 
-class AttentionPlateau(_Strict):
-    """One fused attention kernel's plateaus, where a stack runs another kernel than the one
-    `Efficiency.attention` measures (Layout.attention_kernel fa2: FlashAttention-2)."""
-
-    forward: float = Field(..., ge=MIN_FRACTION, le=1, description="forward's fraction of dense peak")
-    backward: Optional[float] = Field(
-        None, ge=MIN_FRACTION, le=1, description="backward's fraction of dense peak, counting 2.5x the forward's "
-        "FLOPs; None: as `forward`")
-    softmax_share: float = Field(
-        0.0, ge=0, le=1, description="share of its time at Efficiency.attention_head_dim spent on the softmax work "
-        "of its score elements (Efficiency.attention_softmax_share, for this kernel)")
-
-
 class AttentionBlocks(_Strict):
     """How a fused attention kernel's rate moves with the shape of its mask. The kernel walks
     tiles of `block` queries by `block` keys, computes every tile its mask touches whole (the causal
@@ -100,6 +87,28 @@ class AttentionBlocks(_Strict):
         None, ge=0, le=1000, description="the backward's, in tiles; None: as `forward`")
     block: int = Field(128, ge=1, le=1 << 16, description="the kernel's tile edge, tokens")
     seq: int = Field(4096, ge=1, le=1 << 30, description="the causal sequence length the plateaus were measured at")
+
+    @model_validator(mode="after")
+    def _one_block_at_least(self):
+        if self.seq < self.block:  # a plateau measured inside one tile says nothing of the passes
+            raise ValueError(f"seq ({self.seq}) must be at least block ({self.block})")
+        return self
+
+
+class AttentionPlateau(_Strict):
+    """One fused attention kernel's plateaus, where a stack runs another kernel than the one
+    `Efficiency.attention` measures (Layout.attention_kernel fa2: FlashAttention-2)."""
+
+    forward: float = Field(..., ge=MIN_FRACTION, le=1, description="forward's fraction of dense peak")
+    backward: Optional[float] = Field(
+        None, ge=MIN_FRACTION, le=1, description="backward's fraction of dense peak, counting 2.5x the forward's "
+        "FLOPs; None: as `forward`")
+    softmax_share: float = Field(
+        0.0, ge=0, le=1, description="share of its time at Efficiency.attention_head_dim spent on the softmax work "
+        "of its score elements (Efficiency.attention_softmax_share, for this kernel)")
+    blocks: Optional[AttentionBlocks] = Field(
+        None, description="this kernel's fixed cost a query block's pass (Efficiency.attention_blocks, for this "
+        "kernel); None: one rate whatever the length and mask")
 
 
 class Efficiency(_Optional):
