@@ -17,41 +17,56 @@ GB200 = load_hardware("gb200-nvl72")
 H100 = load_hardware("dgx-h100")
 
 
-def _tiles(mask, q_chunks, k_chunks, b):
-    """Tiles of b x b a kernel touches: queries and keys each a list of token ranges, every range
-    padded to whole tiles, mask(q, k) on token positions."""
-    n = 0
-    for q0, q1 in q_chunks:
-        for qt in range(q0, q1, b):
-            for k0, k1 in k_chunks:
-                for kt in range(k0, k1, b):
-                    qs, ks = np.arange(qt, min(qt + b, q1)), np.arange(kt, min(kt + b, k1))
-                    n += bool(mask(qs[:, None], ks[None, :]).any())
-    return n
+def _tiles(mask, q_idx, k_idx, b):
+    """Tiles of b x b a kernel touches and the query blocks it passes over: its queries and keys
+    each one run of token positions (a rank's chunks joined end to end, as Transformer Engine
+    hands them to the kernel), padded to whole tiles, mask(q, k) on token positions."""
+    q_idx, k_idx = np.asarray(q_idx), np.asarray(k_idx)
+    touched = 0
+    for qt in range(0, len(q_idx), b):
+        for kt in range(0, len(k_idx), b):
+            touched += bool(mask(q_idx[qt:qt + b, None], k_idx[None, kt:kt + b]).any())
+    return touched, -(-len(q_idx) // b)
 
 
 def _brute(c, s, w=None, cp=1, b=16):
-    """tile_cost by enumeration: the slowest rank's touched tiles and passes (Transformer Engine's
-    load-balanced ring for cp > 1), times cp, over the counted tiles (s²/2, or s·w − w²/2)."""
+    """tile_cost by enumeration: the slowest rank's tiles + c x passes, times cp, over the counted
+    tiles (s²/2, or s·w − w²/2). Under cp > 1, Transformer Engine's load-balanced P2P ring for every
+    rank: rank r holds chunks r and 2cp−1−r of L tokens; step 0 its own chunks causal; step i
+    (sender r − i mod cp) all its queries against the sender's first chunk where i <= r, else its
+    second chunk's queries against both of the sender's."""
     causal = (lambda q, k: k <= q) if w is None else (lambda q, k: (k <= q) & (k > q - w))
     if cp == 1:
-        touched, passes = _tiles(causal, [(0, s)], [(0, s)], b), -(-s // b)
+        touched, passes = _tiles(causal, range(s), range(s), b)
+        worst = touched + c * passes
     else:
-        L, r = s // (2 * cp), cp - 1  # the last rank: chunks r and 2cp-1-r
-        mine = [(r * L, (r + 1) * L), ((2 * cp - 1 - r) * L, (2 * cp - r) * L)]
-        touched, passes = _tiles(causal, mine, mine, b), 2 * -(-L // b)
-        for i in range(1, cp):  # i <= rank at every step: all queries against the sender's first chunk
-            src = r - i
-            touched += _tiles(lambda q, k: k <= q, mine, [(src * L, (src + 1) * L)], b)
-            passes += 2 * -(-L // b)
+        L = s // (2 * cp)
+        chunk = lambda j: list(range(j * L, (j + 1) * L))  # noqa: E731
+        pair = lambda r: chunk(r) + chunk(2 * cp - 1 - r)  # noqa: E731
+        worst = 0.0
+        for r in range(cp):
+            t, p = _tiles(causal, pair(r), pair(r), b)
+            for i in range(1, cp):
+                src = (r - i) % cp
+                q, k = (pair(r), chunk(src)) if i <= r else (chunk(2 * cp - 1 - r), pair(src))
+                dt, dp = _tiles(causal, q, k, b)
+                t, p = t + dt, p + dp
+            worst = max(worst, t + c * p)
     counted = (s * s / 2.0 if w is None else s * min(w, s) - min(w, s) ** 2 / 2.0) / b ** 2
-    return (touched + c * passes) * cp / counted
+    return worst * cp / counted
 
 
 @pytest.mark.parametrize("s, w, cp", [(256, None, 1), (200, None, 1), (10, None, 1), (256, 32, 1), (256, 40, 1),
-                                      (256, 8, 1), (512, None, 2), (512, None, 4), (480, None, 4), (96, None, 4)])
-def test_the_closed_form_counts_the_tiles_and_passes_the_kernel_makes(s, w, cp):
+                                      (256, 8, 1), (512, None, 2), (512, None, 4), (480, None, 4), (96, None, 4),
+                                      (256, None, 8), (384, None, 4), (264, None, 2)])
+def test_the_closed_form_counts_the_tiles_and_passes_transformer_engines_kernels_make(s, w, cp):
     assert tile_cost(2.5, s, w, cp, block=16) == pytest.approx(_brute(2.5, s, w, cp))
+
+
+def test_a_window_runs_no_ring_and_is_causal():
+    for kw in (dict(cp=2), dict(causal=False)):
+        with pytest.raises(ValueError, match="runs no context-parallel ring"):
+            tile_cost(2.0, 4096, window=128, **kw)
 
 
 def test_long_sequences_approach_the_simple_forms():
@@ -108,6 +123,14 @@ def test_flashattention2_states_the_costs_fitted_to_the_fa3_papers_h100_charts(s
     assert bl.forward < 0.5 < bl.backward < load_hardware(spec).efficiency.attention_blocks.backward
 
 
+def test_the_fa3_charts_show_an_older_cudnn_that_gained_nothing_with_length():
+    # cuDNN of mid-2024 on H100, unmasked 609 / 600 / 595 TFLOPS at 4k / 8k / 16k: no fixed cost a
+    # forward pass, against cuDNN 9.19's 2.00 on H200 (validation/README.md, the two readings)
+    f, b = fit_chart_block_costs("cudnn")
+    assert (round(f, 2), round(b, 2)) == (0.0, 1.61)
+    assert f < H100.efficiency.attention_blocks.forward and b < H100.efficiency.attention_blocks.backward
+
+
 def test_flashattention2s_causal_chart_rows_follow_its_law_out_of_sample():
     import csv
     from piper_plan.validate_attention import FA3_CHARTS, TABLES
@@ -153,16 +176,15 @@ def test_a_model_with_windowed_layers_averages_their_tiles_by_their_flops():
     assert win > 3.0 * full  # a 128-token window's tile does little work for its pass
 
 
-def test_windowed_layers_run_without_the_ring_under_context_parallelism():
-    # Transformer Engine runs sliding windows only with all-gather or all-to-all CP: one pass a rank
+def test_a_model_with_windowed_layers_runs_no_ring_under_context_parallelism():
+    # Transformer Engine runs sliding windows only with all-gather or all-to-all CP: one kernel a
+    # rank, one pass over its query blocks, for the model's full layers too
+    cp4 = from_layouts([Layout(gpus=8, dp=2, cp=4, ep=8, global_batch=2, seq=16384)])
     m = load_model("gpt-oss-120b")
-    f1, _ = attention_tiles(m, GB200, _lay(ep=8, seq=16384))
-    f4, _ = attention_tiles(m, GB200, from_layouts([Layout(gpus=8, dp=2, cp=4, ep=8, global_batch=2, seq=16384)]))
-    s = 16384.0
-    share = 0.5 * 0.5 * s / float(m.attended_keys(s))
-    win = block_factor(GB200, s, window=128)[0]
-    assert f4[0] == pytest.approx(share * block_factor(GB200, s, cp=4)[0] + (1 - share) * win)
-    assert f4[0] > f1[0]  # the full layers' ring passes only
+    assert attention_tiles(m, GB200, cp4) == attention_tiles(m, GB200, _lay(ep=8, seq=16384))
+    dense = load_model("llama3-8b")  # full layers only: the P2P ring, a pass a step
+    assert attention_tiles(dense, GB200, cp4)[0][0] == pytest.approx(block_factor(GB200, 16384, cp=4)[0])
+    assert attention_tiles(dense, GB200, cp4)[0][0] > block_factor(GB200, 16384)[0]
 
 
 def test_chunked_local_layers_run_causal_within_their_chunk():
@@ -211,3 +233,12 @@ def test_a_spec_whose_block_costs_cannot_be_a_kernels_is_refused_in_one_line(tmp
         load_hardware(str(p))
     msg = str(e.value)
     assert "attention_blocks" in msg and "\n" not in msg and msg.startswith(str(p))
+
+
+def test_a_spec_without_block_costs_dumps_as_before_the_fields_existed():
+    # plan.json embeds the spec and its hash (plan.spec_hash): a plan written before the fields
+    # existed must still read, so a spec stating none writes neither key
+    a100 = load_hardware("dgx-a100-80gb")  # FlashAttention-2's plateau, no block costs
+    eff = a100.model_dump(mode="json")["efficiency"]
+    assert "attention_blocks" not in eff and "blocks" not in eff["attention_fa2"]
+    assert "blocks" in H100.model_dump(mode="json")["efficiency"]["attention_fa2"]

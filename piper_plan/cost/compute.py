@@ -218,17 +218,19 @@ def column_wgrad(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
 def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: str = "flash"):
     """(forward, backward) time per counted FLOP of a layer's fused core attention over the
     plateau's (kernels.block_factor), averaged over the model's layers by their counted FLOPs:
-    full layers causal over the sequence, a context-parallel ring's steps each a pass over the
-    rank's query blocks; windowed layers (sliding_window) over their window and chunked ones
-    (attention_chunk) causal within a chunk, without the ring (Transformer Engine runs a window
-    only with its all-gather or all-to-all context parallelism, where a rank's one kernel passes
-    over its own query blocks once). 1 where the spec states no block costs for the kernel."""
+    full layers causal over the sequence, windowed ones (sliding_window) over their window, chunked
+    ones (attention_chunk) causal within a chunk (its last, partial chunk taken as whole). Context
+    parallelism runs Transformer Engine's P2P ring, whose every step passes over the rank's query
+    blocks (kernels.tile_cost); but a model with local layers runs all-gather or all-to-all
+    context parallelism (Transformer Engine runs sliding windows only so), one kernel a rank,
+    one pass over its query blocks: priced as one rank's, its full layers' too. 1 where the spec
+    states no block costs for the kernel."""
     if not has_blocks(hw, kernel):
         return 1.0, 1.0
-    full_f, full_b = block_factor(hw, lay.seq, cp=lay.cp, kernel=kernel)
-    if m.full_layers == m.num_layers:
-        return full_f, full_b
     s = lay.seq.astype(float)
+    if m.full_layers == m.num_layers:
+        return block_factor(hw, s, cp=lay.cp, kernel=kernel)
+    full_f, full_b = block_factor(hw, s, kernel=kernel)
     if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk
         loc_f, loc_b = block_factor(hw, np.minimum(float(m.attention_chunk), s), kernel=kernel)
     else:
@@ -240,9 +242,10 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
 def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
     """softmax(QK^T)V of one layer for one micro-batch on a rank: its tokens' queries against the
     whole sequence's keys, at the plateau of the fused kernel the layout runs (the spec's own, or
-    FlashAttention-2's: Layout.attention_kernel). Fused kernels skip masked blocks (causal half, sliding windows); under
-    context parallelism (Layout.cp) the ring runs one kernel a step, cp in all each way, on the
-    rank's load-balanced share of the FLOPs."""
+    FlashAttention-2's: Layout.attention_kernel), times the kernel's tiles per counted tile at this
+    length and mask (attention_tiles). Fused kernels skip masked blocks (causal half, sliding
+    windows); under context parallelism (Layout.cp) the ring runs one kernel a step, cp in all each
+    way, on the rank's load-balanced share of the FLOPs."""
     t = lay.tokens
     eb = lay.act_bytes
     dqk, dv = m.qk_v_dims

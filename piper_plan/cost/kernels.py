@@ -119,25 +119,30 @@ def tile_cost(c, seq, window=None, cp=1, causal: bool = True, block: int = 128):
     long sequences (n + 1 + 2c) / n tiles a counted one (n = s/b); unmasked, Q² against s²; a
     causal window of w tokens touches ceil((w−1)/b) + 1 key blocks a query block (fewer at the
     sequence's start) against the s·w − w²/2 counted.
-    Under a context-parallel ring of cp ranks (full causal attention: Transformer Engine's
-    load-balanced ring, AttnFuncWithCPAndKVP2P) a rank holds two chunks of s/2cp tokens, one from
-    each end, each padded to ceil(s/(2cp·b)) blocks, and runs cp kernels: its own chunks causal,
-    then at each step i either all its queries against the first of the arriving pair's chunks
-    (i <= rank) or its second chunk's queries against both. The last rank takes the first branch
-    at every step, so it makes cp passes over its query blocks, and the layer waits for it; the
-    count above, with Q = 2cp·ceil(s/(2cp·b)) and the fixed cost c·Q·cp, is its time times cp.
-    All arguments but `causal` and `block` broadcast."""
+    Under a context-parallel ring of cp ranks (Transformer Engine's load-balanced P2P ring,
+    AttnFuncWithCPAndKVP2P) a rank holds two chunks of L = s/2cp tokens, one from each end, and
+    runs cp kernels over them joined end to end: its own 2L tokens causal (Q0 = ceil(2L/b) query
+    blocks), then at each step i either all 2L queries against the first of the arriving pair's
+    chunks (i <= rank; m = ceil(L/b) key blocks) or its second chunk's queries against both. The
+    last rank takes the first branch at every step: Q0(Q0+1)/2 + (cp−1)·Q0·m tiles and cp passes
+    of Q0 query blocks, and the layer waits for it; that time times cp, over the counted tiles,
+    is what this returns. A window runs no ring (Transformer Engine runs sliding windows under
+    all-gather or all-to-all context parallelism only): cp must be 1 with one. All arguments but
+    `causal` and `block` broadcast."""
     s = np.maximum(np.asarray(seq, dtype=float), 1.0)
     cp = np.asarray(cp, dtype=float)
-    q = np.where(cp > 1, 2.0 * cp * np.ceil(s / (2.0 * cp * block)), np.ceil(s / block))
-    fixed = c * q * cp
-    if not causal:
-        return (q * q + fixed) / (s / block) ** 2
+    if window is not None and (np.any(cp > 1) or not causal):
+        raise ValueError("tile_cost: a window is causal and runs no context-parallel ring (cp 1)")
+    q0 = np.ceil(s / (cp * block))          # a rank's query blocks, its two chunks joined
+    m = np.ceil(s / (2.0 * cp * block))     # one chunk's key blocks
+    fixed = c * cp * cp * q0                # cp passes of q0 on the last rank, times cp
+    if not causal:                          # every step all queries against all the sender's keys
+        return (cp * cp * q0 * q0 + fixed) / (s / block) ** 2
     if window is None:
-        return (q * (q + 1.0) / 2.0 + fixed) / ((s / block) ** 2 / 2.0)
+        return (cp * (q0 * (q0 + 1.0) / 2.0 + (cp - 1.0) * q0 * m) + fixed) / ((s / block) ** 2 / 2.0)
     w = np.minimum(np.asarray(window, dtype=float), s)
-    k = np.minimum(np.ceil((w - 1.0) / block), q)  # earlier key blocks a query block reaches
-    touched = k * (k + 1.0) / 2.0 + (q - k) * (k + 1.0)
+    k = np.minimum(np.ceil((w - 1.0) / block), q0)  # earlier key blocks a query block reaches
+    touched = k * (k + 1.0) / 2.0 + (q0 - k) * (k + 1.0)
     return (touched + fixed) / ((s * w - w * w / 2.0) / block ** 2)
 
 

@@ -95,9 +95,11 @@ class AttentionBlocks(_Strict):
         return self
 
 
-class AttentionPlateau(_Strict):
+class AttentionPlateau(_Optional):
     """One fused attention kernel's plateaus, where a stack runs another kernel than the one
     `Efficiency.attention` measures (Layout.attention_kernel fa2: FlashAttention-2)."""
+
+    _OMIT_AT_DEFAULT = ("blocks",)  # a spec stating none dumps (and hashes) as before the field
 
     forward: float = Field(..., ge=MIN_FRACTION, le=1, description="forward's fraction of dense peak")
     backward: Optional[float] = Field(
