@@ -194,6 +194,13 @@ def test_chunked_local_layers_run_causal_within_their_chunk():
     share = 0.25 * 0.5 * s / float(m.attended_keys(s))
     for got, i in ((f, 0), (b, 1)):
         assert got[0] == pytest.approx(share * block_factor(GB200, s)[i] + (1 - share) * block_factor(GB200, 8192)[i])
+    # 12,288 tokens: one whole chunk and a last one of 4,096, each priced at its own length, weighted
+    # by its counted FLOPs (8192² against 4096²)
+    f, _ = attention_tiles(m, GB200, _lay(ep=8, seq=12288))
+    s = 12288.0
+    share = 0.25 * 0.5 * s / float(m.attended_keys(s))
+    local = (8192.0 ** 2 * block_factor(GB200, 8192)[0] + 4096.0 ** 2 * 1.0) / (8192.0 ** 2 + 4096.0 ** 2)
+    assert f[0] == pytest.approx(share * block_factor(GB200, s)[0] + (1 - share) * local)
 
 
 def test_a_long_sequence_layer_costs_what_the_law_gives_over_the_plateau():

@@ -219,7 +219,7 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
     """(forward, backward) time per counted FLOP of a layer's fused core attention over the
     plateau's (kernels.block_factor), averaged over the model's layers by their counted FLOPs:
     full layers causal over the sequence, windowed ones (sliding_window) over their window, chunked
-    ones (attention_chunk) causal within a chunk (its last, partial chunk taken as whole). Context
+    ones (attention_chunk) causal within each chunk, the last, partial one at its own length. Context
     parallelism runs Transformer Engine's P2P ring, whose every step passes over the rank's query
     blocks (kernels.tile_cost); but a model with local layers runs all-gather or all-to-all
     context parallelism (Transformer Engine runs sliding windows only so), one kernel a rank,
@@ -232,7 +232,12 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
         return block_factor(hw, s, cp=lay.cp, kernel=kernel)
     full_f, full_b = block_factor(hw, s, kernel=kernel)
     if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk
-        loc_f, loc_b = block_factor(hw, np.minimum(float(m.attention_chunk), s), kernel=kernel)
+        chunk = float(m.attention_chunk)
+        whole = np.floor(s / chunk)
+        rest = s - whole * chunk  # full chunks, and the last one's tokens
+        (cf, cb), (rf, rb) = block_factor(hw, chunk, kernel=kernel), block_factor(hw, rest, kernel=kernel)
+        w_whole, w_rest = whole * chunk * chunk, rest * rest  # their counted FLOPs (ModelSpec.attended_keys)
+        loc_f, loc_b = ((w_whole * x + w_rest * y) / (w_whole + w_rest) for x, y in ((cf, rf), (cb, rb)))
     else:
         loc_f, loc_b = block_factor(hw, s, window=m.sliding_window, kernel=kernel)
     share = m.full_layers / m.num_layers * 0.5 * s / m.attended_keys(s)  # the full layers' share of the FLOPs
