@@ -233,6 +233,9 @@ def layout_options(fn):
         click.option("--cp", type=POSITIVE, default=1, show_default=True,
                      help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size, "
                      "ring attention)"),
+        click.option("--cp-comm", type=click.Choice(["p2p", "all_gather", "a2a"]), default="p2p", show_default=True,
+                     help="how context parallelism moves keys (Megatron-Core --cp-comm-type): p2p, the ring behind "
+                     "the kernels; all_gather, K and V gathered first (Llama 3's); a2a, Ulysses' head exchange"),
         click.option("--pp", type=POSITIVE, default=1, show_default=True),
         click.option("--ep", type=POSITIVE, default=1, show_default=True),
         click.option("--etp", type=POSITIVE, default=1, show_default=True,
@@ -408,7 +411,8 @@ def _layout_from(kw, model):
                                ("shared_experts", bool(model.moe and model.moe.shared_experts))) if x in modules and not has]
     if kw["recompute"] == "selective" and absent:
         raise LayoutError("--recompute-modules", f"{absent[0]} names a part {model.name} does not have")
-    return Layout(gpus=gpus, tp=tp, cp=cp, pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
+    return Layout(gpus=gpus, tp=tp, cp=cp, cp_comm=kw["cp_comm"], pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp,
+                  mbs=kw["mbs"],
                   global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],
                   sequence_parallel=kw["sequence_parallel"] and tp > 1,  # as search writes it: no-op at tp 1
@@ -538,6 +542,9 @@ def search_options(fn):
                      help="context-parallel degrees to try, comma-separated (e.g. 1,2,4): each sequence split over "
                      "cp ranks (ring attention); auto: 1, 2, 4 and 8 from 8K-token sequences on (1 below, and for "
                      "piper-train, which keeps sequences whole)"),
+        click.option("--cp-comm", "cp_comms", default="p2p,all_gather,a2a", show_default=True,
+                     help="how context parallelism may move keys, comma-separated, each a choice where cp > 1 "
+                     "(Megatron-Core --cp-comm-type): p2p, all_gather, a2a"),
         click.option("--etp", "etps", default="1", show_default=True,
                      help="expert-tensor-parallel degrees to try, comma-separated (e.g. 1,2,4); 1 keeps experts "
                      "whole, as piper-train runs them"),
@@ -615,6 +622,18 @@ def _cps(kw, seq: int) -> tuple[int, ...]:
     return _ints(kw["cps"], "--cp")
 
 
+def _cp_comms(kw) -> tuple[str, ...]:
+    """--cp-comm's ways of moving keys, at least one (Layout.cp_comm's words)."""
+    from .cost.batch import CP_COMMS
+    from .errors import LayoutError
+
+    listed = _listed(kw["cp_comms"], "--cp-comm", CP_COMMS)
+    if not listed:
+        raise LayoutError("--cp-comm", f"got {kw['cp_comms']!r}; expected a comma-separated list of "
+                          f"{', '.join(CP_COMMS)}")
+    return listed
+
+
 def _module_sets(texts, option: str, parse) -> tuple[tuple[str, ...], ...]:
     """A repeatable option's module sets (`parse` reads one), each once: the same set given twice
     is a typo, as a module twice in one."""
@@ -650,7 +669,8 @@ def _space(kw, model, gpus):
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                     etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq), expert_gemm=kw["expert_gemm"],
+                     etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq), cp_comms=_cp_comms(kw),
+                     expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      attention_kernel=kw["attention"], p2p_overlap=kw["p2p_overlap"],

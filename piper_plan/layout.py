@@ -30,6 +30,8 @@ RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_a
                           "attn_block", "act_fc2"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
 AttentionKernel = Literal["flash", "fa2", "eager"]
+# Megatron-Core --cp-comm-type: how context parallelism brings a rank the keys its queries attend to
+CpComm = Literal["p2p", "all_gather", "a2a"]
 ExpertProbs = Literal["combine", "activation"]
 A2A = Literal["flat", "halo", "dedup"]
 # Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
@@ -50,6 +52,14 @@ class Layout(BaseModel):
     tp: int = Field(1, ge=1)
     cp: int = Field(1, ge=1, description="context parallel: ranks each sequence is split over (Megatron-Core "
                     "--context-parallel-size: ring attention over load-balanced causal chunks)")
+    cp_comm: CpComm = Field(
+        "p2p", description="how context parallelism moves keys (Megatron-Core --cp-comm-type, Transformer Engine's "
+        "context_parallel.py): p2p, a ring passing each rank's K and V chunk on behind the attention kernels, cp "
+        "kernels a rank (the default); all_gather, K and V gathered before the attention and their gradients "
+        "reduce-scattered after it, both exposed, two kernels a rank (Llama 3's, arXiv 2407.21783 §3.3.2); a2a, "
+        "Ulysses: Q, K and V exchanged for the whole sequence on heads/cp heads, one kernel, the output back, "
+        "all exposed (heads and kv heads a tp rank divisible by cp). Sliding windows run under all_gather or a2a "
+        "only, multi-latent attention under p2p only")
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1, description="attention data-parallel degree")
     ep: int = Field(1, ge=1, description="expert-parallel degree, folded over dp·cp·tp")
@@ -215,10 +225,13 @@ class Layout(BaseModel):
 
 def degrees_label(lay) -> str:
     """A layout's degrees (a Layout or its dict) as layout strings print them: "tp2 pp8 dp8 ep4",
-    " cp4" after tp where sequences are split, " etp2" where experts are tensor-parallel."""
+    " cp4" after tp where sequences are split (" cp4(a2a)" where not by the p2p ring), " etp2" where
+    experts are tensor-parallel."""
     g = (lambda k: lay.get(k, 1)) if isinstance(lay, dict) else (lambda k: getattr(lay, k))  # noqa: E731
     cp, etp = g("cp"), g("etp")
-    return (f"tp{g('tp')}" + (f" cp{cp}" if cp > 1 else "") + f" pp{g('pp')} dp{g('dp')} ep{g('ep')}"
+    how = lay.get("cp_comm", "p2p") if isinstance(lay, dict) else lay.cp_comm
+    cp_text = f" cp{cp}" + (f"({how})" if how != "p2p" else "") if cp > 1 else ""
+    return (f"tp{g('tp')}" + cp_text + f" pp{g('pp')} dp{g('dp')} ep{g('ep')}"
             + (f" etp{etp}" if etp > 1 else ""))
 
 
@@ -355,6 +368,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.cp > 1 and lay.seq % (2 * lay.cp):
         raise LayoutError("seq divisible by 2*cp", f"seq {lay.seq} does not split into {2 * lay.cp} chunks "
                           "(context parallelism balances causal attention over 2·cp chunks)")
+    if lay.cp == 1 and lay.cp_comm != "p2p":
+        raise LayoutError("cp_comm needs cp > 1", f"cp_comm {lay.cp_comm} with whole sequences (cp=1) moves nothing; "
+                          "state cp > 1, or leave cp_comm at p2p")
     if lay.cp > 1 and lay.attention_kernel == "eager":
         raise LayoutError("cp > 1 needs fused attention", "context parallelism runs ring attention over fused "
                           "attention kernels; use attention flash or fa2")
@@ -443,7 +459,40 @@ def check_for(lay: Layout, model, hw) -> None:
     if lay.sp and (lay.seq // lay.cp) % lay.tp:  # Megatron-Core and piper-train split it over tp
         raise LayoutError("sequence parallelism needs (seq/cp) % tp == 0",
                           f"seq {lay.seq} over cp={lay.cp} does not split into tp={lay.tp} equal parts")
+    why = cp_comm_refusal(model, lay.tp, lay.cp, lay.cp_comm)
+    if why:
+        raise LayoutError(*why)
     check_a2a_sms(lay.a2a_sms, hw)
+
+
+def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str) -> tuple[str, str] | None:
+    """(rule, detail) where Transformer Engine's context parallelism cannot run `cp_comm` over
+    cp ranks for `model` at tensor-parallel degree tp (None where it can; context_parallel.py's
+    asserts): a sliding window or chunked local attention only under all_gather or a2a (its
+    dispatcher: "The context parallel running configs cannot support sliding window attention");
+    query-key heads wider than the value heads (multi-latent attention) only under p2p ("MLA CP
+    currently only support KV P2P"); a2a hands each rank heads/cp of its tp share of the query heads
+    and of the kv heads (one where tp replicates them): "The number of attention heads needs to be
+    divisible by CP size"."""
+    if cp <= 1:
+        return None
+    local = model.sliding_window is not None or model.attention_chunk is not None
+    if local and cp_comm == "p2p":
+        return ("local attention under cp > 1 needs cp_comm all_gather or a2a",
+                f"{'sliding_window' if model.sliding_window is not None else 'attention_chunk'} layers over cp={cp}: "
+                "Transformer Engine runs local attention under all_gather or a2a context parallelism only, not the "
+                "p2p ring")
+    dqk, dv = model.qk_v_dims
+    if dqk != dv and cp_comm != "p2p":
+        return ("query-key heads wider than value heads need cp_comm p2p",
+                f"heads of {dqk} query-key and {dv} value channels (multi-latent attention) under cp_comm {cp_comm}: "
+                "Transformer Engine runs them under the p2p ring only")
+    if cp_comm == "a2a":
+        q, kv = model.num_heads // tp, max(model.kv_heads // tp, 1)
+        if q % cp or kv % cp:
+            return ("cp_comm a2a needs heads a tp rank divisible by cp",
+                    f"{q} query and {kv} kv heads a tp rank (tp={tp}) do not split over cp={cp}: use all_gather or p2p")
+    return None
 
 
 def check_a2a_sms(a2a_sms: Optional[int], hw) -> None:

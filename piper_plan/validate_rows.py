@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from .clitypes import BATCH, GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
-from .layout import AttentionKernel, CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
+from .layout import AttentionKernel, CpComm, CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
 from .specs import load_hardware, load_model
 from .specs.model import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, ModelSpec
 from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
@@ -50,7 +50,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
-           "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel")
+           "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -322,9 +322,11 @@ def _precision(text: str) -> str:
 # copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
 DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
 # the words of the recipe columns (validation/README.md): one word, or several joined by "+"; attention_kernel's
-# too, though it is no recipe column (validate_recipes.RECIPE: a row stating it still inherits its recipe)
+# and cp_comm's too, though they are no recipe columns (validate_recipes.RECIPE: a row stating one still inherits
+# its recipe)
 RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
-                "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel)}
+                "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel),
+                "cp_comm": get_args(CpComm)}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),
                 "offload_modules": get_args(OffloadModule)}
 # columns a row answers with yes or no (blank: the reading its source's stack implies)
@@ -409,6 +411,9 @@ def _check_row(path, rid: str, r: dict) -> None:
     for c, words in RECIPE_WORDS.items():
         if r.get(c, "") not in ("", *words):
             raise TableError(path, rid, c, f"expected one of {', '.join(words)} (or blank), got {r[c]!r}")
+    if r.get("cp_comm", "") and int(r.get("cp") or 1) <= 1:  # cp: a whole number by now
+        raise TableError(path, rid, "cp_comm", f"{r['cp_comm']} needs a cp column above 1 (how context parallelism "
+                         f"moves keys), got cp {r.get('cp') or 'blank'}")
     for c, words in RECIPE_LISTS.items():
         wrong = [x for x in r.get(c, "").split("+") if x not in ("", "none", *words)]
         if wrong:
@@ -856,3 +861,4 @@ def _overlaid(path, row: dict, name: str, base_name: str, base: ModelSpec) -> Mo
         return ModelSpec.model_validate(data)
     except ValidationError as e:
         raise TableError(path, row["id"], "model", str(from_validation(f"{name} on {base_name}", e))) from None
+

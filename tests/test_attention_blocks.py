@@ -176,13 +176,25 @@ def test_a_model_with_windowed_layers_averages_their_tiles_by_their_flops():
     assert win > 3.0 * full  # a 128-token window's tile does little work for its pass
 
 
-def test_a_model_with_windowed_layers_runs_no_ring_under_context_parallelism():
-    # Transformer Engine runs sliding windows only with all-gather or all-to-all CP: one kernel a
-    # rank, one pass over its query blocks, for the model's full layers too
-    cp4 = from_layouts([Layout(gpus=8, dp=2, cp=4, ep=8, global_batch=2, seq=16384)])
+def test_a_model_with_windowed_layers_runs_its_context_parallelism_as_gathered_or_exchanged_heads():
+    # Transformer Engine runs sliding windows only with all-gather or all-to-all CP (layout.cp_comm_refusal):
+    # all_gather's two kernels a rank, one pass over each chunk's query blocks, for the full layers too;
+    # a2a's one kernel over the whole sequence, one rank's
     m = load_model("gpt-oss-120b")
-    assert attention_tiles(m, GB200, cp4) == attention_tiles(m, GB200, _lay(ep=8, seq=16384))
+    whole = attention_tiles(m, GB200, _lay(ep=8, seq=16384))
+    gathered, heads = (attention_tiles(m, GB200, from_layouts([Layout(gpus=8, dp=2, cp=4, ep=8, global_batch=2,
+                                                                      seq=16384, cp_comm=c)]))
+                       for c in ("all_gather", "a2a"))
+    assert heads == whole
+    share = 0.5 * 0.5 * 16384 / float(m.attended_keys(16384.0))  # every second layer full
+    for got, i in ((gathered[0], 0), (gathered[1], 1)):
+        full = block_factor(GB200, 16384, cp=4, comm="all_gather")[i]
+        win = block_factor(GB200, 16384, window=m.sliding_window, cp=4, comm="all_gather")[i]
+        assert got[0] == pytest.approx(share * full + (1 - share) * win)
+    # a 16K sequence's chunks start on a block's edge: the windows cost what one rank's do
+    assert gathered[0][0] == pytest.approx(whole[0][0], rel=0.01)
     dense = load_model("llama3-8b")  # full layers only: the P2P ring, a pass a step
+    cp4 = from_layouts([Layout(gpus=8, dp=2, cp=4, global_batch=2, seq=16384)])
     assert attention_tiles(dense, GB200, cp4)[0][0] == pytest.approx(block_factor(GB200, 16384, cp=4)[0])
     assert attention_tiles(dense, GB200, cp4)[0][0] > block_factor(GB200, 16384)[0]
 

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, is_dataclass, replace
+from typing import get_args
 
 import numpy as np
 
-from ..layout import SCHEDULES, RECOMPUTES, Layout
+from ..layout import SCHEDULES, RECOMPUTES, CpComm, Layout
 
 A2AS = ("flat", "halo", "dedup")
 PLACEMENTS = ("packed", "spread")
+CP_COMMS: tuple[str, ...] = get_args(CpComm)  # Layout.cp_comm, as LayoutBatch.cpc's index
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8", "blockwise")
 SPLITS = ("balanced", "even", "account")  # Layout.pipeline_split
@@ -89,6 +91,7 @@ class LayoutBatch:
     reshard: np.ndarray     # bool: ZeRO-3 frees a unit's gathered parameters after forward (Layout.reshard_after_forward)
     a2a: np.ndarray
     placement: np.ndarray
+    cpc: np.ndarray         # index into CP_COMMS (Layout.cp_comm: how context parallelism moves keys)
     eager: np.ndarray
     fa2: np.ndarray         # bool: FlashAttention-2 in place of the spec's fused kernel (Layout.attention_kernel fa2)
     unfused: np.ndarray     # bool: eager PyTorch modules instead of fused kernels (Layout.fused_kernels false)
@@ -180,6 +183,7 @@ class LayoutBatch:
                       sequence_parallel=bool(self.sp[i]), zero=g("zero"), zero_replicas=g("zrep"),
                       reshard_after_forward=bool(self.reshard[i]),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=DTYPES[g("dtype")],
+                      cp_comm=CP_COMMS[g("cpc")],
                       attention_kernel="eager" if self.eager[i] else "fa2" if self.fa2[i] else "flash",
                       dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
@@ -212,7 +216,8 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), zrep=col(lambda x: x.zero_replicas),
         reshard=col(lambda x: x.reshard_after_forward),
         a2a=col(lambda x: A2AS.index(x.a2a)),
-        placement=col(lambda x: PLACEMENTS.index(x.placement)), eager=col(lambda x: x.attention_kernel == "eager"),
+        placement=col(lambda x: PLACEMENTS.index(x.placement)), cpc=col(lambda x: CP_COMMS.index(x.cp_comm)),
+        eager=col(lambda x: x.attention_kernel == "eager"),
         fa2=col(lambda x: x.attention_kernel == "fa2"),
         unfused=col(lambda x: not x.fused_kernels),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),

@@ -21,7 +21,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import eager as eager_traffic
 from .activations import expected_pad
-from .batch import EXPERT_GEMM_STREAMS, LayoutBatch, per_expert_launch, recomputes
+from .batch import CP_COMMS, EXPERT_GEMM_STREAMS, LayoutBatch, per_expert_launch, recomputes
 from .kernels import (block_factor, flash_attention_bwd_time, flash_attention_time, gemm_time, has_blocks,
                       stream_time)
 
@@ -219,18 +219,24 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
     """(forward, backward) time per counted FLOP of a layer's fused core attention over the
     plateau's (kernels.block_factor), averaged over the model's layers by their counted FLOPs:
     full layers causal over the sequence, windowed ones (sliding_window) over their window, chunked
-    ones (attention_chunk) causal within each chunk, the last, partial one at its own length. Context
-    parallelism runs Transformer Engine's P2P ring, whose every step passes over the rank's query
-    blocks (kernels.tile_cost); but a model with local layers runs all-gather or all-to-all
-    context parallelism (Transformer Engine runs sliding windows only so), one kernel a rank,
-    one pass over its query blocks: priced as one rank's, its full layers' too. 1 where the spec
-    states no block costs for the kernel."""
+    ones (attention_chunk) causal within each chunk, the last, partial one at its own length.
+    Context parallelism runs the kernels its cp_comm runs (kernels.tile_cost): p2p's ring passes
+    over the rank's query blocks at every step, all_gather's two kernels a rank over its chunks,
+    a2a's one kernel over the whole sequence on heads/cp heads. Chunked layers are priced as one
+    rank's under all_gather too (a chunk of attention_chunk tokens against the rank's two chunks of
+    s/2cp is not modelled). 1 where the spec states no block costs for the kernel."""
     if not has_blocks(hw, kernel):
         return 1.0, 1.0
     s = lay.seq.astype(float)
+    gathered = lay.cpc == CP_COMMS.index("all_gather")
+    rank = np.where(lay.cpc == CP_COMMS.index("a2a"), 1, lay.cp)  # a2a's kernel is one rank's
+    # the full layers, and the ring's or the gathered chunks' kernels, only where a layout runs them
+    full_f, full_b = block_factor(hw, s, cp=np.where(gathered, 1, rank), kernel=kernel)
+    if gathered.any():
+        gf, gb = block_factor(hw, s, cp=lay.cp, kernel=kernel, comm="all_gather")
+        full_f, full_b = np.where(gathered, gf, full_f), np.where(gathered, gb, full_b)
     if m.full_layers == m.num_layers:
-        return block_factor(hw, s, cp=lay.cp, kernel=kernel)
-    full_f, full_b = block_factor(hw, s, kernel=kernel)
+        return full_f, full_b
     if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk
         chunk = float(m.attention_chunk)
         whole = np.floor(s / chunk)
@@ -238,10 +244,46 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
         (cf, cb), (rf, rb) = block_factor(hw, chunk, kernel=kernel), block_factor(hw, rest, kernel=kernel)
         w_whole, w_rest = whole * chunk * chunk, rest * rest  # their counted FLOPs (ModelSpec.attended_keys)
         loc_f, loc_b = ((w_whole * x + w_rest * y) / (w_whole + w_rest) for x, y in ((cf, rf), (cb, rb)))
-    else:
+    else:  # a window's layers: one rank's kernel, or all_gather's (the ring is refused: layout.cp_comm_refusal)
         loc_f, loc_b = block_factor(hw, s, window=m.sliding_window, kernel=kernel)
+        if gathered.any():
+            gf, gb = block_factor(hw, s, window=m.sliding_window, cp=lay.cp, kernel=kernel, comm="all_gather")
+            loc_f, loc_b = np.where(gathered, gf, loc_f), np.where(gathered, gb, loc_b)
     share = m.full_layers / m.num_layers * 0.5 * s / m.attended_keys(s)  # the full layers' share of the FLOPs
     return share * full_f + (1.0 - share) * loc_f, share * full_b + (1.0 - share) * loc_b
+
+
+def _cp_kernels(m: ModelSpec, lay: LayoutBatch, hw: HardwareSpec, t, heads):
+    """(launch seconds, forward and backward memory passes' seconds) context parallelism adds to a
+    rank's core attention beside its first kernel (Layout.cp_comm; Transformer Engine's
+    context_parallel.py). p2p: the ring's other cp − 1 kernels, each step's partial output merged
+    into the running one (read both, write one) forward, its query gradient accumulated (read,
+    write) backward. all_gather: a second kernel; the gathered K and V put in chunk order (read,
+    write: index_select), forward and again backward, where the full-length dK and dV buffers are
+    zeroed, accumulated into and put back in order before their reduce-scatter (write, read and
+    write, read and write). a2a: one kernel; each of Q, K, V and the output laid out for the
+    exchange and back (read and write, twice), forward; the output and its gradient, then the
+    gradients of Q, K and V, backward."""
+    eb = lay.act_bytes
+    dqk, dv = m.qk_v_dims
+    cp = lay.cp.astype(float)
+    ring = lay.cpc == CP_COMMS.index("p2p")
+    gathered = lay.cpc == CP_COMMS.index("all_gather")
+    more = np.where(ring, cp - 1.0, np.where(gathered, 1.0, 0.0))
+    steps = more * hw.efficiency.kernel_overhead_us * 1e-6
+    merge_f = np.where(ring, stream_time(hw, (cp - 1.0) * 3.0 * t * heads * dv * eb, cp - 1.0), 0.0)
+    merge_b = np.where(ring, stream_time(hw, (cp - 1.0) * 2.0 * t * heads * dqk * eb, cp - 1.0), 0.0)
+    if not (~ring).any():
+        return steps, merge_f, merge_b
+    kv_heads = np.maximum(m.kv_heads / lay.tp.astype(float), 1.0)  # a tp rank's (replicated below tp)
+    kv = t * kv_heads * (dqk + dv) * eb  # the rank's K and V
+    merge_f = merge_f + np.where(gathered, stream_time(hw, 2.0 * cp * kv, 2), 0.0)
+    merge_b = merge_b + np.where(gathered, stream_time(hw, 7.0 * cp * kv, 5), 0.0)
+    qkv, o = t * heads * dqk * eb + kv, t * heads * dv * eb
+    a2a = lay.cpc == CP_COMMS.index("a2a")
+    merge_f = merge_f + np.where(a2a, stream_time(hw, 4.0 * (qkv + o), 8), 0.0)
+    merge_b = merge_b + np.where(a2a, stream_time(hw, 4.0 * (2.0 * o + qkv), 10), 0.0)
+    return steps, merge_f, merge_b
 
 
 def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
@@ -249,8 +291,8 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     whole sequence's keys, at the plateau of the fused kernel the layout runs (the spec's own, or
     FlashAttention-2's: Layout.attention_kernel), times the kernel's tiles per counted tile at this
     length and mask (attention_tiles). Fused kernels skip masked blocks (causal half, sliding
-    windows); under context parallelism (Layout.cp) the ring runs one kernel a step, cp in all each
-    way, on the rank's load-balanced share of the FLOPs."""
+    windows); under context parallelism (Layout.cp) a rank runs its load-balanced share of the
+    FLOPs in the kernels its cp_comm runs, with their launches and memory passes (_cp_kernels)."""
     t = lay.tokens
     eb = lay.act_bytes
     dqk, dv = m.qk_v_dims
@@ -259,12 +301,7 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     core_flops = 2.0 * t * m.attended_keys(s) * heads * (dqk + dv)
     # attention stays in bf16 under fp8 training (Transformer Engine's default recipe)
     adt = base_dtype(dtype)
-    # the ring's other steps: their kernels, and each step's partial output merged into the
-    # running one (read both, write one) forward, its query gradient accumulated (read, write) backward
-    more = (lay.cp - 1).astype(float)
-    steps = more * hw.efficiency.kernel_overhead_us * 1e-6
-    merge_f = stream_time(hw, more * 3.0 * t * heads * dv * eb, more)
-    merge_b = stream_time(hw, more * 2.0 * t * heads * dqk * eb, more)
+    steps, merge_f, merge_b = _cp_kernels(m, lay, hw, t, heads)
     tiles_f, tiles_b = attention_tiles(m, hw, lay)  # the spec's own kernel at this length and mask
     kern_f = flash_attention_time(hw, core_flops * tiles_f, adt, dqk, dv)
     kern_b = flash_attention_bwd_time(hw, core_flops * tiles_b, t * heads, adt, dqk, dv)
@@ -276,7 +313,7 @@ def core_attention(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str)
     flash_f, flash_b = kern_f + steps + merge_f, kern_b + steps + merge_b
     if hw.efficiency.attention_fp8 and lay.attn_fp8.any():  # FP8 attention where measured (Layout.attention_fp8)
         sf, sb = hw.efficiency.attention_fp8
-        ovh = lay.cp * hw.efficiency.kernel_overhead_us * 1e-6  # the launches are not faster in FP8
+        ovh = hw.efficiency.kernel_overhead_us * 1e-6 + steps  # the launches are not faster in FP8
         flash_f = np.where(lay.attn_fp8, (flash_f - ovh) / sf + ovh, flash_f)
         flash_b = np.where(lay.attn_fp8, (flash_b - ovh) / sb + ovh, flash_b)
     if lay.eager.any():  # materialised scores (cp 1: layout.check_layout)

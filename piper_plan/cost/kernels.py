@@ -110,7 +110,7 @@ def attention_plateau(hw: HardwareSpec, kernel: str = "flash") -> tuple[float, f
         eff.attention_softmax_share
 
 
-def tile_cost(c, seq, window=None, cp=1, causal: bool = True, block: int = 128):
+def tile_cost(c, seq, window=None, cp=1, causal: bool = True, block: int = 128, comm: str = "p2p"):
     """Tiles of work a fused attention kernel spends per counted tile (a block x block square of
     the (query, key) pairs ModelSpec.attended_keys counts), c tiles of fixed cost a query block's
     pass (Efficiency.attention_blocks). The kernel pads its queries and keys to whole tiles,
@@ -119,18 +119,30 @@ def tile_cost(c, seq, window=None, cp=1, causal: bool = True, block: int = 128):
     long sequences (n + 1 + 2c) / n tiles a counted one (n = s/b); unmasked, Q² against s²; a
     causal window of w tokens touches ceil((w−1)/b) + 1 key blocks a query block (fewer at the
     sequence's start) against the s·w − w²/2 counted.
-    Under a context-parallel ring of cp ranks (Transformer Engine's load-balanced P2P ring,
-    AttnFuncWithCPAndKVP2P) a rank holds two chunks of L = s/2cp tokens, one from each end, and
-    runs cp kernels over them joined end to end: its own 2L tokens causal (Q0 = ceil(2L/b) query
-    blocks), then at each step i either all 2L queries against the first of the arriving pair's
-    chunks (i <= rank; m = ceil(L/b) key blocks) or its second chunk's queries against both. The
-    last rank takes the first branch at every step: Q0(Q0+1)/2 + (cp−1)·Q0·m tiles and cp passes
-    of Q0 query blocks, and the layer waits for it; that time times cp, over the counted tiles,
-    is what this returns. A window runs no ring (Transformer Engine runs sliding windows under
-    all-gather or all-to-all context parallelism only): cp must be 1 with one. All arguments but
-    `causal` and `block` broadcast."""
+    Under context parallelism over cp ranks (Layout.cp_comm, Transformer Engine's
+    context_parallel.py) a rank holds two chunks of L = s/2cp tokens, one from each end, and the
+    layer waits for its slowest rank; that rank's time times cp, over the counted tiles, is what
+    this returns:
+    - p2p (AttnFuncWithCPAndKVP2P, the ring): cp kernels over the rank's chunks joined end to end:
+      its own 2L tokens causal (Q0 = ceil(2L/b) query blocks), then at each step i either all 2L
+      queries against the first of the arriving pair's chunks (i <= rank; m = ceil(L/b) key
+      blocks) or its second chunk's queries against both. The last rank takes the first branch at
+      every step: Q0(Q0+1)/2 + (cp−1)·Q0·m tiles and cp passes of Q0 query blocks. No window
+      (Transformer Engine runs local attention under all_gather or a2a only): cp must be 1 with one.
+    - all_gather (AttnFuncWithCPAndKVAllGather): two kernels a rank, chunk j's L queries
+      (q = ceil(L/b) blocks) against keys [0, (j+1)L) bottom-right causal: (q−1)·ceil(jL/b) +
+      q(q−1)/2 + ceil((j+1)L/b) tiles, j = r and 2cp−1−r; one pass over each chunk's query
+      blocks. A window reaches the same ceil((w−1)/b) key blocks back from each query block,
+      chunks taken as starting on a block's edge.
+    - a2a (AttnFuncWithCPAndQKVOA2A, Ulysses): one kernel over the whole sequence on heads/cp
+      heads, priced as cp 1's.
+    All arguments but `causal`, `block` and `comm` broadcast."""
     s = np.maximum(np.asarray(seq, dtype=float), 1.0)
     cp = np.asarray(cp, dtype=float)
+    if comm == "a2a":
+        cp = np.ones_like(cp)
+    elif comm == "all_gather":
+        return _gathered_tiles(c, s, window, cp, causal, block)
     if window is not None and (np.any(cp > 1) or not causal):
         raise ValueError("tile_cost: a window is causal and runs no context-parallel ring (cp 1)")
     q0 = np.ceil(s / (cp * block))          # a rank's query blocks, its two chunks joined
@@ -146,6 +158,35 @@ def tile_cost(c, seq, window=None, cp=1, causal: bool = True, block: int = 128):
     return (touched + fixed) / ((s * w - w * w / 2.0) / block ** 2)
 
 
+def _gathered_tiles(c, s, window, cp, causal: bool, block: int):
+    """tile_cost under all_gather context parallelism (its docstring): the slowest rank's two
+    chunk kernels, times cp, over the counted tiles."""
+    L = s / (2.0 * cp)
+    q = np.ceil(L / block)
+    counted = (s / block) ** 2 / 2.0 if window is None else None
+    if not causal:  # both chunks' queries against every key
+        return cp * (2.0 * q * np.ceil(s / block) + c * 2.0 * q) / (s / block) ** 2
+    if window is not None:
+        w = np.minimum(np.asarray(window, dtype=float), s)
+        k = np.ceil((w - 1.0) / block)
+        counted = (s * w - w * w / 2.0) / block ** 2
+
+        def before(n):  # sum over query blocks g < n of the earlier key blocks each reaches, min(k, g)
+            n = np.maximum(n, 0.0)
+            return np.where(n <= k + 1.0, n * (n - 1.0) / 2.0, k * (k + 1.0) / 2.0 + (n - k - 1.0) * k)
+
+        def chunk(j):
+            g0 = np.floor(j * L / block)
+            return q + before(g0 + q) - before(g0)
+    else:
+        def chunk(j):
+            return (q - 1.0) * np.ceil(j * L / block) + q * (q - 1.0) / 2.0 + np.ceil((j + 1.0) * L / block)
+    worst = np.zeros(np.broadcast(s, cp).shape)
+    for r in range(int(np.max(cp))):  # each rank's pair of chunks, r and 2cp-1-r, where it exists
+        worst = np.where(r < cp, np.maximum(worst, chunk(r) + chunk(2.0 * cp - 1.0 - r)), worst)
+    return cp * (worst + c * 2.0 * q) / counted
+
+
 def _blocks(hw: HardwareSpec, kernel: str):
     """The fused `kernel`'s block costs on `hw` (None: one rate): the spec's own kernel's
     (Efficiency.attention_blocks), or FlashAttention-2's (attention_fa2.blocks)."""
@@ -155,16 +196,18 @@ def _blocks(hw: HardwareSpec, kernel: str):
     return eff.attention_blocks if kernel == "flash" else None
 
 
-def block_factor(hw: HardwareSpec, seq, window=None, cp=1, causal: bool = True, kernel: str = "flash"):
-    """(forward, backward) time per counted FLOP of the fused `kernel` with this mask over its time
-    where the spec measured its plateau (causal at blocks.seq tokens, one rank): tile_cost at each
+def block_factor(hw: HardwareSpec, seq, window=None, cp=1, causal: bool = True, kernel: str = "flash",
+                 comm: str = "p2p"):
+    """(forward, backward) time per counted FLOP of the fused `kernel` with this mask, under
+    context parallelism of cp ranks moving keys by `comm` (Layout.cp_comm), over its time where
+    the spec measured its plateau (causal at blocks.seq tokens, one rank): tile_cost at each
     pass's fixed cost. 1 where the spec states no block costs for the kernel."""
     bl = _blocks(hw, kernel)
     if bl is None:
         return 1.0, 1.0
     out = []
     for c in (bl.forward, bl.backward if bl.backward is not None else bl.forward):
-        out.append(tile_cost(c, seq, window, cp, causal, bl.block) / tile_cost(c, bl.seq, block=bl.block))
+        out.append(tile_cost(c, seq, window, cp, causal, bl.block, comm) / tile_cost(c, bl.seq, block=bl.block))
     return out[0], out[1]
 
 

@@ -15,7 +15,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
-from .batch import LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
+from .batch import CP_COMMS, LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
 from .compute import (Phase, attention_phase, column_wgrad, core_attention, embedding_phase, ffn_phase, lm_head_phase,
                       moe_phase, tp_overlappable)
 from .imbalance import expert_popularity, imbalance, observed_rows
@@ -121,8 +121,8 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (recompute.with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise; the world
     # sets where the groups meet domain boundaries (comm.level_counts)
-    key = (lay.mbs, lay.seq, lay.tp, lay.cp, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.fa2, lay.unfused,
-           lay.egemm, lay.dropout, lay.act_bytes, lay.probs_act, lay.gpus,
+    key = (lay.mbs, lay.seq, lay.tp, lay.cp, lay.cpc, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.fa2,
+           lay.unfused, lay.egemm, lay.dropout, lay.act_bytes, lay.probs_act, lay.gpus,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
     _, first_key, code = distinct_rows(*key)
@@ -218,26 +218,51 @@ def _layer_costs(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Rout
 
 
 def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -> Phase:
-    """Context parallelism's ring (Layout.cp) in one attention layer for one micro-batch, beside
-    that layer's `core` attention (compute.core_attention): the
-    rank's K and V chunk passes round the cp ranks (tp apart), cp - 1 steps, each behind the
-    attention kernel of a chunk already held (Transformer Engine's AttnFuncWithCPAndKVP2P); the
-    backward passes K, V and their gradients, twice the bytes. A step exposes what its transfer
-    takes beyond its kernel's share of the core attention. Megatron-Core's default
-    cp_comm_type p2p; MLA passes its full-width K and V heads."""
+    """Context parallelism's communication in one attention layer for one micro-batch that a rank
+    waits for beside that layer's `core` attention (compute.core_attention), over its cp ranks (tp
+    apart), as its Layout.cp_comm moves keys (Transformer Engine's context_parallel.py;
+    Megatron-Core's cp_comm_type, default p2p):
+    - p2p (AttnFuncWithCPAndKVP2P): the rank's K and V chunk passes round the ring, cp − 1 steps,
+      each behind the attention kernel of a chunk already held; the backward passes K, V and their
+      gradients, twice the bytes. A step exposes what its transfer takes beyond its kernel's share
+      of the core attention. MLA passes its full-width K and V heads.
+    - all_gather (AttnFuncWithCPAndKVAllGather, "exposed"): K and V all-gathered before the
+      kernels, one call each; the backward gathers them again and reduce-scatters dK and dV.
+    - a2a (AttnFuncWithCPAndQKVOA2A, Ulysses): Q, K and V each exchanged all-to-all before the
+      kernel and the output after it; the backward exchanges the output and its gradient, then the
+      gradients of Q, K and V: seven calls, each rank sending (cp − 1)/cp of its share of each,
+      none behind compute."""
     z = np.zeros(len(lay))
     if not (lay.cp > 1).any():
         return Phase(z, z, z, z)
     dqk, dv = m.qk_v_dims
-    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / lay.tp, 1.0)
+    tp = lay.tp.astype(float)
+    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / tp, 1.0)
     kv = lay.tokens * kv_heads * (dqk + dv) * lay.act_bytes
     cp = lay.cp.astype(float)
     more = cp - 1.0
-    # one step: one of a ring all-gather's cp - 1 steps over the levels the group spans
-    step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5, world=lay.gpus) / np.maximum(more, 1.0)
+    span = comm.group_span(hw, lay.cp, lay.tp, lay.gpus)
+    # p2p, one step: one of a ring all-gather's cp - 1 steps over the levels the group spans
+    step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5, span=span, world=lay.gpus) / np.maximum(more, 1.0)
     f = more * np.maximum(step - core.f / cp, 0.0)
     b = more * np.maximum(2.0 * step - core.b / cp, 0.0)
-    return Phase(f, b, z, z)
+    ring = lay.cpc == CP_COMMS.index("p2p")
+    if ring.all():
+        return Phase(f, b, z, z)
+    lat = comm.call_latency(hw, lay.cp, lay.tp, span=span)  # the second of two calls (K and V; dK and dV)
+    gather = comm.allgather(hw, kv * cp, lay.cp, lay.tp, span=span, world=lay.gpus) + lat
+    scatter = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5, span=span, world=lay.gpus) + lat
+    gathered = lay.cpc == CP_COMMS.index("all_gather")
+    f, b = np.where(gathered, gather, f), np.where(gathered, gather + scatter, b)
+    a2a = lay.cpc == CP_COMMS.index("a2a")
+    if a2a.any():
+        q_heads = m.num_heads / tp
+        per = lambda width: comm.a2a_call(hw, lay.tokens * width * lay.act_bytes, lay.cp, lay.tp, False,  # noqa: E731
+                                          world=lay.gpus)
+        q, k, v, o = per(q_heads * dqk), per(kv_heads * dqk), per(kv_heads * dv), per(q_heads * dv)
+        f, b = np.where(a2a, q + k + v + o, f), np.where(a2a, 2.0 * o + q + k + v, b)
+    cp1 = lay.cp == 1
+    return Phase(np.where(cp1, 0.0, f), np.where(cp1, 0.0, b), z, z)
 
 
 def _tp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, tp_ar) -> tuple[Phase, Phase]:
@@ -390,8 +415,8 @@ def _recompute_variants(lay: LayoutBatch, sel: LayoutBatch):
 
 def _dense_key(lay: LayoutBatch) -> tuple:
     """The columns _dense_block reads."""
-    return (lay.mbs, lay.seq, lay.cp, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager, lay.fa2,
-            lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async, lay.gpus)
+    return (lay.mbs, lay.seq, lay.cp, lay.cpc, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager,
+            lay.fa2, lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async, lay.gpus)
 
 
 def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:

@@ -1,0 +1,215 @@
+"""How context parallelism moves keys (Layout.cp_comm, Megatron-Core's --cp-comm-type): Transformer
+Engine's p2p ring behind the kernels, its all_gather of K and V before two kernels a rank (Llama 3's),
+and its a2a (Ulysses) exchange of Q, K, V and the output around one kernel on heads/cp heads."""
+import csv
+
+import numpy as np
+import pytest
+
+from piper_plan.cost import comm
+from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.compute import _cp_kernels, core_attention
+from piper_plan.cost.estimate import evaluate
+from piper_plan.cost.kernels import stream_time, tile_cost
+from piper_plan.cost.layer import _cp_exposed
+from piper_plan.errors import LayoutError, PiperError
+from piper_plan.layout import Layout, check_for, check_layout
+from piper_plan.search import SearchSpace, enumerate_layouts
+from piper_plan.specs import load_hardware, load_model
+
+H100 = load_hardware("dgx-h100")
+LLAMA = load_model("llama3-8b")  # 32 query heads, 8 kv heads
+
+
+def _one(cp_comm="p2p", **kw):
+    base = dict(gpus=8, dp=1, cp=8, global_batch=8, seq=32768, recompute="full", cp_comm=cp_comm)
+    return from_layouts([Layout(**{**base, **kw})])
+
+
+def _gathered_brute(c, s, cp, b, window=None, causal=True):
+    """all_gather's tiles by enumeration: rank r runs chunk j = r and j = 2cp-1-r, L = s/2cp queries
+    each, against keys [0, (j+1)L) causal (every key unmasked), padded to b x b tiles; a pass a
+    query block. The slowest rank's tiles + c x passes, times cp, over the counted tiles."""
+    L = s // (2 * cp)
+    worst = 0.0
+    for r in range(cp):
+        total = 0.0
+        for j in (r, 2 * cp - 1 - r):
+            for qt in range(j * L, (j + 1) * L, b):
+                rows = np.arange(qt, min(qt + b, (j + 1) * L))
+                keys = np.arange(s if not causal else (j + 1) * L)
+                seen = (keys[None, :] <= rows[:, None]) if causal else np.ones((len(rows), len(keys)), bool)
+                if window is not None:
+                    seen &= keys[None, :] > rows[:, None] - window
+                total += len(np.unique(keys[seen.any(0)] // b)) + c
+        worst = max(worst, total)
+    counted = (s * s / 2.0 if window is None else s * window - window * window / 2.0) / b ** 2
+    return cp * worst / (counted if causal else (s / b) ** 2)
+
+
+@pytest.mark.parametrize("s, cp, window, causal", [(512, 2, None, True), (480, 4, None, True), (200, 2, None, True),
+                                                   (512, 4, None, False), (360, 3, None, False),
+                                                   (512, 4, 32, True), (1024, 2, 100, True)])
+def test_all_gather_prices_the_tiles_and_passes_of_its_two_kernels_a_rank(s, cp, window, causal):
+    assert tile_cost(1.5, s, window, cp, causal, 16, "all_gather") == pytest.approx(
+        _gathered_brute(1.5, s, cp, 16, window, causal))
+
+
+def test_a2a_runs_one_ranks_kernel_and_all_gather_one_pass_where_the_ring_makes_cp():
+    s = 32768
+    one = tile_cost(3.0, s)
+    assert tile_cost(3.0, s, cp=8, comm="a2a") == one
+    gathered, ring = tile_cost(3.0, s, cp=8, comm="all_gather"), tile_cost(3.0, s, cp=8)
+    assert gathered == pytest.approx(one, rel=1e-3)  # the same query blocks in one pass, chunks on block edges
+    assert ring > gathered + 6 * 3.0 * (s / 128) / ((s / 128) ** 2 / 2)  # 7 passes more over the rank's blocks
+
+
+def test_each_way_adds_its_own_kernels_and_memory_passes():
+    lay = from_layouts([Layout(gpus=8, dp=1, cp=8, global_batch=8, seq=32768, cp_comm=c)
+                        for c in ("p2p", "all_gather", "a2a")])
+    launch = H100.efficiency.kernel_overhead_us * 1e-6
+    steps, merge_f, merge_b = _cp_kernels(LLAMA, lay, H100, lay.tokens, LLAMA.num_heads / lay.tp)
+    assert steps == pytest.approx([7 * launch, launch, 0.0])
+    t = lay.tokens[0]
+    dqk, dv = LLAMA.qk_v_dims
+    kv, q, o = t * LLAMA.kv_heads * (dqk + dv) * 2, t * LLAMA.num_heads * dqk * 2, t * LLAMA.num_heads * dv * 2
+    # the ring merges each step's output (read 2, write 1) and accumulates dQ (read, write)
+    assert merge_f[0] == pytest.approx(stream_time(H100, 7 * 3 * o, 7))
+    assert merge_b[0] == pytest.approx(stream_time(H100, 7 * 2 * q, 7))
+    # the gather puts cp ranks' K and V in chunk order forward, and again backward beside dK and dV's buffers
+    assert merge_f[1] == pytest.approx(stream_time(H100, 2 * 8 * kv, 2))
+    assert merge_b[1] == pytest.approx(stream_time(H100, 7 * 8 * kv, 5))
+    # Ulysses lays out each of Q, K, V and O for the exchange and back
+    assert merge_f[2] == pytest.approx(stream_time(H100, 4 * (q + kv + o), 8))
+    assert merge_b[2] == pytest.approx(stream_time(H100, 4 * (2 * o + q + kv), 10))
+
+
+def test_all_gather_and_a2a_expose_their_collectives_where_the_ring_hides_behind_long_kernels():
+    dqk, dv = LLAMA.qk_v_dims
+    lays = {c: _one(c, seq=131072) for c in ("p2p", "all_gather", "a2a")}
+    got = {c: _cp_exposed(LLAMA, H100, x, core_attention(LLAMA, H100, x, "bf16")) for c, x in lays.items()}
+    assert got["p2p"].total[0] == 0.0
+    t = lays["p2p"].tokens
+    kv = t * LLAMA.kv_heads * (dqk + dv) * 2.0
+    one, eight = np.array([8]), np.array([1])  # cp 8 ranks, tp 1 apart
+    lat = comm.call_latency(H100, one, eight)
+    gather = comm.allgather(H100, kv * 8, one, eight) + lat
+    scatter = comm.ring_allreduce(H100, kv * 8, one, eight, 0.5) + lat
+    assert got["all_gather"].f[0] == pytest.approx(gather[0])
+    assert got["all_gather"].b[0] == pytest.approx(gather[0] + scatter[0])
+
+    def a2a(width):  # one all_to_all_single of the rank's share of a tensor
+        return comm.a2a_call(H100, t * width * 2.0, one, eight, False, world=np.array([8]))[0]
+    q, k, v, o = (a2a(LLAMA.num_heads * dqk), a2a(LLAMA.kv_heads * dqk), a2a(LLAMA.kv_heads * dv),
+                  a2a(LLAMA.num_heads * dv))
+    assert got["a2a"].f[0] == pytest.approx(q + k + v + o)
+    assert got["a2a"].b[0] == pytest.approx(2 * o + q + k + v)
+    assert evaluate(LLAMA, H100, lays["all_gather"]).time["cp_comm"][0] > 0.0
+
+
+def test_context_parallelism_transformer_engine_cannot_run_is_refused_with_the_rule_named():
+    base = dict(gpus=8, dp=1, cp=8, global_batch=8, seq=32768)
+    with pytest.raises(LayoutError, match="cp_comm needs cp > 1"):
+        check_layout(Layout(gpus=8, dp=8, global_batch=8, seq=8192, cp_comm="a2a"), 32)
+    window = load_model("gpt-oss-120b")
+    with pytest.raises(LayoutError, match="local attention under cp > 1 needs cp_comm all_gather or a2a"):
+        check_for(Layout(**base, ep=8), window, H100)
+    check_for(Layout(**base, ep=8, cp_comm="all_gather"), window, H100)
+    mla = load_model("deepseek-v3")
+    for c in ("all_gather", "a2a"):
+        with pytest.raises(LayoutError, match="need cp_comm p2p"):
+            check_for(Layout(gpus=8, dp=1, cp=8, ep=8, global_batch=8, seq=32768, cp_comm=c), mla, H100)
+    # a2a: 32 / 4 = 8 query heads but 8 / 4 = 2 kv heads a tp rank over cp 8
+    with pytest.raises(LayoutError, match="cp_comm a2a needs heads a tp rank divisible by cp"):
+        check_for(Layout(gpus=32, tp=4, cp=8, dp=1, global_batch=8, seq=32768, cp_comm="a2a"), LLAMA, H100)
+    check_for(Layout(**base, cp_comm="a2a"), LLAMA, H100)
+
+
+def test_the_search_tries_each_way_where_cp_splits_sequences_and_prices_each_as_alone():
+    sp = SearchSpace(gpus=32, global_batch=32, seq=32768, cps=(1, 2, 8), schedules=("1f1b",))
+    batch, rejected = enumerate_layouts(LLAMA, H100, sp)
+    ways = {(int(c), int(w)) for c, w in zip(batch.cp, batch.cpc)}
+    assert ways == {(1, 0), (2, 0), (2, 1), (2, 2), (8, 0), (8, 1), (8, 2)}
+    assert rejected["cp_comm a2a needs heads a tp rank divisible by cp"] > 0  # tp 2 and 4 under cp 8
+    est = evaluate(LLAMA, H100, batch)
+    rng = np.random.default_rng(2)
+    for w in (1, 2):
+        for i in rng.choice(np.flatnonzero(batch.cpc == w), 6, replace=False):
+            one = evaluate(LLAMA, H100, from_layouts([batch.layout(int(i))]))
+            assert one.step_time_s[0] == pytest.approx(est.step_time_s[i], rel=1e-12)
+    only, _ = enumerate_layouts(LLAMA, H100, SearchSpace(gpus=32, global_batch=32, seq=32768, cps=(1, 8),
+                                                         schedules=("1f1b",), cp_comms=("a2a",)))
+    assert set(np.unique(only.cpc[only.cp > 1])) == {2} and (only.cpc[only.cp == 1] == 0).all()
+    window, _ = enumerate_layouts(load_model("gpt-oss-20b"), H100, SearchSpace(gpus=8, global_batch=8, seq=32768,
+                                                                              cps=(2,), schedules=("1f1b",)))
+    assert 0 not in set(np.unique(window.cpc))  # the ring cannot run its windows
+
+
+def test_the_cli_takes_the_way_and_names_it_in_the_layout():
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+
+    args = ["estimate", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "8", "--cp", "8", "--seq", "32768",
+            "--global-batch", "8", "--recompute", "full"]
+    r = CliRunner().invoke(main, args + ["--cp-comm", "all_gather"])
+    assert r.exit_code == 0, r.output
+    assert "cp8(all_gather)" in r.output
+    for bad, word in ((["--cp-comm", "ring"], "--cp-comm"),
+                      (["--cp", "1", "--cp-comm", "a2a"], "cp_comm needs cp > 1")):
+        out = CliRunner().invoke(main, args + bad)
+        assert out.exit_code != 0 and word in out.output, out.output
+    s = ["search", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "16", "--global-batch", "16", "--seq", "65536",
+         "--schedules", "1f1b", "--cp", "8", "--top", "500"]
+    r = CliRunner().invoke(main, s + ["--cp-comm", "a2a"])
+    assert r.exit_code == 0, r.output
+    assert "cp8(a2a)" in r.output and "cp8 " not in r.output and "all_gather" not in r.output
+    bad = CliRunner().invoke(main, s + ["--cp-comm", "a2a,a2a"])
+    assert bad.exit_code != 0 and "--cp-comm" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_metas_128k_row_runs_the_all_gather_its_paper_states():
+    from piper_plan import validate as V
+
+    path = V.data_path().parent / "llama3-405b-meta.csv"
+    row = next(r for r in csv.DictReader(open(path)) if r["id"] == "meta-l3-405b-16k-cp16")
+    assert row["cp_comm"] == "all_gather"
+    got = {r.id: r for r in V.run(path=path)}
+    assert "cp16(all_gather)" in got["meta-l3-405b-16k-cp16"].layout
+    assert abs(got["meta-l3-405b-16k-cp16"].error_pct) < 10.0
+
+
+@pytest.mark.parametrize("change, match", [(dict(cp_comm="ring"), "cp_comm.*expected one of p2p, all_gather, a2a"),
+                                           (dict(cp="1", cp_comm="a2a"), "cp_comm.*needs a cp column above 1")])
+def test_a_row_stating_a_way_context_parallelism_cannot_take_is_refused_with_the_column_named(tmp_path, change,
+                                                                                             match):
+    from piper_plan import validate as V
+
+    path = V.data_path().parent / "llama3-405b-meta.csv"
+    rows = list(csv.DictReader(open(path)))
+    bad = tmp_path / "bad.csv"
+    with open(bad, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerow({**rows[2], **change})
+    with pytest.raises(PiperError, match=match):
+        V.run(path=bad)
+
+
+def test_readme_states_the_ways_the_search_weighs_as_it_prices_them():
+    import re
+    from pathlib import Path
+
+    from piper_plan.report import layout_str
+
+    from test_docs_figures import cli_json
+
+    top = cli_json("search", "-m", "llama3-70b", "-H", "dgx-h100", "-n", "64", "--seq", "32768", "--global-batch",
+                   "64", "--top", "10")["top"]
+    rate = {layout_str(x["layout"]).split(" mbs")[0]: x["tokens_per_s"] for x in top}
+    ahead = lambda a, b: f"{(rate[a] / rate[b] - 1) * 100:.1f} %"  # noqa: E731
+    gather8, ring4 = ahead("tp2 cp8(all_gather) pp1 dp4 ep1", "tp2 cp8 pp1 dp4 ep1"), \
+        ahead("tp4 cp4 pp1 dp4 ep1", "tp4 cp4(all_gather) pp1 dp4 ep1")
+    text = re.sub(r"\s+", " ", (Path(__file__).parents[1] / "README.md").read_text())
+    assert (f"`tp2 cp8(all_gather)` {gather8} ahead of `tp2 cp8`, `tp4 cp4` {ring4} ahead of `tp4 cp4(all_gather)`"
+            in text)
