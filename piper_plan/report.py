@@ -139,7 +139,7 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
     stages = row["memory_gib_per_stage"]
     comps = [k for k in stages[0] if k not in ("stage", "role")] if stages else []
     short = {"weights": "weights", "grads": "grads", "master": "master", "optimizer": "optim",
-             "activations": "activ", "logits": "logits", "a2a_buffers": "a2a buf",
+             "activations": "activ", "logits": "logits", "a2a_buffers": "a2a buf", "cp_buffers": "cp buf",
              "grad_buckets": "buckets", "weight_casts": "casts", "zero3_units": "gathered",
              "recomputed_layer": "rc layer", "overhead": "reserve",
              "total": "TOTAL"}

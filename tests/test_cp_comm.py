@@ -213,3 +213,19 @@ def test_readme_states_the_ways_the_search_weighs_as_it_prices_them():
     text = re.sub(r"\s+", " ", (Path(__file__).parents[1] / "README.md").read_text())
     assert (f"`tp2 cp8(all_gather)` {gather8} ahead of `tp2 cp8`, `tp4 cp4` {ring4} ahead of `tp4 cp4(all_gather)`"
             in text)
+
+
+def test_each_way_holds_its_buffers_while_a_layer_runs_and_cp_1_holds_none():
+    # Llama 3 8B, cp 8 at 32K: 4,096 tokens a rank, 8 kv heads of 128 + 128 channels in bf16
+    lays = {c: _one(c) for c in ("p2p", "all_gather", "a2a")}
+    kv = 4096 * 8 * 256 * 2 / 2**30
+    q = 4096 * 32 * 128 * 2 / 2**30
+    got = {c: evaluate(LLAMA, H100, x).memory["first"]["cp_buffers"][0] for c, x in lays.items()}
+    assert got == pytest.approx({"p2p": 8 * kv, "all_gather": 2 * 8 * kv, "a2a": 2 * (q + kv)})
+    whole = evaluate(LLAMA, H100, from_layouts([Layout(gpus=8, dp=8, global_batch=8, seq=4096)]))
+    assert whole.memory["first"]["cp_buffers"][0] == 0.0
+    assert "cp_buffers" not in whole.row(0)["memory_gib_per_stage"][0]  # plans without cp dump as before
+    est = evaluate(LLAMA, H100, lays["all_gather"])
+    stage = est.row(0)["memory_gib_per_stage"][0]
+    assert stage["cp_buffers"] == pytest.approx(2 * 8 * kv)
+    assert stage["total"] == pytest.approx(sum(v for k, v in stage.items() if k not in ("stage", "role", "total")))

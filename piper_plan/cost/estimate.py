@@ -94,7 +94,7 @@ class Estimate:
         )
 
 
-_OPTIONAL_PARTS = ("weight_casts", "zero3_units", "recomputed_layer", "host")
+_OPTIONAL_PARTS = ("weight_casts", "zero3_units", "recomputed_layer", "host", "cp_buffers")
 ROLES = ("first", "mid", "last")  # the pipeline's representative ranks, in _stacked's order
 # what those ranks are under a V schedule: rank 0 runs the first and the last chunk (embedding and
 # head), rank pp-1 the two middle ones where the V turns

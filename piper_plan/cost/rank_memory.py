@@ -2,8 +2,9 @@
 gradient and optimizer state (memory.state_coeffs), the activations of its micro-batches in
 flight (cost/activations.py per layer, memory.in_flight; a V schedule's two chunks each by
 memory.v_in_flight), the layer full recompute rebuilds, the LM head's logits, the all-to-all
-buffers, piper-train's ZeRO-2 gradient buckets and its bf16 weight copies per micro-batch, the
-runtime's fixed reserve; and what optimizer and activation offload keep in host memory instead.
+buffers, context parallelism's buffers, piper-train's ZeRO-2 gradient buckets and its bf16 weight
+copies per micro-batch, the runtime's fixed reserve; and what optimizer and activation offload keep
+in host memory instead.
 estimate.evaluate composes a step from it."""
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
-from .batch import LayoutBatch, distinct_rows
+from .batch import CP_COMMS, LayoutBatch, distinct_rows
 from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, v_in_flight,
                      zero3_gathered_bytes)
 from .offload import offloaded_share, uses_host
@@ -49,6 +50,7 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
     # the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
     a2a_buf = 2.0 * t / tp * (m.moe.top_k if m.moe else 0) * d * eb * lc["imb"]
+    cp_buf = cp_buffers(m, lay)
     offloads = uses_host(lay)
     v = (lay.sched >= SCHEDULES.index("zbv")) & (lay.pp > 1)
     parts, parked, held = {}, {}, {}
@@ -77,7 +79,8 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
         parked[r] = _parked(lay, lc, state["dense"], state["moe"], nd, nm, layer_acts) if offloads else 0.0
         parts[r] = {"activations": layer_acts - parked[r] + mtp_mb * has_head[r] * mtp_in / GIB,
                     "logits": has_head[r] * _logits(logits_mb, head_mb, eb) / GIB,
-                    "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB, "recomputed_layer": _rebuilt(lay, lc, nd, nm)}
+                    "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB, "recomputed_layer": _rebuilt(lay, lc, nd, nm),
+                    "cp_buffers": np.where(nd + nm > 0, cp_buf, 0.0) / GIB}
     # piper-train's (unfused) bf16 weight copies: priced only where a layout has them; a rank's
     # micro-batches in flight weighed by its layers (a V rank's two chunks hold different numbers)
     if np.any(lay.unfused & (lay.act_bytes == 2)):
@@ -86,6 +89,25 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     else:
         casts = {}
     return {"stage_of": stage_of, "casts": casts, "parts": parts, "parked": parked}
+
+
+def cp_buffers(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
+    """Bytes one attention layer's context parallelism holds beyond its saved activations while it
+    runs (Layout.cp_comm; Transformer Engine's context_parallel.py), the rank's K and V being kv
+    bytes, at least: p2p, the chunk each ring step receives, kept to the forward's end
+    (p2p_comm_buffers: cp of them), or the backward's two buffers of K, V and their gradients
+    (4·kv); all_gather, the gathered K and V and, in the backward, the full-length dK and dV
+    (2·cp·kv); a2a, each of Q, K and V laid out for the exchange and received (2·(q + kv)).
+    0 at cp 1."""
+    dqk, dv = m.qk_v_dims
+    tp, cp = lay.tp.astype(float), lay.cp.astype(float)
+    eb = lay.act_bytes.astype(float)
+    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / tp, 1.0)
+    kv = lay.tokens * kv_heads * (dqk + dv) * eb
+    q = lay.tokens * m.num_heads / tp * dqk * eb
+    out = np.where(lay.cpc == CP_COMMS.index("all_gather"), 2.0 * cp * kv,
+                   np.where(lay.cpc == CP_COMMS.index("a2a"), 2.0 * (q + kv), np.maximum(cp, 4.0) * kv))
+    return np.where(cp > 1, out, 0.0)
 
 
 def _logits(per_mb, n, eb):
