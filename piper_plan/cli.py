@@ -231,8 +231,8 @@ def layout_options(fn):
         click.option("--gpus", "-n", type=GPU_COUNT, required=True, help="GPUs (or GCDs, CPU ranks) the layout uses"),
         click.option("--tp", type=POSITIVE, default=1, show_default=True),
         click.option("--cp", type=POSITIVE, default=1, show_default=True,
-                     help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size, "
-                     "ring attention)"),
+                     help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size; "
+                     "how keys move: --cp-comm)"),
         click.option("--cp-comm", type=click.Choice(["p2p", "all_gather", "a2a"]), default="p2p", show_default=True,
                      help="how context parallelism moves keys (Megatron-Core --cp-comm-type): p2p, the ring behind "
                      "the kernels; all_gather, K and V gathered first (Llama 3's); a2a, Ulysses' head exchange"),
@@ -540,8 +540,8 @@ def search_options(fn):
         click.option("--ep-in-domain", default=None, help="keep each EP group inside this topology level (paper rule)"),
         click.option("--cp", "cps", default="auto", show_default=True,
                      help="context-parallel degrees to try, comma-separated (e.g. 1,2,4): each sequence split over "
-                     "cp ranks (ring attention); auto: 1, 2, 4 and 8 from 8K-token sequences on (1 below, and for "
-                     "piper-train, which keeps sequences whole)"),
+                     "cp ranks (--cp-comm: how keys move); auto: 1, 2, 4 and 8 from 8K-token sequences on (1 below, "
+                     "and for piper-train, which keeps sequences whole)"),
         click.option("--cp-comm", "cp_comms", default="p2p,all_gather,a2a", show_default=True,
                      help="how context parallelism may move keys, comma-separated, each a choice where cp > 1 "
                      "(Megatron-Core --cp-comm-type): p2p, all_gather, a2a"),

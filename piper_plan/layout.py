@@ -51,7 +51,7 @@ class Layout(BaseModel):
     gpus: int = Field(..., ge=1)
     tp: int = Field(1, ge=1)
     cp: int = Field(1, ge=1, description="context parallel: ranks each sequence is split over (Megatron-Core "
-                    "--context-parallel-size: ring attention over load-balanced causal chunks)")
+                    "--context-parallel-size: 2·cp load-balanced causal chunks; cp_comm: how keys move)")
     cp_comm: CpComm = Field(
         "p2p", description="how context parallelism moves keys (Megatron-Core --cp-comm-type, Transformer Engine's "
         "context_parallel.py): p2p, a ring passing each rank's K and V chunk on behind the attention kernels, cp "
@@ -372,8 +372,8 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("cp_comm needs cp > 1", f"cp_comm {lay.cp_comm} with whole sequences (cp=1) moves nothing; "
                           "state cp > 1, or leave cp_comm at p2p")
     if lay.cp > 1 and lay.attention_kernel == "eager":
-        raise LayoutError("cp > 1 needs fused attention", "context parallelism runs ring attention over fused "
-                          "attention kernels; use attention flash or fa2")
+        raise LayoutError("cp > 1 needs fused attention", "context parallelism runs fused attention kernels over "
+                          "its chunks (Transformer Engine); use attention flash or fa2")
     why = attention_conflict(lay.attention_kernel, lay.attention_fp8)
     if why:
         raise LayoutError("attention_fp8 needs attention flash", why)
@@ -459,34 +459,43 @@ def check_for(lay: Layout, model, hw) -> None:
     if lay.sp and (lay.seq // lay.cp) % lay.tp:  # Megatron-Core and piper-train split it over tp
         raise LayoutError("sequence parallelism needs (seq/cp) % tp == 0",
                           f"seq {lay.seq} over cp={lay.cp} does not split into tp={lay.tp} equal parts")
-    why = cp_comm_refusal(model, lay.tp, lay.cp, lay.cp_comm)
+    why = cp_comm_refusal(model, lay.tp, lay.cp, lay.cp_comm, lay.attention_fp8)
     if why:
         raise LayoutError(*why)
     check_a2a_sms(lay.a2a_sms, hw)
 
 
-def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str) -> tuple[str, str] | None:
+def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str, attention_fp8: bool = False) -> tuple[str, str] | None:
     """(rule, detail) where Transformer Engine's context parallelism cannot run `cp_comm` over
-    cp ranks for `model` at tensor-parallel degree tp (None where it can; context_parallel.py's
-    asserts): a sliding window or chunked local attention only under all_gather or a2a (its
-    dispatcher: "The context parallel running configs cannot support sliding window attention");
-    query-key heads wider than the value heads (multi-latent attention) only under p2p ("MLA CP
-    currently only support KV P2P"); a2a hands each rank heads/cp of its tp share of the query heads
-    and of the kv heads (one where tp replicates them): "The number of attention heads needs to be
-    divisible by CP size"."""
+    cp ranks for `model` at tensor-parallel degree tp (None where it can; context_parallel.py):
+    a sliding window only under all_gather or a2a (its dispatcher: "The context parallel running
+    configs cannot support sliding window attention"), and chunked local attention (Llama 4's) only
+    under a2a, whose one kernel runs the layer's own mask over the whole sequence (the ring and the
+    gather build causal masks, the gather with an optional window, for their chunks); query-key
+    heads wider than the value heads (multi-latent attention) only under p2p ("MLA CP currently
+    only support KV P2P"); a2a hands each rank heads/cp of its tp share of the query heads and of
+    the kv heads (one where tp replicates them): "The number of attention heads needs to be
+    divisible by CP size"; FP8 attention (`attention_fp8`) not under all_gather, whose kernels take
+    no FP8 arguments."""
     if cp <= 1:
         return None
-    local = model.sliding_window is not None or model.attention_chunk is not None
-    if local and cp_comm == "p2p":
+    if model.sliding_window is not None and cp_comm == "p2p":
         return ("local attention under cp > 1 needs cp_comm all_gather or a2a",
-                f"{'sliding_window' if model.sliding_window is not None else 'attention_chunk'} layers over cp={cp}: "
-                "Transformer Engine runs local attention under all_gather or a2a context parallelism only, not the "
-                "p2p ring")
+                f"sliding_window layers over cp={cp}: Transformer Engine runs sliding windows under all_gather or "
+                "a2a context parallelism only, not the p2p ring")
+    if model.attention_chunk is not None and cp_comm != "a2a":
+        return ("chunked attention under cp > 1 needs cp_comm a2a",
+                f"attention_chunk layers over cp={cp} under cp_comm {cp_comm}: Transformer Engine's ring and gather "
+                "build causal (or windowed) masks for their chunks; a2a runs the layer's own mask over the whole "
+                "sequence")
     dqk, dv = model.qk_v_dims
     if dqk != dv and cp_comm != "p2p":
         return ("query-key heads wider than value heads need cp_comm p2p",
                 f"heads of {dqk} query-key and {dv} value channels (multi-latent attention) under cp_comm {cp_comm}: "
                 "Transformer Engine runs them under the p2p ring only")
+    if attention_fp8 and cp_comm == "all_gather":
+        return ("attention_fp8 needs cp_comm p2p or a2a", "Transformer Engine's all-gather context parallelism "
+                "(AttnFuncWithCPAndKVAllGather) runs its kernels in bf16: no FP8 attention")
     if cp_comm == "a2a":
         q, kv = model.num_heads // tp, max(model.kv_heads // tp, 1)
         if q % cp or kv % cp:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from . import __version__
 from .errors import LayoutError, SpecError, from_validation
 from .files import atomic_write_text, parse_json, read_text
-from .layout import Layout, RankCoord, check_for
+from .layout import Layout, RankCoord, check_for, cp_comm_refusal
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
 
@@ -132,6 +132,7 @@ def read_plan(path: str | os.PathLike) -> Plan:
         plan = Plan.model_validate_json(text, strict=True)
     except ValidationError as e:
         raise from_validation(src, e) from None
+    plan = _cp_comm_of_old(plan, data)
     if spec_hash(plan.model) != plan.model_hash:
         raise SpecError(src, "model_hash", "does not match the embedded model spec (edited by hand?)")
     if spec_hash(plan.hardware) != plan.hardware_hash:
@@ -142,6 +143,21 @@ def read_plan(path: str | os.PathLike) -> Plan:
         raise SpecError(src, "partition", f"expected {plan.layout.stages} chunks, got {len(plan.partition)}")
     check_consistent(plan, src)
     return plan
+
+
+def _cp_comm_of_old(plan: Plan, data: dict) -> Plan:
+    """A plan written before Layout.cp_comm, for a model with local attention under context
+    parallelism, read as the first of all_gather and a2a that can run it (a window: all_gather;
+    chunks: a2a): it was priced at one kernel pass a rank, as those run, and the ring it would
+    default to is refused there (layout.cp_comm_refusal). Any other plan without the field ran,
+    and reads as, the p2p ring."""
+    lay, m = data.get("layout"), plan.model
+    local = m.sliding_window is not None or m.attention_chunk is not None
+    if not (isinstance(lay, dict) and "cp_comm" not in lay and plan.layout.cp > 1 and local):
+        return plan
+    way = next((w for w in ("all_gather", "a2a") if cp_comm_refusal(m, plan.layout.tp, plan.layout.cp, w,
+                                                                        plan.layout.attention_fp8) is None), "p2p")
+    return plan.model_copy(update={"layout": plan.layout.model_copy(update={"cp_comm": way})})
 
 
 def check_consistent(plan: Plan, src: str) -> None:

@@ -333,7 +333,7 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
             rejected[name] = int(drop.sum()) * len(mb) * per_tri
             tri = tri[~drop]
     # what Transformer Engine's context parallelism refuses to run (layout.cp_comm_refusal), each rule counted
-    refusal = {key: cp_comm_refusal(m, key[0], key[1], CP_COMMS[key[2]])
+    refusal = {key: cp_comm_refusal(m, key[0], key[1], CP_COMMS[key[2]], sp.attention_fp8)
                for key in set(map(tuple, tri[:, [0, 1, 6]].tolist()))}
     why = [refusal[key] for key in map(tuple, tri[:, [0, 1, 6]].tolist())]
     for name in dict.fromkeys(w[0] for w in why if w):

@@ -358,9 +358,10 @@ def test_the_fp8_bullet_states_the_llama3_405b_and_qwen3_235b_searches_as_priced
     # "the ZeRO-3 plan reads ... with either weights": MXFP8 weights are gathered in bf16, so FP8 ones gain it nothing
     mx_z3 = [x["tokens_per_s"] for x in mx_all if layout_str(x["layout"]) == z3]
     assert len(mx_z3) == 1 and mx_z3 == [x["tokens_per_s"] for x in mx_p_all if layout_str(x["layout"]) == z3]
-    # "and a pipeline leads it with either"
-    assert layout_str(mx["layout"]) == layout_str(mx_p["layout"]) and mx["layout"]["pp"] > 1
-    assert mx["tokens_per_s"] == mx_p["tokens_per_s"] > mx_z3[0]
+    # "and a pipeline leads it ...; with FP8 weights, which leave room for 16 stages, ..."
+    assert mx["layout"]["pp"] == 32 and mx_p["layout"]["pp"] == 16
+    assert mx_p["tokens_per_s"] > mx["tokens_per_s"] > mx_z3[0]
+    assert layout_str(mx_p["layout"]) not in [layout_str(x["layout"]) for x in mx_all]  # it does not fit bf16 weights
     assert cur["layout"]["zero"] < 3 and cur["layout"]["pp"] > 1           # bf16 weights: a pipeline
     assert mx["tokens_per_s"] < cur["tokens_per_s"] < cur_p["tokens_per_s"]
     # "each plan gathers its two halves of a sequence's keys"
@@ -378,7 +379,8 @@ def test_the_fp8_bullet_states_the_llama3_405b_and_qwen3_235b_searches_as_priced
         f"and {cur_p['tokens_per_s']:,.0f} with FP8 ones (`--fp8-params`: `{layout_str(cur_p['layout'])}`, no "
         f"pipeline, ZeRO-3 over DP {cur_p['layout']['dp']},",
         f"under `--fp8 mxfp8` the ZeRO-3 plan reads {mx_z3[0]:,.0f} with either weights,",
-        f"with either (`{layout_str(mx['layout'])}`, {mx['tokens_per_s']:,.0f});",
+        f"(`{layout_str(mx['layout'])}`, {mx['tokens_per_s']:,.0f}; with FP8 weights, which leave room for 16 stages, "
+        f"`{layout_str(mx_p['layout'])}`, {mx_p['tokens_per_s']:,.0f});",
         f"mxfp8`: {fp8_params:,.0f} tokens/s, what `--fp8-params` finds; the optimizer state on the host: "
         f"{host_optimizer:,.0f})",
     ]

@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..specs.model import ModelSpec
-from .batch import FP8S, OFFLOAD_MODULES, LayoutBatch, offloads, recomputes
+from .batch import CP_COMMS, FP8S, OFFLOAD_MODULES, LayoutBatch, offloads, recomputes
 
 # scale bytes per element of a saved quantised copy, indexed by LayoutBatch.fp8 (batch.FP8S):
 # per-tensor current scaling ~0; MXFP8 one E8M0 byte per 32; blockwise one fp32 per 1x128 tile
@@ -87,6 +87,9 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
         # bf16 it saves the very tensor the attention kernel keeps)
         "proj_in_fp8": np.where(lay.fp8 > 0, qb * t * heads * dv, 0.0),
         "flash_lse": np.where(eager, 0.0, 4.0 * t * heads),
+        # all_gather and a2a context parallelism keep their kernels' own output for the backward beside the
+        # returned one (Transformer Engine: the chunks' out_per_step; a2a's output before its exchange back)
+        "cp_out": np.where((lay.cp > 1) & (lay.cpc != CP_COMMS.index("p2p")) & ~sel, eb * t * heads * dv, 0.0),
         "attn_dropout_mask": drop * t * d / sp_div,
     }
     if m.mla is not None:  # compressed kv latent and q latent are saved too
@@ -207,7 +210,7 @@ def layer_input_bytes(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
 # otherwise Transformer Engine fuses it into the next linear layer, the norm module is an
 # IdentityOp that offloads nothing ("Skipped if using IdentityOp") and the linear saves its input.
 OFFLOAD_TERMS = {"attn_norm": ("attn_norm_in",), "qkv_linear": ("qkv_in",),
-                 "core_attn": ("qkv", "scores", "probs", "probs_dropout", "flash_lse"),
+                 "core_attn": ("qkv", "scores", "probs", "probs_dropout", "flash_lse", "cp_out"),
                  "attn_proj": ("attn_out", "proj_in_fp8"), "mlp_norm": ("ffn_norm_in", "moe_norm_in"),
                  "expert_fc1": ("expert_in",), "moe_act": ("expert_hidden",)}
 assert set(OFFLOAD_TERMS) == set(OFFLOAD_MODULES)

@@ -222,9 +222,8 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
     ones (attention_chunk) causal within each chunk, the last, partial one at its own length.
     Context parallelism runs the kernels its cp_comm runs (kernels.tile_cost): p2p's ring passes
     over the rank's query blocks at every step, all_gather's two kernels a rank over its chunks,
-    a2a's one kernel over the whole sequence on heads/cp heads. Chunked layers are priced as one
-    rank's under all_gather too (a chunk of attention_chunk tokens against the rank's two chunks of
-    s/2cp is not modelled). 1 where the spec states no block costs for the kernel."""
+    a2a's one kernel over the whole sequence on heads/cp heads (chunked layers run under a2a alone:
+    layout.cp_comm_refusal). 1 where the spec states no block costs for the kernel."""
     if not has_blocks(hw, kernel):
         return 1.0, 1.0
     s = lay.seq.astype(float)
@@ -237,7 +236,7 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
         full_f, full_b = np.where(gathered, gf, full_f), np.where(gathered, gb, full_b)
     if m.full_layers == m.num_layers:
         return full_f, full_b
-    if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk
+    if m.attention_chunk is not None and m.sliding_window is None:  # causal within each chunk (cp 1, or a2a)
         chunk = float(m.attention_chunk)
         whole = np.floor(s / chunk)
         rest = s - whole * chunk  # full chunks, and the last one's tokens
@@ -259,9 +258,11 @@ def _cp_kernels(m: ModelSpec, lay: LayoutBatch, hw: HardwareSpec, t, heads):
     context_parallel.py). p2p: the ring's other cp − 1 kernels, each step's partial output merged
     into the running one (read both, write one) forward, its query gradient accumulated (read,
     write) backward. all_gather: a second kernel; the gathered K and V put in chunk order (read,
-    write: index_select), forward and again backward, where the full-length dK and dV buffers are
-    zeroed, accumulated into and put back in order before their reduce-scatter (write, read and
-    write, read and write). a2a: one kernel; each of Q, K, V and the output laid out for the
+    write: index_select) and each chunk's output copied into the rank's (read, write), forward;
+    backward the gathered K and V again, each chunk's dQ copied out (read, write), and the
+    full-length dK and dV buffers zeroed, accumulated into (read both, write) and put back in order
+    before their reduce-scatter (write; read 2, write; read, write). a2a: one kernel; each of Q, K, V
+    and the output laid out for the
     exchange and back (read and write, twice), forward; the output and its gradient, then the
     gradients of Q, K and V, backward."""
     eb = lay.act_bytes
@@ -277,9 +278,10 @@ def _cp_kernels(m: ModelSpec, lay: LayoutBatch, hw: HardwareSpec, t, heads):
         return steps, merge_f, merge_b
     kv_heads = np.maximum(m.kv_heads / lay.tp.astype(float), 1.0)  # a tp rank's (replicated below tp)
     kv = t * kv_heads * (dqk + dv) * eb  # the rank's K and V
-    merge_f = merge_f + np.where(gathered, stream_time(hw, 2.0 * cp * kv, 2), 0.0)
-    merge_b = merge_b + np.where(gathered, stream_time(hw, 7.0 * cp * kv, 5), 0.0)
-    qkv, o = t * heads * dqk * eb + kv, t * heads * dv * eb
+    q, o = t * heads * dqk * eb, t * heads * dv * eb
+    merge_f = merge_f + np.where(gathered, stream_time(hw, 2.0 * cp * kv + 2.0 * o, 4), 0.0)
+    merge_b = merge_b + np.where(gathered, stream_time(hw, 8.0 * cp * kv + 2.0 * q, 7), 0.0)
+    qkv = q + kv
     a2a = lay.cpc == CP_COMMS.index("a2a")
     merge_f = merge_f + np.where(a2a, stream_time(hw, 4.0 * (qkv + o), 8), 0.0)
     merge_b = merge_b + np.where(a2a, stream_time(hw, 4.0 * (2.0 * o + qkv), 10), 0.0)

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
-from .batch import FP8_COMPUTE, FP8S, LayoutBatch, graphed, per_expert_launch
+from .batch import CP_COMMS, FP8_COMPUTE, FP8S, LayoutBatch, graphed, per_expert_launch
 from .compute import FP8_QUANT, Phase, unfused_rope
 
 ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
@@ -55,9 +55,13 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     gemms = 5.0 if (m.mla is not None and m.mla.q_lora_rank) else 4.0 if m.mla is not None else 2.0
     # a YaRN model's RoPE on the fused stack: Megatron-Core's unfused ops, 6 a tensor for 1 (compute.UNFUSED_ROPE)
     rope = 10.0 if unfused_rope(m) else 0.0
-    # context parallelism's ring: each further step issues its send / receive, its attention
-    # kernel and the merge of its partial output
-    ring = 3.0 * (lay.cp - 1)
+    # context parallelism (Layout.cp_comm), beside the one attention kernel: the ring's further steps
+    # each issue their send / receive, kernel and merge of the partial output; all_gather its two
+    # gathers and reorders (K, V), a second kernel and the two chunks' output copies; a2a the four
+    # exchanges (Q, K, V, the output) and a copy on each side of each
+    ring = np.where(lay.cpc == CP_COMMS.index("all_gather"), 7.0,
+                    np.where(lay.cpc == CP_COMMS.index("a2a"), 12.0, 3.0 * (lay.cp - 1)))
+    ring = np.where(lay.cp > 1, ring, 0.0)
     attn_ops = 5.0 + rope + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm + ring
     attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)
     mlp = np.where(graphed(lay, "mlp"), 1.0, 4.0 + 2.0 * q + tp_comm) if m.ffn_size else 0.0
