@@ -233,9 +233,14 @@ def layout_options(fn):
         click.option("--cp", type=POSITIVE, default=1, show_default=True,
                      help="context parallel: ranks each sequence is split over (Megatron-Core --context-parallel-size; "
                      "how keys move: --cp-comm)"),
-        click.option("--cp-comm", type=click.Choice(["p2p", "all_gather", "a2a"]), default="p2p", show_default=True,
+        click.option("--cp-comm", type=click.Choice(["p2p", "all_gather", "a2a", "a2a+p2p"]), default="p2p",
+                     show_default=True,
                      help="how context parallelism moves keys (Megatron-Core --cp-comm-type): p2p, the ring behind "
-                     "the kernels; all_gather, K and V gathered first (Llama 3's); a2a, Ulysses' head exchange"),
+                     "the kernels; all_gather, K and V gathered first (Llama 3's); a2a, Ulysses' head exchange; "
+                     "a2a+p2p, a2a inside groups of --cp-a2a ranks and the ring between them"),
+        click.option("--cp-a2a", type=POSITIVE, default=1, show_default=True,
+                     help="with --cp-comm a2a+p2p: ranks of each all-to-all group (Megatron-Core "
+                     "--hierarchical-context-parallel-sizes' first)"),
         click.option("--pp", type=POSITIVE, default=1, show_default=True),
         click.option("--ep", type=POSITIVE, default=1, show_default=True),
         click.option("--etp", type=POSITIVE, default=1, show_default=True,
@@ -411,8 +416,8 @@ def _layout_from(kw, model):
                                ("shared_experts", bool(model.moe and model.moe.shared_experts))) if x in modules and not has]
     if kw["recompute"] == "selective" and absent:
         raise LayoutError("--recompute-modules", f"{absent[0]} names a part {model.name} does not have")
-    return Layout(gpus=gpus, tp=tp, cp=cp, cp_comm=kw["cp_comm"], pp=pp, dp=dp, ep=kw["ep"], etp=kw["etp"], vpp=vpp,
-                  mbs=kw["mbs"],
+    return Layout(gpus=gpus, tp=tp, cp=cp, cp_comm=kw["cp_comm"], cp_a2a=kw["cp_a2a"], pp=pp, dp=dp, ep=kw["ep"],
+                  etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
                   global_batch=gbs, seq=seq,
                   schedule=kw["schedule"], recompute=kw["recompute"], recompute_layers=kw["recompute_layers"],
                   sequence_parallel=kw["sequence_parallel"] and tp > 1,  # as search writes it: no-op at tp 1
@@ -542,9 +547,10 @@ def search_options(fn):
                      help="context-parallel degrees to try, comma-separated (e.g. 1,2,4): each sequence split over "
                      "cp ranks (--cp-comm: how keys move); auto: 1, 2, 4 and 8 from 8K-token sequences on (1 below, "
                      "and for piper-train, which keeps sequences whole)"),
-        click.option("--cp-comm", "cp_comms", default="p2p,all_gather,a2a", show_default=True,
+        click.option("--cp-comm", "cp_comms", default="p2p,all_gather,a2a,a2a+p2p", show_default=True,
                      help="how context parallelism may move keys, comma-separated, each a choice where cp > 1 "
-                     "(Megatron-Core --cp-comm-type): p2p, all_gather, a2a"),
+                     "(Megatron-Core --cp-comm-type): p2p, all_gather, a2a, a2a+p2p (once for each all-to-all "
+                     "group size that divides cp)"),
         click.option("--etp", "etps", default="1", show_default=True,
                      help="expert-tensor-parallel degrees to try, comma-separated (e.g. 1,2,4); 1 keeps experts "
                      "whole, as piper-train runs them"),

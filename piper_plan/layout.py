@@ -31,7 +31,7 @@ RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_a
 ExpertGemm = Literal["grouped", "multistream", "loop"]
 AttentionKernel = Literal["flash", "fa2", "eager"]
 # Megatron-Core --cp-comm-type: how context parallelism brings a rank the keys its queries attend to
-CpComm = Literal["p2p", "all_gather", "a2a"]
+CpComm = Literal["p2p", "all_gather", "a2a", "a2a+p2p"]
 ExpertProbs = Literal["combine", "activation"]
 A2A = Literal["flat", "halo", "dedup"]
 # Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
@@ -58,8 +58,12 @@ class Layout(BaseModel):
         "kernels a rank (the default); all_gather, K and V gathered before the attention and their gradients "
         "reduce-scattered after it, both exposed, two kernels a rank (Llama 3's, arXiv 2407.21783 §3.3.2); a2a, "
         "Ulysses: Q, K and V exchanged for the whole sequence on heads/cp heads, one kernel, the output back, "
-        "all exposed (heads and kv heads a tp rank divisible by cp). Sliding windows run under all_gather or a2a "
-        "only, multi-latent attention under p2p only")
+        "all exposed (heads and kv heads a tp rank divisible by cp); a2a+p2p, hierarchical: a2a over groups of "
+        "cp_a2a neighbouring ranks, then the ring over cp/cp_a2a of them. Sliding windows run under all_gather or a2a "
+        "only, multi-latent attention under p2p or a2a+p2p only")
+    cp_a2a: int = Field(1, ge=1, description="with cp_comm a2a+p2p: ranks of each all-to-all group, tp apart "
+                        "(Megatron-Core --hierarchical-context-parallel-sizes' first; the ring runs over cp/cp_a2a "
+                        "such groups); 1 otherwise")
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1, description="attention data-parallel degree")
     ep: int = Field(1, ge=1, description="expert-parallel degree, folded over dp·cp·tp")
@@ -230,6 +234,9 @@ def degrees_label(lay) -> str:
     g = (lambda k: lay.get(k, 1)) if isinstance(lay, dict) else (lambda k: getattr(lay, k))  # noqa: E731
     cp, etp = g("cp"), g("etp")
     how = lay.get("cp_comm", "p2p") if isinstance(lay, dict) else lay.cp_comm
+    if how == "a2a+p2p":  # the hierarchy's two degrees
+        a = g("cp_a2a")
+        how = f"a2a{a}+p2p{cp // a}"
     cp_text = f" cp{cp}" + (f"({how})" if how != "p2p" else "") if cp > 1 else ""
     return (f"tp{g('tp')}" + cp_text + f" pp{g('pp')} dp{g('dp')} ep{g('ep')}"
             + (f" etp{etp}" if etp > 1 else ""))
@@ -301,6 +308,10 @@ def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> Non
     if math.prod(named.values()) != lay.gpus:
         raise LayoutError(f"{'*'.join(named)} == gpus", f"{'*'.join(map(str, named.values()))} = "
                           f"{math.prod(named.values())}, not {lay.gpus}")
+    if (lay.cp_comm == "a2a+p2p") != (lay.cp_a2a > 1) or lay.cp % lay.cp_a2a or lay.cp_a2a == lay.cp > 1:
+        raise LayoutError("cp_comm a2a+p2p needs 1 < cp_a2a < cp, dividing cp", f"cp={lay.cp} cp_comm {lay.cp_comm} "
+                          f"cp_a2a={lay.cp_a2a}: the hierarchy's all-to-all groups hold cp_a2a ranks and its ring "
+                          "cp/cp_a2a groups, each more than one (at either end it is a2a or p2p)")
     stage = lay.dp * lay.cp * lay.tp
     group = "dp*tp" if lay.cp == 1 else "dp*cp*tp"
     if stage % (lay.ep * lay.etp):
@@ -459,13 +470,14 @@ def check_for(lay: Layout, model, hw) -> None:
     if lay.sp and (lay.seq // lay.cp) % lay.tp:  # Megatron-Core and piper-train split it over tp
         raise LayoutError("sequence parallelism needs (seq/cp) % tp == 0",
                           f"seq {lay.seq} over cp={lay.cp} does not split into tp={lay.tp} equal parts")
-    why = cp_comm_refusal(model, lay.tp, lay.cp, lay.cp_comm, lay.attention_fp8)
+    why = cp_comm_refusal(model, lay.tp, lay.cp, lay.cp_comm, lay.attention_fp8, lay.cp_a2a)
     if why:
         raise LayoutError(*why)
     check_a2a_sms(lay.a2a_sms, hw)
 
 
-def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str, attention_fp8: bool = False) -> tuple[str, str] | None:
+def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str, attention_fp8: bool = False,
+                    cp_a2a: int = 1) -> tuple[str, str] | None:
     """(rule, detail) where Transformer Engine's context parallelism cannot run `cp_comm` over
     cp ranks for `model` at tensor-parallel degree tp (None where it can; context_parallel.py):
     a sliding window only under all_gather or a2a (its dispatcher: "The context parallel running
@@ -473,34 +485,37 @@ def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str, attention_fp8: bool =
     under a2a, whose one kernel runs the layer's own mask over the whole sequence (the ring and the
     gather build causal masks, the gather with an optional window, for their chunks); query-key
     heads wider than the value heads (multi-latent attention) only under p2p ("MLA CP currently
-    only support KV P2P"); a2a hands each rank heads/cp of its tp share of the query heads and of
-    the kv heads (one where tp replicates them): "The number of attention heads needs to be
-    divisible by CP size"; FP8 attention (`attention_fp8`) not under all_gather, whose kernels take
-    no FP8 arguments."""
+    only support KV P2P", a2a+p2p's ring included); a2a hands each rank heads/cp of its tp share of
+    the query heads and of the kv heads (one where tp replicates them): "The number of attention
+    heads needs to be divisible by CP size", and a2a+p2p heads/cp_a2a; FP8 attention
+    (`attention_fp8`) not under all_gather, whose kernels take no FP8 arguments."""
     if cp <= 1:
         return None
-    if model.sliding_window is not None and cp_comm == "p2p":
+    if model.sliding_window is not None and cp_comm in ("p2p", "a2a+p2p"):
         return ("local attention under cp > 1 needs cp_comm all_gather or a2a",
                 f"sliding_window layers over cp={cp}: Transformer Engine runs sliding windows under all_gather or "
-                "a2a context parallelism only, not the p2p ring")
+                f"a2a context parallelism only, not under {cp_comm}")
     if model.attention_chunk is not None and cp_comm != "a2a":
         return ("chunked attention under cp > 1 needs cp_comm a2a",
                 f"attention_chunk layers over cp={cp} under cp_comm {cp_comm}: Transformer Engine's ring and gather "
                 "build causal (or windowed) masks for their chunks; a2a runs the layer's own mask over the whole "
                 "sequence")
     dqk, dv = model.qk_v_dims
-    if dqk != dv and cp_comm != "p2p":
-        return ("query-key heads wider than value heads need cp_comm p2p",
+    if dqk != dv and cp_comm not in ("p2p", "a2a+p2p"):
+        return ("query-key heads wider than value heads need cp_comm p2p or a2a+p2p",
                 f"heads of {dqk} query-key and {dv} value channels (multi-latent attention) under cp_comm {cp_comm}: "
-                "Transformer Engine runs them under the p2p ring only")
+                "Transformer Engine runs them under the p2p ring (or a2a+p2p) only")
     if attention_fp8 and cp_comm == "all_gather":
         return ("attention_fp8 needs cp_comm p2p or a2a", "Transformer Engine's all-gather context parallelism "
                 "(AttnFuncWithCPAndKVAllGather) runs its kernels in bf16: no FP8 attention")
-    if cp_comm == "a2a":
-        q, kv = model.num_heads // tp, max(model.kv_heads // tp, 1)
-        if q % cp or kv % cp:
-            return ("cp_comm a2a needs heads a tp rank divisible by cp",
-                    f"{q} query and {kv} kv heads a tp rank (tp={tp}) do not split over cp={cp}: use all_gather or p2p")
+    if cp_comm in ("a2a", "a2a+p2p"):
+        q = model.num_heads // tp
+        kv = q if dqk != dv else max(model.kv_heads // tp, 1)  # MLA exchanges a K and V head per query head
+        n, name = (cp, "cp") if cp_comm == "a2a" else (cp_a2a, "cp_a2a")
+        if q % n or kv % n:
+            return (f"cp_comm {cp_comm} needs heads a tp rank divisible by {name}",
+                    f"{q} query and {kv} kv heads a tp rank (tp={tp}) do not split over {name}={n}: use "
+                    + ("all_gather or p2p" if cp_comm == "a2a" else "a smaller cp_a2a, or p2p"))
     return None
 
 

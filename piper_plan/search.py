@@ -74,8 +74,9 @@ class SearchSpace:
     eps: tuple[int, ...] | None = None
     etps: tuple[int, ...] = (1,)  # expert-tensor-parallel degrees tried (Layout.etp); 1: whole experts
     cps: tuple[int, ...] = (1,)   # context-parallel degrees tried (Layout.cp); 1: whole sequences
-    # how context parallelism moves keys, each a choice where cp > 1 (Layout.cp_comm; cp 1 runs p2p alone)
-    cp_comms: tuple[str, ...] = ("p2p", "all_gather", "a2a")
+    # how context parallelism moves keys, each a choice where cp > 1 (Layout.cp_comm; cp 1 runs p2p alone);
+    # a2a+p2p once for each all-to-all group size between 1 and cp that divides it (Layout.cp_a2a)
+    cp_comms: tuple[str, ...] = ("p2p", "all_gather", "a2a", "a2a+p2p")
     ep_in_domain: str | None = None  # name of a topology level the EP group must stay inside
     paper_mesh: bool = False  # Piper's PP × EP mesh: tp = 1 and ep = dp (expert-data parallel)
     attention_kernel: str = "flash"
@@ -208,8 +209,8 @@ ENUM_CELLS = 1 << 18
 def enumerate_slices(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, rejected: dict[str, int],
                      headroom_gib: float | None = None, cells: int | None = None) -> Iterator[tuple]:
     """enumerate_layouts' layouts a slice at a time: (layouts, their enumeration keys) for each run of the
-    (tp, cp, pp, dp, ep, etp, cp_comm) tuples, in order, that crosses at most `cells` grid cells (one tuple at least;
-    None: every tuple in one run). A key sorts as its layout's place in enumerate_layouts' batch. `rejected`
+    (tp, cp, pp, dp, ep, etp, cp_comm, cp_a2a) tuples, in order, that crosses at most `cells` grid cells (one
+    tuple at least; None: every tuple in one run). A key sorts as its layout's place in enumerate_layouts' batch. `rejected`
     gains each rule's count as the slices are built, zeros too, so that it lists the rules in the order they
     apply whichever slice a rule first removes layouts from (_counted drops the zeros). Nothing is yielded
     where no tuple is left."""
@@ -231,9 +232,9 @@ def _counted(rejected: dict[str, int]) -> dict[str, int]:
 
 @dataclass
 class _Grid:
-    """The choices enumerate_slices crosses each (tp, cp, pp, dp, ep, etp, cp_comm) tuple with, once the rules that read
-    the whole space have run."""
-    tri: np.ndarray      # [tuple, (tp, cp, pp, dp, ep, etp, CP_COMMS index)]
+    """The choices enumerate_slices crosses each (tp, cp, pp, dp, ep, etp, cp_comm, cp_a2a) tuple with, once the rules
+    that read the whole space have run."""
+    tri: np.ndarray      # [tuple, (tp, cp, pp, dp, ep, etp, CP_COMMS index, cp_a2a)]
     sched: np.ndarray    # [variant, (SCHEDULES index, vpp)]
     rc: np.ndarray       # recompute choices: RECOMPUTES index, module bits, layers a chunk re-runs
     rc_mod: np.ndarray
@@ -267,7 +268,7 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
     # refused, counted, before the grid is built, as are those that do not split the heads
     domain = N if sp.tps else min(N, hw.job_blocks[hw.scaleup_level])
     tps = [t for t in (sp.tps or _divisors(N)) if N % t == 0]
-    # (tp, cp, pp, dp, ep, etp, cp_comm) tuples
+    # (tp, cp, pp, dp, ep, etp, cp_comm, cp_a2a) tuples
     tri = []
     eps = sp.eps or _divisors(E)
     etps = sp.etps if m.moe is not None else (1,)
@@ -275,6 +276,7 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
     # context parallelism splits each sequence into 2·cp causal chunks over fused attention
     cps = [c for c in sp.cps if c == 1 or (sp.seq % (2 * c) == 0 and sp.attention_kernel != "eager")]
     cpcs = [CP_COMMS.index(c) for c in sp.cp_comms]
+    hier = CP_COMMS.index("a2a+p2p")
     for tp in tps:
         for cp in cps:
             if N % (tp * cp):
@@ -288,7 +290,8 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
                         if E % ep or (dp * cp * tp) % (ep * etp) or width % etp or (m.moe is None and ep > 1):
                             continue
                         for cpc in (cpcs if cp > 1 else (0,)):
-                            tri.append((tp, cp, pp, dp, ep, etp, cpc))
+                            for a in (_divisors(cp)[1:-1] if cpc == hier else (1,)):
+                                tri.append((tp, cp, pp, dp, ep, etp, cpc, a))
     if not tri:
         rejected["no (tp, cp, pp, ep, etp) satisfies tp*cp*pp*dp == gpus, ep | experts, ep*etp | dp*cp*tp, "
                  "etp | expert width, 2*cp | seq, pp <= layers"] = 1
@@ -333,9 +336,9 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
             rejected[name] = int(drop.sum()) * len(mb) * per_tri
             tri = tri[~drop]
     # what Transformer Engine's context parallelism refuses to run (layout.cp_comm_refusal), each rule counted
-    refusal = {key: cp_comm_refusal(m, key[0], key[1], CP_COMMS[key[2]], sp.attention_fp8)
-               for key in set(map(tuple, tri[:, [0, 1, 6]].tolist()))}
-    why = [refusal[key] for key in map(tuple, tri[:, [0, 1, 6]].tolist())]
+    refusal = {key: cp_comm_refusal(m, key[0], key[1], CP_COMMS[key[2]], sp.attention_fp8, key[3])
+               for key in set(map(tuple, tri[:, [0, 1, 6, 7]].tolist()))}
+    why = [refusal[key] for key in map(tuple, tri[:, [0, 1, 6, 7]].tolist())]
     for name in dict.fromkeys(w[0] for w in why if w):
         drop = np.array([w is not None and w[0] == name for w in why])
         rejected[name] = int(drop.sum()) * len(mb) * per_tri
@@ -372,7 +375,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     # repeating (indexing rows of `tri` would give strided views, slower in every rule below)
     n_t, n_s, n_b = len(tri), len(sched), len(mb)
     per_combo = len(rc) * len(zs) * len(a2) * len(pl)
-    tp, cp, pp, dp, ep, etp, cpc = (np.repeat(c, n_s * n_b) for c in tri.T)
+    tp, cp, pp, dp, ep, etp, cpc, cpa = (np.repeat(c, n_s * n_b) for c in tri.T)
     s_idx, vpp = (np.tile(np.repeat(c, n_b), n_t) for c in sched.T)
     mbs = np.tile(mb, n_t * n_s)
     keep = np.ones(n_t * n_s * n_b, bool)
@@ -415,8 +418,8 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     if sp.a2a_overlap:  # Megatron-Core's EP overlap runs in its interleaved 1F1B alone
         rule("a2a_overlap with pp > 1 needs the interleaved schedule", pipelined & (s_idx != 2))
     k1 = np.nonzero(keep)[0]
-    tp, cp, pp, dp, ep, etp, cpc, s_idx, vpp, mbs = (x.take(k1) for x in (tp, cp, pp, dp, ep, etp, cpc, s_idx, vpp,
-                                                                          mbs))
+    tp, cp, pp, dp, ep, etp, cpc, cpa, s_idx, vpp, mbs = (x.take(k1) for x in (tp, cp, pp, dp, ep, etp, cpc, cpa,
+                                                                               s_idx, vpp, mbs))
     # stage 2's rules broadcast from the few axes each reads over the grid [recompute, ZeRO,
     # a2a, placement, stage-1 survivor] (survivors innermost, so numpy's inner loops are long);
     # the layouts come out in [survivor, recompute, ZeRO, a2a, placement] order
@@ -465,8 +468,8 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     if sp.ep_in_domain:
         level = [lv.name for lv in hw.topology].index(sp.ep_in_domain)
         rule(f"EP group leaves the {sp.ep_in_domain} domain", per_pl(inside[level] < ep[:, None]))
-    cols = dict(gpus=N, tp=tp, cp=cp, cpc=cpc, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs, seq=sp.seq,
-                sched=s_idx,
+    cols = dict(gpus=N, tp=tp, cp=cp, cpc=cpc, cpa=cpa, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs,
+                seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", fa2=sp.attention_kernel == "fa2", unfused=not sp.fused_kernels,
                 dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,

@@ -347,8 +347,8 @@ def _layout(row, hw: HardwareSpec) -> Layout:
     # a batch left blank: the planner's default (4M tokens) in whole steps of dp x mbs, not one
     # micro-batch a step (a pipeline all bubble, a 1F1B stage holding one micro-batch's activations)
     gbs = _i(row["gbs"]) or round_batch(default_global_batch(_i(row["seq"])), dp * mbs)
-    return Layout(gpus=gpus, tp=tp, cp=cp, cp_comm=row.get("cp_comm") or "p2p", pp=pp, dp=dp, ep=_i(row["ep"], 1),
-                  etp=_etp(row), vpp=vpp, mbs=mbs,
+    return Layout(gpus=gpus, tp=tp, cp=cp, cp_comm=row.get("cp_comm") or "p2p", cp_a2a=_i(row.get("cp_a2a"), 1),
+                  pp=pp, dp=dp, ep=_i(row["ep"], 1), etp=_etp(row), vpp=vpp, mbs=mbs,
                   global_batch=gbs, seq=_i(row["seq"]), schedule=sched, recompute=recompute,
                   recompute_layers=_i(row.get("recompute_layers"), 0) if recompute == "full" else 0,
                   recompute_modules=modules or ("core_attn",),

@@ -50,7 +50,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
-           "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm")
+           "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm", "cp_a2a")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -84,7 +84,7 @@ PRECISIONS = ("", "bf16", "fp16", "bf16/fp16") + FP8_PRECISIONS
 ATTENTION_FLOPS = ("", "causal", "full")
 INTS = ("gpus", "tp", "pp", "vpp", "ep", "dp", "mbs", "gbs", "seq", "layers", "hidden", "heads", "ffn", "vocab",
         "experts", "topk", "expert_ffn", "a2a_sms", "zero_stage", "fsdp", "kv_heads", "etp", "cp", "offload_layers",
-        "recompute_layers")
+        "recompute_layers", "cp_a2a")
 # 0: none (a dense model's experts; ZeRO off; NeMo's FSDP column: data-parallel, not fully sharded)
 MAY_BE_ZERO = ("ffn", "experts", "topk", "expert_ffn", "zero_stage", "fsdp", "offload_layers", "recompute_layers")
 FLOATS = ("value", "tokens_per_s_per_gpu")
@@ -93,7 +93,7 @@ FLOATS = ("value", "tokens_per_s_per_gpu")
 # per rank (vpp) and counts of layers at most a model's layers; ZeRO stages end at 3. Past them a cell
 # is a typo's extra digits, priced at +4e20 % or overflowing numpy, not a run.
 MAXIMA = {"gpus": GPU_COUNT.max, "seq": SEQUENCE.max, "mbs": BATCH.max, "gbs": BATCH.max,
-          **dict.fromkeys(("tp", "pp", "ep", "dp", "etp", "cp", "fsdp"), GPU_COUNT.max),
+          **dict.fromkeys(("tp", "pp", "ep", "dp", "etp", "cp", "fsdp", "cp_a2a"), GPU_COUNT.max),
           **dict.fromkeys(("vpp", "layers", "offload_layers", "recompute_layers"), MAX_LAYERS),
           **dict.fromkeys(("hidden", "ffn", "expert_ffn"), MAX_WIDTH), "heads": MAX_HEADS, "kv_heads": MAX_HEADS,
           "vocab": MAX_VOCAB, "experts": MAX_EXPERTS, "topk": MAX_EXPERTS, "zero_stage": 3,
@@ -414,6 +414,10 @@ def _check_row(path, rid: str, r: dict) -> None:
     if r.get("cp_comm", "") and int(r.get("cp") or 1) <= 1:  # cp: a whole number by now
         raise TableError(path, rid, "cp_comm", f"{r['cp_comm']} needs a cp column above 1 (how context parallelism "
                          f"moves keys), got cp {r.get('cp') or 'blank'}")
+    if (r.get("cp_comm", "") == "a2a+p2p") != bool(r.get("cp_a2a")):
+        raise TableError(path, rid, "cp_a2a", "expected the all-to-all group size of cp_comm a2a+p2p (and only "
+                         f"there; Megatron-Core --hierarchical-context-parallel-sizes' first), got {r.get('cp_a2a')!r} "
+                         f"with cp_comm {r.get('cp_comm') or 'blank'}")
     for c, words in RECIPE_LISTS.items():
         wrong = [x for x in r.get(c, "").split("+") if x not in ("", "none", *words)]
         if wrong:

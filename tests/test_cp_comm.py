@@ -129,12 +129,14 @@ def test_context_parallelism_transformer_engine_cannot_run_is_refused_with_the_r
 def test_the_search_tries_each_way_where_cp_splits_sequences_and_prices_each_as_alone():
     sp = SearchSpace(gpus=32, global_batch=32, seq=32768, cps=(1, 2, 8), schedules=("1f1b",))
     batch, rejected = enumerate_layouts(LLAMA, H100, sp)
-    ways = {(int(c), int(w)) for c, w in zip(batch.cp, batch.cpc)}
-    assert ways == {(1, 0), (2, 0), (2, 1), (2, 2), (8, 0), (8, 1), (8, 2)}
+    ways = {(int(c), int(w), int(a)) for c, w, a in zip(batch.cp, batch.cpc, batch.cpa)}
+    # a2a+p2p (3) once for each all-to-all group between 1 and cp dividing it: none at cp 2
+    assert ways == {(1, 0, 1), (2, 0, 1), (2, 1, 1), (2, 2, 1), (8, 0, 1), (8, 1, 1), (8, 2, 1), (8, 3, 2), (8, 3, 4)}
     assert rejected["cp_comm a2a needs heads a tp rank divisible by cp"] > 0  # tp 2 and 4 under cp 8
+    assert rejected["cp_comm a2a+p2p needs heads a tp rank divisible by cp_a2a"] > 0  # tp 4, groups of 4
     est = evaluate(LLAMA, H100, batch)
     rng = np.random.default_rng(2)
-    for w in (1, 2):
+    for w in (1, 2, 3):
         for i in rng.choice(np.flatnonzero(batch.cpc == w), 6, replace=False):
             one = evaluate(LLAMA, H100, from_layouts([batch.layout(int(i))]))
             assert one.step_time_s[0] == pytest.approx(est.step_time_s[i], rel=1e-12)
@@ -213,13 +215,18 @@ def test_readme_states_the_ways_the_search_weighs_as_it_prices_them():
 
     top = cli_json("search", "-m", "llama3-70b", "-H", "dgx-h100", "-n", "64", "--seq", "32768", "--global-batch",
                    "64", "--top", "10")["top"]
-    rate = {layout_str(x["layout"]).split(" mbs")[0]: x["tokens_per_s"] for x in top}
+    rate = {}
+    for x in top:  # each layout's best variant (ZeRO stage, recompute): the first listed
+        rate.setdefault(layout_str(x["layout"]).split(" mbs")[0], x["tokens_per_s"])
     ahead = lambda a, b: f"{(rate[a] / rate[b] - 1) * 100:.1f} %"  # noqa: E731
     gather8, ring4 = ahead("tp2 cp8(all_gather) pp1 dp4 ep1", "tp2 cp8 pp1 dp4 ep1"), \
         ahead("tp4 cp4 pp1 dp4 ep1", "tp4 cp4(all_gather) pp1 dp4 ep1")
+    best = layout_str(top[0]["layout"]).split(" pp1")[0]
+    hier = ahead(best + " pp1 dp4 ep1", "tp2 cp8 pp1 dp4 ep1")
     text = re.sub(r"\s+", " ", (Path(__file__).parents[1] / "README.md").read_text())
     assert (f"`tp2 cp8(all_gather)` {gather8} ahead of `tp2 cp8`, `tp4 cp4` {ring4} ahead of `tp4 cp4(all_gather)`"
             in text)
+    assert f"the same search's best, `{best}`, {hier} ahead of `tp2 cp8`" in text
 
 
 def test_each_way_holds_its_buffers_while_a_layer_runs_and_cp_1_holds_none():
@@ -308,3 +315,72 @@ def test_the_gather_and_the_exchange_keep_a_second_attention_output_unless_recom
                          for c in ("p2p", "all_gather", "a2a") for rc in ("none", "selective")])
     out = 4096 * LLAMA.num_heads * LLAMA.qk_v_dims[1] * 2.0
     assert list(attention_terms(LLAMA, lays)["cp_out"]) == [0.0, 0.0, out, 0.0, out, 0.0]
+
+
+def test_the_hierarchy_exchanges_heads_inside_its_groups_and_runs_the_ring_between_them():
+    from piper_plan.cost.compute import attention_tiles
+    from piper_plan.cost.host import layer_ops
+
+    b200 = load_hardware("dgx-b200")  # block costs: the ring's passes show
+    hier, ring4 = _one("a2a+p2p", cp_a2a=2), _one("p2p", gpus=4, cp=4)
+    # each rank holds its group's chunks, two joined ones of s/8 tokens: the kernels of a 4-rank ring
+    assert attention_tiles(LLAMA, b200, hier) == attention_tiles(LLAMA, b200, ring4)
+    core = core_attention(LLAMA, H100, hier, "bf16")
+    got = _cp_exposed(LLAMA, H100, hier, core)
+    t, dqk, dv = hier.tokens, *LLAMA.qk_v_dims
+    two, one, eight = np.array([2]), np.array([1]), np.array([8])
+
+    def a2a(width):  # one all_to_all_single over the 2 neighbouring ranks
+        return comm.a2a_call(H100, t * width * 2.0, two, one, False, world=eight)[0]
+    q, k, v, o = (a2a(LLAMA.num_heads * dqk), a2a(LLAMA.kv_heads * dqk), a2a(LLAMA.kv_heads * dv),
+                  a2a(LLAMA.num_heads * dv))
+    kv = t * LLAMA.kv_heads * (dqk + dv) * 2.0  # a step passes the rank's bytes: twice the tokens, half the heads
+    step = comm.ring_allreduce(H100, kv * 4, np.array([4]), two, 0.5, world=eight)[0] / 3
+    assert got.f[0] == pytest.approx(q + k + v + o + 3 * max(step - core.f[0] / 4, 0.0))
+    assert got.b[0] == pytest.approx(2 * o + q + k + v + 3 * max(2 * step - core.b[0] / 4, 0.0))
+    ops = layer_ops(LLAMA, from_layouts([Layout(gpus=8, dp=8, global_batch=8, seq=32768), hier.layout(0)]))[0]
+    assert ops[1] - ops[0] == 3 * 3 + 12  # the ring's 3 further steps and the exchanges
+    kvg, qg = kv / 2**30, t[0] * LLAMA.num_heads * dqk * 2.0 / 2**30
+    assert evaluate(LLAMA, H100, hier).memory["first"]["cp_buffers"][0] == pytest.approx(4 * kvg + 2 * (qg + kvg))
+
+
+@pytest.mark.parametrize("kw, rule", [
+    (dict(cp_comm="a2a+p2p"), "cp_comm a2a\\+p2p needs 1 < cp_a2a < cp"),
+    (dict(cp_comm="a2a+p2p", cp_a2a=8), "cp_comm a2a\\+p2p needs 1 < cp_a2a < cp"),
+    (dict(cp_comm="a2a+p2p", cp_a2a=3), "cp_comm a2a\\+p2p needs 1 < cp_a2a < cp"),
+    (dict(cp_comm="p2p", cp_a2a=2), "cp_comm a2a\\+p2p needs 1 < cp_a2a < cp"),
+    (dict(cp_comm="a2a+p2p", cp_a2a=4, tp=4, gpus=32), "cp_comm a2a\\+p2p needs heads a tp rank divisible by cp_a2a")])
+def test_the_hierarchy_needs_two_levels_of_more_than_one_rank_and_heads_for_its_groups(kw, rule):
+    with pytest.raises(LayoutError, match=rule):
+        check_for(Layout(**{**dict(gpus=8, dp=1, cp=8, global_batch=8, seq=32768), **kw}), LLAMA, H100)
+
+
+def test_the_hierarchy_runs_multi_latent_attention_but_no_window():
+    base = dict(gpus=8, dp=1, cp=8, ep=8, global_batch=8, seq=32768, cp_comm="a2a+p2p", cp_a2a=2)
+    check_for(Layout(**base), load_model("deepseek-v3"), H100)
+    with pytest.raises(LayoutError, match="needs cp_comm all_gather or a2a"):
+        check_for(Layout(**base), load_model("gpt-oss-20b"), H100)
+
+
+def test_the_cli_and_a_table_state_the_hierarchy_with_its_group_size(tmp_path):
+    from click.testing import CliRunner
+
+    from piper_plan import validate as V
+    from piper_plan.cli import main
+
+    args = ["estimate", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "8", "--cp", "8", "--seq", "32768",
+            "--global-batch", "8", "--recompute", "full", "--cp-comm", "a2a+p2p"]
+    r = CliRunner().invoke(main, args + ["--cp-a2a", "4"])
+    assert r.exit_code == 0 and "cp8(a2a4+p2p2)" in r.output, r.output
+    bad = CliRunner().invoke(main, args)
+    assert bad.exit_code != 0 and "cp_a2a" in bad.output and len(bad.output.strip().splitlines()) == 1
+    path = V.data_path().parent / "llama3-405b-meta.csv"
+    rows = list(csv.DictReader(open(path)))
+    for change in (dict(cp_comm="a2a+p2p"), dict(cp_a2a="2")):
+        table = tmp_path / "t.csv"
+        with open(table, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=[*rows[0], "cp_a2a"])
+            w.writeheader()
+            w.writerow({**rows[2], "cp_a2a": "", **change})
+        with pytest.raises(PiperError, match="cp_a2a.*expected the all-to-all group size of cp_comm a2a\\+p2p"):
+            V.run(path=table)

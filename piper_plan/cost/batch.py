@@ -92,6 +92,7 @@ class LayoutBatch:
     a2a: np.ndarray
     placement: np.ndarray
     cpc: np.ndarray         # index into CP_COMMS (Layout.cp_comm: how context parallelism moves keys)
+    cpa: np.ndarray         # ranks of a2a+p2p's all-to-all groups (Layout.cp_a2a; 1 otherwise)
     eager: np.ndarray
     fa2: np.ndarray         # bool: FlashAttention-2 in place of the spec's fused kernel (Layout.attention_kernel fa2)
     unfused: np.ndarray     # bool: eager PyTorch modules instead of fused kernels (Layout.fused_kernels false)
@@ -129,6 +130,20 @@ class LayoutBatch:
     def m(self) -> np.ndarray:
         """Micro-batches per step."""
         return self.gbs // (self.dp * self.mbs)
+
+    @property
+    def cp_ring(self) -> np.ndarray:
+        """Ranks a context-parallel ring passes K and V round (Layout.cp_comm): cp under p2p,
+        cp/cp_a2a under a2a+p2p, 1 where no ring runs (all_gather, a2a, cp 1)."""
+        ring, hier = CP_COMMS.index("p2p"), CP_COMMS.index("a2a+p2p")
+        return np.where(self.cpc == ring, self.cp, np.where(self.cpc == hier, self.cp // self.cpa, 1))
+
+    @property
+    def cp_a2a_group(self) -> np.ndarray:
+        """Ranks a context-parallel all-to-all exchanges heads over (Layout.cp_comm): cp under a2a,
+        cp_a2a under a2a+p2p, 1 where none runs."""
+        a2a, hier = CP_COMMS.index("a2a"), CP_COMMS.index("a2a+p2p")
+        return np.where(self.cpc == a2a, self.cp, np.where(self.cpc == hier, self.cpa, 1))
 
     @property
     def edp(self) -> np.ndarray:
@@ -183,7 +198,7 @@ class LayoutBatch:
                       sequence_parallel=bool(self.sp[i]), zero=g("zero"), zero_replicas=g("zrep"),
                       reshard_after_forward=bool(self.reshard[i]),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=DTYPES[g("dtype")],
-                      cp_comm=CP_COMMS[g("cpc")],
+                      cp_comm=CP_COMMS[g("cpc")], cp_a2a=g("cpa"),
                       attention_kernel="eager" if self.eager[i] else "fa2" if self.fa2[i] else "flash",
                       dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), expert_gemm=EXPERT_GEMMS[g("egemm")],
@@ -217,6 +232,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         reshard=col(lambda x: x.reshard_after_forward),
         a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), cpc=col(lambda x: CP_COMMS.index(x.cp_comm)),
+        cpa=col(lambda x: x.cp_a2a),
         eager=col(lambda x: x.attention_kernel == "eager"),
         fa2=col(lambda x: x.attention_kernel == "fa2"),
         unfused=col(lambda x: not x.fused_kernels),

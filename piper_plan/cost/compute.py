@@ -223,14 +223,15 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
     Context parallelism runs the kernels its cp_comm runs (kernels.tile_cost): p2p's ring passes
     over the rank's query blocks at every step, all_gather's two kernels a rank over its chunks,
     a2a's one kernel over the whole sequence on heads/cp heads (chunked layers run under a2a alone:
-    layout.cp_comm_refusal). 1 where the spec states no block costs for the kernel."""
+    layout.cp_comm_refusal), a2a+p2p's ring over cp/cp_a2a ranks on heads/cp_a2a heads, each rank
+    holding its all-to-all group's chunks, two joined ones of s/(2 cp/cp_a2a) tokens. 1 where the
+    spec states no block costs for the kernel."""
     if not has_blocks(hw, kernel):
         return 1.0, 1.0
     s = lay.seq.astype(float)
     gathered = lay.cpc == CP_COMMS.index("all_gather")
-    rank = np.where(lay.cpc == CP_COMMS.index("a2a"), 1, lay.cp)  # a2a's kernel is one rank's
     # the full layers, and the ring's or the gathered chunks' kernels, only where a layout runs them
-    full_f, full_b = block_factor(hw, s, cp=np.where(gathered, 1, rank), kernel=kernel)
+    full_f, full_b = block_factor(hw, s, cp=lay.cp_ring, kernel=kernel)
     if gathered.any():
         gf, gb = block_factor(hw, s, cp=lay.cp, kernel=kernel, comm="all_gather")
         full_f, full_b = np.where(gathered, gf, full_f), np.where(gathered, gb, full_b)
@@ -261,28 +262,30 @@ def _cp_kernels(m: ModelSpec, lay: LayoutBatch, hw: HardwareSpec, t, heads):
     write: index_select) and each chunk's output copied into the rank's (read, write), forward;
     backward the gathered K and V again, each chunk's dQ copied out (read, write), and the
     full-length dK and dV buffers zeroed, accumulated into (read both, write) and put back in order
-    before their reduce-scatter (write; read 2, write; read, write). a2a: one kernel; each of Q, K, V
-    and the output laid out for the
-    exchange and back (read and write, twice), forward; the output and its gradient, then the
-    gradients of Q, K and V, backward."""
+    before their reduce-scatter (write; read 2, write; read, write). a2a: one kernel; each of Q, K,
+    V and the output laid out for the exchange and back (read and write, twice), forward; the
+    output and its gradient, then the gradients of Q, K and V, backward. a2a+p2p: a2a's passes and
+    the ring's over cp/cp_a2a ranks (the same bytes a rank: cp_a2a times the tokens, 1/cp_a2a the
+    heads)."""
     eb = lay.act_bytes
     dqk, dv = m.qk_v_dims
-    cp = lay.cp.astype(float)
-    ring = lay.cpc == CP_COMMS.index("p2p")
+    n = lay.cp_ring.astype(float)  # the ring's ranks: 1 where none runs
+    ring = n > 1
     gathered = lay.cpc == CP_COMMS.index("all_gather")
-    more = np.where(ring, cp - 1.0, np.where(gathered, 1.0, 0.0))
+    more = np.where(gathered, 1.0, n - 1.0)
     steps = more * hw.efficiency.kernel_overhead_us * 1e-6
-    merge_f = np.where(ring, stream_time(hw, (cp - 1.0) * 3.0 * t * heads * dv * eb, cp - 1.0), 0.0)
-    merge_b = np.where(ring, stream_time(hw, (cp - 1.0) * 2.0 * t * heads * dqk * eb, cp - 1.0), 0.0)
-    if not (~ring).any():
+    merge_f = np.where(ring, stream_time(hw, (n - 1.0) * 3.0 * t * heads * dv * eb, n - 1.0), 0.0)
+    merge_b = np.where(ring, stream_time(hw, (n - 1.0) * 2.0 * t * heads * dqk * eb, n - 1.0), 0.0)
+    if not (lay.cpc != CP_COMMS.index("p2p")).any():
         return steps, merge_f, merge_b
+    cp = lay.cp.astype(float)
     kv_heads = np.maximum(m.kv_heads / lay.tp.astype(float), 1.0)  # a tp rank's (replicated below tp)
     kv = t * kv_heads * (dqk + dv) * eb  # the rank's K and V
     q, o = t * heads * dqk * eb, t * heads * dv * eb
     merge_f = merge_f + np.where(gathered, stream_time(hw, 2.0 * cp * kv + 2.0 * o, 4), 0.0)
     merge_b = merge_b + np.where(gathered, stream_time(hw, 8.0 * cp * kv + 2.0 * q, 7), 0.0)
     qkv = q + kv
-    a2a = lay.cpc == CP_COMMS.index("a2a")
+    a2a = lay.cp_a2a_group > 1
     merge_f = merge_f + np.where(a2a, stream_time(hw, 4.0 * (qkv + o), 8), 0.0)
     merge_b = merge_b + np.where(a2a, stream_time(hw, 4.0 * (2.0 * o + qkv), 10), 0.0)
     return steps, merge_f, merge_b

@@ -58,9 +58,9 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     # context parallelism (Layout.cp_comm), beside the one attention kernel: the ring's further steps
     # each issue their send / receive, kernel and merge of the partial output; all_gather its two
     # gathers and reorders (K, V), a second kernel and the two chunks' output copies; a2a the four
-    # exchanges (Q, K, V, the output) and a copy on each side of each
+    # exchanges (Q, K, V, the output) and a copy on each side of each; a2a+p2p both of its levels'
     ring = np.where(lay.cpc == CP_COMMS.index("all_gather"), 7.0,
-                    np.where(lay.cpc == CP_COMMS.index("a2a"), 12.0, 3.0 * (lay.cp - 1)))
+                    3.0 * (lay.cp_ring - 1) + np.where(lay.cp_a2a_group > 1, 12.0, 0.0))
     ring = np.where(lay.cp > 1, ring, 0.0)
     attn_ops = 5.0 + rope + gemms * (1.0 + q) + (2.0 if m.mla is not None else 0.0) + tp_comm + ring
     attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)

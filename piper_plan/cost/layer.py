@@ -121,7 +121,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     without it (_layer_base) and the recompute variants derived from them (recompute.with_recompute)."""
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise; the world
     # sets where the groups meet domain boundaries (comm.level_counts)
-    key = (lay.mbs, lay.seq, lay.tp, lay.cp, lay.cpc, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.fa2,
+    key = (lay.mbs, lay.seq, lay.tp, lay.cp, lay.cpc, lay.cpa, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.fa2,
            lay.unfused, lay.egemm, lay.dropout, lay.act_bytes, lay.probs_act, lay.gpus,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
@@ -231,7 +231,10 @@ def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -
     - a2a (AttnFuncWithCPAndQKVOA2A, Ulysses): Q, K and V each exchanged all-to-all before the
       kernel and the output after it; the backward exchanges the output and its gradient, then the
       gradients of Q, K and V: seven calls, each rank sending (cp − 1)/cp of its share of each,
-      none behind compute."""
+      none behind compute.
+    - a2a+p2p (AttnFuncWithCPAndKVP2P over two groups): a2a's exchanges over cp_a2a neighbouring
+      ranks (tp apart), and between them the ring over cp/cp_a2a of those groups (tp·cp_a2a
+      apart), passing the same bytes a step as p2p's (cp_a2a times the tokens, 1/cp_a2a the heads)."""
     z = np.zeros(len(lay))
     if not (lay.cp > 1).any():
         return Phase(z, z, z, z)
@@ -239,28 +242,30 @@ def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -
     tp = lay.tp.astype(float)
     kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / tp, 1.0)
     kv = lay.tokens * kv_heads * (dqk + dv) * lay.act_bytes
-    cp = lay.cp.astype(float)
-    more = cp - 1.0
-    span = comm.group_span(hw, lay.cp, lay.tp, lay.gpus)
-    # p2p, one step: one of a ring all-gather's cp - 1 steps over the levels the group spans
-    step = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5, span=span, world=lay.gpus) / np.maximum(more, 1.0)
-    f = more * np.maximum(step - core.f / cp, 0.0)
-    b = more * np.maximum(2.0 * step - core.b / cp, 0.0)
-    ring = lay.cpc == CP_COMMS.index("p2p")
-    if ring.all():
+    # the ring (p2p, a2a+p2p's outer level), one step: one of a ring all-gather's n - 1 steps over the levels
+    # the group spans
+    n, apart = lay.cp_ring, lay.tp * lay.cpa
+    more = n - 1.0
+    span = comm.group_span(hw, n, apart, lay.gpus)
+    step = comm.ring_allreduce(hw, kv * n, n, apart, 0.5, span=span, world=lay.gpus) / np.maximum(more, 1.0)
+    f = more * np.maximum(step - core.f / n, 0.0)
+    b = more * np.maximum(2.0 * step - core.b / n, 0.0)
+    if (lay.cpc == CP_COMMS.index("p2p")).all():
         return Phase(f, b, z, z)
-    lat = comm.call_latency(hw, lay.cp, lay.tp, span=span)  # the second of two calls (K and V; dK and dV)
-    gather = comm.allgather(hw, kv * cp, lay.cp, lay.tp, span=span, world=lay.gpus) + lat
-    scatter = comm.ring_allreduce(hw, kv * cp, lay.cp, lay.tp, 0.5, span=span, world=lay.gpus) + lat
     gathered = lay.cpc == CP_COMMS.index("all_gather")
-    f, b = np.where(gathered, gather, f), np.where(gathered, gather + scatter, b)
-    a2a = lay.cpc == CP_COMMS.index("a2a")
-    if a2a.any():
+    if gathered.any():
+        span = comm.group_span(hw, lay.cp, lay.tp, lay.gpus)
+        lat = comm.call_latency(hw, lay.cp, lay.tp, span=span)  # the second of two calls (K and V; dK and dV)
+        gather = comm.allgather(hw, kv * lay.cp, lay.cp, lay.tp, span=span, world=lay.gpus) + lat
+        scatter = comm.ring_allreduce(hw, kv * lay.cp, lay.cp, lay.tp, 0.5, span=span, world=lay.gpus) + lat
+        f, b = np.where(gathered, gather, f), np.where(gathered, gather + scatter, b)
+    group = lay.cp_a2a_group
+    if (group > 1).any():  # a2a, and a2a+p2p's inner level beside its ring
         q_heads = m.num_heads / tp
-        per = lambda width: comm.a2a_call(hw, lay.tokens * width * lay.act_bytes, lay.cp, lay.tp, False,  # noqa: E731
+        per = lambda width: comm.a2a_call(hw, lay.tokens * width * lay.act_bytes, group, lay.tp, False,  # noqa: E731
                                           world=lay.gpus)
         q, k, v, o = per(q_heads * dqk), per(kv_heads * dqk), per(kv_heads * dv), per(q_heads * dv)
-        f, b = np.where(a2a, q + k + v + o, f), np.where(a2a, 2.0 * o + q + k + v, b)
+        f, b = f + np.where(group > 1, q + k + v + o, 0.0), b + np.where(group > 1, 2.0 * o + q + k + v, 0.0)
     cp1 = lay.cp == 1
     return Phase(np.where(cp1, 0.0, f), np.where(cp1, 0.0, b), z, z)
 
@@ -415,8 +420,8 @@ def _recompute_variants(lay: LayoutBatch, sel: LayoutBatch):
 
 def _dense_key(lay: LayoutBatch) -> tuple:
     """The columns _dense_block reads."""
-    return (lay.mbs, lay.seq, lay.cp, lay.cpc, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout, lay.eager,
-            lay.fa2, lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async, lay.gpus)
+    return (lay.mbs, lay.seq, lay.cp, lay.cpc, lay.cpa, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout,
+            lay.eager, lay.fa2, lay.unfused, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async, lay.gpus)
 
 
 def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:
