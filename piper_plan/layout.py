@@ -308,10 +308,9 @@ def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> Non
     if math.prod(named.values()) != lay.gpus:
         raise LayoutError(f"{'*'.join(named)} == gpus", f"{'*'.join(map(str, named.values()))} = "
                           f"{math.prod(named.values())}, not {lay.gpus}")
-    if (lay.cp_comm == "a2a+p2p") != (lay.cp_a2a > 1) or lay.cp % lay.cp_a2a or lay.cp_a2a == lay.cp > 1:
-        raise LayoutError("cp_comm a2a+p2p needs 1 < cp_a2a < cp, dividing cp", f"cp={lay.cp} cp_comm {lay.cp_comm} "
-                          f"cp_a2a={lay.cp_a2a}: the hierarchy's all-to-all groups hold cp_a2a ranks and its ring "
-                          "cp/cp_a2a groups, each more than one (at either end it is a2a or p2p)")
+    why = cp_groups_refusal(lay.cp, lay.cp_comm, lay.cp_a2a)
+    if why:
+        raise LayoutError(*why)
     stage = lay.dp * lay.cp * lay.tp
     group = "dp*tp" if lay.cp == 1 else "dp*cp*tp"
     if stage % (lay.ep * lay.etp):
@@ -476,6 +475,17 @@ def check_for(lay: Layout, model, hw) -> None:
     check_a2a_sms(lay.a2a_sms, hw)
 
 
+def cp_groups_refusal(cp: int, cp_comm: str, cp_a2a: int) -> tuple[str, str] | None:
+    """(rule, detail) where cp_a2a does not make a2a+p2p's two levels (None where it does, or is 1
+    under another way): all-to-all groups of cp_a2a ranks and a ring of cp/cp_a2a groups, each more
+    than one. Transformer Engine runs [1, cp] as p2p and [cp, 1] as a2a: stated so, they are."""
+    if (cp_comm == "a2a+p2p") == (cp_a2a > 1) and not cp % cp_a2a and not cp_a2a == cp > 1:
+        return None
+    return ("cp_comm a2a+p2p needs 1 < cp_a2a < cp, dividing cp", f"cp={cp} cp_comm {cp_comm} cp_a2a={cp_a2a}: the "
+            "hierarchy's all-to-all groups hold cp_a2a ranks and its ring cp/cp_a2a groups, each more than one (at "
+            "either end it is a2a or p2p)")
+
+
 def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str, attention_fp8: bool = False,
                     cp_a2a: int = 1) -> tuple[str, str] | None:
     """(rule, detail) where Transformer Engine's context parallelism cannot run `cp_comm` over
@@ -491,6 +501,8 @@ def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str, attention_fp8: bool =
     (`attention_fp8`) not under all_gather, whose kernels take no FP8 arguments."""
     if cp <= 1:
         return None
+    if why := cp_groups_refusal(cp, cp_comm, cp_a2a):
+        return why
     if model.sliding_window is not None and cp_comm in ("p2p", "a2a+p2p"):
         return ("local attention under cp > 1 needs cp_comm all_gather or a2a",
                 f"sliding_window layers over cp={cp}: Transformer Engine runs sliding windows under all_gather or "
@@ -506,8 +518,8 @@ def cp_comm_refusal(model, tp: int, cp: int, cp_comm: str, attention_fp8: bool =
                 f"heads of {dqk} query-key and {dv} value channels (multi-latent attention) under cp_comm {cp_comm}: "
                 "Transformer Engine runs them under the p2p ring (or a2a+p2p) only")
     if attention_fp8 and cp_comm == "all_gather":
-        return ("attention_fp8 needs cp_comm p2p or a2a", "Transformer Engine's all-gather context parallelism "
-                "(AttnFuncWithCPAndKVAllGather) runs its kernels in bf16: no FP8 attention")
+        return ("attention_fp8 needs cp_comm other than all_gather", "Transformer Engine's all-gather context "
+                "parallelism (AttnFuncWithCPAndKVAllGather) runs its kernels in bf16: no FP8 attention")
     if cp_comm in ("a2a", "a2a+p2p"):
         q = model.num_heads // tp
         kv = q if dqk != dv else max(model.kv_heads // tp, 1)  # MLA exchanges a K and V head per query head

@@ -207,9 +207,10 @@ def precision_str(lay) -> str:
 
 
 # Layout fields the rows above already print (layout_str, precision_str, the batch row)
-_SHOWN = {"gpus", "tp", "cp", "cp_comm", "pp", "dp", "ep", "etp", "vpp", "mbs", "global_batch", "seq", "schedule",
-          "recompute", "recompute_modules", "recompute_layers", "zero", "zero_replicas", "a2a", "placement", "dtype",
-          "fp8", "fp8_params", "attention_fp8", "optimizer_offload", "offload_layers", "offload_modules"}
+_SHOWN = {"gpus", "tp", "cp", "cp_comm", "cp_a2a", "pp", "dp", "ep", "etp", "vpp", "mbs", "global_batch", "seq",
+          "schedule", "recompute", "recompute_modules", "recompute_layers", "zero", "zero_replicas", "a2a",
+          "placement", "dtype", "fp8", "fp8_params", "attention_fp8", "optimizer_offload", "offload_layers",
+          "offload_modules"}
 
 
 def stack_settings(lay) -> str:

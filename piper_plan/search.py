@@ -290,7 +290,8 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
                         if E % ep or (dp * cp * tp) % (ep * etp) or width % etp or (m.moe is None and ep > 1):
                             continue
                         for cpc in (cpcs if cp > 1 else (0,)):
-                            for a in (_divisors(cp)[1:-1] if cpc == hier else (1,)):
+                            # a cp with no group size between 1 and itself keeps one, refused and counted below
+                            for a in ((_divisors(cp)[1:-1] or [cp]) if cpc == hier else (1,)):
                                 tri.append((tp, cp, pp, dp, ep, etp, cpc, a))
     if not tri:
         rejected["no (tp, cp, pp, ep, etp) satisfies tp*cp*pp*dp == gpus, ep | experts, ep*etp | dp*cp*tp, "

@@ -1,6 +1,7 @@
 """How context parallelism moves keys (Layout.cp_comm, Megatron-Core's --cp-comm-type): Transformer
 Engine's p2p ring behind the kernels, its all_gather of K and V before two kernels a rank (Llama 3's),
-and its a2a (Ulysses) exchange of Q, K, V and the output around one kernel on heads/cp heads."""
+its a2a (Ulysses) exchange of Q, K, V and the output around one kernel on heads/cp heads, and a2a+p2p,
+the exchange inside groups of cp_a2a ranks and the ring between them (Layout.cp_a2a)."""
 import csv
 
 import numpy as np
@@ -248,12 +249,12 @@ def test_each_way_holds_its_buffers_while_a_layer_runs_and_cp_1_holds_none():
 
 def test_fp8_attention_and_chunked_attention_take_only_the_ways_transformer_engine_runs_them():
     base = dict(gpus=8, dp=1, cp=8, global_batch=8, seq=32768)
-    with pytest.raises(LayoutError, match="attention_fp8 needs cp_comm p2p or a2a"):
+    with pytest.raises(LayoutError, match="attention_fp8 needs cp_comm other than all_gather"):
         check_for(Layout(**base, cp_comm="all_gather", attention_fp8=True), LLAMA, H100)
     check_for(Layout(**base, cp_comm="a2a", attention_fp8=True), LLAMA, H100)
     batch, rejected = enumerate_layouts(LLAMA, H100, SearchSpace(gpus=8, global_batch=8, seq=32768, cps=(8,),
                                                                  schedules=("1f1b",), attention_fp8=True))
-    assert 1 not in set(np.unique(batch.cpc)) and rejected["attention_fp8 needs cp_comm p2p or a2a"] > 0
+    assert 1 not in set(np.unique(batch.cpc)) and rejected["attention_fp8 needs cp_comm other than all_gather"] > 0
     scout = load_model("llama4-scout")  # chunked local attention: only a2a's one kernel runs its mask
     for way in ("p2p", "all_gather"):
         with pytest.raises(LayoutError, match="chunked attention under cp > 1 needs cp_comm a2a"):
@@ -308,13 +309,15 @@ def test_each_way_issues_its_own_host_operations():
     assert list(dense - dense[0]) == [0.0, 21.0, 7.0, 12.0]
 
 
-def test_the_gather_and_the_exchange_keep_a_second_attention_output_unless_recomputed():
+def test_the_gather_keeps_a_second_attention_output_unless_recomputed():
+    # Transformer Engine's all_gather saves its chunks' out_per_step beside the output it returns; a2a saves
+    # the exchanged output it returns
     from piper_plan.cost.activations import attention_terms
 
     lays = from_layouts([Layout(gpus=8, dp=1, cp=8, global_batch=8, seq=32768, cp_comm=c, recompute=rc)
                          for c in ("p2p", "all_gather", "a2a") for rc in ("none", "selective")])
     out = 4096 * LLAMA.num_heads * LLAMA.qk_v_dims[1] * 2.0
-    assert list(attention_terms(LLAMA, lays)["cp_out"]) == [0.0, 0.0, out, 0.0, out, 0.0]
+    assert list(attention_terms(LLAMA, lays)["cp_out"]) == [0.0, 0.0, out, 0.0, 0.0, 0.0]
 
 
 def test_the_hierarchy_exchanges_heads_inside_its_groups_and_runs_the_ring_between_them():
@@ -325,23 +328,30 @@ def test_the_hierarchy_exchanges_heads_inside_its_groups_and_runs_the_ring_betwe
     hier, ring4 = _one("a2a+p2p", cp_a2a=2), _one("p2p", gpus=4, cp=4)
     # each rank holds its group's chunks, two joined ones of s/8 tokens: the kernels of a 4-rank ring
     assert attention_tiles(LLAMA, b200, hier) == attention_tiles(LLAMA, b200, ring4)
-    core = core_attention(LLAMA, H100, hier, "bf16")
-    got = _cp_exposed(LLAMA, H100, hier, core)
-    t, dqk, dv = hier.tokens, *LLAMA.qk_v_dims
-    two, one, eight = np.array([2]), np.array([1]), np.array([8])
-
-    def a2a(width):  # one all_to_all_single over the 2 neighbouring ranks
-        return comm.a2a_call(H100, t * width * 2.0, two, one, False, world=eight)[0]
-    q, k, v, o = (a2a(LLAMA.num_heads * dqk), a2a(LLAMA.kv_heads * dqk), a2a(LLAMA.kv_heads * dv),
-                  a2a(LLAMA.num_heads * dv))
-    kv = t * LLAMA.kv_heads * (dqk + dv) * 2.0  # a step passes the rank's bytes: twice the tokens, half the heads
-    step = comm.ring_allreduce(H100, kv * 4, np.array([4]), two, 0.5, world=eight)[0] / 3
-    assert got.f[0] == pytest.approx(q + k + v + o + 3 * max(step - core.f[0] / 4, 0.0))
-    assert got.b[0] == pytest.approx(2 * o + q + k + v + 3 * max(2 * step - core.b[0] / 4, 0.0))
     ops = layer_ops(LLAMA, from_layouts([Layout(gpus=8, dp=8, global_batch=8, seq=32768), hier.layout(0)]))[0]
     assert ops[1] - ops[0] == 3 * 3 + 12  # the ring's 3 further steps and the exchanges
-    kvg, qg = kv / 2**30, t[0] * LLAMA.num_heads * dqk * 2.0 / 2**30
-    assert evaluate(LLAMA, H100, hier).memory["first"]["cp_buffers"][0] == pytest.approx(4 * kvg + 2 * (qg + kvg))
+    # two nodes, tp 2: groups of 4 ranks 2 apart inside a node, the ring of 2 groups 8 apart across the NICs;
+    # multi-head attention at 8K, whose ring step outlasts its kernel's share
+    mha = LLAMA.model_copy(update={"num_kv_heads": LLAMA.num_heads})
+    lay = _one("a2a+p2p", gpus=16, tp=2, cp_a2a=4, seq=8192)
+    core = core_attention(mha, H100, lay, "bf16")
+    got = _cp_exposed(mha, H100, lay, core)
+    t, dqk, dv = lay.tokens, *mha.qk_v_dims
+    world = np.array([16])
+
+    def a2a(width):  # one all_to_all_single over the 4 neighbouring ranks
+        return comm.a2a_call(H100, t * width * 2.0, np.array([4]), np.array([2]), False, world=world)[0]
+    q, k, v, o = (a2a(mha.num_heads / 2 * dqk), a2a(mha.kv_heads / 2 * dqk), a2a(mha.kv_heads / 2 * dv),
+                  a2a(mha.num_heads / 2 * dv))
+    kv = t * mha.kv_heads / 2 * (dqk + dv) * 2.0  # a step passes the rank's bytes: 4x the tokens, 1/4 the heads
+    step = comm.ring_allreduce(H100, kv * 2, np.array([2]), np.array([8]), 0.5, world=world)[0]
+    assert step > core.f[0] / 2 and step > 3 * comm.ring_allreduce(H100, kv * 2, np.array([2]), np.array([2]), 0.5,
+                                                                  world=world)[0]
+    assert got.f[0] == pytest.approx(q + k + v + o + step - core.f[0] / 2)
+    assert got.b[0] == pytest.approx(2 * o + q + k + v + max(2 * step - core.b[0] / 2, 0.0))
+    # the levels hold their buffers one after the other: the ring's four of K and V, or the exchange's
+    kvg, qg = kv[0] / 2**30, t[0] * mha.num_heads / 2 * dqk * 2.0 / 2**30
+    assert evaluate(mha, H100, lay).memory["first"]["cp_buffers"][0] == pytest.approx(max(4 * kvg, 2 * (qg + kvg)))
 
 
 @pytest.mark.parametrize("kw, rule", [
@@ -353,6 +363,12 @@ def test_the_hierarchy_exchanges_heads_inside_its_groups_and_runs_the_ring_betwe
 def test_the_hierarchy_needs_two_levels_of_more_than_one_rank_and_heads_for_its_groups(kw, rule):
     with pytest.raises(LayoutError, match=rule):
         check_for(Layout(**{**dict(gpus=8, dp=1, cp=8, global_batch=8, seq=32768), **kw}), LLAMA, H100)
+
+
+def test_the_search_counts_the_cps_no_hierarchy_splits():
+    _, rejected = enumerate_layouts(LLAMA, H100, SearchSpace(gpus=8, global_batch=8, seq=32768, cps=(2, 4),
+                                                             schedules=("1f1b",), cp_comms=("a2a+p2p",)))
+    assert rejected["cp_comm a2a+p2p needs 1 < cp_a2a < cp, dividing cp"] > 0  # cp 2: no group between 1 and 2
 
 
 def test_the_hierarchy_runs_multi_latent_attention_but_no_window():

@@ -87,9 +87,9 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
         # bf16 it saves the very tensor the attention kernel keeps)
         "proj_in_fp8": np.where(lay.fp8 > 0, qb * t * heads * dv, 0.0),
         "flash_lse": np.where(eager, 0.0, 4.0 * t * heads),
-        # all_gather and a2a (a2a+p2p too) context parallelism keep their kernels' own output for the backward
-        # beside the returned one (Transformer Engine: the chunks' out_per_step; the output before its exchange back)
-        "cp_out": np.where((lay.cp > 1) & (lay.cpc != CP_COMMS.index("p2p")) & ~sel, eb * t * heads * dv, 0.0),
+        # all_gather context parallelism keeps its kernels' own output for the backward beside the one it
+        # returns (Transformer Engine's out_per_step); a2a and a2a+p2p save the exchanged output they return
+        "cp_out": np.where((lay.cp > 1) & (lay.cpc == CP_COMMS.index("all_gather")) & ~sel, eb * t * heads * dv, 0.0),
         "attn_dropout_mask": drop * t * d / sp_div,
     }
     if m.mla is not None:  # compressed kv latent and q latent are saved too

@@ -135,7 +135,8 @@ def tile_cost(c, seq, window=None, cp=1, causal: bool = True, block: int = 128, 
       blocks. A window reaches the same ceil((w−1)/b) key blocks back from each query block,
       chunks taken as starting on a block's edge.
     - a2a (AttnFuncWithCPAndQKVOA2A, Ulysses): one kernel over the whole sequence on heads/cp
-      heads, priced as cp 1's.
+      heads, priced as cp 1's. a2a+p2p is priced as p2p over cp/cp_a2a ranks (compute.attention_tiles:
+      after the all-to-all a rank holds its group's chunks as the two of a ring that size).
     All arguments but `causal`, `block` and `comm` broadcast."""
     s = np.maximum(np.asarray(seq, dtype=float), 1.0)
     cp = np.asarray(cp, dtype=float)

@@ -98,7 +98,8 @@ def cp_buffers(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
     (p2p_comm_buffers: cp of them), or the backward's two buffers of K, V and their gradients
     (4·kv); all_gather, the gathered K and V and, in the backward, the full-length dK and dV
     (2·cp·kv); a2a, each of Q, K and V laid out for the exchange and received (2·(q + kv));
-    a2a+p2p, both (its ring over cp/cp_a2a ranks). 0 at cp 1."""
+    a2a+p2p, the larger of its two levels' (its ring over cp/cp_a2a ranks), which hold theirs one
+    after the other. 0 at cp 1."""
     dqk, dv = m.qk_v_dims
     tp, cp = lay.tp.astype(float), lay.cp.astype(float)
     eb = lay.act_bytes.astype(float)
@@ -106,7 +107,7 @@ def cp_buffers(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
     kv = lay.tokens * kv_heads * (dqk + dv) * eb
     q = lay.tokens * m.num_heads / tp * dqk * eb
     n = lay.cp_ring.astype(float)
-    out = np.where(n > 1, np.maximum(n, 4.0) * kv, 0.0) + np.where(lay.cp_a2a_group > 1, 2.0 * (q + kv), 0.0)
+    out = np.maximum(np.where(n > 1, np.maximum(n, 4.0) * kv, 0.0), np.where(lay.cp_a2a_group > 1, 2.0 * (q + kv), 0.0))
     out = np.where(lay.cpc == CP_COMMS.index("all_gather"), 2.0 * cp * kv, out)
     return np.where(cp > 1, out, 0.0)
 
