@@ -16,6 +16,7 @@ from piper_plan.errors import LayoutError, PiperError
 from piper_plan.layout import Layout, check_layout, rank_coords
 from piper_plan.search import SearchSpace, enumerate_layouts, for_runtime
 from piper_plan.specs import load_hardware, load_model
+from table_support import bundled_rows, write_rows
 
 H100 = load_hardware("dgx-h100")
 LLAMA = load_model("llama3-8b")
@@ -177,33 +178,16 @@ def test_published_runs_with_context_parallelism_price_within_the_targets_where_
     h100_runs = [x for x in long if "h100" in x.id]
     assert len(h100_runs) == 6 and all(row["attention_kernel"] == "fa2" for row in h100)
     assert all(abs(x.error_pct) <= 10.0 for x in h100_runs)
-    import csv
-
-    with open(path, newline="") as f:
-        table = list(csv.DictReader(f))
-    for row in table:
-        row["attention_kernel"] = ""
-    blank = tmp_path / "context-parallel.csv"
-    with open(blank, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]))
-        w.writeheader()
-        w.writerows(table)
+    blank = write_rows(tmp_path / "context-parallel.csv", ({**r, "attention_kernel": ""} for r in
+                                                          bundled_rows("context-parallel")))
     at_cudnn = [x for x in V.run(path=blank) if x.group == "nemo-long-sequence" and "h100" in x.id]
     assert len(at_cudnn) == 6 and all(40.0 <= x.error_pct <= 70.0 for x in at_cudnn)
 
 
 def test_a_row_naming_another_attention_count_is_refused_with_the_column_named(tmp_path):
-    import csv
-
     from piper_plan import validate as V
 
-    path = V.data_path().parent / "context-parallel.csv"
-    rows = list(csv.DictReader(open(path)))
-    bad = tmp_path / "bad.csv"
-    with open(bad, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerow({**rows[0], "attention_flops": "half"})
+    bad = write_rows(tmp_path / "bad.csv", [{**bundled_rows("context-parallel")[0], "attention_flops": "half"}])
     with pytest.raises(PiperError, match="attention_flops.*expected causal"):
         V.run(path=bad)
 

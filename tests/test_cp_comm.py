@@ -2,8 +2,6 @@
 Engine's p2p ring behind the kernels, its all_gather of K and V before two kernels a rank (Llama 3's),
 its a2a (Ulysses) exchange of Q, K, V and the output around one kernel on heads/cp heads, and a2a+p2p,
 the exchange inside groups of cp_a2a ranks and the ring between them (Layout.cp_a2a)."""
-import csv
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from piper_plan.errors import LayoutError, PiperError
 from piper_plan.layout import Layout, check_for, check_layout
 from piper_plan.search import SearchSpace, enumerate_layouts
 from piper_plan.specs import load_hardware, load_model
+from table_support import bundled_rows, write_rows
 
 H100 = load_hardware("dgx-h100")
 LLAMA = load_model("llama3-8b")  # 32 query heads, 8 kv heads
@@ -176,13 +175,10 @@ def test_metas_128k_row_runs_the_all_gather_its_paper_states(tmp_path):
     from piper_plan import validate as V
 
     path = V.data_path().parent / "llama3-405b-meta.csv"
-    rows = list(csv.DictReader(open(path)))
+    rows = bundled_rows("llama3-405b-meta")
     assert next(r for r in rows if r["id"] == "meta-l3-405b-16k-cp16")["cp_comm"] == "all_gather"
-    ring = tmp_path / "llama3-405b-meta.csv"  # the row read as Megatron-Core's default, the ring
-    with open(ring, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows({**r, "cp_comm": ""} for r in rows)
+    # the row read as Megatron-Core's default, the ring
+    ring = write_rows(tmp_path / "llama3-405b-meta.csv", ({**r, "cp_comm": ""} for r in rows))
     got, as_ring = ({r.id: r for r in V.run(path=p)}["meta-l3-405b-16k-cp16"] for p in (path, ring))
     assert "cp16(all_gather)" in got.layout and "cp16 " in as_ring.layout
     # the gather's one pass a rank outweighs its exposed collectives: nearer the 380 TFLOPs published
@@ -195,13 +191,7 @@ def test_a_row_stating_a_way_context_parallelism_cannot_take_is_refused_with_the
                                                                                              match):
     from piper_plan import validate as V
 
-    path = V.data_path().parent / "llama3-405b-meta.csv"
-    rows = list(csv.DictReader(open(path)))
-    bad = tmp_path / "bad.csv"
-    with open(bad, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerow({**rows[2], **change})
+    bad = write_rows(tmp_path / "bad.csv", [{**bundled_rows("llama3-405b-meta")[2], **change}])
     with pytest.raises(PiperError, match=match):
         V.run(path=bad)
 
@@ -390,13 +380,8 @@ def test_the_cli_and_a_table_state_the_hierarchy_with_its_group_size(tmp_path):
     assert r.exit_code == 0 and "cp8(a2a4+p2p2)" in r.output, r.output
     bad = CliRunner().invoke(main, args)
     assert bad.exit_code != 0 and "cp_a2a" in bad.output and len(bad.output.strip().splitlines()) == 1
-    path = V.data_path().parent / "llama3-405b-meta.csv"
-    rows = list(csv.DictReader(open(path)))
+    row = bundled_rows("llama3-405b-meta")[2]
     for change in (dict(cp_comm="a2a+p2p"), dict(cp_a2a="2")):
-        table = tmp_path / "t.csv"
-        with open(table, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=[*rows[0], "cp_a2a"])
-            w.writeheader()
-            w.writerow({**rows[2], "cp_a2a": "", **change})
+        table = write_rows(tmp_path / "t.csv", [{**row, "cp_a2a": "", **change}])
         with pytest.raises(PiperError, match="cp_a2a.*expected the all-to-all group size of cp_comm a2a\\+p2p"):
             V.run(path=table)

@@ -253,6 +253,17 @@ def attention_tiles(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, kernel: st
     return share * full_f + (1.0 - share) * loc_f, share * full_b + (1.0 - share) * loc_b
 
 
+def cp_tensor_bytes(m: ModelSpec, lay: LayoutBatch):
+    """(Q, K and V together, the output) bytes of one attention layer's micro-batch on a rank, its
+    tokens and its tp share of the heads: what context parallelism moves and copies (Layout.cp_comm).
+    Kv heads fewer than tp are replicated, one a rank; MLA's K and V have a head per query head."""
+    dqk, dv = m.qk_v_dims
+    t, eb, tp = lay.tokens, lay.act_bytes, lay.tp.astype(float)
+    heads = m.num_heads / tp
+    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / tp, 1.0)
+    return t * heads * dqk * eb, t * kv_heads * (dqk + dv) * eb, t * heads * dv * eb
+
+
 def _cp_kernels(m: ModelSpec, lay: LayoutBatch, hw: HardwareSpec, t, heads):
     """(launch seconds, forward and backward memory passes' seconds) context parallelism adds to a
     rank's core attention beside its first kernel (Layout.cp_comm; Transformer Engine's
@@ -279,9 +290,7 @@ def _cp_kernels(m: ModelSpec, lay: LayoutBatch, hw: HardwareSpec, t, heads):
     if not (lay.cpc != CP_COMMS.index("p2p")).any():
         return steps, merge_f, merge_b
     cp = lay.cp.astype(float)
-    kv_heads = np.maximum(m.kv_heads / lay.tp.astype(float), 1.0)  # a tp rank's (replicated below tp)
-    kv = t * kv_heads * (dqk + dv) * eb  # the rank's K and V
-    q, o = t * heads * dqk * eb, t * heads * dv * eb
+    q, kv, o = cp_tensor_bytes(m, lay)
     merge_f = merge_f + np.where(gathered, stream_time(hw, 2.0 * cp * kv + 2.0 * o, 4), 0.0)
     merge_b = merge_b + np.where(gathered, stream_time(hw, 8.0 * cp * kv + 2.0 * q, 7), 0.0)
     qkv = q + kv

@@ -16,8 +16,8 @@ from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
 from .batch import CP_COMMS, LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
-from .compute import (Phase, attention_phase, column_wgrad, core_attention, embedding_phase, ffn_phase, lm_head_phase,
-                      moe_phase, tp_overlappable)
+from .compute import (Phase, attention_phase, column_wgrad, core_attention, cp_tensor_bytes, embedding_phase, ffn_phase,
+                      lm_head_phase, moe_phase, tp_overlappable)
 from .imbalance import expert_popularity, imbalance, observed_rows
 from .kernels import stream_time
 from .memory import layer_params_per_rank
@@ -239,9 +239,7 @@ def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -
     if not (lay.cp > 1).any():
         return Phase(z, z, z, z)
     dqk, dv = m.qk_v_dims
-    tp = lay.tp.astype(float)
-    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / tp, 1.0)
-    kv = lay.tokens * kv_heads * (dqk + dv) * lay.act_bytes
+    q_bytes, kv, o_bytes = cp_tensor_bytes(m, lay)
     # the ring (p2p, a2a+p2p's outer level), one step: one of a ring all-gather's n - 1 steps over the levels
     # the group spans
     n, apart = lay.cp_ring, lay.tp * lay.cpa
@@ -261,10 +259,9 @@ def _cp_exposed(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, core: Phase) -
         f, b = np.where(gathered, gather, f), np.where(gathered, gather + scatter, b)
     group = lay.cp_a2a_group
     if (group > 1).any():  # a2a, and a2a+p2p's inner level beside its ring
-        q_heads = m.num_heads / tp
-        per = lambda width: comm.a2a_call(hw, lay.tokens * width * lay.act_bytes, group, lay.tp, False,  # noqa: E731
-                                          world=lay.gpus)
-        q, k, v, o = per(q_heads * dqk), per(kv_heads * dqk), per(kv_heads * dv), per(q_heads * dv)
+        per = lambda nbytes: comm.a2a_call(hw, nbytes, group, lay.tp, False, world=lay.gpus)  # noqa: E731
+        k_share = dqk / (dqk + dv)  # K's part of the K and V bytes, each its own call
+        q, k, v, o = per(q_bytes), per(kv * k_share), per(kv * (1.0 - k_share)), per(o_bytes)
         f, b = f + np.where(group > 1, q + k + v + o, 0.0), b + np.where(group > 1, 2.0 * o + q + k + v, 0.0)
     cp1 = lay.cp == 1
     return Phase(np.where(cp1, 0.0, f), np.where(cp1, 0.0, b), z, z)

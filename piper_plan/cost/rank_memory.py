@@ -16,6 +16,7 @@ from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import CP_COMMS, LayoutBatch, distinct_rows
+from .compute import cp_tensor_bytes
 from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, v_in_flight,
                      zero3_gathered_bytes)
 from .offload import offloaded_share, uses_host
@@ -100,12 +101,8 @@ def cp_buffers(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
     (2·cp·kv); a2a, each of Q, K and V laid out for the exchange and received (2·(q + kv));
     a2a+p2p, the larger of its two levels' (its ring over cp/cp_a2a ranks), which hold theirs one
     after the other. 0 at cp 1."""
-    dqk, dv = m.qk_v_dims
-    tp, cp = lay.tp.astype(float), lay.cp.astype(float)
-    eb = lay.act_bytes.astype(float)
-    kv_heads = np.maximum((m.num_heads if m.mla is not None else m.kv_heads) / tp, 1.0)
-    kv = lay.tokens * kv_heads * (dqk + dv) * eb
-    q = lay.tokens * m.num_heads / tp * dqk * eb
+    cp = lay.cp.astype(float)
+    q, kv, _ = cp_tensor_bytes(m, lay)
     n = lay.cp_ring.astype(float)
     out = np.maximum(np.where(n > 1, np.maximum(n, 4.0) * kv, 0.0), np.where(lay.cp_a2a_group > 1, 2.0 * (q + kv), 0.0))
     out = np.where(lay.cpc == CP_COMMS.index("all_gather"), 2.0 * cp * kv, out)
