@@ -5,6 +5,7 @@ planner prices for a fused stack's elementwise passes (compute.attention_phase /
     python benchmarks/eager_bytes.py --moe --model tests/data/hf/granite-3.0-3b-a800m-instruct.json \
         --seq 2048 --mbs 4 --hardware dgx-h200
     python benchmarks/eager_bytes.py --solve    # cost/eager.py's bytes per element, re-derived
+    python benchmarks/eager_bytes.py --solve-native    # its NATIVE: torchtitan's eager bf16 block
 
 With --moe the block is the model's first MoE layer (router, dispatch, grouped experts,
 combine) and the bytes are printed with the time they take at a hardware spec's HBM rate
@@ -31,6 +32,7 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))  # native_block
 
 GEMMS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_scaled_dot_product_flash_attention",
          "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention",
@@ -44,8 +46,6 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
     gemm_attention), and of the forward alone (`forward_bytes`); `spec_name` a bundled name or
     a ModelSpec, `dtype` piper-train's compute dtype (bf16: autocast over fp32 weights)."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
 
     from piper_plan.specs import load_model
     from piper_plan.specs.model import ModelSpec
@@ -65,6 +65,26 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
                     p.normal_(0.0, 0.02)
     shapes = {tuple(p.shape) for p in blk.parameters() if p.dim() >= 2}  # weight-sized (experts stacked: 3-d)
     x = torch.randn(mbs, seq, spec.hidden_size, requires_grad=True)
+
+    mode = _counter(shapes)
+    if spec.mla is not None:
+        _opaque_core(blk.attn, mode)
+    with sums_by_slot(), mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+        y = blk(x)
+    forward, forward_ops = dict(mode.bytes), dict(mode.ops)
+    with sums_by_slot(), mode:
+        y.float().sum().backward()
+    return {"spec": spec, "bytes": dict(mode.bytes), "ops": dict(mode.ops), "forward_bytes": forward,
+            "forward_ops": forward_ops}
+
+
+def _counter(shapes: set):
+    """A TorchDispatchMode that books each aten op's bytes (every tensor it reads and writes) and
+    op count to gemm_attention (GEMMs, attention kernels), weight_casts (a tensor of a weight's
+    shape in `shapes`) or elementwise; views move nothing."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -89,16 +109,8 @@ def count_block(spec_name, seq: int, moe: bool = False, mbs: int = 1, dtype: str
             self.ops[kind] += 1
             return out
 
-    mode = Count()
-    if spec.mla is not None:
-        _opaque_core(blk.attn, mode)
-    with sums_by_slot(), mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-        y = blk(x)
-    forward, forward_ops = dict(mode.bytes), dict(mode.ops)
-    with sums_by_slot(), mode:
-        y.float().sum().backward()
-    return {"spec": spec, "bytes": dict(mode.bytes), "ops": dict(mode.ops), "forward_bytes": forward,
-            "forward_ops": forward_ops}
+
+    return Count()
 
 
 def _opaque_core(attn, mode) -> None:
@@ -210,6 +222,68 @@ def _fit(kind: str, X: list, Y: dict) -> dict:
     return out
 
 
+def count_native(d: int, heads: int, kv_heads: int, head_dim: int, t: int, ffn: int) -> dict:
+    """count_block's figures for torchtitan's eager dense block in bf16 (benchmarks/native_block.py)
+    on one sequence of t tokens: hidden size d, heads / kv_heads of head_dim, SwiGLU width ffn.
+    The backward is seeded with a bf16 gradient, as the next block hands it back."""
+    import torch
+
+    from native_block import TransformerBlock, freqs_cis
+
+    torch.manual_seed(0)
+    blk = TransformerBlock(d, heads, kv_heads, head_dim, ffn).to(torch.bfloat16)
+    shapes = {tuple(p.shape) for p in blk.parameters() if p.dim() >= 2}
+    x = torch.randn(1, t, d, dtype=torch.bfloat16, requires_grad=True)
+    cis, seed = freqs_cis(head_dim, t), torch.randn(1, t, d, dtype=torch.bfloat16)
+    mode = _counter(shapes)
+    with mode:
+        y = blk(x, cis)
+    forward, forward_ops = dict(mode.bytes), dict(mode.ops)
+    with mode:
+        torch.autograd.backward(y, seed)
+    return {"bytes": dict(mode.bytes), "ops": dict(mode.ops), "forward_bytes": forward, "forward_ops": forward_ops}
+
+
+# the shapes cost/eager.py's NATIVE was solved on: (d, heads, kv heads, head dim, tokens), SOLVE_ATTN's
+# and four whose heads' width is not d (Qwen3's, Gemma's), each with three SwiGLU widths
+SOLVE_NATIVE = [(d, h, kv, d // h, t) for d, h, kv, t in SOLVE_ATTN] + [
+    (64, 8, 2, 16, 136), (96, 4, 4, 40, 200), (128, 16, 4, 16, 104), (160, 2, 1, 48, 264)]
+
+
+def repeats(heads: int, kv_heads: int, phase: str) -> bool:
+    """Whether torchtitan's repeat_kv moves K and V in `phase` ("f" or "b"): its forward copies them
+    between one kv head (the expand then reshape stays a view) and as many as the query heads
+    (returned as they are); its backward sums the copies' gradients wherever kv_heads < heads."""
+    return kv_heads < heads and (phase == "b" or kv_heads > 1)
+
+
+def solve_native() -> dict:
+    """cost/eager.py's NATIVE: torchtitan's block counted at the SOLVE_NATIVE shapes, bytes per
+    element on (t·d, t·heads·head_dim, t·kv_heads·head_dim, t, t·head_dim (the rotary table),
+    t·heads·head_dim where K and V are repeated in that phase (repeats), t·ffn) by scipy's nnls,
+    forward and backward, with the largest relative miss; ("ops", "native", phase, repeats):
+    elementwise ops a pass."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    out, X, Y = {}, {"f": [], "b": []}, {"f": [], "b": []}
+    for d, h, kv, hd, t in SOLVE_NATIVE:
+        for w in (2 * d, 5 * d, 96):
+            r = count_native(d, h, kv, hd, t, w)
+            fwd, f_ops = r["forward_bytes"].get("elementwise", 0), r["forward_ops"].get("elementwise", 0)
+            back = r["bytes"]["elementwise"] - fwd
+            for ph, n, nb in (("f", f_ops, fwd), ("b", r["ops"]["elementwise"] - f_ops, back)):
+                rep = repeats(h, kv, ph)
+                out.setdefault(("ops", "native", ph, rep), set()).add(n)
+                X[ph].append([t * d, t * h * hd, t * kv * hd, t, t * hd, t * h * hd * rep, t * w])
+                Y[ph].append(nb)
+    for ph in ("f", "b"):
+        A, y = np.array(X[ph], float), np.array(Y[ph], float)
+        c, _ = nnls(A, y)
+        out[("native", ph)] = (np.round(c, 2).tolist(), float(np.max(np.abs(A @ c / y - 1))))
+    return out
+
+
 # MLA shapes (d, heads, qk_nope, qk_rope, v head dim, kv_lora_rank, q_lora_rank (0: none), tokens)
 SOLVE_MLA = [(64, 4, 32, 16, 32, 48, 0, 136), (128, 8, 16, 8, 16, 32, 48, 136), (96, 6, 24, 8, 24, 64, 0, 200),
              (160, 4, 48, 16, 32, 40, 80, 72), (64, 2, 40, 24, 40, 56, 0, 264), (192, 12, 16, 16, 24, 72, 96, 104),
@@ -247,7 +321,17 @@ def main() -> None:
     ap.add_argument("--moe", action="store_true", help="count the first MoE block instead of a dense one")
     ap.add_argument("--hardware", default="dgx-h200", help="spec whose HBM rate prices the MoE block's bytes")
     ap.add_argument("--solve", action="store_true", help="re-derive cost/eager.py's bytes per element")
+    ap.add_argument("--solve-native", action="store_true", help="re-derive cost/eager.py's NATIVE (torchtitan's "
+                    "eager bf16 block, benchmarks/native_block.py) and NATIVE_OPS")
     a = ap.parse_args()
+    if a.solve_native:
+        for key, val in solve_native().items():
+            if key[0] == "ops":
+                print(f"native ops a pass, {'forward' if key[2] == 'f' else 'backward'}, K and V "
+                      f"{'repeated' if key[3] else 'not repeated'}: {sorted(val)}")
+            else:
+                print(f"native {'forward' if key[1] == 'f' else 'backward'} {val[0]}  (largest miss {val[1]:.2%})")
+        return
     if a.solve:
         for dt in ("bf16", "fp32"):
             solved = solve(dt)

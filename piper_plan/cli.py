@@ -120,8 +120,9 @@ STACK_OPTIONS = [
                      "(Transformer Engine's cuDNN on Hopper and Blackwell); fa2, FlashAttention-2, which PyTorch's "
                      "scaled_dot_product_attention runs on Hopper in torch 2.5.1-2.10 (torchtitan, Hugging Face), "
                      "at the spec's efficiency.attention_fa2; eager, materialised scores (Megatron-LM of 2021-22)"),
-        click.option("--kernels", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True,
-                     help="fused norm/SwiGLU/routing kernels (Megatron, TE) or eager PyTorch modules (piper-train)"),
+        click.option("--kernels", type=click.Choice(["fused", "unfused", "eager"]), default="fused",
+                     show_default=True, help="fused norm/SwiGLU/routing kernels (Megatron, TE, torch.compile); "
+                     "unfused, piper-train's eager modules; eager, torchtitan's dense block without torch.compile"),
         click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
                      show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
                      "(Transformer Engine's default), or one per expert in turn (a Python loop)"),
@@ -426,9 +427,9 @@ def _layout_from(kw, model):
                   zero=kw["zero"], zero_replicas=kw["zero_replicas"], reshard_after_forward=kw["reshard_after_forward"],
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
-                  fused_kernels=kw["kernels"] == "fused", expert_gemm=kw["expert_gemm"],
-                  a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"], fp8_params=kw["fp8_params"],
-                  cuda_graphs=_graph_scopes(kw),
+                  fused_kernels=kw["kernels"] != "unfused", native_eager=kw["kernels"] == "eager",
+                  expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"],
+                  fp8_params=kw["fp8_params"], cuda_graphs=_graph_scopes(kw),
                   tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                   p2p_overlap=kw["p2p_overlap"],
                   expert_probs=kw["expert_probs"], pipeline_split=kw["pipeline_split"], grad_dtype=kw["grad_dtype"],
@@ -674,9 +675,9 @@ def _space(kw, model, gpus):
     selective = _module_sets(kw["selective"], "--selective", lambda t: _modules(t, "--selective"))
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
-                     ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] == "fused",
-                     etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq), cp_comms=_cp_comms(kw),
-                     expert_gemm=kw["expert_gemm"],
+                     ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] != "unfused",
+                     native_eager=kw["kernels"] == "eager", etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq),
+                     cp_comms=_cp_comms(kw), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
                      attention_kernel=kw["attention"], p2p_overlap=kw["p2p_overlap"],

@@ -116,6 +116,12 @@ class Layout(BaseModel):
         "Hugging Face's runs, at the spec's efficiency.attention_fa2; eager: materialised scores (Megatron 2021/22)")
     fused_kernels: bool = Field(True, description="fused norm / SwiGLU / routing kernels (Megatron, TE); false "
                                 "for eager PyTorch modules (piper-train), which save extra tensors")
+    native_eager: bool = Field(
+        False, description="a PyTorch-native stack's dense block run eagerly, without torch.compile (torchtitan's "
+        "2024 presets for 64 A100s: norm_type rmsnorm, compile false): its RMSNorm, RoPE, repeated KV heads, SwiGLU "
+        "and residual adds as separate ops on bf16 weights, priced by the bytes torchtitan's block moves "
+        "(cost/eager.py NATIVE) in place of the fused passes. A dense model with standard attention in bf16 or fp16 "
+        "only (the block counted), and not with fused_kernels false (piper-train's own eager modules)")
     expert_gemm: ExpertGemm = Field(
         "grouped", description="how the local experts' GEMMs launch: one grouped kernel (piper-train's batched "
         "matmul, CUTLASS grouped GEMM); multistream, one GEMM per expert on Transformer Engine's 4 compute streams "
@@ -262,12 +268,32 @@ def recompute_label(recompute: str, modules, layers: int = 0) -> str:
     return recompute + (f"({','.join(mods)})" if recompute == "selective" and mods != ("core_attn",) else "")
 
 
-def check_stack(expert_probs: str, fused_kernels: bool) -> None:
+def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = False, dtype: str = "bf16") -> None:
     """Raise LayoutError for a runtime pairing that does not exist: probabilities applied in the
-    experts' activation are a fused stack's (Megatron-Core); eager modules scale at the combine."""
+    experts' activation are a fused stack's (Megatron-Core); eager modules scale at the combine;
+    a PyTorch-native stack's eager block (native_eager) is another stack than piper-train's
+    (fused_kernels false), counted in bf16."""
     if expert_probs == "activation" and not fused_kernels:
         raise LayoutError("expert_probs activation needs fused kernels", "eager modules (fused_kernels false, "
                           "piper-train) scale the expert outputs at the combine; use expert_probs combine")
+    if native_eager and not fused_kernels:
+        raise LayoutError("native_eager with fused_kernels true", "native_eager is a PyTorch-native stack's eager "
+                          "block (torchtitan's); fused_kernels false is piper-train's own eager modules, priced as "
+                          "such: state one of them")
+    if native_eager and dtype == "fp32":
+        raise LayoutError("native_eager in bf16 or fp16", "the native eager block's bytes were counted on bf16 "
+                          "weights (FSDP2's param_dtype), where its norm and RoPE cast to fp32 and back")
+
+
+def native_eager_refusal(model) -> tuple[str, str] | None:
+    """(rule, detail) where `model` has a block the native eager count does not hold (None where it
+    has none): MoE layers or multi-latent attention (benchmarks/native_block.py is torchtitan's
+    dense Llama block)."""
+    if model.moe is None and model.mla is None:
+        return None
+    what = "MoE layers" if model.moe is not None else "multi-latent attention"
+    return ("native_eager needs a dense model with standard attention", f"{model.name} has {what}; the native eager "
+            "block counted (torchtitan's dense Llama block, benchmarks/native_block.py) holds neither")
 
 
 def check_fp8_params(fp8_params: bool, fp8: str) -> None:
@@ -430,7 +456,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.recompute_layers > most:
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
-    check_stack(lay.expert_probs, lay.fused_kernels)
+    check_stack(lay.expert_probs, lay.fused_kernels, lay.native_eager, lay.dtype)
     check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
     check_fp8_params(lay.fp8_params, lay.fp8)
 
@@ -458,8 +484,10 @@ def tp_splits_heads(num_heads: int, kv_heads: int, tp: int) -> bool:
 
 def check_for(lay: Layout, model, hw) -> None:
     """check_layout with `model`'s layers and experts, plus the rules that read the model's
-    heads and the device `hw`: tp splits the heads (tp_splits_heads), and an overlapped
-    all-to-all holds fewer compute units than the device has (Layout.a2a_sms)."""
+    heads, blocks and the device `hw`: tp splits the heads (tp_splits_heads), the way context
+    parallelism moves keys suits its attention (cp_comm_refusal), a native eager block is one
+    counted (native_eager_refusal), and an overlapped all-to-all holds fewer compute units than
+    the device has (Layout.a2a_sms)."""
     moe = model.moe
     check_layout(lay, model.num_layers, moe.num_experts if moe else 0, expert_ffn=moe.expert_ffn_size if moe else 0)
     kv = model.kv_heads
@@ -470,6 +498,9 @@ def check_for(lay: Layout, model, hw) -> None:
         raise LayoutError("sequence parallelism needs (seq/cp) % tp == 0",
                           f"seq {lay.seq} over cp={lay.cp} does not split into tp={lay.tp} equal parts")
     why = cp_comm_refusal(model, lay.tp, lay.cp, lay.cp_comm, lay.attention_fp8, lay.cp_a2a)
+    if why:
+        raise LayoutError(*why)
+    why = native_eager_refusal(model) if lay.native_eager else None
     if why:
         raise LayoutError(*why)
     check_a2a_sms(lay.a2a_sms, hw)

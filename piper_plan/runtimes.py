@@ -70,6 +70,8 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("offload_layers", (0,), "--offload-layers", "piper-train keeps saved activations on the device"),
     Support("offload_modules", ((),), "--offload-modules", "piper-train keeps saved activations on the device"),
     Support("recompute_layers", (0,), "--recompute-layers", "piper-train's full recompute re-runs every layer"),
+    Support("native_eager", (False,), "--kernels eager", "piper-train runs its own eager modules (autocast over "
+            "fp32 weights: --kernels unfused), not a PyTorch-native stack's bf16 block"),
 )
 
 

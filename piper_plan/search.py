@@ -17,8 +17,9 @@ from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, c
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
+from .errors import LayoutError
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
-                     layer_slots, offload_limit, recompute_layers_limit, split_refused)
+                     layer_slots, native_eager_refusal, offload_limit, recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -81,6 +82,7 @@ class SearchSpace:
     paper_mesh: bool = False  # Piper's PP × EP mesh: tp = 1 and ep = dp (expert-data parallel)
     attention_kernel: str = "flash"
     fused_kernels: bool = True
+    native_eager: bool = False     # Layout.native_eager: a PyTorch-native stack's eager block (torchtitan's)
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     a2a_sms: int | None = None    # Layout.a2a_sms (None: the hardware spec's overlap_comm_units)
@@ -105,7 +107,8 @@ class SearchSpace:
     runtime: str = "any"  # "piper-train": only what it runs (for_runtime); adds its ZeRO-2 schedule rule
 
     def __post_init__(self):
-        check_stack(self.expert_probs, self.fused_kernels)  # the rules check_layout applies to one layout
+        # the rules check_layout applies to one layout
+        check_stack(self.expert_probs, self.fused_kernels, self.native_eager, self.dtype)
         check_fp8_params(self.fp8_params, self.fp8)
         for mods in self.offload_modules:
             check_offload_modules(mods, self.cuda_graphs, self.fused_kernels)
@@ -158,7 +161,8 @@ def for_runtime(sp: SearchSpace, runtime: str, model: Optional[ModelSpec] = None
         asked = getattr(sp, attr) if plural else (getattr(sp, attr),)
         bad = [v for v in asked if not runs(s, v)]
         if bad and not (attr == "zeros" and asked == ALL_ZEROS):
-            raise PiperError(f"--runtime piper-train: it cannot run {s.option} {shown(bad[0])} ({s.does})")
+            asked_for = s.option if bad[0] is True else f"{s.option} {shown(bad[0])}"  # a switch: its flag alone
+            raise PiperError(f"--runtime piper-train: it cannot run {asked_for} ({s.does})")
         if plural:
             cut[attr] = tuple(v for v in asked if runs(s, v))
     return replace(sp, fused_kernels=False, overlap_grad_reduce=False, runtime=runtime, **cut)
@@ -472,7 +476,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     cols = dict(gpus=N, tp=tp, cp=cp, cpc=cpc, cpa=cpa, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs,
                 seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", fa2=sp.attention_kernel == "fa2", unfused=not sp.fused_kernels,
-                dropout=False,
+                native=sp.native_eager, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8, p2p_sg=False, tp_async=True,
                 p2p_ovl=sp.p2p_overlap,
@@ -587,6 +591,9 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
 
     t0 = time.process_time()
     check_a2a_sms(sp.a2a_sms, hw)  # one value for the whole space: refused before anything is priced
+    why = native_eager_refusal(m) if sp.native_eager else None  # likewise
+    if why:
+        raise LayoutError(*why)
     check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))  # likewise
     counts = np.zeros(3, int)  # layouts over device memory, over the host's, priced non-finite
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced

@@ -173,6 +173,8 @@ def _settings(row, hw: HardwareSpec) -> dict:
     attention_kernel (fa2 where the stack runs FlashAttention-2 where `hw`'s plateau is another
     kernel's; blank: the spec's fused kernel, eager for the 2021-22 rows, or what a PyTorch-native
     stack's torch runs: _sdpa_kernel; FP8 attention beside another kernel is refused),
+    kernels (eager where a PyTorch-native stack ran its dense block without torch.compile:
+    Layout.native_eager; blank or fused: fused kernels, torch.compile's included),
     fp8_params (yes where it keeps the weights in FP8, fp8_param_gather / --fp8-param-gather:
     Layout.fp8_params; blank: bf16 weights, TE's default),
     tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
@@ -187,6 +189,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
     after the backward)."""
     if row["group"].startswith(MEGATRON_2021):  # Megatron-LM 2021-22: eager, local or torch DDP
         return dict(attention_kernel=row.get("attention_kernel") or "eager", dropout=True, zero=0,
+                    native_eager=row.get("kernels") == "eager",
                     grad_dtype=_grad_dtype(row),
                     overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
     graphs = row.get("cuda_graphs", "")
@@ -197,7 +200,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
     why = attention_conflict(kernel, row.get("attention_fp8") == "yes")
     if why:
         raise LayoutError("attention_fp8 needs attention flash", why)
-    return dict(attention_kernel=kernel, dropout=False, zero=_zero(row),
+    return dict(attention_kernel=kernel, dropout=False, zero=_zero(row), native_eager=row.get("kernels") == "eager",
                 reshard_after_forward=row.get("reshard_after_forward") != "no",
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",

@@ -68,7 +68,7 @@ UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gem
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
          "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True,
          "offload_modules": ("expert_fc1",), "fp8_params": True, "p2p_overlap": False, "grad_dtype": "bf16",
-         "attention_kernel": "fa2"}
+         "attention_kernel": "fa2", "native_eager": True}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -90,14 +90,15 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"},
                  "fp8_params": {"fp8": "mxfp8"},
                  "p2p_overlap": {"schedule": "interleaved", "vpp": 2, "pp": 2}}.get(s.field, {})
-        ep = 1 if s.field in ("etp", "p2p_overlap") else 2  # two ranks: one expert group of etp 2
+        ep = 1 if s.field in ("etp", "p2p_overlap", "native_eager") else 2  # two ranks: one expert group of etp 2
         dp = 1 if s.field in ("cp", "p2p_overlap") else 2  # two ranks: one sequence over both; two stages
         # offloading is priced only on a spec with a host section: this test's own, not a machine's figures
         spec = hw.model_copy(update={"host": Host(link_gbps=10, memory_bandwidth_gbps=10, memory_gib=16)})
         if s.field == "attention_kernel":  # FlashAttention-2 is priced only where a spec states its plateau
             fa2 = AttentionPlateau(forward=hw.efficiency.attention)
             spec = spec.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"attention_fa2": fa2})})
-        plan = make_plan(m, spec, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
+        model = load_model("tiny-dense") if s.field == "native_eager" else m  # an eager block counted dense only
+        plan = make_plan(model, spec, Layout(gpus=2, dp=dp, ep=ep, global_batch=4, seq=32, **extra, **{s.field: bad}))
         with pytest.raises(PiperError, match=f"plan: layout.{s.field} = "):
             check_supported(plan, 2)
         attr = several.get(s.field, s.field)

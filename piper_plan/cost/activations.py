@@ -29,7 +29,10 @@ projection copies; an unfused SwiGLU keeps silu(gate) besides gate and up; the d
 top-k ids, the rows' (token, choice) positions (int64) and the combine weights. Counted with
 saved-tensor hooks in benchmarks/memory_check.py: equal, tensor for tensor, in fp32 and bf16
 (tests/test_memory_check.py). The bf16 weight copies autocast saves are priced with the state
-(rank_memory.cast_copies).
+(rank_memory.cast_copies). A PyTorch-native eager block (Layout.native_eager: torchtitan's, on bf16
+weights) keeps each norm's input in fp32, its 1/rms and the normalised x in bf16, silu(gate), and K
+and V repeated to the query heads: equal, byte for byte, to saved-tensor hooks on
+benchmarks/native_block.py (tests/test_native_eager.py).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import numpy as np
 
 from ..specs.model import ModelSpec
 from .batch import CP_COMMS, FP8S, OFFLOAD_MODULES, LayoutBatch, offloads, recomputes
+from .eager import native_repeats
 
 # scale bytes per element of a saved quantised copy, indexed by LayoutBatch.fp8 (batch.FP8S):
 # per-tensor current scaling ~0; MXFP8 one E8M0 byte per 32; blockwise one fp32 per 1x128 tile
@@ -95,11 +99,17 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     if m.mla is not None:  # compressed kv latent and q latent are saved too
         a = m.mla
         out["qkv_in"] = out["qkv_in"] + eb * t * (a.kv_lora_rank + (a.q_lora_rank or 0))
-    u = lay.unfused
+    u, n = lay.unfused, lay.native
     # piper-train's residual stream and norms run in fp32 whatever the compute dtype: the norm's
-    # input and its normalised x are fp32 (the output is cast once, compute_input, for q, k, v)
-    out["attn_norm_in"] = np.where(u, 4.0, eb) * t * d / sp_div
+    # input and its normalised x are fp32 (the output is cast once, compute_input, for q, k, v).
+    # A native eager block's norm keeps its input cast to fp32, 1/rms and the normalised x cast back
+    # (for the weight's gradient), and SDPA its K and V repeated to the query heads (repeat_kv)
+    out["attn_norm_in"] = np.where(u | n, 4.0, eb) * t * d / sp_div
     out["attn_norm_unfused"] = np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0)
+    out["attn_norm_native"] = np.where(n, (4.0 * t + eb * t * d) / sp_div, 0.0)
+    # K and V copied to the query heads (repeat_kv: not with one kv head a rank, whose copies are views)
+    copied = native_repeats(heads, np.maximum(m.kv_heads / tp, 1.0), "f") & n & (m.mla is None)
+    out["kv_repeat_native"] = np.where(copied, eb * t * (3.0 * heads * m.hd - m.qkv_dim_per_rank(tp)), 0.0)
     out["attn_out_copy"] = np.where(u, eb * t * heads * dv, 0.0)
     # its rotary tables cast to bf16 in each of the two rotations (q, k): [s, rope / 2] cos and sin
     rope = m.mla.qk_rope_head_dim if m.mla else m.hd - m.hd % 2
@@ -114,18 +124,21 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     qb = gemm_input_bytes(lay)
     d, f = m.hidden_size, m.ffn_size
     hid = (2.0 if m.ffn_gated else 1.0) * f
-    u = lay.unfused
+    u, n = lay.unfused, lay.native
     mlp, ln = recomputes(lay, "mlp"), recomputes(lay, "layernorm")
     return {
         # X-MoE's attention-block checkpoint runs this norm: its input is not kept (one d-wide
         # tensor stays where this block recomputes from its input)
-        "ffn_norm_in": np.where(recomputes(lay, "attn_block") & ~mlp, 0.0, np.where(u, 4.0, eb) * t * d / sp_div),
+        "ffn_norm_in": np.where(recomputes(lay, "attn_block") & ~mlp, 0.0,
+                                np.where(u | n, 4.0, eb) * t * d / sp_div),
         "ffn_in": np.where(ln | mlp, 0.0, qb * t * d / sp_div),
         "ffn_hidden": np.where(mlp, 0.0, eb * t * hid / tp),
         "ffn_act": np.where(mlp | recomputes(lay, "act_fc2"), 0.0, qb * t * f / tp),
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
         "ffn_norm_unfused": np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0),  # fp32 (attention_terms)
-        "ffn_silu_out": np.where(u & m.ffn_gated, eb * t * f / tp, 0.0),
+        "ffn_norm_native": np.where(n, (4.0 * t + eb * t * d) / sp_div, 0.0),  # attention_terms' attn_norm_native
+        # an eager SwiGLU keeps silu(gate) for the product's gradient; mlp recompute keeps none of it
+        "ffn_silu_out": np.where((u | n) & m.ffn_gated & ~mlp, eb * t * f / tp, 0.0),
     }
 
 

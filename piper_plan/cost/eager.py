@@ -1,5 +1,6 @@
-"""What piper-train's eager modules move through memory outside their GEMMs and attention, on a
-GPU: bytes and kernels per block pass, priced at the device's stream rate.
+"""What eager modules move through memory outside their GEMMs and attention, on a GPU: bytes and
+kernels per block pass, priced at the device's stream rate. piper-train's (below), and a
+PyTorch-native stack's dense block run without torch.compile (NATIVE: torchtitan's).
 
 A fused stack's norm, activation, RoPE, permutation and combine are a few kernels each
 (compute.attention_phase / ffn_phase / moe_phase price those passes). piper-train
@@ -60,10 +61,33 @@ OPS = {"bf16": {"token": (37, 64), "moe": (27, 10), "mla": (47, 83), "mla_q": (5
        "fp32": {"token": (31, 60), "moe": (27, 11), "mla": (39, 77), "mla_q": (45, 91)}}
 
 
+# A PyTorch-native stack's dense block run eagerly in bf16 (Layout.native_eager): torchtitan's Llama
+# block as its 2024 presets ran it (benchmarks/native_block.py: FSDP2's bf16 weights, no autocast, the
+# RMSNorm and RoPE in fp32 inside, K and V repeated to the query heads), counted as piper-train's is.
+# Bytes per element on t·d (both norms and residuals), t·heads·head_dim (the query's RoPE), t·kv_heads·
+# head_dim (the key's), t, t·head_dim (the complex rotary table, read per rotation) and t·heads·head_dim
+# again where repeat_kv moves K and V in that pass (native_repeats); its SwiGLU's are FFN's bf16 row (the
+# same three ops). Solved on 12 shapes x 3 FFN widths, four with heads·head_dim != d and one with a
+# single kv head (benchmarks/eager_bytes.py --solve-native), within 0.02 % of every count.
+NATIVE = {"f": (84.02, 20.03, 19.98, 48.78, 7.91, 7.98), "b": (222.06, 16.07, 23.94, 71.85, 23.89, 7.96)}
+# its elementwise ops a pass, forward and backward, without and with repeat_kv's work in that pass
+NATIVE_OPS = {"f": (26, 28), "b": (48, 50)}
+
+
+def native_repeats(heads, kv_heads, phase: str):
+    """Whether repeat_kv moves K and V in `phase` ("f" or "b"), per tp rank's heads: its forward
+    copies them between one kv head (the expand then reshape stays a view) and as many as the
+    query heads (returned as they are); its backward sums the copies' gradients wherever
+    kv_heads < heads."""
+    heads, kv_heads = np.asarray(heads, float), np.asarray(kv_heads, float)
+    return (kv_heads < heads) & ((phase == "b") | (kv_heads > 1))
+
+
 def applies(hw: HardwareSpec, lay: LayoutBatch) -> np.ndarray:
     """Layouts whose eager traffic is priced here: unfused modules on a spec with no calibrated
-    per-block overhead (which holds that cost where it was measured)."""
-    return lay.unfused.astype(bool) & (not hw.efficiency.layer_overhead_us)
+    per-block overhead (which holds that cost where it was measured), and native eager blocks
+    (nothing calibrates them)."""
+    return (lay.unfused.astype(bool) & (not hw.efficiency.layer_overhead_us)) | lay.native.astype(bool)
 
 
 def _traffic(hw: HardwareSpec, lay: LayoutBatch, table: dict, terms: list, ops: str | None):
@@ -84,11 +108,31 @@ def token_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch):
     on every token, since each tp rank projects them whole (runtime/layers.MLAttention)."""
     t = lay.tokens / lay.tp
     if m.mla is None:
-        return _traffic(hw, lay, TOKEN, [t * m.hidden_size, t * m.kv_heads * m.hd, t], "token")
+        f, b = _traffic(hw, lay, TOKEN, [t * m.hidden_size, t * m.kv_heads * m.hd, t], "token")
+        if not lay.native.any():
+            return f, b
+        nf, nb = _native_token(m, hw, lay, t)
+        return np.where(lay.native, nf, f), np.where(lay.native, nb, b)
     a, (qk, v) = m.mla, m.qk_v_dims
     terms = [t * m.hidden_size, t * m.num_heads * qk, t * m.num_heads * v,
              lay.tokens * (a.kv_lora_rank + a.qk_rope_head_dim), lay.tokens * (a.q_lora_rank or 0), t]
     return _traffic(hw, lay, MLA_TOKEN, terms, "mla_q" if a.q_lora_rank else "mla")
+
+
+def _native_token(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, t):
+    """(forward, backward) seconds of the native eager block's token-level traffic on t tokens a
+    tp rank (layout.native_eager_refusal keeps MLA and MoE models away): torchtitan shards the
+    heads over tp, each rank its kv_heads / tp (at least one)."""
+    tp = lay.tp.astype(float)
+    heads, kv = m.num_heads / tp, np.maximum(m.kv_heads / tp, 1.0)
+    out = []
+    for j, ph in enumerate("fb"):
+        rep = native_repeats(heads, kv, ph)
+        terms = [t * m.hidden_size, t * m.num_heads * m.hd, lay.tokens * kv * m.hd, t, lay.tokens * m.hd,
+                 np.where(rep, t * m.num_heads * m.hd, 0.0)]
+        nbytes = sum(c * n for c, n in zip(NATIVE[ph], terms))
+        out.append(stream_time(hw, nbytes, np.where(rep, NATIVE_OPS[ph][1], NATIVE_OPS[ph][0])))
+    return tuple(out)
 
 
 def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, width):

@@ -1,0 +1,95 @@
+"""torchtitan's dense Llama block as its 64-A100 presets ran it in 2024, for counting the bytes
+its eager modules move (benchmarks/eager_bytes.py --native; cost/eager.py NATIVE).
+
+Transcribed from pytorch/torchtitan torchtitan/models/llama/model.py (apply_rotary_emb,
+repeat_kv, Attention, FeedForward, TransformerBlock's forward; read at 0199cbc) and
+torchtitan/models/norms.py's RMSNorm (read at 026e23a), the norm_type "rmsnorm" that the
+presets name (train_configs/llama2_13b.toml and llama3_8b.toml: "NOTE: this toml config is a
+preset for 64 A100 GPUs", norm_type = "rmsnorm", compile = false). FSDP2's mixed precision
+(param_dtype bf16) hands the block bf16 weights, so the whole block runs in bf16 without
+autocast; the norm and RoPE compute in fp32 inside, as the code says. Only the dense block is
+here: the 2024 presets train dense Llama 2 and Llama 3."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        return self._norm(x.float()).type_as(x) * self.weight
+
+
+def freqs_cis(head_dim: int, seq: int, theta: float = 10000.0) -> torch.Tensor:
+    """precompute_freqs_cis: complex64 (seq, head_dim / 2)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    return torch.polar(torch.ones(seq, head_dim // 2), torch.outer(torch.arange(seq).float(), freqs))
+
+
+def apply_rotary_emb(xq, xk, cis):
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    cis = cis[: xq_.shape[1]].view(1, xq_.shape[1], 1, xq_.shape[-1])
+    return torch.view_as_real(xq_ * cis).flatten(3).type_as(xq), torch.view_as_real(xk_ * cis).flatten(3).type_as(xk)
+
+
+def repeat_kv(x, n_rep: int):
+    bs, slen, n_kv, hd = x.shape
+    if n_rep == 1:
+        return x
+    return torch.unsqueeze(x, dim=3).expand(bs, slen, n_kv, n_rep, hd).reshape(bs, slen, n_kv * n_rep, hd)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int):
+        super().__init__()
+        self.n_rep, self.head_dim = heads // kv_heads, head_dim
+        self.wq = nn.Linear(dim, heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(heads * head_dim, dim, bias=False)
+
+    def forward(self, x, cis):
+        bs, seqlen, _ = x.shape
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        xq, xk = apply_rotary_emb(xq, xk, cis)
+        keys, values = repeat_kv(xk, self.n_rep), repeat_kv(xv, self.n_rep)
+        out = F.scaled_dot_product_attention(xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             is_causal=True)
+        return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    """`dim` hidden size, `heads` / `kv_heads` attention heads of `head_dim`, `ffn` the SwiGLU's width."""
+
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, ffn: int):
+        super().__init__()
+        self.attention = Attention(dim, heads, kv_heads, head_dim)
+        self.feed_forward = FeedForward(dim, ffn)
+        self.attention_norm, self.ffn_norm = RMSNorm(dim), RMSNorm(dim)
+
+    def forward(self, x, cis):
+        h = x + self.attention(self.attention_norm(x), cis)
+        return h + self.feed_forward(self.ffn_norm(h))
