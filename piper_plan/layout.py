@@ -103,6 +103,14 @@ class Layout(BaseModel):
         "of the parameters gathered when its backward starts (FSDP's SHARD_GRAD_OP; torchtitan's "
         "fsdp_reshard_after_forward='never'). Never chosen by the search: ZeRO-2 holds no more and gathers once a "
         "step")
+    fsdp2: bool = Field(
+        False, description="with zero 3, ZeRO-3 as torch FSDP2 (fully_shard, torchtitan's FSDP) runs it: each "
+        "unit's gathered parameters copied out of the all-gather's flat buffer into the unsharded ones "
+        "(split_with_sizes_copy) every gather, and its gradients copied into the reduce-scatter's buffer in the "
+        "reduce dtype (_chunk_cat) every reduction, both on the compute stream (_fsdp_param_group.wait_for_unshard, "
+        "foreach_reduce); and the sharded fp32 parameters are the optimizer's, with no sharded bf16 copy (mixed "
+        "precision casts them as they are gathered). False: Megatron-FSDP, which gathers into and reduces from "
+        "the buffers its parameters and gradients live in and keeps a sharded bf16 copy beside the fp32 master")
     a2a: A2A = Field("flat", description="flat all-to-all; halo (piper-train's hierarchical exchange); dedup "
                      "(DeepEP / HybridEP: each token crosses to a remote node once, then is forwarded to that "
                      "node's experts over the scale-up links)")
@@ -445,6 +453,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           "stage turns resharding and gradient sync off until the last backward): that is zero 1's "
                           "traffic and memory, so state zero 1")
     check_replicas(lay)
+    if lay.fsdp2 and lay.zero != 3:
+        raise LayoutError("fsdp2 with zero 3", f"zero {lay.zero} gathers no sharded parameters a micro-batch; "
+                          "fsdp2 prices torch FSDP2's ZeRO-3 (its copies around the gathers and reductions)")
     if not lay.reshard_after_forward and lay.zero != 3:
         raise LayoutError("reshard_after_forward false with zero 3",
                           f"zero {lay.zero} keeps no sharded parameters to gather; reshard_after_forward is ZeRO-3's")

@@ -83,6 +83,7 @@ class SearchSpace:
     attention_kernel: str = "flash"
     fused_kernels: bool = True
     native_eager: bool = False     # Layout.native_eager: a PyTorch-native stack's eager block (torchtitan's)
+    fsdp2: bool = False            # Layout.fsdp2: ZeRO-3 layouts run as torch FSDP2 (copies, state)
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     a2a_sms: int | None = None    # Layout.a2a_sms (None: the hardware spec's overlap_comm_units)
@@ -482,6 +483,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
                 p2p_ovl=sp.p2p_overlap,
                 fp8=FP8S.index(sp.fp8), fp8_par=sp.fp8_params, probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
+                fsdp2=sp.fsdp2,
                 split=SPLITS.index(sp.pipeline_split),
                 dtype=DTYPES.index(sp.dtype), grad_bytes=4 if sp.grad_dtype == "fp32" else 2,
                 # the state bound below holds for every offload choice at the largest share offloaded
@@ -572,7 +574,9 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
     by all) and the stage-2 choices."""
     n = len(j)
     col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
-    return LayoutBatch(**{k: col(k) for k in cols}, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute,
+    given = {k: col(k) for k in cols}
+    given["fsdp2"] = given["fsdp2"] & (np.asarray(zero) == 3)  # FSDP2's copies surround ZeRO-3's collectives only
+    return LayoutBatch(**given, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute,
                        a2a=a2a, placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 
 

@@ -175,6 +175,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
     stack's torch runs: _sdpa_kernel; FP8 attention beside another kernel is refused),
     kernels (eager where a PyTorch-native stack ran its dense block without torch.compile:
     Layout.native_eager; blank or fused: fused kernels, torch.compile's included),
+    fsdp2 (yes where ZeRO-3 ran as torch FSDP2: Layout.fsdp2; blank: _fsdp2),
     fp8_params (yes where it keeps the weights in FP8, fp8_param_gather / --fp8-param-gather:
     Layout.fp8_params; blank: bf16 weights, TE's default),
     tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
@@ -201,7 +202,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
     if why:
         raise LayoutError("attention_fp8 needs attention flash", why)
     return dict(attention_kernel=kernel, dropout=False, zero=_zero(row), native_eager=row.get("kernels") == "eager",
-                reshard_after_forward=row.get("reshard_after_forward") != "no",
+                reshard_after_forward=row.get("reshard_after_forward") != "no", fsdp2=_fsdp2(row),
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",
                 fp8_params=row.get("fp8_params") == "yes" and row.get("precision") in _FP8,
@@ -311,6 +312,20 @@ def _torch_version(notes: str) -> tuple[int, int, int] | None:
     return None
 
 
+def _pytorch_native(row) -> bool:
+    """Whether the row's stack is PyTorch-native: its group torchtitan or torchao, or, for a row of
+    no Megatron stack, its source."""
+    return bool(_SDPA_STACK.search(row["group"].lower()) or (
+        stack(row) not in MEGATRON_STACKS and _SDPA_STACK.search(row.get("source", "").lower())))
+
+
+def _fsdp2(row) -> bool:
+    """The csv's fsdp2 (yes / no); blank: yes where a PyTorch-native stack runs ZeRO-3 (its
+    FSDP is torch's fully_shard), no elsewhere (Megatron-FSDP gathers in place)."""
+    said = row.get("fsdp2", "")
+    return said == "yes" if said else _pytorch_native(row) and _zero(row) == 3
+
+
 def _sdpa_kernel(row, hw: HardwareSpec) -> str | None:
     """The attention kernel of a row whose attention_kernel column is blank and whose stack is
     PyTorch-native (its group torchtitan or torchao, or, for a row of no Megatron stack, its
@@ -321,11 +336,7 @@ def _sdpa_kernel(row, hw: HardwareSpec) -> str | None:
     cuDNN's on sm90/sm100 (2.11 on, whose cuDNN is past 9.15); None for 2.5.0 (cuDNN's first on
     H100) and 2.11 on, for FP8 attention (Transformer Engine's), for Megatron's stacks and on other
     specs: the spec's fused kernel stands."""
-    if hw.efficiency.attention_fa2 is None or row.get("attention_fp8") == "yes":
-        return None
-    native = _SDPA_STACK.search(row["group"].lower()) or (
-        stack(row) not in MEGATRON_STACKS and _SDPA_STACK.search(row.get("source", "").lower()))
-    if not native:
+    if hw.efficiency.attention_fa2 is None or row.get("attention_fp8") == "yes" or not _pytorch_native(row):
         return None
     version = _torch_version(row.get("notes", ""))
     return None if version is not None and (version >= (2, 11) or version[:2] == (2, 5) and version < (2, 5, 1)) \

@@ -50,7 +50,8 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "tp_comm_overlap", "attention_fp8", "expert_gemm", "zero_stage", "grad_reduce", "overlap_grad_reduce",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
-           "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm", "cp_a2a", "kernels")
+           "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm", "cp_a2a", "kernels",
+           "fsdp2")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -331,7 +332,7 @@ RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": g
                 "offload_modules": get_args(OffloadModule)}
 # columns a row answers with yes or no (blank: the reading its source's stack implies)
 YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduce", "reshard_after_forward", "fit",
-          "fp8_params")
+          "fp8_params", "fsdp2")
 _YES_NO_WORDS = {"yes": "yes", "true": "yes", "on": "yes", "1": "yes", "no": "no", "false": "no", "off": "no", "0": "no"}
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _DECIMAL_COMMA = re.compile(r"\d+,\d+")

@@ -174,3 +174,14 @@ def test_torchtitans_2024_rows_state_eager_kernels_and_are_priced_with_them(tmp_
     out = CliRunner().invoke(main, ["validate", "--table", str(bad)])
     assert out.exit_code != 0 and "kernels" in out.output and "tt22" in out.output
     assert len(out.output.strip().splitlines()) == 1
+
+
+def test_the_host_issues_every_op_of_the_eager_block():
+    from piper_plan.cost.host import layer_ops
+
+    m = load_model("llama3-8b")  # 32 heads, 8 kv heads: repeat_kv copies at tp 1, not at tp 8 (one a rank)
+    lay = from_layouts([Layout(gpus=8, tp=tp, dp=8 // tp, global_batch=8, seq=4096, native_eager=n)
+                        for tp, n in ((1, False), (1, True), (8, True))])
+    dense, _ = layer_ops(m, lay)
+    # fused: norm+QKV, RoPE x2, attention, projection, residual, two GEMMs; MLP 4 (cost/host.py)
+    assert dense.tolist() == [11.0, 8 + eager.NATIVE_OPS["f"][1], 8 + eager.NATIVE_OPS["f"][0] + 2]

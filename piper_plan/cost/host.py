@@ -31,7 +31,9 @@ The backward issues twice the forward's operations (a GEMM's dgrad and wgrad; ab
 kernels per elementwise backward); full recompute issues the forward again.
 These are the fused stack's counts: piper-train's eager modules (Layout.fused_kernels false)
 issue more, which only its calibrated CPU specs price (efficiency.layer_overhead_us; their
-host_op_us is 0, the host being the device).
+host_op_us is 0, the host being the device). A native eager block (Layout.native_eager:
+torchtitan's, uncompiled) issues its seven projections, SDPA and the 26 or 28 elementwise ops
+benchmarks/eager_bytes.py counts (cost/eager.NATIVE_OPS) a forward.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import CP_COMMS, FP8_COMPUTE, FP8S, LayoutBatch, graphed, per_expert_launch
 from .compute import FP8_QUANT, Phase, unfused_rope
+from .eager import NATIVE_OPS, native_repeats
 
 ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
 # quantisation kernels per quantised GEMM input, indexed by LayoutBatch.fp8 (0 without an FP8 recipe)
@@ -66,6 +69,10 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)
     mlp = np.where(graphed(lay, "mlp"), 1.0, 4.0 + 2.0 * q + tp_comm) if m.ffn_size else 0.0
     dense = attn + mlp
+    if lay.native.any():  # a native eager block: its seven projections, SDPA and every elementwise op
+        kv = np.maximum(m.kv_heads / lay.tp, 1.0)
+        elementwise = np.where(native_repeats(m.num_heads / lay.tp, kv, "f"), *NATIVE_OPS["f"][::-1])
+        dense = np.where(lay.native, 8.0 + elementwise + tp_comm, dense)
     moe = np.zeros(len(lay))
     if m.moe is not None:
         before, after = _moe_block_ops(m, lay)

@@ -34,7 +34,9 @@ def state_coeffs(group, lay: LayoutBatch, host: bool = False) -> dict[str, np.nd
     master = {"master": np.where(fp32, 0.0, 4.0) / over * share, "optimizer": 8.0 / over * share}
     if host:
         return master
-    return {"weights": eb / np.where(z >= 3, g, 1.0),
+    # torch FSDP2 (Layout.fsdp2) keeps no sharded bf16 copy: its fp32 shard is the optimizer's parameter
+    weights = np.where((z >= 3) & lay.fsdp2 & ~fp32, 0.0, eb / np.where(z >= 3, g, 1.0))
+    return {"weights": weights,
             "grads": np.where(fp32, 4.0, lay.grad_bytes) / np.where(z >= 2, g, 1.0), **master}
 
 
@@ -54,14 +56,16 @@ def fp8_weight_extra(lay: LayoutBatch, group, any_layout: bool) -> np.ndarray:
     with no bf16 copy (fp8_model_init); without, bf16 weights and TE's FP8 copy of each, which
     Megatron's modules cache from the first micro-batch of a step to the last (is_first_microbatch:
     TE's weight workspace). ZeRO-3 shards the weight over `group` (LayoutBatch.zero_shard); the cache
-    of a sharded bf16 weight is not priced. 0 without an FP8 recipe."""
+    of a sharded bf16 weight is not priced; torch FSDP2 keeps no low-precision shard (Layout.fsdp2).
+    0 without an FP8 recipe."""
     q = fp8_weight_bytes(lay, any_layout)
     eb = lay.act_bytes
     z3 = lay.zero >= 3
     g = np.where(z3, lay.zero_shard(group), 1.0)
     primary = np.where(lay.fp8_par, q, eb) / g
     cache = np.where(lay.fp8_par | z3, 0.0, q)
-    return primary + cache - eb / g
+    # torch FSDP2 (Layout.fsdp2) shards fp32 parameters alone and casts them as it gathers (to FP8 too)
+    return np.where(z3 & lay.fsdp2, 0.0, primary + cache - eb / g)
 
 
 def table_params(m: ModelSpec, lay: LayoutBatch, has_emb, has_head):

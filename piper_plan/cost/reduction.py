@@ -120,6 +120,10 @@ class Collectives:
     rep_unit_extra: np.ndarray | float = 0.0
     # the gathers' own (NCCL may run a small one as PAT: _unit_gather_extra); None: unit_extra
     ag_unit_extra: np.ndarray | float | None = None
+    # FSDP2's copies on the compute stream (Layout.fsdp2; 0 without), seconds: a gather's
+    # copy-out of the flat buffer and a reduction's copy-in to the reduce-scatter's (fsdp2_copies)
+    copy_out: np.ndarray | float = 0.0
+    copy_in: np.ndarray | float = 0.0
 
     @property
     def gather_extra(self):
@@ -155,8 +159,23 @@ def collectives(hw: HardwareSpec, lay: LayoutBatch, grp: dict, rep, exp, eb, tie
     # the first stage's rank and the last's hold the two copies, (pp - 1) stages apart
     t_tied = (comm.ring_allreduce(hw, np.asarray(tied) * gb, 2, None, span=comm.ends_span(hw, lay.gpus))
               if np.any(tied) else 0.0)
+    copy_out, copy_in = fsdp2_copies(hw, lay, rep_w + exp * wb, rep + exp, eb, gb, n_units)
     return Collectives(_both(comm.allreduce, hw, rep * gb, exp * gb, groups), rs_half, ag, tied=t_tied,
-                       units=n_units, moe_units=n_moe, unit_extra=rs_extra, ag_unit_extra=ag_extra)
+                       units=n_units, moe_units=n_moe, unit_extra=rs_extra, ag_unit_extra=ag_extra,
+                       copy_out=copy_out, copy_in=copy_in)
+
+
+def fsdp2_copies(hw: HardwareSpec, lay: LayoutBatch, gathered, params, eb, gb, units):
+    """(copy-out, copy-in) seconds of torch FSDP2's ZeRO-3 around one gather and one reduction of a
+    rank's `params` parameters (`gathered` bytes as gathered). The all-gather lands in a flat buffer
+    that wait_for_unshard copies into the unsharded parameters (torch.split_with_sizes_copy: each
+    byte read and written); foreach_reduce
+    copies the gradients, made in the compute dtype (`eb` B), into the reduce-scatter's input in the
+    reduce dtype (`gb` B; torch._chunk_cat). Both on the compute stream, a kernel a unit (`units`),
+    at the device's stream rate (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py and
+    _fsdp_param_group.py, torch 2.13). Priced for every layout: dp_comm_time charges them where
+    Layout.fsdp2 holds (a search prices collectives once for the ZeRO stages of a layout)."""
+    return stream_time(hw, 2.0 * gathered, units), stream_time(hw, params * (eb + gb), units)
 
 
 def _unit_extra(hw: HardwareSpec, exp, groups, units, moe_units) -> np.ndarray:
@@ -302,7 +321,7 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
                        np.where(on, ag, coll.ag), np.where(on, ar, 0.0), coll.tied, n_u, n_m,
                        np.where(on, rs_extra, coll.unit_extra),
                        np.where(on, _unit_allreduce_extra(hw, rep_ar, exp_ar, copies, n_u, n_m, ar), 0.0),
-                       np.where(on, ag_extra, coll.gather_extra))
+                       np.where(on, ag_extra, coll.gather_extra), coll.copy_out, coll.copy_in)
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
@@ -347,7 +366,9 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     if np.any(z3):
         z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag3 - F), t_ag3)
         z3_b = np.where(lay.overlap, np.maximum(0.0, t_b3 - (B + W)), t_b3)
-        t_dp = np.where(z3, M * (z3_f + z3_b), t_dp)
+        # FSDP2's copies (Layout.fsdp2) run on the compute stream: nothing hides them
+        copies = np.where(lay.fsdp2, coll.copy_out * (1.0 + lay.reshard) + coll.copy_in, 0.0)
+        t_dp = np.where(z3, M * (z3_f + z3_b + copies), t_dp)
     # hybrid sharding: the copies of each shard all-reduce it once a step, after the last
     # micro-batch's reduce-scatter and behind what is left of its backward where overlapped
     # (ZeRO-3: a call a unit, as its gathers)
