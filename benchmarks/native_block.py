@@ -1,5 +1,5 @@
 """torchtitan's dense Llama block as its 64-A100 presets ran it in 2024, for counting the bytes
-its eager modules move (benchmarks/eager_bytes.py --native; cost/eager.py NATIVE).
+its eager modules move (benchmarks/eager_bytes.py --solve-native; cost/eager.py NATIVE).
 
 Transcribed from pytorch/torchtitan torchtitan/models/llama/model.py (apply_rotary_emb,
 repeat_kv, Attention, FeedForward, TransformerBlock's forward; read at 0199cbc) and

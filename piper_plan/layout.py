@@ -295,13 +295,20 @@ def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = Fal
 
 def native_eager_refusal(model) -> tuple[str, str] | None:
     """(rule, detail) where `model` has a block the native eager count does not hold (None where it
-    has none): MoE layers or multi-latent attention (benchmarks/native_block.py is torchtitan's
-    dense Llama block)."""
-    if model.moe is None and model.mla is None:
+    has none): benchmarks/native_block.py is torchtitan's dense Llama block, so MoE layers,
+    multi-latent attention, LayerNorm, a GELU FFN, biases, YaRN or windowed attention and learned
+    positions are not it."""
+    lacks = [("MoE layers", model.moe is not None), ("multi-latent attention", model.mla is not None),
+             ("LayerNorm", model.norm != "rmsnorm"), ("a GELU FFN", not model.ffn_gated),
+             ("linear biases", model.linear_bias), ("YaRN RoPE", model.rope_scaling is not None),
+             ("windowed or chunked attention", bool(model.sliding_window or model.attention_chunk)),
+             ("learned positions", model.learned_positions)]
+    has = [what for what, present in lacks if present]
+    if not has:
         return None
-    what = "MoE layers" if model.moe is not None else "multi-latent attention"
-    return ("native_eager needs a dense model with standard attention", f"{model.name} has {what}; the native eager "
-            "block counted (torchtitan's dense Llama block, benchmarks/native_block.py) holds neither")
+    return ("native_eager needs a Llama-style dense model", f"{model.name} has {', '.join(has)}; the native eager "
+            "block counted (torchtitan's dense Llama block: RMSNorm, RoPE, SwiGLU, no biases; "
+            "benchmarks/native_block.py) has none of them")
 
 
 def check_fp8_params(fp8_params: bool, fp8: str) -> None:
@@ -468,6 +475,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
     check_stack(lay.expert_probs, lay.fused_kernels, lay.native_eager, lay.dtype)
+    if lay.native_eager and (lay.cuda_graphs or lay.offload_modules):
+        raise LayoutError("native_eager without Megatron-Core's cuda_graphs and offload_modules", "a PyTorch-native "
+                          "stack's eager block captures no Megatron-Core graph scopes and offloads no modules")
     check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
     check_fp8_params(lay.fp8_params, lay.fp8)
 

@@ -30,6 +30,8 @@ class Support:
 
 
 PIPER_TRAIN: tuple[Support, ...] = (
+    # fields that mean something only beside another come first (fsdp2 needs zero 3), so a plan reads them
+    Support("fsdp2", (False,), "--fsdp2", "piper-train implements ZeRO stages 0-2, not torch FSDP2's ZeRO-3"),
     Support("dtype", ("bf16", "fp32"), "--dtype", "fp16 needs loss scaling, which piper-train does not do"),
     Support("zero", (0, 1, 2), "--zero", "piper-train implements ZeRO stages 0, 1 and 2"),
     Support("grad_dtype", ("fp32",), "--grad-dtype", "piper-train reduces fp32 gradients"),

@@ -110,6 +110,12 @@ class SearchSpace:
     def __post_init__(self):
         # the rules check_layout applies to one layout
         check_stack(self.expert_probs, self.fused_kernels, self.native_eager, self.dtype)
+        if self.fsdp2 and 3 not in self.zeros:
+            raise LayoutError("fsdp2 with zero 3", f"zero stages {', '.join(map(str, self.zeros))} gather no sharded "
+                              "parameters a micro-batch; fsdp2 prices torch FSDP2's ZeRO-3")
+        if self.native_eager and (self.cuda_graphs or any(self.offload_modules)):
+            raise LayoutError("native_eager without Megatron-Core's cuda_graphs and offload_modules", "a "
+                              "PyTorch-native stack's eager block captures no graph scopes and offloads no modules")
         check_fp8_params(self.fp8_params, self.fp8)
         for mods in self.offload_modules:
             check_offload_modules(mods, self.cuda_graphs, self.fused_kernels)

@@ -489,7 +489,8 @@ def searched_space(row, hw: HardwareSpec, global_batch: int | None = None) -> Se
     if row["recompute"] != "planner's choice":
         x = _settings(row, hw)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
-                "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce", "grad_dtype")
+                "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce", "grad_dtype", "native_eager",
+                "fsdp2")
         # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
         # the space's defaults stand for those
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),

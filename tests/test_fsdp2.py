@@ -45,6 +45,8 @@ def test_each_micro_batch_pays_the_copies_of_its_gathers_and_its_reduction_in_fu
 def test_only_zero_3_has_them_and_the_search_prices_them_on_its_zero_3_layouts_alone():
     with pytest.raises(LayoutError, match="fsdp2 with zero 3"):
         check_for(Layout(**{**BASE, "zero": 1, "global_batch": 64, "fsdp2": True}), M8B, A100)
+    with pytest.raises(LayoutError, match="fsdp2 with zero 3"):  # a space with no ZeRO-3 layout to price it on
+        SearchSpace(gpus=16, global_batch=32, seq=4096, zeros=(1,), fsdp2=True)
     kw = dict(gpus=16, global_batch=32, seq=4096, schedules=("1f1b",))
     plain = search(M8B, A100, SearchSpace(**kw))
     fsdp2 = search(M8B, A100, SearchSpace(**kw, fsdp2=True))

@@ -123,8 +123,14 @@ def test_it_is_refused_where_the_count_does_not_hold():
     with pytest.raises(LayoutError, match="multi-latent attention"):
         check_for(lay.model_copy(update={"ep": 1}), mla, A100)
     sp = SearchSpace(gpus=8, global_batch=8, seq=2048, native_eager=True)
-    with pytest.raises(LayoutError, match="native_eager needs a dense model"):
+    with pytest.raises(LayoutError, match="native_eager needs a Llama-style dense model"):
         search(load_model("qwen3-30b-a3b"), A100, sp)
+    # Megatron's GPT: LayerNorm, a GELU FFN and biases, none of which the block counted has
+    with pytest.raises(LayoutError, match="has LayerNorm, a GELU FFN, linear biases;"):
+        check_for(lay.model_copy(update={"ep": 1}), load_model("gpt-1.7b"), A100)
+    with pytest.raises(LayoutError, match="without Megatron-Core's cuda_graphs"):
+        check_for(Layout(gpus=8, dp=8, global_batch=8, seq=2048, native_eager=True, cuda_graphs=("attn",)), llama,
+                  A100)
     dense = Layout(gpus=8, dp=8, global_batch=8, seq=2048, native_eager=True, fused_kernels=True)
     assert "layout.native_eager = true" in layout_refusal(dense, load_model("llama3-8b"))
 
@@ -154,7 +160,7 @@ def test_the_cli_prices_kernels_eager_and_refuses_it_one_line_where_it_does_not_
     assert s.exit_code != 0 and "it cannot run --kernels eager (piper-train runs its own eager modules" in s.output
     moe = CliRunner().invoke(main, ["estimate", "-m", "qwen3-30b-a3b", "-H", "dgx-a100-80gb", "-n", "8", "--ep", "8",
                                     "--seq", "4096", "--global-batch", "8", "--kernels", "eager"])
-    assert moe.exit_code != 0 and "native_eager needs a dense model" in moe.output
+    assert moe.exit_code != 0 and "native_eager needs a Llama-style dense model" in moe.output
     assert len(moe.output.strip().splitlines()) == 1
 
 
@@ -183,5 +189,36 @@ def test_the_host_issues_every_op_of_the_eager_block():
     lay = from_layouts([Layout(gpus=8, tp=tp, dp=8 // tp, global_batch=8, seq=4096, native_eager=n)
                         for tp, n in ((1, False), (1, True), (8, True))])
     dense, _ = layer_ops(m, lay)
+    fused8, _ = layer_ops(m, from_layouts([Layout(gpus=8, tp=8, global_batch=8, seq=4096)]))
     # fused: norm+QKV, RoPE x2, attention, projection, residual, two GEMMs; MLP 4 (cost/host.py)
-    assert dense.tolist() == [11.0, 8 + eager.NATIVE_OPS["f"][1], 8 + eager.NATIVE_OPS["f"][0] + 2]
+    assert dense[0] == 11.0 and dense[1] == 7 + 1 + eager.NATIVE_OPS["f"][1]  # 7 projections, SDPA, elementwise
+    # tp 8: the fused block's four collectives (an all-gather and a reduce-scatter around attention and the MLP)
+    assert dense[2] - (7 + 1 + eager.NATIVE_OPS["f"][0]) == fused8[0] - dense[0] == 4.0
+
+
+def test_a_batch_mixing_eager_and_fused_layouts_prices_each_as_it_would_alone():
+    from piper_plan.cost.estimate import evaluate
+
+    m = load_model("llama3-8b")
+    base = dict(gpus=64, dp=64, zero=3, mbs=1, global_batch=64, seq=8192, attention_kernel="fa2")
+    plain, native = Layout(**base), Layout(**base, native_eager=True)
+    alone = [estimate_layout(m, A100, x) for x in (plain, native)]
+    for order in ((plain, native), (native, plain)):
+        both = evaluate(m, A100, from_layouts(list(order)))
+        for i, x in enumerate(order):
+            ref = alone[0] if x is plain else alone[1]
+            assert both.step_time_s[i] == pytest.approx(ref.step_time_s[0])
+            assert both.peak_memory_gib[i] == pytest.approx(ref.peak_memory_gib[0])
+
+
+def test_without_sequence_parallelism_every_tp_rank_runs_the_norms_on_every_token():
+    m = load_model("llama3-8b")
+    lay = from_layouts([Layout(gpus=8, tp=8, global_batch=8, seq=4096, native_eager=True, sequence_parallel=sp)
+                        for sp in (True, False)])
+    f, b = eager.token_phase(m, A100, lay)
+    t = float(lay.tokens[0])
+    rate = A100.accelerator.memory_bandwidth_gbps * 1e9 * A100.efficiency.memory
+    # the t·d and t terms, seven eighths of the tokens more on each rank
+    extra = (eager.NATIVE["f"][0] * m.hidden_size + eager.NATIVE["f"][3]) * t * 7 / 8
+    assert f[1] - f[0] == pytest.approx(extra / rate)
+    assert b[1] > b[0]

@@ -106,7 +106,7 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     # (for the weight's gradient), and SDPA its K and V repeated to the query heads (repeat_kv)
     out["attn_norm_in"] = np.where(u | n, 4.0, eb) * t * d / sp_div
     out["attn_norm_unfused"] = np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0)
-    out["attn_norm_native"] = np.where(n, (4.0 * t + eb * t * d) / sp_div, 0.0)
+    out["attn_norm_native"] = np.where(n & ~ln, (4.0 * t + eb * t * d) / sp_div, 0.0)  # as qkv_in: re-made
     # K and V copied to the query heads (repeat_kv: not with one kv head a rank, whose copies are views)
     copied = native_repeats(heads, np.maximum(m.kv_heads / tp, 1.0), "f") & n & (m.mla is None)
     out["kv_repeat_native"] = np.where(copied, eb * t * (3.0 * heads * m.hd - m.qkv_dim_per_rank(tp)), 0.0)
@@ -136,7 +136,8 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
         "ffn_act": np.where(mlp | recomputes(lay, "act_fc2"), 0.0, qb * t * f / tp),
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
         "ffn_norm_unfused": np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0),  # fp32 (attention_terms)
-        "ffn_norm_native": np.where(n, (4.0 * t + eb * t * d) / sp_div, 0.0),  # attention_terms' attn_norm_native
+        "ffn_norm_native": np.where(n & ~ln & ~(recomputes(lay, "attn_block") & ~mlp), (4.0 * t + eb * t * d) / sp_div,
+                                    0.0),  # attention_terms' attn_norm_native, re-made where ffn_in / ffn_norm_in are
         # an eager SwiGLU keeps silu(gate) for the product's gradient; mlp recompute keeps none of it
         "ffn_silu_out": np.where((u | n) & m.ffn_gated & ~mlp, eb * t * f / tp, 0.0),
     }

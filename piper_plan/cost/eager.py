@@ -120,15 +120,17 @@ def token_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch):
 
 
 def _native_token(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, t):
-    """(forward, backward) seconds of the native eager block's token-level traffic on t tokens a
-    tp rank (layout.native_eager_refusal keeps MLA and MoE models away): torchtitan shards the
-    heads over tp, each rank its kv_heads / tp (at least one)."""
+    """(forward, backward) seconds of the native eager block's token-level traffic a tp rank, `t`
+    its tokens / tp (layout.native_eager_refusal keeps other blocks away): torchtitan shards the
+    heads over tp, each rank its kv_heads / tp (at least one), and its norms and residual adds over
+    the sequence where sequence parallelism splits it (every token on every rank where not)."""
     tp = lay.tp.astype(float)
     heads, kv = m.num_heads / tp, np.maximum(m.kv_heads / tp, 1.0)
+    rows = lay.tokens / np.where(lay.sp, tp, 1.0)  # the tokens a rank's norms and residual adds see
     out = []
     for j, ph in enumerate("fb"):
         rep = native_repeats(heads, kv, ph)
-        terms = [t * m.hidden_size, t * m.num_heads * m.hd, lay.tokens * kv * m.hd, t, lay.tokens * m.hd,
+        terms = [rows * m.hidden_size, t * m.num_heads * m.hd, lay.tokens * kv * m.hd, rows, lay.tokens * m.hd,
                  np.where(rep, t * m.num_heads * m.hd, 0.0)]
         nbytes = sum(c * n for c, n in zip(NATIVE[ph], terms))
         out.append(stream_time(hw, nbytes, np.where(rep, NATIVE_OPS[ph][1], NATIVE_OPS[ph][0])))

@@ -33,7 +33,8 @@ These are the fused stack's counts: piper-train's eager modules (Layout.fused_ke
 issue more, which only its calibrated CPU specs price (efficiency.layer_overhead_us; their
 host_op_us is 0, the host being the device). A native eager block (Layout.native_eager:
 torchtitan's, uncompiled) issues its seven projections, SDPA and the 26 or 28 elementwise ops
-benchmarks/eager_bytes.py counts (cost/eager.NATIVE_OPS) a forward.
+benchmarks/eager_bytes.py counts (cost/eager.NATIVE_OPS) a forward, with the tp collectives and
+context parallelism's steps as above.
 """
 from __future__ import annotations
 
@@ -69,10 +70,11 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     attn = np.where(graphed(lay, "attn"), 1.0, attn_ops)
     mlp = np.where(graphed(lay, "mlp"), 1.0, 4.0 + 2.0 * q + tp_comm) if m.ffn_size else 0.0
     dense = attn + mlp
-    if lay.native.any():  # a native eager block: its seven projections, SDPA and every elementwise op
+    if lay.native.any():  # a native eager block: its seven projections (and their FP8 casts), SDPA, every
+        # elementwise op, the tp collectives around attention and the MLP, and context parallelism's steps
         kv = np.maximum(m.kv_heads / lay.tp, 1.0)
         elementwise = np.where(native_repeats(m.num_heads / lay.tp, kv, "f"), *NATIVE_OPS["f"][::-1])
-        dense = np.where(lay.native, 8.0 + elementwise + tp_comm, dense)
+        dense = np.where(lay.native, 7.0 * (1.0 + q) + 1.0 + elementwise + 2.0 * tp_comm + ring, dense)
     moe = np.zeros(len(lay))
     if m.moe is not None:
         before, after = _moe_block_ops(m, lay)
