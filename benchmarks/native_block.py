@@ -93,3 +93,43 @@ class TransformerBlock(nn.Module):
     def forward(self, x, cis):
         h = x + self.attention(self.attention_norm(x), cis)
         return h + self.feed_forward(self.ffn_norm(h))
+
+
+def op_sac_context(save_cpu_attention: bool = True):
+    """torchtitan's per-op selective activation checkpointing for one block, as a checkpoint
+    context_fn: torchtitan/distributed/activation_checkpoint.py's _get_custom_policy over its
+    _op_sac_save_list (aten.mm, the SDPA kernels, _c10d_functional.reduce_scatter_tensor, aten.max),
+    every second aten.mm of the block recomputed. `save_cpu_attention` adds the CPU's name for the
+    flash kernel (a GPU runs _scaled_dot_product_flash_attention, which the list holds). Returns
+    (context_fn, made, rerun): the forward contexts made (their .storage holds what each forward
+    saved) and the output shapes of the aten.mm the forward left for the backward to re-run (torch's
+    SAC decides in the forward and replays those)."""
+    from collections import defaultdict
+
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,
+            torch.ops.aten._scaled_dot_product_flash_attention.default,
+            torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default, torch.ops.aten.max.default}
+    if save_cpu_attention:
+        save.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
+    meta = defaultdict(int)
+    made, rerun = [], []
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            meta[f"{mode}_mm_count"] += 1
+            if not ctx.is_recompute and meta[f"{mode}_mm_count"] % 2 == 0:  # left for the backward to re-run
+                rerun.append((args[0].shape[0], args[1].shape[1]))
+        # saves the output of every op on the list but every second mm
+        keep = func in save and not (func == torch.ops.aten.mm.default and meta[f"{mode}_mm_count"] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def context_fn():
+        fwd, rec = create_selective_checkpoint_contexts(policy)
+        made.append(fwd)
+        return fwd, rec
+
+    return context_fn, made, rerun

@@ -27,7 +27,7 @@ Recompute = Literal["none", "selective", "full"]
 Fp8 = Literal["none", "current", "mxfp8", "blockwise"]
 # Megatron-Core --recompute-modules (selective recompute): what each re-runs in the backward
 RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts",
-                          "attn_block", "act_fc2"]
+                          "attn_block", "act_fc2", "op_sac"]
 ExpertGemm = Literal["grouped", "multistream", "loop"]
 AttentionKernel = Literal["flash", "fa2", "eager"]
 # Megatron-Core --cp-comm-type: how context parallelism brings a rank the keys its queries attend to
@@ -82,8 +82,10 @@ class Layout(BaseModel):
         "moe (the whole MoE block, its all-to-all included), shared_experts; and X-MoE's (Megatron-DeepSpeed) "
         "attn_block (--checkpoint-attention with --checkpoint-layernorm: both norms, the projections, the core "
         "and the residual, only the layer input kept) and act_fc2 (--checkpoint-intermediate: every MLP's, dense "
-        "or expert, activation and down projection, only fc1's output kept); read only when recompute is "
-        "selective")
+        "or expert, activation and down projection, only fc1's output kept); and torchtitan's per-op policy "
+        "op_sac (selective_ac_option 'op', alone: each block re-runs its forward in backward but for the outputs "
+        "of its attention kernel and of every other aten.mm, the first, third, ...; dense standard-attention "
+        "models); read only when recompute is selective")
     recompute_layers: int = Field(
         0, ge=0, description="with recompute full, the layers of each pipeline chunk that re-run their forward, the "
         "first N (Megatron-Core --recompute-method block --recompute-num-layers N; NeMo's recompute_layers); the "
@@ -293,6 +295,23 @@ def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = Fal
                           "weights (FSDP2's param_dtype), where its norm and RoPE cast to fp32 and back")
 
 
+def op_sac_refusal(model, modules) -> tuple[str, str] | None:
+    """(rule, detail) where torchtitan's per-op policy (recompute module op_sac) cannot be priced as
+    asked: beside other modules (it is a whole block's policy), or on a model whose block's matmuls
+    it counts otherwise (MoE layers: a router and grouped expert GEMMs; MLA's projections). None
+    where it can."""
+    if "op_sac" not in modules:
+        return None
+    if len(modules) > 1:
+        return ("recompute_modules op_sac alone", f"got {', '.join(modules)}: torchtitan's per-op policy decides "
+                "every op of the block; it takes no other module")
+    if model is not None and (model.moe is not None or model.mla is not None):
+        what = "MoE layers" if model.moe is not None else "multi-latent attention"
+        return ("recompute_modules op_sac needs a dense model with standard attention", f"{model.name} has {what}, "
+                "whose matmuls the policy's every-other count is not priced for")
+    return None
+
+
 def native_eager_refusal(model) -> tuple[str, str] | None:
     """(rule, detail) where `model` has a block the native eager count does not hold (None where it
     has none): benchmarks/native_block.py is torchtitan's dense Llama block, so MoE layers,
@@ -475,6 +494,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
     check_stack(lay.expert_probs, lay.fused_kernels, lay.native_eager, lay.dtype)
+    why = op_sac_refusal(None, lay.recompute_modules) if lay.recompute == "selective" else None
+    if why:
+        raise LayoutError(*why)
     if lay.native_eager and (lay.cuda_graphs or lay.offload_modules):
         raise LayoutError("native_eager without Megatron-Core's cuda_graphs and offload_modules", "a PyTorch-native "
                           "stack's eager block captures no Megatron-Core graph scopes and offloads no modules")
@@ -522,6 +544,7 @@ def check_for(lay: Layout, model, hw) -> None:
     if why:
         raise LayoutError(*why)
     why = native_eager_refusal(model) if lay.native_eager else None
+    why = why or (op_sac_refusal(model, lay.recompute_modules) if lay.recompute == "selective" else None)
     if why:
         raise LayoutError(*why)
     check_a2a_sms(lay.a2a_sms, hw)

@@ -19,7 +19,8 @@ from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
 from .errors import LayoutError
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
-                     layer_slots, native_eager_refusal, offload_limit, recompute_layers_limit, split_refused)
+                     layer_slots, native_eager_refusal, offload_limit, op_sac_refusal, recompute_layers_limit,
+                     split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -110,6 +111,10 @@ class SearchSpace:
     def __post_init__(self):
         # the rules check_layout applies to one layout
         check_stack(self.expert_probs, self.fused_kernels, self.native_eager, self.dtype)
+        for mods in self.selective if "selective" in self.recomputes else ():
+            why = op_sac_refusal(None, mods)
+            if why:
+                raise LayoutError(*why)
         if self.fsdp2 and 3 not in self.zeros:
             raise LayoutError("fsdp2 with zero 3", f"zero stages {', '.join(map(str, self.zeros))} gather no sharded "
                               "parameters a micro-batch; fsdp2 prices torch FSDP2's ZeRO-3")
@@ -602,6 +607,8 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     t0 = time.process_time()
     check_a2a_sms(sp.a2a_sms, hw)  # one value for the whole space: refused before anything is priced
     why = native_eager_refusal(m) if sp.native_eager else None  # likewise
+    for mods in sp.selective if "selective" in sp.recomputes else ():
+        why = why or op_sac_refusal(m, mods)
     if why:
         raise LayoutError(*why)
     check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))  # likewise

@@ -114,6 +114,14 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     # its rotary tables cast to bf16 in each of the two rotations (q, k): [s, rope / 2] cos and sin
     rope = m.mla.qk_rope_head_dim if m.mla else m.hd - m.hd % 2
     out["rope_tables_unfused"] = np.where(u & (eb < 4.0), 2.0 * eb * s * rope, 0.0)
+    # torchtitan's per-op policy (op_sac) keeps the block's input, the attention kernel's output and
+    # log-sum-exp, and the outputs of the aten.mm it saves: q's and v's projections (compute.attention_phase);
+    # the rest is re-made in backward. Counted against torch's own SAC cache (tests/test_op_sac.py)
+    op = recomputes(lay, "op_sac")
+    if op.any():
+        out = {k: np.where(op, 0.0, v) for k, v in out.items()}
+        mm = eb * t * (heads + np.maximum(m.kv_heads / tp, 1.0)) * m.hd
+        out["sac_attn"] = np.where(op, eb * t * d / sp_div + eb * t * heads * dv + 4.0 * t * heads + mm, 0.0)
     # X-MoE's attention-block checkpoint keeps only the layer input
     block = recomputes(lay, "attn_block")
     return {k: v if k == "attn_norm_in" else np.where(block, 0.0, v) for k, v in out.items()}
@@ -126,21 +134,28 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     hid = (2.0 if m.ffn_gated else 1.0) * f
     u, n = lay.unfused, lay.native
     mlp, ln = recomputes(lay, "mlp"), recomputes(lay, "layernorm")
-    return {
-        # X-MoE's attention-block checkpoint runs this norm: its input is not kept (one d-wide
-        # tensor stays where this block recomputes from its input)
-        "ffn_norm_in": np.where(recomputes(lay, "attn_block") & ~mlp, 0.0,
-                                np.where(u | n, 4.0, eb) * t * d / sp_div),
+    remade_norm = recomputes(lay, "attn_block") & ~mlp  # X-MoE's attention-block checkpoint runs this norm
+    out = {
+        # its input is not kept there (one d-wide tensor stays where this block recomputes from its input)
+        "ffn_norm_in": np.where(remade_norm, 0.0, np.where(u | n, 4.0, eb) * t * d / sp_div),
         "ffn_in": np.where(ln | mlp, 0.0, qb * t * d / sp_div),
         "ffn_hidden": np.where(mlp, 0.0, eb * t * hid / tp),
         "ffn_act": np.where(mlp | recomputes(lay, "act_fc2"), 0.0, qb * t * f / tp),
         "ffn_dropout_mask": lay.dropout * t * d / sp_div,
         "ffn_norm_unfused": np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0),  # fp32 (attention_terms)
-        "ffn_norm_native": np.where(n & ~ln & ~(recomputes(lay, "attn_block") & ~mlp), (4.0 * t + eb * t * d) / sp_div,
-                                    0.0),  # attention_terms' attn_norm_native, re-made where ffn_in / ffn_norm_in are
+        # attention_terms' attn_norm_native, re-made where ffn_in / ffn_norm_in are
+        "ffn_norm_native": np.where(n & ~ln & ~remade_norm, (4.0 * t + eb * t * d) / sp_div, 0.0),
         # an eager SwiGLU keeps silu(gate) for the product's gradient; mlp recompute keeps none of it
         "ffn_silu_out": np.where((u | n) & m.ffn_gated & ~mlp, eb * t * f / tp, 0.0),
     }
+    op = recomputes(lay, "op_sac")
+    if not op.any():
+        return out
+    # torchtitan's per-op policy keeps the 5th and 7th aten.mm's outputs (w1's; w2's partial sums and,
+    # sequence-parallel, their reduce-scatter's) and re-makes the rest (attention_terms)
+    down = t * d + np.where(lay.sp & (tp > 1), t * d / tp, 0.0)
+    kept = eb * (t * f / tp + down)
+    return {**{k: np.where(op, 0.0, v) for k, v in out.items()}, "sac_ffn": np.where(op, kept, 0.0)}
 
 
 def expected_pad(row_multiple: int) -> float:

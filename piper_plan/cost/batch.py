@@ -15,7 +15,8 @@ EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8", "blockwise")
 SPLITS = ("balanced", "even", "account")  # Layout.pipeline_split
 # Layout.recompute_modules as a bitmask column (LayoutBatch.rc_mods)
-RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts", "attn_block", "act_fc2")
+RC_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts", "attn_block",
+              "act_fc2", "op_sac")
 # Layout.offload_modules as a bitmask column (LayoutBatch.off_mods)
 OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
 # Layout.cuda_graphs as a bitmask column (LayoutBatch.graphs)

@@ -373,6 +373,14 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     sel = (np.where(recomputes(lay, "core_attn"), core.f, 0.0) + np.where(recomputes(lay, "layernorm"), norm_f, 0.0)
            + (np.where(recomputes(lay, "mla_up_proj"), up_proj.f, 0.0) if up_proj is not None else 0.0))
     sel = np.where(recomputes(lay, "attn_block"), total.f, sel)  # X-MoE's whole block holds the others
+    # torchtitan's per-op policy (op_sac): its _op_sac_save_list keeps the attention kernel's outputs and
+    # every other aten.mm's (the 1st, 3rd, ...: q's and v's projections here), so the elementwise ops and
+    # k's and the output projections re-run. torchao's float8 linears reach the policy as aten.mm on their
+    # tensor subclass (the mode sees the op before the subclass lowers it to _scaled_mm): counted alike
+    if m.mla is None:
+        kv = np.maximum(m.kv_heads / tp, 1.0)
+        wk = lin[0].f * kv / (m.num_heads / tp + 2.0 * kv)  # k's share of the q/k/v projections' GEMM
+        sel = np.where(recomputes(lay, "op_sac"), ew.f + wk + lin[-1].f, sel)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
 
@@ -427,6 +435,10 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     mlp = recomputes(lay, "mlp")
     sel = (np.where(mlp, total.f - norm_f, 0.0) + _norm_again(lay, norm_f)
            + np.where(recomputes(lay, "act_fc2") & ~mlp, act_fc2, 0.0))
+    # torchtitan's per-op policy (attention_phase): the block's 6th aten.mm is the up projection (w3; the
+    # gate, w1, runs first), without a gate the down projection; the elementwise ops all re-run
+    sixth = lin[0].f / 2.0 if m.ffn_gated else lin[1].f
+    sel = np.where(recomputes(lay, "op_sac"), ew.f + sixth, sel)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
 

@@ -396,8 +396,11 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     cp_r = np.where(recomputes(sel, "attn_block") | recomputes(sel, "core_attn"), cpx.f, 0.0)
     attn_comm_r = np.where(recomputes(sel, "attn_block"), tp_ar, 0.0) + cp_r
     moe_comm_r = attn_comm_r + np.where(recomputes(sel, "moe"), a2a_fwd, 0.0)
+    # torchtitan's per-op policy (op_sac, dense blocks) re-runs the block's all-gathers and keeps its
+    # reduce-scatters' outputs (_op_sac_save_list): half the forward's tensor-parallel collectives
+    dense_comm_r = attn_comm_r + np.where(recomputes(sel, "op_sac"), dense_comm.f / 2.0, 0.0)
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
-               dense_comm_r=attn_comm_r, moe_comm_r=moe_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
+               dense_comm_r=dense_comm_r, moe_comm_r=moe_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
                a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, a2a_hide_f=a2a_hide_f, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
     for rc, variant in _recompute_variants(lay, sel):
