@@ -114,10 +114,9 @@ def op_sac_context(save_cpu_attention: bool = True):
             torch.ops._c10d_functional.reduce_scatter_tensor.default, torch.ops.aten.max.default}
     if save_cpu_attention:
         save.add(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
-    meta = defaultdict(int)
     made, rerun = [], []
 
-    def policy(ctx, func, *args, **kwargs):
+    def policy(meta, ctx, func, *args, **kwargs):
         mode = "recompute" if ctx.is_recompute else "forward"
         if func == torch.ops.aten.mm.default:
             meta[f"{mode}_mm_count"] += 1
@@ -127,8 +126,10 @@ def op_sac_context(save_cpu_attention: bool = True):
         keep = func in save and not (func == torch.ops.aten.mm.default and meta[f"{mode}_mm_count"] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
 
-    def context_fn():
-        fwd, rec = create_selective_checkpoint_contexts(policy)
+    def context_fn():  # a count of mm a checkpoint call, as torchtitan's selective_checkpointing_context_fn
+        from functools import partial
+
+        fwd, rec = create_selective_checkpoint_contexts(partial(policy, defaultdict(int)))
         made.append(fwd)
         return fwd, rec
 

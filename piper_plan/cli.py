@@ -193,7 +193,8 @@ def layout_options(fn):
                      "first N: Megatron-Core --recompute-method block --recompute-num-layers N); 0: every layer"),
         click.option("--recompute-modules", default="core_attn", show_default=True,
                      help="what selective recompute re-runs, comma-separated (Megatron-Core --recompute-modules): "
-                     "core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts"),
+                     "core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts; X-MoE's attn_block, "
+                     "act_fc2; torchtitan's per-op policy op_sac (alone)"),
         click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True),
         click.option("--p2p-scatter-gather/--no-p2p-scatter-gather", default=False, show_default=True,
                      help="without sequence parallelism: each tensor-parallel rank sends 1/tp of a stage boundary's "
@@ -509,8 +510,9 @@ def search_options(fn):
                      "zero_replicas)"),
         click.option("--selective", "selective", multiple=True, default=("core_attn",), show_default=True,
                      help="a set of modules selective recompute re-runs, comma-separated (Megatron-Core "
-                     "--recompute-modules: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts); "
-                     "repeat to try several sets, each a choice of its own (piper-train runs core_attn only)"),
+                     "--recompute-modules: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts; "
+                     "X-MoE's attn_block, act_fc2; torchtitan's op_sac, alone); repeat to try several sets, each a "
+                     "choice of its own (piper-train runs core_attn only)"),
         click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True),
         click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default="fp32", show_default=True,
                      help=GRAD_DTYPE_HELP),

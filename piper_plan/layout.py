@@ -305,10 +305,24 @@ def op_sac_refusal(model, modules) -> tuple[str, str] | None:
     if len(modules) > 1:
         return ("recompute_modules op_sac alone", f"got {', '.join(modules)}: torchtitan's per-op policy decides "
                 "every op of the block; it takes no other module")
-    if model is not None and (model.moe is not None or model.mla is not None):
-        what = "MoE layers" if model.moe is not None else "multi-latent attention"
+    if model is not None and (model.moe is not None or model.mla is not None or model.linear_bias):
+        what = ("MoE layers" if model.moe is not None else "multi-latent attention" if model.mla is not None
+                else "linear biases (its linears run as aten.addmm, which the list does not keep)")
         return ("recompute_modules op_sac needs a dense model with standard attention", f"{model.name} has {what}, "
                 "whose matmuls the policy's every-other count is not priced for")
+    return None
+
+
+def op_sac_stack_refusal(modules, attention_kernel: str, fused_kernels: bool, cp: int) -> tuple[str, str] | None:
+    """(rule, detail) where torchtitan's per-op policy runs on a stack it is not priced for: materialised
+    attention scores (no SDPA kernel on the list), piper-train's fp32-residual modules, or context
+    parallelism (whose exchange the policy's replay is not priced for). None where it can."""
+    if "op_sac" not in modules:
+        return None
+    if attention_kernel == "eager" or not fused_kernels or cp > 1:
+        return ("recompute_modules op_sac with an SDPA kernel, bf16 modules and cp 1", "torchtitan's per-op policy is "
+                f"priced on its SDPA attention and block at cp 1 (attention {attention_kernel}, fused_kernels "
+                f"{str(fused_kernels).lower()}, cp {cp})")
     return None
 
 
@@ -494,9 +508,11 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
     check_stack(lay.expert_probs, lay.fused_kernels, lay.native_eager, lay.dtype)
-    why = op_sac_refusal(None, lay.recompute_modules) if lay.recompute == "selective" else None
-    if why:
-        raise LayoutError(*why)
+    if lay.recompute == "selective":
+        why = op_sac_refusal(None, lay.recompute_modules) or op_sac_stack_refusal(
+            lay.recompute_modules, lay.attention_kernel, lay.fused_kernels, lay.cp)
+        if why:
+            raise LayoutError(*why)
     if lay.native_eager and (lay.cuda_graphs or lay.offload_modules):
         raise LayoutError("native_eager without Megatron-Core's cuda_graphs and offload_modules", "a PyTorch-native "
                           "stack's eager block captures no Megatron-Core graph scopes and offloads no modules")

@@ -19,8 +19,8 @@ from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
 from .errors import LayoutError
 from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
-                     layer_slots, native_eager_refusal, offload_limit, op_sac_refusal, recompute_layers_limit,
-                     split_refused)
+                     layer_slots, native_eager_refusal, offload_limit, op_sac_refusal, op_sac_stack_refusal,
+                     recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -112,7 +112,8 @@ class SearchSpace:
         # the rules check_layout applies to one layout
         check_stack(self.expert_probs, self.fused_kernels, self.native_eager, self.dtype)
         for mods in self.selective if "selective" in self.recomputes else ():
-            why = op_sac_refusal(None, mods)
+            why = op_sac_refusal(None, mods) or op_sac_stack_refusal(mods, self.attention_kernel, self.fused_kernels,
+                                                                     max(self.cps))
             if why:
                 raise LayoutError(*why)
         if self.fsdp2 and 3 not in self.zeros:

@@ -76,20 +76,21 @@ def test_the_backward_re_runs_k_s_the_output_s_and_the_up_projection(shape):
     assert 0.0 < a.r[0] < a.f[0] - core.f[0]
 
 
-def test_the_planner_re_runs_those_gemms_and_every_elementwise_forward():
+@pytest.mark.parametrize("tp,native", [(1, False), (1, True), (8, False), (8, True)])
+def test_the_planner_re_runs_the_block_forward_but_the_kernel_and_the_gemms_the_policy_keeps(tp, native):
+    from piper_plan.cost.compute import _attention_shapes, _ffn_shapes, _linears, core_attention
+
     m = load_model("llama3-8b")
-    mk = lambda **kw: from_layouts([Layout(gpus=8, dp=8, global_batch=8, seq=8192, **kw)])  # noqa: E731
-    op = mk(recompute="selective", recompute_modules=("op_sac",))
-    none = mk()
-    a_op, a_none = attention_phase(m, H100, op, "bf16"), attention_phase(m, H100, none, "bf16")
-    f_op, f_none = ffn_phase(m, H100, op, "bf16"), ffn_phase(m, H100, none, "bf16")
-    # re-run: more than the fused elementwise passes, less than the forward without its attention kernel
-    kv, heads, d, f = m.kv_heads * m.hd, m.num_heads * m.hd, m.hidden_size, m.ffn_size
-    gemm_share = (d * kv + d * heads + d * f) / (d * (heads + 2 * kv) + d * heads + 3 * d * f)
-    assert 0.30 < gemm_share < 0.40  # wk, wo, w3 of Llama 3 8B's seven projections' FLOPs
-    assert a_none.r[0] == f_none.r[0] == 0.0
-    assert 0.0 < a_op.r[0] + f_op.r[0] < a_op.f[0] + f_op.f[0]
-    assert f_op.r[0] < f_op.f[0] / 2  # the MLP's three GEMMs: one re-run (as the mlp module re-runs all)
+    lay = from_layouts([Layout(gpus=8, tp=tp, dp=8 // tp, global_batch=8, seq=8192, recompute="selective",
+                               recompute_modules=("op_sac",), native_eager=native)])
+    a, f = attention_phase(m, H100, lay, "bf16"), ffn_phase(m, H100, lay, "bf16")
+    core = core_attention(m, H100, lay, "bf16")
+    qkv, _ = _linears(H100, "bf16", lay.act_bytes, *_attention_shapes(m, lay))
+    up, down = _linears(H100, "bf16", lay.act_bytes, *_ffn_shapes(m, lay))
+    kv = max(m.kv_heads / tp, 1.0)
+    q_v = qkv.f[0] * (m.num_heads / tp + kv) / (m.num_heads / tp + 2 * kv)  # wq's and wv's share of the GEMM
+    kept = core.f[0] + q_v + up.f[0] / 2 + down.f[0]  # the kernel, wq, wv, w1 and w2: their outputs kept
+    assert a.r[0] + f.r[0] == pytest.approx(a.f[0] + f.f[0] - kept, rel=1e-12)
 
 
 def test_against_mlp_recompute_it_re_runs_less_and_keeps_more():
@@ -113,6 +114,15 @@ def test_it_is_refused_beside_other_modules_and_on_blocks_it_is_not_priced_for()
     with pytest.raises(LayoutError, match="op_sac needs a dense model"):
         search(load_model("deepseek-v2"), H100, SearchSpace(gpus=8, global_batch=8, seq=2048,
                                                             selective=(("op_sac",),)))
+    # biased linears run as aten.addmm, off the list; materialised scores, piper-train's modules and cp are
+    # stacks the policy is not priced on
+    with pytest.raises(LayoutError, match="linear biases"):
+        check_for(Layout(**base, recompute_modules=("op_sac",)), load_model("gpt-1.7b"), H100)
+    for kw in (dict(attention_kernel="eager"), dict(fused_kernels=False), dict(cp=2, dp=4)):
+        with pytest.raises(LayoutError, match="op_sac with an SDPA kernel"):
+            check_for(Layout(**{**base, **kw}, recompute_modules=("op_sac",)), llama, H100)
+    with pytest.raises(LayoutError, match="op_sac with an SDPA kernel"):
+        SearchSpace(gpus=8, global_batch=8, seq=8192, cps=(1, 2), selective=(("op_sac",),))
     # a full-recompute or no-recompute space may hold it as an unread choice
     assert np.isfinite(search(llama, H100, SearchSpace(gpus=8, global_batch=8, seq=2048, recomputes=("none",),
                                                        selective=(("op_sac",),)), keep=1).est.step_time_s).all()
@@ -126,3 +136,27 @@ def test_torchtitans_eager_per_op_rows_state_its_policy():
     # the 2024 A100 runs, uncompiled: torch's eager SAC, whose cache op_sac prices
     assert per_op == {"tt20", "tt24", "tt25"} and all(rows[k]["kernels"] == "eager" for k in per_op)
     assert all("selective op" in rows[k]["notes"] for k in per_op)
+
+
+def test_a_non_gated_ffn_keeps_its_up_projection_alone_and_tp_keeps_both_reduce_scatters():
+    m = _spec(80, 5, 5, 16, 152, 224).model_copy(update={"ffn_gated": False})
+    lay = from_layouts([Layout(gpus=1, global_batch=1, seq=152, recompute="selective", recompute_modules=("op_sac",))])
+    # the 5th aten.mm (fc1) kept, the 6th (fc2) re-made: only fc1's output
+    assert float(activations.ffn_terms(m, lay)["sac_ffn"][0]) == 2.0 * 152 * 224
+    llama = load_model("llama3-8b")
+    tp = from_layouts([Layout(gpus=8, tp=8, global_batch=8, seq=4096, recompute="selective",
+                              recompute_modules=("op_sac",), sequence_parallel=sp) for sp in (True, False)])
+    att, ffn = activations.attention_terms(llama, tp), activations.ffn_terms(llama, tp)
+    t, d = 4096.0, llama.hidden_size
+    # sequence-parallel: wo's and w2's reduce-scatter outputs (on the list) beside their partial sums
+    assert ffn["sac_ffn"][0] - ffn["sac_ffn"][1] == 2.0 * t * d / 8
+    assert att["sac_attn"][0] - att["sac_attn"][1] == pytest.approx(2.0 * t * d / 8 - 2.0 * t * d * 7 / 8)
+
+
+def test_the_backward_holds_the_block_it_rebuilds_beside_what_the_policy_kept():
+    m = load_model("llama3-8b")
+    base = dict(gpus=8, dp=8, zero=3, mbs=1, global_batch=8, seq=8192)
+    op = estimate_layout(m, H100, Layout(**base, recompute="selective", recompute_modules=("op_sac",)))
+    core = estimate_layout(m, H100, Layout(**base, recompute="selective"))
+    rebuilt = op.memory["first"]["recomputed_layer"][0]
+    assert rebuilt > 0.5 and core.memory["first"].get("recomputed_layer", [0.0])[0] == 0.0

@@ -121,7 +121,9 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     if op.any():
         out = {k: np.where(op, 0.0, v) for k, v in out.items()}
         mm = eb * t * (heads + np.maximum(m.kv_heads / tp, 1.0)) * m.hd
-        out["sac_attn"] = np.where(op, eb * t * d / sp_div + eb * t * heads * dv + 4.0 * t * heads + mm, 0.0)
+        scattered = np.where(lay.sp & (tp > 1), eb * t * d / tp, 0.0)  # wo's reduce-scatter (on the list)
+        out["sac_attn"] = np.where(op, eb * t * d / sp_div + eb * t * heads * dv + 4.0 * t * heads + mm + scattered,
+                                   0.0)
     # X-MoE's attention-block checkpoint keeps only the layer input
     block = recomputes(lay, "attn_block")
     return {k: v if k == "attn_norm_in" else np.where(block, 0.0, v) for k, v in out.items()}
@@ -151,9 +153,10 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     op = recomputes(lay, "op_sac")
     if not op.any():
         return out
-    # torchtitan's per-op policy keeps the 5th and 7th aten.mm's outputs (w1's; w2's partial sums and,
-    # sequence-parallel, their reduce-scatter's) and re-makes the rest (attention_terms)
-    down = t * d + np.where(lay.sp & (tp > 1), t * d / tp, 0.0)
+    # torchtitan's per-op policy keeps the 5th and 7th aten.mm's outputs (w1's; with a gate w2's partial
+    # sums, without one the 6th, the down projection, is re-made) and, sequence-parallel, the
+    # reduce-scatter's; the rest is re-made (attention_terms)
+    down = np.where(m.ffn_gated, t * d, 0.0) + np.where(lay.sp & (tp > 1), t * d / tp, 0.0)
     kept = eb * (t * f / tp + down)
     return {**{k: np.where(op, 0.0, v) for k, v in out.items()}, "sac_ffn": np.where(op, kept, 0.0)}
 

@@ -178,6 +178,7 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                a2a_f_layer=lc["a2a_fwd"], a2a_bwd_layer=lc["a2a_bwd"],  # the forward's own (a re-run is the backward's)
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], rc_dense=lc["rc_dense"], rc_moe=lc["rc_moe"],
+               rc_dense_sel=lc["rc_dense_sel"],
                cp_layer=lc["cp_layer"],
                dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"],
                a2a_hide_f=lc["a2a_hide_f"], moe_host_f=lc["moe_host_f"])
@@ -396,9 +397,11 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     cp_r = np.where(recomputes(sel, "attn_block") | recomputes(sel, "core_attn"), cpx.f, 0.0)
     attn_comm_r = np.where(recomputes(sel, "attn_block"), tp_ar, 0.0) + cp_r
     moe_comm_r = attn_comm_r + np.where(recomputes(sel, "moe"), a2a_fwd, 0.0)
-    # torchtitan's per-op policy (op_sac, dense blocks) re-runs the block's all-gathers and keeps its
-    # reduce-scatters' outputs (_op_sac_save_list): half the forward's tensor-parallel collectives
-    dense_comm_r = attn_comm_r + np.where(recomputes(sel, "op_sac"), dense_comm.f / 2.0, 0.0)
+    # torchtitan's per-op policy (op_sac, dense blocks at cp 1) re-runs the block's tensor-parallel
+    # collectives but the reduce-scatters it keeps (_op_sac_save_list): the all-gathers, half, with
+    # sequence parallelism; without it the all-reduces, all
+    tp_f = dense_comm.f - cpx.f
+    dense_comm_r = attn_comm_r + np.where(recomputes(sel, "op_sac"), np.where(sel.sp, 0.5, 1.0) * tp_f, 0.0)
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                dense_comm_r=dense_comm_r, moe_comm_r=moe_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,

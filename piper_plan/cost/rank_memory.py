@@ -15,7 +15,7 @@ import numpy as np
 from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
-from .batch import CP_COMMS, LayoutBatch, distinct_rows
+from .batch import CP_COMMS, LayoutBatch, distinct_rows, recomputes
 from .compute import cp_tensor_bytes
 from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, v_in_flight,
                      zero3_gathered_bytes)
@@ -134,11 +134,14 @@ def _share(part, whole):
 def _rebuilt(lay: LayoutBatch, lc: dict, nd, nm) -> np.ndarray:
     """GiB of the one layer full recompute rebuilds at a time in the backward, beside the layer
     inputs it keeps: what the largest kind of layer on the rank saves without recompute, less its
-    input, which the rank holds already (recompute.with_recompute's rc_<dense|moe>). 0 without full
-    recompute. Reported apart from "activations", which stay what Korthikanti 2022 counts."""
+    input, which the rank holds already (recompute.with_recompute's rc_<dense|moe>); under
+    torchtitan's per-op policy (op_sac, dense blocks), what a block saves without recompute less
+    what the policy kept (rc_dense_sel). 0 otherwise. Reported apart from "activations", which stay
+    what Korthikanti 2022 counts."""
     dense = np.where(np.asarray(nd) > 0, lc["rc_dense"], 0.0)
     moe = np.where(np.asarray(nm) > 0, lc["rc_moe"], 0.0)
-    return np.where(lay.recompute == 2, np.maximum(dense, moe), 0.0) / GIB
+    op = (lay.recompute == 1) & recomputes(lay, "op_sac") & (np.asarray(nd) > 0)
+    return np.where(lay.recompute == 2, np.maximum(dense, moe), np.where(op, lc["rc_dense_sel"], 0.0)) / GIB
 
 
 def _parked(lay: LayoutBatch, lc: dict, dense, moe, nd, nm, layer_acts):
