@@ -278,11 +278,13 @@ def recompute_label(recompute: str, modules, layers: int = 0) -> str:
     return recompute + (f"({','.join(mods)})" if recompute == "selective" and mods != ("core_attn",) else "")
 
 
-def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = False, dtype: str = "bf16") -> None:
+def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = False, dtype: str = "bf16",
+                megatron_features: bool = False) -> None:
     """Raise LayoutError for a runtime pairing that does not exist: probabilities applied in the
     experts' activation are a fused stack's (Megatron-Core); eager modules scale at the combine;
     a PyTorch-native stack's eager block (native_eager) is another stack than piper-train's
-    (fused_kernels false), counted in bf16."""
+    (fused_kernels false), counted in bf16, with none of Megatron-Core's CUDA-graph scopes or
+    module offloading (`megatron_features`: any asked for)."""
     if expert_probs == "activation" and not fused_kernels:
         raise LayoutError("expert_probs activation needs fused kernels", "eager modules (fused_kernels false, "
                           "piper-train) scale the expert outputs at the combine; use expert_probs combine")
@@ -293,6 +295,18 @@ def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = Fal
     if native_eager and dtype == "fp32":
         raise LayoutError("native_eager in bf16 or fp16", "the native eager block's bytes were counted on bf16 "
                           "weights (FSDP2's param_dtype), where its norm and RoPE cast to fp32 and back")
+    if native_eager and megatron_features:
+        raise LayoutError("native_eager without Megatron-Core's cuda_graphs and offload_modules", "a PyTorch-native "
+                          "stack's eager block captures no Megatron-Core graph scopes and offloads no modules")
+
+
+def check_fsdp2(fsdp2: bool, zeros) -> None:
+    """Raise LayoutError where torch FSDP2's ZeRO-3 is asked of no ZeRO-3 stage (`zeros`: a layout's
+    stage, or the stages a search tries)."""
+    if fsdp2 and 3 not in zeros:
+        raise LayoutError("fsdp2 with zero 3", f"zero {', '.join(map(str, zeros))} gathers no sharded parameters a "
+                          "micro-batch; fsdp2 prices torch FSDP2's ZeRO-3 (its copies around the gathers and "
+                          "reductions)")
 
 
 def op_sac_refusal(model, modules) -> tuple[str, str] | None:
@@ -314,11 +328,15 @@ def op_sac_refusal(model, modules) -> tuple[str, str] | None:
 
 
 def op_sac_stack_refusal(modules, attention_kernel: str, fused_kernels: bool, cp: int) -> tuple[str, str] | None:
-    """(rule, detail) where torchtitan's per-op policy runs on a stack it is not priced for: materialised
-    attention scores (no SDPA kernel on the list), piper-train's fp32-residual modules, or context
-    parallelism (whose exchange the policy's replay is not priced for). None where it can."""
+    """(rule, detail) where torchtitan's per-op policy is asked beside other modules (op_sac_refusal)
+    or runs on a stack it is not priced for: materialised attention scores (no SDPA kernel on the
+    list), piper-train's fp32-residual modules, or context parallelism (whose exchange the policy's
+    replay is not priced for). None where it can."""
     if "op_sac" not in modules:
         return None
+    alone = op_sac_refusal(None, modules)
+    if alone:
+        return alone
     if attention_kernel == "eager" or not fused_kernels or cp > 1:
         return ("recompute_modules op_sac with an SDPA kernel, bf16 modules and cp 1", "torchtitan's per-op policy is "
                 f"priced on its SDPA attention and block at cp 1 (attention {attention_kernel}, fused_kernels "
@@ -493,9 +511,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           "stage turns resharding and gradient sync off until the last backward): that is zero 1's "
                           "traffic and memory, so state zero 1")
     check_replicas(lay)
-    if lay.fsdp2 and lay.zero != 3:
-        raise LayoutError("fsdp2 with zero 3", f"zero {lay.zero} gathers no sharded parameters a micro-batch; "
-                          "fsdp2 prices torch FSDP2's ZeRO-3 (its copies around the gathers and reductions)")
+    check_fsdp2(lay.fsdp2, (lay.zero,))
     if not lay.reshard_after_forward and lay.zero != 3:
         raise LayoutError("reshard_after_forward false with zero 3",
                           f"zero {lay.zero} keeps no sharded parameters to gather; reshard_after_forward is ZeRO-3's")
@@ -507,15 +523,12 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if lay.recompute_layers > most:
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
-    check_stack(lay.expert_probs, lay.fused_kernels, lay.native_eager, lay.dtype)
-    if lay.recompute == "selective":
-        why = op_sac_refusal(None, lay.recompute_modules) or op_sac_stack_refusal(
-            lay.recompute_modules, lay.attention_kernel, lay.fused_kernels, lay.cp)
-        if why:
-            raise LayoutError(*why)
-    if lay.native_eager and (lay.cuda_graphs or lay.offload_modules):
-        raise LayoutError("native_eager without Megatron-Core's cuda_graphs and offload_modules", "a PyTorch-native "
-                          "stack's eager block captures no Megatron-Core graph scopes and offloads no modules")
+    check_stack(lay.expert_probs, lay.fused_kernels, lay.native_eager, lay.dtype,
+                bool(lay.cuda_graphs or lay.offload_modules))
+    why = (op_sac_stack_refusal(lay.recompute_modules, lay.attention_kernel, lay.fused_kernels, lay.cp)
+           if lay.recompute == "selective" else None)
+    if why:
+        raise LayoutError(*why)
     check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
     check_fp8_params(lay.fp8_params, lay.fp8)
 

@@ -18,9 +18,9 @@ from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
 from .errors import LayoutError
-from .layout import (check_a2a_sms, check_fp8_params, check_offload_modules, check_stack, degrees_label,
-                     layer_slots, native_eager_refusal, offload_limit, op_sac_refusal, op_sac_stack_refusal,
-                     recompute_layers_limit, split_refused)
+from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_offload_modules, check_stack,
+                     degrees_label, layer_slots, native_eager_refusal, offload_limit, op_sac_refusal,
+                     op_sac_stack_refusal, recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -110,18 +110,13 @@ class SearchSpace:
 
     def __post_init__(self):
         # the rules check_layout applies to one layout
-        check_stack(self.expert_probs, self.fused_kernels, self.native_eager, self.dtype)
+        check_stack(self.expert_probs, self.fused_kernels, self.native_eager, self.dtype,
+                    bool(self.cuda_graphs or any(self.offload_modules)))
         for mods in self.selective if "selective" in self.recomputes else ():
-            why = op_sac_refusal(None, mods) or op_sac_stack_refusal(mods, self.attention_kernel, self.fused_kernels,
-                                                                     max(self.cps))
+            why = op_sac_stack_refusal(mods, self.attention_kernel, self.fused_kernels, max(self.cps))
             if why:
                 raise LayoutError(*why)
-        if self.fsdp2 and 3 not in self.zeros:
-            raise LayoutError("fsdp2 with zero 3", f"zero stages {', '.join(map(str, self.zeros))} gather no sharded "
-                              "parameters a micro-batch; fsdp2 prices torch FSDP2's ZeRO-3")
-        if self.native_eager and (self.cuda_graphs or any(self.offload_modules)):
-            raise LayoutError("native_eager without Megatron-Core's cuda_graphs and offload_modules", "a "
-                              "PyTorch-native stack's eager block captures no graph scopes and offloads no modules")
+        check_fsdp2(self.fsdp2, self.zeros)
         check_fp8_params(self.fp8_params, self.fp8)
         for mods in self.offload_modules:
             check_offload_modules(mods, self.cuda_graphs, self.fused_kernels)

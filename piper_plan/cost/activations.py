@@ -108,7 +108,7 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     out["attn_norm_unfused"] = np.where(u, (4.0 * t + 4.0 * t * d) / sp_div, 0.0)
     out["attn_norm_native"] = np.where(n & ~ln, (4.0 * t + eb * t * d) / sp_div, 0.0)  # as qkv_in: re-made
     # K and V copied to the query heads (repeat_kv: not with one kv head a rank, whose copies are views)
-    copied = native_repeats(heads, np.maximum(m.kv_heads / tp, 1.0), "f") & n & (m.mla is None)
+    copied = native_repeats(heads, m.kv_heads_per_rank(tp), "f") & n & (m.mla is None)
     out["kv_repeat_native"] = np.where(copied, eb * t * (3.0 * heads * m.hd - m.qkv_dim_per_rank(tp)), 0.0)
     out["attn_out_copy"] = np.where(u, eb * t * heads * dv, 0.0)
     # its rotary tables cast to bf16 in each of the two rotations (q, k): [s, rope / 2] cos and sin
@@ -120,7 +120,7 @@ def attention_terms(m: ModelSpec, lay: LayoutBatch, naive: bool = False) -> dict
     op = recomputes(lay, "op_sac")
     if op.any():
         out = {k: np.where(op, 0.0, v) for k, v in out.items()}
-        mm = eb * t * (heads + np.maximum(m.kv_heads / tp, 1.0)) * m.hd
+        mm = eb * t * (heads + m.kv_heads_per_rank(tp)) * m.hd
         scattered = np.where(lay.sp & (tp > 1), eb * t * d / tp, 0.0)  # wo's reduce-scatter (on the list)
         out["sac_attn"] = np.where(op, eb * t * d / sp_div + eb * t * heads * dv + 4.0 * t * heads + mm + scattered,
                                    0.0)

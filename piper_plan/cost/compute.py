@@ -378,7 +378,7 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
     # k's and the output projections re-run. torchao's float8 linears reach the policy as aten.mm on their
     # tensor subclass (the mode sees the op before the subclass lowers it to _scaled_mm): counted alike
     if m.mla is None:
-        kv = np.maximum(m.kv_heads / tp, 1.0)
+        kv = m.kv_heads_per_rank(tp)
         wk = lin[0].f * kv / (m.num_heads / tp + 2.0 * kv)  # k's share of the q/k/v projections' GEMM
         sel = np.where(recomputes(lay, "op_sac"), ew.f + wk + lin[-1].f, sel)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))

@@ -125,7 +125,7 @@ def _native_token(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, t):
     heads over tp, each rank its kv_heads / tp (at least one), and its norms and residual adds over
     the sequence where sequence parallelism splits it (every token on every rank where not)."""
     tp = lay.tp.astype(float)
-    heads, kv = m.num_heads / tp, np.maximum(m.kv_heads / tp, 1.0)
+    heads, kv = m.num_heads / tp, m.kv_heads_per_rank(tp)
     rows = lay.tokens / np.where(lay.sp, tp, 1.0)  # the tokens a rank's norms and residual adds see
     out = []
     for j, ph in enumerate("fb"):

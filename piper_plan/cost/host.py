@@ -72,7 +72,7 @@ def layer_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
     dense = attn + mlp
     if lay.native.any():  # a native eager block: its seven projections (and their FP8 casts), SDPA, every
         # elementwise op, the tp collectives around attention and the MLP, and context parallelism's steps
-        kv = np.maximum(m.kv_heads / lay.tp, 1.0)
+        kv = m.kv_heads_per_rank(lay.tp)
         elementwise = np.where(native_repeats(m.num_heads / lay.tp, kv, "f"), *NATIVE_OPS["f"][::-1])
         dense = np.where(lay.native, 7.0 * (1.0 + q) + 1.0 + elementwise + 2.0 * tp_comm + ring, dense)
     moe = np.zeros(len(lay))

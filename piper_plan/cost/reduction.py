@@ -169,12 +169,12 @@ def fsdp2_copies(hw: HardwareSpec, lay: LayoutBatch, gathered, params, eb, gb, u
     """(copy-out, copy-in) seconds of torch FSDP2's ZeRO-3 around one gather and one reduction of a
     rank's `params` parameters (`gathered` bytes as gathered). The all-gather lands in a flat buffer
     that wait_for_unshard copies into the unsharded parameters (torch.split_with_sizes_copy: each
-    byte read and written); foreach_reduce
-    copies the gradients, made in the compute dtype (`eb` B), into the reduce-scatter's input in the
-    reduce dtype (`gb` B; torch._chunk_cat). Both on the compute stream, a kernel a unit (`units`),
-    at the device's stream rate (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py and
-    _fsdp_param_group.py, torch 2.13). Priced for every layout: dp_comm_time charges them where
-    Layout.fsdp2 holds (a search prices collectives once for the ZeRO stages of a layout)."""
+    byte read and written); foreach_reduce copies the gradients, made in the compute dtype (`eb` B),
+    into the reduce-scatter's input in the reduce dtype (`gb` B; torch._chunk_cat). Both on the
+    compute stream, a kernel a unit (`units`), at the device's stream rate
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py and _fsdp_param_group.py, torch 2.13).
+    Priced for every layout: dp_comm_time charges them where Layout.fsdp2 holds (a search prices
+    collectives once for the ZeRO stages of a layout)."""
     return stream_time(hw, 2.0 * gathered, units), stream_time(hw, params * (eb + gb), units)
 
 

@@ -236,13 +236,18 @@ class ModelSpec(_Optional):
         whole = self.attn_params_whole(tp)
         return (self.attn_params - whole) / np.asarray(tp, dtype=float) + whole
 
+    def kv_heads_per_rank(self, tp):
+        """Key/value heads on one of `tp` tensor-parallel ranks: kv_heads / tp, but at least one
+        (where tp exceeds GQA's kv heads a rank computes its own head's key and value)."""
+        return np.maximum(self.kv_heads / np.asarray(tp, dtype=float), 1.0)
+
     def qkv_dim_per_rank(self, tp):
         """qkv_dim on one of `tp` tensor-parallel ranks: where tp exceeds GQA's kv heads a rank
         computes its own head's key and value (one head each), not kv_heads / tp of one."""
         tp = np.asarray(tp, dtype=float)
         if self.mla is not None:
             return self.qkv_dim / tp
-        return self.hd * (self.num_heads / tp + 2 * np.maximum(self.kv_heads / tp, 1.0))
+        return self.hd * (self.num_heads / tp + 2 * self.kv_heads_per_rank(tp))
 
     @property
     def attn_out_dim(self) -> int:
