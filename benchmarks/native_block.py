@@ -134,3 +134,87 @@ def op_sac_context(save_cpu_attention: bool = True):
         return fwd, rec
 
     return context_fn, made, rerun
+
+
+def cross_entropy_loss(pred, labels):
+    """torchtitan's loss (torchtitan/components/loss.py cross_entropy_loss): fp32 cross-entropy over
+    the LM head's logits."""
+    return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def partitioned_saves(fn, *args) -> list[tuple[torch.Tensor, bool]]:
+    """What torch.compile saves of `fn`'s forward for its backward, called on `args`: the forward
+    graph AOTAutograd's min_cut_rematerialization_partition leaves with Inductor's decompositions
+    (what Inductor runs; only the code generation is left out, so it runs on any CPU). Returns
+    (fake value, is a graph input) for each saved tensor, the forward's one output excluded."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = []
+
+    def forward_graph(gm, _example):
+        graphs.append(gm)
+        return gm.forward
+
+    backend = aot_autograd(fw_compiler=forward_graph, bw_compiler=lambda gm, _example: gm.forward,
+                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    out = next(n for n in graphs[0].graph.nodes if n.op == "output").args[0]
+    vals = [(n.meta.get("val"), n.op == "placeholder") for n in out[1:]]
+    return [(v, inp) for v, inp in vals if isinstance(v, torch.Tensor)]
+
+
+def tp_op_sac_saves(shape, tp: int, sp: bool, gated: bool = True) -> int:
+    """Bytes torch.compile saves (partitioned_saves) of one tensor-parallel rank's block under
+    torchtitan's per-op policy: the block above on `shape` (dim, heads, kv_heads, head_dim, tokens,
+    ffn) with its heads and FFN split over `tp` ranks of a fake process group (torch's
+    FakeProcessGroup: collectives traced, not run), its row-parallel outputs all-reduced or, with
+    sequence parallelism (`sp`), reduce-scattered and its norms' outputs all-gathered, as torchtitan's
+    parallelize_llama lays it out; `gated` False: a GELU FFN of w1 and w2. The block input is counted,
+    the weights and rotary table are not. Initialises the default process group: run it alone in a
+    process."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils.checkpoint import checkpoint
+
+    dist.init_process_group("fake", rank=0, world_size=tp, store=FakeStore())
+    group = dist.group.WORLD
+    d, h, kv, hd, t, f = shape
+    bf = torch.bfloat16
+    local = {"wq": (h // tp * hd, d), "wk": (kv // tp * hd, d), "wv": (kv // tp * hd, d), "wo": (d, h // tp * hd),
+             "w1": (f // tp, d), "w3": (f // tp, d), "w2": (d, f // tp)}
+    weights = {k: torch.randn(*s, dtype=bf, requires_grad=True) for k, s in local.items()}
+    norms = RMSNorm(d).to(bf), RMSNorm(d).to(bf)
+    gather = (lambda y: funcol.all_gather_tensor(y, 1, group)) if sp else (lambda y: y)  # noqa: E731
+
+    def reduce(y):
+        if tp == 1:
+            return y
+        return funcol.reduce_scatter_tensor(y, "sum", 1, group) if sp else funcol.all_reduce(y, "sum", group)
+
+    def block(x, cis, w):
+        a = gather(norms[0](x))
+        n = a.shape[1]
+        q, k, v = (F.linear(a, w[p]).view(1, n, -1, hd) for p in ("wq", "wk", "wv"))
+        q, k = apply_rotary_emb(q, k, cis)
+        k, v = repeat_kv(k, h // kv), repeat_kv(v, h // kv)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        hh = x + reduce(F.linear(o.transpose(1, 2).contiguous().view(1, n, -1), w["wo"]))
+        b = gather(norms[1](hh))
+        mid = F.silu(F.linear(b, w["w1"])) * F.linear(b, w["w3"]) if gated else F.gelu(F.linear(b, w["w1"]))
+        return hh + reduce(F.linear(mid, w["w2"]))
+
+    context_fn, _, _ = op_sac_context()
+    x = torch.randn(1, t // tp if sp else t, d, dtype=bf, requires_grad=True)
+
+    def run(x, cis, *ws):
+        return checkpoint(block, x, cis, dict(zip(weights, ws)), use_reentrant=False, context_fn=context_fn)
+
+    try:
+        saves = partitioned_saves(run, x, freqs_cis(hd, t), *weights.values())
+    finally:
+        dist.destroy_process_group()
+    return sum(v.numel() * v.element_size() for v, is_input in saves if not is_input) + x.numel() * x.element_size()

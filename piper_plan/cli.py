@@ -145,6 +145,10 @@ def _graph_scopes(kw) -> tuple[str, ...]:
     return _listed(kw["cuda_graphs"], "--cuda-graphs", GRAPH_SCOPES)
 
 
+def _compiled(kw) -> tuple[str, ...]:
+    return _listed(kw["compiled"], "--compile", ("model", "loss"))
+
+
 def _offload_modules(text: str, model=None) -> tuple[str, ...]:
     """One --offload-modules set as a tuple; the experts' modules refused for a model without experts."""
     from .cost.batch import OFFLOAD_MODULES
@@ -362,6 +366,7 @@ def _layout_from(kw, model):
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] != "unfused", native_eager=kw["kernels"] == "eager",
+                  compiled=_compiled(kw),
                   expert_gemm=kw["expert_gemm"], a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"], fp8=kw["fp8"],
                   fp8_params=kw["fp8_params"], cuda_graphs=_graph_scopes(kw),
                   tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],
@@ -611,7 +616,7 @@ def _space(kw, model, gpus):
     sp = SearchSpace(selective=selective, gpus=gpus, global_batch=gbs, seq=seq, dtype=kw["dtype"], a2as=a2as,
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] != "unfused",
-                     native_eager=kw["kernels"] == "eager", fsdp2=kw["fsdp2"],
+                     native_eager=kw["kernels"] == "eager", fsdp2=kw["fsdp2"], compiled=_compiled(kw),
                      etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq),
                      cp_comms=_cp_comms(kw), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],

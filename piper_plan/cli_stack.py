@@ -20,6 +20,11 @@ STACK_OPTIONS = [
         click.option("--kernels", type=click.Choice(["fused", "unfused", "eager"]), default="fused",
                      show_default=True, help="fused norm/SwiGLU/routing kernels (Megatron, TE, torch.compile); "
                      "unfused, piper-train's eager modules; eager, torchtitan's dense block without torch.compile"),
+        click.option("--compile", "compiled", default="none", show_default=True,
+                     help="what a PyTorch-native stack runs under torch.compile, comma-separated (torchtitan's "
+                     "compile.components): model, its blocks (under --recompute-modules op_sac Inductor keeps only "
+                     "what the backward reads); loss, the cross-entropy, which keeps the logits in their dtype, not "
+                     "fp32 log-probabilities; none: neither (Megatron-Core's stack)"),
         click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
                      show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
                      "(Transformer Engine's default), or one per expert in turn (a Python loop)"),

@@ -41,6 +41,8 @@ CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "
 OffloadModule = Literal["attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"]
 Placement = Literal["packed", "spread"]
 PipelineSplit = Literal["balanced", "even", "account"]
+# torchtitan's compile.components: what a PyTorch-native stack puts under torch.compile
+CompilePart = Literal["model", "loss"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -132,6 +134,14 @@ class Layout(BaseModel):
         "and residual adds as separate ops on bf16 weights, priced by the bytes torchtitan's block moves "
         "(cost/eager.py NATIVE) in place of the fused passes. A dense model with standard attention in bf16 or fp16 "
         "only (the block counted), and not with fused_kernels false (piper-train's own eager modules)")
+    compiled: tuple[CompilePart, ...] = Field(
+        (), description="what a PyTorch-native stack runs under torch.compile (torchtitan's compile.components): "
+        "model, its blocks (fused kernels, as fused_kernels prices them; under recompute module op_sac, Inductor's "
+        "partitioner saves only the policy's outputs the backward reads, so the FFN's down projection is not kept: "
+        "activations.ffn_terms); loss, the cross-entropy, which then keeps the LM head's logits in their own dtype "
+        "and two fp32 figures a token (the max and the log-sum-exp) in place of fp32 log-probabilities, and makes "
+        "their gradient in that dtype (rank_memory._logits). Not with native_eager's uncompiled block (loss alone "
+        "may be), fused_kernels false (piper-train's modules) or Megatron-Core's graphs and offloading")
     expert_gemm: ExpertGemm = Field(
         "grouped", description="how the local experts' GEMMs launch: one grouped kernel (piper-train's batched "
         "matmul, CUTLASS grouped GEMM); multistream, one GEMM per expert on Transformer Engine's 4 compute streams "
@@ -279,12 +289,25 @@ def recompute_label(recompute: str, modules, layers: int = 0) -> str:
 
 
 def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = False, dtype: str = "bf16",
-                megatron_features: bool = False) -> None:
+                megatron_features: bool = False, compiled=()) -> None:
     """Raise LayoutError for a runtime pairing that does not exist: probabilities applied in the
     experts' activation are a fused stack's (Megatron-Core); eager modules scale at the combine;
     a PyTorch-native stack's eager block (native_eager) is another stack than piper-train's
     (fused_kernels false), counted in bf16, with none of Megatron-Core's CUDA-graph scopes or
-    module offloading (`megatron_features`: any asked for)."""
+    module offloading (`megatron_features`: any asked for); what it compiles (`compiled`:
+    Layout.compiled) is neither piper-train's (which compiles nothing) nor beside those features,
+    and its compiled model is not the eager block."""
+    if len(set(compiled)) < len(compiled) or not set(compiled) <= {"model", "loss"}:
+        raise LayoutError("compiled: model and loss, each once", f"got {', '.join(compiled)}")
+    if compiled and (not fused_kernels or megatron_features):
+        raise LayoutError("compiled with fused_kernels true and no cuda_graphs or offload_modules",
+                          f"compiled {'+'.join(compiled)} is a PyTorch-native stack's torch.compile; fused_kernels "
+                          "false is piper-train's eager modules, and Megatron-Core's graph scopes and module "
+                          "offloading are not that stack's")
+    if "model" in compiled and native_eager:
+        raise LayoutError("compiled model without native_eager", "native_eager is the block run without "
+                          "torch.compile; a compiled model runs Inductor's fused kernels (compiled loss alone may "
+                          "sit beside the eager block)")
     if expert_probs == "activation" and not fused_kernels:
         raise LayoutError("expert_probs activation needs fused kernels", "eager modules (fused_kernels false, "
                           "piper-train) scale the expert outputs at the combine; use expert_probs combine")
@@ -524,7 +547,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
         raise LayoutError("recompute_layers <= the layers of a chunk", f"recompute_layers={lay.recompute_layers}, "
                           f"but no chunk of {num_layers} layers over {lay.stages} chunks holds more than {most}")
     check_stack(lay.expert_probs, lay.fused_kernels, lay.native_eager, lay.dtype,
-                bool(lay.cuda_graphs or lay.offload_modules))
+                bool(lay.cuda_graphs or lay.offload_modules), lay.compiled)
     why = (op_sac_stack_refusal(lay.recompute_modules, lay.attention_kernel, lay.fused_kernels, lay.cp)
            if lay.recompute == "selective" else None)
     if why:

@@ -74,6 +74,7 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("recompute_layers", (0,), "--recompute-layers", "piper-train's full recompute re-runs every layer"),
     Support("native_eager", (False,), "--kernels eager", "piper-train runs its own eager modules (autocast over "
             "fp32 weights: --kernels unfused), not a PyTorch-native stack's bf16 block"),
+    Support("compiled", ((),), "--compile", "piper-train runs its modules and loss eagerly, with no torch.compile"),
 )
 
 

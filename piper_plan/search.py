@@ -17,6 +17,7 @@ from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, c
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
+from .cost.rank_memory import logits_kept_bytes
 from .errors import LayoutError
 from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_offload_modules, check_stack,
                      degrees_label, layer_slots, native_eager_refusal, offload_limit, op_sac_refusal,
@@ -85,6 +86,7 @@ class SearchSpace:
     fused_kernels: bool = True
     native_eager: bool = False     # Layout.native_eager: a PyTorch-native stack's eager block (torchtitan's)
     fsdp2: bool = False            # Layout.fsdp2: ZeRO-3 layouts run as torch FSDP2 (copies, state)
+    compiled: tuple[str, ...] = ()  # Layout.compiled: what a PyTorch-native stack runs under torch.compile
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     a2a_sms: int | None = None    # Layout.a2a_sms (None: the hardware spec's overlap_comm_units)
@@ -111,7 +113,7 @@ class SearchSpace:
     def __post_init__(self):
         # the rules check_layout applies to one layout
         check_stack(self.expert_probs, self.fused_kernels, self.native_eager, self.dtype,
-                    bool(self.cuda_graphs or any(self.offload_modules)))
+                    bool(self.cuda_graphs or any(self.offload_modules)), self.compiled)
         for mods in self.selective if "selective" in self.recomputes else ():
             why = op_sac_stack_refusal(mods, self.attention_kernel, self.fused_kernels, max(self.cps))
             if why:
@@ -336,8 +338,8 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
     mb = np.array(sp.mbs or mbs_choices(sp.global_batch))
     # rules on the degrees alone and a memory bound on the micro-batch, before the grid is built
     # (each counted as the layouts it would have made): its tp rules are on tp alone, and the rank
-    # with the LM head keeps at least one micro-batch's fp32 logits and their gradient
-    # (rank_memory._logits), so a micro-batch whose logits alone overflow the device fits on no
+    # with the LM head keeps at least one micro-batch's logits (fp32; a compiled loss's in their dtype)
+    # and their gradient (rank_memory._logits), so a micro-batch whose logits alone overflow the device fits on no
     # layout; sizes over it for every (tp, cp) left are not crossed at all
     per_tri = len(sched) * len(rc) * len(zs) * len(a2) * len(pl) * len(_offload_combos(sp))  # layouts a tuple makes
     for name, bad in ((f"tp not a divisor of the scale-up domain ({domain} GPUs): a tp group's collectives on "
@@ -359,7 +361,8 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
     if not len(tri):
         return None
     avail = (hw.accelerator.memory_gib - (headroom_gib or 0.0)) * GIB
-    per_seq = sp.seq * m.vocab_size * (1 + m.mtp_layers) * (4.0 + DTYPE_BYTES[sp.dtype])
+    eb = DTYPE_BYTES[sp.dtype]
+    per_seq = sp.seq * m.vocab_size * (1 + m.mtp_layers) * (logits_kept_bytes(eb, "loss" in sp.compiled) + eb)
     widest = int((tri[:, 0] * tri[:, 1]).max())  # the most a sequence's logits are split
     over_all = mb * per_seq / widest > avail
     n_over = int(np.count_nonzero(over_all)) * len(tri) * per_tri
@@ -484,7 +487,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     cols = dict(gpus=N, tp=tp, cp=cp, cpc=cpc, cpa=cpa, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs,
                 seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", fa2=sp.attention_kernel == "fa2", unfused=not sp.fused_kernels,
-                native=sp.native_eager, dropout=False,
+                native=sp.native_eager, cmodel="model" in sp.compiled, closs="loss" in sp.compiled, dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8, p2p_sg=False, tp_async=True,
                 p2p_ovl=sp.p2p_overlap,

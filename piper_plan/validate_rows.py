@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from .clitypes import BATCH, GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
-from .layout import AttentionKernel, CpComm, CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
+from .layout import AttentionKernel, CompilePart, CpComm, CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
 from .specs import load_hardware, load_model
 from .specs.model import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, ModelSpec
 from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
@@ -51,7 +51,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
            "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm", "cp_a2a", "kernels",
-           "fsdp2")
+           "fsdp2", "compile")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -329,6 +329,7 @@ RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf
                 "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel),
                 "cp_comm": get_args(CpComm), "kernels": ("fused", "eager")}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),
+                "compile": get_args(CompilePart),
                 "offload_modules": get_args(OffloadModule)}
 # columns a row answers with yes or no (blank: the reading its source's stack implies)
 YES_NO = ("a2a_overlap", "tp_comm_overlap", "attention_fp8", "overlap_grad_reduce", "reshard_after_forward", "fit",
@@ -378,6 +379,22 @@ def _recompute(rc: str) -> str:
     return _RECOMPUTE_WORDS.get(word, rc)
 
 
+def _check_compile(path, rid: str, r: dict) -> None:
+    """The compile cell (Layout.compiled) where it cannot be priced: a part twice, a compiled model
+    beside the block run without torch.compile (kernels eager), Megatron-Core's graph scopes, or a
+    Megatron-LM 2021-22 row (layout.check_stack's rules, which a published layout is not put through)."""
+    from .validate_recipes import MEGATRON_2021
+
+    parts = [x for x in r.get("compile", "").split("+") if x and x != "none"]
+    why = parts and ((len(set(parts)) < len(parts) and "model and loss each once")
+                     or ("model" in parts and r.get("kernels") == "eager"
+                         and "no model beside kernels eager, the block run without torch.compile")
+                     or (r.get("cuda_graphs", "") not in ("", "none") and "blank beside Megatron-Core's cuda_graphs")
+                     or (r.get("group", "").startswith(MEGATRON_2021) and "blank on a Megatron-LM 2021-22 row"))
+    if why:
+        raise TableError(path, rid, "compile", f"expected {why}, got {r['compile']!r}")
+
+
 def _check_row(path, rid: str, r: dict) -> None:
     if r.get("zero_stage", "") not in ("", "0", "1", "2", "3"):
         raise TableError(path, rid, "zero_stage", f"expected 0, 1, 2 or 3 (or blank), got {r['zero_stage']!r}")
@@ -423,6 +440,7 @@ def _check_row(path, rid: str, r: dict) -> None:
         wrong = [x for x in r.get(c, "").split("+") if x not in ("", "none", *words)]
         if wrong:
             raise TableError(path, rid, c, f"expected none or {', '.join(words)} joined by '+', got {wrong[0]!r}")
+    _check_compile(path, rid, r)
     for c in YES_NO:
         if r.get(c, "") not in ("", "yes", "no"):
             raise TableError(path, rid, c, f"expected yes or no (or blank), got {r[c]!r}")

@@ -69,8 +69,9 @@ def test_below_stage_three_nothing_is_gathered():
 def test_torchtitan_fsdp2_memory_is_met_from_below_within_fifteen_percent():
     """torchtitan's Llama 3.1 8B runs on 32 and 64 H200 (FSDP2, float8 all-gathers, local batch 2
     of 8,192 tokens) report 47.96 and 46.97 GiB, the allocator's reserved peak, which holds more
-    than the tensors live at any moment. The model's peak must sit below it and within 15 %: 43.9
-    and 41.8 GiB with the gathered units priced, 40.0 and 37.9 (-17 / -19 %) without them."""
+    than the tensors live at any moment. The model's peak must sit below it and within 15 %: 45.4
+    and 43.6 GiB with the gathered units priced (and, since session 68, what torch.compile keeps),
+    40.0 and 37.9 (-17 / -19 %) without them."""
     import csv
     import re
 

@@ -153,12 +153,29 @@ def ffn_terms(m: ModelSpec, lay: LayoutBatch) -> dict[str, np.ndarray]:
     op = recomputes(lay, "op_sac")
     if not op.any():
         return out
-    # torchtitan's per-op policy keeps the 5th and 7th aten.mm's outputs (w1's; with a gate w2's partial
-    # sums, without one the 6th, the down projection, is re-made) and, sequence-parallel, the
-    # reduce-scatter's; the rest is re-made (attention_terms)
-    down = np.where(m.ffn_gated, t * d, 0.0) + np.where(lay.sp & (tp > 1), t * d / tp, 0.0)
-    kept = eb * (t * f / tp + down)
+    # torchtitan's per-op policy keeps the 5th and 7th aten.mm's outputs (w1's; the rest is re-made,
+    # attention_terms) and what the eager cache keeps downstream of the down projection
+    kept = eb * t * f / tp + op_sac_down_bytes(m, lay) - compiled_unsaved(m, lay)
     return {**{k: np.where(op, 0.0, v) for k, v in out.items()}, "sac_ffn": np.where(op, kept, 0.0)}
+
+
+def op_sac_down_bytes(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
+    """Bytes torch's eager SAC cache keeps, under torchtitan's per-op policy, downstream of a
+    layer's FFN down projection: with a gate w2's output, the 7th aten.mm (without one the 6th, the
+    down projection, is re-made), and, sequence-parallel, its reduce-scatter's (on the list)."""
+    t, tp, _, eb = _common(lay)
+    d = m.hidden_size
+    return eb * (np.where(m.ffn_gated, t * d, 0.0) + np.where(lay.sp & (tp > 1), t * d / tp, 0.0))
+
+
+def compiled_unsaved(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
+    """What of op_sac_down_bytes a compiled block (Layout.compiled model) does not save: Inductor's
+    partitioner keeps only what the backward reads, and nothing reads the down projection's output,
+    but at tp > 1 without sequence parallelism, where w2's all-reduce, tagged for re-making, pulls
+    w2's partial sums into the saved set (its copy in the backward is then dropped as dead code,
+    the saved tensor is not). Run in tests/test_compiled.py at tp 1 and 2."""
+    _, tp, _, _ = _common(lay)
+    return np.where(lay.cmodel & (lay.sp | (tp == 1)), op_sac_down_bytes(m, lay), 0.0)
 
 
 def expected_pad(row_multiple: int) -> float:

@@ -436,8 +436,9 @@ def ffn_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> P
     sel = (np.where(mlp, total.f - norm_f, 0.0) + _norm_again(lay, norm_f)
            + np.where(recomputes(lay, "act_fc2") & ~mlp, act_fc2, 0.0))
     # torchtitan's per-op policy (attention_phase): the block's 6th aten.mm is the up projection (w3; the
-    # gate, w1, runs first), without a gate the down projection; the elementwise ops all re-run
-    sixth = lin[0].f / 2.0 if m.ffn_gated else lin[1].f
+    # gate, w1, runs first), without a gate the down projection, which a compiled block does not re-run
+    # (nothing in its backward reads it); the elementwise ops all re-run
+    sixth = lin[0].f / 2.0 if m.ffn_gated else np.where(lay.cmodel, 0.0, lin[1].f)
     sel = np.where(recomputes(lay, "op_sac"), ew.f + sixth, sel)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)

@@ -122,7 +122,7 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise; the world
     # sets where the groups meet domain boundaries (comm.level_counts)
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, lay.cpc, lay.cpa, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.fa2,
-           lay.unfused, lay.native, lay.egemm, lay.dropout, lay.act_bytes, lay.probs_act, lay.gpus,
+           lay.unfused, lay.native, lay.cmodel, lay.egemm, lay.dropout, lay.act_bytes, lay.probs_act, lay.gpus,
            lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
     # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
     _, first_key, code = distinct_rows(*key)
@@ -400,12 +400,15 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
     # torchtitan's per-op policy (op_sac, dense blocks at cp 1) re-runs the block's tensor-parallel
     # collectives but the reduce-scatters it keeps (_op_sac_save_list): the all-gathers, half, with
     # sequence parallelism; without it the all-reduces, all
+    # compiled, w2's all-reduce is not re-run (nothing in the backward reads the block's output): half too
     tp_f = dense_comm.f - cpx.f
-    dense_comm_r = attn_comm_r + np.where(recomputes(sel, "op_sac"), np.where(sel.sp, 0.5, 1.0) * tp_f, 0.0)
+    halved = sel.sp | sel.cmodel
+    dense_comm_r = attn_comm_r + np.where(recomputes(sel, "op_sac"), np.where(halved, 0.5, 1.0) * tp_f, 0.0)
     out = dict(dense=dense, dense_comm=dense_comm, moe=moe, moe_comm=moe_comm, imb=imb, a2a_fwd=a2a_fwd,
                dense_comm_r=dense_comm_r, moe_comm_r=moe_comm_r, cp_f=cpx.f, cp_b=cpx.b, cp_r=cp_r,
                dense_host=dense_host.total, moe_host=moe_host.total, dense_host_f=dense_host.f, moe_host_f=moe_host.f,
-               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, a2a_hide_f=a2a_hide_f, emb=blk["emb"], head=blk["head"], a_in=blk["a_in"])
+               a2a_bwd=a2a_bwd, a2a_hide=a2a_hide, a2a_hide_f=a2a_hide_f, emb=blk["emb"], head=blk["head"],
+               a_in=blk["a_in"], a_unsaved=blk["a_unsaved"])
     for rc, variant in _recompute_variants(lay, sel):
         out[f"a_dense_{rc}"] = blk[f"a_dense_{rc}"]
         out[f"a_moe_{rc}"] = (blk[f"a_attn_{rc}"] + sum(act.moe_terms(m, variant, imb,
@@ -424,8 +427,8 @@ def _recompute_variants(lay: LayoutBatch, sel: LayoutBatch):
 def _dense_key(lay: LayoutBatch) -> tuple:
     """The columns _dense_block reads."""
     return (lay.mbs, lay.seq, lay.cp, lay.cpc, lay.cpa, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout,
-            lay.eager, lay.fa2, lay.unfused, lay.native, lay.recompute, lay.rc_mods, lay.tp_overlap, lay.tp_async,
-            lay.gpus)
+            lay.eager, lay.fa2, lay.unfused, lay.native, lay.cmodel, lay.recompute, lay.rc_mods, lay.tp_overlap,
+            lay.tp_async, lay.gpus)
 
 
 def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:
@@ -454,7 +457,9 @@ def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -
     out = dict(attn=attn, tp_ar=tp_ar, dense=dense, tp_moe=tp_moe, cpx=cpx,
                dense_comm=Phase(tp_dense.f, tp_dense.b, zero, zero),
                emb=embedding_phase(m, hw, lay) + vocab[0], head=head + vocab[1],
-               a_in=act.layer_input_bytes(m, lay))
+               a_in=act.layer_input_bytes(m, lay),
+               # what a compiled op_sac block neither keeps nor rebuilds (recompute.with_recompute's rc_dense_sel)
+               a_unsaved=act.compiled_unsaved(m, lay) if m.ffn_size else np.zeros(len(lay)))
     # both ways: rows of one key differ in recompute, and what the FFN saves depends on it too
     for rc, variant in _recompute_variants(lay, sel):
         out[f"a_attn_{rc}"] = a_attn = sum(act.attention_terms(m, variant).values())

@@ -35,8 +35,10 @@ def with_recompute(base: dict, recompute, share=1.0) -> dict:
         out[f"a_{k}"] = part * base["a_in"] + (1.0 - part) * kept
         # what a re-run layer rebuilds in the backward beside the input it kept (rank_memory._rebuilt)
         out[f"rc_{k}"] = np.maximum(base[f"a_{k}_none"] - base["a_in"], 0.0)
-        # and beside what selective recompute kept (rank_memory._rebuilt: torchtitan's per-op policy)
-        out[f"rc_{k}_sel"] = np.maximum(base[f"a_{k}_none"] - base[f"a_{k}_sel"], 0.0)
+        # and beside what selective recompute kept (rank_memory._rebuilt: torchtitan's per-op policy),
+        # but what a compiled block neither keeps nor rebuilds (activations.compiled_unsaved)
+        unsaved = base["a_unsaved"] if k == "dense" else 0.0
+        out[f"rc_{k}_sel"] = np.maximum(base[f"a_{k}_none"] - base[f"a_{k}_sel"] - unsaved, 0.0)
         # full recompute re-issues the forward: its host gap (in ph.f, so in r) again
         out[f"{k}_host"] = base[f"{k}_host"] + part * base[f"{k}_host_f"]
     # full recompute repeats the forward's collectives; selective those of the modules it re-runs
