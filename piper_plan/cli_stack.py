@@ -25,6 +25,10 @@ STACK_OPTIONS = [
                      "compile.components): model, its blocks (under --recompute-modules op_sac Inductor keeps only "
                      "what the backward reads); loss, the cross-entropy, which keeps the logits in their dtype, not "
                      "fp32 log-probabilities; none: neither (Megatron-Core's stack)"),
+        click.option("--cross-entropy", type=click.Choice(["fused", "eager"]), default="fused", show_default=True,
+                     help="how an uncompiled loss runs: fused, Megatron-Core's vocab-parallel cross-entropy (one fp32 "
+                     "copy, made the gradient in place); eager, torch's F.cross_entropy on an fp32 copy (torchtitan, "
+                     "Hugging Face), whose backward holds three fp32 copies of the logits at once"),
         click.option("--expert-gemm", type=click.Choice(["grouped", "multistream", "loop"]), default="grouped",
                      show_default=True, help="local experts' GEMMs as one grouped kernel, one per expert on 4 streams "
                      "(Transformer Engine's default), or one per expert in turn (a Python loop)"),

@@ -43,6 +43,8 @@ Placement = Literal["packed", "spread"]
 PipelineSplit = Literal["balanced", "even", "account"]
 # torchtitan's compile.components: what a PyTorch-native stack puts under torch.compile
 CompilePart = Literal["model", "loss"]
+# how an uncompiled loss runs its cross-entropy (Layout.cross_entropy)
+CrossEntropy = Literal["fused", "eager"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -142,6 +144,14 @@ class Layout(BaseModel):
         "and two fp32 figures a token (the max and the log-sum-exp) in place of fp32 log-probabilities, and makes "
         "their gradient in that dtype (rank_memory._logits). Not with native_eager's uncompiled block (loss alone "
         "may be), fused_kernels false (piper-train's modules) or Megatron-Core's graphs and offloading")
+    cross_entropy: CrossEntropy = Field(
+        "fused", description="how an uncompiled loss runs its cross-entropy over the LM head's logits: fused, "
+        "Megatron-Core's vocab-parallel cross-entropy, on one fp32 copy turned into the softmax and then into the "
+        "gradient in place (4 B an element kept, the gradient's dtype added in the backward); eager, torch's "
+        "F.cross_entropy on an fp32 copy (torchtitan's and Hugging Face's loss uncompiled): log_softmax keeps fp32 "
+        "log-probabilities, and its backward holds them beside nll_loss's and its own fp32 gradients (4 B kept, 8 "
+        "added: rank_memory.logits_bytes, counted op by op in tests/test_cross_entropy.py). A compiled loss "
+        "(Layout.compiled) is Inductor's whatever this says")
     expert_gemm: ExpertGemm = Field(
         "grouped", description="how the local experts' GEMMs launch: one grouped kernel (piper-train's batched "
         "matmul, CUTLASS grouped GEMM); multistream, one GEMM per expert on Transformer Engine's 4 compute streams "

@@ -17,7 +17,7 @@ from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, c
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
-from .cost.rank_memory import logits_kept_bytes
+from .cost.rank_memory import logits_bytes
 from .errors import LayoutError
 from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_offload_modules, check_stack,
                      degrees_label, layer_slots, native_eager_refusal, offload_limit, op_sac_refusal,
@@ -87,6 +87,7 @@ class SearchSpace:
     native_eager: bool = False     # Layout.native_eager: a PyTorch-native stack's eager block (torchtitan's)
     fsdp2: bool = False            # Layout.fsdp2: ZeRO-3 layouts run as torch FSDP2 (copies, state)
     compiled: tuple[str, ...] = ()  # Layout.compiled: what a PyTorch-native stack runs under torch.compile
+    cross_entropy: str = "fused"    # Layout.cross_entropy: how an uncompiled loss runs
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
     a2a_overlap: bool = False     # Layout.a2a_overlap (a runtime feature: Megatron-Core's EP overlap)
     a2a_sms: int | None = None    # Layout.a2a_sms (None: the hardware spec's overlap_comm_units)
@@ -119,6 +120,8 @@ class SearchSpace:
             if why:
                 raise LayoutError(*why)
         check_fsdp2(self.fsdp2, self.zeros)
+        if self.cross_entropy not in ("fused", "eager"):
+            raise LayoutError("cross_entropy fused or eager", f"got {self.cross_entropy!r}")
         check_fp8_params(self.fp8_params, self.fp8)
         for mods in self.offload_modules:
             check_offload_modules(mods, self.cuda_graphs, self.fused_kernels)
@@ -361,8 +364,8 @@ def _grid(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, headroom_gib: float |
     if not len(tri):
         return None
     avail = (hw.accelerator.memory_gib - (headroom_gib or 0.0)) * GIB
-    eb = DTYPE_BYTES[sp.dtype]
-    per_seq = sp.seq * m.vocab_size * (1 + m.mtp_layers) * (logits_kept_bytes(eb, "loss" in sp.compiled) + eb)
+    kept, back = logits_bytes(DTYPE_BYTES[sp.dtype], "loss" in sp.compiled, sp.cross_entropy == "eager")
+    per_seq = sp.seq * m.vocab_size * (1 + m.mtp_layers) * float(kept + back)
     widest = int((tri[:, 0] * tri[:, 1]).max())  # the most a sequence's logits are split
     over_all = mb * per_seq / widest > avail
     n_over = int(np.count_nonzero(over_all)) * len(tri) * per_tri
@@ -487,7 +490,8 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     cols = dict(gpus=N, tp=tp, cp=cp, cpc=cpc, cpa=cpa, pp=pp, dp=dp, ep=ep, etp=etp, vpp=vpp, mbs=mbs, gbs=gbs,
                 seq=sp.seq, sched=s_idx,
                 eager=sp.attention_kernel == "eager", fa2=sp.attention_kernel == "fa2", unfused=not sp.fused_kernels,
-                native=sp.native_eager, cmodel="model" in sp.compiled, closs="loss" in sp.compiled, dropout=False,
+                native=sp.native_eager, cmodel="model" in sp.compiled, closs="loss" in sp.compiled,
+                ce_eager=sp.cross_entropy == "eager", dropout=False,
                 egemm=EXPERT_GEMMS.index(sp.expert_gemm), a2a_overlap=sp.a2a_overlap, a2a_sms=sp.a2a_sms or 0,
                 tp_overlap=sp.tp_comm_overlap, attn_fp8=sp.attention_fp8, p2p_sg=False, tp_async=True,
                 p2p_ovl=sp.p2p_overlap,

@@ -177,7 +177,8 @@ def _settings(row, hw: HardwareSpec) -> dict:
     Layout.native_eager; blank or fused: fused kernels, torch.compile's included),
     fsdp2 (yes where ZeRO-3 ran as torch FSDP2: Layout.fsdp2; blank: _fsdp2),
     compile (what a PyTorch-native stack ran under torch.compile, model and loss joined by "+":
-    Layout.compiled; blank: nothing),
+    Layout.compiled; blank: nothing), cross_entropy (fused or eager: Layout.cross_entropy; blank:
+    eager for a PyTorch-native stack's row, torch's F.cross_entropy, fused elsewhere),
     fp8_params (yes where it keeps the weights in FP8, fp8_param_gather / --fp8-param-gather:
     Layout.fp8_params; blank: bf16 weights, TE's default),
     tp_comm_overlap (yes where the recipe sets it: Layout.tp_comm_overlap) and zero_stage (3 where
@@ -205,6 +206,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
         raise LayoutError("attention_fp8 needs attention flash", why)
     return dict(attention_kernel=kernel, dropout=False, zero=_zero(row), native_eager=row.get("kernels") == "eager",
                 compiled=tuple(x for x in row.get("compile", "").split("+") if x and x != "none"),
+                cross_entropy=row.get("cross_entropy") or ("eager" if _pytorch_native(row) else "fused"),
                 reshard_after_forward=row.get("reshard_after_forward") != "no", fsdp2=_fsdp2(row),
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",
@@ -493,7 +495,7 @@ def searched_space(row, hw: HardwareSpec, global_batch: int | None = None) -> Se
         x = _settings(row, hw)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
                 "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce", "grad_dtype", "native_eager",
-                "fsdp2", "compiled")
+                "fsdp2", "compiled", "cross_entropy")
         # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
         # the space's defaults stand for those
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),

@@ -232,9 +232,9 @@ def test_torchtitans_compiled_per_op_rows_state_what_their_versions_compiled():
 
 def test_torchtitans_compiled_runs_are_met_from_below_by_the_reserved_peak_they_publish():
     """The nine compiled runs publish torchtitan's logged memory, the caching allocator's reserved
-    peak, which holds more than the tensors live at any moment: the model's peak sits below each,
-    within 15 % (the three with an eager loss lowest: its fp32 copy of the logits and their fp32
-    gradient are transient, not priced)."""
+    peak, which holds more than the tensors live at any moment: the model's peak sits below each
+    (within 7.3 % since the eager loss of the three H100 runs is priced: Layout.cross_entropy; the
+    bound here is looser, a guard)."""
     import re
 
     from piper_plan import validate as V

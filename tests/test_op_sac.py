@@ -164,3 +164,17 @@ def test_the_backward_holds_the_block_it_rebuilds_beside_what_the_policy_kept():
     core = estimate_layout(m, H100, Layout(**base, recompute="selective"))
     rebuilt = op.memory["first"]["recomputed_layer"][0]
     assert rebuilt > 0.5 and core.memory["first"].get("recomputed_layer", [0.0])[0] == 0.0
+
+
+def test_llama2_70b_fits_an_a100_at_one_sequence_and_not_at_two_as_torchtitans_footnote_says(tmp_path):
+    """torchtitan's 2024 table: "Since the 70B training with local batch size 2 will cause an OOM error
+    when selective activation checkpointing is used, we report the local batch size 1 case instead"."""
+    from table_support import bundled_rows, write_rows
+
+    from piper_plan import validate as V
+
+    one = next(r for r in bundled_rows("torchtitan") if r["id"] == "tt25")
+    assert one["mbs"] == "1" and one["recompute_modules"] == "op_sac" and "OOM error" in one["notes"]
+    two = {**one, "id": "tt25-two", "mbs": "2", "gbs": "128"}
+    res = {r.id: r for r in V.run(path=write_rows(tmp_path / "t.csv", [one, two]))}
+    assert res["tt25"].peak_memory_gib < 80.0 < res["tt25-two"].peak_memory_gib

@@ -101,6 +101,7 @@ class LayoutBatch:
     native: np.ndarray      # bool: a PyTorch-native stack's eager block in bf16 (Layout.native_eager)
     cmodel: np.ndarray      # bool: a PyTorch-native stack's blocks under torch.compile (Layout.compiled model)
     closs: np.ndarray       # bool: its cross-entropy under torch.compile (Layout.compiled loss)
+    ce_eager: np.ndarray    # bool: an uncompiled loss as torch's F.cross_entropy on fp32 (Layout.cross_entropy eager)
     dropout: np.ndarray
     egemm: np.ndarray       # index into EXPERT_GEMMS (how the local experts' GEMMs launch)
     fp8: np.ndarray          # index into FP8S (Layout.fp8)
@@ -208,6 +209,7 @@ class LayoutBatch:
                       dropout=bool(self.dropout[i]),
                       fused_kernels=not bool(self.unfused[i]), native_eager=bool(self.native[i]),
                       compiled=(("model",) if self.cmodel[i] else ()) + (("loss",) if self.closs[i] else ()),
+                      cross_entropy="eager" if self.ce_eager[i] else "fused",
                       expert_gemm=EXPERT_GEMMS[g("egemm")],
                       a2a_overlap=bool(self.a2a_overlap[i]), a2a_sms=g("a2a_sms") or None, fp8=FP8S[g("fp8")],
                       fp8_params=bool(self.fp8_par[i]),
@@ -244,6 +246,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         fa2=col(lambda x: x.attention_kernel == "fa2"),
         unfused=col(lambda x: not x.fused_kernels), native=col(lambda x: x.native_eager),
         cmodel=col(lambda x: "model" in x.compiled), closs=col(lambda x: "loss" in x.compiled),
+        ce_eager=col(lambda x: x.cross_entropy == "eager"),
         dropout=col(lambda x: x.dropout), egemm=col(lambda x: EXPERT_GEMMS.index(x.expert_gemm)),
         a2a_overlap=col(lambda x: x.a2a_overlap), a2a_sms=col(lambda x: x.a2a_sms or 0),
         tp_overlap=col(lambda x: x.tp_comm_overlap), attn_fp8=col(lambda x: x.attention_fp8),

@@ -43,12 +43,13 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     _, first, inv = distinct_rows(lay.pp, lay.vpp, lay.sched, M, lay.ep_overlap, *(stage_of[r] for r in roles))
     stages = np.maximum(np.stack([stage_of[r][first] for r in roles]), 0)
     infl = dict(zip(roles, in_flight(lay.take(first), stages, M[first]).take(inv, axis=1)))
-    # per micro-batch on a rank: the LM head's logits, kept in fp32 for the loss's backward
-    # until that micro-batch's backward (a compiled loss: in their dtype, with its two fp32
-    # figures a token), and their gradient in the backward of one (each MTP module computes, and
-    # keeps for its loss's backward, another set)
+    # per micro-batch on a rank: the LM head's logits, kept for the loss's backward until that
+    # micro-batch's backward (a compiled loss's with its two fp32 figures a token), and what the
+    # loss's backward adds in the backward of one (logits_bytes; each MTP module computes, and keeps
+    # for its loss's backward, another set)
     logits_mb = t * m.vocab_size / tp * (1 + m.mtp_layers)
-    kept_b = logits_kept_bytes(eb, lay.closs) + np.where(lay.closs, 8.0 * tp / m.vocab_size, 0.0)
+    kept_b, back_b = logits_bytes(eb, lay.closs, lay.ce_eager)
+    kept_b = kept_b + np.where(lay.closs, 8.0 * tp / m.vocab_size, 0.0)
     # and saves its projection's input, [norm(h); norm(emb)], and the two norms' inputs
     mtp_in = m.mtp_layers * 4.0 * d * eb * t / np.where(lay.sp, tp, 1.0)
     # the all-to-all send + receive buffers of a MoE layer (busiest rank: imb x the mean)
@@ -70,7 +71,7 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
             rest = (nd - ad, nm - am)
             s1, s2 = (_held(a, b, (ad, am), rest, per_layer) for a, b in ((a1, b1), (a2, b2)))
             # the state whose device memory is larger binds (the head's chunk: logits, MTP inputs)
-            head = lambda b: has_head[r] * (b * mtp_in + _logits(logits_mb, b, eb, kept_b))  # noqa: E731
+            head = lambda b: has_head[r] * (b * mtp_in + _logits(logits_mb, b, kept_b, back_b))  # noqa: E731
             later = s2["acts"] + head(b2) > s1["acts"] + head(b1)
             pick = {k: np.where(later, s2[k], s1[k]) for k in s1}
             state = {k: np.where(v, pick[k], state[k]) for k in state}
@@ -81,7 +82,7 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
         # what waits in host memory (Layout.offload_layers, offload_modules)
         parked[r] = _parked(lay, lc, state["dense"], state["moe"], nd, nm, layer_acts) if offloads else 0.0
         parts[r] = {"activations": layer_acts - parked[r] + mtp_mb * has_head[r] * mtp_in / GIB,
-                    "logits": has_head[r] * _logits(logits_mb, head_mb, eb, kept_b) / GIB,
+                    "logits": has_head[r] * _logits(logits_mb, head_mb, kept_b, back_b) / GIB,
                     "a2a_buffers": np.where(nm > 0, a2a_buf, 0.0) / GIB, "recomputed_layer": _rebuilt(lay, lc, nd, nm),
                     "cp_buffers": np.where(nd + nm > 0, cp_buf, 0.0) / GIB}
     # piper-train's (unfused) bf16 weight copies: priced only where a layout has them; a rank's
@@ -111,20 +112,25 @@ def cp_buffers(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
     return np.where(cp > 1, out, 0.0)
 
 
-def logits_kept_bytes(eb, compiled_loss):
-    """Bytes a logit keeps for its loss's backward: the fp32 log-probabilities torchtitan's
-    cross_entropy(pred.float()) and Megatron's fp32 cross-entropy save (4), or, with the loss under
-    torch.compile (Layout.compiled loss), the logits themselves in their dtype `eb`: Inductor's
-    partitioner saves its input and each token's max and log-sum-exp, and re-makes the softmax in
-    the backward (tests/test_compiled.py runs it)."""
-    return np.where(compiled_loss, eb, 4.0)
+def logits_bytes(eb, compiled_loss, eager):
+    """(kept, added): bytes an element of the LM head's logits keeps for its loss's backward, and
+    what that backward adds at its peak, by how the loss runs (`eb`: the logits' dtype):
+    - Megatron-Core's vocab-parallel cross-entropy (Layout.cross_entropy fused): one fp32 copy made
+      the softmax and kept (4), made the gradient in place and cast (eb);
+    - torch's F.cross_entropy on an fp32 copy (`eager`): log_softmax's fp32 output kept (4), and
+      nll_loss's and log_softmax's fp32 gradients beside it (8);
+    - under torch.compile (`compiled_loss`): Inductor's partitioner keeps the logits themselves and
+      two fp32 figures a token, the max and the log-sum-exp (added by the caller), re-makes the
+      softmax in the backward and writes the gradient in the logits' dtype (eb, eb).
+    Counted op by op on CPU: tests/test_cross_entropy.py and tests/test_compiled.py."""
+    return np.where(compiled_loss, eb, 4.0), np.where(compiled_loss, eb, np.where(eager, 8.0, eb))
 
 
-def _logits(per_mb, n, eb, kept_b):
+def _logits(per_mb, n, kept_b, back_b):
     """Bytes of the LM head's logits with `n` micro-batches of its chunk in flight (`per_mb`
-    logits each): `kept_b` an element kept for each one's loss backward (logits_kept_bytes), and
-    the gradient (eb) of the one in its backward."""
-    return per_mb * (kept_b * n + eb * np.minimum(n, 1.0))
+    logits each): `kept_b` an element kept for each one's loss backward, and `back_b` an element
+    that the backward of the one in it adds (logits_bytes)."""
+    return per_mb * (kept_b * n + back_b * np.minimum(n, 1.0))
 
 
 def _held(a, b, chunk_a, chunk_b, per_layer) -> dict:
