@@ -139,10 +139,11 @@ class Layout(BaseModel):
     compiled: tuple[CompilePart, ...] = Field(
         (), description="what a PyTorch-native stack runs under torch.compile (torchtitan's compile.components): "
         "model, its blocks (fused kernels, as fused_kernels prices them; under recompute module op_sac, Inductor's "
-        "partitioner saves only the policy's outputs the backward reads, so the FFN's down projection is not kept: "
-        "activations.ffn_terms); loss, the cross-entropy, which then keeps the LM head's logits in their own dtype "
-        "and two fp32 figures a token (the max and the log-sum-exp) in place of fp32 log-probabilities, and makes "
-        "their gradient in that dtype (rank_memory._logits). Not with native_eager's uncompiled block (loss alone "
+        "partitioner saves only the policy's outputs the backward reads, so the FFN's down projection's output is "
+        "not kept but at tp > 1 without sequence parallelism: activations.compiled_unsaved); loss, the "
+        "cross-entropy, which then keeps the LM head's logits in their own dtype and two fp32 figures a token (the "
+        "max and the log-sum-exp) in place of fp32 log-probabilities, and makes their gradient in that dtype "
+        "(rank_memory.logits_bytes). Not with native_eager's uncompiled block (loss alone "
         "may be), fused_kernels false (piper-train's modules) or Megatron-Core's graphs and offloading")
     cross_entropy: CrossEntropy = Field(
         "fused", description="how an uncompiled loss runs its cross-entropy over the LM head's logits: fused, "
