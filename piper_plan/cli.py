@@ -486,7 +486,7 @@ def search_options(fn):
         click.option("--cp", "cps", default="auto", show_default=True,
                      help="context-parallel degrees to try, comma-separated (e.g. 1,2,4): each sequence split over "
                      "cp ranks (--cp-comm: how keys move); auto: 1, 2, 4 and 8 from 8K-token sequences on (1 below, "
-                     "and for piper-train, which keeps sequences whole)"),
+                     "for piper-train, which keeps sequences whole, and with --selective op_sac, priced at cp 1)"),
         click.option("--cp-comm", "cp_comms", default="p2p,all_gather,a2a,a2a+p2p", show_default=True,
                      help="how context parallelism may move keys, comma-separated, each a choice where cp > 1 "
                      "(Megatron-Core --cp-comm-type): p2p, all_gather, a2a, a2a+p2p (once for each all-to-all "
@@ -560,12 +560,14 @@ def _fractions(text: str, option: str) -> tuple[float, ...]:
     return tuple(sorted(listed))
 
 
-def _cps(kw, seq: int) -> tuple[int, ...]:
-    """--cp's degrees: as listed, or auto (search.auto_cps; 1 alone for piper-train)."""
+def _cps(kw, seq: int, selective=()) -> tuple[int, ...]:
+    """--cp's degrees: as listed, or auto (search.auto_cps; 1 alone for piper-train, and where a
+    `selective` set is torchtitan's per-op policy, which is priced at cp 1 only)."""
     from .search import auto_cps
 
     if kw["cps"].strip() == "auto":
-        return (1,) if kw.get("runtime") == "piper-train" else auto_cps(seq)
+        one = kw.get("runtime") == "piper-train" or any("op_sac" in mods for mods in selective)
+        return (1,) if one else auto_cps(seq)
     return _ints(kw["cps"], "--cp")
 
 
@@ -618,7 +620,7 @@ def _space(kw, model, gpus):
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] != "unfused",
                      native_eager=kw["kernels"] == "eager", fsdp2=kw["fsdp2"], compiled=_compiled(kw),
                      cross_entropy=kw["cross_entropy"],
-                     etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq),
+                     etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq, selective),
                      cp_comms=_cp_comms(kw), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],
                      tp_comm_overlap=kw["tp_comm_overlap"], attention_fp8=kw["attention_fp8"],

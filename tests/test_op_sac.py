@@ -178,3 +178,21 @@ def test_llama2_70b_fits_an_a100_at_one_sequence_and_not_at_two_as_torchtitans_f
     two = {**one, "id": "tt25-two", "mbs": "2", "gbs": "128"}
     res = {r.id: r for r in V.run(path=write_rows(tmp_path / "t.csv", [one, two]))}
     assert res["tt25"].peak_memory_gib < 80.0 < res["tt25-two"].peak_memory_gib
+
+
+def test_the_cli_search_at_8k_tries_op_sac_at_cp_1_where_cp_is_left_to_it(tmp_path):
+    """From 8K tokens --cp auto tries 1, 2, 4 and 8, but the per-op policy is priced at cp 1 only:
+    a space that lists it is searched at cp 1 rather than refused; asked for, cp 2 is refused."""
+    import json
+
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+
+    args = ["search", "-m", "llama3-8b", "-H", "dgx-h100", "-n", "8", "--global-batch", "8", "--seq", "8192",
+            "--zero", "3", "--fsdp2", "--selective", "op_sac", "--attention", "fa2"]
+    out = CliRunner().invoke(main, args + ["-o", str(tmp_path / "plan.json")])
+    assert out.exit_code == 0, out.output
+    assert json.loads((tmp_path / "plan.json").read_text())["layout"]["cp"] == 1
+    asked = CliRunner().invoke(main, args + ["--cp", "1,2"])
+    assert asked.exit_code != 0 and "op_sac with an SDPA kernel, bf16 modules and cp 1" in asked.output
