@@ -124,3 +124,36 @@ def test_the_cli_prices_cross_entropy_eager_and_refuses_another_word():
 
     with pytest.raises(LayoutError, match="cross_entropy fused or eager"):
         SearchSpace(gpus=8, global_batch=8, seq=2048, cross_entropy="chunked")
+
+
+def test_torchs_cross_entropy_moves_the_bytes_its_ops_read_and_write_and_the_planner_prices_them():
+    pytest.importorskip("torch")
+    import torch.nn.functional as F
+    from benchmark_support import load_benchmark
+
+    from piper_plan.cost.compute import EAGER_CE_BYTES, EAGER_CE_OPS, Phase, _elementwise, lm_head_phase
+    from piper_plan.cost.kernels import stream_time
+
+    count = load_benchmark("eager_bytes")._counter(set())
+    pred, labels = _logits()
+    with count:
+        loss = F.cross_entropy(pred.float(), labels)
+        forward, forward_ops = count.bytes["elementwise"] / (T * V), count.ops["elementwise"]
+        loss.backward()
+    backward = count.bytes["elementwise"] / (T * V) - forward
+    # labels and the scalar loss add a few bytes a token
+    assert (round(forward, 2), round(backward, 2)) == EAGER_CE_BYTES
+    assert (forward_ops, count.ops["elementwise"] - forward_ops) == EAGER_CE_OPS
+    m = ModelSpec(name="small", num_layers=1, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16,
+                  vocab_size=V, seq_len=T, ffn_size=128)
+    hw = load_hardware("dgx-h100")
+    lay = {c: from_layouts([Layout(gpus=1, global_batch=1, seq=T, cross_entropy=c)]) for c in ("fused", "eager")}
+    head = {c: lm_head_phase(m, hw, b, "bf16") for c, b in lay.items()}
+    n, z, norm_bytes = np.full(1, float(T * V)), np.zeros(1), np.full(1, T * 2.0 * 64 * 2.0)
+    torch_ce = Phase(stream_time(hw, 18.0 * n, 3), stream_time(hw, 26.0 * n, 4), z, z)
+    norm = _elementwise(hw, norm_bytes, 1)
+    fused_ce = _elementwise(hw, n * 12.0 + norm_bytes, 3)
+    assert np.allclose(head["eager"].v - head["fused"].v, (torch_ce + norm).v - fused_ce.v, rtol=0, atol=1e-15)
+    # compiled, the loss is Inductor's fused kernels whatever cross_entropy says
+    compiled = from_layouts([Layout(gpus=1, global_batch=1, seq=T, cross_entropy="eager", compiled=("loss",))])
+    assert np.array_equal(lm_head_phase(m, hw, compiled, "bf16").v, head["fused"].v)

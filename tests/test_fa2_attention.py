@@ -124,10 +124,11 @@ def test_the_sensitivity_scan_moves_fa2_s_plateau_with_the_attention_family():
 
 
 def test_a_torchtitan_row_that_states_no_kernel_runs_what_its_torch_runs_on_its_gpu(tmp_path):
-    head = ("id,group,source,model,hardware,gpus,seq,metric,value,tp,pp,dp,mbs,gbs,zero_stage,fsdp2,attention_kernel,"
-            "notes")
-    # one FSDP for every row (a PyTorch-native row would run torch FSDP2's by default): the kernel alone differs
-    run = "llama3-8b,{hw},8,8192,tokens_per_s_per_gpu,6000,1,1,8,1,8,3,no"
+    head = ("id,group,source,model,hardware,gpus,seq,metric,value,tp,pp,dp,mbs,gbs,zero_stage,fsdp2,cross_entropy,"
+            "attention_kernel,notes")
+    # one FSDP and one loss for every row (a PyTorch-native row would run torch FSDP2's and torch's cross-entropy
+    # by default): the kernel alone differs
+    run = "llama3-8b,{hw},8,8192,tokens_per_s_per_gpu,6000,1,1,8,1,8,3,no,fused"
     lines = [f"fa2,t,torchtitan,{run.format(hw='H100')},fa2,",
              f"titan,torchtitan,docs/performance.md,{run.format(hw='H100')},,pytorch version: 2.7.0a0",
              f"new,bench,torchtitan benchmarks,{run.format(hw='H100')},,torch 2.11.0 nightly",
@@ -178,8 +179,8 @@ def test_only_a_pytorch_native_stack_without_fp8_attention_is_read_as_fa2():
 
 
 def test_a_row_s_kernel_holds_when_its_layout_is_searched_and_fp8_attention_beside_fa2_is_refused(tmp_path):
-    head = "id,group,source,model,hardware,gpus,seq,metric,value,gbs,attention_kernel,attention_fp8"
-    run = "llama3-8b,H100,8,8192,tokens_per_s_per_gpu,6000,64"
+    head = "id,group,source,model,hardware,gpus,seq,metric,value,gbs,cross_entropy,attention_kernel,attention_fp8"
+    run = "llama3-8b,H100,8,8192,tokens_per_s_per_gpu,6000,64,fused"  # one loss for all: the kernel alone differs
     p = tmp_path / "t.csv"
     p.write_text("\n".join([head, f"blank,torchtitan,torchtitan,{run},,", f"fa2,g,s,{run},fa2,",
                             f"flash,g,s,{run},flash,"]) + "\n")

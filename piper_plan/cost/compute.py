@@ -559,6 +559,14 @@ def _expert_extras(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, n, eb) -> t
     return Phase(fwd, bwd, z, z), clamp_f
 
 
+# torch's F.cross_entropy on an fp32 copy of the logits (Layout.cross_entropy eager): the bytes its ops
+# read and write a logit and its ops, forward (the copy, log_softmax, nll_loss) and backward (nll_loss's
+# and log_softmax's backwards, their sum into the copy's gradient and its cast), counted op by op with
+# benchmarks/eager_bytes.py's counter (tests/test_cross_entropy.py)
+EAGER_CE_BYTES = (18.0, 26.0)
+EAGER_CE_OPS = (3, 4)
+
+
 def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> Phase:
     """Final norm, vocab-parallel LM head and fp32 cross-entropy (last stage)."""
     t = lay.tokens
@@ -567,6 +575,13 @@ def lm_head_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) 
     ph, = _linears(hw, base_dtype(dtype), lay.act_bytes, (t, V / tp, d))  # FP8 recipes keep the head in bf16
     # cross-entropy over fp32 logits: read, exp/normalise, write grad (3 passes of 4 B)
     ce = _elementwise(hw, t * V / tp * 4.0 * 3.0 + t * 2.0 * d * lay.act_bytes, 3)
+    eager = lay.ce_eager & ~lay.closs
+    if eager.any():  # torch's, op by op, beside the same norm
+        n, z = t * V / tp, np.zeros(len(lay))
+        torch_ce = (Phase(stream_time(hw, EAGER_CE_BYTES[0] * n, EAGER_CE_OPS[0]),
+                          stream_time(hw, EAGER_CE_BYTES[1] * n, EAGER_CE_OPS[1]), z, z)
+                    + _elementwise(hw, t * 2.0 * d * lay.act_bytes, 1))
+        ce = Phase._of(np.where(eager, torch_ce.v, ce.v))
     return ph + ce
 
 

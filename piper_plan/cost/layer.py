@@ -122,8 +122,9 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     # the EP group's stride stands in for dp: nothing per-layer depends on dp otherwise; the world
     # sets where the groups meet domain boundaries (comm.level_counts)
     key = (lay.mbs, lay.seq, lay.tp, lay.cp, lay.cpc, lay.cpa, ep_stride, lay.ep, lay.etp, lay.sp, lay.eager, lay.fa2,
-           lay.unfused, lay.native, lay.cmodel, lay.egemm, lay.dropout, lay.act_bytes, lay.probs_act, lay.gpus,
-           lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay), lay.tp_overlap, lay.attn_fp8)
+           lay.unfused, lay.native, lay.cmodel, lay.ce_eager, lay.closs, lay.egemm, lay.dropout, lay.act_bytes,
+           lay.probs_act, lay.gpus, lay.a2a, lay.placement, lay.rc_mods, lay.graphs, _a2a_off_stream(lay),
+           lay.tp_overlap, lay.attn_fp8)
     # codes in the key's order, so grouping (code, recompute...) groups (key..., recompute...) alike
     _, first_key, code = distinct_rows(*key)
     _, first1, inv1 = distinct_rows(code, lay.recompute, lay.rc_layers, lay.pp * lay.vpp)
@@ -427,8 +428,8 @@ def _recompute_variants(lay: LayoutBatch, sel: LayoutBatch):
 def _dense_key(lay: LayoutBatch) -> tuple:
     """The columns _dense_block reads."""
     return (lay.mbs, lay.seq, lay.cp, lay.cpc, lay.cpa, lay.tp, lay.sp, lay.dtype, lay.fp8, lay.attn_fp8, lay.dropout,
-            lay.eager, lay.fa2, lay.unfused, lay.native, lay.cmodel, lay.recompute, lay.rc_mods, lay.tp_overlap,
-            lay.tp_async, lay.gpus)
+            lay.eager, lay.fa2, lay.unfused, lay.native, lay.cmodel, lay.ce_eager, lay.closs, lay.recompute,
+            lay.rc_mods, lay.tp_overlap, lay.tp_async, lay.gpus)
 
 
 def _dense_block(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str) -> dict:
