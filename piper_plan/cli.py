@@ -146,7 +146,11 @@ def _graph_scopes(kw) -> tuple[str, ...]:
 
 
 def _compiled(kw) -> tuple[str, ...]:
-    return _listed(kw["compiled"], "--compile", ("model", "loss"))
+    from typing import get_args
+
+    from .layout import CompilePart
+
+    return _listed(kw["compiled"], "--compile", get_args(CompilePart))
 
 
 def _offload_modules(text: str, model=None) -> tuple[str, ...]:

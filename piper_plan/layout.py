@@ -16,7 +16,7 @@ groups order etp fastest, then ep (packed) or edp (spread).
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -308,7 +308,7 @@ def check_stack(expert_probs: str, fused_kernels: bool, native_eager: bool = Fal
     module offloading (`megatron_features`: any asked for); what it compiles (`compiled`:
     Layout.compiled) is neither piper-train's (which compiles nothing) nor beside those features,
     and its compiled model is not the eager block."""
-    if len(set(compiled)) < len(compiled) or not set(compiled) <= {"model", "loss"}:
+    if len(set(compiled)) < len(compiled) or not set(compiled) <= set(get_args(CompilePart)):
         raise LayoutError("compiled: model and loss, each once", f"got {', '.join(compiled)}")
     if compiled and (not fused_kernels or megatron_features):
         raise LayoutError("compiled with fused_kernels true and no cuda_graphs or offload_modules",

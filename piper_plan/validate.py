@@ -50,7 +50,7 @@ from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
-from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, RANGE_CELL, built_on, missing_hardware,
+from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, RANGE_CELL, built_on, listed, missing_hardware,
                             missing_model, model_name, read_rows, row_hardware, row_model, table_name)
 
 TARGETS = {"dense": (10.0, 20.0), "memory": (10.0, 10.0), "moe": (20.0, 35.0)}  # mean, max |%|
@@ -196,7 +196,6 @@ def _settings(row, hw: HardwareSpec) -> dict:
                     native_eager=row.get("kernels") == "eager",
                     grad_dtype=_grad_dtype(row),
                     overlap_grad_reduce=row.get("overlap_grad_reduce") == "yes")
-    graphs = row.get("cuda_graphs", "")
     # Megatron's distributed optimizer shards the optimizer state (ZeRO-1); Megatron-FSDP's
     # optim_grads_params everything (the csv's zero_stage 3), whose units a reshard_after_forward
     # "no" keeps gathered from forward to backward (torchtitan's fsdp_reshard_after_forward="never")
@@ -205,7 +204,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
     if why:
         raise LayoutError("attention_fp8 needs attention flash", why)
     return dict(attention_kernel=kernel, dropout=False, zero=_zero(row), native_eager=row.get("kernels") == "eager",
-                compiled=tuple(x for x in row.get("compile", "").split("+") if x and x != "none"),
+                compiled=listed(row, "compile"),
                 cross_entropy=row.get("cross_entropy") or ("eager" if _pytorch_native(row) else "fused"),
                 reshard_after_forward=row.get("reshard_after_forward") != "no", fsdp2=_fsdp2(row),
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
@@ -216,7 +215,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
                 expert_gemm=_default(row, "expert_gemm") or "grouped", a2a_overlap=row.get("a2a_overlap") == "yes",
                 a2a_sms=_i(row.get("a2a_sms"), DISPATCHER_SMS.get(row.get("dispatcher", ""))),
                 a2a=DISPATCHER_A2A[row.get("dispatcher", "")], expert_probs="activation",
-                cuda_graphs=tuple(x for x in graphs.split("+") if x and x != "none"))
+                cuda_graphs=listed(row, "cuda_graphs"))
 
 
 def _zero(row) -> int:
@@ -357,7 +356,7 @@ def _layout(row, hw: HardwareSpec) -> Layout:
     recompute = "full" if rc == "full" else "selective" if rc.startswith("selective") else "none"
     modules = ("core_attn",)
     if rc == "per recipe":  # the recipe's Megatron-Core --recompute-modules (the csv's recompute_modules)
-        modules = tuple(x for x in row["recompute_modules"].split("+") if x and x != "none")
+        modules = listed(row, "recompute_modules")
         recompute = "selective" if modules else "none"
     megatron_lm = row["group"].startswith(("narayanan", "korthikanti"))  # Megatron-LM of 2021-22
     sp = "seqpar" in rc or not megatron_lm
@@ -383,7 +382,7 @@ def _layout(row, hw: HardwareSpec) -> Layout:
                   fp8=_FP8.get(row["precision"], "none"),
                   optimizer_offload=float(row.get("optimizer_offload") or 0.0),
                   offload_layers=_i(row.get("offload_layers"), 0),
-                  offload_modules=tuple(x for x in row.get("offload_modules", "").split("+") if x and x != "none"),
+                  offload_modules=listed(row, "offload_modules"),
                   **_settings(row, hw))
 
 

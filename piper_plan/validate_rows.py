@@ -379,13 +379,18 @@ def _recompute(rc: str) -> str:
     return _RECOMPUTE_WORDS.get(word, rc)
 
 
+def listed(row: dict, column: str) -> tuple[str, ...]:
+    """A recipe list cell (RECIPE_LISTS: words joined by "+"; blank or none: empty) as a tuple."""
+    return tuple(x for x in row.get(column, "").split("+") if x and x != "none")
+
+
 def _check_compile(path, rid: str, r: dict) -> None:
     """The compile cell (Layout.compiled) where it cannot be priced: a part twice, a compiled model
     beside the block run without torch.compile (kernels eager), Megatron-Core's graph scopes, or a
     Megatron-LM 2021-22 row (layout.check_stack's rules, which a published layout is not put through)."""
     from .validate_recipes import MEGATRON_2021
 
-    parts = [x for x in r.get("compile", "").split("+") if x and x != "none"]
+    parts = listed(r, "compile")
     why = parts and ((len(set(parts)) < len(parts) and "model and loss each once")
                      or ("model" in parts and r.get("kernels") == "eager"
                          and "no model beside kernels eager, the block run without torch.compile")

@@ -62,11 +62,9 @@ def test_a_compiled_op_sac_block_keeps_what_inductors_partitioner_saves(shape):
     made = sum(_nbytes(v) for v, is_input in saves if not is_input)
     assert any(is_input and tuple(v.shape) == tuple(x.shape) for v, is_input in saves)
     m = _spec(*shape)
-    terms = {**activations.attention_terms(m, _op_sac_layout(t)), **activations.ffn_terms(m, _op_sac_layout(t))}
-    assert sum(float(v[0]) for v in terms.values()) == made + _nbytes(x)
+    assert _saved_terms(m, _op_sac_layout(t)) == made + _nbytes(x)
     # torch's eager SAC cache keeps the down projection's output besides (tests/test_op_sac.py)
-    eager = {**activations.attention_terms(m, _op_sac_layout(t, ())), **activations.ffn_terms(m, _op_sac_layout(t, ()))}
-    assert sum(float(v[0]) for v in eager.values()) - sum(float(v[0]) for v in terms.values()) == 2.0 * t * d
+    assert _saved_terms(m, _op_sac_layout(t, ())) - _saved_terms(m, _op_sac_layout(t)) == 2.0 * t * d
 
 
 TP_CASES = [(True, True), (False, True), (False, False), (True, False)]  # (sequence parallel, gated)
