@@ -220,8 +220,9 @@ def layout_options(fn):
         click.option("--reshard-after-forward/--no-reshard-after-forward", default=True, show_default=True,
                      help="with --zero 3: free each unit's gathered parameters after forward and gather them again "
                      "for backward (torch fully_shard's reshard_after_forward), or keep them to the backward"),
-        click.option("--a2a", type=click.Choice(["flat", "halo", "dedup", "auto"]), default="auto", show_default=True,
-                     help="auto: flat and halo (what piper-train runs); dedup: DeepEP / HybridEP token-level exchange"),
+        click.option("--a2a", type=click.Choice(["flat", "halo", "dedup", "fused", "auto"]), default="auto",
+                     show_default=True, help="auto: flat and halo (what piper-train runs); dedup: DeepEP / HybridEP "
+                     "token-level exchange; fused: Dist-MoE's exchange inside the expert GEMMs (Layout.a2a)"),
         click.option("--placement", type=click.Choice(["packed", "spread"]), default="packed", show_default=True),
         click.option("--routing", default="uniform", show_default=True,
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train (its last run's per-expert loads)"),
@@ -366,7 +367,7 @@ def _layout_from(kw, model):
                   p2p_scatter_gather=kw["p2p_scatter_gather"] and tp > 1, tp_async_dgrad=kw["tp_async_dgrad"],
                   recompute_modules=modules,
                   zero=kw["zero"], zero_replicas=kw["zero_replicas"], reshard_after_forward=kw["reshard_after_forward"],
-                  fsdp2=kw["fsdp2"],
+                  fsdp2=kw["fsdp2"], grad_sync=kw["grad_sync"],
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] != "unfused", native_eager=kw["kernels"] == "eager",
@@ -429,7 +430,8 @@ def estimate(as_json, output, runtime, **kw):
     else:
         title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay)} "
                  f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero}"
-                 + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "") + f" a2a={lay.a2a}")
+                 + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "")
+                 + (" grad_sync=step" if lay.grad_sync == "step" else "") + f" a2a={lay.a2a}")
         report.show(report.estimate_tables(row, title))
         _show_track_record(model, hw)
         if output:
@@ -481,8 +483,9 @@ def search_options(fn):
         click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--routing", default="uniform", show_default=True,
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train (its last run's per-expert loads)"),
-        click.option("--a2a", type=click.Choice(["flat", "halo", "dedup", "auto"]), default="auto", show_default=True,
-                     help="auto: flat and halo (what piper-train runs); dedup: DeepEP / HybridEP token-level exchange"),
+        click.option("--a2a", type=click.Choice(["flat", "halo", "dedup", "fused", "auto"]), default="auto",
+                     show_default=True, help="auto: flat and halo (what piper-train runs); dedup: DeepEP / HybridEP "
+                     "token-level exchange; fused: Dist-MoE's exchange inside the expert GEMMs (Layout.a2a)"),
         *MIGRATION_OPTIONS,
         click.option("--headroom-gib", type=FiniteFloat(0.0), default=0.0, show_default=True,
                      help="memory kept free on top of the hardware's reserve"),
@@ -623,7 +626,7 @@ def _space(kw, model, gpus):
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] != "unfused",
                      native_eager=kw["kernels"] == "eager", fsdp2=kw["fsdp2"], compiled=_compiled(kw),
-                     cross_entropy=kw["cross_entropy"],
+                     cross_entropy=kw["cross_entropy"], grad_sync=kw["grad_sync"],
                      etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq, selective),
                      cp_comms=_cp_comms(kw), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],

@@ -12,6 +12,10 @@ STACK_OPTIONS = [
                      help="with --zero 3: ZeRO-3 as torch FSDP2 runs it (torchtitan), each gather's parameters "
                      "copied out of its flat buffer and each reduction's gradients copied into the reduce-scatter's, "
                      "on the compute stream, and no sharded bf16 copy of the weights; without: Megatron-FSDP"),
+        click.option("--grad-sync", type=click.Choice(["microbatch", "step"]), default="microbatch",
+                     show_default=True, help="with --zero 3: reduce-scatter the gradients in every micro-batch's "
+                     "backward (torch fully_shard's default, torchtitan), or once a step, the unsharded gradients "
+                     "accumulating in --grad-dtype until the last backward (set_requires_gradient_sync(is_last))"),
         click.option("--attention", type=click.Choice(["flash", "fa2", "eager"]), default="flash", show_default=True,
                      help="the attention kernel: flash, the fused kernel the hardware spec's plateau measures "
                      "(Transformer Engine's cuDNN on Hopper and Blackwell); fa2, FlashAttention-2, which PyTorch's "

@@ -33,7 +33,7 @@ AttentionKernel = Literal["flash", "fa2", "eager"]
 # Megatron-Core --cp-comm-type: how context parallelism brings a rank the keys its queries attend to
 CpComm = Literal["p2p", "all_gather", "a2a", "a2a+p2p"]
 ExpertProbs = Literal["combine", "activation"]
-A2A = Literal["flat", "halo", "dedup"]
+A2A = Literal["flat", "halo", "dedup", "fused"]
 # Megatron-Core --cuda-graph-scope: the parts of a layer replayed as one CUDA graph
 CudaGraphScope = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
 # Megatron-Core --offload-modules (fine-grained activation offloading): modules whose saved tensors wait
@@ -109,6 +109,12 @@ class Layout(BaseModel):
         "of the parameters gathered when its backward starts (FSDP's SHARD_GRAD_OP; torchtitan's "
         "fsdp_reshard_after_forward='never'). Never chosen by the search: ZeRO-2 holds no more and gathers once a "
         "step")
+    grad_sync: Literal["microbatch", "step"] = Field(
+        "microbatch", description="with zero 3, when gradients are reduce-scattered: microbatch, in every "
+        "micro-batch's backward, each rank keeping only its shard (torch fully_shard's default; torchtitan's "
+        "train_step); step, once, in the last micro-batch's backward, the unsharded gradients accumulating "
+        "through the step in the gradient dtype (fully_shard's set_requires_gradient_sync(is_last_microbatch), "
+        "FSDP1's no_sync; FSDP2 accumulates in its reduce dtype: to_accumulated_grad_if_needed)")
     fsdp2: bool = Field(
         False, description="with zero 3, ZeRO-3 as torch FSDP2 (fully_shard, torchtitan's FSDP) runs it: each "
         "unit's gathered parameters copied out of the all-gather's flat buffer into the unsharded ones "
@@ -119,7 +125,12 @@ class Layout(BaseModel):
         "the buffers its parameters and gradients live in and keeps a sharded bf16 copy beside the fp32 master")
     a2a: A2A = Field("flat", description="flat all-to-all; halo (piper-train's hierarchical exchange); dedup "
                      "(DeepEP / HybridEP: each token crosses to a remote node once, then is forwarded to that "
-                     "node's experts over the scale-up links)")
+                     "node's experts over the scale-up links); fused (Dist-MoE, torchtitan's DistMoE backend): "
+                     "every routed row exchanged as flat does, but inside the expert GEMM kernels, whose producer "
+                     "warps load the rows from the peers' symmetric memory and whose epilogue stores the outputs "
+                     "into the peers' combine buffers, so each exchange runs beside the GEMM it feeds or drains "
+                     "and shows only what that GEMM does not cover; routed on the GPU, so no host sync; needs "
+                     "the expert-parallel group inside one scale-up (NVLink) domain")
     placement: Placement = "packed"
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     attention_kernel: AttentionKernel = Field(
@@ -539,6 +550,9 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           f"schedule {lay.schedule}: Megatron-Core's EP overlap pairs one micro-batch's forward with "
                           "another's backward in its interleaved 1F1B only (virtual_pipeline_model_parallel_size "
                           "must be set when pipeline_model_parallel_size > 1)")
+    why = fused_a2a_refusal(lay.a2a, lay.a2a_overlap, lay.etp, lay.schedule, lay.fp8, lay.expert_gemm)
+    if why:
+        raise LayoutError(*why)
     if lay.zero == 3 and lay.pp > 1:
         raise LayoutError("zero 3 with pp == 1", "a pipeline stage under FSDP keeps its parameters gathered across "
                           "its micro-batches and reduces its gradients once a step (torch.distributed.pipelining's "
@@ -546,6 +560,10 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           "traffic and memory, so state zero 1")
     check_replicas(lay)
     check_fsdp2(lay.fsdp2, (lay.zero,))
+    if lay.grad_sync == "step" and lay.zero != 3:
+        raise LayoutError("grad_sync step with zero 3", f"zero {lay.zero} reduces "
+                          + ("each micro-batch's gradients into its shard (ZeRO-2 keeps no whole gradients)"
+                             if lay.zero == 2 else "its gradients once a step already"))
     if not lay.reshard_after_forward and lay.zero != 3:
         raise LayoutError("reshard_after_forward false with zero 3",
                           f"zero {lay.zero} keeps no sharded parameters to gather; reshard_after_forward is ZeRO-3's")
@@ -611,6 +629,58 @@ def check_for(lay: Layout, model, hw) -> None:
     if why:
         raise LayoutError(*why)
     check_a2a_sms(lay.a2a_sms, hw)
+    if lay.a2a == "fused" and lay.ep > 1:
+        why = fused_hw_refusal(model, hw)
+        if why:
+            raise LayoutError(*why)
+        from .cost.comm import in_scaleup  # the domains a group's ranks fall in are the cost model's
+        if not in_scaleup(hw, lay.ep, lay.etp if lay.placement == "packed" else lay.edp * lay.etp, lay.gpus):
+            raise LayoutError("a2a fused needs the expert-parallel group inside one scale-up domain",
+                              f"ep={lay.ep} ({lay.placement}) on {hw.name} reaches ranks beyond the "
+                              f"{hw.topology[hw.scaleup_level].name} domain: a fused exchange loads and stores "
+                              "its peers' memory directly (Dist-MoE's symmetric buffers), which only the "
+                              "scale-up links reach; use flat, halo or dedup")
+
+
+def fused_a2a_refusal(a2a: str, a2a_overlap: bool, etp: int, schedule: str = "1f1b", fp8: str = "none",
+                      expert_gemm: str = "grouped") -> tuple[str, str] | None:
+    """Why a fused exchange (Layout.a2a fused: Dist-MoE) cannot run beside these settings, or None:
+    its kernels already overlap it with the experts' own GEMMs (Megatron-Core's EP overlap and
+    DualPipeV pair micro-batches around separate exchanges); they exchange whole rows for whole
+    experts (no expert tensor parallelism's all-gather after the dispatch); they compute in bf16
+    or MXFP8 (dist_moe README, "Supported modes"), each as one grouped kernel."""
+    if a2a != "fused":
+        return None
+    if a2a_overlap or schedule == "dualpipev":
+        return ("a2a fused without a2a_overlap or dualpipev", "a fused exchange already runs beside its own "
+                "layer's expert GEMMs; Megatron-Core's EP overlap and DualPipeV pair separate all-to-alls with "
+                "another micro-batch")
+    if etp > 1:
+        return ("a2a fused needs etp 1", f"etp={etp}: the fused kernels run whole experts on each rank "
+                "(Dist-MoE's W13 and W2 are [local experts, ...]); no expert tensor parallelism")
+    if fp8 not in ("none", "mxfp8"):
+        return ("a2a fused with fp8 none or mxfp8", f"fp8 {fp8}: Dist-MoE trains its experts in bf16 or MXFP8")
+    if expert_gemm != "grouped":
+        return ("a2a fused with expert_gemm grouped", f"expert_gemm {expert_gemm}: Dist-MoE runs a rank's "
+                "experts as one distributed grouped GEMM")
+    return None
+
+
+def fused_hw_refusal(model, hw) -> tuple[str, str] | None:
+    """Why Dist-MoE's kernels (Layout.a2a fused) cannot run on `hw` or `model`'s experts, or None: they
+    are CuTe DSL kernels for NVIDIA compute capability 10 and later ("NVIDIA SM100 or newer", dist_moe
+    README; tcgen05 MMAs into tensor memory), over SwiGLU experts without biases (its W13 is gate and
+    up, its fused activation SwiGLU or its clamped form)."""
+    cc = hw.accelerator.compute_capability
+    if cc is None or cc < 10:
+        return ("a2a fused needs compute capability 10 or later", f"{hw.name}'s {hw.accelerator.name} "
+                + (f"is compute capability {cc:g}" if cc is not None else "is no NVIDIA GPU")
+                + ": Dist-MoE's kernels run on NVIDIA SM100 and newer only")
+    moe = model.moe
+    if moe is not None and (not moe.gated or moe.expert_bias):
+        return ("a2a fused needs gated experts without biases", f"{model.name}'s experts are "
+                + ("not gated" if not moe.gated else "biased") + ": Dist-MoE runs SwiGLU experts, no biases")
+    return None
 
 
 def cp_groups_refusal(cp: int, cp_comm: str, cp_a2a: int) -> tuple[str, str] | None:

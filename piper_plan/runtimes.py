@@ -32,13 +32,15 @@ class Support:
 PIPER_TRAIN: tuple[Support, ...] = (
     # fields that mean something only beside another come first (fsdp2 needs zero 3), so a plan reads them
     Support("fsdp2", (False,), "--fsdp2", "piper-train implements ZeRO stages 0-2, not torch FSDP2's ZeRO-3"),
+    Support("grad_sync", ("microbatch",), "--grad-sync", "piper-train runs no ZeRO-3, whose reduction --grad-sync "
+            "times (its ZeRO-0 and 1 reduce once a step, its ZeRO-2 every micro-batch)"),
     Support("dtype", ("bf16", "fp32"), "--dtype", "fp16 needs loss scaling, which piper-train does not do"),
     Support("zero", (0, 1, 2), "--zero", "piper-train implements ZeRO stages 0, 1 and 2"),
     Support("grad_dtype", ("fp32",), "--grad-dtype", "piper-train reduces fp32 gradients"),
     Support("fp8_params", (False,), "--fp8-params", "piper-train keeps its weights in the layout's dtype"),
     Support("fp8", ("none",), "--fp8", "piper-train runs its GEMMs in the layout's dtype, not FP8"),
     Support("a2a", ("flat", "halo"), "--a2a", "piper-train runs the flat or HALO all-to-all, not DeepEP / "
-            "HybridEP's 'dedup'"),
+            "HybridEP's 'dedup' nor Dist-MoE's 'fused'"),
     Support("cp", (1,), "--cp", "piper-train keeps each sequence on one rank (no context parallelism)"),
     Support("etp", (1,), "--etp", "piper-train keeps each expert whole on one rank (no expert tensor "
             "parallelism)"),

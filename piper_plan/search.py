@@ -20,8 +20,8 @@ from .cost.offload import check_host
 from .cost.rank_memory import logits_bytes
 from .errors import LayoutError
 from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_offload_modules, check_stack,
-                     degrees_label, layer_slots, native_eager_refusal, offload_limit, op_sac_refusal,
-                     op_sac_stack_refusal, recompute_layers_limit, split_refused)
+                     degrees_label, fused_a2a_refusal, fused_hw_refusal, layer_slots, native_eager_refusal,
+                     offload_limit, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit, split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -86,6 +86,7 @@ class SearchSpace:
     fused_kernels: bool = True
     native_eager: bool = False     # Layout.native_eager: a PyTorch-native stack's eager block (torchtitan's)
     fsdp2: bool = False            # Layout.fsdp2: ZeRO-3 layouts run as torch FSDP2 (copies, state)
+    grad_sync: str = "microbatch"  # Layout.grad_sync: when ZeRO-3 layouts reduce-scatter (step: once)
     compiled: tuple[str, ...] = ()  # Layout.compiled: what a PyTorch-native stack runs under torch.compile
     cross_entropy: str = "fused"    # Layout.cross_entropy: how an uncompiled loss runs
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
@@ -120,6 +121,17 @@ class SearchSpace:
             if why:
                 raise LayoutError(*why)
         check_fsdp2(self.fsdp2, self.zeros)
+        if self.grad_sync not in ("microbatch", "step"):
+            raise LayoutError("grad_sync microbatch or step", f"got {self.grad_sync!r}")
+        if self.grad_sync == "step" and 3 not in self.zeros:
+            stages = ", ".join(map(str, self.zeros))
+            raise LayoutError("grad_sync step with zero 3", f"the space's ZeRO stages ({stages}) each reduce as "
+                              "they always do (ZeRO-2 every micro-batch, 0 and 1 once a step)")
+        # the settings one space holds for all its layouts (its dualpipev layouts and etp > 1: rules)
+        why = fused_a2a_refusal("fused" if "fused" in self.a2as else "flat", self.a2a_overlap, 1, fp8=self.fp8,
+                                expert_gemm=self.expert_gemm)
+        if why:
+            raise LayoutError(*why)
         if self.cross_entropy not in ("fused", "eager"):
             raise LayoutError("cross_entropy fused or eager", f"got {self.cross_entropy!r}")
         check_fp8_params(self.fp8_params, self.fp8)
@@ -381,7 +393,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
            rejected: dict[str, int]) -> LayoutBatch:
     """The layouts of tuples `tri` crossed with `g`'s choices, less those the rules remove (counted in `rejected`,
     zeros too), before the host-offloading choices."""
-    from .cost.batch import DTYPES
+    from .cost.batch import A2AS, DTYPES
     from .layout import SCHEDULES
 
     N, sched, rc, rc_mod, rc_n, zs, zh, a2, pl, mb = (sp.gpus, g.sched, g.rc, g.rc_mod, g.rc_n, g.zs, g.zh, g.a2,
@@ -479,6 +491,12 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
     halo = on((a2 == 1) & (a2 == 0).any(), 2)
     rule("duplicate (halo inside one node equals flat)", halo & per_pl(per_node >= ep[:, None]))
     rule("duplicate (halo with one EP member per node equals flat)", halo & per_pl(per_node <= 1))
+    if (a2 == A2AS.index("fused")).any():  # layout.check_for's and fused_a2a_refusal's rules
+        fused = on(a2 == A2AS.index("fused"), 2)
+        rule("a2a fused needs the expert-parallel group inside one scale-up domain",
+             fused & per_pl(per_node < ep[:, None]))
+        rule("a2a fused needs etp 1", fused & on(etp > 1, 4))
+        rule("a2a fused without a2a_overlap or dualpipev", fused & on(s_idx == SCHEDULES.index("dualpipev"), 4))
     if sp.runtime == "piper-train":  # its ZeRO-2 reduces in autograd hooks: no weight-split schedule
         weight_split = np.isin(np.array(SCHEDULES), WEIGHT_SPLIT)[s_idx]
         rule("piper-train: ZeRO-2 with zbv or dualpipev", on(zs == 2, 1) & on(weight_split, 4))
@@ -497,7 +515,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
                 p2p_ovl=sp.p2p_overlap,
                 fp8=FP8S.index(sp.fp8), fp8_par=sp.fp8_params, probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
-                fsdp2=sp.fsdp2,
+                fsdp2=sp.fsdp2, gstep=sp.grad_sync == "step",
                 split=SPLITS.index(sp.pipeline_split),
                 dtype=DTYPES.index(sp.dtype), grad_bytes=4 if sp.grad_dtype == "fp32" else 2,
                 # the state bound below holds for every offload choice at the largest share offloaded
@@ -590,6 +608,7 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
     col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
     given = {k: col(k) for k in cols}
     given["fsdp2"] = given["fsdp2"] & (np.asarray(zero) == 3)  # FSDP2's copies surround ZeRO-3's collectives only
+    given["gstep"] = given["gstep"] & (np.asarray(zero) == 3)  # the other stages reduce as they always do
     return LayoutBatch(**given, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute,
                        a2a=a2a, placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 
@@ -612,6 +631,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     why = native_eager_refusal(m) if sp.native_eager else None  # likewise
     for mods in sp.selective if "selective" in sp.recomputes else ():
         why = why or op_sac_refusal(m, mods)
+    why = why or (fused_hw_refusal(m, hw) if "fused" in sp.a2as and m.moe else None)
     if why:
         raise LayoutError(*why)
     check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))  # likewise

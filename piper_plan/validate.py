@@ -175,7 +175,8 @@ def _settings(row, hw: HardwareSpec) -> dict:
     stack's torch runs: _sdpa_kernel; FP8 attention beside another kernel is refused),
     kernels (eager where a PyTorch-native stack ran its dense block without torch.compile:
     Layout.native_eager; blank or fused: fused kernels, torch.compile's included),
-    fsdp2 (yes where ZeRO-3 ran as torch FSDP2: Layout.fsdp2; blank: _fsdp2),
+    fsdp2 (yes where ZeRO-3 ran as torch FSDP2: Layout.fsdp2; blank: _fsdp2), grad_sync (step
+    where ZeRO-3 reduced its gradients once a step: Layout.grad_sync; blank: every micro-batch),
     compile (what a PyTorch-native stack ran under torch.compile, model and loss joined by "+":
     Layout.compiled; blank: nothing), cross_entropy (fused or eager: Layout.cross_entropy; blank:
     eager for a PyTorch-native stack's row, torch's F.cross_entropy, fused elsewhere),
@@ -207,6 +208,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
                 compiled=listed(row, "compile"),
                 cross_entropy=row.get("cross_entropy") or ("eager" if _pytorch_native(row) else "fused"),
                 reshard_after_forward=row.get("reshard_after_forward") != "no", fsdp2=_fsdp2(row),
+                grad_sync=row.get("grad_sync") or "microbatch",
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",
                 fp8_params=row.get("fp8_params") == "yes" and row.get("precision") in _FP8,
@@ -494,7 +496,7 @@ def searched_space(row, hw: HardwareSpec, global_batch: int | None = None) -> Se
         x = _settings(row, hw)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
                 "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce", "grad_dtype", "native_eager",
-                "fsdp2", "compiled", "cross_entropy")
+                "fsdp2", "compiled", "cross_entropy", "grad_sync")
         # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
         # the space's defaults stand for those
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),

@@ -51,7 +51,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
            "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm", "cp_a2a", "kernels",
-           "fsdp2", "compile", "cross_entropy")
+           "fsdp2", "compile", "cross_entropy", "grad_sync")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -320,14 +320,16 @@ def _precision(text: str) -> str:
 
 
 # the csv's dispatcher column -> Layout.a2a: Megatron's alltoall dispatcher exchanges every routed
-# copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup)
-DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup"}
+# copy (flat); its flex dispatcher with DeepEP or HybridEP exchanges tokens once per node (dedup);
+# torchtitan's DistMoE backend exchanges inside its expert GEMM kernels (fused)
+DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup", "distmoe": "fused"}
 # the words of the recipe columns (validation/README.md): one word, or several joined by "+"; attention_kernel's,
-# cp_comm's, kernels' and cross_entropy's too, though they are no recipe columns (validate_recipes.RECIPE: a
-# row stating one still inherits its recipe)
+# cp_comm's, kernels', cross_entropy's and grad_sync's too, though they are no recipe columns
+# (validate_recipes.RECIPE: a row stating one still inherits its recipe)
 RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
                 "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel),
-                "cp_comm": get_args(CpComm), "kernels": ("fused", "eager"), "cross_entropy": ("fused", "eager")}
+                "cp_comm": get_args(CpComm), "kernels": ("fused", "eager"), "cross_entropy": ("fused", "eager"),
+                "grad_sync": ("microbatch", "step")}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),
                 "compile": get_args(CompilePart),
                 "offload_modules": get_args(OffloadModule)}

@@ -68,7 +68,8 @@ UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gem
          "cuda_graphs": ("attn",), "recompute_modules": ("mlp",), "dropout": True, "etp": 2, "cp": 2,
          "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True,
          "offload_modules": ("expert_fc1",), "fp8_params": True, "p2p_overlap": False, "grad_dtype": "bf16",
-         "attention_kernel": "fa2", "native_eager": True, "fsdp2": True, "compiled": ("loss",)}
+         "attention_kernel": "fa2", "native_eager": True, "fsdp2": True, "compiled": ("loss",),
+         "grad_sync": "step"}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():
@@ -88,7 +89,7 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         bad = UNRUN[s.field]
         # fields that mean something only beside another (runtimes.PIPER_TRAIN lists them first)
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"},
-                 "fp8_params": {"fp8": "mxfp8"}, "fsdp2": {"zero": 3},
+                 "fp8_params": {"fp8": "mxfp8"}, "fsdp2": {"zero": 3}, "grad_sync": {"zero": 3},
                  "p2p_overlap": {"schedule": "interleaved", "vpp": 2, "pp": 2}}.get(s.field, {})
         ep = 1 if s.field in ("etp", "p2p_overlap", "native_eager") else 2  # two ranks: one expert group of etp 2
         dp = 1 if s.field in ("cp", "p2p_overlap") else 2  # two ranks: one sequence over both; two stages

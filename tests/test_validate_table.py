@@ -444,6 +444,11 @@ def test_the_torchtitan_table_is_read_on_the_specs_its_rows_name():
     table = Path(__file__).parents[1] / "validation" / "torchtitan.csv"
     lay = {r["id"]: V.row_layout(r, table) for r in read_rows(table)}
     assert lay["tt53"].zero == 3 and not lay["tt53"].reshard_after_forward and lay["tt27"].reshard_after_forward
+    # its Dist-MoE kernels exchange inside the expert GEMMs, every run replays one graph a step, and
+    # FSDP reduces once a step (the runbook's "once-per-step reduction boundary")
+    assert all(lay[i].a2a == "fused" and lay[i].cuda_graphs == ("full_iteration",) for i in ("tt53", "tt55", "tt57"))
+    assert lay["tt53"].grad_sync == "step" and lay["tt53"].grad_dtype == "bf16"
+    assert lay["tt27"].grad_sync == "microbatch"
     assert lay["tt55"].zero == 1 and lay["tt55"].pp == 2 and lay["tt55"].vpp == 8
     assert by["tt57"].layout == by["tt55"].layout and by["tt57"].predicted < by["tt55"].predicted  # MTP's extra layer
     assert by["tt27"].built_on == "llama3-8b" and by["tt27"].hardware_as == "dgx-h200"  # "Llama 3.1 8B", not the 405B

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..layout import SCHEDULES, RECOMPUTES, CpComm, Layout
 
-A2AS = ("flat", "halo", "dedup")
+A2AS = ("flat", "halo", "dedup", "fused")
 PLACEMENTS = ("packed", "spread")
 CP_COMMS: tuple[str, ...] = get_args(CpComm)  # Layout.cp_comm, as LayoutBatch.cpc's index
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
@@ -91,6 +91,7 @@ class LayoutBatch:
     zrep: np.ndarray        # copies of each ZeRO shard (Layout.zero_replicas; 1: ZeRO over the whole group)
     reshard: np.ndarray     # bool: ZeRO-3 frees a unit's gathered parameters after forward (Layout.reshard_after_forward)
     fsdp2: np.ndarray       # bool: ZeRO-3 as torch FSDP2 runs it (Layout.fsdp2: its copies, no bf16 shard)
+    gstep: np.ndarray       # bool: ZeRO-3 reduce-scatters once a step (Layout.grad_sync step)
     a2a: np.ndarray
     placement: np.ndarray
     cpc: np.ndarray         # index into CP_COMMS (Layout.cp_comm: how context parallelism moves keys)
@@ -203,6 +204,7 @@ class LayoutBatch:
                       recompute_modules=tuple(x for i, x in enumerate(RC_MODULES) if g("rc_mods") >> i & 1),
                       sequence_parallel=bool(self.sp[i]), zero=g("zero"), zero_replicas=g("zrep"),
                       reshard_after_forward=bool(self.reshard[i]), fsdp2=bool(self.fsdp2[i]),
+                      grad_sync="step" if self.gstep[i] else "microbatch",
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=DTYPES[g("dtype")],
                       cp_comm=CP_COMMS[g("cpc")], cp_a2a=g("cpa"),
                       attention_kernel="eager" if self.eager[i] else "fa2" if self.fa2[i] else "flash",
@@ -239,6 +241,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         rc_mods=col(lambda x: rc_bits(x.recompute_modules)),
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), zrep=col(lambda x: x.zero_replicas),
         reshard=col(lambda x: x.reshard_after_forward), fsdp2=col(lambda x: x.fsdp2),
+        gstep=col(lambda x: x.grad_sync == "step"),
         a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), cpc=col(lambda x: CP_COMMS.index(x.cp_comm)),
         cpa=col(lambda x: x.cp_a2a),

@@ -77,6 +77,13 @@ def level_counts(hw: HardwareSpec, n, stride, world=None) -> np.ndarray:
     return c
 
 
+def in_scaleup(hw: HardwareSpec, n, stride, world=None) -> np.ndarray:
+    """Whether every group of n ranks `stride` apart lies inside one scale-up domain
+    (HardwareSpec.scaleup_level: the links a rank reaches without its NICs), the worst-placed
+    group included (level_counts)."""
+    return level_counts(hw, n, stride, world)[hw.scaleup_level] >= np.asarray(n)
+
+
 def _smallest_piece(span, sizes, world, cut) -> np.ndarray:
     """Ranks in the shortest run of a group's block (length `span`, blocks from rank 0) that one
     domain of `sizes` holds, where `cut` (else 0): a boundary jS inside the world leaves

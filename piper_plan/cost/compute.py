@@ -458,21 +458,14 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     mo = m.moe
     t = lay.tokens / lay.tp
     eb = lay.act_bytes
-    d, f, E, k = m.hidden_size, mo.expert_ffn_size, mo.num_experts, mo.top_k
+    d, E, k = m.hidden_size, mo.num_experts, mo.top_k
     etp = lay.etp.astype(float)
     local = E / lay.ep
     pad = expected_pad(hw.accelerator.expert_row_multiple)
-    # rows per local expert on the busiest rank: expert tensor parallelism all-gathers its etp
-    # ranks' rows (Megatron-Core's AllGather-V over the ETP group), each rank holding f/etp
-    # columns of fc1 and rows of fc2
-    m_e = t * k * lay.ep * etp / E * imb + pad
-    fw = f / etp
-    up = 2 if mo.gated else 1
-    streams = EXPERT_GEMM_STREAMS[lay.egemm]  # how the runtime launches the local experts' GEMMs
-    shapes = [(m_e, up * fw, d, local, streams), (m_e, d, fw, local, streams)]  # experts up and down
+    m_e, fw, shapes = _expert_shapes(m, hw, lay, imb)
     if mo.shared_experts:
         fs = mo.shared_experts * mo.shared_ffn
-        shapes += [(t, up * fs, d), (t, d, fs)]
+        shapes += [(t, (2 if mo.gated else 1) * fs, d), (t, d, fs)]
     router, = _linears(hw, base_dtype(dtype), eb, (t, E, d))  # the router stays out of FP8 recipes
     lin = _linears(hw, dtype, eb, *shapes)
     ph = _sum(lin) + router
@@ -506,6 +499,29 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
         sel = sel + np.where(recomputes(lay, "shared_experts") & ~recomputes(lay, "moe"), (lin[2] + lin[3]).f, 0.0)
     r = np.where(lay.recompute == 2, total.f, np.where(lay.recompute == 1, sel, 0.0))
     return Phase(total.f, total.b, total.w, r)
+
+
+def _expert_shapes(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, imb) -> tuple:
+    """(rows a local expert, fc1's width f/etp, [(m, n, k, groups, streams) of the experts' up and
+    down GEMMs]) on the busiest rank: expert tensor parallelism all-gathers its etp ranks' rows
+    (Megatron-Core's AllGather-V over the ETP group), each rank holding f/etp columns of fc1 and
+    rows of fc2; `imb` x the mean rows, plus the runtime's row padding."""
+    mo = m.moe
+    t = lay.tokens / lay.tp
+    etp = lay.etp.astype(float)
+    m_e = t * mo.top_k * lay.ep * etp / mo.num_experts * imb + expected_pad(hw.accelerator.expert_row_multiple)
+    fw = mo.expert_ffn_size / etp
+    local, up = mo.num_experts / lay.ep, 2 if mo.gated else 1
+    streams = EXPERT_GEMM_STREAMS[lay.egemm]  # how the runtime launches the local experts' GEMMs
+    return m_e, fw, [(m_e, up * fw, m.hidden_size, local, streams), (m_e, m.hidden_size, fw, local, streams)]
+
+
+def expert_gemms(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb) -> tuple[Phase, Phase]:
+    """(up, down): seconds a micro-batch of the routed experts' fc1 (gate and up) and fc2 GEMMs on
+    the busiest rank, forward, dgrad and wgrad, each with its FP8 input casts, as moe_phase prices
+    them: what a fused exchange (Layout.a2a fused) runs beside."""
+    up, down = _linears(hw, dtype, lay.act_bytes, *_expert_shapes(m, hw, lay, imb)[2])
+    return up, down
 
 
 def _dglu_dbias(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, m_e, local) -> Phase:

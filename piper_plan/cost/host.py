@@ -21,7 +21,9 @@ Operations per layer forward, from Megatron-Core's modules on Transformer Engine
   deepseek-v3-gb200-optimization: "from 72 to 31", "to 17"); pre-MLP norm, router GEMM,
   permute, dispatch, sort by expert, activation, unsort, combine, unpermute, residual: 10;
   the expert GEMMs: 2 a local expert where they launch one per expert (Transformer Engine's
-  multi-stream GroupedLinear, a Python loop), 2 when grouped; shared experts 4;
+  multi-stream GroupedLinear, a Python loop), 2 when grouped; shared experts 4; Dist-MoE
+  (Layout.a2a fused) 17 for its router and routing kernels, then its two expert kernels,
+  scale_and_sum and the residual (FUSED_AFTER_OPS);
 - FP8: the quantisation kernels of each GEMM's input (cost/compute.FP8_QUANT), per expert
   where the GEMMs launch per expert;
 - tensor parallelism with sequence parallelism: an all-gather and a reduce-scatter per block;
@@ -42,11 +44,15 @@ import numpy as np
 
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
-from .batch import CP_COMMS, FP8_COMPUTE, FP8S, LayoutBatch, graphed, per_expert_launch
+from .batch import A2AS, CP_COMMS, FP8_COMPUTE, FP8S, LayoutBatch, graphed, per_expert_launch
 from .compute import FP8_QUANT, Phase, unfused_rope
 from .eager import NATIVE_OPS, native_repeats
 
 ROUTER_OPS = {"flat": 31 + 1, "dedup": 17}  # router + dispatch preprocess, forward (see module docstring)
+# Dist-MoE's forward after its routing kernels (Layout.a2a fused): the dispatching fc1 kernel, the
+# SwiGLU-fc2-combine kernel and scale_and_sum (dist_moe docs/mxfp8_execution.md, "Follow the staged
+# forward"; its MXFP8 quantisation runs inside them), then the residual
+FUSED_AFTER_OPS = 3 + 1
 # quantisation kernels per quantised GEMM input, indexed by LayoutBatch.fp8 (0 without an FP8 recipe)
 QUANT_KERNELS = np.array([FP8_QUANT[FP8_COMPUTE[f]][1] if f in FP8_COMPUTE else 0.0 for f in FP8S])
 
@@ -93,15 +99,18 @@ def post_sync_ops(m: ModelSpec, lay: LayoutBatch) -> np.ndarray:
     (Megatron-Core token_dispatcher.py, cuda_sync_point "before_ep_alltoall"; "before_finish"
     without EP), DeepEP/HybridEP inside the dispatch once the counts are exchanged, and
     Transformer Engine's GroupedLinear takes the per-expert row counts as a host list. What
-    follows the sync is issued with the GPU's queue empty (_moe_block_ops)."""
+    follows the sync is issued with the GPU's queue empty (_moe_block_ops). A fused exchange
+    (Layout.a2a fused) routes on the GPU into buffers of fixed shape: nothing syncs."""
     if m.moe is None:
         return np.zeros(len(lay))
     _, after = _moe_block_ops(m, lay)
-    return np.where(graphed(lay, "moe") | graphed(lay, "full_iteration"), 0.0, after)
+    synced = ~(graphed(lay, "moe") | graphed(lay, "full_iteration") | (lay.a2a == A2AS.index("fused")))
+    return np.where(synced, after, 0.0)
 
 
 def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarray]:
-    """(before, after the dispatcher's host sync) operations of an eager MoE block's forward:
+    """(before, after the dispatcher's host sync; Dist-MoE's has none) operations of an eager MoE
+    block's forward:
     - before: the router and dispatch preprocess (31 + 1, or 17 with DeepEP/HybridEP; one launch
       each where moe_router is graphed), the pre-MLP norm, the router GEMM and the permute;
     - after: dispatch, sort, activation, unsort, combine, unpermute and residual (7); the
@@ -115,7 +124,10 @@ def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarr
     q = QUANT_KERNELS[lay.fp8]
     per_expert = per_expert_launch(lay)
     launches = np.where(per_expert, mo.num_experts / lay.ep, 1.0)
-    router_all = np.where(lay.a2a == 2, ROUTER_OPS["dedup"], ROUTER_OPS["flat"])
+    # Dist-MoE (fused) publishes, routes and plans in a few kernels after the router, as DeepEP's fused
+    # preprocess does: counted as that
+    fused = lay.a2a == A2AS.index("fused")
+    router_all = np.where((lay.a2a == A2AS.index("dedup")) | fused, ROUTER_OPS["dedup"], ROUTER_OPS["flat"])
     # moe_router replays the router (all but the preprocess's one kernel), moe_preprocess the rest
     router = np.where(graphed(lay, "moe_router"), 1.0, router_all - 1.0)
     before = router + 1.0 + 3.0
@@ -123,7 +135,7 @@ def _moe_block_ops(m: ModelSpec, lay: LayoutBatch) -> tuple[np.ndarray, np.ndarr
     extras = (3.0 if mo.glu_clamp else 0.0) + (2.0 * launches + 4.0 if mo.expert_bias else 0.0)
     tp_comm = np.where(lay.tp > 1, 2.0, 0.0) + np.where(lay.etp > 1, 2.0, 0.0)
     after = 7.0 + 2.0 * launches * (1.0 + q) + shared + tp_comm + np.where(per_expert, extras, 0.0)
-    return before, after
+    return before, np.where(fused, FUSED_AFTER_OPS + shared + tp_comm, after)
 
 
 def host_time(hw: HardwareSpec, ops) -> Phase:

@@ -15,9 +15,9 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import activations as act
 from . import comm, host
-from .batch import CP_COMMS, LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
-from .compute import (Phase, attention_phase, column_wgrad, core_attention, cp_tensor_bytes, embedding_phase, ffn_phase,
-                      lm_head_phase, moe_phase, tp_overlappable)
+from .batch import A2AS, CP_COMMS, LayoutBatch, distinct_rows, first_rows, recomputes, take_rows
+from .compute import (Phase, attention_phase, column_wgrad, core_attention, cp_tensor_bytes, embedding_phase,
+                      expert_gemms, ffn_phase, lm_head_phase, moe_phase, tp_overlappable)
 from .imbalance import expert_popularity, imbalance, observed_rows
 from .kernels import stream_time
 from .memory import layer_params_per_rank
@@ -138,6 +138,24 @@ def _per_layer(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, ep_stride, rout
     terms = _layer_terms(m, with_recompute({k: v.take(inv0) for k, v in base.items()}, recompute, share), again)
     # the stage partition's inputs stay per distinct row (see estimate._pipeline)
     return {k: v if k in ("x_first", "x_last") else v.take(inv1, axis=-1) for k, v in terms.items()}, inv1
+
+
+def _exchanges(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb, one) -> tuple:
+    """(forward, backward) seconds a micro-batch of a MoE layer's dispatch and combine, `one`
+    each: both in full, or, fused (Layout.a2a fused: Dist-MoE's distributed grouped GEMMs), what
+    the GEMM each runs inside does not cover. The forward's dispatch is loaded by fc1's producer
+    warps and its combine stored by fc2's epilogue; the backward's output-gradient dispatch feeds
+    fc2's dgrad and its input-gradient combine leaves fc1's (dist_moe docs/mxfp8_kernel_design.md:
+    dgrad_dispatch, then dgrad_swiglu_bwd_combine); the wgrad GEMMs run after, beside nothing. A
+    kernel that both moves and computes lasts the longer of the two (tile by tile: the rows one
+    tile waits for are a ~1/(m/tile) share of the exchange, left out)."""
+    fused = lay.a2a == A2AS.index("fused")
+    if not fused.any():
+        return 2 * one, 2 * one
+    up, down = expert_gemms(m, hw, lay, dtype, imb)
+    over = lambda gemm: np.maximum(one - gemm, 0.0)  # noqa: E731
+    return (np.where(fused, over(up.f) + over(down.f), 2 * one),
+            np.where(fused, over(down.b) + over(up.b), 2 * one))
 
 
 def _dualpipe_overlaps(lay: LayoutBatch) -> np.ndarray:
@@ -349,7 +367,8 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         # 2504.14960 §3.3; the backward mirrors them): an all-reduce's traffic each way
         etp_ex = np.where(lay.etp > 1, comm.ring_allreduce(hw, a2a_bytes * imb * lay.etp, lay.etp, 1,
                                                            world=lay.gpus), 0.0)
-        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, lay.a2a >= 1, wire=a2a_one, world=lay.gpus)
+        a2a_ex = comm.a2a_call(hw, a2a_bytes * imb, lay.ep, stride, (lay.a2a == 1) | (lay.a2a == 2), wire=a2a_one,
+                               world=lay.gpus)
         # dispatch + combine each way; forward first exchanges the per-expert row counts (an int64
         # an expert: a flat exchange of a few bytes a peer, so its floor and a set-up per peer)
         counts = 8.0 * m.moe.num_experts
@@ -359,10 +378,11 @@ def _layer_base(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routi
         # the experts; the backward's exchanges follow the layer above's and the experts' backward
         # (the host overhead split between the two stretches)
         on = lay.ep > 1
-        a2a_fwd = (2 * a2a_ex + etp_ex + call
+        ex_f, ex_b = _exchanges(m, hw, sel, dtype, imb, a2a_ex)
+        a2a_fwd = (ex_f + etp_ex + call
                    + on * (comm.skew(hw, attn.f + ovh.f / 2) + comm.skew(hw, experts.f + ovh.f / 2)))
-        a2a_bwd = 2 * a2a_ex + etp_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
-                                              + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
+        a2a_bwd = ex_b + etp_ex + on * (comm.skew(hw, attn.b + attn.w + ovh.b / 2)
+                                        + comm.skew(hw, experts.b + experts.w + ovh.b / 2))
         moe_comm = Phase(tp_moe.f + a2a_fwd, tp_moe.b + a2a_bwd, zero, zero)
         ovl = _a2a_off_stream(lay)
         stream = Phase(tp_moe.f + np.where(ovl, 0.0, a2a_fwd), tp_moe.b + np.where(ovl, 0.0, a2a_bwd), zero, zero)

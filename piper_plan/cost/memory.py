@@ -181,6 +181,11 @@ def zero3_gathered_bytes(lay: LayoutBatch, eb, unit, held):
     at most the current unit and the prefetched next one, which backward exceeds. So unit x
     (eb·2 + max(eb, reduce bytes)): 6 B a parameter with bf16 reduction, 8 with fp32. A rank that
     keeps its units gathered from forward to backward (Layout.reshard_after_forward false) starts
-    its backward with every unit gathered: held x eb + unit x max(eb, reduce bytes)."""
+    its backward with every unit gathered: held x eb + unit x max(eb, reduce bytes). Reducing once a
+    step (Layout.grad_sync step), every unit's gradients stay unsharded, accumulated in the reduce
+    dtype, until the last backward copies each into the reduce-scatter's input: held x reduce bytes
+    + unit x reduce bytes beside the parameters."""
     params = np.where(lay.reshard, 2.0 * np.asarray(unit, float), held) * eb
-    return np.where(lay.zero >= 3, params + np.maximum(eb, grad_bytes(lay, eb)) * unit, 0.0)
+    gb = grad_bytes(lay, eb)
+    grads = np.where(lay.gstep, gb * (np.asarray(held, float) + unit), np.maximum(eb, gb) * unit)
+    return np.where(lay.zero >= 3, params + grads, 0.0)

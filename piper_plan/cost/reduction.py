@@ -360,15 +360,20 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # only the traffic its compute cannot cover. A unit kept gathered from forward to backward
     # (Layout.reshard_after_forward false) is not gathered again for the backward. Each unit's
     # gather and reduce-scatter is its own call, so each pays the call's latency (Collectives)
+    # Reducing once a step (Layout.grad_sync step), only the last micro-batch's backward reduce-scatters
     z3 = lay.zero >= 3
     t_ag3, t_rs3 = t_ag + coll.gather_extra, t_rs + coll.unit_extra
-    t_b3 = np.where(lay.reshard, t_ag3, 0.0) + t_rs3  # a micro-batch's backward gathers and reduce-scatters
+    t_bg3 = np.where(lay.reshard, t_ag3, 0.0)  # a micro-batch's backward gathers
+    t_b3 = t_bg3 + t_rs3  # and reduce-scatters
     if np.any(z3):
         z3_f = np.where(lay.overlap, np.maximum(0.0, t_ag3 - F), t_ag3)
-        z3_b = np.where(lay.overlap, np.maximum(0.0, t_b3 - (B + W)), t_b3)
+        hide_b = lambda t: np.where(lay.overlap, np.maximum(0.0, t - (B + W)), t)  # noqa: E731
         # FSDP2's copies (Layout.fsdp2) run on the compute stream: nothing hides them
-        copies = np.where(lay.fsdp2, coll.copy_out * (1.0 + lay.reshard) + coll.copy_in, 0.0)
-        t_dp = np.where(z3, M * (z3_f + z3_b + copies), t_dp)
+        gathers = np.where(lay.fsdp2, coll.copy_out * (1.0 + lay.reshard), 0.0)
+        copies = gathers + np.where(lay.fsdp2, coll.copy_in, 0.0)
+        each = M * (z3_f + hide_b(t_b3) + copies)
+        once = (M - 1) * (z3_f + hide_b(t_bg3) + gathers) + z3_f + hide_b(t_b3) + copies
+        t_dp = np.where(z3, np.where(lay.gstep, once, each), t_dp)
     # hybrid sharding: the copies of each shard all-reduce it once a step, after the last
     # micro-batch's reduce-scatter and behind what is left of its backward where overlapped
     # (ZeRO-3: a call a unit, as its gathers)
