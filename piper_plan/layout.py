@@ -114,7 +114,10 @@ class Layout(BaseModel):
         "micro-batch's backward, each rank keeping only its shard (torch fully_shard's default; torchtitan's "
         "train_step); step, once, in the last micro-batch's backward, the unsharded gradients accumulating "
         "through the step in the gradient dtype (fully_shard's set_requires_gradient_sync(is_last_microbatch), "
-        "FSDP1's no_sync; FSDP2 accumulates in its reduce dtype: to_accumulated_grad_if_needed)")
+        "FSDP1's no_sync; FSDP2 accumulates in its reduce dtype: to_accumulated_grad_if_needed); with "
+        "reshard_after_forward false the units also stay gathered from one micro-batch to the next, one "
+        "all-gather a step (set_reshard_after_backward(is_last_microbatch), as torch's own gradient-accumulation "
+        "test and torch.distributed.pipelining's stage pair them)")
     fsdp2: bool = Field(
         False, description="with zero 3, ZeRO-3 as torch FSDP2 (fully_shard, torchtitan's FSDP) runs it: each "
         "unit's gathered parameters copied out of the all-gather's flat buffer into the unsharded ones "

@@ -34,12 +34,16 @@ def test_reducing_once_a_step_saves_a_reduce_scatter_for_every_other_micro_batch
     assert saved[4] == pytest.approx(3 * one) and saved[8] == pytest.approx(7 * one)
 
 
-def test_each_micro_batch_still_gathers_and_the_compute_is_unchanged():
+@pytest.mark.parametrize("reshard", [True, False])
+def test_the_gathers_follow_the_units_lifetime_and_the_compute_is_unchanged(reshard):
     m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
-    step = {M: evaluate(m, hw, from_layouts(_layouts(M, reshard_after_forward=False))) for M in (1, 2, 4)}
+    step = {M: evaluate(m, hw, from_layouts(_layouts(M, reshard_after_forward=reshard))) for M in (1, 2, 4)}
     dp = {M: e.time["dp_comm"][1] for M, e in step.items()}
     gather = dp[2] - dp[1]  # what one more micro-batch adds once the reduction waits for the step's end
-    assert gather > 0 and dp[4] - dp[1] == pytest.approx(3 * gather)
+    if reshard:  # freed after each forward and backward: every micro-batch gathers its units twice
+        assert gather > 0 and dp[4] - dp[1] == pytest.approx(3 * gather)
+    else:  # kept gathered to the backward, and from one micro-batch to the next: once a step
+        assert dp[4] == pytest.approx(dp[1]) and dp[2] == pytest.approx(dp[1])
     assert all(e.time["compute"][0] == e.time["compute"][1] for e in step.values())
     # overlapped, the one reduce-scatter left hides behind the last backward as the others did
     est = evaluate(m, hw, from_layouts([x.model_copy(update={"overlap_grad_reduce": True}) for x in _layouts(4)]))

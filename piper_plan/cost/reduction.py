@@ -360,7 +360,10 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
     # only the traffic its compute cannot cover. A unit kept gathered from forward to backward
     # (Layout.reshard_after_forward false) is not gathered again for the backward. Each unit's
     # gather and reduce-scatter is its own call, so each pays the call's latency (Collectives)
-    # Reducing once a step (Layout.grad_sync step), only the last micro-batch's backward reduce-scatters
+    # Reducing once a step (Layout.grad_sync step), only the last micro-batch's backward reduce-scatters;
+    # a unit kept gathered to its backward then stays gathered to the step's last one, so the step
+    # gathers once (fully_shard's idiom: set_reshard_after_backward(is_last_microbatch or
+    # reshard_after_forward), torch's _test_grad_acc_with_reduce_dtype; torch.distributed.pipelining's stage)
     z3 = lay.zero >= 3
     t_ag3, t_rs3 = t_ag + coll.gather_extra, t_rs + coll.unit_extra
     t_bg3 = np.where(lay.reshard, t_ag3, 0.0)  # a micro-batch's backward gathers
@@ -372,7 +375,8 @@ def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll:
         gathers = np.where(lay.fsdp2, coll.copy_out * (1.0 + lay.reshard), 0.0)
         copies = gathers + np.where(lay.fsdp2, coll.copy_in, 0.0)
         each = M * (z3_f + hide_b(t_b3) + copies)
-        once = (M - 1) * (z3_f + hide_b(t_bg3) + gathers) + z3_f + hide_b(t_b3) + copies
+        again = np.where(lay.reshard, z3_f + hide_b(t_bg3) + gathers, 0.0)  # a micro-batch before the last
+        once = (M - 1) * again + z3_f + hide_b(t_b3) + copies
         t_dp = np.where(z3, np.where(lay.gstep, once, each), t_dp)
     # hybrid sharding: the copies of each shard all-reduce it once a step, after the last
     # micro-batch's reduce-scatter and behind what is left of its backward where overlapped
