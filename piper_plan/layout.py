@@ -45,6 +45,8 @@ PipelineSplit = Literal["balanced", "even", "account"]
 CompilePart = Literal["model", "loss"]
 # how an uncompiled loss runs its cross-entropy (Layout.cross_entropy)
 CrossEntropy = Literal["fused", "eager"]
+# when ZeRO-3 reduce-scatters its gradients (Layout.grad_sync)
+GradSync = Literal["microbatch", "step"]
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
 RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -109,7 +111,7 @@ class Layout(BaseModel):
         "of the parameters gathered when its backward starts (FSDP's SHARD_GRAD_OP; torchtitan's "
         "fsdp_reshard_after_forward='never'). Never chosen by the search: ZeRO-2 holds no more and gathers once a "
         "step")
-    grad_sync: Literal["microbatch", "step"] = Field(
+    grad_sync: GradSync = Field(
         "microbatch", description="with zero 3, when gradients are reduce-scattered: microbatch, in every "
         "micro-batch's backward, each rank keeping only its shard (torch fully_shard's default; torchtitan's "
         "train_step); step, once, in the last micro-batch's backward, the unsharded gradients accumulating "
@@ -357,6 +359,18 @@ def check_fsdp2(fsdp2: bool, zeros) -> None:
                           "reductions)")
 
 
+def check_grad_sync(grad_sync: str, zeros) -> None:
+    """Raise LayoutError where Layout.grad_sync is no GradSync, or reducing once a step is asked of no
+    ZeRO-3 stage (`zeros`: a layout's stage, or the stages a search tries): the others reduce as they
+    always do, ZeRO-2 every micro-batch's gradients into its shard, ZeRO-0 and 1 once a step already."""
+    if grad_sync not in get_args(GradSync):
+        raise LayoutError("grad_sync microbatch or step", f"got {grad_sync!r}")
+    if grad_sync == "step" and 3 not in zeros:
+        raise LayoutError("grad_sync step with zero 3", f"zero {', '.join(map(str, zeros))} reduces as it always "
+                          "does (ZeRO-2 every micro-batch's gradients into its shard, keeping no whole gradients; "
+                          "ZeRO-0 and 1 once a step already)")
+
+
 def op_sac_refusal(model, modules) -> tuple[str, str] | None:
     """(rule, detail) where torchtitan's per-op policy (recompute module op_sac) cannot be priced as
     asked: beside other modules (it is a whole block's policy), or on a model whose block's matmuls
@@ -563,10 +577,7 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
                           "traffic and memory, so state zero 1")
     check_replicas(lay)
     check_fsdp2(lay.fsdp2, (lay.zero,))
-    if lay.grad_sync == "step" and lay.zero != 3:
-        raise LayoutError("grad_sync step with zero 3", f"zero {lay.zero} reduces "
-                          + ("each micro-batch's gradients into its shard (ZeRO-2 keeps no whole gradients)"
-                             if lay.zero == 2 else "its gradients once a step already"))
+    check_grad_sync(lay.grad_sync, (lay.zero,))
     if not lay.reshard_after_forward and lay.zero != 3:
         raise LayoutError("reshard_after_forward false with zero 3",
                           f"zero {lay.zero} keeps no sharded parameters to gather; reshard_after_forward is ZeRO-3's")

@@ -19,9 +19,10 @@ from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
 from .cost.rank_memory import logits_bytes
 from .errors import LayoutError
-from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_offload_modules, check_stack,
-                     degrees_label, fused_a2a_refusal, fused_hw_refusal, layer_slots, native_eager_refusal,
-                     offload_limit, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit, split_refused)
+from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_grad_sync, check_offload_modules,
+                     check_stack, degrees_label, fused_a2a_refusal, fused_hw_refusal, layer_slots,
+                     native_eager_refusal, offload_limit, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit,
+                     split_refused)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -121,12 +122,7 @@ class SearchSpace:
             if why:
                 raise LayoutError(*why)
         check_fsdp2(self.fsdp2, self.zeros)
-        if self.grad_sync not in ("microbatch", "step"):
-            raise LayoutError("grad_sync microbatch or step", f"got {self.grad_sync!r}")
-        if self.grad_sync == "step" and 3 not in self.zeros:
-            stages = ", ".join(map(str, self.zeros))
-            raise LayoutError("grad_sync step with zero 3", f"the space's ZeRO stages ({stages}) each reduce as "
-                              "they always do (ZeRO-2 every micro-batch, 0 and 1 once a step)")
+        check_grad_sync(self.grad_sync, self.zeros)
         # the settings one space holds for all its layouts (its dualpipev layouts and etp > 1: rules)
         why = fused_a2a_refusal("fused" if "fused" in self.a2as else "flat", self.a2a_overlap, 1, fp8=self.fp8,
                                 expert_gemm=self.expert_gemm)

@@ -38,7 +38,8 @@ from pydantic import ValidationError
 
 from .clitypes import BATCH, GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
-from .layout import AttentionKernel, CompilePart, CpComm, CudaGraphScope, ExpertGemm, OffloadModule, RecomputeModule
+from .layout import (AttentionKernel, CompilePart, CpComm, CudaGraphScope, ExpertGemm, GradSync, OffloadModule,
+                     RecomputeModule)
 from .specs import load_hardware, load_model
 from .specs.model import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, ModelSpec
 from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
@@ -329,7 +330,7 @@ DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep":
 RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
                 "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel),
                 "cp_comm": get_args(CpComm), "kernels": ("fused", "eager"), "cross_entropy": ("fused", "eager"),
-                "grad_sync": ("microbatch", "step")}
+                "grad_sync": get_args(GradSync)}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),
                 "compile": get_args(CompilePart),
                 "offload_modules": get_args(OffloadModule)}
