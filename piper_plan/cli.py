@@ -367,7 +367,7 @@ def _layout_from(kw, model):
                   p2p_scatter_gather=kw["p2p_scatter_gather"] and tp > 1, tp_async_dgrad=kw["tp_async_dgrad"],
                   recompute_modules=modules,
                   zero=kw["zero"], zero_replicas=kw["zero_replicas"], reshard_after_forward=kw["reshard_after_forward"],
-                  fsdp2=kw["fsdp2"], grad_sync=kw["grad_sync"],
+                  fsdp2=kw["fsdp2"], grad_sync=kw["grad_sync"], wgrad_accum=kw["wgrad_accum"],
                   a2a="flat" if kw["a2a"] == "auto" else kw["a2a"], placement=kw["placement"],
                   dtype=kw["dtype"], attention_kernel=kw["attention"], dropout=kw["dropout"],
                   fused_kernels=kw["kernels"] != "unfused", native_eager=kw["kernels"] == "eager",
@@ -431,7 +431,8 @@ def estimate(as_json, output, runtime, **kw):
         title = (f"{model.name} on {lay.gpus} × {hw.name}: {degrees_label(lay)} "
                  f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero}"
                  + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "")
-                 + (" grad_sync=step" if lay.grad_sync == "step" else "") + f" a2a={lay.a2a}")
+                 + (" grad_sync=step" if lay.grad_sync == "step" else "")
+                 + (f" wgrad_accum={lay.wgrad_accum}" if lay.wgrad_accum else "") + f" a2a={lay.a2a}")
         report.show(report.estimate_tables(row, title))
         _show_track_record(model, hw)
         if output:
@@ -626,7 +627,7 @@ def _space(kw, model, gpus):
                      schedules=tuple(s.strip() for s in kw["schedules"].split(",") if s.strip()),
                      ep_in_domain=kw["ep_in_domain"], fused_kernels=kw["kernels"] != "unfused",
                      native_eager=kw["kernels"] == "eager", fsdp2=kw["fsdp2"], compiled=_compiled(kw),
-                     cross_entropy=kw["cross_entropy"], grad_sync=kw["grad_sync"],
+                     cross_entropy=kw["cross_entropy"], grad_sync=kw["grad_sync"], wgrad_accum=kw["wgrad_accum"],
                      etps=_ints(kw["etps"], "--etp"), cps=_cps(kw, seq, selective),
                      cp_comms=_cp_comms(kw), expert_gemm=kw["expert_gemm"],
                      a2a_overlap=kw["a2a_overlap"], a2a_sms=kw["a2a_sms"],

@@ -16,6 +16,12 @@ STACK_OPTIONS = [
                      show_default=True, help="with --zero 3: reduce-scatter the gradients in every micro-batch's "
                      "backward (torch fully_shard's default, torchtitan), or once a step, the unsharded gradients "
                      "accumulating in --grad-dtype until the last backward (set_requires_gradient_sync(is_last))"),
+        click.option("--wgrad-accum", type=click.Choice(["add", "experts", "gemm"]), default=None,
+                     help="how a backward adds its weight gradients into those held from earlier micro-batches "
+                     "(ZeRO 0-1, and ZeRO-3 under --grad-sync step): add, a separate kernel over each (torch's "
+                     "autograd); experts, the routed experts' GEMMs add into theirs (Dist-MoE's inplace_wgrad_accum), "
+                     "the rest as add; gemm, every weight-gradient GEMM in its epilogue (Megatron-Core's "
+                     "gradient_accumulation_fusion). Default: add with --fsdp2, gemm without"),
         click.option("--attention", type=click.Choice(["flash", "fa2", "eager"]), default="flash", show_default=True,
                      help="the attention kernel: flash, the fused kernel the hardware spec's plateau measures "
                      "(Transformer Engine's cuDNN on Hopper and Blackwell); fa2, FlashAttention-2, which PyTorch's "

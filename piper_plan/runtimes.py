@@ -34,6 +34,8 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("fsdp2", (False,), "--fsdp2", "piper-train implements ZeRO stages 0-2, not torch FSDP2's ZeRO-3"),
     Support("grad_sync", ("microbatch",), "--grad-sync", "piper-train runs no ZeRO-3, whose reduction --grad-sync "
             "times (its ZeRO-0 and 1 reduce once a step, its ZeRO-2 every micro-batch)"),
+    Support("wgrad_accum", (None, "add"), "--wgrad-accum", "piper-train adds each micro-batch's gradients into "
+            "its fp32 .grad in autograd, not in its GEMMs"),
     Support("dtype", ("bf16", "fp32"), "--dtype", "fp16 needs loss scaling, which piper-train does not do"),
     Support("zero", (0, 1, 2), "--zero", "piper-train implements ZeRO stages 0, 1 and 2"),
     Support("grad_dtype", ("fp32",), "--grad-dtype", "piper-train reduces fp32 gradients"),

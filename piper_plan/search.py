@@ -12,8 +12,8 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 
 from .cost import comm
-from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, LayoutBatch, concat, graph_bits, off_bits, rc_bits,
-                         replace_cols)
+from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, WGRAD_ACCUMS, LayoutBatch, concat, graph_bits,
+                         off_bits, rc_bits, replace_cols, wgrad_accum_codes)
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
@@ -88,6 +88,7 @@ class SearchSpace:
     native_eager: bool = False     # Layout.native_eager: a PyTorch-native stack's eager block (torchtitan's)
     fsdp2: bool = False            # Layout.fsdp2: ZeRO-3 layouts run as torch FSDP2 (copies, state)
     grad_sync: str = "microbatch"  # Layout.grad_sync: when ZeRO-3 layouts reduce-scatter (step: once)
+    wgrad_accum: str | None = None  # Layout.wgrad_accum (None: each layout's stack's own, batch.wgrad_accum_codes)
     compiled: tuple[str, ...] = ()  # Layout.compiled: what a PyTorch-native stack runs under torch.compile
     cross_entropy: str = "fused"    # Layout.cross_entropy: how an uncompiled loss runs
     expert_gemm: str = "grouped"  # Layout.expert_gemm: how the runtime launches the local experts' GEMMs
@@ -123,6 +124,8 @@ class SearchSpace:
                 raise LayoutError(*why)
         check_fsdp2(self.fsdp2, self.zeros)
         check_grad_sync(self.grad_sync, self.zeros)
+        if self.wgrad_accum not in (None, *WGRAD_ACCUMS):
+            raise LayoutError(f"wgrad_accum one of {', '.join(WGRAD_ACCUMS)}", f"got {self.wgrad_accum!r}")
         # the settings one space holds for all its layouts (its dualpipev layouts and etp > 1: rules)
         why = fused_a2a_refusal("fused" if "fused" in self.a2as else "flat", self.a2a_overlap, 1, fp8=self.fp8,
                                 expert_gemm=self.expert_gemm)
@@ -511,7 +514,7 @@ def _slice(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, g: _Grid, tri: np.nd
                 p2p_ovl=sp.p2p_overlap,
                 fp8=FP8S.index(sp.fp8), fp8_par=sp.fp8_params, probs_act=sp.expert_probs == "activation",
                 graphs=graph_bits(sp.cuda_graphs), overlap=sp.overlap_grad_reduce, reshard=True,
-                fsdp2=sp.fsdp2, gstep=sp.grad_sync == "step",
+                fsdp2=sp.fsdp2, gstep=sp.grad_sync == "step", wacc=sp.wgrad_accum,
                 split=SPLITS.index(sp.pipeline_split),
                 dtype=DTYPES.index(sp.dtype), grad_bytes=4 if sp.grad_dtype == "fp32" else 2,
                 # the state bound below holds for every offload choice at the largest share offloaded
@@ -605,6 +608,7 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
     given = {k: col(k) for k in cols}
     given["fsdp2"] = given["fsdp2"] & (np.asarray(zero) == 3)  # FSDP2's copies surround ZeRO-3's collectives only
     given["gstep"] = given["gstep"] & (np.asarray(zero) == 3)  # the other stages reduce as they always do
+    given["wacc"] = wgrad_accum_codes(cols["wacc"], given["fsdp2"], given["unfused"])  # its default reads fsdp2
     return LayoutBatch(**given, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute,
                        a2a=a2a, placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 

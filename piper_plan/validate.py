@@ -177,6 +177,8 @@ def _settings(row, hw: HardwareSpec) -> dict:
     Layout.native_eager; blank or fused: fused kernels, torch.compile's included),
     fsdp2 (yes where ZeRO-3 ran as torch FSDP2: Layout.fsdp2; blank: _fsdp2), grad_sync (step
     where ZeRO-3 reduced its gradients once a step: Layout.grad_sync; blank: every micro-batch),
+    wgrad_accum (how a backward added its weight gradients into the held ones: Layout.wgrad_accum;
+    blank: the stack's own),
     compile (what a PyTorch-native stack ran under torch.compile, model and loss joined by "+":
     Layout.compiled; blank: nothing), cross_entropy (fused or eager: Layout.cross_entropy; blank:
     eager for a PyTorch-native stack's row, torch's F.cross_entropy, fused elsewhere),
@@ -208,7 +210,7 @@ def _settings(row, hw: HardwareSpec) -> dict:
                 compiled=listed(row, "compile"),
                 cross_entropy=row.get("cross_entropy") or ("eager" if _pytorch_native(row) else "fused"),
                 reshard_after_forward=row.get("reshard_after_forward") != "no", fsdp2=_fsdp2(row),
-                grad_sync=row.get("grad_sync") or "microbatch",
+                grad_sync=row.get("grad_sync") or "microbatch", wgrad_accum=row.get("wgrad_accum") or None,
                 tp_comm_overlap=row.get("tp_comm_overlap") == "yes",
                 attention_fp8=row.get("attention_fp8") == "yes",
                 fp8_params=row.get("fp8_params") == "yes" and row.get("precision") in _FP8,
@@ -496,7 +498,7 @@ def searched_space(row, hw: HardwareSpec, global_batch: int | None = None) -> Se
         x = _settings(row, hw)
         kept = ("attention_kernel", "expert_gemm", "a2a_overlap", "a2a_sms", "tp_comm_overlap", "attention_fp8",
                 "fp8_params", "expert_probs", "cuda_graphs", "overlap_grad_reduce", "grad_dtype", "native_eager",
-                "fsdp2", "compiled", "cross_entropy", "grad_sync")
+                "fsdp2", "compiled", "cross_entropy", "grad_sync", "wgrad_accum")
         # the 2021-22 Megatron-LM settings have no MoE recipe (no dispatcher, expert GEMM, graphs):
         # the space's defaults stand for those
         return SearchSpace(gpus=gpus, global_batch=gbs, seq=seq, fp8=_FP8.get(row["precision"], "none"),

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from .clitypes import BATCH, GPU_COUNT, SEQUENCE
 from .errors import PiperError, from_validation
 from .layout import (AttentionKernel, CompilePart, CpComm, CudaGraphScope, ExpertGemm, GradSync, OffloadModule,
-                     RecomputeModule)
+                     RecomputeModule, WgradAccum)
 from .specs import load_hardware, load_model
 from .specs.model import MAX_EXPERTS, MAX_HEADS, MAX_LAYERS, MAX_VOCAB, MAX_WIDTH, ModelSpec
 from .specs.registry import bundled_names, hardware_by_device, nearest_bundled
@@ -52,7 +52,7 @@ COLUMNS = ("id", "group", "source", "model", "layers", "hidden", "heads", "ffn",
            "metric", "value", "tokens_per_s_per_gpu", "notes", "model_spec", "hardware_spec", "fit", "fsdp", "kv_heads",
            "etp", "cp", "attention_flops", "optimizer_offload", "offload_layers", "recompute_layers",
            "reshard_after_forward", "offload_modules", "fp8_params", "attention_kernel", "cp_comm", "cp_a2a", "kernels",
-           "fsdp2", "compile", "cross_entropy", "grad_sync")
+           "fsdp2", "compile", "cross_entropy", "grad_sync", "wgrad_accum")
 REQUIRED = ("id", "group", "model", "hardware", "gpus", "seq", "metric", "value")
 # how other tables head the schema's columns (read case- and space-insensitively: "GPUs", "Seq Len")
 HEADER_ALIASES = {"num_gpus": "gpus", "n_gpus": "gpus", "gpu_count": "gpus", "#gpus": "gpus", "world_size": "gpus",
@@ -325,12 +325,12 @@ def _precision(text: str) -> str:
 # torchtitan's DistMoE backend exchanges inside its expert GEMM kernels (fused)
 DISPATCHER_A2A = {"": "flat", "alltoall": "flat", "hybridep": "dedup", "deepep": "dedup", "distmoe": "fused"}
 # the words of the recipe columns (validation/README.md): one word, or several joined by "+"; attention_kernel's,
-# cp_comm's, kernels', cross_entropy's and grad_sync's too, though they are no recipe columns
+# cp_comm's, kernels', cross_entropy's, grad_sync's and wgrad_accum's too, though they are no recipe columns
 # (validate_recipes.RECIPE: a row stating one still inherits its recipe)
 RECIPE_WORDS = {"expert_gemm": get_args(ExpertGemm), "grad_reduce": ("fp32", "bf16", "fp16"),
                 "dispatcher": tuple(k for k in DISPATCHER_A2A if k), "attention_kernel": get_args(AttentionKernel),
                 "cp_comm": get_args(CpComm), "kernels": ("fused", "eager"), "cross_entropy": ("fused", "eager"),
-                "grad_sync": get_args(GradSync)}
+                "grad_sync": get_args(GradSync), "wgrad_accum": get_args(WgradAccum)}
 RECIPE_LISTS = {"recompute_modules": get_args(RecomputeModule), "cuda_graphs": get_args(CudaGraphScope),
                 "compile": get_args(CompilePart),
                 "offload_modules": get_args(OffloadModule)}

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 from bad_input_support import one_line
 
-from piper_plan.cost.batch import from_layouts
+from piper_plan.cost.batch import WGRAD_ACCUMS, from_layouts
 from piper_plan.cost.estimate import evaluate
 from piper_plan.cost.memory import zero3_gathered_bytes
+from piper_plan.cost.reduction import RankParams, held_grad_adds
 from piper_plan.errors import LayoutError
 from piper_plan.layout import Layout, check_for
 from piper_plan.search import SearchSpace, search
@@ -25,7 +26,8 @@ def test_reducing_once_a_step_saves_a_reduce_scatter_for_every_other_micro_batch
     m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
     saved = {}
     for M in (1, 2, 4, 8):
-        est = evaluate(m, hw, from_layouts(_layouts(M)))
+        # bf16: each later micro-batch's add into the held gradients costs the same, the first casts nothing
+        est = evaluate(m, hw, from_layouts(_layouts(M, grad_dtype="bf16")))
         each, once = est.time["dp_comm"]
         saved[M] = each - once
     assert saved[1] == 0.0  # one micro-batch: nothing to defer
@@ -37,17 +39,48 @@ def test_reducing_once_a_step_saves_a_reduce_scatter_for_every_other_micro_batch
 @pytest.mark.parametrize("reshard", [True, False])
 def test_the_gathers_follow_the_units_lifetime_and_the_compute_is_unchanged(reshard):
     m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
-    step = {M: evaluate(m, hw, from_layouts(_layouts(M, reshard_after_forward=reshard))) for M in (1, 2, 4)}
+    kw = dict(reshard_after_forward=reshard, grad_dtype="bf16")
+    step = {M: evaluate(m, hw, from_layouts(_layouts(M, **kw))) for M in (1, 2, 4)}
     dp = {M: e.time["dp_comm"][1] for M, e in step.items()}
-    gather = dp[2] - dp[1]  # what one more micro-batch adds once the reduction waits for the step's end
+    more = dp[2] - dp[1]  # what one more micro-batch adds once the reduction waits for the step's end
+    assert dp[4] - dp[1] == pytest.approx(3 * more)
+    add = _held_add_s(m, hw, 6.0)  # and each later micro-batch adds its gradients into the held ones
     if reshard:  # freed after each forward and backward: every micro-batch gathers its units twice
-        assert gather > 0 and dp[4] - dp[1] == pytest.approx(3 * gather)
-    else:  # kept gathered to the backward, and from one micro-batch to the next: once a step
-        assert dp[4] == pytest.approx(dp[1]) and dp[2] == pytest.approx(dp[1])
+        assert more > 2 * add
+    else:  # kept gathered to the backward, and from one micro-batch to the next: it gathers once a step
+        assert more == pytest.approx(add)
     assert all(e.time["compute"][0] == e.time["compute"][1] for e in step.values())
-    # overlapped, the one reduce-scatter left hides behind the last backward as the others did
-    est = evaluate(m, hw, from_layouts([x.model_copy(update={"overlap_grad_reduce": True}) for x in _layouts(4)]))
-    assert 0 <= est.time["dp_comm"][1] <= est.time["dp_comm"][0]
+    # overlapped, the one reduce-scatter left hides behind the last backward as the others did; the
+    # adds run on the compute stream, which hides nothing
+    est = evaluate(m, hw, from_layouts([x.model_copy(update={"overlap_grad_reduce": True}) for x in _layouts(4, **kw)]))
+    each, once = est.time["dp_comm"]
+    assert 0 <= once - 3 * add <= each
+
+
+def _held_add_s(m, hw, nbytes: float) -> float:
+    """Seconds to stream `nbytes` per parameter of the whole model (llama3-8b at dp 16 holds all of it
+    unsharded) at the spec's sustained rate, with a kernel launch per fully_shard unit (32 blocks, the
+    embedding and the head: FSDP2's units)."""
+    acc, eff = hw.accelerator, hw.efficiency
+    return nbytes * m.total_params / (acc.memory_bandwidth_gbps * 1e9 * eff.memory) + 33 * eff.kernel_overhead_us * 1e-6
+
+
+def test_each_later_micro_batch_adds_its_gradients_into_the_held_ones():
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    kw = dict(reshard_after_forward=False)  # one gather a step: what grows with the micro-batches is the adds
+    dp = {(g, M): evaluate(m, hw, from_layouts(_layouts(M, grad_dtype=g, **kw))).time["dp_comm"][1]
+          for g in ("bf16", "fp32") for M in (1, 2, 3)}
+    # bf16 (autograd's in-place .grad += new): read both, write one, 6 B a parameter
+    assert dp["bf16", 3] - dp["bf16", 2] == pytest.approx(_held_add_s(m, hw, 6.0), rel=1e-3)
+    # fp32 (FSDP2's unsharded_accumulated_grad += grad): 2 + 4 read, 4 written
+    assert dp["fp32", 3] - dp["fp32", 2] == pytest.approx(_held_add_s(m, hw, 10.0), rel=1e-3)
+    # and once a step the first gradient cast up (2 + 4) and the reduction's copy reading 4 B, not 2
+    once = dp["fp32", 2] - dp["fp32", 1] - (dp["fp32", 3] - dp["fp32", 2])
+    assert once == pytest.approx(_held_add_s(m, hw, 8.0), rel=1e-3)
+    # one micro-batch reduces its own gradients: nothing is held, nothing added
+    microbatch = evaluate(m, hw, from_layouts([x.model_copy(update={"grad_sync": "microbatch"})
+                                               for x in _layouts(1, **kw)])).time["dp_comm"][1]
+    assert dp["fp32", 1] == pytest.approx(microbatch)
 
 
 def test_the_rank_holds_its_whole_share_of_the_gradients_unsharded():
@@ -100,3 +133,54 @@ def test_piper_train_cannot_run_it():
 def test_the_cli_refuses_grad_sync_step_without_zero_3_in_one_line():
     one_line(["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--global-batch", "8",
               "--grad-sync", "step"], "grad_sync step with zero 3")
+
+
+def _held(**kw) -> np.ndarray:
+    """held_grad_adds of a rank with 1e9 replicated and 3e9 expert parameters, 4 micro-batches, 10 units."""
+    hw = load_hardware("dgx-h100")
+    lay = from_layouts([Layout(gpus=8, dp=8, ep=8, global_batch=32, seq=128, **kw)])
+    eb = lay.act_bytes.astype(float)
+    return held_grad_adds(hw, lay, RankParams(np.array([1e9]), np.array([3e9]), ()), eb, np.array([4]), 10.0)
+
+
+def _stream_s(nbytes: float, kernels: float = 10.0) -> float:
+    hw = load_hardware("dgx-h100")
+    acc, eff = hw.accelerator, hw.efficiency
+    return nbytes / (acc.memory_bandwidth_gbps * 1e9 * eff.memory) + kernels * eff.kernel_overhead_us * 1e-6
+
+
+@pytest.mark.parametrize("stage", [dict(zero=3, fsdp2=True, grad_sync="step"), dict(zero=1)])
+def test_where_the_gemms_add_in_place_only_the_others_gradients_cost_an_add(stage):
+    bf16 = dict(grad_dtype="bf16", **stage)
+    # three later micro-batches, each reading the new and the held gradient and writing one (2 + 2 + 2 B)
+    assert _held(wgrad_accum="add", **bf16)[0] == pytest.approx(3 * _stream_s(6.0 * 4e9))
+    # Dist-MoE's routed experts add inside their weight-gradient GEMMs: the replicated ones alone
+    assert _held(wgrad_accum="experts", **bf16)[0] == pytest.approx(3 * _stream_s(6.0 * 1e9))
+    assert _held(wgrad_accum="gemm", **bf16)[0] == 0.0
+
+
+def test_megatron_core_fuses_the_accumulation_and_piper_train_prices_its_own():
+    # no fsdp2: Megatron-Core's stack, gradient_accumulation_fusion (its layouts price as before)
+    assert WGRAD_ACCUMS[from_layouts([Layout(gpus=8, dp=8, global_batch=32, seq=128)]).wacc[0]] == "gemm"
+    assert _held(zero=1)[0] == 0.0
+    # piper-train (eager modules) adds in autograd, priced with its weight casts (layer._weight_casts)
+    assert _held(zero=1, fused_kernels=False, dtype="bf16")[0] == 0.0
+    eager = from_layouts([Layout(gpus=8, dp=8, global_batch=32, seq=128, fused_kernels=False)])
+    assert WGRAD_ACCUMS[eager.wacc[0]] == "add" and eager.layout(0).wgrad_accum is None  # its stack's own
+    asked = from_layouts([Layout(gpus=8, dp=8, global_batch=32, seq=128, zero=1, wgrad_accum="add")])
+    assert asked.layout(0).wgrad_accum == "add"
+    # ZeRO-2 and ZeRO-3's per-micro-batch reductions hold only a shard: not priced
+    assert _held(zero=2, wgrad_accum="add")[0] == 0.0
+    assert _held(zero=3, fsdp2=True, wgrad_accum="add")[0] == 0.0
+
+
+def test_the_search_takes_each_stages_stack_default_or_the_one_asked_for():
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), fsdp2=True, grad_sync="step"))
+    z3 = res.batch.zero == 3
+    # torch FSDP2's ZeRO-3 layouts add in autograd; the others are Megatron-Core's, fused
+    assert np.array_equal(res.batch.wacc == WGRAD_ACCUMS.index("add"), z3)
+    res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), wgrad_accum="experts"))
+    assert (res.batch.wacc == WGRAD_ACCUMS.index("experts")).all()
+    with pytest.raises(LayoutError, match="wgrad_accum one of add, experts, gemm"):
+        SearchSpace(gpus=8, global_batch=32, seq=128, wgrad_accum="fused")

@@ -69,7 +69,7 @@ UNRUN = {"dtype": "fp16", "zero": 3, "fp8": "mxfp8", "a2a": "dedup", "expert_gem
          "optimizer_offload": 0.5, "offload_layers": 1, "recompute_layers": 1, "p2p_scatter_gather": True,
          "offload_modules": ("expert_fc1",), "fp8_params": True, "p2p_overlap": False, "grad_dtype": "bf16",
          "attention_kernel": "fa2", "native_eager": True, "fsdp2": True, "compiled": ("loss",),
-         "grad_sync": "step"}
+         "grad_sync": "step", "wgrad_accum": "gemm"}
 
 
 def test_the_search_and_the_launch_refuse_the_same_features():

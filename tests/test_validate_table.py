@@ -449,6 +449,10 @@ def test_the_torchtitan_table_is_read_on_the_specs_its_rows_name():
     assert all(lay[i].a2a == "fused" and lay[i].cuda_graphs == ("full_iteration",) for i in ("tt53", "tt55", "tt57"))
     assert lay["tt53"].grad_sync == "step" and lay["tt53"].grad_dtype == "bf16"
     assert lay["tt27"].grad_sync == "microbatch"
+    # eager adds only its Dist-MoE experts' gradients inside their GEMMs, GraphTrainer every GEMM's
+    assert all(lay[i].wgrad_accum == "experts" for i in ("tt53", "tt55", "tt57"))
+    assert all(lay[i].wgrad_accum == "gemm" for i in ("tt54", "tt56", "tt58"))
+    assert lay["tt27"].wgrad_accum is None
     assert lay["tt55"].zero == 1 and lay["tt55"].pp == 2 and lay["tt55"].vpp == 8
     assert by["tt57"].layout == by["tt55"].layout and by["tt57"].predicted < by["tt55"].predicted  # MTP's extra layer
     assert by["tt27"].built_on == "llama3-8b" and by["tt27"].hardware_as == "dgx-h200"  # "Llama 3.1 8B", not the 405B

@@ -6,11 +6,12 @@ from typing import get_args
 
 import numpy as np
 
-from ..layout import SCHEDULES, RECOMPUTES, CpComm, Layout
+from ..layout import SCHEDULES, RECOMPUTES, CpComm, Layout, WgradAccum
 
 A2AS = ("flat", "halo", "dedup", "fused")
 PLACEMENTS = ("packed", "spread")
 CP_COMMS: tuple[str, ...] = get_args(CpComm)  # Layout.cp_comm, as LayoutBatch.cpc's index
+WGRAD_ACCUMS: tuple[str, ...] = get_args(WgradAccum)  # Layout.wgrad_accum, as LayoutBatch.wacc's index
 EXPERT_GEMMS = ("grouped", "multistream", "loop")
 FP8S = ("none", "current", "mxfp8", "blockwise")
 SPLITS = ("balanced", "even", "account")  # Layout.pipeline_split
@@ -30,6 +31,16 @@ EXPERT_GEMM_STREAMS = np.array([0, 4, 1])
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 DTYPES = tuple(DTYPE_BYTES)  # Layout.dtype, as LayoutBatch.dtype's index
 _BYTES_OF = np.array([DTYPE_BYTES[d] for d in DTYPES])
+
+
+def wgrad_accum_codes(value, fsdp2, unfused) -> np.ndarray:
+    """Layout.wgrad_accum as LayoutBatch.wacc's codes for layouts whose fsdp2 and unfused columns
+    are `fsdp2` and `unfused` (bools or arrays): None is the stack's own, add under torch's autograd
+    (FSDP2's, piper-train's), gemm under Megatron-Core (gradient_accumulation_fusion)."""
+    torch = np.logical_or(fsdp2, unfused)
+    if value is not None:
+        return np.full(np.shape(torch), WGRAD_ACCUMS.index(value))
+    return np.where(torch, WGRAD_ACCUMS.index("add"), WGRAD_ACCUMS.index("gemm"))
 
 
 def rc_bits(modules) -> int:
@@ -92,6 +103,7 @@ class LayoutBatch:
     reshard: np.ndarray     # bool: ZeRO-3 frees a unit's gathered parameters after forward (Layout.reshard_after_forward)
     fsdp2: np.ndarray       # bool: ZeRO-3 as torch FSDP2 runs it (Layout.fsdp2: its copies, no bf16 shard)
     gstep: np.ndarray       # bool: ZeRO-3 reduce-scatters once a step (Layout.grad_sync step)
+    wacc: np.ndarray        # index into WGRAD_ACCUMS (Layout.wgrad_accum, its None resolved: wgrad_accum_codes)
     a2a: np.ndarray
     placement: np.ndarray
     cpc: np.ndarray         # index into CP_COMMS (Layout.cp_comm: how context parallelism moves keys)
@@ -204,7 +216,7 @@ class LayoutBatch:
                       recompute_modules=tuple(x for i, x in enumerate(RC_MODULES) if g("rc_mods") >> i & 1),
                       sequence_parallel=bool(self.sp[i]), zero=g("zero"), zero_replicas=g("zrep"),
                       reshard_after_forward=bool(self.reshard[i]), fsdp2=bool(self.fsdp2[i]),
-                      grad_sync="step" if self.gstep[i] else "microbatch",
+                      grad_sync="step" if self.gstep[i] else "microbatch", wgrad_accum=self._wgrad_accum(i),
                       a2a=A2AS[g("a2a")], placement=PLACEMENTS[g("placement")], dtype=DTYPES[g("dtype")],
                       cp_comm=CP_COMMS[g("cpc")], cp_a2a=g("cpa"),
                       attention_kernel="eager" if self.eager[i] else "fa2" if self.fa2[i] else "flash",
@@ -227,6 +239,13 @@ class LayoutBatch:
                       recompute_layers=g("rc_layers"))
 
 
+    def _wgrad_accum(self, i: int):
+        """The i-th candidate's Layout.wgrad_accum: None where it is its stack's own (wgrad_accum_codes),
+        as a Layout built with none reads, so an estimate's plan and a search's agree."""
+        own = int(wgrad_accum_codes(None, self.fsdp2[i], self.unfused[i]))
+        return None if self.wacc[i] == own else WGRAD_ACCUMS[int(self.wacc[i])]
+
+
 _COLUMNS = tuple(f.name for f in fields(LayoutBatch))
 
 
@@ -242,6 +261,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), zrep=col(lambda x: x.zero_replicas),
         reshard=col(lambda x: x.reshard_after_forward), fsdp2=col(lambda x: x.fsdp2),
         gstep=col(lambda x: x.grad_sync == "step"),
+        wacc=col(lambda x: int(wgrad_accum_codes(x.wgrad_accum, x.fsdp2, not x.fused_kernels))),
         a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), cpc=col(lambda x: CP_COMMS.index(x.cp_comm)),
         cpa=col(lambda x: x.cp_a2a),

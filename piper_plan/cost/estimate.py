@@ -603,17 +603,20 @@ def _stacked(per_role: dict, roles, n: int) -> np.ndarray:
     return out
 
 
+# the columns a search varies with the ZeRO stage (search._batch): priced after the pipeline
+ZERO_COLUMNS = ("zero", "zrep", "fsdp2", "gstep", "wacc")
+
+
 def _without_zero(lay: LayoutBatch):
-    """(first, inverse) of the layouts' distinct rows over every column but the ZeRO stage, its
-    replicas, FSDP2's copies and when ZeRO-3 reduces (batch.distinct_rows), or Nones where no two
-    layouts differ in those alone."""
-    if len(lay) == 0 or (lay.zero.min() == lay.zero.max() and lay.zrep.min() == lay.zrep.max()
-                         and lay.fsdp2.min() == lay.fsdp2.max() and lay.gstep.min() == lay.gstep.max()):
+    """(first, inverse) of the layouts' distinct rows (batch.distinct_rows) over every column but
+    ZERO_COLUMNS: the ZeRO stage, its replicas, FSDP2's copies, when ZeRO-3 reduces and how the held
+    gradients are added (whose default reads fsdp2); Nones where no two layouts differ in those alone."""
+    if len(lay) == 0 or all(getattr(lay, k).min() == getattr(lay, k).max() for k in ZERO_COLUMNS):
         return None, None
     cols = []
     for f in fields(lay):
         c = getattr(lay, f.name)
-        if f.name in ("zero", "zrep", "fsdp2", "gstep"):  # ZeRO-3's alone (search._batch), charged after
+        if f.name in ZERO_COLUMNS:  # ZeRO-3's alone (search._batch), charged after
             continue
         if c.dtype.kind == "f":  # a share (Layout.optimizer_offload): its distinct values as codes
             c = np.unique(c, return_inverse=True)[1] if c.min() != c.max() else np.zeros(len(c), np.intp)

@@ -11,7 +11,7 @@ import numpy as np
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from . import comm
-from .batch import FP8S, LayoutBatch
+from .batch import FP8S, WGRAD_ACCUMS, LayoutBatch
 from .kernels import stream_time
 from .memory import grad_bytes
 from .offload import optimizer_offload_time
@@ -325,8 +325,36 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
 
 
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
-    """(data-parallel gradient reduction + ZeRO gathers, optimizer step) seconds per step."""
-    return dp_comm_time(hw, lay, edp, win, coll), optimizer_time(hw, lay, edp, p, eb)
+    """(data-parallel gradient reduction + ZeRO gathers + the adds into held gradients, optimizer step)
+    seconds per step."""
+    held = held_grad_adds(hw, lay, p, eb, win.M, coll.units)
+    return dp_comm_time(hw, lay, edp, win, coll) + held, optimizer_time(hw, lay, edp, p, eb)
+
+
+def held_grad_adds(hw: HardwareSpec, lay: LayoutBatch, p: RankParams, eb, M, units):
+    """Seconds a step a rank spends adding each later micro-batch's weight gradients into those it
+    holds from the earlier ones, where it holds them whole: ZeRO 0-1, and ZeRO-3 with grad_sync step
+    (ZeRO-2 and ZeRO-3's per-micro-batch reductions add into a shard, 1/dp of them: not priced).
+    How, Layout.wgrad_accum says. A separate add (add; experts for all but the routed experts)
+    reads the new gradient (`eb` B, the compute dtype) and the held one (gb B) and writes it, eb +
+    2·gb B a parameter, in each of the M − 1 later micro-batches: autograd's AccumulateGrad in place
+    where the two dtypes agree, else FSDP2's unsharded_accumulated_grad += grad. Where they differ
+    the first gradient is also cast up (to_accumulated_grad_if_needed: eb + gb) and FSDP2's
+    reduction copy-in reads gb, not fsdp2_copies' eb. A GEMM that adds in its epilogue (experts'
+    routed experts, gemm's all) is priced with the GEMM, as Megatron-Core's fusion always was. On
+    the compute stream, a kernel a unit at least (`units`), nothing hides them (torch 2.13:
+    distributed/fsdp/_fully_shard/_fsdp_param.py, _fsdp_param_group.py post_backward;
+    csrc/autograd/functions/accumulate_grad.h). piper-train's are its weight casts' (layer._weight_casts)."""
+    gb = grad_bytes(lay, eb)
+    params = np.where(lay.wacc == WGRAD_ACCUMS.index("add"), p.rep + p.exp, p.rep)
+    holds = (lay.zero <= 1) | ((lay.zero >= 3) & lay.gstep)
+    on = holds & ~lay.unfused & (lay.wacc != WGRAD_ACCUMS.index("gemm")) & (M > 1)
+    if not np.any(on):  # Megatron-Core's layouts, and every search without torch's autograd
+        return np.zeros(np.shape(on))
+    each = stream_time(hw, (eb + 2.0 * gb) * params, units)
+    wide = np.where(lay.fsdp2, stream_time(hw, (gb - eb) * params, 0), 0.0)
+    once = np.where(gb != eb, stream_time(hw, (eb + gb) * params, units) + wide, 0.0)
+    return np.where(on, (M - 1) * each + once, 0.0)
 
 
 def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll: Collectives):
