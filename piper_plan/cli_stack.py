@@ -21,7 +21,8 @@ STACK_OPTIONS = [
                      "(ZeRO 0-1, and ZeRO-3 under --grad-sync step): add, a separate kernel over each (torch's "
                      "autograd); experts, the routed experts' GEMMs add into theirs (Dist-MoE's inplace_wgrad_accum), "
                      "the rest as add; gemm, every weight-gradient GEMM in its epilogue (Megatron-Core's "
-                     "gradient_accumulation_fusion). Default: add with --fsdp2, gemm without"),
+                     "gradient_accumulation_fusion). Default: add on a PyTorch-native stack (--fsdp2, --kernels "
+                     "unfused or eager, --compile model), gemm otherwise"),
         click.option("--attention", type=click.Choice(["flash", "fa2", "eager"]), default="flash", show_default=True,
                      help="the attention kernel: flash, the fused kernel the hardware spec's plateau measures "
                      "(Transformer Engine's cuDNN on Hopper and Blackwell); fa2, FlashAttention-2, which PyTorch's "

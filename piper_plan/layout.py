@@ -124,14 +124,15 @@ class Layout(BaseModel):
         "test and torch.distributed.pipelining's stage pair them)")
     wgrad_accum: WgradAccum | None = Field(
         None, description="how a backward adds its weight gradients into the ones held from earlier micro-batches "
-        "(ZeRO 0-1, and ZeRO-3 with grad_sync step; ZeRO-2 and ZeRO-3's per-micro-batch reduction hold only a "
-        "shard): add, a separate elementwise kernel over every held gradient (autograd's AccumulateGrad; FSDP2's "
-        "accumulate_unsharded_grad_if_needed), each later micro-batch reading both and writing one; experts, the "
+        "(ZeRO 0-1, ZeRO-3 with grad_sync step, any stage whose replication group is one rank; ZeRO-2 and "
+        "ZeRO-3's per-micro-batch reduction hold only a shard): add, a separate elementwise kernel over every "
+        "held gradient (autograd's AccumulateGrad; FSDP2's accumulate_unsharded_grad_if_needed), each later "
+        "micro-batch reading both and writing one; experts, the "
         "routed experts' weight-gradient GEMMs add into their held gradients (Dist-MoE's inplace_wgrad_accum) and "
         "the rest as add; gemm, every weight-gradient GEMM adds in its epilogue (Megatron-Core's "
         "gradient_accumulation_fusion, torchtitan GraphTrainer's WGrad accumulation fusion), nothing apart. None: "
-        "the stack's own, add where fsdp2 (torch's autograd), gemm otherwise (Megatron-Core); piper-train's adds "
-        "are its weight casts' (cost/layer._weight_casts)")
+        "the stack's own, add on PyTorch's autograd (fsdp2, piper-train's unfused modules, native_eager, a compiled "
+        "model: batch.torch_stack), gemm otherwise (Megatron-Core)")
     fsdp2: bool = Field(
         False, description="with zero 3, ZeRO-3 as torch FSDP2 (fully_shard, torchtitan's FSDP) runs it: each "
         "unit's gathered parameters copied out of the all-gather's flat buffer into the unsharded ones "

@@ -121,7 +121,7 @@ def shown(value) -> str:
 
 def choices(s: Support) -> str:
     """The values piper-train runs, as an error suggests them: "0, 1 or 2"."""
-    v = [shown(x) for x in s.allowed]
+    v = [shown(x) for x in s.allowed if x is not None]  # None: the field left unset, no value to type
     return v[0] if len(v) == 1 else f"{', '.join(v[:-1])} or {v[-1]}"
 
 

@@ -606,9 +606,11 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
     n = len(j)
     col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
     given = {k: col(k) for k in cols}
+    # a space of torch FSDP2 (or another PyTorch-native stack) adds its gradients in autograd at every ZeRO stage
+    torch = given["fsdp2"] | given["unfused"] | given["native"] | given["cmodel"]
+    given["wacc"] = wgrad_accum_codes(cols["wacc"], torch)
     given["fsdp2"] = given["fsdp2"] & (np.asarray(zero) == 3)  # FSDP2's copies surround ZeRO-3's collectives only
     given["gstep"] = given["gstep"] & (np.asarray(zero) == 3)  # the other stages reduce as they always do
-    given["wacc"] = wgrad_accum_codes(cols["wacc"], given["fsdp2"], given["unfused"])  # its default reads fsdp2
     return LayoutBatch(**given, sp=col("tp") > 1, zero=zero, zrep=zrep, recompute=recompute,
                        a2a=a2a, placement=placement, rc_mods=rc_mods, rc_layers=rc_layers)
 

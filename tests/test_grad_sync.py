@@ -8,7 +8,7 @@ from bad_input_support import one_line
 from piper_plan.cost.batch import WGRAD_ACCUMS, from_layouts
 from piper_plan.cost.estimate import evaluate
 from piper_plan.cost.memory import zero3_gathered_bytes
-from piper_plan.cost.reduction import RankParams, held_grad_adds
+from piper_plan.cost.reduction import PipeWindow, RankParams, held_grad_adds
 from piper_plan.errors import LayoutError
 from piper_plan.layout import Layout, check_for
 from piper_plan.search import SearchSpace, search
@@ -135,12 +135,16 @@ def test_the_cli_refuses_grad_sync_step_without_zero_3_in_one_line():
               "--grad-sync", "step"], "grad_sync step with zero 3")
 
 
-def _held(**kw) -> np.ndarray:
-    """held_grad_adds of a rank with 1e9 replicated and 3e9 expert parameters, 4 micro-batches, 10 units."""
+def _held(dp: int = 8, slack: float = 0.0, **kw) -> float:
+    """held_grad_adds of a rank with 1e9 replicated and 3e9 expert parameters (EP 4: dp / 4 copies of
+    each expert), 4 micro-batches, 10 units."""
     hw = load_hardware("dgx-h100")
-    lay = from_layouts([Layout(gpus=8, dp=8, ep=8, global_batch=32, seq=128, **kw)])
-    eb = lay.act_bytes.astype(float)
-    return held_grad_adds(hw, lay, RankParams(np.array([1e9]), np.array([3e9]), ()), eb, np.array([4]), 10.0)
+    ep = min(dp, 4)
+    lay = from_layouts([Layout(gpus=8, dp=dp, tp=8 // dp, ep=ep, global_batch=32, seq=128, **kw)])
+    eb, z = lay.act_bytes.astype(float), np.zeros(1)
+    win = PipeWindow(z, z, z, np.array([4]), slack=np.array([slack]))
+    edp = np.array([dp // ep])
+    return float(held_grad_adds(hw, lay, edp, RankParams(np.array([1e9]), np.array([3e9]), ()), eb, win, 10.0)[0])
 
 
 def _stream_s(nbytes: float, kernels: float = 10.0) -> float:
@@ -153,34 +157,56 @@ def _stream_s(nbytes: float, kernels: float = 10.0) -> float:
 def test_where_the_gemms_add_in_place_only_the_others_gradients_cost_an_add(stage):
     bf16 = dict(grad_dtype="bf16", **stage)
     # three later micro-batches, each reading the new and the held gradient and writing one (2 + 2 + 2 B)
-    assert _held(wgrad_accum="add", **bf16)[0] == pytest.approx(3 * _stream_s(6.0 * 4e9))
+    assert _held(wgrad_accum="add", **bf16) == pytest.approx(3 * _stream_s(6.0 * 4e9))
     # Dist-MoE's routed experts add inside their weight-gradient GEMMs: the replicated ones alone
-    assert _held(wgrad_accum="experts", **bf16)[0] == pytest.approx(3 * _stream_s(6.0 * 1e9))
-    assert _held(wgrad_accum="gemm", **bf16)[0] == 0.0
+    assert _held(wgrad_accum="experts", **bf16) == pytest.approx(3 * _stream_s(6.0 * 1e9))
+    assert _held(wgrad_accum="gemm", **bf16) == 0.0
+    # a rank with less work than the busiest one adds while it would wait for it
+    one = _stream_s(6.0 * 4e9)
+    assert _held(wgrad_accum="add", slack=one / 4, **bf16) == pytest.approx(3 * one * 3 / 4)
+    assert _held(wgrad_accum="add", slack=2 * one, **bf16) == 0.0
 
 
-def test_megatron_core_fuses_the_accumulation_and_piper_train_prices_its_own():
-    # no fsdp2: Megatron-Core's stack, gradient_accumulation_fusion (its layouts price as before)
+def test_megatron_core_fuses_the_accumulation_and_torch_stacks_add():
+    # Megatron-Core's modules: gradient_accumulation_fusion (its layouts price as before)
     assert WGRAD_ACCUMS[from_layouts([Layout(gpus=8, dp=8, global_batch=32, seq=128)]).wacc[0]] == "gemm"
-    assert _held(zero=1)[0] == 0.0
-    # piper-train (eager modules) adds in autograd, priced with its weight casts (layer._weight_casts)
-    assert _held(zero=1, fused_kernels=False, dtype="bf16")[0] == 0.0
-    eager = from_layouts([Layout(gpus=8, dp=8, global_batch=32, seq=128, fused_kernels=False)])
-    assert WGRAD_ACCUMS[eager.wacc[0]] == "add" and eager.layout(0).wgrad_accum is None  # its stack's own
+    assert _held(zero=1) == 0.0
+    # a PyTorch-native stack at ZeRO-1 (torchtitan's eager block) adds in autograd
+    native = from_layouts([Layout(gpus=8, dp=8, global_batch=32, seq=128, native_eager=True)])
+    assert WGRAD_ACCUMS[native.wacc[0]] == "add" and native.layout(0).wgrad_accum is None  # its stack's own
+    assert _held(zero=1, native_eager=True, grad_dtype="bf16") == pytest.approx(3 * _stream_s(6.0 * 4e9))
     asked = from_layouts([Layout(gpus=8, dp=8, global_batch=32, seq=128, zero=1, wgrad_accum="add")])
     assert asked.layout(0).wgrad_accum == "add"
-    # ZeRO-2 and ZeRO-3's per-micro-batch reductions hold only a shard: not priced
-    assert _held(zero=2, wgrad_accum="add")[0] == 0.0
-    assert _held(zero=3, fsdp2=True, wgrad_accum="add")[0] == 0.0
 
 
-def test_the_search_takes_each_stages_stack_default_or_the_one_asked_for():
+def test_piper_train_adds_into_its_fp32_grad_here_only_in_fp32():
+    # in bf16 its weight casts hold the add (layer._weight_casts); in fp32, 4 + 4 read and 4 written
+    assert _held(zero=1, fused_kernels=False, dtype="bf16") == 0.0
+    assert _held(zero=1, fused_kernels=False, dtype="fp32") == pytest.approx(3 * _stream_s(12.0 * 4e9))
+
+
+def test_a_shard_is_not_held_but_a_group_of_one_holds_it_all():
+    # ZeRO-2's and ZeRO-3's per-micro-batch reductions add into 1/dp of the gradients, on FSDP2's reduce
+    # stream: not priced
+    assert _held(zero=2, wgrad_accum="add") == 0.0
+    assert _held(zero=3, fsdp2=True, wgrad_accum="add") == 0.0
+    # with no one to share them with, every ZeRO stage holds the whole gradients: they price alike
+    whole = [_held(dp=1, zero=z, wgrad_accum="add", grad_dtype="bf16") for z in (0, 1, 2, 3)]
+    assert whole[0] > 0 and whole == pytest.approx([whole[0]] * 4)
+    # EP over the whole data-parallel group: each expert has one copy, its gradients held whole
+    assert _held(dp=4, zero=2, wgrad_accum="add", grad_dtype="bf16") == pytest.approx(3 * _stream_s(6.0 * 3e9))
+
+
+def test_the_search_takes_its_stacks_default_or_the_one_asked_for():
     m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
-    res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), fsdp2=True, grad_sync="step"))
-    z3 = res.batch.zero == 3
-    # torch FSDP2's ZeRO-3 layouts add in autograd; the others are Megatron-Core's, fused
-    assert np.array_equal(res.batch.wacc == WGRAD_ACCUMS.index("add"), z3)
+    # torch FSDP2's space adds in autograd at every ZeRO stage, Megatron-Core's fuses
+    for fsdp2, own in ((True, "add"), (False, "gemm")):
+        res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), fsdp2=fsdp2))
+        assert (res.batch.wacc == WGRAD_ACCUMS.index(own)).all() and (res.batch.zero == 1).any()
     res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), wgrad_accum="experts"))
     assert (res.batch.wacc == WGRAD_ACCUMS.index("experts")).all()
+    # the best layout re-priced alone reads what the search read
+    alone = evaluate(m, hw, from_layouts([res.batch.layout(res.best)]))
+    assert alone.tokens_per_s[0] == pytest.approx(res.est.tokens_per_s[res.best])
     with pytest.raises(LayoutError, match="wgrad_accum one of add, experts, gemm"):
         SearchSpace(gpus=8, global_batch=32, seq=128, wgrad_accum="fused")

@@ -33,11 +33,16 @@ DTYPES = tuple(DTYPE_BYTES)  # Layout.dtype, as LayoutBatch.dtype's index
 _BYTES_OF = np.array([DTYPE_BYTES[d] for d in DTYPES])
 
 
-def wgrad_accum_codes(value, fsdp2, unfused) -> np.ndarray:
-    """Layout.wgrad_accum as LayoutBatch.wacc's codes for layouts whose fsdp2 and unfused columns
-    are `fsdp2` and `unfused` (bools or arrays): None is the stack's own, add under torch's autograd
-    (FSDP2's, piper-train's), gemm under Megatron-Core (gradient_accumulation_fusion)."""
-    torch = np.logical_or(fsdp2, unfused)
+def torch_stack(lay: Layout) -> bool:
+    """Whether a layout runs on PyTorch's own autograd rather than Megatron-Core's modules: torch
+    FSDP2, piper-train's eager modules, a PyTorch-native eager block or compiled model (torchtitan)."""
+    return lay.fsdp2 or not lay.fused_kernels or lay.native_eager or "model" in lay.compiled
+
+
+def wgrad_accum_codes(value, torch) -> np.ndarray:
+    """Layout.wgrad_accum as LayoutBatch.wacc's codes for layouts whose stack is PyTorch's own
+    autograd where `torch` holds (a bool or an array: torch_stack): None is the stack's own, add
+    there (AccumulateGrad), gemm under Megatron-Core (gradient_accumulation_fusion)."""
     if value is not None:
         return np.full(np.shape(torch), WGRAD_ACCUMS.index(value))
     return np.where(torch, WGRAD_ACCUMS.index("add"), WGRAD_ACCUMS.index("gemm"))
@@ -240,9 +245,11 @@ class LayoutBatch:
 
 
     def _wgrad_accum(self, i: int):
-        """The i-th candidate's Layout.wgrad_accum: None where it is its stack's own (wgrad_accum_codes),
-        as a Layout built with none reads, so an estimate's plan and a search's agree."""
-        own = int(wgrad_accum_codes(None, self.fsdp2[i], self.unfused[i]))
+        """The i-th candidate's Layout.wgrad_accum: None where it is the layout's stack's own
+        (wgrad_accum_codes), as a Layout built without one reads it, so an estimate's plan of a
+        layout a search found prices as the search did."""
+        torch = bool(self.fsdp2[i] or self.unfused[i] or self.native[i] or self.cmodel[i])
+        own = int(wgrad_accum_codes(None, torch))
         return None if self.wacc[i] == own else WGRAD_ACCUMS[int(self.wacc[i])]
 
 
@@ -261,7 +268,7 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), zrep=col(lambda x: x.zero_replicas),
         reshard=col(lambda x: x.reshard_after_forward), fsdp2=col(lambda x: x.fsdp2),
         gstep=col(lambda x: x.grad_sync == "step"),
-        wacc=col(lambda x: int(wgrad_accum_codes(x.wgrad_accum, x.fsdp2, not x.fused_kernels))),
+        wacc=col(lambda x: int(wgrad_accum_codes(x.wgrad_accum, torch_stack(x)))),
         a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), cpc=col(lambda x: CP_COMMS.index(x.cp_comm)),
         cpa=col(lambda x: x.cp_a2a),

@@ -327,34 +327,42 @@ def hybrid(hw: HardwareSpec, lay: LayoutBatch, edp, rep, exp, eb, coll: Collecti
 def dp_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, coll: Collectives):
     """(data-parallel gradient reduction + ZeRO gathers + the adds into held gradients, optimizer step)
     seconds per step."""
-    held = held_grad_adds(hw, lay, p, eb, win.M, coll.units)
+    held = held_grad_adds(hw, lay, edp, p, eb, win, coll.units)
     return dp_comm_time(hw, lay, edp, win, coll) + held, optimizer_time(hw, lay, edp, p, eb)
 
 
-def held_grad_adds(hw: HardwareSpec, lay: LayoutBatch, p: RankParams, eb, M, units):
+def held_grad_adds(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb, win: PipeWindow, units):
     """Seconds a step a rank spends adding each later micro-batch's weight gradients into those it
-    holds from the earlier ones, where it holds them whole: ZeRO 0-1, and ZeRO-3 with grad_sync step
-    (ZeRO-2 and ZeRO-3's per-micro-batch reductions add into a shard, 1/dp of them: not priced).
+    holds whole from the earlier ones: ZeRO 0-1, ZeRO-3 under grad_sync step, and any stage whose
+    replication group is one rank (dp or edp 1). ZeRO-2's and ZeRO-3's per-micro-batch reductions
+    add into a shard, 1/dp of them (FSDP2: foreach_reduce, on its reduce stream): not priced.
     How, Layout.wgrad_accum says. A separate add (add; experts for all but the routed experts)
     reads the new gradient (`eb` B, the compute dtype) and the held one (gb B) and writes it, eb +
     2·gb B a parameter, in each of the M − 1 later micro-batches: autograd's AccumulateGrad in place
-    where the two dtypes agree, else FSDP2's unsharded_accumulated_grad += grad. Where they differ
-    the first gradient is also cast up (to_accumulated_grad_if_needed: eb + gb) and FSDP2's
-    reduction copy-in reads gb, not fsdp2_copies' eb. A GEMM that adds in its epilogue (experts'
-    routed experts, gemm's all) is priced with the GEMM, as Megatron-Core's fusion always was. On
-    the compute stream, a kernel a unit at least (`units`), nothing hides them (torch 2.13:
-    distributed/fsdp/_fully_shard/_fsdp_param.py, _fsdp_param_group.py post_backward;
-    csrc/autograd/functions/accumulate_grad.h). piper-train's are its weight casts' (layer._weight_casts)."""
+    where the two dtypes agree, else FSDP2's unsharded_accumulated_grad += grad, whose first
+    gradient is also cast up (to_accumulated_grad_if_needed: eb + gb) and whose reduction copy-in
+    reads gb, not fsdp2_copies' eb. A GEMM that adds in its epilogue (experts' routed experts,
+    gemm's all) is priced with the GEMM, as Megatron-Core's fusion always was. On the compute
+    stream, a kernel a unit at least (`units`; AccumulateGrad runs one a parameter tensor): a
+    rank with less work than the busiest one does them while it would wait for it (win.slack),
+    the busiest one in its step (torch 2.13: distributed/fsdp/_fully_shard/_fsdp_param.py,
+    _fsdp_param_group.py post_backward; csrc/autograd/functions/accumulate_grad.h). Reported with
+    the reduction (time dp_comm), as FSDP2's copies are. piper-train in bf16 adds into its fp32
+    .grad inside its weight casts (layer._weight_casts); in fp32, here."""
     gb = grad_bytes(lay, eb)
-    params = np.where(lay.wacc == WGRAD_ACCUMS.index("add"), p.rep + p.exp, p.rep)
-    holds = (lay.zero <= 1) | ((lay.zero >= 3) & lay.gstep)
-    on = holds & ~lay.unfused & (lay.wacc != WGRAD_ACCUMS.index("gemm")) & (M > 1)
+    held = (lay.zero <= 1) | ((lay.zero >= 3) & lay.gstep)
+    whole_rep, whole_exp = held | (lay.dpcp <= 1), held | (np.asarray(edp) <= 1)
+    params = (np.where(whole_rep, p.rep, 0.0)
+              + np.where(whole_exp & (lay.wacc == WGRAD_ACCUMS.index("add")), p.exp, 0.0))
+    M = win.M
+    cast_in = lay.unfused & (lay.act_bytes == 2)
+    on = (lay.wacc != WGRAD_ACCUMS.index("gemm")) & ~cast_in & (M > 1)
     if not np.any(on):  # Megatron-Core's layouts, and every search without torch's autograd
         return np.zeros(np.shape(on))
-    each = stream_time(hw, (eb + 2.0 * gb) * params, units)
+    each = np.maximum(stream_time(hw, (eb + 2.0 * gb) * params, units) - win.slack, 0.0)
     wide = np.where(lay.fsdp2, stream_time(hw, (gb - eb) * params, 0), 0.0)
     once = np.where(gb != eb, stream_time(hw, (eb + gb) * params, units) + wide, 0.0)
-    return np.where(on, (M - 1) * each + once, 0.0)
+    return np.where(on & (params > 0), (M - 1) * each + once, 0.0)
 
 
 def dp_comm_time(hw: HardwareSpec, lay: LayoutBatch, edp, win: PipeWindow, coll: Collectives):
