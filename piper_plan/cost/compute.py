@@ -15,6 +15,8 @@ zero-bubble schedules) and recompute (added to backward under recompute).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..specs.hardware import HardwareSpec
@@ -460,9 +462,8 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     eb = lay.act_bytes
     d, E, k = m.hidden_size, mo.num_experts, mo.top_k
     etp = lay.etp.astype(float)
-    local = E / lay.ep
-    pad = expected_pad(hw.accelerator.expert_row_multiple)
-    m_e, fw, shapes = _expert_shapes(m, hw, lay, imb)
+    ex = _expert_shapes(m, hw, lay, imb)
+    m_e, fw, local, pad, shapes = ex.rows, ex.width, ex.local, ex.pad, list(ex.gemms)
     if mo.shared_experts:
         fs = mo.shared_experts * mo.shared_ffn
         shapes += [(t, (2 if mo.gated else 1) * fs, d), (t, d, fs)]
@@ -470,18 +471,19 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     lin = _linears(hw, dtype, eb, *shapes)
     ph = _sum(lin) + router
     rows = t * k * imb
-    act = (3.0 if mo.gated else 2.0) * fw * (rows * etp + local * pad)
+    # the experts' own rows on this rank: its etp group's, gathered, and padded (as the GEMMs take them)
+    own = rows * etp + local * pad
+    act = (3.0 if mo.gated else 2.0) * fw * own
     if mo.shared_experts:  # the shared experts' activation, as a dense FFN of their width (ffn_phase)
         act = act + (3.0 if mo.gated else 2.0) * fs * t
     # norm + residual on t tokens; router softmax/top-k on E logits (fp32);
     # permute (read+write d per copy), unpermute + weighted sum (read k·d, write d)
     elems = t * (5.0 * d) + t * 3.0 * E * 2 + 2.0 * rows * d + rows * d + t * d + act
-    # the experts' own rows on this rank: its etp group's, gathered (as the GEMMs and `act` take them)
-    extra, clamp_f = _expert_extras(m, hw, lay, rows * etp + local * pad, eb)
+    extra, clamp_f = _expert_extras(m, hw, lay, own, eb)
     ew = _elementwise(hw, elems * eb, 8)
 
     def moe_eager():  # router, dispatch, expert activations, combine; the shared experts' activation
-        f, b = eager_traffic.moe_phase(m, hw, lay, rows * etp + local * pad, fw)
+        f, b = eager_traffic.moe_phase(m, hw, lay, own, fw)
         if mo.shared_experts:  # as a dense FFN of their width (norm, residual: attention_phase)
             sf, sb = eager_traffic.ffn_phase(m, hw, lay, mo.shared_experts * mo.shared_ffn / lay.tp)
             f, b = f + sf, b + sb
@@ -501,26 +503,36 @@ def moe_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb)
     return Phase(total.f, total.b, total.w, r)
 
 
-def _expert_shapes(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, imb) -> tuple:
-    """(rows a local expert, fc1's width f/etp, [(m, n, k, groups, streams) of the experts' up and
-    down GEMMs]) on the busiest rank: expert tensor parallelism all-gathers its etp ranks' rows
-    (Megatron-Core's AllGather-V over the ETP group), each rank holding f/etp columns of fc1 and
-    rows of fc2; `imb` x the mean rows, plus the runtime's row padding."""
+class ExpertShapes(NamedTuple):
+    """The routed experts' GEMMs on the busiest rank (_expert_shapes)."""
+    rows: np.ndarray   # rows a local expert: `imb` x the mean, plus the runtime's row padding
+    width: np.ndarray  # fc1's width a rank holds, f / etp
+    local: np.ndarray  # experts a rank holds, E / ep
+    pad: float         # the padding's expected rows an expert (expected_pad)
+    gemms: tuple       # (m, n, k, groups, streams) of the up and down GEMMs (_linears)
+
+
+def _expert_shapes(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, imb) -> ExpertShapes:
+    """The routed experts' GEMM shapes on the busiest rank: expert tensor parallelism all-gathers
+    its etp ranks' rows (Megatron-Core's AllGather-V over the ETP group), each rank holding f/etp
+    columns of fc1 and rows of fc2; `imb` x the mean rows, plus the runtime's row padding."""
     mo = m.moe
     t = lay.tokens / lay.tp
     etp = lay.etp.astype(float)
-    m_e = t * mo.top_k * lay.ep * etp / mo.num_experts * imb + expected_pad(hw.accelerator.expert_row_multiple)
+    pad = expected_pad(hw.accelerator.expert_row_multiple)
+    m_e = t * mo.top_k * lay.ep * etp / mo.num_experts * imb + pad
     fw = mo.expert_ffn_size / etp
     local, up = mo.num_experts / lay.ep, 2 if mo.gated else 1
     streams = EXPERT_GEMM_STREAMS[lay.egemm]  # how the runtime launches the local experts' GEMMs
-    return m_e, fw, [(m_e, up * fw, m.hidden_size, local, streams), (m_e, m.hidden_size, fw, local, streams)]
+    return ExpertShapes(m_e, fw, local, pad, ((m_e, up * fw, m.hidden_size, local, streams),
+                                              (m_e, m.hidden_size, fw, local, streams)))
 
 
 def expert_gemms(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str, imb) -> tuple[Phase, Phase]:
     """(up, down): seconds a micro-batch of the routed experts' fc1 (gate and up) and fc2 GEMMs on
     the busiest rank, forward, dgrad and wgrad, each with its FP8 input casts, as moe_phase prices
     them: what a fused exchange (Layout.a2a fused) runs beside."""
-    up, down = _linears(hw, dtype, lay.act_bytes, *_expert_shapes(m, hw, lay, imb)[2])
+    up, down = _linears(hw, dtype, lay.act_bytes, *_expert_shapes(m, hw, lay, imb).gemms)
     return up, down
 
 
