@@ -127,10 +127,10 @@ class Layout(BaseModel):
         "(ZeRO 0-1, ZeRO-3 with grad_sync step, any stage whose replication group is one rank; ZeRO-2 and "
         "ZeRO-3's per-micro-batch reduction hold only a shard): add, a separate elementwise kernel over every "
         "held gradient (autograd's AccumulateGrad; FSDP2's accumulate_unsharded_grad_if_needed), each later "
-        "micro-batch reading both and writing one; experts, the "
-        "routed experts' weight-gradient GEMMs add into their held gradients (Dist-MoE's inplace_wgrad_accum) and "
-        "the rest as add; gemm, every weight-gradient GEMM adds in its epilogue (Megatron-Core's "
-        "gradient_accumulation_fusion, torchtitan GraphTrainer's WGrad accumulation fusion), nothing apart. None: "
+        "micro-batch reading both and writing one; experts, the routed experts' weight-gradient GEMMs add into "
+        "their held gradients (Dist-MoE's inplace_wgrad_accum) and the rest as add; gemm, every weight-gradient "
+        "GEMM adds in its epilogue (Megatron-Core's gradient_accumulation_fusion, torchtitan GraphTrainer's WGrad "
+        "accumulation fusion), nothing apart. None: "
         "the stack's own, add on PyTorch's autograd (fsdp2, piper-train's unfused modules, native_eager, a compiled "
         "model: batch.torch_stack), gemm otherwise (Megatron-Core)")
     fsdp2: bool = Field(

@@ -13,7 +13,7 @@ import numpy as np
 
 from .cost import comm
 from .cost.batch import (DTYPE_BYTES, EXPERT_GEMMS, FP8S, SPLITS, WGRAD_ACCUMS, LayoutBatch, concat, graph_bits,
-                         off_bits, rc_bits, replace_cols, wgrad_accum_codes)
+                         off_bits, rc_bits, replace_cols, torch_stack, wgrad_accum_codes)
 from .cost.estimate import Estimate, Routing, evaluate
 from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
@@ -605,9 +605,9 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
     by all) and the stage-2 choices."""
     n = len(j)
     col = lambda k: cols[k].take(j) if isinstance(cols[k], np.ndarray) else np.full(n, cols[k])  # noqa: E731
-    given = {k: col(k) for k in cols}
+    given = {k: col(k) for k in cols if k != "wacc"}  # wacc: a Layout.wgrad_accum word, resolved below
     # a space of torch FSDP2 (or another PyTorch-native stack) adds its gradients in autograd at every ZeRO stage
-    torch = given["fsdp2"] | given["unfused"] | given["native"] | given["cmodel"]
+    torch = torch_stack(given["fsdp2"], given["unfused"], given["native"], given["cmodel"])
     given["wacc"] = wgrad_accum_codes(cols["wacc"], torch)
     given["fsdp2"] = given["fsdp2"] & (np.asarray(zero) == 3)  # FSDP2's copies surround ZeRO-3's collectives only
     given["gstep"] = given["gstep"] & (np.asarray(zero) == 3)  # the other stages reduce as they always do

@@ -44,7 +44,7 @@ def test_the_gathers_follow_the_units_lifetime_and_the_compute_is_unchanged(resh
     dp = {M: e.time["dp_comm"][1] for M, e in step.items()}
     more = dp[2] - dp[1]  # what one more micro-batch adds once the reduction waits for the step's end
     assert dp[4] - dp[1] == pytest.approx(3 * more)
-    add = _held_add_s(m, hw, 6.0)  # and each later micro-batch adds its gradients into the held ones
+    add = _held_add_s(m, 6.0)  # and each later micro-batch adds its gradients into the held ones
     if reshard:  # freed after each forward and backward: every micro-batch gathers its units twice
         assert more > 2 * add
     else:  # kept gathered to the backward, and from one micro-batch to the next: it gathers once a step
@@ -57,12 +57,18 @@ def test_the_gathers_follow_the_units_lifetime_and_the_compute_is_unchanged(resh
     assert 0 <= once - 3 * add <= each
 
 
-def _held_add_s(m, hw, nbytes: float) -> float:
-    """Seconds to stream `nbytes` per parameter of the whole model (llama3-8b at dp 16 holds all of it
-    unsharded) at the spec's sustained rate, with a kernel launch per fully_shard unit (32 blocks, the
-    embedding and the head: FSDP2's units)."""
+def _stream_s(nbytes: float, kernels: float = 10.0) -> float:
+    """Seconds for dgx-h100 to stream `nbytes` at its sustained rate in `kernels` launches."""
+    hw = load_hardware("dgx-h100")
     acc, eff = hw.accelerator, hw.efficiency
-    return nbytes * m.total_params / (acc.memory_bandwidth_gbps * 1e9 * eff.memory) + 33 * eff.kernel_overhead_us * 1e-6
+    return nbytes / (acc.memory_bandwidth_gbps * 1e9 * eff.memory) + kernels * eff.kernel_overhead_us * 1e-6
+
+
+def _held_add_s(m, nbytes: float) -> float:
+    """_stream_s of `nbytes` per parameter of the whole model (llama3-8b at dp 16 holds all of it
+    unsharded), with a kernel launch per fully_shard unit (32 blocks, the embedding and the head:
+    FSDP2's units)."""
+    return _stream_s(nbytes * m.total_params, kernels=33)
 
 
 def test_each_later_micro_batch_adds_its_gradients_into_the_held_ones():
@@ -71,12 +77,12 @@ def test_each_later_micro_batch_adds_its_gradients_into_the_held_ones():
     dp = {(g, M): evaluate(m, hw, from_layouts(_layouts(M, grad_dtype=g, **kw))).time["dp_comm"][1]
           for g in ("bf16", "fp32") for M in (1, 2, 3)}
     # bf16 (autograd's in-place .grad += new): read both, write one, 6 B a parameter
-    assert dp["bf16", 3] - dp["bf16", 2] == pytest.approx(_held_add_s(m, hw, 6.0), rel=1e-3)
+    assert dp["bf16", 3] - dp["bf16", 2] == pytest.approx(_held_add_s(m, 6.0), rel=1e-3)
     # fp32 (FSDP2's unsharded_accumulated_grad += grad): 2 + 4 read, 4 written
-    assert dp["fp32", 3] - dp["fp32", 2] == pytest.approx(_held_add_s(m, hw, 10.0), rel=1e-3)
+    assert dp["fp32", 3] - dp["fp32", 2] == pytest.approx(_held_add_s(m, 10.0), rel=1e-3)
     # and once a step the first gradient cast up (2 + 4) and the reduction's copy reading 4 B, not 2
     once = dp["fp32", 2] - dp["fp32", 1] - (dp["fp32", 3] - dp["fp32", 2])
-    assert once == pytest.approx(_held_add_s(m, hw, 8.0), rel=1e-3)
+    assert once == pytest.approx(_held_add_s(m, 8.0), rel=1e-3)
     # one micro-batch reduces its own gradients: nothing is held, nothing added
     microbatch = evaluate(m, hw, from_layouts([x.model_copy(update={"grad_sync": "microbatch"})
                                                for x in _layouts(1, **kw)])).time["dp_comm"][1]
@@ -145,12 +151,6 @@ def _held(dp: int = 8, slack: float = 0.0, **kw) -> float:
     win = PipeWindow(z, z, z, np.array([4]), slack=np.array([slack]))
     edp = np.array([dp // ep])
     return float(held_grad_adds(hw, lay, edp, RankParams(np.array([1e9]), np.array([3e9]), ()), eb, win, 10.0)[0])
-
-
-def _stream_s(nbytes: float, kernels: float = 10.0) -> float:
-    hw = load_hardware("dgx-h100")
-    acc, eff = hw.accelerator, hw.efficiency
-    return nbytes / (acc.memory_bandwidth_gbps * 1e9 * eff.memory) + kernels * eff.kernel_overhead_us * 1e-6
 
 
 @pytest.mark.parametrize("stage", [dict(zero=3, fsdp2=True, grad_sync="step"), dict(zero=1)])

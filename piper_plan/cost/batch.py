@@ -33,10 +33,11 @@ DTYPES = tuple(DTYPE_BYTES)  # Layout.dtype, as LayoutBatch.dtype's index
 _BYTES_OF = np.array([DTYPE_BYTES[d] for d in DTYPES])
 
 
-def torch_stack(lay: Layout) -> bool:
-    """Whether a layout runs on PyTorch's own autograd rather than Megatron-Core's modules: torch
-    FSDP2, piper-train's eager modules, a PyTorch-native eager block or compiled model (torchtitan)."""
-    return lay.fsdp2 or not lay.fused_kernels or lay.native_eager or "model" in lay.compiled
+def torch_stack(fsdp2, unfused, native, cmodel):
+    """Whether layouts run on PyTorch's own autograd rather than Megatron-Core's modules, from their
+    LayoutBatch columns of those names (bools or arrays): torch FSDP2, piper-train's eager modules, a
+    PyTorch-native eager block or compiled model (torchtitan)."""
+    return np.logical_or(np.logical_or(fsdp2, unfused), np.logical_or(native, cmodel))
 
 
 def wgrad_accum_codes(value, torch) -> np.ndarray:
@@ -243,13 +244,11 @@ class LayoutBatch:
                       offload_modules=tuple(x for i, x in enumerate(OFFLOAD_MODULES) if g("off_mods") >> i & 1),
                       recompute_layers=g("rc_layers"))
 
-
     def _wgrad_accum(self, i: int):
         """The i-th candidate's Layout.wgrad_accum: None where it is the layout's stack's own
         (wgrad_accum_codes), as a Layout built without one reads it, so an estimate's plan of a
         layout a search found prices as the search did."""
-        torch = bool(self.fsdp2[i] or self.unfused[i] or self.native[i] or self.cmodel[i])
-        own = int(wgrad_accum_codes(None, torch))
+        own = int(wgrad_accum_codes(None, torch_stack(self.fsdp2[i], self.unfused[i], self.native[i], self.cmodel[i])))
         return None if self.wacc[i] == own else WGRAD_ACCUMS[int(self.wacc[i])]
 
 
@@ -268,7 +267,8 @@ def from_layouts(layouts: list[Layout]) -> LayoutBatch:
         sp=col(lambda x: x.sp), zero=col(lambda x: x.zero), zrep=col(lambda x: x.zero_replicas),
         reshard=col(lambda x: x.reshard_after_forward), fsdp2=col(lambda x: x.fsdp2),
         gstep=col(lambda x: x.grad_sync == "step"),
-        wacc=col(lambda x: int(wgrad_accum_codes(x.wgrad_accum, torch_stack(x)))),
+        wacc=col(lambda x: int(wgrad_accum_codes(x.wgrad_accum, torch_stack(x.fsdp2, not x.fused_kernels,
+                                                                             x.native_eager, "model" in x.compiled)))),
         a2a=col(lambda x: A2AS.index(x.a2a)),
         placement=col(lambda x: PLACEMENTS.index(x.placement)), cpc=col(lambda x: CP_COMMS.index(x.cp_comm)),
         cpa=col(lambda x: x.cp_a2a),
