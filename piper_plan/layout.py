@@ -419,6 +419,16 @@ def op_sac_stack_refusal(modules, attention_kernel: str, fused_kernels: bool, cp
     return None
 
 
+def wgrad_accum_refusal(wgrad_accum: str | None, num_experts: int, name: str) -> tuple[str, str] | None:
+    """(rule, detail) where wgrad_accum experts is asked of a model with no routed experts, whose
+    weight gradients it would leave all to the separate add (priced as add): a setting that
+    changes nothing is refused rather than accepted. None where it means something."""
+    if wgrad_accum == "experts" and not num_experts:
+        return ("wgrad_accum experts needs routed experts", f"{name} has none; every weight gradient there is "
+                "added by a separate kernel (add) or in its GEMM (gemm)")
+    return None
+
+
 def native_eager_refusal(model) -> tuple[str, str] | None:
     """(rule, detail) where `model` has a block the native eager count does not hold (None where it
     has none): benchmarks/native_block.py is torchtitan's dense Llama block, so MoE layers,
@@ -490,6 +500,9 @@ def check_degrees(lay: Layout, num_experts: int = 0, expert_ffn: int = 0) -> Non
         raise LayoutError("ep divides experts", f"ep={lay.ep} but the model has no experts")
     if not num_experts and lay.etp > 1:
         raise LayoutError("etp == 1 without experts", f"etp={lay.etp} but the model has no experts")
+    why = wgrad_accum_refusal(lay.wgrad_accum, num_experts, "the model")
+    if why:
+        raise LayoutError(*why)
     if expert_ffn and expert_ffn % lay.etp:
         raise LayoutError("etp divides the expert width", f"etp={lay.etp} does not divide expert_ffn_size={expert_ffn}")
 

@@ -22,7 +22,7 @@ from .errors import LayoutError
 from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_grad_sync, check_offload_modules,
                      check_stack, degrees_label, fused_a2a_refusal, fused_hw_refusal, layer_slots,
                      native_eager_refusal, offload_limit, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit,
-                     split_refused)
+                     split_refused, wgrad_accum_refusal)
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -634,6 +634,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     for mods in sp.selective if "selective" in sp.recomputes else ():
         why = why or op_sac_refusal(m, mods)
     why = why or (fused_hw_refusal(m, hw) if "fused" in sp.a2as and m.moe else None)
+    why = why or wgrad_accum_refusal(sp.wgrad_accum, m.moe.num_experts if m.moe else 0, m.name)
     if why:
         raise LayoutError(*why)
     check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))  # likewise

@@ -141,6 +141,18 @@ def test_the_cli_refuses_grad_sync_step_without_zero_3_in_one_line():
               "--grad-sync", "step"], "grad_sync step with zero 3")
 
 
+def test_experts_accumulating_in_place_is_refused_on_a_model_without_experts():
+    m, hw = load_model("llama3-8b"), load_hardware("dgx-h100")
+    with pytest.raises(LayoutError, match="wgrad_accum experts needs routed experts: llama3-8b has none"):
+        search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, wgrad_accum="experts"))
+    one_line(["estimate", "-m", "tiny-dense", "-H", "cpu-local", "-n", "4", "--global-batch", "8",
+              "--wgrad-accum", "experts"], "wgrad_accum experts needs routed experts")
+    # on a MoE model it means what it says
+    moe = load_model("tiny-moe")
+    res = search(moe, load_hardware("cpu-local"), SearchSpace(gpus=4, global_batch=8, seq=128, wgrad_accum="experts"))
+    assert (res.batch.wacc == WGRAD_ACCUMS.index("experts")).all()
+
+
 def _held(dp: int = 8, slack: float = 0.0, **kw) -> float:
     """held_grad_adds of a rank with 1e9 replicated and 3e9 expert parameters (EP 4: dp / 4 copies of
     each expert), 4 micro-batches, 10 units."""
@@ -203,8 +215,9 @@ def test_the_search_takes_its_stacks_default_or_the_one_asked_for():
     for fsdp2, own in ((True, "add"), (False, "gemm")):
         res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), fsdp2=fsdp2))
         assert (res.batch.wacc == WGRAD_ACCUMS.index(own)).all() and (res.batch.zero == 1).any()
-    res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), wgrad_accum="experts"))
-    assert (res.batch.wacc == WGRAD_ACCUMS.index("experts")).all()
+    # Megatron-Core's space asked for autograd's separate add, in place of its fused default
+    res = search(m, hw, SearchSpace(gpus=16, global_batch=64, seq=4096, zeros=(1, 3), wgrad_accum="add"))
+    assert (res.batch.wacc == WGRAD_ACCUMS.index("add")).all()
     # the best layout re-priced alone reads what the search read
     alone = evaluate(m, hw, from_layouts([res.batch.layout(res.best)]))
     assert alone.tokens_per_s[0] == pytest.approx(res.est.tokens_per_s[res.best])
