@@ -400,6 +400,7 @@ def estimate(as_json, output, runtime, **kw):
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
+    _refuse_expert_options(model, kw)
     check_outputs([(output, "-o")], _inputs(kw))
     _check_machine_size(hw, kw["hardware"], kw["gpus"])
     _check_peaks(hw, kw["hardware"], kw)
@@ -479,8 +480,8 @@ def search_options(fn):
         click.option("--model", "-m", required=True, help="bundled name, model YAML or HF config.json"),
         click.option("--hardware", "-H", "hardware", required=True, help="bundled name or hardware YAML"),
         click.option("--global-batch", type=BATCH, default=None,
-                     help="sequences per step (default 4M tokens' worth; sweep rounds that default to a multiple of "
-                     "each GPU count, at least one sequence a GPU)"),
+                     help="sequences per step (default 4M tokens' worth, rounded down to a multiple of the GPU count, "
+                     "each GPU count in a sweep, and at least one sequence a GPU)"),
         click.option("--seq", type=SEQUENCE, default=None, help="sequence length (default: the model's)"),
         click.option("--routing", default="uniform", show_default=True,
                      help="uniform | zipf[:s] | metrics.jsonl from piper-train (its last run's per-expert loads)"),
@@ -599,6 +600,18 @@ def _module_sets(texts, option: str, parse) -> tuple[tuple[str, ...], ...]:
     return sets
 
 
+def _check_headroom(hw, headroom_gib: float) -> None:
+    """A headroom of the whole device memory or more leaves no layout anything to fit in: said in
+    one line, not as a search whose every layout is refused. (A sweep may vary the memory: its
+    scenarios say so each.)"""
+    from .errors import PiperError
+
+    mem = hw.accelerator.memory_gib
+    if headroom_gib >= mem:
+        raise PiperError(f"--headroom-gib: {headroom_gib:g} GiB leaves nothing of {hw.name}'s {mem:g} GiB a GPU; "
+                         f"expected less than {mem:g}")
+
+
 def _check_grad_dtype(kw) -> None:
     """bf16 gradients of fp32 weights are not a reduction any runtime makes: the gradients of an
     fp32 model are fp32 (memory.py prices them so), and the plan would say bf16."""
@@ -650,12 +663,33 @@ def _zeros(kw) -> dict:
     return {} if kw.get("zeros") is None else {"zeros": _ints(kw["zeros"], "--zero", 0, 3)}
 
 
+# options that price the routed experts alone (their exchange, placement, load, GEMMs, re-placement):
+# on a model without experts a value other than the default says nothing, and is refused there as
+# --ep > 1 and --etp > 1 are (layout.check_degrees), not priced as if it had been left out
+EXPERT_OPTIONS = ("a2a", "placement", "routing", "expert_gemm", "expert_probs", "a2a_overlap", "a2a_sms",
+                  "ep_in_domain", "etps", "migration")
+
+
+def _refuse_expert_options(model, kw) -> None:
+    from .errors import PiperError
+
+    if model.moe is not None:
+        return
+    for p in click.get_current_context().command.params:
+        if p.name in EXPERT_OPTIONS and p.name in kw and kw[p.name] != p.default and kw[p.name] != "1":
+            flag = max(p.opts, key=len)
+            given = flag if kw[p.name] is True else f"{flag} {kw[p.name]}"
+            raise PiperError(f"{given}: {model.name} has no routed experts, whose {flag.lstrip('-')} it sets; "
+                             "leave it out for a dense model")
+
+
 def _load_for_search(kw):
     from .errors import SpecError
     from .evaluate import parse_routing
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
+    _refuse_expert_options(model, kw)
     if kw["ep_in_domain"] and kw["ep_in_domain"] not in [lv.name for lv in hw.topology]:
         raise SpecError(kw["hardware"], "topology", f"no level named {kw['ep_in_domain']!r} for --ep-in-domain")
     bad = [s.strip() for s in kw["schedules"].split(",") if s.strip() not in
@@ -696,12 +730,19 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     model, hw, routing = _load_for_search(kw)
     check_outputs([(output, "-o")], _inputs(kw))
     _check_machine_size(hw, kw["hardware"], gpus)
+    _check_headroom(hw, kw["headroom_gib"])
     sp = _space(kw, model, gpus)  # before the peaks: a runtime that cannot run the options says so first
     _check_peaks(hw, kw["hardware"], kw)
-    if kw["global_batch"] is None and sp.global_batch < gpus:  # the default is a size, not a scale
-        click.echo(f"warning: --global-batch: the default, {sp.global_batch:,} sequences (4M tokens), is under one "
-                   f"a GPU on {gpus:,} GPUs: every layout splits sequences (tp, cp, pp, ep) to use them; state "
-                   "the batch you will run", err=True)
+    if kw["global_batch"] is None:  # the default is a size, not a layout: sweep's rounding (run_sweep)
+        from dataclasses import replace
+
+        from .search import round_batch
+
+        size, sp = sp.global_batch, replace(sp, global_batch=round_batch(sp.global_batch, gpus))
+        if size < gpus:  # raised, where sweep raises it too
+            click.echo(f"warning: --global-batch: the default, {size:,} sequences (4M tokens), is under one a GPU "
+                       f"on {gpus:,} GPUs; searched at {sp.global_batch:,} (one a GPU); state the batch you will "
+                       "run", err=True)
     res = search(model, hw, sp, routing, objective, kw["headroom_gib"], keep=top_k)  # bounded memory
     wall = time.perf_counter() - t0
     rows = []

@@ -62,10 +62,11 @@ class OneLineUsage:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as e:
             where = (e.ctx.command_path if e.ctx is not None else "") or prog_name or os.path.basename(sys.argv[0])
-            click.echo(f"error: {where}: {e.format_message()}", err=True)
+            # click lists a choice's values a line each: joined, so the error stays one line
+            click.echo(f"error: {where}: {' '.join(e.format_message().split())}", err=True)
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            click.echo(f"error: {e.format_message()}", err=True)
+            click.echo(f"error: {' '.join(e.format_message().split())}", err=True)
             sys.exit(e.exit_code)
         except click.exceptions.Abort:
             click.echo("Aborted!", err=True)

@@ -98,7 +98,16 @@ def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
     if kind is None:
         raise SpecError(hw.name, path, f"not a numeric field (holds {type(old).__name__})")
     node[key] = int(value) if kind is int and float(value).is_integer() else value
-    return parse(HardwareSpec, data, f"{hw.name} with {path}={value:g}")
+    try:
+        return parse(HardwareSpec, data, f"{hw.name} with {path}={value:g}")
+    except SpecError as e:
+        if e.field != "<root>":
+            raise
+        # a rule between fields (a node size no topology level has): the varied field named, and how
+        # to change the fields it binds together
+        why = e.expected.removeprefix("Value error, ")
+        raise SpecError(f"{hw.name} with {path}={value:g}", path, f"{why}; --vary sets this field alone: write a "
+                        f"spec (base: {hw.name}) that changes the fields it binds with it") from None
 
 
 def _index(p: str) -> int:

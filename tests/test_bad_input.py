@@ -262,7 +262,29 @@ def test_a_histogram_for_another_model_is_one_line(tmp_path):
 def test_migration_with_nothing_to_migrate_is_refused_not_written():
     one_line([*EST, "--ep", "1", "--migration"], "--migration: ep: with ep 1 every rank holds every expert")
     one_line(["estimate", "-m", "tiny-dense", "-H", "cpu-local", "-n", "4", "--global-batch", "8", "--migration"],
-             "--migration: model: tiny-dense has no experts")
+             "--migration: tiny-dense has no routed experts")
+
+
+DENSE = ["-m", "tiny-dense", "-H", "cpu-local", "--global-batch", "8"]
+
+
+@pytest.mark.parametrize("cmd,extra", [
+    ("estimate", ["--a2a", "halo"]), ("estimate", ["--routing", "zipf:2"]), ("estimate", ["--placement", "spread"]),
+    ("estimate", ["--expert-gemm", "loop"]), ("estimate", ["--a2a-overlap"]), ("estimate", ["--expert-probs",
+                                                                                          "activation"]),
+    ("search", ["--etp", "1,2"]), ("search", ["--ep-in-domain", "node"]), ("search", ["--migration"]),
+    ("search", ["--a2a-sms", "8"]), ("sweep", ["--a2a", "dedup"])])
+def test_an_option_of_the_routed_experts_on_a_dense_model_is_one_line(cmd, extra):
+    """As --ep 4 is refused on a model without experts, so is every option that prices only them:
+    accepted, it would be written into the plan and change nothing."""
+    gpus = ["--gpus", "4"] if cmd == "sweep" else ["-n", "4"]
+    one_line([cmd, *DENSE, *gpus, *extra], f"{extra[0]}", "tiny-dense has no routed experts")
+
+
+def test_the_defaults_of_those_options_stay_accepted_on_a_dense_model():
+    for cmd in ("estimate", "search"):
+        code, out, _ = _run([cmd, *DENSE, "-n", "4", "--routing", "uniform", "--etp", "1", "--json"])
+        assert code == 0, out
 
 
 def test_a_searched_plan_whose_best_layout_has_ep_1_is_written_with_migration_off(tmp_path):
@@ -786,3 +808,34 @@ def test_routing_counts_that_are_no_numbers_or_a_repeated_key_are_refused(tmp_pa
     p = tmp_path / "m.jsonl"
     p.write_text(record + "\n")
     one_line([*EST, "--ep", "4", "--routing", str(p)], str(p), needle)
+
+
+# ---- errors that name the cause (an audit of the CLIs, session 72) ----------------------------
+def test_a_config_json_saved_as_yaml_is_told_to_keep_its_json_name(tmp_path):
+    p = tmp_path / "q3.yaml"
+    p.write_text((REPO / "tests" / "data" / "hf" / "qwen3-30b-a3b.json").read_text())
+    for cmd in (["show-spec", str(p)], ["estimate", "-m", str(p), "-H", "cpu-local", "-n", "4"]):
+        one_line(cmd, "model_type: this is a Hugging Face config.json", "a .json suffix")
+
+
+def test_a_hardware_spec_without_its_accelerator_says_that_field_is_missing(tmp_path):
+    import yaml
+
+    spec = yaml.safe_load((REPO / "hardware" / "dgx-h100.yaml").read_text())
+    del spec["accelerator"]
+    p = tmp_path / "no-accelerator.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    one_line(["show-spec", str(p)], "accelerator: required field is missing")
+
+
+def test_a_device_is_no_spec_file():
+    one_line(["show-spec", "/dev/null"], "/dev/null", "not a regular file")
+
+
+def test_a_missing_choice_is_one_line_with_its_choices():
+    one_line(["list"], "Choose from: models, hardware")
+
+
+def test_a_varied_field_that_breaks_a_rule_between_fields_names_it():
+    one_line(["sweep", "-m", "mixtral-8x7b", "-H", "dgx-h100", "--gpus", "64", "--vary", "gpus_per_node=4"],
+             "gpus_per_node: one topology level must be the node (size 4)", "base: dgx-h100")

@@ -164,6 +164,24 @@ def test_a_search_where_nothing_fits_prints_no_empty_table_and_exits_1():
     assert "TFLOP/s/GPU" not in text  # the ranked table's header
 
 
+def test_the_default_batch_is_rounded_to_the_gpus_as_sweep_rounds_it():
+    # 4M tokens of 3,000 is 1,398 sequences (2 x 699): only dp 1 or 2 would split it on 4 GPUs
+    code, text, _ = run("search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--seq", "3000", "--top", "1",
+                        "--json")
+    assert code == 0, text
+    lay = json.loads(text)["top"][0]["layout"]
+    assert lay["global_batch"] == 1396 and lay["dp"] == 4
+    # under one sequence a GPU the default is raised to one a GPU, and said
+    r = CliRunner().invoke(main, ["search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "4", "--seq", "2097152",
+                                  "--top", "1", "--json"])
+    assert "the default, 2 sequences (4M tokens), is under one a GPU on 4 GPUs; searched at 4" in r.output
+
+
+def test_a_headroom_of_the_whole_device_is_one_line():
+    line = err_line(*run("search", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--headroom-gib", "79.6")[:2])
+    assert "--headroom-gib: 79.6 GiB leaves nothing of dgx-h100's 79.6 GiB a GPU" in line
+
+
 def test_batch_that_cannot_split_names_the_rule():
     # 1 sequence on 8 ranks: dp > 1 cannot split it, and pp > 1 has fewer micro-batches than stages
     code, text, _ = run("search", "-m", "tiny-moe", "-H", "cpu-local", "-n", "8", "--global-batch", "1",

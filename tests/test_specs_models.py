@@ -327,6 +327,30 @@ def test_a_config_without_its_dense_layers_or_shared_experts_gets_what_transform
     assert (m.num_layers - m.num_moe_layers, m.moe.shared_experts) == (dense, shared)
 
 
+def test_an_explicit_null_shared_expert_count_builds_none_as_deepseeks_code_does():
+    """`if config.n_shared_experts is not None` (DeepSeek's modelling code): null is no shared
+    expert, where a key left out is the config class's default (above)."""
+    cfg = json.loads((HF / "deepseek-v3.json").read_text())
+    cfg["n_shared_experts"] = None
+    assert model_from_hf_config(cfg, "x/config.json").moe.shared_experts == 0
+
+
+def test_qwen3_moe_has_no_shared_expert_whatever_stray_key_its_config_holds():
+    cfg = _qwen3()
+    cfg["shared_expert_intermediate_size"] = 768  # Qwen2-MoE's key: Qwen3-MoE's block builds none
+    m = model_from_hf_config(cfg, "x/config.json")
+    assert m.moe.shared_experts == 0 and m.total_params == model_from_hf_config(_qwen3(), "x").total_params
+    qwen2 = json.loads((HF / "qwen2-57b-a14b.json").read_text())  # its own shared expert stays
+    assert model_from_hf_config(qwen2, "x/config.json").moe.shared_experts == 1
+
+
+def test_the_default_sequence_is_no_longer_than_the_models_context():
+    cfg = _qwen3()
+    assert model_from_hf_config(cfg, "x/config.json").seq_len == 4096  # 40,960 tokens of context
+    cfg["max_position_embeddings"] = 1024
+    assert model_from_hf_config(cfg, "x/config.json").seq_len == 1024
+
+
 @pytest.mark.parametrize("key,value,said", [
     ("index_topk", 2048, "index_topk: DeepSeek Sparse Attention"),
     ("linear_attn_config", {"kda_layers": [1, 2]}, "linear_attn_config: linear-attention layers"),
@@ -463,6 +487,7 @@ BAD = [
     ("string", _bad(lambda c: c.update(hidden_size="4096")), "hidden_size", "expected an integer"),
     ("bool", _bad(lambda c: c.update(num_hidden_layers=True)), "num_hidden_layers", "expected an integer"),
     ("zero", _bad(lambda c: c.update(num_attention_heads=0)), "num_attention_heads", ">= 1"),
+    ("context", _bad(lambda c: c.update(max_position_embeddings=-1), _qwen3), "max_position_embeddings", ">= 1"),
     ("unsupported", {"model_type": "bert", "architectures": ["BertModel"]}, "model_type", "unsupported"),
     ("no type", {"hidden_size": 8}, "model_type", "required field is missing"),
     ("top-k", _bad(lambda c: c.update(num_experts_per_tok=9)), "num_experts_per_tok", "exceeds the 8 routed"),

@@ -244,7 +244,8 @@ def _qwen_moe(c: _Cfg) -> dict:
     only_mlp = set(_layer_indices(c, "mlp_only_layers", n, []))
     mask = [i not in only_mlp and (i + 1) % step == 0 for i in range(n)]
     dense, every = _fit_layer_pattern(mask, c, "mlp_only_layers" if only_mlp else "decoder_sparse_step")
-    shared_ffn = c.get("shared_expert_intermediate_size", default=0, min_value=0)
+    # Qwen2-MoE's one shared expert; Qwen3-MoE's block has none, whatever stray key a config holds
+    shared_ffn = c.get("shared_expert_intermediate_size", default=0, min_value=0) if c.family == "qwen2_moe" else 0
     extra = dict(shared_experts=1, shared_expert_ffn_size=shared_ffn) if shared_ffn else {}
     moe = _moe_block(c, c.get("num_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
                      every, router="softmax", **extra)
@@ -317,7 +318,11 @@ def _deepseek_moe(c: _Cfg, out: dict, dense: int, every: int, router: str, metho
     """DeepSeek's MoE fields (n_routed_experts, num_experts_per_tok, moe_intermediate_size,
     n_shared_experts, n_group / topk_group; intermediate_size for the dense layers), which GLM-4.5
     and dots.llm1 keep under grouped-query attention. `method`: as _route_groups."""
-    shared = c.get("n_shared_experts", default=_SHARED_EXPERTS_DEFAULT.get(c.family, 0), min_value=0)
+    # an explicit null builds none (DeepSeek's modelling code: `if config.n_shared_experts is not None`),
+    # where a key left out takes the config class's default
+    stated_none = "n_shared_experts" in c.data and c.data["n_shared_experts"] is None
+    shared = 0 if stated_none else c.get("n_shared_experts", default=_SHARED_EXPERTS_DEFAULT.get(c.family, 0),
+                                         min_value=0)
     moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
                      every, router=router, **({"shared_experts": shared} if shared else {}),
                      **_route_groups(c, method))
@@ -745,14 +750,19 @@ def _name(cfg: dict, source: str) -> str:
 def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     """A ModelSpec from a parsed HF config.json; `source` names the file in errors and in
     the spec's `source` field. seq_len keeps ModelSpec's default (4096): a config's
-    max_position_embeddings is the longest context, not a training length."""
+    max_position_embeddings is the longest context, not a training length; but no longer than
+    that context, where it is shorter (a 2,048-token model trained on its own length)."""
     if not isinstance(cfg, dict):
         raise SpecError(source, "<root>", "expected a JSON object (a Hugging Face config.json)")
     name = _name(cfg, source)
     family, cfg, prefix = _family(cfg, source)
     _refuse_unmodelled_keys(cfg, source, family, prefix)
-    fields = _FAMILIES[family](_Cfg(cfg, source, family, prefix))
+    c = _Cfg(cfg, source, family, prefix)
+    fields = _FAMILIES[family](c)
     fields.update(name=name, source=f"HF config.json {source} ({family})")
+    context = c.get("max_position_embeddings", default=None)
+    if context is not None and context < ModelSpec.model_fields["seq_len"].default:
+        fields.setdefault("seq_len", context)
     try:
         spec = ModelSpec.model_validate(fields)
     except ValidationError as e:

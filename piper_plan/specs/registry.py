@@ -86,8 +86,9 @@ def _resolve_file(ref: str, kind: str) -> Path:
     if _suffix(p) in _SPEC_SUFFIXES or p.exists():
         if p.is_dir():
             raise SpecError(ref, "<file>", "is a folder; expected a spec YAML or a config.json file")
-        if not p.is_file():
-            raise SpecError(ref, "<file>", "no such file")
+        if not p.is_file():  # a device or pipe exists, and is no spec file
+            raise SpecError(ref, "<file>", "not a regular file; expected a spec YAML or a config.json file"
+                            if p.exists() else "no such file")
         return p
     if q is not None:
         return q
@@ -194,10 +195,19 @@ def load_model(ref: str) -> ModelSpec:
 
         return model_from_hf_config(cfg, str(path))
     data = read_yaml(path)
-    if "accelerator" in data or ("network" in data and "num_layers" not in data):
+    if _hardware_keys(data):
         raise SpecError(str(path), "accelerator" if "accelerator" in data else "network",
                         "this is a hardware spec, not a model: pass it as the hardware (-H)")
+    if "name" not in data and ("model_type" in data or "architectures" in data):
+        raise SpecError(str(path), "model_type", "this is a Hugging Face config.json read as a model YAML: give "
+                        "the file a .json suffix (config.json)")
     return parse(ModelSpec, _with_base(path, data, (), "models"), str(path))
+
+
+def _hardware_keys(data: dict) -> bool:
+    """Whether a spec's fields are a hardware spec's: an accelerator, or a network without a model's
+    layers (a hardware spec missing its accelerator is still one, and says that field is missing)."""
+    return "accelerator" in data or ("network" in data and "num_layers" not in data)
 
 
 def load_hardware(ref: str) -> HardwareSpec:
@@ -271,7 +281,7 @@ def is_hardware_spec(path: Path) -> bool:
         if path is None:
             return False
         data = read_yaml(path)
-    return "accelerator" in data
+    return _hardware_keys(data)
 
 
 def _merged(under: dict, over: dict) -> dict:
