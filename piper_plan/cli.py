@@ -83,8 +83,14 @@ MIGRATION_OPTIONS = (
 
 
 def _migration_from(kw):
+    from .errors import PiperError
     from .plan import Migration
 
+    if not kw["migration"]:  # a setting of migration without it on is a forgotten --migration, not a no-op
+        for p in click.get_current_context().command.params:
+            if p.name.startswith("migration_") and kw.get(p.name, p.default) != p.default:
+                raise PiperError(f"{max(p.opts, key=len)} {kw[p.name]}: it sets expert migration, which is off; "
+                                 "add --migration")
     return Migration(enabled=kw["migration"], period_steps=kw["migration_period"],
                      threshold=kw["migration_threshold"], planner=kw["migration_planner"],
                      window=kw["migration_window"], max_moves=kw["migration_max_moves"])

@@ -83,6 +83,10 @@ class Predicted(_Strict):
                                           "ep_max_over_mean")
     memory_gib_per_stage: list[dict] = Field(default_factory=list)
     time_breakdown_s: dict[str, float] = Field(default_factory=dict)
+    # absent from plans written before it was recorded (None: not checked)
+    priced_for: Optional[str] = Field(None, description="priced_hash of the plan these figures were priced for: "
+                                      "piper-train refuses a plan whose layout, partition, rank map, routing or "
+                                      "migration was edited since, as its comparison would not hold")
 
 
 class Plan(_Strict):
@@ -112,6 +116,24 @@ def spec_hash(spec: BaseModel) -> str:
     """sha256 of the canonical JSON of a spec (first 16 hex digits)."""
     blob = json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def priced_hash(plan: Plan) -> str:
+    """sha256 (first 16 hex digits) of what a plan's `predicted` prices: the plan without it (and
+    without who wrote it), the specs by their hashes."""
+    blob = json.dumps(plan.model_dump(mode="json", exclude={"predicted", "created_by", "schema_version", "model",
+                                                            "hardware"}), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def priced_refusal(plan: Plan) -> str:
+    """Why `plan.predicted` does not price this plan ("" where it does, or where the plan predates
+    the record): its layout, partition, rank map, routing or migration changed since."""
+    p = plan.predicted
+    if p is None or p.priced_for is None or p.priced_for == priced_hash(plan):
+        return ""
+    return ("predicted.priced_for: the figures were priced for another plan (its layout, partition, rank_map, "
+            "routing or migration edited since?); price this one again with piper-plan estimate")
 
 
 def write_plan(plan: Plan, path: str | os.PathLike, what: str = "-o") -> None:
@@ -276,9 +298,12 @@ def make_plan_from(model: ModelSpec, hardware: HardwareSpec, layout: Layout, par
     """Assemble a Plan from a given layer partition."""
     from .layout import rank_coords
 
-    return Plan(model=model, model_hash=spec_hash(model), hardware=hardware, hardware_hash=spec_hash(hardware),
+    plan = Plan(model=model, model_hash=spec_hash(model), hardware=hardware, hardware_hash=spec_hash(hardware),
                 layout=layout, partition=partition, rank_map=rank_coords(layout, hardware.gpus_per_node),
-                routing=routing or Routing(), migration=migration or Migration(), predicted=predicted)
+                routing=routing or Routing(), migration=migration or Migration())
+    if predicted is None:
+        return plan
+    return plan.model_copy(update={"predicted": predicted.model_copy(update={"priced_for": priced_hash(plan)})})
 
 
 def make_plan(model: ModelSpec, hardware: HardwareSpec, layout: Layout, *, layer_cost=None,

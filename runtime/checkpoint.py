@@ -19,6 +19,7 @@ import os
 import re
 import resource
 import shutil
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -101,26 +102,77 @@ def _entries(opt: DistOptimizer, chunks: dict[int, Chunk], with_optim_state: boo
 
 
 def latest(ckdir: str | os.PathLike) -> Optional[Path]:
+    """The folder `latest` names in `ckdir`, None without the file. A name that is no folder of
+    `ckdir` itself (empty, a path, one leading out of it) is a CheckpointError: a resume reads only
+    what this run's folder holds."""
     d = Path(ckdir)
     f = d / "latest"
     if not f.is_file():
         return None
-    return d / f.read_text().strip()
+    name = f.read_text().strip()
+    if not name or name in (".", "..") or "/" in name or os.sep in name:
+        raise CheckpointError(f"{f}: expected the name of a checkpoint folder in {d}, got {name!r}")
+    return d / name
 
 
-def validate(ckdir: str | os.PathLike, plan: Plan) -> int:
-    """Check the latest checkpoint before any process starts; returns its step."""
+def run_settings(cfg) -> dict:
+    """What a checkpoint records of the run options (TrainConfig) that decide what its later steps
+    compute: the data stream (seed, token file and its size, dtype) and the optimisation settings."""
+    data = os.path.abspath(cfg.data) if cfg.data else None
+    return dict(seed=cfg.seed, data=data, data_bytes=os.path.getsize(data) if data else None,
+                data_dtype=cfg.data_dtype, lr=cfg.lr, weight_decay=cfg.weight_decay, clip=cfg.clip,
+                aux_coef=cfg.aux_coef, z_coef=cfg.z_coef, capacity_factor=cfg.capacity_factor)
+
+
+# the run options a resume must repeat (they decide which tokens its steps read: the step's rows are
+# drawn from the seed's stream, or read from the file) and those it may change, with a warning
+_SAME_DATA = ("seed", "data_bytes", "data_dtype")
+_TUNABLE = {"lr": "--lr", "weight_decay": "--weight-decay", "clip": "--clip", "aux_coef": "--aux-loss-coef",
+            "z_coef": "--z-loss-coef", "capacity_factor": "--capacity-factor"}
+
+
+def check_run(p: Path, saved: dict, now: dict) -> list[str]:
+    """CheckpointError where a resume would read other tokens than the saved run's next steps (its
+    seed with synthetic data, another token file); the warnings for changed optimisation settings."""
+    if (saved.get("data") is None) != (now["data"] is None) or saved.get("data_bytes") != now["data_bytes"]:
+        was = f"{saved['data']} ({saved['data_bytes']:,} bytes)" if saved.get("data") else "synthetic tokens"
+        now_s = f"--data {now['data']} ({now['data_bytes']:,} bytes)" if now["data"] else "no --data"
+        raise CheckpointError(f"{p}: the run trained on {was}; {now_s} is other tokens: resume with the same data")
+    for k in _SAME_DATA:
+        if k == "seed" and now["data"] is not None:
+            continue  # a token file is read by step, whatever the seed
+        if k in saved and saved[k] != now[k]:
+            opt = "--" + k.replace("_", "-")
+            raise CheckpointError(f"{p}: the run trained with {opt} {saved[k]}; {opt} {now[k]} reads other tokens "
+                                  "in the steps left: resume with the same")
+    return [f"warning: {p}: the run trained with {opt} {saved[k]:g}, resumed with {now[k]:g}"
+            for k, opt in _TUNABLE.items() if k in saved and saved[k] != now[k]
+            and None not in (saved[k], now[k])]
+
+
+def validate(ckdir: str | os.PathLike, plan: Plan, cfg=None) -> int:
+    """Check the latest checkpoint before any process starts; returns its step. With `cfg` (the
+    run's TrainConfig) also that the resume reads the tokens the saved run would have (check_run),
+    its warnings printed."""
     p = latest(ckdir)
     if p is None:
         raise CheckpointError(f"{ckdir}: no checkpoint to resume from (missing 'latest')")
     try:
         meta = json.loads((p / "meta.json").read_text())
-        step = int(meta["step"])
+        step = meta["step"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{p}: meta.json unreadable or corrupted ({type(e).__name__})") from None
+    named = re.fullmatch(r"step_(\d{8})", p.name)
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0 or (named and int(named[1]) != step):
+        raise CheckpointError(f"{p}: meta.json: step: expected the folder's step as a whole number, got {step!r}")
     if meta.get("model_hash") != plan.model_hash:
         raise CheckpointError(f"{p}: model_hash: checkpoint holds model {meta.get('model_name')!r} "
                               f"({meta.get('model_hash')}), plan has {plan.model.name!r} ({plan.model_hash})")
+    if meta.get("experts") and not (p / EXPERTS).is_file():  # where the saved run's experts were placed
+        raise CheckpointError(f"{p}: {EXPERTS}: missing, and the run saved one (where each layer's experts were)")
+    if cfg is not None and isinstance(meta.get("run"), dict):  # (checkpoints written before it: not checked)
+        for line in check_run(p, meta["run"], run_settings(cfg)):
+            print(line, file=sys.stderr)
     read_experts(p)
     try:
         dcp.FileSystemReader(str(p)).read_metadata()
@@ -160,9 +212,10 @@ def _gather_experts(experts: dict[str, dict]) -> dict[str, dict]:
 
 
 def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, chunks: dict[int, Chunk],
-         experts: Optional[dict[str, dict]] = None) -> Path:
+         experts: Optional[dict[str, dict]] = None, run: Optional[dict] = None) -> Path:
     """Write checkpoint `step` (the number of optimizer steps done), with this rank's MoE
-    layers' `experts` state (runtime/migrate.stage_state; None: nothing to keep). Collective."""
+    layers' `experts` state (runtime/migrate.stage_state; None: nothing to keep) and the run's
+    options (run_settings), which a resume checks. Collective."""
     d = Path(ckdir)
     final = d / f"step_{step:08d}"
     tmp = d / f".step_{step:08d}.tmp"
@@ -193,7 +246,7 @@ def save(ckdir: str | os.PathLike, step: int, plan: Plan, opt: DistOptimizer, ch
         if kept:
             atomic_write_text(tmp / EXPERTS, json.dumps(kept, separators=(",", ":")))
         meta = dict(step=step, model_name=plan.model.name, model_hash=plan.model_hash,
-                    layout=plan.layout.model_dump(mode="json"))
+                    layout=plan.layout.model_dump(mode="json"), experts=bool(kept), run=run)
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=1))
         if final.exists():
             shutil.rmtree(final)
@@ -285,7 +338,9 @@ def load(ckdir: str | os.PathLike, opt: DistOptimizer, chunks: dict[int, Chunk])
             raise RuntimeError(peer) from e
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else type(e).__name__
-        raise CheckpointError(f"{p}: cannot load, damaged or incompatible ({why[:140]})") from None
+        if len(why) > 140:  # torch's long hints: cut at a word, and said to be cut
+            why = why[:140].rsplit(" ", 1)[0] + " ..."
+        raise CheckpointError(f"{p}: cannot load, damaged or incompatible ({why})") from None
     with torch.no_grad():
         for k, v in entries:
             v.copy_(state[k])

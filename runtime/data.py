@@ -60,8 +60,9 @@ def open_tokens(path: str, vocab: int, seq: int, dtype: Optional[str] = None) ->
     """Memory-map and validate a token file; every problem is a one-line DataError."""
     p = Path(path)
     try:
-        if not p.is_file():
-            raise DataError(f"{path}: no such file")
+        if not p.is_file():  # a folder or a device exists, and is no token file
+            raise DataError(f"{path}: --data: " + ("no such file" if not p.exists() else "not a regular file; "
+                                                   "expected a .npy or raw .bin token file"))
     except OSError as e:  # a name stat() refuses (too long): one line, not a traceback
         raise DataError(f"{path}: --data: cannot read ({e.strerror or e})") from None
     try:

@@ -27,7 +27,7 @@ import click
 from piper_plan.clitypes import POSITIVE, FiniteFloat, OneLineCommand
 from piper_plan.errors import PiperError, error_line
 from piper_plan.files import check_outputs, check_writable_folder
-from piper_plan.plan import Plan, read_plan
+from piper_plan.plan import Plan, priced_refusal, read_plan
 from piper_plan.runtimes import layout_refusal
 
 from .config import check_tp
@@ -65,6 +65,9 @@ def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
     """Every check that needs no process group (imports torch only where needed); `source`
     names the plan's file in its errors. Returns the step a --resume starts from (0 without)."""
     check_supported(plan, world, source)
+    why = priced_refusal(plan)  # after check_supported: what this runtime cannot run says so first
+    if why:
+        raise PiperError(f"{source}: {why}")
     p, hw = plan.predicted, plan.hardware
     if p is not None and not p.fits:  # the planner's own verdict: the run would run out of memory
         raise PiperError(f"{source}: predicted.fits = false: the planner prices the busiest rank at "
@@ -72,6 +75,7 @@ def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
                          "(or its host memory); plan a layout that fits")
     if cfg.steps < 1:
         raise PiperError(f"--steps: expected >= 1, got {cfg.steps}")
+    _check_options(plan, cfg)
     if cfg.metrics:  # checked before training: a run must not end by losing what it measured
         check_outputs([(cfg.metrics, "--metrics")], [(source, "--plan"), (cfg.data, "--data")], make_parents=True)
     if cfg.checkpoint:
@@ -83,17 +87,42 @@ def preflight(plan: Plan, cfg, world: int, source: str = "plan") -> int:
     if cfg.data:
         from .data import open_tokens
 
-        open_tokens(cfg.data, plan.model.vocab_size, plan.layout.seq, cfg.data_dtype)
+        tokens = len(open_tokens(cfg.data, plan.model.vocab_size, plan.layout.seq, cfg.data_dtype))
+        need = plan.layout.global_batch * (plan.layout.seq + 1)
+        if tokens < need:  # it trains, on windows that overlap within every step: said, not refused
+            click.echo(f"warning: {cfg.data}: {tokens:,} tokens, fewer than one step's global_batch x (seq + 1) = "
+                       f"{need:,}: each step's sequences overlap", err=True)
     if cfg.resume:
         from .checkpoint import CheckpointError, validate
 
         if not cfg.checkpoint:
             raise PiperError("--resume needs --checkpoint DIR")
-        step = validate(cfg.checkpoint, plan)
+        step = validate(cfg.checkpoint, plan, cfg)
         if step > cfg.steps:
             raise CheckpointError(f"{cfg.checkpoint}: checkpoint is at step {step}, beyond --steps {cfg.steps}")
         return step
     return 0
+
+
+def _check_options(plan: Plan, cfg) -> None:
+    """Options that would do nothing as given are one line, not a run that silently ignores them:
+    saves every N steps with nowhere to save, a token dtype with no token file, and the routing
+    losses and capacity of a model without routed experts."""
+    from .config import TrainConfig
+
+    if cfg.checkpoint_every and not cfg.checkpoint:
+        raise PiperError(f"--checkpoint-every {cfg.checkpoint_every} needs --checkpoint DIR (nothing is saved "
+                         "without it)")
+    if cfg.data_dtype and not cfg.data:
+        raise PiperError(f"--data-dtype {cfg.data_dtype} needs --data FILE (the synthetic tokens have no file)")
+    if plan.model.moe is None:
+        dflt = TrainConfig()
+        for opt, val, off in (("--capacity-factor", cfg.capacity_factor, dflt.capacity_factor),
+                              ("--aux-loss-coef", cfg.aux_coef, dflt.aux_coef),
+                              ("--z-loss-coef", cfg.z_coef, dflt.z_coef)):
+            if val != off:
+                raise PiperError(f"{opt} {val:g}: {plan.model.name} has no routed experts, whose router it sets; "
+                                 "leave it out for a dense model")
 
 
 def _held_checkpoint(ckdir: str) -> Optional[str]:

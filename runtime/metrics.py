@@ -284,7 +284,9 @@ class Reporter:
             pass
         elif pred:
             a, b = summary["measured_steps"]  # 1-based step numbers of the run (a resumed run's start past 1)
-            self.console.print(f"step time: measured {meas * 1e3:.1f} ms (median of steps {a}-{b}), "
+            # one step run: the only one measured is the launch's first, which carries its start-up
+            warm = "; it is this launch's first, start-up included: 3 steps or more measure past it" * (len(times) == 1)
+            self.console.print(f"step time: measured {meas * 1e3:.1f} ms (median of steps {a}-{b}{warm}), "
                                f"predicted {pred * 1e3:.1f} ms, "
                                f"ratio {meas / pred:.2f}", highlight=False)
             r_a2a = "-" if summary["a2a_measured_over_predicted"] is None else f"{summary['a2a_measured_over_predicted']:.2f}"

@@ -124,6 +124,7 @@ def train(plan: Plan, cfg: TrainConfig, device: torch.device) -> list[dict]:
         if cfg.checkpoint and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
             # the ranks of a stage hold the same experts state: one of them sends it to rank 0
             lead = groups.dp_rank == 0 and groups.tp_rank == 0
-            checkpoint.save(cfg.checkpoint, done, plan, opt, chunks, stage_state(chunks, mig) if lead else None)
+            checkpoint.save(cfg.checkpoint, done, plan, opt, chunks, stage_state(chunks, mig) if lead else None,
+                            checkpoint.run_settings(cfg))
     rep.finish()
     return rep.records if rep.rank0 else []

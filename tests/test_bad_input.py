@@ -839,3 +839,11 @@ def test_a_missing_choice_is_one_line_with_its_choices():
 def test_a_varied_field_that_breaks_a_rule_between_fields_names_it():
     one_line(["sweep", "-m", "mixtral-8x7b", "-H", "dgx-h100", "--gpus", "64", "--vary", "gpus_per_node=4"],
              "gpus_per_node: one topology level must be the node (size 4)", "base: dgx-h100")
+
+
+@pytest.mark.parametrize("cmd", [EST, SEARCH])
+def test_a_migration_setting_without_migration_on_is_one_line(cmd):
+    one_line([*cmd, "--ep", "4", "--migration-period", "10"] if cmd is EST else [*cmd, "--migration-planner", "swap"],
+             "it sets expert migration, which is off; add --migration")
+    code, out, _ = _run([*EST, "--ep", "4", "--migration", "--migration-period", "10"])
+    assert code == 0, out

@@ -1,0 +1,154 @@
+"""piper-train refuses, before any rank starts, what would make its run other than the one asked
+for or its comparison with the plan untrue: a plan edited since it was priced, options that do
+nothing as given, and a resume that would read other tokens than the saved run's next steps or a
+checkpoint folder that does not hold what it says (an audit of the runtime, session 72)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+from click.testing import CliRunner  # noqa: E402
+
+from piper_plan.cli import main as plan_main  # noqa: E402
+from piper_runtime.checkpoint import CheckpointError, check_run, validate  # noqa: E402
+from piper_runtime.config import TrainConfig  # noqa: E402
+from piper_runtime.launch import main, preflight  # noqa: E402
+from piper_plan.plan import read_plan  # noqa: E402
+
+
+def _priced(tmp_path, model="tiny-moe", *extra) -> Path:
+    """A plan as piper-plan writes it for piper-train: priced, with what it priced recorded."""
+    p = tmp_path / f"{model}.json"
+    ep = ["--ep", "2"] if model == "tiny-moe" else []
+    r = CliRunner().invoke(plan_main, ["estimate", "-m", model, "-H", "cpu-local", "-n", "2", *ep, "--global-batch",
+                                       "4", "--runtime", "piper-train", *extra, "-o", str(p)])
+    assert r.exit_code == 0, r.output
+    return p
+
+
+def _one_line(args, *needles):
+    r = CliRunner().invoke(main, args)
+    lines = [x for x in r.output.strip().splitlines() if x.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["migration"].update(enabled=True, period_steps=1),
+    lambda d: d["layout"].update(zero=2),
+    lambda d: d["layout"].update(recompute="full"),
+    lambda d: d["routing"].update(distribution="zipf", zipf_s=1.5),
+])
+def test_a_plan_edited_since_it_was_priced_is_refused(tmp_path, edit):
+    p = _priced(tmp_path)
+    doc = json.loads(p.read_text())
+    edit(doc)
+    p.write_text(json.dumps(doc))
+    _one_line(["--plan", str(p), "--steps", "1"], "predicted.priced_for", "piper-plan estimate")
+
+
+def test_the_plan_as_written_is_what_was_priced():
+    # every field the figures depend on, and only those: a re-read plan checks whole
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        plan = read_plan(_priced(Path(d)))
+    assert plan.predicted.priced_for and preflight(plan, TrainConfig(steps=1), plan.layout.gpus) == 0
+
+
+@pytest.mark.parametrize("model,args,needle", [
+    ("tiny-moe", ["--checkpoint-every", "1"], "--checkpoint-every 1 needs --checkpoint DIR"),
+    ("tiny-moe", ["--data-dtype", "uint32"], "--data-dtype uint32 needs --data FILE"),
+    ("tiny-dense", ["--capacity-factor", "1.0"], "--capacity-factor 1: tiny-dense has no routed experts"),
+    ("tiny-dense", ["--aux-loss-coef", "0.5"], "--aux-loss-coef 0.5: tiny-dense has no routed experts"),
+    ("tiny-dense", ["--z-loss-coef", "0.1"], "--z-loss-coef 0.1: tiny-dense has no routed experts"),
+])
+def test_an_option_that_would_do_nothing_is_one_line(tmp_path, model, args, needle):
+    _one_line(["--plan", str(_priced(tmp_path, model)), "--steps", "1", *args], needle)
+
+
+def test_a_token_file_shorter_than_a_step_is_said(tmp_path, capsys):
+    plan = read_plan(_priced(tmp_path))
+    short = tmp_path / "short.npy"
+    np.save(short, np.arange(100, dtype=np.uint16) % 64)  # 100 tokens; a step reads 4 sequences of 64 + 1
+    preflight(plan, TrainConfig(steps=1, data=str(short)), plan.layout.gpus)
+    assert (plan.layout.global_batch, plan.layout.seq) == (4, 64)
+    assert "100 tokens, fewer than one step's global_batch x (seq + 1) = 260" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what", ["a folder", "a device"])
+def test_a_token_path_that_is_no_file_says_so(tmp_path, what):
+    path = str(tmp_path) if what == "a folder" else "/dev/null"
+    _one_line(["--plan", str(_priced(tmp_path)), "--steps", "1", "--data", path], "not a regular file")
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+def _checkpoint(tmp_path, plan, step=4, latest=None, **meta) -> Path:
+    """A checkpoint folder's files as save() writes them (no tensors: each check here comes first)."""
+    ck = tmp_path / "ck"
+    folder = ck / f"step_{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "meta.json").write_text(json.dumps({"step": step, "model_hash": plan.model_hash, **meta}))
+    (ck / "latest").write_text((folder.name if latest is None else latest) + "\n")
+    return ck
+
+
+@pytest.mark.parametrize("latest", ["../elsewhere/step_00000004", "", "/tmp/step_00000004"])
+def test_latest_names_a_folder_of_the_checkpoint_directory_only(tmp_path, latest):
+    plan = read_plan(_priced(tmp_path))
+    with pytest.raises(CheckpointError, match="latest: expected the name of a checkpoint folder"):
+        validate(_checkpoint(tmp_path, plan, latest=latest), plan)
+
+
+@pytest.mark.parametrize("step", [3, "4", 4.0, True])
+def test_the_saved_step_is_the_folders_as_a_whole_number(tmp_path, step):
+    plan = read_plan(_priced(tmp_path))
+    ck = _checkpoint(tmp_path, plan)
+    meta = ck / "step_00000004" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "step": step}))
+    with pytest.raises(CheckpointError, match="step: expected the folder's step as a whole number"):
+        validate(ck, plan)
+
+
+def test_a_checkpoint_that_saved_its_experts_placement_needs_it(tmp_path):
+    plan = read_plan(_priced(tmp_path))
+    with pytest.raises(CheckpointError, match="experts.json: missing, and the run saved one"):
+        validate(_checkpoint(tmp_path, plan, experts=True), plan)
+
+
+def _run(**kw) -> dict:
+    base = dict(seed=1, data=None, data_bytes=None, data_dtype=None, lr=3e-4, weight_decay=0.1, clip=1.0,
+                aux_coef=1e-2, z_coef=0.0, capacity_factor=None)
+    return {**base, **kw}
+
+
+def test_a_resume_must_read_the_tokens_the_saved_run_would_have():
+    p = Path("ck/step_00000004")
+    with pytest.raises(CheckpointError, match="trained with --seed 1; --seed 7 reads other tokens"):
+        check_run(p, _run(), _run(seed=7))
+    with pytest.raises(CheckpointError, match="trained on synthetic tokens; --data /d.npy"):
+        check_run(p, _run(), _run(data="/d.npy", data_bytes=1000))
+    with pytest.raises(CheckpointError, match="trained on /d.npy"):
+        check_run(p, _run(data="/d.npy", data_bytes=1000), _run(data="/e.npy", data_bytes=2000))
+    # a token file is read by step: its seed decides nothing, and the same file moved is the same tokens
+    assert check_run(p, _run(data="/d.npy", data_bytes=1000), _run(seed=9, data="/moved/d.npy",
+                                                                    data_bytes=1000)) == []
+    # the optimisation settings may change, and are said to
+    assert check_run(p, _run(), _run(lr=1e-3)) == [f"warning: {p}: the run trained with --lr 0.0003, resumed with "
+                                                   "0.001"]
+
+
+def test_a_real_resume_with_another_seed_is_refused(tmp_path):
+    plan = _priced(tmp_path, "tiny-moe")
+    ck = tmp_path / "run"
+    ok = CliRunner().invoke(main, ["--plan", str(plan), "--steps", "1", "--seed", "1", "--checkpoint", str(ck),
+                                   "--log-every", "0"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads((ck / "step_00000001" / "meta.json").read_text())["run"]["seed"] == 1
+    _one_line(["--plan", str(plan), "--steps", "2", "--seed", "2", "--checkpoint", str(ck), "--resume"],
+              "trained with --seed 1; --seed 2 reads other tokens")
