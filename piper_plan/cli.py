@@ -669,7 +669,8 @@ def _zeros(kw) -> dict:
     return {} if kw.get("zeros") is None else {"zeros": _ints(kw["zeros"], "--zero", 0, 3)}
 
 
-# options that price the routed experts alone (their exchange, placement, load, GEMMs, re-placement):
+# options that price the routed experts alone (their exchange, placement, load, GEMMs, re-placement
+# and its migration_* settings):
 # on a model without experts a value other than the default says nothing, and is refused there as
 # --ep > 1 and --etp > 1 are (layout.check_degrees), not priced as if it had been left out
 EXPERT_OPTIONS = ("a2a", "placement", "routing", "expert_gemm", "expert_probs", "a2a_overlap", "a2a_sms",
@@ -682,7 +683,8 @@ def _refuse_expert_options(model, kw) -> None:
     if model.moe is not None:
         return
     for p in click.get_current_context().command.params:
-        if p.name in EXPERT_OPTIONS and p.name in kw and kw[p.name] != p.default and kw[p.name] != "1":
+        moe_only = p.name in EXPERT_OPTIONS or p.name.startswith("migration_")
+        if moe_only and p.name in kw and kw[p.name] != p.default:
             flag = max(p.opts, key=len)
             given = flag if kw[p.name] is True else f"{flag} {kw[p.name]}"
             raise PiperError(f"{given}: {model.name} has no routed experts, whose {flag.lstrip('-')} it sets; "

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from piper_plan.errors import PiperError
 from piper_plan.plan import Plan, atomic_write_text
 
+from .data import token_dtype
 from .migrate import restore_placements
 from .model import EXPERT_TAG, Chunk
 from .moe.placement import ExpertPlacement
@@ -120,13 +121,14 @@ def run_settings(cfg) -> dict:
     compute: the data stream (seed, token file and its size, dtype) and the optimisation settings."""
     data = os.path.abspath(cfg.data) if cfg.data else None
     return dict(seed=cfg.seed, data=data, data_bytes=os.path.getsize(data) if data else None,
-                data_dtype=cfg.data_dtype, lr=cfg.lr, weight_decay=cfg.weight_decay, clip=cfg.clip,
+                data_dtype=token_dtype(data, cfg.data_dtype) if data else None, lr=cfg.lr,
+                weight_decay=cfg.weight_decay, clip=cfg.clip,
                 aux_coef=cfg.aux_coef, z_coef=cfg.z_coef, capacity_factor=cfg.capacity_factor)
 
 
 # the run options a resume must repeat (they decide which tokens its steps read: the step's rows are
 # drawn from the seed's stream, or read from the file) and those it may change, with a warning
-_SAME_DATA = ("seed", "data_bytes", "data_dtype")
+_SAME_DATA = ("seed", "data_dtype")  # (the token file itself: check_run's first test)
 _TUNABLE = {"lr": "--lr", "weight_decay": "--weight-decay", "clip": "--clip", "aux_coef": "--aux-loss-coef",
             "z_coef": "--z-loss-coef", "capacity_factor": "--capacity-factor"}
 

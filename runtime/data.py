@@ -56,6 +56,14 @@ class FileTokens:
         return torch.from_numpy(win.astype(np.int64))
 
 
+def token_dtype(path: str, dtype: Optional[str] = None) -> str:
+    """The dtype a token file is read as (open_tokens): the one asked for, else a .npy file's own
+    and a raw .bin's uint16; so a resume that names the default reads as the run that did not."""
+    if dtype:
+        return dtype
+    return np.load(path, mmap_mode="r", allow_pickle=False).dtype.name if Path(path).suffix == ".npy" else "uint16"
+
+
 def open_tokens(path: str, vocab: int, seq: int, dtype: Optional[str] = None) -> np.ndarray:
     """Memory-map and validate a token file; every problem is a one-line DataError."""
     p = Path(path)

@@ -273,7 +273,7 @@ DENSE = ["-m", "tiny-dense", "-H", "cpu-local", "--global-batch", "8"]
     ("estimate", ["--expert-gemm", "loop"]), ("estimate", ["--a2a-overlap"]), ("estimate", ["--expert-probs",
                                                                                           "activation"]),
     ("search", ["--etp", "1,2"]), ("search", ["--ep-in-domain", "node"]), ("search", ["--migration"]),
-    ("search", ["--a2a-sms", "8"]), ("sweep", ["--a2a", "dedup"])])
+    ("search", ["--a2a-sms", "8"]), ("sweep", ["--a2a", "dedup"]), ("estimate", ["--migration-period", "5"])])
 def test_an_option_of_the_routed_experts_on_a_dense_model_is_one_line(cmd, extra):
     """As --ep 4 is refused on a model without experts, so is every option that prices only them:
     accepted, it would be written into the plan and change nothing."""

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from click.testing import CliRunner  # noqa: E402
 
 from piper_plan.cli import main as plan_main  # noqa: E402
-from piper_runtime.checkpoint import CheckpointError, check_run, validate  # noqa: E402
+from piper_runtime.checkpoint import CheckpointError, check_run, run_settings, validate  # noqa: E402
 from piper_runtime.config import TrainConfig  # noqa: E402
 from piper_runtime.launch import main, preflight  # noqa: E402
 from piper_plan.plan import read_plan  # noqa: E402
@@ -141,6 +141,16 @@ def test_a_resume_must_read_the_tokens_the_saved_run_would_have():
     # the optimisation settings may change, and are said to
     assert check_run(p, _run(), _run(lr=1e-3)) == [f"warning: {p}: the run trained with --lr 0.0003, resumed with "
                                                    "0.001"]
+
+
+def test_a_token_file_is_recorded_with_the_dtype_it_is_read_as(tmp_path):
+    npy, raw = tmp_path / "t.npy", tmp_path / "t.bin"
+    np.save(npy, np.arange(300, dtype=np.uint32))
+    raw.write_bytes(np.arange(300, dtype=np.uint16).tobytes())
+    assert run_settings(TrainConfig(data=str(npy)))["data_dtype"] == "uint32"  # the file's own
+    assert run_settings(TrainConfig(data=str(raw)))["data_dtype"] == "uint16"  # a raw file's default
+    # so a resume naming the default it ran with reads the same tokens
+    assert run_settings(TrainConfig(data=str(raw), data_dtype="uint16")) == run_settings(TrainConfig(data=str(raw)))
 
 
 def test_a_real_resume_with_another_seed_is_refused(tmp_path):
