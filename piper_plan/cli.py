@@ -8,6 +8,8 @@ import sys
 
 import click
 
+from .cli_checks import (check_grad_dtype, check_headroom, check_machine_size, check_peaks,
+                         refuse_expert_options, warn_histogram)
 from .cli_stack import GRAD_DTYPE_HELP, OFFLOAD_HELP, STACK_OPTIONS
 from .cli_validate import validate_cmd
 from .clitypes import BATCH, GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, OneLineUsage, one_line_errors
@@ -83,14 +85,10 @@ MIGRATION_OPTIONS = (
 
 
 def _migration_from(kw):
-    from .errors import PiperError
+    from .cli_checks import check_migration_settings
     from .plan import Migration
 
-    if not kw["migration"]:  # a setting of migration without it on is a forgotten --migration, not a no-op
-        for p in click.get_current_context().command.params:
-            if p.name.startswith("migration_") and kw.get(p.name, p.default) != p.default:
-                raise PiperError(f"{max(p.opts, key=len)} {kw[p.name]}: it sets expert migration, which is off; "
-                                 "add --migration")
+    check_migration_settings(kw)
     return Migration(enabled=kw["migration"], period_steps=kw["migration_period"],
                      threshold=kw["migration_threshold"], planner=kw["migration_planner"],
                      window=kw["migration_window"], max_moves=kw["migration_max_moves"])
@@ -263,25 +261,6 @@ def _modules(text: str, option: str) -> tuple[str, ...]:
     return modules
 
 
-def _warn_histogram(model, routing, source: str) -> None:
-    """Say so where a measured histogram is not this model's own: the run's summary names another
-    model spec, or it has another count of MoE layers (a routing shape borrowed from another run,
-    averaged over its layers)."""
-    from .cost.migration import metrics_model
-    from .plan import spec_hash
-
-    h = routing.histogram
-    ran = metrics_model(source) if h is not None else None
-    own = spec_hash(model) if ran is not None else None
-    if ran is not None and ran[1] != own:
-        click.echo(f"warning: {source}: model_hash: the run trained {ran[0] or 'another spec'} "
-                   f"({ran[1]}), not this {model.name} ({own}); its routing is another model's", err=True)
-    if h is not None and model.moe is not None and len(h) != model.num_moe_layers and \
-            len(h[0]) == model.moe.num_experts:  # (another expert count is an error, raised where it is priced)
-        click.echo(f"warning: {source}: tokens_per_expert: {len(h)} MoE layer(s) measured, {model.name} has "
-                   f"{model.num_moe_layers}; their average popularity is applied to every layer", err=True)
-
-
 def _show_track_record(model, hw) -> None:
     """How far the model has been off on this model's and machine's published runs (track_record),
     where they are the bundled specs of those names (a user's edited copy has no track record)."""
@@ -296,39 +275,6 @@ def _show_track_record(model, hw) -> None:
         click.echo(line)
 
 
-def _check_peaks(hw, ref: str, kw) -> None:
-    """The spec must give the peak the options' GEMMs run at (--dtype's, and fp8's for an --fp8
-    recipe) and the plateau of the attention kernel they run (--attention fa2): one line naming the
-    file, before anything is priced."""
-    from .specs.registry import _resolve
-
-    # every FP8 recipe runs at the fp8 peak, and so does FP8 attention
-    need = [kw["dtype"]] + (["fp8"] if kw["fp8"] != "none" or kw.get("attention_fp8") else [])
-    hw.require_peaks(need, str(_resolve(ref, "hardware")))
-    hw.require_attention(kw["attention"], str(_resolve(ref, "hardware")))
-
-
-def _check_machine_size(hw, source: str, gpus: int, said: set | None = None) -> None:
-    """Say so where -n is beyond the machine the spec describes (its max_gpus). A warning, not an
-    error: a larger machine of the same parts is a fair question (the topology's top level prices it,
-    more of its network). An error where that top level is no network (not via_nic: a node, an NVL72
-    rack): it would price the GPUs beyond it as if inside it. `said`: warnings already given (a sweep's
-    scenarios), each given once."""
-    from .errors import SpecError
-
-    top = hw.topology[-1]
-    if gpus > top.size and not top.via_nic:
-        raise SpecError(source, "topology", f"-n {gpus} is beyond its top level {top.name!r} ({top.size} GPUs), "
-                        "which is no network: expected a via_nic level above it to price traffic between its domains")
-    if hw.max_gpus and gpus > hw.max_gpus:
-        line = (f"warning: {source}: max_gpus: the machine has {hw.max_gpus} GPUs; -n {gpus} is priced as a "
-                "larger machine of the same parts")
-        if said is None or line not in said:
-            click.echo(line, err=True)
-            if said is not None:
-                said.add(line)
-
-
 def _seq_batch(kw, model) -> tuple[int, int]:
     """--seq (default: the model's) and --global-batch (default: 4M tokens' worth of it)."""
     from .search import default_global_batch
@@ -341,7 +287,7 @@ def _layout_from(kw, model):
     from .errors import LayoutError
     from .layout import Layout
 
-    _check_grad_dtype(kw)
+    check_grad_dtype(kw)
 
     gpus, tp, cp, pp = kw["gpus"], kw["tp"], kw["cp"], kw["pp"]
     dp = kw["dp"]
@@ -406,15 +352,15 @@ def estimate(as_json, output, runtime, **kw):
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
-    _refuse_expert_options(model, kw)
+    refuse_expert_options(model, kw)
     check_outputs([(output, "-o")], _inputs(kw))
-    _check_machine_size(hw, kw["hardware"], kw["gpus"])
-    _check_peaks(hw, kw["hardware"], kw)
+    check_machine_size(hw, kw["hardware"], kw["gpus"])
+    check_peaks(hw, kw["hardware"], kw)
     lay = _layout_from(kw, model)
     if runtime == "piper-train":
         lay = _as_piper_train_runs(lay, model)
     routing = parse_routing(kw["routing"])
-    _warn_histogram(model, routing, kw["routing"])
+    warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
     if migration.enabled and (why := migration_refusal(model, lay)):
         raise SpecError("--migration", "ep" if model.moe else "model", why)
@@ -606,27 +552,6 @@ def _module_sets(texts, option: str, parse) -> tuple[tuple[str, ...], ...]:
     return sets
 
 
-def _check_headroom(hw, headroom_gib: float) -> None:
-    """A headroom of the whole device memory or more leaves no layout anything to fit in: said in
-    one line, not as a search whose every layout is refused. (A sweep may vary the memory: its
-    scenarios say so each.)"""
-    from .errors import PiperError
-
-    mem = hw.accelerator.memory_gib
-    if headroom_gib >= mem:
-        raise PiperError(f"--headroom-gib: {headroom_gib:g} GiB leaves nothing of {hw.name}'s {mem:g} GiB a GPU; "
-                         f"expected less than {mem:g}")
-
-
-def _check_grad_dtype(kw) -> None:
-    """bf16 gradients of fp32 weights are not a reduction any runtime makes: the gradients of an
-    fp32 model are fp32 (memory.py prices them so), and the plan would say bf16."""
-    from .errors import PiperError
-
-    if kw.get("grad_dtype") == "bf16" and kw.get("dtype") == "fp32":
-        raise PiperError("--grad-dtype bf16: the gradients of --dtype fp32 weights are fp32; use --grad-dtype fp32")
-
-
 def _space(kw, model, gpus):
     from .search import SearchSpace, for_runtime
     from .specs.model import MAX_LAYERS  # (no chunk holds more layers than a model may have)
@@ -634,7 +559,7 @@ def _space(kw, model, gpus):
     from .errors import SpecError
     from .layout import attention_conflict
 
-    _check_grad_dtype(kw)
+    check_grad_dtype(kw)
     why = attention_conflict(kw["attention"], kw["attention_fp8"])  # (estimate's layout check says it too)
     if why:
         raise SpecError("--attention-fp8", f"with --attention {kw['attention']}", f"expected --attention flash: {why}")
@@ -669,35 +594,13 @@ def _zeros(kw) -> dict:
     return {} if kw.get("zeros") is None else {"zeros": _ints(kw["zeros"], "--zero", 0, 3)}
 
 
-# options that price the routed experts alone (their exchange, placement, load, GEMMs, re-placement
-# and its migration_* settings):
-# on a model without experts a value other than the default says nothing, and is refused there as
-# --ep > 1 and --etp > 1 are (layout.check_degrees), not priced as if it had been left out
-EXPERT_OPTIONS = ("a2a", "placement", "routing", "expert_gemm", "expert_probs", "a2a_overlap", "a2a_sms",
-                  "ep_in_domain", "etps", "migration")
-
-
-def _refuse_expert_options(model, kw) -> None:
-    from .errors import PiperError
-
-    if model.moe is not None:
-        return
-    for p in click.get_current_context().command.params:
-        moe_only = p.name in EXPERT_OPTIONS or p.name.startswith("migration_")
-        if moe_only and p.name in kw and kw[p.name] != p.default:
-            flag = max(p.opts, key=len)
-            given = flag if kw[p.name] is True else f"{flag} {kw[p.name]}"
-            raise PiperError(f"{given}: {model.name} has no routed experts, whose {flag.lstrip('-')} it sets; "
-                             "leave it out for a dense model")
-
-
 def _load_for_search(kw):
     from .errors import SpecError
     from .evaluate import parse_routing
     from .specs import load_hardware, load_model
 
     model, hw = load_model(kw["model"]), load_hardware(kw["hardware"])
-    _refuse_expert_options(model, kw)
+    refuse_expert_options(model, kw)
     if kw["ep_in_domain"] and kw["ep_in_domain"] not in [lv.name for lv in hw.topology]:
         raise SpecError(kw["hardware"], "topology", f"no level named {kw['ep_in_domain']!r} for --ep-in-domain")
     bad = [s.strip() for s in kw["schedules"].split(",") if s.strip() not in
@@ -707,7 +610,7 @@ def _load_for_search(kw):
                         "zbv or dualpipev")
     _no_repeats([s.strip() for s in kw["schedules"].split(",") if s.strip()], "--schedules", kw["schedules"])
     routing = parse_routing(kw["routing"])
-    _warn_histogram(model, routing, kw["routing"])
+    warn_histogram(model, routing, kw["routing"])
     migration = _migration_from(kw)
     routing.migration = migration if migration.enabled else None
     return model, hw, routing
@@ -737,10 +640,10 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     t0 = time.perf_counter()
     model, hw, routing = _load_for_search(kw)
     check_outputs([(output, "-o")], _inputs(kw))
-    _check_machine_size(hw, kw["hardware"], gpus)
-    _check_headroom(hw, kw["headroom_gib"])
+    check_machine_size(hw, kw["hardware"], gpus)
+    check_headroom(hw, kw["headroom_gib"])
     sp = _space(kw, model, gpus)  # before the peaks: a runtime that cannot run the options says so first
-    _check_peaks(hw, kw["hardware"], kw)
+    check_peaks(hw, kw["hardware"], kw)
     if kw["global_batch"] is None:  # the default is a size, not a layout: sweep's rounding (run_sweep)
         from dataclasses import replace
 
@@ -835,14 +738,14 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     counts = [int(x) for x in parts]
     vary_d = parse_vary(list(vary))
     space = _space(kw, model, counts[0])
-    _check_peaks(hw, kw["hardware"], kw)
+    check_peaks(hw, kw["hardware"], kw)
     # before the sweep: a path that cannot be written would lose it, or leave half the outputs
     check_outputs([(csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")], _inputs(kw))
     said: set = set()
     specs = scenarios(hw, vary_d)  # every value checked before the first search
     for h in specs.values():  # a varied max_gpus or topology is the scenario's machine
         for c in counts:
-            _check_machine_size(h, kw["hardware"], c, said)
+            check_machine_size(h, kw["hardware"], c, said)
     _warn_unread_vary(vary_d, space, kw["hardware"])
     n = len(counts)
     for v in vary_d.values():

@@ -112,18 +112,16 @@ class Plan(_Strict):
         return chunk % pp
 
 
-def spec_hash(spec: BaseModel) -> str:
-    """sha256 of the canonical JSON of a spec (first 16 hex digits)."""
-    blob = json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()
+def spec_hash(spec: BaseModel, exclude: set[str] | None = None) -> str:
+    """sha256 of the canonical JSON of a spec, less the fields `exclude` names (first 16 hex digits)."""
+    blob = json.dumps(spec.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def priced_hash(plan: Plan) -> str:
-    """sha256 (first 16 hex digits) of what a plan's `predicted` prices: the plan without it (and
-    without who wrote it), the specs by their hashes."""
-    blob = json.dumps(plan.model_dump(mode="json", exclude={"predicted", "created_by", "schema_version", "model",
-                                                            "hardware"}), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    """spec_hash of what a plan's `predicted` prices: the plan without it (and without who wrote
+    it), the specs by their hashes."""
+    return spec_hash(plan, {"predicted", "created_by", "schema_version", "model", "hardware"})
 
 
 def priced_refusal(plan: Plan) -> str:
