@@ -27,9 +27,9 @@ from .calibrate_fit import (best_rates, fit_attention_bwd, fit_cast, fit_collect
                             fit_stream_cache, proposals, rated_spec, split_comm, split_compute)
 from .clitypes import FiniteFloat
 from .errors import PiperError, SpecError
-from .files import atomic_write_bytes, atomic_write_text, check_writable
+from .files import atomic_write_bytes, atomic_write_text, check_outputs
 from .specs.hardware import HardwareSpec
-from .specs.registry import device_tokens, hardware_by_device, load_hardware, parse
+from .specs.registry import _resolve, device_tokens, hardware_by_device, load_hardware, parse
 
 CPU_TILES = [(16, 16), (32, 32), (64, 64), (128, 128)]
 GPU_TILES = [(64, 64), (128, 64), (128, 128), (128, 256), (256, 128)]
@@ -198,6 +198,30 @@ def with_pipeline_chunk(spec: HardwareSpec, chunk_us: dict[str, float], stamp: s
         "pipeline_chunk_us": chunk_us, "source": src})})
 
 
+def kept_from_base(spec: HardwareSpec, base: HardwareSpec, ranks: int, no_pipeline: bool,
+                   warn: bool = True) -> HardwareSpec:
+    """What this run could not measure, kept from the base spec and said (in the source, and as a
+    warning): one rank runs no collective (collective_*), and the pipeline probe needs pp 2 on
+    pairs of ranks (pipeline_chunk_us, under an odd rank count; a CUDA run has no probe). An empty
+    or zero field would price those costs at nothing."""
+    keep, why = {}, []
+    if ranks < 2:
+        keep.update({k: getattr(base.efficiency, k) for k in ("collective_overhead_us", "collective_step_us",
+                                                               "collective_skew_us", "collective_skew_base_ms")})
+        why.append("collective_*: not measured (one rank runs no collective)")
+    if no_pipeline and base.efficiency.pipeline_chunk_us:
+        keep["pipeline_chunk_us"] = dict(base.efficiency.pipeline_chunk_us)
+        why.append("pipeline_chunk_us: not measured (" + (f"its probe runs pp 2 on pairs of ranks; --ranks {ranks} "
+                   "is not even)" if ranks % 2 else "no pipeline probe on this device)"))
+    if not keep:
+        return spec
+    said = "; ".join(why) + f": kept from the base spec '{base.name}'"
+    if warn:
+        click.echo(f"warning: calibrate: {said}", err=True)
+    return spec.model_copy(update={"efficiency": spec.efficiency.model_copy(update={
+        **keep, "source": spec.efficiency.source + "; " + said})})
+
+
 def to_yaml(spec: HardwareSpec, header: list[str]) -> str:
     body = yaml.safe_dump(spec.model_dump(mode="json", exclude_defaults=False), sort_keys=False,
                           allow_unicode=True, width=120)
@@ -282,8 +306,9 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SpecError(str(out), "-o", f"cannot create its folder ({e.strerror or e})") from None
-        check_writable(out, "-o")
-        check_writable(out.with_name(out.stem + ".calibration.json"), "-o (its .calibration.json)")
+        # (not over the --base spec it reads, nor the two onto one file: check_outputs)
+        check_outputs([(out, "-o"), (out.with_name(out.stem + ".calibration.json"), "-o (its .calibration.json)")],
+                      [(_resolve(base, "hardware"), "--base")])
     name = name or (out.stem if out else hw.name)
 
     total = plan.items(ranks)
@@ -314,6 +339,7 @@ def calibrate(*, output: str | None, base: str | None, ranks: int | None, device
     if meas.get("pipelines"):  # what the model does not explain of a multi-chunk schedule's step
         chunk_us, fit["proposals"]["pipeline_chunk"] = fit_pipeline_chunk(spec, plan.pipelines, meas["pipelines"])
         spec = with_pipeline_chunk(spec, chunk_us, stamp)
+    spec = kept_from_base(spec, hw, ranks, not meas.get("pipelines"), warn=show_progress)
     wall = time.monotonic() - t0
     header = [f"{name}: calibrated by `piper-plan calibrate{'' if kind == 'full' else ' --' + kind}` at {stamp} "
               f"in {wall:.0f} s ({ranks} rank(s), {dev['kind']}, base '{hw.name}')",
@@ -434,9 +460,9 @@ def calibrate_cmd(output, base, ranks, device, quick, smoke, name, timeout, chec
     kind = "smoke" if smoke else "quick" if quick else "full"
     if check_spec is not None:
         from .calibrate_check import check, report
-        if ranks is not None or output or base or quick or name:
-            click.echo("error: --check SPEC repeats SPEC's recorded probes with its own rank count and base: "
-                       "--ranks, -o, --base, --quick and --name do not apply", err=True)
+        if ranks is not None or output or base or quick or name or device != "auto":
+            click.echo("error: --check SPEC repeats SPEC's recorded probes with its own rank count, base and "
+                       "device: --ranks, -o, --base, --quick, --name and --device do not apply", err=True)
             sys.exit(2)
         try:
             r = check(check_spec, timeout=timeout)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sys
 
@@ -13,7 +14,7 @@ from .cli_checks import (check_grad_dtype, check_headroom, check_machine_size, c
 from .cli_stack import GRAD_DTYPE_HELP, OFFLOAD_HELP, STACK_OPTIONS
 from .cli_validate import validate_cmd
 from .clitypes import BATCH, GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, OneLineUsage, one_line_errors
-from .files import check_outputs
+from .files import check_outputs, image_format
 
 
 class _Group(OneLineUsage, click.Group):
@@ -51,16 +52,27 @@ def list_cmd(kind):
 @one_line_errors
 def show_spec(name):
     """Show one model or hardware spec (bundled name or YAML path) in detail."""
+    import difflib
+
     from . import report
+    from .errors import SpecError
     from .specs import bundled_names
     from .specs.registry import hf_config, is_hardware_spec, load_hardware, load_model, _resolve
 
+    if not name.strip():
+        raise SpecError(repr(name), "<name>", "expected a bundled model or hardware name, or a spec file")
     if name in bundled_names("hardware"):
         report.show(report.hardware_detail(load_hardware(name)))
         return
     if name in bundled_names("models"):
         report.show(report.model_detail(load_model(name)))
         return
+    if not os.path.lexists(name) and not name.lower().endswith((".yaml", ".yml", ".json")):  # a misspelt name
+        names = bundled_names("models") + bundled_names("hardware")
+        close = next(iter(difflib.get_close_matches(name, names, 1)), None)
+        raise SpecError(name, "<name>", "not a file and not a bundled model or hardware" +
+                        (f" (did you mean {close}?)" if close else "; `piper-plan list models` and "
+                         "`piper-plan list hardware` name them"))
     path = _resolve(name, "models")
     # a Hugging Face config (a .json file or a snapshot's folder) is a model and is never read as YAML
     if hf_config(path) is None and is_hardware_spec(path):
@@ -697,9 +709,12 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
 def show_plan(plan_path):
     """Render a plan.json."""
     from . import report
-    from .plan import read_plan
+    from .plan import priced_refusal, read_plan
 
-    report.show(report.plan_tables(read_plan(plan_path)))
+    plan = read_plan(plan_path)
+    report.show(report.plan_tables(plan))
+    if why := priced_refusal(plan):  # shown, to inspect the edit; piper-train refuses it
+        click.echo(f"warning: {plan_path}: {why}", err=True)
 
 
 @main.command("schema")
@@ -716,7 +731,8 @@ def schema_cmd():
 @click.option("--vary", multiple=True, help="FIELD=v1,v2 (dotted hardware path or alias nic_gbps, hbm_gib, ...)")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the table as CSV")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the table as JSON")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="PNG of throughput and MFU")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="image of throughput and MFU: PNG, or the format its suffix names (.pdf, .svg)")
 @one_line_errors
 def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     """What-if: best plan per hardware scenario and GPU count."""
@@ -733,7 +749,9 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 
     model, hw, routing = _load_for_search(kw)
     parts = [x.strip() for x in gpus.split(",")]
-    if not all(x.isdigit() and 1 <= int(x) <= GPU_COUNT.max for x in parts) or len(set(map(int, parts))) != len(parts):
+    # ASCII digits only (as _ints): str.isdigit() takes '²', which int() refuses
+    if not all(re.fullmatch("[0-9]+", x) and 1 <= int(x) <= GPU_COUNT.max for x in parts) or \
+            len(set(map(int, parts))) != len(parts):
         raise SpecError("--gpus", repr(gpus), "expected a comma-separated list of distinct positive GPU counts")
     counts = [int(x) for x in parts]
     vary_d = parse_vary(list(vary))
@@ -741,12 +759,16 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     check_peaks(hw, kw["hardware"], kw)
     # before the sweep: a path that cannot be written would lose it, or leave half the outputs
     check_outputs([(csv_path, "--csv"), (json_path, "--json"), (plot_path, "--plot")], _inputs(kw))
+    if plot_path:
+        image_format(plot_path)
     said: set = set()
     specs = scenarios(hw, vary_d)  # every value checked before the first search
+    # the headroom against the largest memory a scenario has: refused where it leaves every one nothing
+    check_headroom(max(specs.values(), key=lambda h: h.accelerator.memory_gib), kw["headroom_gib"])
     for h in specs.values():  # a varied max_gpus or topology is the scenario's machine
         for c in counts:
             check_machine_size(h, kw["hardware"], c, said)
-    _warn_unread_vary(vary_d, space, kw["hardware"])
+    warned = _warn_unread_vary(vary_d, space, kw["hardware"])
     n = len(counts)
     for v in vary_d.values():
         n *= len(v)
@@ -772,21 +794,37 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
         atomic_write_text(json_path, json.dumps(rows, indent=2), "--json")
     if plot_path:
         plot(rows, list(vary_d), plot_path)
+    _warn_alike(rows, [k for k in keys if k not in warned], kw["hardware"])
     if not any(r["fits"] for r in rows):  # as search: an answer with no plan in it is a failure to a script
         click.echo("nothing fits in any scenario; `piper-plan search` says why, on the spec or on a copy of it "
                    "with the varied fields set", err=True)
         sys.exit(1)
 
 
-def _warn_unread_vary(vary: dict, space, source: str) -> None:
-    """Say so where a varied host field cannot change any scenario: the search tries no host
-    offloading, the one thing that reads the host's link and memory."""
+def _warn_unread_vary(vary: dict, space, source: str) -> set:
+    """Say so, before the sweep, where a varied host field cannot change any scenario: the search
+    tries no host offloading, the one thing that reads the host's link and memory. The fields said."""
     host = [k for k in vary if k.startswith("host.")]
     offloads = (max(space.optimizer_offload) > 0 or max(space.offload_layers) > 0
                 or any(space.offload_modules))
     if host and not offloads:
         click.echo(f"warning: {source}: --vary {host[0]}: the search tries no host offloading (--optimizer-offload, "
                    "--offload-layers, --offload-modules), so every scenario prices alike", err=True)
+        return set(host)
+    return set()
+
+
+def _warn_alike(rows: list[dict], keys: list[str], source: str) -> None:
+    """Say so where every value of a varied field prices alike at each GPU count and every other
+    field's value: nothing the search prices reads it for these options (a peak of a dtype the
+    layouts do not run, an FP8 rate without --fp8), or a step bound elsewhere (the host)."""
+    for k in keys[1:]:  # (keys[0]: the GPU count)
+        groups: dict = {}
+        for r in rows:
+            groups.setdefault(tuple(r[j] for j in keys if j != k), set()).add((r["tokens_per_s"], r["layout"]))
+        if any(r["fits"] for r in rows) and all(len(g) == 1 for g in groups.values()):
+            click.echo(f"warning: {source}: --vary {k}: every value prices the same best plan at the same "
+                       "throughput; nothing these options price reads it, or the step is bound elsewhere", err=True)
 
 
 def _register_optional():

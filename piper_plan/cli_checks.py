@@ -61,8 +61,8 @@ def check_machine_size(hw, source: str, gpus: int, said: set | None = None) -> N
 
 def check_headroom(hw, headroom_gib: float) -> None:
     """A headroom of the whole device memory or more leaves no layout anything to fit in: said in
-    one line, not as a search whose every layout is refused. (A sweep may vary the memory: its
-    scenarios say so each.)"""
+    one line, not as a search whose every layout is refused. (A sweep that varies the memory
+    checks it against its scenario with the most.)"""
     from .errors import PiperError
 
     mem = hw.accelerator.memory_gib

@@ -41,7 +41,8 @@ from .clitypes import one_line_errors
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="with --json: write the JSON to this file (atomically) instead of printing it")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="also draw the priced rows to this PNG: predicted against published with the ±20 / ±35 % "
+              help="also draw the priced rows to this image (PNG, or the format its suffix names): predicted "
+              "against published with the ±20 / ±35 % "
               "bands, and the signed throughput errors of the dense and MoE rows")
 @one_line_errors
 def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity, batch_scan, blind, residuals, output,
@@ -50,7 +51,7 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
     from rich.table import Table
 
     from . import report
-    from .files import check_outputs
+    from .files import check_outputs, image_format
     from .validate import check_group, explain, run, summary
 
     # one answer a call: a mode other than the plain pass, and --blind / --plot only beside that pass
@@ -66,6 +67,8 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
     if output is not None and not as_json:
         raise click.UsageError("-o writes the JSON output: give --json with it")
     check_outputs([(output, "-o"), (plot_path, "--plot")], [(table_path, "--table"), (layer_path, "--layer-table")])
+    if plot_path is not None:
+        image_format(plot_path)
     emit = functools.partial(_emit_json, output=output)
     if layer_path is not None:
         if table_path or group or blind or plot_path:
@@ -423,6 +426,10 @@ def _show_batch_scan(group, as_json, path=None, emit=_emit_json):
     rows = batch_scan(group=group, path=path)
     if as_json:
         emit(rows)
+        return
+    if not rows:  # (as --residuals: one line, not an empty table)
+        click.echo("no planner's-choice rows (their layout left to the search) to price at other batches: "
+                   "nothing to scan")
         return
 
     def cell(pred, pub):

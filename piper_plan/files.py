@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -55,6 +56,10 @@ def check_writable(path: str | os.PathLike, what: str = "<file>", make_parents: 
     try:
         if p.is_dir():
             raise SpecError(str(p), what, "cannot write: it is a folder")
+        if _special(p):  # a device or a FIFO (/dev/stdout into a pipe): written into, no temp file beside it
+            if not os.access(p, os.W_OK):
+                raise SpecError(str(p), what, "cannot write: not writable")
+            return
         folder = p.parent
         if p.is_symlink():  # the write follows the link; nothing makes the folders of its target
             folder, make_parents = Path(os.path.realpath(p)).parent, False
@@ -133,12 +138,12 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, what: str = "<file>
     users of a machine). `what`: the option that named the file, for the error."""
     p = Path(os.path.realpath(path))  # through a symlink to the file it names (not over the link)
     try:
-        special = p.exists() and not p.is_file() and not p.is_dir()  # a device or a FIFO (/dev/stdout)
+        special = _special(Path(path))  # a device or a FIFO (/dev/stdout)
     except OSError as e:  # a name too long: check_writable says so up front, this where it was skipped
         raise SpecError(str(path), what, f"cannot write ({e.strerror or e})") from None
-    if special:  # write into it
+    if special:  # write into it, by the name given: /dev/stdout's link into /proc names a pipe no path reaches
         try:
-            with open(p, "wb") as f:
+            with open(path, "wb") as f:
                 f.write(data)
             return
         except OSError as e:
@@ -168,3 +173,29 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, what: str = "<file>
         if isinstance(e, OSError):
             raise SpecError(str(path), what, f"cannot write ({e.strerror or e})") from None
         raise
+
+
+def _special(p: Path) -> bool:
+    """Whether `p` is, through its links, neither a regular file nor a folder: a device or a FIFO.
+    stat() of the name itself, not of its realpath: /dev/stdout's link resolves to "pipe:[N]" in
+    /proc, which no path reaches, while the kernel follows the link itself to the pipe."""
+    try:
+        mode = os.stat(p).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # nothing there yet (a file where a folder must be:
+        return False  # check_writable says so)
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def image_format(path: str | os.PathLike, what: str = "--plot") -> str:
+    """The image format a plot is written in, from its file's suffix (png where it has none): one
+    matplotlib writes, else a one-line SpecError listing those it does."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if not suffix:
+        return "png"
+    if suffix not in kinds:
+        raise SpecError(str(path), what, f"expected a suffix matplotlib writes ({', '.join(sorted(kinds))}); "
+                        f"got .{suffix}")
+    return suffix

@@ -201,12 +201,7 @@ def check_consistent(plan: Plan, src: str) -> None:
                         f"got {len(plan.routing.histogram[0])}")
     if plan.predicted:
         _check_predicted(plan, src)
-        for i, st in enumerate(plan.predicted.memory_gib_per_stage):
-            if not (isinstance(st.get("stage"), int) and isinstance(st.get("role"), str) and "total" in st and
-                    all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
-                        for k, v in st.items() if k != "role")):
-                raise SpecError(src, f"predicted.memory_gib_per_stage[{i}]", "expected stage, role, total and "
-                                "finite GiB figures >= 0 per component")
+        _check_stage_memory(plan, src)
     gpn = plan.hardware.gpus_per_node
     bounds = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "cp": lay.cp, "ep": lay.ep, "edp": lay.edp,
               "etp": lay.etp, "local": gpn, "node": -(-lay.gpus // gpn)}
@@ -284,10 +279,47 @@ def _check_predicted(plan: Plan, src: str) -> None:
             raise SpecError(src, f"{where}.total", "required field is missing (the step time the parts share)")
         if not math.isclose(tb["total"], p.step_time_s, rel_tol=1e-6):
             raise SpecError(src, f"{where}.total", f"expected step_time_s = {p.step_time_s:.6g}, got {tb['total']:.6g}")
+        parts = sum(v for k, v in tb.items() if k != "total")
+        if not math.isclose(parts, tb["total"], rel_tol=1e-6):
+            raise SpecError(src, where, f"expected parts that add up to total = {tb['total']:.6g} s, got {parts:.6g}")
+
+
+def _check_stage_memory(plan: Plan, src: str) -> None:
+    """Each stage's memory: the same parts as the first stage's, finite GiB >= 0, its total their
+    sum (the host's apart: it is not on the device), and the peak the largest total. Figures are
+    written to 1e-4 GiB, so sums hold to 1e-3."""
+    p = plan.predicted
+    stages = p.memory_gib_per_stage
+    for i, st in enumerate(stages):
+        where = f"predicted.memory_gib_per_stage[{i}]"
+        if not (isinstance(st.get("stage"), int) and isinstance(st.get("role"), str) and "total" in st and
+                all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+                    for k, v in st.items() if k != "role")):
+            raise SpecError(src, where, "expected stage, role, total and finite GiB figures >= 0 per component")
+        if st.keys() != stages[0].keys():
+            odd = sorted(st.keys() ^ stages[0].keys())[0]
+            raise SpecError(src, f"{where}.{odd}", "expected the parts stage 0's figures have, no other "
+                            f"({', '.join(k for k in stages[0] if k not in ('stage', 'role'))})")
+        parts = sum(v for k, v in st.items() if k not in ("stage", "role", "total", "host"))
+        if not math.isclose(st["total"], parts, rel_tol=1e-6, abs_tol=1e-3):
+            raise SpecError(src, f"{where}.total", f"expected the sum of its parts, {parts:.4f} GiB; "
+                            f"got {st['total']!r}")
+    top = max((st["total"] for st in stages), default=None)
+    if top is not None and not math.isclose(p.peak_memory_gib, top, rel_tol=1e-6, abs_tol=1e-3):
+        raise SpecError(src, "predicted.peak_memory_gib", f"expected the largest stage total, {top:.4f} GiB; "
+                        f"got {p.peak_memory_gib!r}")
+    if p.fits and p.peak_memory_gib > plan.hardware.accelerator.memory_gib:
+        raise SpecError(src, "predicted.fits", f"expected false: the peak {p.peak_memory_gib:.2f} GiB exceeds the "
+                        f"device's {plan.hardware.accelerator.memory_gib:g} GiB")
 
 
 def json_schema() -> dict:
-    return Plan.model_json_schema()
+    """Plan's JSON Schema, with what read_plan requires beyond pydantic's: schema_version present
+    and this version (a default in the model, so written plans always carry it)."""
+    schema = Plan.model_json_schema()
+    schema["properties"]["schema_version"]["const"] = SCHEMA_VERSION
+    schema["required"] = ["schema_version", *schema.get("required", [])]
+    return schema
 
 
 def make_plan_from(model: ModelSpec, hardware: HardwareSpec, layout: Layout, partition: list[list[int]], *,

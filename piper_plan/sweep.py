@@ -205,11 +205,11 @@ def plot(rows: list[dict], keys: list[str], path: str) -> None:
     if len(groups) > 1:
         axes[1].legend(fontsize=7)
     fig.tight_layout()
-    from .files import atomic_write_bytes
+    from .files import atomic_write_bytes, image_format
 
     import io
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format=image_format(path), dpi=110)
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue(), "--plot")

@@ -50,6 +50,7 @@ from .search import SearchSpace, default_global_batch, round_batch, search
 from .specs.hardware import HardwareSpec
 from .specs.registry import validation_dir
 from .validate_recipes import MEGATRON_2021, inherit_layouts, inherit_recipes, stack
+from .validate_measured import check_measured
 from .validate_rows import (ARCH, DISPATCHER_A2A, FP8_PRECISIONS, RANGE_CELL, built_on, listed, missing_hardware,
                             missing_model, model_name, read_rows, row_hardware, row_model, table_name)
 
@@ -682,11 +683,19 @@ def searched_figure(est, i, lay: Layout, metric: str, tflops=None) -> float:
     return float(own[metric])
 
 
+def nothing_fits(row) -> str:
+    """Why a searched row has no plan: the space it was searched in fits nothing on its device.
+    The planner's choice is Piper's mesh, which leaves a dense model one pipeline over every GPU."""
+    if row["recompute"] == "planner's choice":
+        return "nothing fits in Piper's PP x EP mesh (tp 1, ep = dp, 1F1B; a dense model's pipeline spans every GPU)"
+    return "nothing fits: no layout of the searched space fits the device"
+
+
 def _row_value(row, m, lay, est, i) -> tuple[float, str]:
     """The row's metric from the estimate it is priced under (_row_estimate), and the layout."""
     metric = row["metric"]
     if lay is None:
-        return float("nan"), "nothing fits"
+        return float("nan"), nothing_fits(row)
     step = float(est.step_time_s[i])
     tflops = est.tflops_per_gpu[i]
     if row.get("attention_flops", "") == "full":  # the source's count: every query against every key
@@ -726,6 +735,9 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     if not rows:
         raise PiperError(f"{path}: id: no row {row_id!r}")
     row = rows[0]
+    if why := missing_model(row) or missing_hardware(row):  # as the plain pass: not priced, and why
+        return {"id": row_id, "metric": row["metric"], "published": float(row["value"]), "predicted": None,
+                "source": row["source"], "notes": row["notes"], "not_priced": why}
     _inherit(rows, path, {})
     m, lay, est, i = _priced(row, path=path)
     pred, _ = _row_value(row, m, lay, est, i)
@@ -733,7 +745,7 @@ def explain(row_id: str, path: Path | None = None) -> dict:
     out = {"id": row_id, "metric": metric, "published": pub, "predicted": pred,
            "source": row["source"], "notes": row["notes"]}
     if lay is None:  # JSON has no NaN: no prediction, and why
-        return {**out, "predicted": None, "not_priced": "nothing fits: no layout of the searched space fits the device"}
+        return {**out, "predicted": None, "not_priced": nothing_fits(row)}
     out.update(layout=lay.model_dump(mode="json"), step_time_s=float(est.step_time_s[i]),
                time_breakdown_s={k: float(v[i]) for k, v in est.time.items()})
     out.update(_step_gap(row, m, lay, est, i))
@@ -797,6 +809,7 @@ def price_rows(rows: list[dict], path: Path, specs: dict, group: str | None = No
             out.append(Result(row["id"], row["group"], _kind(row, m), row["metric"], float(row["value"]),
                               float("nan"), why, row.get("fit", "no") == "yes"))
             continue
+        check_measured(path, row, *row_specs(row, specs, path))
         m, *priced = _priced(row, hw_edit, specs, path)
         pred, desc = _row_value(row, m, *priced)
         metric, pub = _compared(row, m)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .search import search
 from .validate import data_path, is_searched, row_specs, searched_figure, searched_space
-from .validate_rows import read_rows
+from .validate_rows import missing_hardware, missing_model, read_rows
 
 # sequences per GPU per step: 1 is the least Piper's PP x EP mesh can run under 1F1B with one
 # sequence a micro-batch (M = PP micro-batches on each of the EP = GPUs/PP pipelines), 16 is
@@ -44,8 +44,10 @@ def batch_scan(group: str | None = None, per_gpu=PER_GPU, path: Path | None = No
     out, specs = [], {}
     path = path or data_path()
     for row in read_rows(path):
-        if not is_searched(row) or (group and row["group"] != group) or row["metric"].endswith("gib_per_gpu"):
-            continue  # (a memory row needs the layout it was measured under: validate refuses it unsearched)
+        if not is_searched(row) or (group and row["group"] != group) or row["metric"].endswith("gib_per_gpu") \
+                or missing_model(row) or missing_hardware(row):
+            continue  # (a memory row needs the layout it was measured under: validate refuses it unsearched;
+            # a row with no spec for its model or machine is not priced, as in the plain pass)
         m, hw = row_specs(row, specs, path)
         gpus = int(row["gpus"])
         space = searched_space(row, hw)

@@ -19,7 +19,7 @@ def plot(results, path: str, title: str = "piper-plan validate") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .files import atomic_write_bytes
+    from .files import atomic_write_bytes, image_format
 
     priced = [r for r in results if np.isfinite(r.predicted) and r.published > 0 and r.predicted > 0]
     fig, (ax, hx) = plt.subplots(1, 2, figsize=(12, 5))
@@ -62,7 +62,7 @@ def plot(results, path: str, title: str = "piper-plan validate") -> None:
     fig.suptitle(title)
     fig.tight_layout()
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format=image_format(path), dpi=110)
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue(), "--plot")
 

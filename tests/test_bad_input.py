@@ -341,6 +341,15 @@ def _swap_in_a_group(doc, own, by):
     (lambda d: _tb(d).update(compute=-1), "time_breakdown_s.compute: expected finite seconds >= 0"),
     (lambda d: _tb(d).update(comput=0.1), "time_breakdown_s.comput: unknown part of the step"),
     (lambda d: d["predicted"]["memory_gib_per_stage"][0].update(weights=-1), "memory_gib_per_stage[0]"),
+    # figures that contradict one another (show had raised a KeyError on a stage without a part)
+    (lambda d: _stages(d).append({**{k: v for k, v in _stages(d)[0].items() if k != "weights"}, "stage": 1}),
+     "memory_gib_per_stage[1].weights: expected the parts stage 0's figures have"),
+    (lambda d: _stages(d)[0].update(total=_stages(d)[0]["total"] + 1),
+     "memory_gib_per_stage[0].total: expected the sum"),
+    (lambda d: d["predicted"].update(peak_memory_gib=d["predicted"]["peak_memory_gib"] / 2),
+     "predicted.peak_memory_gib: expected the largest stage total"),
+    (lambda d: _tb(d).update(compute=_tb(d)["compute"] / 2), "time_breakdown_s: expected parts that add up to total"),
+    (lambda d: _over_the_device(d), "predicted.fits: expected false: the peak"),
 ])
 def test_a_plan_broken_by_hand_is_refused_before_any_rank_starts(tmp_path, plan_doc, edit, needle):
     doc = json.loads(json.dumps(plan_doc))
@@ -679,6 +688,17 @@ def _tb(d):
     return d["predicted"]["time_breakdown_s"]
 
 
+def _stages(d):
+    return d["predicted"]["memory_gib_per_stage"]
+
+
+def _over_the_device(d):
+    """Figures that add up to more than the device holds, still marked as fitting."""
+    st = _stages(d)[0]
+    st.update(weights=st["weights"] + 100.0, total=st["total"] + 100.0)
+    d["predicted"].update(peak_memory_gib=st["total"], fits=True)
+
+
 def test_every_part_of_the_step_the_estimator_reports_and_none_reads_back(tmp_path):
     """plan.TIME_PARTS holds what cost.estimate writes, offloading included: a plan it writes reads back;
     one with no breakdown at all shows too (show read its total unconditionally: KeyError)."""
@@ -847,3 +867,93 @@ def test_a_migration_setting_without_migration_on_is_one_line(cmd):
              "it sets expert migration, which is off; add --migration")
     code, out, _ = _run([*EST, "--ep", "4", "--migration", "--migration-period", "10"])
     assert code == 0, out
+
+
+def test_a_plan_priced_for_another_layout_is_shown_with_a_warning(tmp_path, plan_doc):
+    """show renders a hand-edited plan (to inspect the edit) and says its figures price another one."""
+    doc = json.loads(json.dumps(plan_doc))
+    doc["layout"]["zero"] = 0 if doc["layout"]["zero"] else 1
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(doc))
+    code, out, _ = _run(["show", str(p)])
+    assert code == 0 and f"warning: {p}: predicted.priced_for: the figures were priced for another plan" in out
+
+
+@pytest.mark.parametrize("name,needle", [("frontir", "did you mean frontier?"), ("dgx-h10", "did you mean dgx-h100?"),
+                                         ("mixtrl", "did you mean mixtral-8x7b?"),
+                                         ("", "expected a bundled model or hardware name")])
+def test_show_spec_of_a_misspelt_name_suggests_a_model_or_a_machine(name, needle):
+    one_line(["show-spec", name], "<name>", needle)
+
+
+def test_a_plan_given_as_a_spec_is_told_to_use_show(tmp_path, plan_doc):
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan_doc))
+    for args in (["show-spec", str(p)], [*EST[:2], str(p), *EST[3:]], [*EST[:4], str(p), *EST[5:]]):
+        one_line(args, str(p), "this is a plan.json, not a spec: render it with piper-plan show")
+
+
+def test_sweep_gpu_counts_take_ascii_digits_only():
+    one_line(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4,²"], "--gpus", "distinct positive GPU counts")
+
+
+def test_sweep_refuses_a_headroom_that_leaves_every_scenario_nothing():
+    one_line([*SWEEP, "--headroom-gib", "100"], "--headroom-gib", "leaves nothing")
+    one_line([*SWEEP, "--headroom-gib", "3", "--vary", "hbm_gib=2,2.5"], "--headroom-gib", "expected less than 2.5")
+
+
+@pytest.mark.parametrize("cmd", [SWEEP, ["validate", "--group", "narayanan2021-table1"]])
+def test_a_plot_in_a_format_matplotlib_cannot_write_is_one_line(tmp_path, cmd):
+    one_line([*cmd, "--plot", str(tmp_path / "x.docx")], "--plot", "expected a suffix matplotlib writes", "got .docx")
+
+
+def _published(tmp_path, edit):
+    src = (REPO / "validation" / "published.csv").read_text().splitlines()
+    row = next(x for x in src if x.startswith("nar21-t1-1.7b,"))
+    assert ",hw_tflops_per_gpu,137," in row
+    p = tmp_path / "mine.csv"
+    p.write_text(src[0] + "\n" + edit(row) + "\n")
+    return str(p)
+
+
+@pytest.mark.parametrize("metric,value,needle", [
+    ("hw_tflops_per_gpu", "137000", "137000 TFLOP/s a GPU is above dgx-a100-80gb's highest peak (312 TFLOP/s)"),
+    ("hw_tflops_per_gpu", "1e308", "TFLOP/s a GPU is above"),
+    ("tokens_per_s_per_gpu", "9e9", "tokens/s a GPU is"),
+])
+def test_a_measured_figure_above_what_its_machine_can_do_is_a_unit_slip(tmp_path, metric, value, needle):
+    """A unit slip had been priced at -99.9 % and entered the means; 1e308 had written Infinity."""
+    p = _published(tmp_path, lambda r: r.replace(",hw_tflops_per_gpu,137,", f",{metric},{value},"))
+    one_line(["validate", "--table", p], p, "row nar21-t1-1.7b: value:", needle, "a unit slip?")
+
+
+def test_explain_of_a_row_on_a_machine_without_a_spec_says_it_is_not_priced(tmp_path):
+    p = _published(tmp_path, lambda r: r.replace(",dgx-a100-80gb,", ",Gaudi 3,", 1)
+                   .replace(",dgx-a100-80gb,no,", ",,no,"))
+    code, out, _ = _run(["validate", "--table", p, "--explain", "nar21-t1-1.7b"])
+    assert code == 0 and "published 137, no hardware spec: 'Gaudi 3'" in out
+
+
+def test_a_batch_scan_with_no_planner_s_choice_row_says_so(tmp_path):
+    p = _published(tmp_path, lambda r: r)
+    code, out, _ = _run(["validate", "--table", p, "--batch-scan"])
+    assert code == 0 and out.strip() == ("no planner's-choice rows (their layout left to the search) to price at "
+                                         "other batches: nothing to scan")
+
+
+def test_calibrate_check_refuses_a_device_as_it_refuses_the_other_run_options():
+    from piper_plan.calibrate import calibrate_cmd
+
+    one_line(["--check", "cpu-local", "--device", "cuda"], "--device do not apply", cmd=calibrate_cmd)
+
+
+def test_calibrate_does_not_write_over_the_base_spec_it_reads(tmp_path):
+    pytest.importorskip("torch")
+    from piper_plan.calibrate import calibrate_cmd
+
+    base = tmp_path / "mine.yaml"
+    base.write_text((REPO / "hardware" / "cpu-local.yaml").read_text())
+    before = base.read_bytes()
+    one_line(["--smoke", "--ranks", "2", "--base", str(base), "-o", str(base)], "-o: is the --base this run reads",
+             cmd=calibrate_cmd)
+    assert base.read_bytes() == before

@@ -378,8 +378,8 @@ def test_attention_backward_defaults_to_flash_attention_2_flops_at_the_forward_r
 
 
 def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
-    """The step's optimizer term streams AdamW's state, clipping's 3 passes over each local
-    gradient, and, for piper-train (eager), the flatten/unflatten copies of the gradient
+    """The step's optimizer term streams AdamW's state, clipping's 3 passes over each gradient
+    the rank clips, and, for piper-train (eager), the flatten/unflatten copies of the gradient
     reduction (+ the ÷dp) and of the ZeRO gather: 24 + 16 B per replicated parameter, and
     torch's single-tensor AdamW: 80 B per owned parameter against a fused Adam's 30."""
     from piper_plan.evaluate import estimate_layout
@@ -401,7 +401,8 @@ def test_eager_runtime_pays_for_flat_buffer_copies_and_clipping():
     # (within 0.1%: the planner's per-rank count leaves out the final norm's 64 weights)
     local = rep / 8 + own  # ZeRO-1: a dp-eighth of the replicated state; experts have expert-dp 1
     adam = (80.0 - (2 * 12 + 4 + 2)) * local  # eager 8 passes vs fused (fp32 grad, bf16 weight)
-    assert opt[1] - opt[0] == pytest.approx((40.0 * rep + 8.0 * own + adam) / bw, rel=1e-3)
+    clip = 12.0 * (rep - rep / 8)  # the fused ZeRO-1 clips its shard, piper-train every gradient
+    assert opt[1] - opt[0] == pytest.approx((40.0 * rep + 8.0 * own + adam + clip) / bw, rel=1e-3)
 
 
 def test_eager_adamw_streams_from_cache_when_a_tensor_state_fits():
@@ -744,3 +745,45 @@ def test_a_spec_error_shows_a_numpy_number_as_a_number():
         Acc(cache_mib=np.float64(0.0))
     said = str(from_validation("my-machine.yaml", e.value))
     assert said.endswith("cache_mib: Input should be greater than 0 (got 0.0)"), said
+
+
+def test_a_fused_zero1_rank_clips_only_its_shard_where_piper_train_clips_all_it_holds():
+    """Megatron-Core's distributed optimizer takes the norm of, and scales, only its shard's main
+    gradients (get_main_grads_for_grad_norm), as a ZeRO-2 rank does; piper-train's ZeRO-1 clips
+    every gradient it holds (optim.clip), 3 passes of 4 B over the rest."""
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.layout import Layout
+    from piper_plan.specs import load_model
+
+    hw, m = load_hardware("cpu-local"), load_model("tiny-moe")
+    hw = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"cache_mib": None}),
+                               "efficiency": hw.efficiency.model_copy(update={"optimizer_tensor_us": {}})})
+
+    def opt(zero, fused):
+        lay = Layout(gpus=8, dp=8, global_batch=16, seq=64, dtype="bf16", zero=zero, fused_kernels=fused)
+        return estimate_layout(m, hw, lay).time["optimizer"][0]
+
+    assert opt(1, True) == pytest.approx(opt(2, True), rel=1e-12)
+    bw = hw.accelerator.memory_bandwidth_gbps * 1e9 * hw.efficiency.memory
+    # (within 0.1%: the per-rank count leaves out the final norm's weights)
+    assert opt(1, False) - opt(2, False) == pytest.approx(3 * 4.0 * m.total_params * 7 / 8 / bw, rel=1e-3)
+
+
+def test_what_one_rank_or_an_odd_count_cannot_measure_is_kept_from_the_base_and_said(capsys):
+    """One rank runs no collective and an odd count pairs no pipeline probe: an empty or zero
+    field had priced those costs at nothing, with a source saying they were measured."""
+    from piper_plan.calibrate import kept_from_base
+
+    base = load_hardware("cpu-local")
+    fresh = base.model_copy(update={"efficiency": base.efficiency.model_copy(update={
+        "pipeline_chunk_us": {}, "collective_overhead_us": 0.0, "collective_skew_us": 0.0})})
+    one = kept_from_base(fresh, base, 1, True)
+    assert one.efficiency.pipeline_chunk_us == base.efficiency.pipeline_chunk_us != {}
+    assert one.efficiency.collective_overhead_us == base.efficiency.collective_overhead_us > 0
+    assert one.efficiency.source.endswith("--ranks 1 is not even): kept from the base spec 'cpu-local'")
+    assert "collective_*: not measured (one rank runs no collective)" in one.efficiency.source
+    assert "warning: calibrate: collective_*" in capsys.readouterr().err
+    three = kept_from_base(fresh, base, 3, True)
+    assert three.efficiency.pipeline_chunk_us == base.efficiency.pipeline_chunk_us
+    assert three.efficiency.collective_overhead_us == 0.0  # measured, as fresh says
+    assert kept_from_base(fresh, base, 2, False) is fresh  # all measured: nothing kept, nothing said

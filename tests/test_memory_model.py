@@ -144,6 +144,24 @@ def test_recomputing_part_of_the_layers_counts_that_part_of_the_forward_in_hardw
     assert ratio[("full", 0)] < 4 / 3 - 0.01  # llama3-8b's head is 6.5 % of its forward
 
 
+def test_an_eager_attention_kernel_s_hardware_flops_count_the_masked_scores_it_computes():
+    """Materialised scores are whole s x s GEMMs, masked after: the hardware count holds them
+    (Narayanan 2021 eq. 3, attention whole; full recompute runs that forward again), the model
+    count keeps the causal half."""
+    from piper_plan.evaluate import estimate_layout
+    from piper_plan.specs.registry import load_hardware, load_model
+    m, hw = load_model("gpt-1.7b"), load_hardware("dgx-a100-80gb")
+    lay = dict(gpus=8, dp=8, mbs=1, global_batch=8, seq=2048)
+    for rc, runs in (("none", 3), ("full", 4)):
+        e = {k: estimate_layout(m, hw, Layout(**lay, recompute=rc, attention_kernel=k)) for k in ("flash", "eager")}
+        step = float(e["eager"].step_time_s[0])
+        hw_flops = {k: float(x.hw_tflops_per_gpu[0]) * 1e12 * float(x.step_time_s[0]) * 8 for k, x in e.items()}
+        masked = m.num_layers * (m.attn_core_flops(2048, causal=False) - m.attn_core_flops(2048)) * 8 * 2048
+        assert hw_flops["eager"] - hw_flops["flash"] == pytest.approx(runs * masked, rel=1e-9)
+        assert float(e["eager"].tflops_per_gpu[0]) * 1e12 * step * 8 == pytest.approx(
+            m.flops_per_token(2048) * 8 * 2048, rel=1e-9)
+
+
 def test_gpipe_s_last_stage_keeps_every_micro_batch_s_logits_until_its_backward():
     # all M forwards run before any backward: each micro-batch's fp32 logits (4 B an element)
     # wait for its loss's backward, and one micro-batch's gradient (the activation dtype) joins

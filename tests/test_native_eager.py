@@ -126,7 +126,7 @@ def test_it_is_refused_where_the_count_does_not_hold():
     with pytest.raises(LayoutError, match="native_eager needs a Llama-style dense model"):
         search(load_model("qwen3-30b-a3b"), A100, sp)
     # Megatron's GPT: LayerNorm, a GELU FFN and biases, none of which the block counted has
-    with pytest.raises(LayoutError, match="has LayerNorm, a GELU FFN, linear biases;"):
+    with pytest.raises(LayoutError, match="has LayerNorm, a GELU FFN, linear biases, learned positions;"):
         check_for(lay.model_copy(update={"ep": 1}), load_model("gpt-1.7b"), A100)
     with pytest.raises(LayoutError, match="without Megatron-Core's cuda_graphs"):
         check_for(Layout(gpus=8, dp=8, global_batch=8, seq=2048, native_eager=True, cuda_graphs=("attn",)), llama,

@@ -306,6 +306,40 @@ def test_sweep_writes_table_csv_and_png(tmp_path):
     assert rows[0]["tokens_per_s"] <= rows[2]["tokens_per_s"]  # a faster NIC never slows the best plan
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert len((tmp_path / "s.csv").read_text().splitlines()) == 4
+    assert "prices the same" not in text  # the NIC moves the answer
+
+
+def test_a_sweep_whose_varied_field_moves_nothing_says_so():
+    # a bf16 peak under --dtype fp16 (its own peak): three identical rows had been printed without a word
+    code, text, _ = run("sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8",
+                        "--dtype", "fp32", "--vary", "peak_bf16=0.01,0.1")
+    assert code == 0 and ("warning: cpu-local: --vary accelerator.peak_tflops.bf16: every value prices the same best "
+                          "plan at the same throughput") in text
+
+
+@pytest.mark.parametrize("suffix,magic", [(".pdf", b"%PDF"), (".svg", b"<?xml"), ("", b"\x89PNG")])
+def test_a_sweep_plot_is_written_in_the_format_its_suffix_names(tmp_path, suffix, magic):
+    p = tmp_path / f"s{suffix}"
+    code, text, _ = run("sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--global-batch", "8",
+                        "--plot", str(p))
+    assert code == 0, text
+    assert p.read_bytes()[:len(magic)] == magic
+
+
+def test_json_to_dev_stdout_reaches_a_pipe():
+    # /dev/stdout's link names "pipe:[N]" in /proc, which no path reaches: the write had been refused
+    cmd = [sys.executable, "-c", "from piper_plan.cli import main; main()", "sweep", "-m", "tiny-moe", "-H",
+           "cpu-local", "--gpus", "4", "--global-batch", "8", "--json", "/dev/stdout"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert '"gpus": 4' in r.stdout
+
+
+def test_the_schema_requires_the_version_read_plan_requires():
+    from piper_plan.plan import SCHEMA_VERSION, json_schema
+
+    s = json_schema()
+    assert "schema_version" in s["required"] and s["properties"]["schema_version"]["const"] == SCHEMA_VERSION
 
 
 def test_sweep_csv_has_the_same_columns_in_the_table_s_order_whatever_fits(tmp_path):

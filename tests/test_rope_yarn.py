@@ -56,3 +56,18 @@ def test_the_host_issues_the_unfused_ropes_operations_unless_attention_is_graphe
     eager, graphed = _lay(), _lay(cuda_graphs=("attn",))
     assert host.layer_ops(yarn, eager)[1][0] - host.layer_ops(plain, eager)[1][0] == 10.0
     assert host.layer_ops(yarn, graphed)[1][0] == host.layer_ops(plain, graphed)[1][0]
+
+
+def test_a_learned_position_table_leaves_the_blocks_no_rotary_pass():
+    """Megatron GPT adds its learned positions to the embedding once; its blocks rotate nothing,
+    so their forward elementwise bytes are the norm's and the residual's alone."""
+    from piper_plan.cost.kernels import stream_time as stream
+
+    hw, gpt = load_hardware("dgx-a100-80gb"), load_model("gpt-1.7b")
+    assert gpt.learned_positions
+    rotary = gpt.model_copy(update={"learned_positions": False})
+    lay = from_layouts([Layout(gpus=8, dp=8, mbs=2, global_batch=16, seq=2048)])  # tp 1, no dropout
+    own, rotated = (attention_phase(x, hw, lay, "bf16").v[0, 0] for x in (gpt, rotary))
+    t, d, rope = 2 * 2048, 2304, 2 * (24 + 24) * 96  # tokens; hidden; q's and k's elements a token
+    with_rope, without = stream(hw, t * (5 * d + rope) * 2.0, 4), stream(hw, t * 5 * d * 2.0, 4)
+    assert rotated - own == pytest.approx(float(with_rope - without))

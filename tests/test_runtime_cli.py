@@ -232,14 +232,18 @@ def test_a_plan_whose_ranks_outgrow_this_hosts_memory_is_refused_before_any_rank
     from piper_plan.evaluate import build_plan, estimate_layout
 
     spec, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    # a device that holds what the ranks need, as Frontier's GCD held DeepSeek-V3's ranks
+    hw = hw.model_copy(update={"accelerator": hw.accelerator.model_copy(update={"memory_gib": 2e4})})
     lay = Layout(gpus=2, dp=2, ep=2, global_batch=4, seq=32, dtype="fp32", fused_kernels=False,
                  overlap_grad_reduce=False)
     doc = json.loads(build_plan(spec, hw, lay, estimate_layout(spec, hw, lay)).model_dump_json())
-    doc["predicted"]["peak_memory_gib"] = 1e6  # more than any host has, per rank
+    for st in doc["predicted"]["memory_gib_per_stage"]:  # more than any host has, per rank, the figures agreeing
+        st.update(activations=st["activations"] + 1e4, total=st["total"] + 1e4)
+    doc["predicted"]["peak_memory_gib"] = max(st["total"] for st in doc["predicted"]["memory_gib_per_stage"])
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(doc))
     _one_line_error(CliRunner().invoke(main, ["--plan", str(plan), "--steps", "1"]), "layout.gpus",
-                    "2 local ranks of 1000000.00 GiB each", "GiB available")
+                    "2 local ranks of 10000.", "GiB each", "GiB available")
 
 
 def _limited(args, bytes_per_file: int):

@@ -361,10 +361,12 @@ def attention_phase(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, dtype: str
         up_proj = lin[1] + lin[3] if m.mla.q_lora_rank else lin[1]
     core = core if core is not None else core_attention(m, hw, lay, dtype)
 
-    # elementwise: norm (read+write d), residual add (read 2d, write d), rope on q and k,
-    # dropout on the block output (read, write, 1-byte mask). SP shards the d-wide ones over tp.
+    # elementwise: norm (read+write d), residual add (read 2d, write d), rope on q and k (none
+    # with a learned position table: Megatron GPT adds its positions to the embedding once;
+    # MLA applies its own), dropout on the block output (read, write, 1-byte mask). SP shards
+    # the d-wide ones over tp.
     sp_div = np.where(lay.sp, tp, 1.0)
-    rope = 0.0 if m.mla is not None else 2.0 * (m.num_heads + m.kv_heads) * m.hd
+    rope = 0.0 if m.mla is not None or m.learned_positions else 2.0 * (m.num_heads + m.kv_heads) * m.hd
     elems = (2.0 * d + 3.0 * d + np.where(lay.dropout, 2.5 * d, 0.0)) / sp_div + rope / tp
     ew = _elementwise(hw, t * elems * eb, 4) + _unfused_rope(m, hw, lay, t * eb / tp)
     # piper-train's eager ops on a GPU: the whole block's token-level traffic priced here

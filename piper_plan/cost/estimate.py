@@ -316,7 +316,7 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
     dp_skew = np.where((lay.dpcp > 1) | (pipe.grp["edp"] > 1), comm.skew(hw, t_pipe), 0.0)
 
     tokens = (lay.gbs * lay.seq).astype(float)
-    model_flops, rc_flops = _model_flops(m, lay, tokens)
+    model_flops, rc_flops, masked_flops = _model_flops(m, lay, tokens)
 
     a2a_step = M * busy["a2a"]
     p2p_step = M * busy["p2p"]
@@ -346,7 +346,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
                        units)
     return ZeroFree(pipe.grp["edp"], coll, {k: lc[k] for k in ("imb", "dense_layer", "moe_layer")}, ranks,
                     stage_rep, stage_exp, stage_tables, tensors,
-                    pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops, model_flops + rc_flops,
+                    pipe.dp_win_r, pipe.acts, t_pipe, share, dp_skew, tokens, model_flops,
+                    model_flops + rc_flops + masked_flops,
                     time, time_after)
 
 
@@ -649,15 +650,18 @@ def _split_extras(split, x_first, x_last):
 
 
 def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
-    """(model FLOPs per step, FLOPs recompute adds) per layout."""
-    seq = lay.seq
-    if seq.min() == seq.max():  # one sequence length (as in a search): per-token figures are scalars
-        fpt, core_fwd = m.flops_per_token(int(seq[0])), (m.num_layers + m.mtp_layers) * m.attn_core_flops(int(seq[0]))
-    else:
-        fpt, core_fwd = np.zeros(len(lay)), np.zeros(len(lay))
-        for s in np.unique(seq):
-            fpt = np.where(seq == s, m.flops_per_token(int(s)), fpt)
-            core_fwd = np.where(seq == s, (m.num_layers + m.mtp_layers) * m.attn_core_flops(int(s)), core_fwd)
+    """(model FLOPs per step, FLOPs recompute adds, FLOPs an eager attention kernel adds) per
+    layout. The last: materialised scores are whole s x s GEMMs (compute.core_attention prices
+    them so) where the model count takes the causal or windowed keys only; executed, so counted
+    in the hardware FLOPs (Narayanan 2021 eq. 3 counts attention whole), not in the model's."""
+    seq, layers = lay.seq, m.num_layers + m.mtp_layers
+    fpt, core_fwd, masked_fwd = np.zeros(len(lay)), np.zeros(len(lay)), np.zeros(len(lay))
+    for s in np.unique(seq):  # one length in a search, a few in validate
+        at = seq == s
+        fpt = np.where(at, m.flops_per_token(int(s)), fpt)
+        core_fwd = np.where(at, layers * m.attn_core_flops(int(s)), core_fwd)
+        masked_fwd = np.where(at, layers * m.attn_core_flops(int(s), causal=False), masked_fwd)
+    masked_fwd = masked_fwd - core_fwd
     model_flops = fpt * tokens
     rc = lay.recompute
     # hardware FLOPs of recompute: full re-runs the forward; selective counts the core attention
@@ -667,9 +671,11 @@ def _model_flops(m: ModelSpec, lay: LayoutBatch, tokens):
     # the layers' forward only: the LM head, and each MTP module's pass through it, do not re-run)
     share = full_recompute_share(m, lay)
     head_fwd = 2.0 * m.vocab_size * m.hidden_size * (1 + m.mtp_layers) * tokens
+    core_rc = np.where(rc == 2, share, recomputes(lay, "core_attn"))  # forwards of the core re-run
     rc_flops = np.where(rc == 2, share * (model_flops / 3.0 - head_fwd),
                         np.where(recomputes(lay, "core_attn"), core_fwd * tokens, 0.0))
-    return model_flops, rc_flops
+    masked = np.where(lay.eager, masked_fwd * tokens * (3.0 + core_rc), 0.0)
+    return model_flops, rc_flops, masked
 
 
 def _group_terms(hw: HardwareSpec, lay: LayoutBatch, d: int) -> dict:

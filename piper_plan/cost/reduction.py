@@ -449,8 +449,11 @@ def optimizer_time(hw: HardwareSpec, lay: LayoutBatch, edp, p: RankParams, eb):
     # optimizer: stream master, m, v (read+write), grad (read), weight (write) per local param
     local = owned(lay, edp, rep_pr, exp_pr)
     # global-norm clipping: read each gradient for its norm, then scale it (read + write);
-    # ZeRO-2 ranks hold only their share of the gradients
-    grads = np.where(lay.zero >= 2, local, rep_pr + exp_pr)
+    # ZeRO-2 ranks hold only their share of the gradients, and a fused stack's ZeRO-1 clips
+    # only its shard's main gradients (Megatron-Core DistributedOptimizer:
+    # get_main_grads_for_grad_norm; DeepSpeed stage 1: its partition), where piper-train's
+    # scales every gradient it holds (optim.clip)
+    grads = np.where((lay.zero >= 2) | ((lay.zero == 1) & ~lay.unfused), local, rep_pr + exp_pr)
     # a fused Adam reads p, m, v, g and writes p, m, v (+ the low-precision weight); eager
     # runtimes (piper-train: torch.optim.AdamW(foreach=False), torch/optim/adam.py
     # _single_tensor_adam over fp32 p, g, m, v) run 8 passes: decay p (r+w 8 B), m.lerp_(g) 12,

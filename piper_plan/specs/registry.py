@@ -193,8 +193,10 @@ def load_model(ref: str) -> ModelSpec:
     if cfg is not None:
         from .hf import model_from_hf_config
 
+        _refuse_plan(path, cfg)
         return model_from_hf_config(cfg, str(path))
     data = read_yaml(path)
+    _refuse_plan(path, data)
     if _hardware_keys(data):
         raise SpecError(str(path), "accelerator" if "accelerator" in data else "network",
                         "this is a hardware spec, not a model: pass it as the hardware (-H)")
@@ -202,6 +204,12 @@ def load_model(ref: str) -> ModelSpec:
         raise SpecError(str(path), "model_type", "this is a Hugging Face config.json read as a model YAML: give "
                         "the file a .json suffix (config.json)")
     return parse(ModelSpec, _with_base(path, data, (), "models"), str(path))
+
+
+def _refuse_plan(path: Path, data) -> None:
+    """A plan.json given as a spec (it holds both, with its layout): one line saying what it is."""
+    if isinstance(data, dict) and {"schema_version", "layout", "model", "hardware"} <= data.keys():
+        raise SpecError(str(path), "schema_version", "this is a plan.json, not a spec: render it with piper-plan show")
 
 
 def _hardware_keys(data: dict) -> bool:
@@ -215,6 +223,7 @@ def load_hardware(ref: str) -> HardwareSpec:
     beside it) is that spec with the YAML's fields laid over it (_with_base)."""
     path = _resolve(ref, "hardware")
     data = read_yaml(path)
+    _refuse_plan(path, data)
     if "num_layers" in data or "model_type" in data:
         raise SpecError(str(path), "num_layers" if "num_layers" in data else "model_type",
                         "this is a model spec, not hardware: pass it as the model (-m)")
