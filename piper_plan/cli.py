@@ -297,7 +297,7 @@ def _seq_batch(kw, model) -> tuple[int, int]:
 
 def _layout_from(kw, model):
     from .errors import LayoutError
-    from .layout import Layout
+    from .layout import Layout, absent_module_refusal
 
     check_grad_dtype(kw)
 
@@ -318,11 +318,9 @@ def _layout_from(kw, model):
     if modules != ("core_attn",) and kw["recompute"] != "selective":  # (as --recompute-layers without full)
         raise LayoutError("--recompute-modules", f"{kw['recompute_modules']!r} chooses what selective recompute "
                           f"re-runs; --recompute is {kw['recompute']!r}")
-    absent = [x for x, has in (("mla_up_proj", model.mla is not None), ("moe", model.moe is not None),
-                               ("moe_act", model.moe is not None),
-                               ("shared_experts", bool(model.moe and model.moe.shared_experts))) if x in modules and not has]
-    if kw["recompute"] == "selective" and absent:
-        raise LayoutError("--recompute-modules", f"{absent[0]} names a part {model.name} does not have")
+    why = absent_module_refusal(model, modules) if kw["recompute"] == "selective" else None
+    if why:
+        raise LayoutError("--recompute-modules", why[1])
     return Layout(gpus=gpus, tp=tp, cp=cp, cp_comm=kw["cp_comm"], cp_a2a=kw["cp_a2a"], pp=pp, dp=dp, ep=kw["ep"],
                   etp=kw["etp"], vpp=vpp, mbs=kw["mbs"],
                   global_batch=gbs, seq=seq,

@@ -384,6 +384,20 @@ def check_grad_sync(grad_sync: str, zeros) -> None:
                           "ZeRO-0 and 1 once a step already)")
 
 
+def absent_module_refusal(model, modules) -> tuple[str, str] | None:
+    """(rule, detail) where selective recompute names a part `model` does not have (so it would
+    re-run nothing): mla_up_proj without MLA, moe and moe_act without MoE layers, shared_experts
+    without shared experts, mlp without a dense FFN layer (Megatron-Core's mlp is the dense MLP;
+    a MoE layer's is moe). None where every part is there."""
+    has = {"mla_up_proj": model.mla is not None, "moe": model.moe is not None, "moe_act": model.moe is not None,
+           "shared_experts": bool(model.moe and model.moe.shared_experts),
+           "mlp": model.num_dense_layers > 0 and model.ffn_size > 0}
+    absent = [x for x in modules if not has.get(x, True)]
+    if absent:
+        return "recompute_modules", f"{absent[0]} names a part {model.name} does not have"
+    return None
+
+
 def op_sac_refusal(model, modules) -> tuple[str, str] | None:
     """(rule, detail) where torchtitan's per-op policy (recompute module op_sac) cannot be priced as
     asked: beside other modules (it is a whole block's policy), or on a model whose block's matmuls
@@ -447,11 +461,27 @@ def native_eager_refusal(model) -> tuple[str, str] | None:
             "benchmarks/native_block.py) has none of them")
 
 
-def check_fp8_params(fp8_params: bool, fp8: str) -> None:
-    """Raise LayoutError for FP8 weights without an FP8 recipe to keep them in."""
+def check_fp8_params(fp8_params: bool, fp8: str, attention_fp8: bool = False) -> None:
+    """Raise LayoutError for FP8 weights, or FP8 attention, without an FP8 recipe: both are parts of
+    the recipe (Transformer Engine's fp8_dpa is a recipe field, which Megatron-Core's
+    --fp8-dot-product-attention sets only when it builds a recipe for --fp8-format)."""
     if fp8_params and fp8 == "none":
         raise LayoutError("fp8_params with an fp8 recipe", "FP8 weights are quantised by the layout's FP8 recipe "
                           "(fp8 current, mxfp8 or blockwise); with fp8 none the weights stay in the dtype")
+    if attention_fp8 and fp8 == "none":
+        raise LayoutError("attention_fp8 with an fp8 recipe", "FP8 attention runs inside the layout's FP8 recipe "
+                          "(fp8 current, mxfp8 or blockwise); with fp8 none it runs in the dtype")
+
+
+def check_cuda_graphs(cuda_graphs) -> None:
+    """Raise LayoutError for a graph scope the planner's dropless MoE cannot run: Megatron-Core
+    captures a whole MoE layer only where its shapes are fixed ("moe cuda graph is only supported
+    with drop-padding MoE", arguments.py; its sync-free HybridEP alternative runs a rank capacity
+    too), and the planner prices every routed row (no capacity factor)."""
+    if "moe" in cuda_graphs:
+        raise LayoutError("cuda_graphs without moe", "a whole MoE layer is captured only under token dropping "
+                          "(drop-padding to a capacity), which the planner does not price; moe_router and "
+                          "moe_preprocess capture a dropless layer's router")
 
 
 def check_offload_modules(modules, cuda_graphs, fused_kernels: bool) -> None:
@@ -622,7 +652,8 @@ def check_layout(lay: Layout, num_layers: int, num_experts: int = 0, gpus_per_no
     if why:
         raise LayoutError(*why)
     check_offload_modules(lay.offload_modules, lay.cuda_graphs, lay.fused_kernels)
-    check_fp8_params(lay.fp8_params, lay.fp8)
+    check_cuda_graphs(lay.cuda_graphs)
+    check_fp8_params(lay.fp8_params, lay.fp8, lay.attention_fp8)
 
 
 def layer_slots(num_layers: int, split: str) -> int:
@@ -669,6 +700,8 @@ def check_for(lay: Layout, model, hw) -> None:
     if why:
         raise LayoutError(*why)
     check_a2a_sms(lay.a2a_sms, hw)
+    if why := fp8_hw_refusal(lay.fp8, hw):
+        raise LayoutError(*why)
     if lay.a2a == "fused" and lay.ep > 1:
         why = fused_hw_refusal(model, hw)
         if why:
@@ -703,6 +736,19 @@ def fused_a2a_refusal(a2a: str, a2a_overlap: bool, etp: int, schedule: str = "1f
     if expert_gemm != "grouped":
         return ("a2a fused with expert_gemm grouped", f"expert_gemm {expert_gemm}: Dist-MoE runs a rank's "
                 "experts as one distributed grouped GEMM")
+    return None
+
+
+def fp8_hw_refusal(fp8: str, hw) -> tuple[str, str] | None:
+    """Why `hw` cannot run the FP8 recipe, or None: MXFP8's block-scaled GEMMs need NVIDIA compute
+    capability 10 or later (Transformer Engine check_mxfp8_support: "Device compute capability 10.0
+    or higher required for MXFP8 execution"). A device with no compute capability (AMD) is not
+    judged: ROCm's Transformer Engine runs MXFP8 from gfx950 (MI355X), and the spec holds no gfx."""
+    cc = hw.accelerator.compute_capability
+    if fp8 == "mxfp8" and cc is not None and cc < 10:
+        return ("fp8 mxfp8 needs compute capability 10 or later", f"{hw.name}'s {hw.accelerator.name} is compute "
+                f"capability {cc:g}: Transformer Engine runs MXFP8 on Blackwell and later; use fp8 current or "
+                "blockwise")
     return None
 
 
@@ -805,11 +851,31 @@ def offload_limit(num_layers: int, pp):
 
 def check_offload(lay: Layout, num_layers: int) -> None:
     """Raise LayoutError where activation offload names more layers than a rank can send away
-    (offload_limit)."""
+    (offload_limit), or where Megatron-Core, the stack that runs it, refuses it (offload_refusal)."""
     most = offload_limit(num_layers, lay.pp)
     if lay.offload_layers and lay.offload_layers > most:
         raise LayoutError("offload_layers < layers on a rank", f"offload_layers={lay.offload_layers} but a rank "
                           f"holds {most + 1} of the {num_layers} layers (pp={lay.pp}); at most {most}")
+    if lay.offload_layers and (why := offload_refusal(lay.pp, lay.recompute, lay.cuda_graphs, lay.offload_modules)):
+        raise LayoutError(*why)
+
+
+def offload_refusal(pp: int, recompute: str, cuda_graphs, offload_modules) -> tuple[str, str] | None:
+    """(rule, detail) where Megatron-Core refuses its layer-level CPU offloading (offload_layers > 0)
+    beside these settings, else None: TransformerConfig.__post_init__ raises "Currently there is no
+    support for Pipeline parallelism with CPU offloading", "CPU offloading does not work when
+    activation recomputation is enabled", "CUDA graphs not supported with CPU offloading" and
+    "fine_grained_activation_offloading cannot be enabled with cpu_offloading"."""
+    if pp > 1:
+        return "offload_layers with pp 1", f"Megatron-Core's CPU offloading runs no pipeline; got pp={pp}"
+    if recompute != "none":
+        return "offload_layers without recompute", f"Megatron-Core's CPU offloading runs no recompute; got {recompute}"
+    if cuda_graphs:
+        return "offload_layers without cuda_graphs", "Megatron-Core captures no CUDA graphs beside CPU offloading"
+    if offload_modules:
+        return ("offload_layers or offload_modules, not both", "Megatron-Core's layer and fine-grained activation "
+                "offloading exclude each other")
+    return None
 
 
 class RankCoord(BaseModel):

@@ -39,6 +39,8 @@ PIPER_TRAIN: tuple[Support, ...] = (
     Support("dtype", ("bf16", "fp32"), "--dtype", "fp16 needs loss scaling, which piper-train does not do"),
     Support("zero", (0, 1, 2), "--zero", "piper-train implements ZeRO stages 0, 1 and 2"),
     Support("grad_dtype", ("fp32",), "--grad-dtype", "piper-train reduces fp32 gradients"),
+    Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
+            "not FP8"),
     Support("fp8_params", (False,), "--fp8-params", "piper-train keeps its weights in the layout's dtype"),
     Support("fp8", ("none",), "--fp8", "piper-train runs its GEMMs in the layout's dtype, not FP8"),
     Support("a2a", ("flat", "halo"), "--a2a", "piper-train runs the flat or HALO all-to-all, not DeepEP / "
@@ -62,8 +64,6 @@ PIPER_TRAIN: tuple[Support, ...] = (
             "scaled_dot_product_attention, whose kernel the installed torch picks (cuDNN's on Hopper and Blackwell "
             "from torch 2.11, as README's 2.13; FlashAttention-2 in 2.5.1-2.10): a plan cannot say which, so it "
             "is priced at the spec's kernel"),
-    Support("attention_fp8", (False,), "--attention-fp8", "piper-train runs its attention in the layout's dtype, "
-            "not FP8"),
     Support("cuda_graphs", ((),), "--cuda-graphs", "piper-train runs eagerly and captures no CUDA graphs"),
     Support("recompute_modules", (("core_attn",),), "--selective", "piper-train's selective recompute "
             "re-runs the attention core only", read_when=lambda lay: lay.recompute == "selective",

@@ -19,8 +19,9 @@ from .cost.memory import GIB, state_lower_bound_gib
 from .cost.offload import check_host
 from .cost.rank_memory import logits_bytes
 from .errors import LayoutError
-from .layout import (check_a2a_sms, check_fp8_params, check_fsdp2, check_grad_sync, check_offload_modules,
-                     check_stack, degrees_label, fused_a2a_refusal, fused_hw_refusal, layer_slots,
+from .layout import (absent_module_refusal, check_a2a_sms, check_cuda_graphs, check_fp8_params, check_fsdp2,
+                     check_grad_sync, check_offload_modules, check_stack, degrees_label, fp8_hw_refusal,
+                     fused_a2a_refusal, fused_hw_refusal, layer_slots,
                      native_eager_refusal, offload_limit, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit,
                      split_refused, wgrad_accum_refusal)
 from .runtimes import WEIGHT_SPLIT
@@ -133,9 +134,10 @@ class SearchSpace:
             raise LayoutError(*why)
         if self.cross_entropy not in ("fused", "eager"):
             raise LayoutError("cross_entropy fused or eager", f"got {self.cross_entropy!r}")
-        check_fp8_params(self.fp8_params, self.fp8)
+        check_fp8_params(self.fp8_params, self.fp8, self.attention_fp8)
         for mods in self.offload_modules:
             check_offload_modules(mods, self.cuda_graphs, self.fused_kernels)
+        check_cuda_graphs(self.cuda_graphs)
 
 
 RUNTIMES = ("any", "piper-train")
@@ -562,9 +564,15 @@ def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: d
     most = offload_limit(m.num_layers, batch.pp)
     parts, keys = [], []
     for c, (f, n, b) in enumerate(combos):
-        ok = np.flatnonzero(n <= most)
+        fits = n <= most
         name = "offload_layers >= layers on a rank (layout.check_offload)"
-        rejected[name] = rejected.get(name, 0) + len(batch) - len(ok)
+        rejected[name] = rejected.get(name, 0) + int(np.sum(~fits))
+        # Megatron-Core's layer offloading runs without pipeline, recompute, graphs or module offloading
+        runs = fits & ((n == 0) | ((batch.pp == 1) & (batch.recompute == 0) & (not sp.cuda_graphs) & (b == 0)))
+        name = "offload_layers with pp 1, no recompute, cuda_graphs or offload_modules (layout.offload_refusal)"
+        if np.any(fits & ~runs):
+            rejected[name] = rejected.get(name, 0) + int(np.sum(fits & ~runs))
+        ok = np.flatnonzero(runs)
         parts.append(replace_cols(batch, opt_offload=f, offload_layers=n, off_mods=b).take(ok))
         keys.append((c << _CHOICE_SHIFT) + rows.take(ok))
     return concat(parts), np.concatenate(keys)
@@ -632,8 +640,8 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     check_a2a_sms(sp.a2a_sms, hw)  # one value for the whole space: refused before anything is priced
     why = native_eager_refusal(m) if sp.native_eager else None  # likewise
     for mods in sp.selective if "selective" in sp.recomputes else ():
-        why = why or op_sac_refusal(m, mods)
-    why = why or (fused_hw_refusal(m, hw) if "fused" in sp.a2as and m.moe else None)
+        why = why or op_sac_refusal(m, mods) or absent_module_refusal(m, mods)
+    why = why or (fused_hw_refusal(m, hw) if "fused" in sp.a2as and m.moe else None) or fp8_hw_refusal(sp.fp8, hw)
     why = why or wgrad_accum_refusal(sp.wgrad_accum, m.moe.num_experts if m.moe else 0, m.name)
     if why:
         raise LayoutError(*why)

@@ -46,11 +46,11 @@ def make_exchange(plan: Plan, groups: Groups):
         except ImportError as e:
             raise PiperError(f"plan.layout.a2a = 'halo' but the HALO exchange is unavailable ({e})") from None
         ranks = dist.get_process_group_ranks(groups.ep)
-        nodes = [plan.rank_map[r].node for r in ranks]
+        nodes, rails = [plan.rank_map[r].node for r in ranks], [plan.rank_map[r].local for r in ranks]
         # all on one node, or one rank per node: nothing to aggregate, and HALO's per-peer
         # messages only cost more than the one collective (the planner prices it as flat too)
         if len(set(nodes)) not in (1, len(nodes)):
-            return HaloExchange(groups.ep, nodes)
+            return HaloExchange(groups.ep, nodes, rail_of=rails)
     from .moe.exchange_flat import FlatExchange
     return FlatExchange(groups.ep)
 

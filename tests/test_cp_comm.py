@@ -238,12 +238,13 @@ def test_each_way_holds_its_buffers_while_a_layer_runs_and_cp_1_holds_none():
 
 
 def test_fp8_attention_and_chunked_attention_take_only_the_ways_transformer_engine_runs_them():
-    base = dict(gpus=8, dp=1, cp=8, global_batch=8, seq=32768)
+    base = dict(gpus=8, dp=1, cp=8, global_batch=8, seq=32768, fp8="current")  # FP8 attention: an FP8 recipe's
     with pytest.raises(LayoutError, match="attention_fp8 needs cp_comm other than all_gather"):
         check_for(Layout(**base, cp_comm="all_gather", attention_fp8=True), LLAMA, H100)
     check_for(Layout(**base, cp_comm="a2a", attention_fp8=True), LLAMA, H100)
     batch, rejected = enumerate_layouts(LLAMA, H100, SearchSpace(gpus=8, global_batch=8, seq=32768, cps=(8,),
-                                                                 schedules=("1f1b",), attention_fp8=True))
+                                                                 schedules=("1f1b",), attention_fp8=True,
+                                                                 fp8="current"))
     assert 1 not in set(np.unique(batch.cpc)) and rejected["attention_fp8 needs cp_comm other than all_gather"] > 0
     scout = load_model("llama4-scout")  # chunked local attention: only a2a's one kernel runs its mask
     for way in ("p2p", "all_gather"):

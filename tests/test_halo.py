@@ -26,6 +26,9 @@ MAPS = {
     "uneven 1,3,2,2 strided": (list(range(8)), [1, 0, 2, 0, 3, 2, 0, 3]),
     "one node": ([4, 5, 6, 7], [0, 0, 0, 0]),
     "one rank per node": ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4]),
+    # a stage straddling two nodes: GPUs 2-3 of one, 0-5 of the next; each relay on its rail where
+    # the other node has one (third entry: each group rank's GPU index on its node)
+    "rails 2-3 | 0-5": (list(range(8)), [0, 0, 1, 1, 1, 1, 1, 1], [2, 3, 0, 1, 2, 3, 4, 5]),
 }
 TRIALS = 4
 MAPS_ORDER = {name: i for i, name in enumerate(MAPS)}
@@ -66,12 +69,14 @@ def _worker(rank: int, store_path: str, errfile: str):
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=timeout)
     with report_failures(errfile) as failures:
         try:
-            for name, (ranks, node_of) in MAPS.items():
+            for name, (ranks, node_of, *rails) in MAPS.items():
                 group = dist.new_group(ranks, timeout=timeout) if len(ranks) < WORLD else None
                 if rank not in ranks:
                     continue
-                halos = {m: HaloExchange(group, node_of, mode=m) for m in HaloExchange.MODES}
-                in_order = {m: HaloExchange(group, node_of, mode=m, in_order=True) for m in ("coalesced", "simple")}
+                rail_of = rails[0] if rails else None
+                halos = {m: HaloExchange(group, node_of, mode=m, rail_of=rail_of) for m in HaloExchange.MODES}
+                in_order = {m: HaloExchange(group, node_of, mode=m, in_order=True, rail_of=rail_of)
+                            for m in ("coalesced", "simple")}
                 halo = halos["coalesced"]
                 me, w = dist.get_rank(group), len(ranks)
                 gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # same on every rank
@@ -129,6 +134,21 @@ def test_node_map_length_checked():
     assert [n.peer(r, 1) for r in (0, 1, 2, 4, 5)] == [3, 3, 3, 3, 3]
     assert [n.peer(r, 2) for r in (0, 1, 2, 3)] == [4, 5, 4, 4]
     assert not _Nodes([0, 1, 0, 1]).block[0]
+
+
+def test_a_pack_is_relayed_on_its_senders_rail_where_the_other_node_has_it():
+    """A group over GPUs 4-7 of node 1 and 0-7 of node 2 (a stage straddling them): GPU 4's pack
+    for node 2 goes to node 2's GPU 4, not to its first group rank (GPU 0), which a rail-optimised
+    fabric reaches only over its spine. Node 2's GPUs 0-3, whose rails node 1 lacks, keep the
+    local-index rule."""
+    from piper_runtime.moe.halo import _Nodes
+
+    n = _Nodes([1] * 4 + [2] * 8, rail_of=[4, 5, 6, 7, *range(8)])
+    assert [n.peer(r, 2) for r in range(4)] == [8, 9, 10, 11]  # node 2's GPUs 4-7
+    assert [n.peer(r, 1) for r in range(4, 12)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert [_Nodes([1] * 4 + [2] * 8).peer(r, 2) for r in range(4)] == [4, 5, 6, 7]  # no rails: local index
+    with pytest.raises(ValueError, match="rail_of has 3 entries; node_of has 4"):
+        _Nodes([0, 0, 1, 1], rail_of=[0, 1, 0])
 
 
 def test_per_pack_forwarding_is_refused_where_batches_complete_in_order():

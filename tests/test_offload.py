@@ -77,10 +77,22 @@ def test_offload_needs_a_host_section_and_room_in_it():
 
 
 def test_a_rank_keeps_at_least_one_layer_of_activations():
-    lay = Layout(gpus=64, tp=2, pp=4, dp=8, mbs=1, global_batch=64, seq=8192, offload_layers=20)
+    lay = Layout(gpus=64, tp=2, pp=1, dp=32, mbs=1, global_batch=64, seq=8192, offload_layers=80)
     with pytest.raises(LayoutError, match="offload_layers < layers on a rank"):
         check_layout(lay, LLAMA70.num_layers)
-    check_layout(lay.model_copy(update={"offload_layers": 19}), LLAMA70.num_layers)
+    check_layout(lay.model_copy(update={"offload_layers": 79}), LLAMA70.num_layers)
+
+
+def test_layer_offloading_runs_where_megatron_core_runs_it():
+    """TransformerConfig refuses CPU offloading beside a pipeline, recompute, CUDA graphs or
+    fine-grained offloading."""
+    lay = Layout(gpus=64, tp=2, pp=1, dp=32, mbs=1, global_batch=64, seq=8192, offload_layers=10)
+    for edit, rule in ((dict(pp=4, dp=8), "offload_layers with pp 1"),
+                       (dict(recompute="selective"), "offload_layers without recompute"),
+                       (dict(cuda_graphs=("attn",)), "offload_layers without cuda_graphs"),
+                       (dict(offload_modules=("expert_fc1",)), "offload_layers or offload_modules, not both")):
+        with pytest.raises(LayoutError, match=rule):
+            check_layout(lay.model_copy(update=edit), LLAMA70.num_layers)
 
 
 def test_the_search_prices_offload_and_says_when_the_host_is_full():

@@ -164,7 +164,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                     "layout.expert_probs", "activation")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "cg.json", cuda_graphs=("attn",)))]),
                     "layout.cuda_graphs", "attn")
-    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "af8.json", attention_fp8=True))]),
+    _one_line_error(run(main, ["--plan", str(_write(tmp_path, "af8.json", attention_fp8=True, fp8="current"))]),
                     "layout.attention_fp8", "FP8")
     _one_line_error(run(main, ["--plan", str(_write(tmp_path, "tpo.json", tp_comm_overlap=True))]),
                     "layout.tp_comm_overlap", "pipelined")

@@ -89,7 +89,8 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         bad = UNRUN[s.field]
         # fields that mean something only beside another (runtimes.PIPER_TRAIN lists them first)
         extra = {"recompute_modules": {"recompute": "selective"}, "recompute_layers": {"recompute": "full"},
-                 "fp8_params": {"fp8": "mxfp8"}, "fsdp2": {"zero": 3}, "grad_sync": {"zero": 3},
+                 "fp8_params": {"fp8": "mxfp8"}, "attention_fp8": {"fp8": "current"}, "fsdp2": {"zero": 3},
+                 "grad_sync": {"zero": 3},
                  "p2p_overlap": {"schedule": "interleaved", "vpp": 2, "pp": 2}}.get(s.field, {})
         ep = 1 if s.field in ("etp", "p2p_overlap", "native_eager") else 2  # two ranks: one expert group of etp 2
         dp = 1 if s.field in ("cp", "p2p_overlap") else 2  # two ranks: one sequence over both; two stages
@@ -106,7 +107,7 @@ def test_the_search_and_the_launch_refuse_the_same_features():
         if s.field in ("zero", "dropout", "p2p_scatter_gather"):
             continue  # the space enumerates ZeRO stages itself (cut, below), never tries dropout and splits
             # every tp > 1 message by sequence parallelism
-        in_space = {"fp8": "mxfp8"} if s.field == "fp8_params" else {}
+        in_space = {"fp8_params": {"fp8": "mxfp8"}, "attention_fp8": {"fp8": "current"}}.get(s.field, {})
         asked = {attr: (bad,) if attr in several.values() else bad}
         sp = SearchSpace(gpus=2, global_batch=4, seq=32, **in_space, **asked)
         with pytest.raises(PiperError, match=f"it cannot run {s.option} "):

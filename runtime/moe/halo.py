@@ -6,8 +6,9 @@ Data flow (brief §3; the code is our reconstruction):
 
 - Phase I: rows bound for ranks of my own node go straight to them (intra-node link).
 - Phase II (concurrent with I): for each remote node, one pack of every row bound for any rank
-  of that node, sent to its *peer* there: the rank with my local index (local index modulo the
-  node's size when that node has fewer ranks), i.e. the rank on my rail / NIC.
+  of that node, sent to its *peer* there: the rank on my rail / NIC (my GPU index on my node,
+  from the plan's rank map), or where that node has no rank of the group on it, the rank at my
+  local index among the group's ranks (modulo the node's count when it has fewer).
 - Phase III: the peer forwards the packs' rows to their final local rank. By default
   (``mode="coalesced"``) it sends ONE message per local rank, holding that rank's rows of
   every pack (sources ascending), once all its packs have landed: (q-1) messages per relay
@@ -77,20 +78,35 @@ class Counts:
 
 
 class _Nodes:
-    """Group ranks grouped by node, and the deterministic rail peer of every (rank, node)."""
+    """Group ranks grouped by node, and the deterministic rail peer of every (rank, node).
 
-    def __init__(self, node_of: Sequence[int]):
+    ``rail_of[i]``: the i-th group rank's GPU (and so NIC rail) index on its node, the plan's
+    rank map ``local``; without it, a rank's index among the group's ranks of its node. A group
+    whose members sit at other GPU indices on different nodes (a stage straddling two nodes)
+    otherwise relays across rails, which a rail-optimised fabric sends over its spine."""
+
+    def __init__(self, node_of: Sequence[int], rail_of: Optional[Sequence[int]] = None):
         self.node_of = list(node_of)
         order: dict[int, list[int]] = {}
         for r, n in enumerate(self.node_of):
             order.setdefault(n, []).append(r)
         self.members = order  # node id -> its group ranks, ascending
         self.local = {r: i for ranks in order.values() for i, r in enumerate(ranks)}
+        self.rail = list(rail_of) if rail_of is not None else [self.local[r] for r in range(len(self.node_of))]
+        if len(self.rail) != len(self.node_of):
+            raise ValueError(f"rail_of has {len(self.rail)} entries; node_of has {len(self.node_of)}")
+        self.on_rail: dict[tuple[int, int], int] = {}
+        for r, n in enumerate(self.node_of):
+            self.on_rail.setdefault((n, self.rail[r]), r)
         # A node's ranks are one consecutive block of the group: its pack is a slice, no gather.
         self.block = {n: ranks == list(range(ranks[0], ranks[0] + len(ranks))) for n, ranks in order.items()}
 
     def peer(self, r: int, node: int) -> int:
-        """The rank of ``node`` that receives r's pack: same local index, wrapped when short."""
+        """The rank of ``node`` that receives r's pack: the one on r's rail, else (no group rank
+        of that node on it) the one at r's local index, wrapped when the node has fewer."""
+        hit = self.on_rail.get((node, self.rail[r]))
+        if hit is not None:
+            return hit
         ranks = self.members[node]
         return ranks[self.local[r] % len(ranks)]
 
@@ -98,7 +114,8 @@ class _Nodes:
 class HaloExchange:
     """Hierarchical all-to-all over ``group`` (None: the default group).
 
-    ``node_of[i]`` is the node of the i-th rank of the group (from a plan's rank map). Calling
+    ``node_of[i]`` is the node of the i-th rank of the group, ``rail_of[i]`` its GPU index there
+    (from a plan's rank map; _Nodes). Calling
     it is a drop-in for the flat exchange: ``out = halo(x, send_splits, recv_splits)``;
     autograd-aware (backward is the reverse exchange). Pass ``counts`` from
     ``exchange_counts`` to skip the internal count exchange. ``mode``: "coalesced" (default),
@@ -107,7 +124,7 @@ class HaloExchange:
     MODES = ("coalesced", "per_pack", "simple")
 
     def __init__(self, group: Optional[dist.ProcessGroup], node_of: Sequence[int], mode: str = "coalesced",
-                 in_order: Optional[bool] = None):
+                 in_order: Optional[bool] = None, rail_of: Optional[Sequence[int]] = None):
         """``in_order`` (default: the group's backend is NCCL) posts every message in the batch
         of its own phase at both ends: NCCL runs a rank's batched P2P calls one after another and
         completes each only when all its operations do, so a Phase III receive posted with Phase
@@ -129,7 +146,7 @@ class HaloExchange:
         self.rank = dist.get_rank(group)
         if len(node_of) != self.world:
             raise ValueError(f"node_of has {len(node_of)} entries; the group has {self.world} ranks")
-        self.nodes = _Nodes(node_of)
+        self.nodes = _Nodes(node_of, rail_of)
         self.my_node = self.nodes.node_of[self.rank]
 
     # ---- counts ------------------------------------------------------------------------
