@@ -210,6 +210,25 @@ def test_piper_train_moves_its_fp32_parameter_not_a_bf16_weight_and_a_master():
     assert float(bytes_per_param(2, 4, 1, 4, casts=True)) == 4 + 4 + 8 / 4  # ZeRO-1 shards the moments alone
 
 
+def test_piper_train_s_busiest_owner_moves_the_state_of_the_whole_expert_tensors_it_owns(monkeypatch):
+    """piper-train's ZeRO-1 gives each owner whole parameters: tiny-moe's 9 expert tensors (3 MoE
+    layers x w1, w3, w2) over 2 owners put 5 on one, whose Adam moments a migration moves: 5/9 of
+    each moved expert's 8 B, not the half a sharded stack moves."""
+    from piper_plan.cost import migration as mig
+    from piper_plan.cost.batch import from_layouts
+
+    m, hw = load_model("tiny-moe"), load_hardware("cpu-local")
+    offered = []
+    monkeypatch.setattr(mig.comm, "a2a_flat", lambda hw, nbytes, *a: offered.append(float(np.asarray(nbytes)[0]))
+                        or np.asarray(nbytes))
+    for fused in (False, True):
+        lay = Layout(gpus=4, dp=4, ep=2, global_batch=8, seq=64, zero=1, dtype="fp32", fused_kernels=fused)
+        mig.migration_time(m, hw, from_layouts([lay]))
+    per_expert = 4 * m.expert_params * 3 * 2  # 4 arrivals: E/ep, in each of the 3 MoE layers; n/(n-1) = 2
+    assert offered[0] == pytest.approx(per_expert * (4 + 4 + 8 * 5 / 9))  # fp32 parameter, gradient, 5/9 moments
+    assert offered[1] == pytest.approx(per_expert * (4 + 4 + 8 / 2))  # a fused stack: half of each tensor's
+
+
 def test_a_migration_that_moves_nothing_still_agrees_over_its_groups():
     # the ready flag, checksums and commit vote are three small all-reduces (runtime/migrate.py),
     # milliseconds each on a CPU: a migration pays them beside what it moves

@@ -99,13 +99,25 @@ def migration_time(m: ModelSpec, hw: HardwareSpec, lay, p: Optional[np.ndarray] 
     uniq, inv = np.unique(ep, return_inverse=True)  # the planner runs once per distinct ep
     arrivals = np.array([_arrivals(p, E, int(e), planner, max_moves) for e in uniq], dtype=float)[inv]
     layers = _stage_moe_layers(m, lay)
-    per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, lay.zero_shard(lay.edp), move_grads,
+    per_param = bytes_per_param(lay.act_bytes, lay.grad_bytes, lay.zero, _owners(m, lay, layers), move_grads,
                                 lay.unfused)
     nbytes = arrivals * layers * m.expert_params * per_param / np.asarray(lay.etp, dtype=float)
     # a2a_flat counts a self share of 1/n: scale so that n-1 peers carry `nbytes`
     n = np.maximum(ep, 2)
     move = comm.a2a_flat(hw, nbytes * n / (n - 1), ep, lay.ep_stride, lay.gpus)
     return np.where(ep > 1, move + _agreement(m, hw, lay, layers), 0.0)
+
+
+def _owners(m: ModelSpec, lay, layers) -> np.ndarray:
+    """The ZeRO shard's width as the busiest owner of a stage's expert state sees it: a fused
+    stack shards every tensor over the shard's ranks (1/edp each); piper-train's ZeRO gives each
+    owner whole parameters (runtime/optim._partition, greedy by size), and a stage's expert
+    tensors are its MoE layers' w1, w3 and w2 (w1 and w2 ungated), all one size, so its busiest
+    owner holds ceil(n / edp) of the n: width n / ceil(n / edp) (tiny-moe, 9 tensors over 2
+    owners: 5 of 9, not half)."""
+    shard = lay.zero_shard(lay.edp)
+    n = (3.0 if m.moe.gated else 2.0) * layers
+    return np.where(lay.unfused, n / np.ceil(n / shard), shard)
 
 
 def _stage_ranks(lay) -> np.ndarray:
