@@ -644,7 +644,8 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     from . import report
     from .evaluate import build_plan
     from .plan import write_plan
-    from .search import diagnose, search
+    from .diagnose import diagnose
+    from .search import search
     from .track_record import memory_margin_line
 
     t0 = time.perf_counter()

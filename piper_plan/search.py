@@ -20,7 +20,7 @@ from .cost.offload import check_host
 from .cost.rank_memory import logits_bytes
 from .errors import LayoutError
 from .layout import (absent_module_refusal, check_a2a_sms, check_cuda_graphs, check_fp8_params, check_fsdp2,
-                     check_grad_sync, check_offload_modules, check_stack, degrees_label, fp8_hw_refusal,
+                     check_grad_sync, check_offload_modules, check_stack, fp8_hw_refusal,
                      fused_a2a_refusal, fused_hw_refusal, layer_slots,
                      native_eager_refusal, offload_limit, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit,
                      split_refused, wgrad_accum_refusal)
@@ -808,88 +808,3 @@ def _less_headroom(hw: HardwareSpec, headroom_gib: float) -> str:
     if not headroom_gib:
         return ""
     return f" less the {headroom_gib:g} GiB headroom ({hw.accelerator.memory_gib - headroom_gib:.1f} GiB)"
-
-
-def diagnose(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, res: SearchResult, routing: Routing | None = None,
-             headroom_gib: float = 0.0) -> list[str]:
-    """Why nothing fits, and what would make it fit — each line computed from the model."""
-    from dataclasses import replace
-
-    lines = []
-    if res.est is None:
-        # every layout was dropped by the state-memory bound: price them all, slice by slice
-        every = enumerate_slices(m, hw, sp, {}, None, ENUM_CELLS)
-        sub, est, _, _, _ = _price_kept(m, hw, every, routing, "throughput", headroom_gib, 1, np.zeros(3, int))
-        if est is not None:
-            res = SearchResult(sub, est, np.array([], int), res.rejected)  # the leanest, below
-    if res.est is None:
-        top = sorted(res.rejected.items(), key=lambda kv: -kv[1])
-        lines.append(f"no layout of {sp.gpus} GPUs satisfies the layout rules; removed by: "
-                     + "; ".join(f"{k} ({v})" for k, v in top))
-        if any("global batch" in k for k in res.rejected):
-            ok = [d for d in _divisors(sp.gpus) if sp.global_batch % d == 0]
-            lines.append(f"global batch {sp.global_batch} splits over dp in {ok} only; use a multiple of "
-                         f"{sp.gpus} sequences for full data parallelism")
-        return lines
-    est = res.est
-    avail = hw.accelerator.memory_gib - headroom_gib
-    if hw.memory_overhead_gib >= avail:  # (a what-if scenario may shrink the device so far: a spec may not say so)
-        lines.append(f"nothing fits on any number of GPUs: the spec's reserve (memory_overhead_gib "
-                     f"{hw.memory_overhead_gib:g} GiB) fills the {avail:g} GiB available on each")
-        return lines
-    piper_train = sp.runtime == "piper-train"  # (hints name only options the runtime runs)
-    i = int(np.argmin(est.peak_memory_gib))
-    lay = res.batch.layout(i)
-    row = est.row(i)
-    worst = max(row["memory_gib_per_stage"], key=lambda d: d["total"])
-    comps = sorted(((k, v) for k, v in worst.items() if k not in ("stage", "role", "total", "host")),
-                   key=lambda kv: -kv[1])
-    lines.append(f"nothing fits: the leanest layout ({degrees_label(lay)} mbs{lay.mbs} "
-                 f"{lay.schedule} recompute={lay.recompute} zero{lay.zero}) needs {row['peak_memory_gib']:.1f} GiB on "
-                 f"stage {worst['stage']}, {avail:.1f} GiB available; largest parts: "
-                 + ", ".join(f"{k} {v:.1f}" for k, v in comps[:3]))
-    states = sum(worst[k] for k in ("weights", "grads", "master", "optimizer"))
-    if states > avail:
-        lines.append(f"parameter + optimizer state alone is {states:.1f} GiB per GPU: only more GPUs "
-                     "(more pipeline/expert sharding)" + (" or the host's memory" if hw.host is not None and
-                                                           not piper_train else "")
-                     + " can fix that")
-    if hw.host is not None and max(sp.optimizer_offload) < 1.0 and not piper_train:  # where the spec gives a host
-        r1 = search(m, hw, replace(sp, optimizer_offload=(1.0,)), routing, "throughput", headroom_gib, keep=1)
-        if r1.best is not None:
-            lines.append(f"fits with the optimizer state in host memory (--optimizer-offload 1): best "
-                         f"{r1.est.tokens_per_s[r1.best]:,.0f} tokens/s")
-    if sp.fp8 != "none" and not sp.fp8_params and not piper_train:  # bf16 weights beside their FP8 copies
-        r_f = search(m, hw, replace(sp, fp8_params=True), routing, "throughput", headroom_gib, keep=1)
-        if r_f.best is not None:
-            lines.append(f"fits with the weights kept in FP8 (--fp8-params, Megatron's --fp8-param-gather): best "
-                         f"{r_f.est.tokens_per_s[r_f.best]:,.0f} tokens/s")
-    for f in (2, 4, 8, 16, 32, 64):
-        n2 = sp.gpus * f
-        if hw.max_gpus and n2 > hw.max_gpus:
-            lines.append(f"no fit up to the machine's {hw.max_gpus} GPUs (max_gpus)" if f > 2 or sp.gpus < hw.max_gpus
-                         else f"no more GPUs on this machine (max_gpus {hw.max_gpus})")
-            break
-        # the batch asked for first; a larger one only where that batch cannot occupy the GPUs, and said
-        gb2 = sp.global_batch
-        r2 = search(m, hw, replace(sp, gpus=n2), routing, "throughput", headroom_gib, keep=1)
-        if r2.best is None and gb2 < n2:
-            gb2 = n2
-            r2 = search(m, hw, replace(sp, gpus=n2, global_batch=n2), routing, "throughput", headroom_gib, keep=1)
-        if r2.best is not None:
-            lines.append(f"fits with {n2} GPUs ({n2 - sp.gpus} more), best {r2.est.tokens_per_s[r2.best]:,.0f} tokens/s"
-                         + (f" at a global batch of {gb2} sequences" if gb2 != sp.global_batch else ""))
-            break
-    else:
-        lines.append(f"no fit up to {sp.gpus * 64} GPUs")
-    if states <= avail:
-        for div in (2, 4, 8):
-            if sp.seq // div < 128:
-                break
-            r3 = search(m, hw, replace(sp, seq=sp.seq // div, global_batch=sp.global_batch * div), routing,
-                        "throughput", headroom_gib, keep=1)
-            if r3.best is not None:
-                lines.append(f"fits with sequence length {sp.seq // div} (same tokens per step): activations "
-                             "shrink with fewer tokens per micro-batch")
-                break
-    return lines

@@ -106,7 +106,8 @@ def test_a_table_row_with_fp8_weights_needs_an_fp8_precision(tmp_path):
 def test_a_search_that_fits_only_with_fp8_weights_says_so_with_the_plan_s_throughput():
     # Qwen3-235B in FP8 on 22 GB200 (185 GiB each): bf16 weights beside their FP8 copies leave no
     # layout room
-    from piper_plan.search import diagnose, search
+    from piper_plan.diagnose import diagnose
+    from piper_plan.search import search
     m = load_model("qwen3-235b-a22b")
     sp = SearchSpace(gpus=22, global_batch=64, seq=4096, fp8="current")
     res = search(m, GB200, sp)

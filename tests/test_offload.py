@@ -152,7 +152,7 @@ def test_published_runs_that_offloaded_activations_fit_and_price_within_the_dens
 def test_the_search_tries_offloading_as_a_choice_and_says_when_it_is_what_fits():
     # Llama 3 70B on 4 GB200: its parameter and optimizer state alone exceed the device memory
     # unless the host holds the optimizer state
-    from piper_plan.search import diagnose
+    from piper_plan.diagnose import diagnose
 
     on_device = SearchSpace(gpus=4, global_batch=64, seq=8192)
     assert search(LLAMA70, GB200, on_device).best is None

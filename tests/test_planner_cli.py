@@ -158,6 +158,16 @@ def test_deepseek_v3_on_8_gpus_says_states_do_not_fit():
     assert "more)" in why  # a computed GPU count that fits
 
 
+def test_the_nothing_fits_hint_names_the_fewest_whole_nodes_it_found_to_fit():
+    # it had tried doublings only: 256 GPUs for DeepSeek-V3 on 64 H100s, where 21 nodes fit
+    code, text, _ = run("search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "64", "--json")
+    assert code == 1 and "fits with 168 GPUs (104 more)" in " ".join(json.loads(text)["infeasible"])
+    for n, fits in ((160, False), (168, True)):  # the asked batch (1,024 sequences) on one node fewer, and on 21
+        code, text, _ = run("search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", str(n), "--global-batch", "1024",
+                            "--json")
+        assert (code == 0) == fits, text
+
+
 def test_a_search_where_nothing_fits_prints_no_empty_table_and_exits_1():
     code, text, _ = run("search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "8")
     assert code == 1 and "0 fit" in text and "nothing fits" in text

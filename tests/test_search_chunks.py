@@ -9,7 +9,8 @@ import pytest
 
 import piper_plan.search as S
 from piper_plan.cost.batch import LayoutBatch, concat
-from piper_plan.search import SearchSpace, diagnose, search
+from piper_plan.diagnose import diagnose
+from piper_plan.search import SearchSpace, search
 from piper_plan.specs.registry import load_hardware, load_model
 
 MIXTRAL, LLAMA70, H100 = load_model("mixtral-8x7b"), load_model("llama3-70b"), load_hardware("dgx-h100")
