@@ -10,7 +10,7 @@ import sys
 import click
 
 from .cli_checks import (check_grad_dtype, check_headroom, check_machine_size, check_peaks,
-                         refuse_expert_options, warn_histogram)
+                         refuse_expert_options, refuse_no_ops, warn_histogram)
 from .cli_stack import GRAD_DTYPE_HELP, OFFLOAD_HELP, STACK_OPTIONS
 from .cli_validate import validate_cmd
 from .clitypes import BATCH, GPU_COUNT, POSITIVE, SEQUENCE, FiniteFloat, OneLineUsage, one_line_errors
@@ -367,6 +367,7 @@ def estimate(as_json, output, runtime, **kw):
     check_machine_size(hw, kw["hardware"], kw["gpus"])
     check_peaks(hw, kw["hardware"], kw)
     lay = _layout_from(kw, model)
+    refuse_no_ops(lay, kw)
     if runtime == "piper-train":
         lay = _as_piper_train_runs(lay, model)
     routing = parse_routing(kw["routing"])

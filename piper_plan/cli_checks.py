@@ -98,6 +98,24 @@ def refuse_expert_options(model, kw) -> None:
                          "leave it out for a dense model")
 
 
+def refuse_no_ops(lay, kw) -> None:
+    """One layout's options that would do nothing as given, in one line (estimate; a search tries
+    them across layouts, some of which read them): an exchange or placement at ep 1, the
+    tensor-parallel overlap at tp 1, the all-to-all's compute units where no all-to-all hides
+    behind compute (cost.estimate reads them beside an overlapped exchange or under dualpipev)."""
+    from .errors import PiperError
+
+    hides = lay.schedule == "dualpipev" or (lay.a2a_overlap and lay.ep > 1)
+    for given, no_op, why in (
+            (f"--a2a {kw['a2a']}", kw["a2a"] not in ("auto", "flat") and lay.ep == 1, "no expert exchange at ep 1"),
+            ("--placement spread", kw["placement"] == "spread" and lay.ep == 1, "no expert group to place at ep 1"),
+            ("--tp-comm-overlap", lay.tp_comm_overlap and lay.tp == 1, "no tensor-parallel collective at tp 1"),
+            (f"--a2a-sms {lay.a2a_sms}", lay.a2a_sms is not None and not hides,
+             "no all-to-all hides behind compute (--a2a-overlap with ep > 1, or dualpipev)")):
+        if no_op:
+            raise PiperError(f"{given}: {why}, so it does nothing; leave it out")
+
+
 def check_migration_settings(kw) -> None:
     """A --migration-* setting without --migration is a forgotten --migration, not a no-op."""
     from .errors import PiperError

@@ -1000,3 +1000,14 @@ def test_search_leaves_out_layer_offloading_megatron_core_refuses_and_counts_it(
     offloaded = [ln for ln in out.splitlines() if "offload(4 layers)" in ln]
     assert offloaded  # ranked, and each runs one stage without recompute
     assert all(" pp1 " in ln and "rc=none" in ln for ln in offloaded), offloaded
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--ep", "1", "--a2a", "halo"], "--a2a halo: no expert exchange at ep 1"),
+    (["--ep", "1", "--placement", "spread"], "--placement spread: no expert group to place at ep 1"),
+    (["--ep", "8", "--tp-comm-overlap"], "--tp-comm-overlap: no tensor-parallel collective at tp 1"),
+    (["--ep", "8", "--a2a-sms", "64"], "--a2a-sms 64: no all-to-all hides behind compute"),
+])
+def test_an_estimate_option_that_does_nothing_for_its_layout_is_refused(extra, needle):
+    one_line(["estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--global-batch", "256", *extra],
+             needle, "so it does nothing; leave it out")
