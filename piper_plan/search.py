@@ -20,10 +20,10 @@ from .cost.offload import check_host
 from .cost.rank_memory import logits_bytes
 from .errors import LayoutError
 from .layout import (absent_module_refusal, check_a2a_sms, check_cuda_graphs, check_fp8_params, check_fsdp2,
-                     check_grad_sync, check_offload_modules, check_stack, fp8_hw_refusal,
-                     fused_a2a_refusal, fused_hw_refusal, layer_slots,
-                     native_eager_refusal, offload_limit, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit,
+                     check_grad_sync, check_stack, fp8_hw_refusal, fused_a2a_refusal, fused_hw_refusal, layer_slots,
+                     native_eager_refusal, op_sac_refusal, op_sac_stack_refusal, recompute_layers_limit,
                      split_refused, wgrad_accum_refusal)
+from .layout_offload import check_offload_modules, offload_limit
 from .runtimes import WEIGHT_SPLIT
 from .specs.hardware import HardwareSpec
 from .specs.model import ModelSpec
@@ -555,7 +555,7 @@ def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: d
                   base: int = 0) -> tuple[LayoutBatch, np.ndarray]:
     """`batch` once per host-offloading choice (SearchSpace.optimizer_offload x offload_layers x
     offload_modules), less the layouts whose ranks hold too few layers to offload that many
-    (layout.check_offload), counted in `rejected`; and each layout's enumeration key: its offload
+    (layout_offload.check_offload), counted in `rejected`; and each layout's enumeration key: its offload
     choice, then `base` + its row of `batch` (the choices are crossed outermost)."""
     combos = _offload_combos(sp)
     rows = base + np.arange(len(batch))
@@ -565,11 +565,11 @@ def _with_offload(m: ModelSpec, sp: SearchSpace, batch: LayoutBatch, rejected: d
     parts, keys = [], []
     for c, (f, n, b) in enumerate(combos):
         fits = n <= most
-        name = "offload_layers >= layers on a rank (layout.check_offload)"
+        name = "offload_layers >= layers on a rank (layout_offload.check_offload)"
         rejected[name] = rejected.get(name, 0) + int(np.sum(~fits))
         # Megatron-Core's layer offloading runs without pipeline, recompute, graphs or module offloading
         runs = fits & ((n == 0) | ((batch.pp == 1) & (batch.recompute == 0) & (not sp.cuda_graphs) & (b == 0)))
-        name = "offload_layers with pp 1, no recompute, cuda_graphs or offload_modules (layout.offload_refusal)"
+        name = "offload_layers with pp 1, no recompute, cuda_graphs or offload_modules (layout_offload.offload_refusal)"
         if np.any(fits & ~runs):
             rejected[name] = rejected.get(name, 0) + int(np.sum(fits & ~runs))
         ok = np.flatnonzero(runs)

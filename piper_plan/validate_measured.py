@@ -12,7 +12,7 @@ def check_measured(path, row: dict, m, hw) -> None:
     attention, ModelSpec.flops_per_token): the least any run of the model executes a token."""
     metric, value = row["metric"], float(row["value"])
     peak = max(hw.accelerator.peak_tflops.values(), default=0.0)
-    seq = int(row["seq"]) if row.get("seq", "").isascii() and row.get("seq", "").isdigit() else m.seq_len
+    seq = int(row["seq"]) if row.get("seq") else m.seq_len  # (read_rows: ASCII digits or blank)
     fpt = m.flops_per_token(seq)
     if metric in ("hw_tflops_per_gpu", "model_tflops_per_gpu"):
         rate, what = value, f"{value:g} TFLOP/s a GPU"

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from bad_input_support import one_line
 from piper_plan.calibrate import CPU_TILES, _rescale_topology, build_spec, calibrate_cmd, match_bundled, to_yaml
 from piper_plan.calibrate_bench import make_plan
 from piper_plan.calibrate_fit import (ComputeRates, best_rates, comm_time, fit_comm, fit_compute, rated_spec,
@@ -787,3 +788,17 @@ def test_what_one_rank_or_an_odd_count_cannot_measure_is_kept_from_the_base_and_
     assert three.efficiency.pipeline_chunk_us == base.efficiency.pipeline_chunk_us
     assert three.efficiency.collective_overhead_us == 0.0  # measured, as fresh says
     assert kept_from_base(fresh, base, 2, False) is fresh  # all measured: nothing kept, nothing said
+
+
+def test_calibrate_check_refuses_a_device_as_it_refuses_the_other_run_options():
+    one_line(["--check", "cpu-local", "--device", "cuda"], "--device do not apply", cmd=calibrate_cmd)
+
+
+def test_calibrate_does_not_write_over_the_base_spec_it_reads(tmp_path):
+    pytest.importorskip("torch")
+    base = tmp_path / "mine.yaml"
+    base.write_text((Path(__file__).resolve().parents[1] / "hardware" / "cpu-local.yaml").read_text())
+    before = base.read_bytes()
+    one_line(["--smoke", "--ranks", "2", "--base", str(base), "-o", str(base)], "-o: is the --base this run reads",
+             cmd=calibrate_cmd)
+    assert base.read_bytes() == before

@@ -88,7 +88,7 @@ def activation_copy_time(hw: HardwareSpec, nbytes) -> np.ndarray:
 
 def offloaded_share(lay: LayoutBatch, layers) -> np.ndarray:
     """Share of a rank's layer activations on the host: offload_layers of its `layers`, all but
-    one at most (Transformer Engine keeps the last layer's on the device: layout.offload_limit).
+    one at most (Transformer Engine keeps the last layer's on the device: layout_offload.offload_limit).
     The limit is checked against the ranks' mean, ceil(L / pp); a balanced split gives some rank
     fewer layers, which would otherwise park everything."""
     layers = np.maximum(np.asarray(layers, dtype=float), 1.0)

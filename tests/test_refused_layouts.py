@@ -1,0 +1,61 @@
+"""Layouts and options no runtime runs, or that would do nothing for the layout given, are refused
+in one line by estimate and left out (and counted) by search: each rule read off the runtime that
+would run it (Megatron-Core's TransformerConfig and arguments, Transformer Engine's checks)."""
+from __future__ import annotations
+
+import pytest
+from bad_input_support import _run, one_line
+
+
+MIXTRAL_GB200 = ["estimate", "-m", "mixtral-8x7b", "-H", "gb200-nvl72", "-n", "64", "--tp", "2", "--ep", "8",
+                 "--global-batch", "256"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    # Megatron-Core's TransformerConfig refuses its layer-level CPU offloading beside each of these
+    (["--pp", "4", "--offload-layers", "4"], "offload_layers with pp 1"),
+    (["--recompute", "full", "--offload-layers", "4"], "offload_layers without recompute"),
+    (["--cuda-graphs", "attn", "--offload-layers", "4"], "offload_layers without cuda_graphs"),
+    (["--offload-modules", "expert_fc1", "--offload-layers", "4"], "offload_layers or offload_modules, not both"),
+    # a whole MoE layer is graphed only where token dropping fixes its shapes
+    (["--cuda-graphs", "moe"], "cuda_graphs without moe"),
+    # FP8 attention is part of an FP8 recipe, as FP8 weights are
+    (["--attention-fp8"], "attention_fp8 with an fp8 recipe"),
+    (["--recompute", "selective", "--recompute-modules", "mlp"], "mlp names a part mixtral-8x7b does not have"),
+])
+def test_a_combination_the_runtime_refuses_is_refused_not_priced(extra, needle):
+    one_line([*MIXTRAL_GB200, *extra], needle)
+
+
+@pytest.mark.parametrize("cmd", ["estimate", "search"])
+def test_mxfp8_on_a_gpu_before_blackwell_is_one_line(cmd):
+    args = ["-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--global-batch", "256", "--fp8", "mxfp8"]
+    one_line([cmd, *args, *(["--tp", "2", "--ep", "8"] if cmd == "estimate" else [])],
+             "fp8 mxfp8 needs compute capability 10 or later", "compute capability 9")
+
+
+def test_search_refuses_a_selective_set_naming_a_part_the_model_lacks_as_estimate_does():
+    # search had ranked rc=selective(shared_experts) on Mixtral, a plan estimate then refused
+    one_line(["search", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--selective", "shared_experts"],
+             "shared_experts names a part mixtral-8x7b does not have")
+
+
+def test_search_leaves_out_layer_offloading_megatron_core_refuses_and_counts_it():
+    code, out, _ = _run(["search", "-m", "mixtral-8x7b", "-H", "gb200-nvl72", "-n", "64", "--global-batch", "256",
+                         "--offload-layers", "0,4", "--top", "50"])
+    assert code == 0, out
+    assert "offload_layers with pp 1, no recompute, cuda_graphs or offload_modules" in out
+    offloaded = [ln for ln in out.splitlines() if "offload(4 layers)" in ln]
+    assert offloaded  # ranked, and each runs one stage without recompute
+    assert all(" pp1 " in ln and "rc=none" in ln for ln in offloaded), offloaded
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--ep", "1", "--a2a", "halo"], "--a2a halo: no expert exchange at ep 1"),
+    (["--ep", "1", "--placement", "spread"], "--placement spread: no expert group to place at ep 1"),
+    (["--ep", "8", "--tp-comm-overlap"], "--tp-comm-overlap: no tensor-parallel collective at tp 1"),
+    (["--ep", "8", "--a2a-sms", "64"], "--a2a-sms 64: no all-to-all hides behind compute"),
+])
+def test_an_estimate_option_that_does_nothing_for_its_layout_is_refused(extra, needle):
+    one_line(["estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--global-batch", "256", *extra],
+             needle, "so it does nothing; leave it out")
