@@ -396,7 +396,8 @@ def estimate(as_json, output, runtime, **kw):
                  f"mbs{lay.mbs} M{lay.microbatches} {lay.schedule} recompute={lay.recompute} zero{lay.zero}"
                  + (f"x{lay.zero_replicas}" if lay.zero_replicas > 1 else "")
                  + (" grad_sync=step" if lay.grad_sync == "step" else "")
-                 + (f" wgrad_accum={lay.wgrad_accum}" if lay.wgrad_accum else "") + f" a2a={lay.a2a}")
+                 + (f" wgrad_accum={lay.wgrad_accum}" if lay.wgrad_accum else "") + f" a2a={lay.a2a}"
+                 + (f" fp8={lay.fp8}" if lay.fp8 != "none" else ""))
         report.show(report.estimate_tables(row, title))
         _show_track_record(model, hw)
         if output:
@@ -688,7 +689,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
                                "memory_note": note}, indent=2))
     else:
         title = f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts evaluated in {wall:.2f} s, " \
-                f"{res.fitting:,} fit"
+                f"{res.fitting:,} fit" + (f", fp8 {kw['fp8']} GEMMs" if kw["fp8"] != "none" else "")
         if rows:
             report.show([report.search_table(rows, title)])
         else:  # no empty table: the rejections and the diagnosis below say why

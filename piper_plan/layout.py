@@ -723,13 +723,20 @@ def fused_a2a_refusal(a2a: str, a2a_overlap: bool, etp: int, schedule: str = "1f
 def fp8_hw_refusal(fp8: str, hw) -> tuple[str, str] | None:
     """Why `hw` cannot run the FP8 recipe, or None: MXFP8's block-scaled GEMMs need NVIDIA compute
     capability 10 or later (Transformer Engine check_mxfp8_support: "Device compute capability 10.0
-    or higher required for MXFP8 execution"). A device with no compute capability (AMD) is not
-    judged: ROCm's Transformer Engine runs MXFP8 from gfx950 (MI355X), and the spec holds no gfx."""
-    cc = hw.accelerator.compute_capability
-    if fp8 == "mxfp8" and cc is not None and cc < 10:
-        return ("fp8 mxfp8 needs compute capability 10 or later", f"{hw.name}'s {hw.accelerator.name} is compute "
+    or higher required for MXFP8 execution"), or AMD gfx950 or later (ROCm Transformer Engine's
+    check_mxfp8_support: "Device compute capability gfx950 or higher required for MXFP8 execution").
+    A device that states neither is not judged."""
+    if fp8 != "mxfp8":
+        return None
+    acc = hw.accelerator
+    cc, gfx = acc.compute_capability, acc.gfx_arch
+    if cc is not None and cc < 10:
+        return ("fp8 mxfp8 needs compute capability 10 or later", f"{hw.name}'s {acc.name} is compute "
                 f"capability {cc:g}: Transformer Engine runs MXFP8 on Blackwell and later; use fp8 current or "
                 "blockwise")
+    if gfx is not None and int(gfx[3:], 16) < 0x950:  # gfx90a < gfx942 < gfx950, read as hexadecimal
+        return ("fp8 mxfp8 needs gfx950 or later", f"{hw.name}'s {acc.name} is {gfx}: ROCm's Transformer "
+                "Engine runs MXFP8 from gfx950 (MI355X); use fp8 current or blockwise")
     return None
 
 

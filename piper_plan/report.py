@@ -99,6 +99,9 @@ def hardware_detail(h: HardwareSpec) -> list[Table]:
                           + ")"),
                  ("collective library", h.collectives)]:
         t.add_row(k, v)
+    if a.compute_capability is not None or a.gfx_arch is not None:  # what runtimes choose kernels and settings by
+        t.add_row("architecture", f"compute capability {a.compute_capability:g}" if a.compute_capability is not None
+                  else a.gfx_arch)
     if "fp8" in a.peak_tflops:  # what an FP8 weight keeps (Accelerator.fp8_any_layout)
         t.add_row("FP8 GEMM operand layouts", "any: one FP8 copy of a tensor-scaled weight" if a.fp8_any_layout
                   else "TN only: an FP8 weight keeps its transpose too")

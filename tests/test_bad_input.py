@@ -152,6 +152,9 @@ def test_the_more_gpus_hint_prices_the_batch_asked_for():
     ("dgx-h100", lambda t: t.replace("kernel_overhead_us: 3.0 ", "gemm_overhead_us: {bfloat16: 5}\n  "
                                      "kernel_overhead_us: 3.0 "), "gemm_overhead_us"),          # a misspelt dtype
     ("dgx-h100", lambda t: t.replace("overlap_comm_units: 20 ", "overlap_comm_units: 500 "), "overlap_comm_units"),
+    ("frontier", lambda t: t.replace("gfx_arch: gfx90a", "gfx_arch: MI250X"), "gfx_arch"),  # not a gfx target
+    ("frontier", lambda t: t.replace("gfx_arch: gfx90a", "gfx_arch: gfx90a\n  compute_capability: 9.0"),
+     "cannot both be set"),                                                                # AMD and NVIDIA at once
 ])
 def test_a_mistyped_or_impossible_hardware_figure_is_refused(tmp_path, name, edit, field):
     p = _spec(tmp_path, name, edit)

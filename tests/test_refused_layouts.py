@@ -34,6 +34,15 @@ def test_mxfp8_on_a_gpu_before_blackwell_is_one_line(cmd):
              "fp8 mxfp8 needs compute capability 10 or later", "compute capability 9")
 
 
+@pytest.mark.parametrize("cmd", ["estimate", "search"])
+def test_mxfp8_on_an_amd_gpu_before_gfx950_is_one_line_and_runs_on_mi355x(cmd):
+    args = ["-m", "mixtral-8x7b", "-n", "64", "--global-batch", "256", "--fp8", "mxfp8",
+            *(["--tp", "1", "--ep", "8"] if cmd == "estimate" else [])]
+    one_line([cmd, "-H", "amd-mi300x", *args], "fp8 mxfp8 needs gfx950 or later", "is gfx942")
+    code, out, _ = _run([cmd, "-H", "amd-mi355x", *args])
+    assert code == 0 and ("fp8=mxfp8" if cmd == "estimate" else "fp8 mxfp8 GEMMs") in out, out
+
+
 def test_search_refuses_a_selective_set_naming_a_part_the_model_lacks_as_estimate_does():
     # search had ranked rc=selective(shared_experts) on Mixtral, a plan estimate then refused
     one_line(["search", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--selective", "shared_experts"],

@@ -31,7 +31,7 @@ PEAK_DTYPES = frozenset({"bf16", "fp16", "fp32", "tf32", "fp8", "fp6", "fp4", "i
 
 
 class Accelerator(_Optional):
-    _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib", "fp8_any_layout")
+    _OMIT_AT_DEFAULT = ("ranks_per_core", "expert_row_multiple", "cache_mib", "fp8_any_layout", "gfx_arch")
 
     name: str = Field(min_length=1)
     memory_gib: float = Field(..., gt=0, le=MAX_GIB, description="device memory, GiB")
@@ -59,7 +59,17 @@ class Accelerator(_Optional):
         None, gt=0, description="CUDA compute capability (8.0 A100, 9.0 Hopper, 10.0 B200, 10.3 B300): runtimes "
         "choose settings by it (Megatron-LM runs one hardware work queue, CUDA_DEVICE_MAX_CONNECTIONS=1, below "
         "10 with tensor or context parallelism: validate._p2p_overlap); None: not an NVIDIA GPU")
+    gfx_arch: Optional[str] = Field(
+        None, pattern=r"^gfx[0-9a-f]{3,4}$", description="AMD GPU architecture as ROCm names it (gfx90a MI250X, "
+        "gfx942 MI300X, gfx950 MI355X): ROCm's Transformer Engine runs MXFP8 from gfx950 "
+        "(layout.fp8_hw_refusal); None: not an AMD GPU, or not stated")
     source: str = ""
+
+    @model_validator(mode="after")
+    def _one_vendor(self):
+        if self.gfx_arch is not None and self.compute_capability is not None:
+            raise ValueError("gfx_arch (an AMD GPU) and compute_capability (an NVIDIA GPU) cannot both be set")
+        return self
 
     @model_validator(mode="after")
     def _peaks(self):
