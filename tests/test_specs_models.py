@@ -327,6 +327,49 @@ def test_a_config_without_its_dense_layers_or_shared_experts_gets_what_transform
     assert (m.num_layers - m.num_moe_layers, m.moe.shared_experts) == (dense, shared)
 
 
+@pytest.mark.parametrize("name,key,figure,want", [
+    ("qwen3-32b", "head_dim", "hd", 128),                           # Qwen3Config: 128, not 5120 / 64 = 80
+    ("minimax-m2", "head_dim", "hd", 128),                          # MiniMaxM2Config: 128, not 3072 / 48 = 64
+    ("gpt-oss-20b", "head_dim", "hd", 64),                          # GptOssConfig: 64, not 2880 / 64 = 45
+    ("gpt-oss-20b", "sliding_window", "sliding_window", 128),       # GptOssConfig: 128 in every other layer
+    ("gpt-oss-20b", "swiglu_limit", "glu_clamp", 7.0),              # GptOssConfig: 7.0
+    ("qwen1.5-moe-a2.7b", "shared_expert_intermediate_size", "shared_ffn", 5632),   # Qwen2MoeConfig: 5632
+    ("ernie-4.5-21b-a3b", "moe_num_shared_experts", "shared_experts", 1),           # Ernie4_5_MoeConfig: 2, one MLP
+    ("granite-3.0-3b-a800m-instruct", "tie_word_embeddings", "tied_embeddings", False),  # GraniteMoeConfig: False
+])
+def test_a_key_a_config_leaves_out_takes_its_transformers_class_default(name, key, figure, want):
+    """A trimmed config had been priced with another model than transformers builds from it: Qwen3-32B
+    7 % smaller, GPT-OSS attending over the whole sequence in every layer, Qwen1.5-MoE without its
+    shared expert (31 % fewer active parameters)."""
+    cfg = json.loads((HF / f"{name}.json").read_text())
+    whole = model_from_hf_config(cfg, "x/config.json")
+    del cfg[key]
+    m = model_from_hf_config(cfg, "x/config.json")
+    got = getattr(m.moe, figure) if figure in ("glu_clamp", "shared_ffn", "shared_experts") else getattr(m, figure)
+    assert got == want
+    if name != "granite-3.0-3b-a800m-instruct":  # (the release states true, the class's default is false)
+        assert m.total_params == whole.total_params and m.flops_per_token(4096) == whole.flops_per_token(4096)
+
+
+def test_explicit_nulls_mean_none_where_transformers_reads_them_so():
+    """Llama4TextConfig.attention_chunk_size is int | None: null attends over the whole sequence;
+    GPT-OSS's null sliding_window none; a null head_dim is hidden / heads, as the classes resolve it."""
+    scout = json.loads((HF / "llama4-scout.json").read_text())
+    scout["text_config"]["attention_chunk_size"] = None
+    assert model_from_hf_config(scout, "x/config.json").attention_chunk is None
+    oss = json.loads((HF / "gpt-oss-20b.json").read_text())
+    oss.update(sliding_window=None, head_dim=None)
+    m = model_from_hf_config(oss, "x/config.json")
+    assert m.sliding_window is None and m.hd == 2880 // 64
+
+
+def test_dbrx_caps_the_default_sequence_at_its_max_seq_len():
+    cfg = _dbrx()
+    assert model_from_hf_config(cfg, "x/config.json").seq_len == 4096
+    cfg["max_seq_len"] = 2048
+    assert model_from_hf_config(cfg, "x/config.json").seq_len == 2048
+
+
 def test_an_explicit_null_shared_expert_count_builds_none_as_deepseeks_code_does():
     """`if config.n_shared_experts is not None` (DeepSeek's modelling code): null is no shared
     expert, where a key left out is the config class's default (above)."""
@@ -397,6 +440,10 @@ def test_a_multimodal_wrapper_around_a_supported_decoder_prices_the_decoder_and_
         model_from_hf_config({**wrapped, "text_config": {"model_type": "kimi_linear"}}, "x/config.json")
     with pytest.raises(SpecError, match=r"text_config\.index_topk: DeepSeek Sparse Attention"):
         model_from_hf_config({**wrapped, "text_config": {**text, "index_topk": 2048}}, "x/config.json")
+    # Kimi-K2.5 as released: its decoder typed kimi_k2, built by DeepseekV3ForCausalLM
+    k2 = {**text, "model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"]}
+    assert model_from_hf_config({**wrapped, "text_config": k2}, "kimi-k2.5/config.json").model_dump(
+        exclude=_ARCH_ONLY) == got.model_dump(exclude=_ARCH_ONLY)
     with pytest.raises(SpecError, match="unsupported model"):  # a wrapped decoder of no known type
         model_from_hf_config({**wrapped, "text_config": {"model_type": "something_else"}}, "x/config.json")
 
@@ -539,6 +586,15 @@ BAD = [
      "ffn_config.ffn_act_fn", "GLU experts"),
     ("dbrx width", _bad(lambda c: c["ffn_config"].update(ffn_hidden_size="wide"), _dbrx),
      "ffn_config.ffn_hidden_size", "expected an integer"),
+    ("dbrx heads", _bad(lambda c: c.update(d_model=6143), _dbrx), "d_model", "d_model: must divide by n_heads (48)"),
+    # the field at fault, not the one beside it
+    ("all dense", _bad(lambda c: c.update(first_k_dense_replace=61),
+                       lambda: json.loads((HF / "deepseek-v3.json").read_text())),
+     "first_k_dense_replace", "no layer is an MoE layer"),
+    ("nested architectures", {"architectures": [["LlamaForCausalLM"]], "hidden_size": 8}, "architectures",
+     "expected a list of class names"),
+    ("architectures a string", {"architectures": "LlamaForCausalLM", "hidden_size": 8}, "architectures",
+     "expected a list of class names"),
 ]
 
 
@@ -586,7 +642,7 @@ def test_ernie_4_5_routes_from_its_start_index_to_its_end_index_every_interval()
     every_other = model_from_hf_config({**cfg, "moe_layer_interval": 2}, "t")
     assert every_other.moe_layer_mask == tuple((i + 1) % 2 == 0 for i in range(28))
     # trailing dense layers have no form in the spec: said, not priced as something else
-    with pytest.raises(SpecError, match="moe_layer_start_index"):
+    with pytest.raises(SpecError, match=r"moe_layer_end_index: .*dense layers 0, 26, 27"):  # the index at fault
         model_from_hf_config({**cfg, "moe_layer_end_index": 25}, "t")
     with pytest.raises(SpecError, match="moe_layer_end_index"):
         model_from_hf_config({**cfg, "moe_layer_end_index": 28}, "t")

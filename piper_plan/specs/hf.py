@@ -96,6 +96,9 @@ def _layer_indices(c: _Cfg, key: str, n: int, default: list) -> list:
 _KV_HEADS_DEFAULT = {"mixtral": 8, "mistral": 8, "qwen2_moe": 16, "qwen3_moe": 4, "qwen2": 32, "qwen3": 32,
                      "gpt_oss": 8, "llama4": 8, "llama4_text": 8, "glm4_moe": 8, "dots1": 32, "minimax_m2": 8,
                      "ernie4_5_moe": 4, "phimoe": 8}
+# ... and head_dim, where a config class states one (Qwen3Config 128, MiniMaxM2Config 128, GptOssConfig
+# 64, Llama4TextConfig 128, same commits); the others (and an explicit null) take hidden / heads
+_HEAD_DIM_DEFAULT = {"qwen3": 128, "minimax_m2": 128, "gpt_oss": 64, "llama4": 128, "llama4_text": 128}
 
 
 def _base(c: _Cfg, mla: bool = False) -> dict:
@@ -113,8 +116,8 @@ def _base(c: _Cfg, mla: bool = False) -> dict:
         raise c._err("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv}{said}")
     if kv != heads:
         out["num_kv_heads"] = kv
-    head_dim = c.get("head_dim", default=None)
-    # only an explicit head_dim that differs from hidden/heads is a separate figure
+    head_dim = c.get("head_dim", default=None) if "head_dim" in c.data else _HEAD_DIM_DEFAULT.get(c.family)
+    # only a head_dim that differs from hidden/heads is a separate figure
     if head_dim is not None and head_dim * heads != hidden:
         out["head_dim"] = head_dim
     if head_dim is None and not mla and hidden % heads:
@@ -245,7 +248,9 @@ def _qwen_moe(c: _Cfg) -> dict:
     mask = [i not in only_mlp and (i + 1) % step == 0 for i in range(n)]
     dense, every = _fit_layer_pattern(mask, c, "mlp_only_layers" if only_mlp else "decoder_sparse_step")
     # Qwen2-MoE's one shared expert; Qwen3-MoE's block has none, whatever stray key a config holds
-    shared_ffn = c.get("shared_expert_intermediate_size", default=0, min_value=0) if c.family == "qwen2_moe" else 0
+    # (Qwen2MoeConfig defaults its width to 5632 where a config leaves it out)
+    shared_ffn = (c.get("shared_expert_intermediate_size", default=5632, min_value=0) if c.family == "qwen2_moe"
+                  else 0)
     extra = dict(shared_experts=1, shared_expert_ffn_size=shared_ffn) if shared_ffn else {}
     moe = _moe_block(c, c.get("num_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
                      every, router="softmax", **extra)
@@ -303,7 +308,7 @@ def _deepseek(c: _Cfg) -> dict:
     first = _first_dense(c)
     freq = c.get("moe_layer_freq", default=1)
     mask = [i >= first and i % freq == 0 for i in range(n)]
-    dense, every = _fit_layer_pattern(mask, c, "moe_layer_freq")
+    dense, every = _fit_layer_pattern(mask, c, "first_k_dense_replace" if first >= n else "moe_layer_freq")
     out["mla"] = dict(q_lora_rank=c.get("q_lora_rank", default=None), kv_lora_rank=c.get("kv_lora_rank"),
                       qk_nope_head_dim=c.get("qk_nope_head_dim"),
                       qk_rope_head_dim=c.get("qk_rope_head_dim", min_value=0),
@@ -398,7 +403,7 @@ def _gpt_oss(c: _Cfg) -> dict:
     # their unfused adds, not their 0.03% of the parameters) and the swiglu clamp (swiglu_limit).
     # Not modelled: the router bias and the per-head attention sinks.
     out = _base(c)
-    window = c.get("sliding_window", int, default=None)
+    window = _window_or_default(c, 128)  # GptOssConfig's sliding_window; null: none
     types = c.data.get("layer_types")
     if types is None and window:  # GptOssConfig's default: sliding and full attention in turn, sliding first
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(c.get("num_hidden_layers"))]
@@ -413,7 +418,7 @@ def _gpt_oss(c: _Cfg) -> dict:
     out["moe"] = _moe_block(c, c.first(("num_local_experts", "num_experts")),
                             c.first(("num_experts_per_tok", "experts_per_token")),
                             c.get("intermediate_size"), router="softmax", expert_bias=True)
-    clamp = c.get("swiglu_limit", float, default=None)
+    clamp = c.get("swiglu_limit", float, default=None) if "swiglu_limit" in c.data else 7.0  # GptOssConfig's
     if clamp is not None:
         out["moe"]["glu_clamp"] = clamp
     out["tied_embeddings"] = _tied(c, False)
@@ -446,7 +451,8 @@ def _llama4(c: _Cfg) -> dict:
     # chunked local attention (Llama4TextConfig: attention_chunk_size 8192) in the RoPE layers;
     # the NoPE layers (no_rope_layers[i] == 0; default every no_rope_layer_interval-th, 4) attend
     # to the whole sequence
-    chunk = t.get("attention_chunk_size", int, default=8192)
+    # (null: no chunks, Llama4TextConfig's int | None)
+    chunk = t.get("attention_chunk_size", int, default=None) if "attention_chunk_size" in t.data else 8192
     if chunk:
         n_int = t.get("no_rope_layer_interval", int, default=4)
         rope = t.data.get("no_rope_layers") or [int((i + 1) % n_int != 0) for i in range(n)]
@@ -505,7 +511,7 @@ def _granitemoe(c: _Cfg) -> dict:
     extra = dict(shared_experts=1, shared_expert_ffn_size=shared) if shared else {}
     out["moe"] = _moe_block(c, c.get("num_local_experts"), c.get("num_experts_per_tok"),
                             c.get("intermediate_size"), router="softmax", **extra)
-    out["tied_embeddings"] = _tied(c, True)
+    out["tied_embeddings"] = _tied(c, False)  # GraniteMoeConfig's default; the releases state true
     return out
 
 
@@ -559,6 +565,9 @@ def _dbrx(c: _Cfg) -> dict:
     if layers > MAX_LAYERS:
         raise c._err("n_layers", f"expected at most {MAX_LAYERS}, got {layers}")
     hidden, heads = c.first(("d_model", "hidden_size")), c.first(("n_heads", "num_attention_heads"))
+    if hidden % heads:  # in DBRX's own names, not ModelSpec's
+        key = "d_model" if c.data.get("d_model") is not None else "hidden_size"
+        raise c._err(key, f"must divide by n_heads ({heads}), got {hidden}")
     out = dict(num_layers=layers, hidden_size=hidden, num_heads=heads, vocab_size=c.get("vocab_size"))
     kv = attn.get("kv_n_heads", default=1)
     if heads % kv:
@@ -597,8 +606,9 @@ def _ernie4_5_moe(c: _Cfg) -> dict:
     end = n - 1 if end == -1 else end
     interval = c.get("moe_layer_interval", default=1)
     mask = [(i + 1) % interval == 0 and start <= i <= end for i in range(n)]
-    dense, every = _fit_layer_pattern(mask, c, "moe_layer_start_index")
-    shared = c.get("moe_num_shared_experts", default=0, min_value=0)
+    # a run of dense layers after the MoE ones has no form in the spec: the end index is at fault
+    dense, every = _fit_layer_pattern(mask, c, "moe_layer_end_index" if end < n - 1 else "moe_layer_start_index")
+    shared = c.get("moe_num_shared_experts", default=2, min_value=0)  # Ernie4_5_MoeConfig's default
     width = c.get("moe_intermediate_size")
     extra = dict(shared_experts=1, shared_expert_ffn_size=width * shared) if shared else {}
     moe = _moe_block(c, c.get("moe_num_experts"), c.get("moe_k"), width, every, router="softmax", **extra)
@@ -719,13 +729,18 @@ def _family(cfg: dict, source: str) -> tuple[str, dict, str]:
         return mt, cfg, ""
     if isinstance(mt, str) and mt in _UNMODELLED:
         raise _unmodelled(source, "model_type", mt)
-    archs = cfg.get("architectures")
-    if isinstance(archs, list) and archs and archs[0] in _ARCHITECTURES:
+    archs = _architectures(cfg, source, "")
+    if archs and archs[0] in _ARCHITECTURES:
         return _ARCHITECTURES[archs[0]], cfg, ""
     text = cfg.get("text_config")
     inner = text.get("model_type") if isinstance(text, dict) and mt is not None else None
     if isinstance(inner, str) and inner in _UNMODELLED:  # the wrapped decoder is one no spec describes
         raise _unmodelled(source, "text_config.model_type", inner)
+    if isinstance(text, dict) and mt is not None and not (isinstance(inner, str) and inner in _FAMILIES):
+        # a decoder typed by its own name but built from a family's class (Kimi-K2.5's text_config:
+        # model_type kimi_k2, architectures DeepseekV3ForCausalLM), as at the top level
+        inner_archs = _architectures(text, source, "text_config.")
+        inner = _ARCHITECTURES.get(inner_archs[0]) if inner_archs else inner
     if isinstance(inner, str) and inner in _FAMILIES:
         click.echo(f"warning: {source}: model_type {mt!r} keeps a {inner} decoder in text_config: the spec and "
                    f"its plans price that language model, not the vision tower", err=True)
@@ -735,6 +750,18 @@ def _family(cfg: dict, source: str) -> tuple[str, dict, str]:
         raise SpecError(source, "model_type", f"required field is missing (supported: {supported})")
     got = mt if mt is not None else archs
     raise SpecError(source, "model_type", f"unsupported model {got!r} (supported: {supported})")
+
+
+def _architectures(cfg: dict, source: str, prefix: str) -> list[str]:
+    """The config's `architectures` (transformers' class names), [] where absent; anything but a
+    list of names is refused, naming the field."""
+    archs = cfg.get("architectures")
+    if archs is None:
+        return []
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise SpecError(source, prefix + "architectures", f"expected a list of class names such as "
+                                                         f"[\"MixtralForCausalLM\"], got {_short(archs)}")
+    return archs
 
 
 def _name(cfg: dict, source: str) -> str:
@@ -760,7 +787,7 @@ def model_from_hf_config(cfg: dict, source: str) -> ModelSpec:
     c = _Cfg(cfg, source, family, prefix)
     fields = _FAMILIES[family](c)
     fields.update(name=name, source=f"HF config.json {source} ({family})")
-    context = c.get("max_position_embeddings", default=None)
+    context = c.first(("max_position_embeddings", "max_seq_len"), default=None)  # (DBRX: max_seq_len)
     if context is not None and context < ModelSpec.model_fields["seq_len"].default:
         fields.setdefault("seq_len", context)
     try:
