@@ -663,10 +663,7 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
         from .search import round_batch
 
         size, sp = sp.global_batch, replace(sp, global_batch=round_batch(sp.global_batch, gpus))
-        if size < gpus:  # raised, where sweep raises it too
-            click.echo(f"warning: --global-batch: the default, {size:,} sequences (4M tokens), is under one a GPU "
-                       f"on {gpus:,} GPUs; searched at {sp.global_batch:,} (one a GPU); state the batch you will "
-                       "run", err=True)
+        _warn_default_batch(size, [gpus])  # raised, where sweep raises it too
     res = search(model, hw, sp, routing, objective, kw["headroom_gib"], keep=top_k)  # bounded memory
     wall = time.perf_counter() - t0
     rows = []
@@ -729,7 +726,10 @@ def schema_cmd():
 @main.command("sweep")
 @search_options
 @click.option("--gpus", "-n", required=True, help="comma-separated GPU counts, e.g. 256,512,1024")
-@click.option("--vary", multiple=True, help="FIELD=v1,v2 (dotted hardware path or alias nic_gbps, hbm_gib, ...)")
+@click.option("--vary", multiple=True, help="FIELD=v1,v2: a numeric field of the hardware spec by dotted path "
+              "(topology.0.bandwidth_gbps, efficiency.comm) or alias: nic_gbps (per NIC, network.nic_gbps), "
+              "hbm_gib / memory_gib, hbm_gbps, peak_bf16, gemm_eff, sustained, host_op_us, host_link_gbps, "
+              "host_gib; repeat --vary for a grid")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="write the table as CSV")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="write the table as JSON")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
@@ -745,17 +745,25 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
 
     from . import report
     from .errors import SpecError
+    from .files import is_stdout
     from .plan import atomic_write_text
-    from .sweep import CSV_COLUMNS, fmt, parse_vary, plot, run_sweep, scenarios
+    from .sweep import CSV_COLUMNS, MAX_SEARCHES, fmt, parse_vary, plot, run_sweep, scenarios
 
     model, hw, routing = _load_for_search(kw)
     parts = [x.strip() for x in gpus.split(",")]
     # ASCII digits only (as _ints): str.isdigit() takes '²', which int() refuses
     if not all(re.fullmatch("[0-9]+", x) and 1 <= int(x) <= GPU_COUNT.max for x in parts) or \
             len(set(map(int, parts))) != len(parts):
-        raise SpecError("--gpus", repr(gpus), "expected a comma-separated list of distinct positive GPU counts")
+        raise SpecError("--gpus", repr(gpus), "expected a comma-separated list of distinct GPU counts, each "
+                        f"1..{GPU_COUNT.max:,}")
     counts = [int(x) for x in parts]
     vary_d = parse_vary(list(vary))
+    n = len(counts)
+    for v in vary_d.values():
+        n *= len(v)
+    if n > MAX_SEARCHES:  # each a full search; their specs are built before the first
+        raise SpecError("--vary", f"{n:,} searches", f"expected at most {MAX_SEARCHES:,} (GPU counts x each "
+                        "field's values): sweep fewer values, or split the sweep")
     space = _space(kw, model, counts[0])
     check_peaks(hw, kw["hardware"], kw)
     # before the sweep: a path that cannot be written would lose it, or leave half the outputs
@@ -769,10 +777,10 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     for h in specs.values():  # a varied max_gpus or topology is the scenario's machine
         for c in counts:
             check_machine_size(h, kw["hardware"], c, said)
+    _check_scenarios(model, space, specs, list(vary_d))
     warned = _warn_unread_vary(vary_d, space, kw["hardware"])
-    n = len(counts)
-    for v in vary_d.values():
-        n *= len(v)
+    if kw["global_batch"] is None:
+        _warn_default_batch(space.global_batch, counts)
     with Progress(transient=True, disable=n < 4) as prog:
         task = prog.add_task("sweeping", total=n)
         rows = run_sweep(model, hw, counts, vary_d, space, routing, lambda: prog.advance(task), kw["headroom_gib"],
@@ -784,7 +792,7 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
     for r in rows:  # (the batch: the default's rounds to each GPU count, so say which each row priced)
         t.add_row(*[fmt(r[k]) for k in keys], str(r["global_batch"]), f"{r['tokens_per_s']:,.0f}", f"{r['mfu']:.1%}",
                   r["layout"])
-    report.show([t])
+    report.show([t], stderr=is_stdout(csv_path) or is_stdout(json_path))  # the data alone on stdout
     if csv_path:
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=[*keys, *CSV_COLUMNS])  # the scenario, then its answer, as the table
@@ -800,6 +808,34 @@ def sweep_cmd(gpus, vary, csv_path, json_path, plot_path, **kw):
         click.echo("nothing fits in any scenario; `piper-plan search` says why, on the spec or on a copy of it "
                    "with the varied fields set", err=True)
         sys.exit(1)
+
+
+def _warn_default_batch(size: int, counts: list[int]) -> None:
+    """Say where the default global batch (a size, not a layout) is raised to one sequence a GPU."""
+    under = [c for c in counts if size > 0 and c > size]
+    if under:
+        shown = ", ".join(f"{c:,}" for c in under)
+        at = f"{under[0]:,} (one a GPU)" if len(under) == 1 else "one a GPU there"
+        click.echo(f"warning: --global-batch: the default, {size:,} sequences (4M tokens), is under one a GPU "
+                   f"on {shown} GPUs; searched at {at}; state the batch you will run", err=True)
+
+
+def _check_scenarios(model, space, specs: dict, keys: list[str]) -> None:
+    """Each scenario's spec asked, before the first search, what the search refuses of a whole space
+    (search.check_space: MXFP8 below compute capability 10, --a2a-sms over the compute units): one
+    line naming the scenario, where the sweep had stopped after pricing the scenarios before it."""
+    from .errors import PiperError, SpecError
+    from .search import check_space
+    from .sweep import fmt
+
+    for vals, h in specs.items():
+        try:
+            check_space(model, h, space)
+        except PiperError as e:
+            if not keys:
+                raise
+            label = ", ".join(f"{k}={fmt(v)}" for k, v in zip(keys, vals))
+            raise SpecError("--vary", label, f"this scenario cannot run the options asked: {e}") from None
 
 
 def _warn_unread_vary(vary: dict, space, source: str) -> set:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from pathlib import Path
 
 import click
@@ -52,7 +53,8 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
 
     from . import report
     from .files import check_outputs, image_format
-    from .validate import check_group, explain, run, summary
+    from .validate import check_group, run, summary
+    from .validate_explain import explain
 
     # one answer a call: a mode other than the plain pass, and --blind / --plot only beside that pass
     modes = [flag for flag, on in (("--explain", explain_id), ("--sensitivity", sensitivity),
@@ -62,6 +64,8 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
         raise click.UsageError(f"{' and '.join(modes)}: one of them a call")
     if blind and (table_path or modes):
         raise click.UsageError(f"--blind prices the bundled table on its own: not with {(modes or ['--table'])[0]}")
+    if explain_id and group is not None:  # (the row had been explained whatever group it is in)
+        raise click.UsageError("--explain names one row: not with --group")
     if plot_path is not None and modes:
         raise click.UsageError(f"--plot draws the plain pass over the table: not with {modes[0]}")
     if output is not None and not as_json:
@@ -100,13 +104,16 @@ def validate_cmd(table_path, layer_path, group, as_json, explain_id, sensitivity
         if d.get("not_priced"):  # nothing to break down
             click.echo(f"{explain_id}: {d['metric']} published {d['published']:g}, {d['not_priced']}")
             return
-        t = Table(title=f"{explain_id}: {d['metric']} published {d['published']:g}, predicted {d['predicted']:.4g}")
+        t = Table(title=f"{explain_id}{' (fit)' if d['fit'] else ''}: {d['metric']} published {d['published']:g}, "
+                        f"predicted {d['predicted']:.4g}")
         t.add_column("item")
         t.add_column("value")
         for k, v in d.get("layout", {}).items():
             t.add_row(f"layout.{k}", str(v))
         for k, v in d.get("time_breakdown_s", {}).items():
             t.add_row(f"time.{k} (s)", f"{v:.4g}")
+        for k, v in d.get("memory_first_stage_gib", {}).items():
+            t.add_row(f"memory.{k} (GiB, first stage)", f"{v:.4g}")
         for k in ("measured_step_time_s", "predicted_ms_per_layer_microbatch", "missing_ms_per_layer_microbatch"):
             if k in d:
                 t.add_row(k, f"{d[k]:.4g}")
@@ -346,7 +353,7 @@ def _show_bundled_checks(c: dict) -> None:
 
 def _emit_json(obj, output=None) -> None:
     """Print a JSON answer, or write it to `output` atomically (a failed write leaves the old file)."""
-    text = json.dumps(obj, indent=2)
+    text = json.dumps(_finite(obj), indent=2, allow_nan=False)
     if output is None:
         click.echo(text)
         return
@@ -354,6 +361,18 @@ def _emit_json(obj, output=None) -> None:
 
     atomic_write_text(output, text + "\n", "-o")
     click.echo(f"wrote {output}")
+
+
+def _finite(obj):
+    """`obj` with every non-finite float as null: JSON has no NaN or Infinity, and a strict parser
+    refuses the words json.dumps writes for them."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _show_sensitivity(group, as_json, path=None, emit=_emit_json):

@@ -175,6 +175,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, what: str = "<file>
         raise
 
 
+def is_stdout(path: str | os.PathLike | None) -> bool:
+    """Whether writing `path` writes this process's standard output (/dev/stdout, /dev/fd/1, or
+    the file or pipe stdout is): where data goes there, tables go to stderr."""
+    if not path:
+        return False
+    try:
+        a, b = os.stat(path), os.fstat(1)
+    except (OSError, ValueError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _special(p: Path) -> bool:
     """Whether `p` is, through its links, neither a regular file nor a folder: a device or a FIFO.
     stat() of the name itself, not of its realpath: /dev/stdout's link resolves to "pipe:[N]" in

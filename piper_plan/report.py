@@ -14,6 +14,8 @@ import sys
 # wide tables when piped (CI logs, files); the terminal width otherwise
 # markup off: names, sources and ids come from the user's files ("[cs.LG]" vanished, "[/]" raised)
 console = Console(width=None if sys.stdout.isatty() else 160, markup=False)
+# the same on stderr, for a command whose data goes to stdout (sweep --csv /dev/stdout)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160, markup=False)
 
 
 def _b(x: float) -> str:
@@ -154,9 +156,9 @@ def estimate_tables(row: dict, title: str) -> list[Table]:
     return [s, tt, mt]
 
 
-def show(tables) -> None:
+def show(tables, stderr: bool = False) -> None:
     for t in tables:
-        console.print(t)
+        (err_console if stderr else console).print(t)
 
 
 def layout_str(lay: dict) -> str:

@@ -628,6 +628,21 @@ def _batch(cols: dict, j, zero, zrep, recompute, a2a, placement, rc_mods, rc_lay
 PRICE_CHUNK = 1 << 16
 
 
+def check_space(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace) -> None:
+    """Raise LayoutError (SpecError for the host) where an option the whole space shares cannot run
+    on `m` or `hw`: refused before anything is priced (a sweep asks it of every scenario's spec
+    before its first search)."""
+    check_a2a_sms(sp.a2a_sms, hw)
+    why = native_eager_refusal(m) if sp.native_eager else None
+    for mods in sp.selective if "selective" in sp.recomputes else ():
+        why = why or op_sac_refusal(m, mods) or absent_module_refusal(m, mods)
+    why = why or (fused_hw_refusal(m, hw) if "fused" in sp.a2as and m.moe else None) or fp8_hw_refusal(sp.fp8, hw)
+    why = why or wgrad_accum_refusal(sp.wgrad_accum, m.moe.num_experts if m.moe else 0, m.name)
+    if why:
+        raise LayoutError(*why)
+    check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))
+
+
 def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | None = None,
            objective: str = "throughput", headroom_gib: float = 0.0, keep: int | None = None) -> SearchResult:
     """The space's layouts priced and ranked. keep None: the result holds every priced layout and its
@@ -637,15 +652,7 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
     import time
 
     t0 = time.process_time()
-    check_a2a_sms(sp.a2a_sms, hw)  # one value for the whole space: refused before anything is priced
-    why = native_eager_refusal(m) if sp.native_eager else None  # likewise
-    for mods in sp.selective if "selective" in sp.recomputes else ():
-        why = why or op_sac_refusal(m, mods) or absent_module_refusal(m, mods)
-    why = why or (fused_hw_refusal(m, hw) if "fused" in sp.a2as and m.moe else None) or fp8_hw_refusal(sp.fp8, hw)
-    why = why or wgrad_accum_refusal(sp.wgrad_accum, m.moe.num_experts if m.moe else 0, m.name)
-    if why:
-        raise LayoutError(*why)
-    check_host(hw, any(f > 0 or n > 0 or b for f, n, b in _offload_combos(sp)))  # likewise
+    check_space(m, hw, sp)
     counts = np.zeros(3, int)  # layouts over device memory, over the host's, priced non-finite
     # two stages: a cheap state-memory bound drops layouts that cannot fit, the rest are priced
     if keep is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import types
 import typing
 from dataclasses import replace
@@ -32,6 +33,11 @@ ALIASES = {
     "host_gib": "host.memory_gib",       # host memory per GPU for offloaded state and activations
 }
 
+
+# the most searches one sweep runs (GPU counts x every varied field's values): each is a full search
+# (0.1-1 s), and every scenario's spec is built before the first (10,000 took 140 MB), so a sweep
+# past this runs for hours after holding gigabytes
+MAX_SEARCHES = 100_000
 
 # --csv's columns after the scenario's (gpus, then each varied field's dotted path), the same set
 # whatever fits: tokens_per_s is the whole job's, mfu a fraction, peak_memory_gib the busiest
@@ -111,12 +117,11 @@ def set_field(hw: HardwareSpec, path: str, value: float) -> HardwareSpec:
 
 
 def _index(p: str) -> int:
-    """A list item's index in a dotted path: 0, 1, ... (a negative one counting from the end
-    would name the same level two ways)."""
-    i = int(p)
-    if i < 0:
+    """A list item's index in a dotted path: 0, 1, ... as written so (a negative one counting from
+    the end, 00 or +0, would name the same level two ways, past --vary's "given twice" check)."""
+    if not re.fullmatch("0|[1-9][0-9]*", p):  # 00, +0, -1: one level named two ways (the later one won)
         raise ValueError(p)
-    return i
+    return int(p)
 
 
 def fmt(v) -> str:
@@ -202,7 +207,7 @@ def plot(rows: list[dict], keys: list[str], path: str) -> None:
     for ax in axes:
         ax.set_xlabel(x_key)
         ax.grid(alpha=0.3)
-    if len(groups) > 1:
+    if groups and others:  # one line too says which GPU count (or value) it is: another may fit nothing
         axes[1].legend(fontsize=7)
     fig.tight_layout()
     from .files import atomic_write_bytes, image_format

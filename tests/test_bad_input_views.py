@@ -35,7 +35,8 @@ def test_a_plan_given_as_a_spec_is_told_to_use_show(tmp_path, plan_doc):
 
 
 def test_sweep_gpu_counts_take_ascii_digits_only():
-    one_line(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4,²"], "--gpus", "distinct positive GPU counts")
+    one_line(["sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4,²"], "--gpus",
+             "distinct GPU counts, each 1..16,777,216")
 
 
 def test_sweep_refuses_a_headroom_that_leaves_every_scenario_nothing():
@@ -61,11 +62,24 @@ def _published(tmp_path, edit):
     ("hw_tflops_per_gpu", "137000", "137000 TFLOP/s a GPU is above dgx-a100-80gb's highest peak (312 TFLOP/s)"),
     ("hw_tflops_per_gpu", "1e308", "TFLOP/s a GPU is above"),
     ("tokens_per_s_per_gpu", "9e9", "tokens/s a GPU is"),
+    # as slow as no run publishes: a step of more than a day (1e308 s had written -Infinity into --json)
+    ("iteration_time_s", "1e308", "means a step of 1e+308 s, more than a day"),
+    ("tokens_per_s_per_gpu", "1e-300", "more than a day"),
 ])
 def test_a_measured_figure_above_what_its_machine_can_do_is_a_unit_slip(tmp_path, metric, value, needle):
     """A unit slip had been priced at -99.9 % and entered the means; 1e308 had written Infinity."""
     p = _published(tmp_path, lambda r: r.replace(",hw_tflops_per_gpu,137,", f",{metric},{value},"))
     one_line(["validate", "--table", p], p, "row nar21-t1-1.7b: value:", needle, "a unit slip?")
+
+
+def test_explain_names_one_row_so_a_group_beside_it_is_refused():
+    one_line(["validate", "--explain", "nar21-t1-1.7b", "--group", "xmoe2025"], "--explain names one row",
+             "not with --group")
+
+
+def test_validate_json_holds_no_infinity_or_nan():
+    from piper_plan.cli_validate import _finite
+    assert _finite({"a": [float("inf"), 1.5, float("nan")], "b": -float("inf")}) == {"a": [None, 1.5, None], "b": None}
 
 
 def test_explain_of_a_row_on_a_machine_without_a_spec_says_it_is_not_priced(tmp_path):

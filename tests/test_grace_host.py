@@ -4,7 +4,7 @@ measured A/B pair on GB200 tests the host model where it matters (validation/REA
 import pytest
 
 from piper_plan.specs import load_hardware
-from piper_plan.validate import explain
+from piper_plan.validate_explain import explain
 
 TORCH_LINEAR_US = {"xeon_8480c": 13.48, "grace": 37.08}  # TransformerEngine#2053, torch rows
 PY_OP_CALL_NS = {"h100_host": 182.0, "grace": 197.0}  # pytorch#187862

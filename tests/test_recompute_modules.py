@@ -9,7 +9,7 @@ from piper_plan.cost.estimate import evaluate
 from piper_plan.layout import Layout
 from piper_plan.specs.registry import load_hardware, load_model
 
-BASE = dict(gpus=16, pp=2, ep=8, global_batch=256, seq=4096)
+BASE = dict(gpus=16, pp=2, dp=8, ep=8, global_batch=256, seq=4096)  # (dp 8: tp·pp·dp = gpus)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_xmoe_attention_block_checkpoint_keeps_only_the_layer_input_and_reruns_i
     # norms, the projections, the core and the residual in one checkpoint: only the layer input is
     # saved, the whole block re-runs in the backward, its tensor-parallel all-reduce included
     m, hw = load_model("xmoe-small"), load_hardware("frontier-rocm57")
-    lays = [Layout(gpus=16, tp=2, ep=8, global_batch=64, seq=2048, sequence_parallel=False,
+    lays = [Layout(gpus=16, tp=2, dp=8, ep=8, global_batch=64, seq=2048, sequence_parallel=False,
                    recompute="selective", recompute_modules=x) for x in (("core_attn",), ("attn_block",))]
     batch = from_layouts(lays)
     est = evaluate(m, hw, batch)
@@ -143,7 +143,7 @@ def test_moe_recompute_puts_its_rerun_all_to_all_in_the_step(qwen):
     """A re-run MoE block exchanges its tokens again: under 1F1B nothing hides that exchange, so
     the step grows by at least the all-to-all it adds, and no other collective changes."""
     m, hw = qwen
-    est = _moe_pair(m, hw, gpus=64, tp=2, pp=4, ep=8, global_batch=256, seq=4096, schedule="1f1b")
+    est = _moe_pair(m, hw, gpus=64, tp=2, pp=4, dp=8, ep=8, global_batch=256, seq=4096, schedule="1f1b")
     assert est.time["a2a"][1] > est.time["a2a"][0]
     assert est.step_time_s[1] - est.step_time_s[0] >= est.time["a2a"][1] - est.time["a2a"][0]
     assert est.time["tp_comm"][1] == pytest.approx(est.time["tp_comm"][0], rel=1e-9)
@@ -154,7 +154,8 @@ def test_moe_recompute_never_speeds_up_a_dualpipev_step():
     at most the compute it came with, so recomputing the MoE block cannot make the step faster."""
     m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
     for tp in (1, 2, 4):
-        est = _moe_pair(m, hw, gpus=256, tp=tp, pp=16, ep=16, global_batch=1024, seq=4096, schedule="dualpipev")
+        est = _moe_pair(m, hw, gpus=256, tp=tp, pp=16, dp=16 // tp, ep=16, global_batch=1024, seq=4096,
+                        schedule="dualpipev")
         assert est.step_time_s[1] >= est.step_time_s[0]
 
 
@@ -164,7 +165,7 @@ def test_a_selective_layout_prices_alike_whatever_shares_its_batch(mods, cp):
     the core attention's context-parallel ring, the MoE block's all-to-all) are the layout's own:
     a layout without recompute but the same module list, ahead of it in a batch, takes none away."""
     m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
-    base = dict(gpus=256, tp=8, cp=cp, pp=8, ep=16, global_batch=1024, seq=4096, recompute_modules=mods)
+    base = dict(gpus=256, tp=8, cp=cp, pp=8, dp=4 // cp, ep=16, global_batch=1024, seq=4096, recompute_modules=mods)
     sel = Layout(**base, recompute="selective")
     alone = evaluate(m, hw, from_layouts([sel])).step_time_s[0]
     after_none = evaluate(m, hw, from_layouts([Layout(**base, recompute="none"), sel])).step_time_s[1]

@@ -71,7 +71,7 @@ def test_dense_ranking_follows_measurement(results):
 
 
 def test_explain_gives_the_measured_step_and_the_per_layer_gap():
-    from piper_plan.validate import explain
+    from piper_plan.validate_explain import explain
 
     d = explain("kor22-t5-22b-full")  # iteration_time_s: the published value is the step time
     assert d["measured_step_time_s"] == 1.42
@@ -83,8 +83,20 @@ def test_explain_gives_the_measured_step_and_the_per_layer_gap():
     assert tok["measured_step_time_s"] == pytest.approx(4096 * 4096 / (3848 * 256))
 
 
+def test_explain_of_a_memory_row_shows_the_parts_its_prediction_sums():
+    """--explain of a Korthikanti Fig. 1 row had shown step seconds only, none of the GiB it predicts."""
+    from piper_plan.validate_explain import explain
+
+    act = explain("kor22-f1-22b-act-sel")
+    assert act["predicted"] == pytest.approx(act["memory_first_stage_gib"]["activations"])
+    states = explain("kor22-f1-22b-states")
+    mem = states["memory_first_stage_gib"]
+    assert states["predicted"] < sum(mem[k] for k in ("weights", "grads", "master", "optimizer"))  # less the embedding
+    assert states["group"] == "korthikanti2022-fig1" and not states["fit"]
+
+
 def test_every_row_with_a_measured_step_reports_its_per_layer_gap(results):
-    from piper_plan.validate import explain
+    from piper_plan.validate_explain import explain
 
     by_id = {r.id: r for r in results}
     assert by_id["mb-qwen3-30b-h100-bf16-card"].missing_ms_per_layer_microbatch == pytest.approx(

@@ -149,8 +149,9 @@ def test_varying_the_host_without_offloading_says_it_changes_nothing():
 
 def test_a_list_index_counts_from_the_start_only():
     hw = load_hardware("dgx-h100")
-    with pytest.raises(SpecError, match="no such field"):
-        set_field(hw, "topology.-1.latency_us", 5.0)
+    for alias in ("-1", "00", "+0"):  # "topology.00" beside "topology.0" had passed "given twice", the later winning
+        with pytest.raises(SpecError, match="no such field"):
+            set_field(hw, f"topology.{alias}.latency_us", 5.0)
     assert set_field(hw, "topology.0.latency_us", 5.0).topology[0].latency_us == 5.0
 
 
@@ -161,6 +162,75 @@ def test_the_plot_puts_the_field_that_moves_on_x_and_leaves_out_what_does_not_fi
     x, others, lines = plot_lines(rows, ["network.nic_gbps", "accelerator.memory_gib"])
     assert x == "accelerator.memory_gib" and others == ["gpus", "network.nic_gbps"]
     assert list(lines) == [(256, 25.0)] and [r[x] for r in lines[(256, 25.0)]] == [32.0, 64.0]
+
+
+def _sweep(*args):
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+    return CliRunner().invoke(main, ["sweep", *args])
+
+
+def test_a_scenario_the_options_cannot_run_on_is_refused_naming_it_before_any_search(monkeypatch):
+    """MXFP8 at compute capability 9 had been refused after the scenarios before it were searched,
+    in a line that named no scenario, and the sweep's rows were lost."""
+    import piper_plan.sweep
+
+    def searched(*a, **k):
+        raise AssertionError("a scenario was searched before every scenario was checked")
+
+    monkeypatch.setattr(piper_plan.sweep, "search", searched)
+    r = _sweep("-m", "qwen3-30b-a3b", "-H", "gb200-nvl72", "--gpus", "8", "--fp8", "mxfp8",
+               "--vary", "accelerator.compute_capability=10,9")
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith("error: --vary: accelerator.compute_capability=9: this scenario cannot run the "
+                               "options asked: layout: fp8 mxfp8 needs compute capability 10 or later"), r.output
+
+
+def test_a_sweep_of_more_searches_than_it_can_run_is_refused_before_building_them():
+    values = ",".join(str(1 + i) for i in range(400))
+    r = _sweep("-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4", "--vary", f"nic_gbps={values}",
+               "--vary", f"hbm_gib={values}")
+    assert r.exit_code == 2 and "error: --vary: 160,000 searches: expected at most 100,000" in r.output
+
+
+def test_csv_to_stdout_holds_the_data_alone_and_the_table_goes_to_stderr(tmp_path):
+    """A pipe into pandas read the box-drawn table first; the table now goes to stderr there."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "piper_plan.cli", "sweep", "-m", "tiny-moe", "-H", "cpu-local", "--gpus", "4",
+           "--global-batch", "8", "--vary", "nic_gbps=1,2", "--csv", "/dev/stdout"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("gpus,network.nic_gbps,global_batch,fits,") and len(lines) == 3, p.stdout
+    assert "best plan per scenario" in p.stderr
+
+
+def test_sweep_warns_where_the_default_batch_is_raised_as_search_does(tmp_path):
+    out = tmp_path / "s.json"
+    r = _sweep("-m", "mixtral-8x7b", "-H", "frontier", "--gpus", "512,2048", "--vary", "nic_gbps=25",
+               "--json", str(out))
+    assert r.exit_code == 0, r.output
+    assert ("warning: --global-batch: the default, 1,024 sequences (4M tokens), is under one a GPU on 2,048 GPUs; "
+            "searched at 2,048 (one a GPU)") in r.output
+    import json
+    assert [row["global_batch"] for row in json.loads(out.read_text())] == [1024, 2048]
+
+
+def test_a_plot_of_one_line_says_which_gpu_count_it_is(tmp_path, monkeypatch):
+    """Nothing fit at 64 GPUs, so the plot drew the 128-GPU line alone, with no legend to say so."""
+    import matplotlib.axes
+
+    from piper_plan.sweep import plot
+    labels = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", lambda self, *a, **k: labels.append(
+        [h.get_label() for h in self.get_lines()]))
+    rows = [dict(gpus=n, **{"accelerator.memory_gib": g}, fits=n > 64, tokens_per_s=float(g), mfu=0.3)
+            for n in (64, 128) for g in (80.0, 120.0)]
+    plot(rows, ["accelerator.memory_gib"], str(tmp_path / "p.png"))
+    assert labels == [["gpus=128"]] and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_scenario_where_nothing_fits_has_the_same_keys_as_one_that_fits():
