@@ -83,7 +83,7 @@ class Predicted(_Strict):
                                           "ep_max_over_mean")
     memory_gib_per_stage: list[dict] = Field(default_factory=list)
     time_breakdown_s: dict[str, float] = Field(default_factory=dict)
-    # absent from plans written before it was recorded (None: not checked)
+    # absent from plans written before it was recorded: piper-train refuses such a plan (priced_refusal)
     priced_for: Optional[str] = Field(None, description="priced_hash of the plan these figures were priced for: "
                                       "piper-train refuses a plan whose layout, partition, rank map, routing or "
                                       "migration was edited since, as its comparison would not hold")
@@ -125,11 +125,15 @@ def priced_hash(plan: Plan) -> str:
 
 
 def priced_refusal(plan: Plan) -> str:
-    """Why `plan.predicted` does not price this plan ("" where it does, or where the plan predates
-    the record): its layout, partition, rank map, routing or migration changed since."""
+    """Why `plan.predicted` does not price this plan ("" where it does, or where it has none): its
+    layout, partition, rank map, routing or migration changed since, or the record of what it priced
+    was deleted (which had let an edited plan through, compared with the old plan's figures)."""
     p = plan.predicted
-    if p is None or p.priced_for is None or p.priced_for == priced_hash(plan):
+    if p is None or p.priced_for == priced_hash(plan):
         return ""
+    if p.priced_for is None:
+        return ("predicted.priced_for: missing, so nothing says the figures price this plan (deleted with an "
+                "edit?); price it again with piper-plan estimate")
     return ("predicted.priced_for: the figures were priced for another plan (its layout, partition, rank_map, "
             "routing or migration edited since?); price this one again with piper-plan estimate")
 

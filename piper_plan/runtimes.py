@@ -92,6 +92,8 @@ def model_refusal(model) -> tuple[str, str]:
               "sequence)", "no sliding_window"),
              ("attention_chunk", model.attention_chunk, "chunked local attention (it attends causally to the whole "
               "sequence)", "no attention_chunk"),
+             ("rope_scaling", model.rope_scaling, "YaRN-scaled rotary positions (it rotates by plain RoPE)",
+              "no rope_scaling"),
              ("learned_positions", model.learned_positions, "learned position table (it uses rotary positions)",
               "learned_positions false"),
              ("moe.expert_bias", mo is not None and mo.expert_bias, "expert biases", "moe.expert_bias false"),

@@ -172,6 +172,7 @@ def validate(ckdir: str | os.PathLike, plan: Plan, cfg=None) -> int:
                               f"({meta.get('model_hash')}), plan has {plan.model.name!r} ({plan.model_hash})")
     if meta.get("experts") and not (p / EXPERTS).is_file():  # where the saved run's experts were placed
         raise CheckpointError(f"{p}: {EXPERTS}: missing, and the run saved one (where each layer's experts were)")
+    _check_stream(p, meta.get("layout"), plan)
     if cfg is not None and isinstance(meta.get("run"), dict):  # (checkpoints written before it: not checked)
         for line in check_run(p, meta["run"], run_settings(cfg)):
             print(line, file=sys.stderr)
@@ -181,6 +182,20 @@ def validate(ckdir: str | os.PathLike, plan: Plan, cfg=None) -> int:
     except (Exception, CheckpointException) as e:  # DCP raises pickle/EOF/OSError variants for a damaged .metadata
         raise CheckpointError(f"{p}: .metadata unreadable or corrupted ({type(e).__name__})") from None
     return step
+
+
+def _check_stream(p: Path, saved, plan: Plan) -> None:
+    """CheckpointError where the plan's global batch or sequence length differs from the saved
+    run's: a step's rows are read by step, batch and length (data.FileTokens: sequence j of step t
+    at (t·B + j)·S), so another B or S re-reads windows the run trained on, or skips others. The
+    layout may change (its degrees, micro-batches, schedule); the tokens a step holds may not."""
+    if not isinstance(saved, dict):  # (a checkpoint written without its layout: not checked)
+        return
+    for key, opt in (("global_batch", "--global-batch"), ("seq", "--seq")):
+        was, now = saved.get(key), getattr(plan.layout, key)
+        if isinstance(was, int) and was != now:
+            raise CheckpointError(f"{p}: layout.{key}: the run trained at {was:,}, the plan runs {now:,}, which "
+                                  f"reads other tokens in the steps left: plan with {opt} {was} to resume")
 
 
 def read_experts(p: Path) -> dict[str, dict]:

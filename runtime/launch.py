@@ -444,14 +444,30 @@ def _check_devices(plan: Plan, source: str) -> None:
             raise PiperError(f"{source}: layout.gpus: the plan needs {n} local GPUs, "
                              f"this machine has {torch.cuda.device_count()} (use torchrun across nodes)")
         return
+    hw = plan.hardware
+    if hw.collectives != "gloo":  # priced as a GPU machine: the run measures another one
+        click.echo(f"warning: {source}: priced on {hw.name} ({hw.accelerator.name}, {hw.collectives}), run on "
+                   "this host's CPU ranks over gloo: the measured-vs-predicted comparison compares two machines; "
+                   "plan on a CPU spec (cpu-local, or piper-plan calibrate --quick) for one that holds", err=True)
     avail = host_available_gib()
     if avail is None:
         return
-    per_rank = max(plan.predicted.peak_memory_gib if plan.predicted else 0.0, _bare_rank_gib())
+    per_rank = max(_peak_gib(plan), _bare_rank_gib())
     if n * per_rank > avail:
         raise PiperError(f"{source}: layout.gpus: {n} local ranks of {per_rank:.2f} GiB each need "
                          f"{n * per_rank:,.1f} GiB, this host has {avail:.1f} GiB available; run the plan on "
                          "the hardware it was planned for (torchrun across nodes)")
+
+
+def _peak_gib(plan: Plan) -> float:
+    """The busiest rank's predicted memory, GiB: the plan's own price, else (a plan assembled without
+    one, or with it deleted) its layout priced now, so the host check never waves a plan through."""
+    if plan.predicted is not None:
+        return plan.predicted.peak_memory_gib
+    from piper_plan.cost.batch import from_layouts
+    from piper_plan.cost.estimate import evaluate
+
+    return float(evaluate(plan.model, plan.hardware, from_layouts([plan.layout])).peak_memory_gib[0])
 
 
 def host_available_gib() -> Optional[float]:

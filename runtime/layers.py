@@ -178,11 +178,13 @@ class MLAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(compute_input(x))
         B, S, _ = x.shape
-        q = self.wq_b(self.q_norm(self.wq_a(x))) if hasattr(self, "wq_a") else self.wq(x)
+        # the latents' norms in fp32, as the residual stream's: their fp32 weights against autocast's
+        # bf16 output had sent torch's rms_norm down its unfused path, with a warning from every rank
+        q = self.wq_b(self.q_norm(self.wq_a(x).float())) if hasattr(self, "wq_a") else self.wq(x)
         q = q.view(B, S, self.H, self.nope + self.rope).transpose(1, 2)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
         c, k_pe = self.wkv_a(x).split([self.kvr, self.rope], dim=-1)
-        kv = self.wkv_b(self.kv_norm(c)).view(B, S, self.H, self.nope + self.vd).transpose(1, 2)
+        kv = self.wkv_b(self.kv_norm(c.float())).view(B, S, self.H, self.nope + self.vd).transpose(1, 2)
         k_nope, v = kv.split([self.nope, self.vd], dim=-1)
         k_pe = k_pe.unsqueeze(1)  # one rotary key shared by the heads (none at qk_rope_head_dim 0)
         if self.rope:

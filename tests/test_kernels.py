@@ -110,7 +110,7 @@ def test_one_fp8_recipe_per_evaluated_batch():
     # the GPU's side only: at MBS 1 the host's issue time bounds both (cost/host.py), and the
     # recipe's quantisation kernels are more for it to issue
     gpu = hw.model_copy(update={"efficiency": hw.efficiency.model_copy(update={"host_op_us": 0.0})})
-    lays = [Layout(gpus=8, ep=8, global_batch=64, seq=4096, fp8=f) for f in ("none", "current")]
+    lays = [Layout(gpus=8, dp=8, ep=8, global_batch=64, seq=4096, fp8=f) for f in ("none", "current")]
     one = [float(evaluate(m, gpu, from_layouts([x])).step_time_s[0]) for x in lays]
     assert one[1] < one[0]  # fp8 GEMMs outrun their quantisation passes at this size
     issued = [float(evaluate(m, hw, from_layouts([x])).time["host"][0]) for x in lays]

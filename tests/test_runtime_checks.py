@@ -52,6 +52,43 @@ def test_a_plan_edited_since_it_was_priced_is_refused(tmp_path, edit):
     _one_line(["--plan", str(p), "--steps", "1"], "predicted.priced_for", "piper-plan estimate")
 
 
+def test_deleting_what_the_figures_priced_does_not_let_an_edit_through(tmp_path):
+    """An edited plan with predicted.priced_for deleted had run, compared with the old plan's figures;
+    one with no predicted at all had skipped the host-memory check that sizes its ranks: its layout is
+    priced now (10.9B parameters on 8 CPU ranks had been waved through)."""
+    from piper_runtime.launch import _peak_gib
+
+    p = _priced(tmp_path)
+    doc = json.loads(p.read_text())
+    doc["layout"]["zero"] = 2
+    del doc["predicted"]["priced_for"]
+    p.write_text(json.dumps(doc))
+    _one_line(["--plan", str(p), "--steps", "1"], "predicted.priced_for: missing", "piper-plan estimate")
+    r = CliRunner().invoke(plan_main, ["search", "-m", "xmoe-small", "-H", "dgx-h100", "-n", "8", "--runtime",
+                                       "piper-train", "-o", str(tmp_path / "xs.json")])
+    assert r.exit_code == 0, r.output
+    priced = read_plan(tmp_path / "xs.json")
+    bare = priced.model_copy(update={"predicted": None})
+    assert _peak_gib(bare) == pytest.approx(priced.predicted.peak_memory_gib, rel=0.05) and _peak_gib(bare) > 30
+
+
+def test_a_plan_priced_on_gpus_run_on_the_cpu_says_the_comparison_is_between_two_machines(tmp_path, capsys):
+    import torch
+
+    from piper_runtime.launch import _check_devices
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU host the ranks run on the GPUs the plan was priced for")
+
+    r = CliRunner().invoke(plan_main, ["estimate", "-m", "tiny-moe", "-H", "dgx-h100", "-n", "2", "--ep", "2",
+                                       "--global-batch", "4", "--runtime", "piper-train",
+                                       "-o", str(tmp_path / "g.json")])
+    assert r.exit_code == 0, r.output
+    _check_devices(read_plan(tmp_path / "g.json"), "g.json")
+    assert "warning: g.json: priced on dgx-h100" in capsys.readouterr().err
+    _check_devices(read_plan(_priced(tmp_path)), "c.json")  # a CPU spec's plan: nothing to say
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_the_plan_as_written_is_what_was_priced():
     # every field the figures depend on, and only those: a re-read plan checks whole
     import tempfile
@@ -119,6 +156,27 @@ def test_a_checkpoint_that_saved_its_experts_placement_needs_it(tmp_path):
     plan = read_plan(_priced(tmp_path))
     with pytest.raises(CheckpointError, match="experts.json: missing, and the run saved one"):
         validate(_checkpoint(tmp_path, plan, experts=True), plan)
+
+
+@pytest.mark.parametrize("key,opt", [("global_batch", "--global-batch"), ("seq", "--seq")])
+def test_a_resume_at_another_batch_or_length_is_refused_as_it_reads_other_tokens(tmp_path, key, opt):
+    """A step's rows are read by step, batch and length: a resume at another global batch had re-read
+    windows the saved run trained on, without a word. Another layout at the same batch still loads."""
+    plan = read_plan(_priced(tmp_path))
+    saved = plan.layout.model_dump(mode="json")
+    was = saved[key]
+    ck = _checkpoint(tmp_path, plan, layout={**saved, key: 2 * was})
+    with pytest.raises(CheckpointError, match=rf"layout\.{key}: the run trained at {2 * was:,}, the plan runs "
+                                              rf"{was:,}, which reads other tokens .* plan with {opt} {2 * was}"):
+        validate(ck, plan)
+    other = {**saved, "ep": 1, "dp": saved["dp"]}  # another layout at the same batch and length
+    assert _check_stream_passes(tmp_path / "b", plan, other)
+
+
+def _check_stream_passes(tmp_path, plan, layout) -> bool:
+    from piper_runtime.checkpoint import _check_stream
+    _check_stream(tmp_path, layout, plan)
+    return True
 
 
 def _run(**kw) -> dict:

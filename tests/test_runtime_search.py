@@ -188,6 +188,7 @@ def test_a_model_windowed_in_every_layer_is_refused_as_a_windowed_one():
     ({"sliding_window": 4, "full_attention_every": 2}, "sliding_window"),
     ({"attention_chunk": 8, "full_attention_every": 4}, "attention_chunk"),
     ({"learned_positions": True}, "learned_positions"),
+    ({"rope_scaling": "yarn"}, "rope_scaling"),  # (Kimi K2, DeepSeek-V2/V3: it had trained plain RoPE unsaid)
 ])
 def test_a_model_feature_piper_train_does_not_build_is_refused_before_the_search_and_at_launch(tmp_path, update,
                                                                                                   field):
