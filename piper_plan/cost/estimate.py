@@ -352,7 +352,8 @@ def _zero_free(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routin
 
 
 # the per-layer terms (layer._layer_terms) memory, the step's breakdown and the Estimate read after the pipeline
-LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "rc_dense", "rc_moe", "rc_dense_sel", "o_dense", "o_moe", "cp_layer",
+LAYER_TERMS_AFTER = ("imb", "a_dense", "a_moe", "rc_dense", "rc_moe", "rc_dense_sel", "rc_moe_sel", "o_dense", "o_moe",
+                     "cp_layer",
                      "dense_host", "moe_host", "dense_layer", "moe_layer")
 
 

@@ -197,7 +197,7 @@ def _layer_terms(m: ModelSpec, lc: dict, a2a_again) -> dict:
                a2a_layer=lc["a2a_fwd"] * (1 + again) + lc["a2a_bwd"],  # full or moe recompute repeats the forward's
                a2a_f_layer=lc["a2a_fwd"], a2a_bwd_layer=lc["a2a_bwd"],  # the forward's own (a re-run is the backward's)
                imb=lc["imb"], a_dense=lc["a_dense"], a_moe=lc["a_moe"], rc_dense=lc["rc_dense"], rc_moe=lc["rc_moe"],
-               rc_dense_sel=lc["rc_dense_sel"],
+               rc_dense_sel=lc["rc_dense_sel"], rc_moe_sel=lc["rc_moe_sel"],
                cp_layer=lc["cp_layer"],
                dense_host=lc["dense_host"], moe_host=lc["moe_host"], a2a_hide=lc["a2a_hide"],
                a2a_hide_f=lc["a2a_hide_f"], moe_host_f=lc["moe_host_f"])

@@ -15,7 +15,7 @@ import numpy as np
 from ..layout import SCHEDULES
 from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
-from .batch import CP_COMMS, LayoutBatch, distinct_rows, recomputes
+from .batch import CP_COMMS, LayoutBatch, distinct_rows
 from .compute import cp_tensor_bytes
 from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, v_in_flight,
                      zero3_gathered_bytes)
@@ -149,16 +149,18 @@ def _share(part, whole):
 
 
 def _rebuilt(lay: LayoutBatch, lc: dict, nd, nm) -> np.ndarray:
-    """GiB of the one layer full recompute rebuilds at a time in the backward, beside the layer
-    inputs it keeps: what the largest kind of layer on the rank saves without recompute, less its
-    input, which the rank holds already (recompute.with_recompute's rc_<dense|moe>); under
-    torchtitan's per-op policy (op_sac, dense blocks), what a block saves without recompute less
-    what the policy kept (rc_dense_sel). 0 otherwise. Reported apart from "activations", which stay
-    what Korthikanti 2022 counts."""
-    dense = np.where(np.asarray(nd) > 0, lc["rc_dense"], 0.0)
-    moe = np.where(np.asarray(nm) > 0, lc["rc_moe"], 0.0)
-    op = (lay.recompute == 1) & recomputes(lay, "op_sac") & (np.asarray(nd) > 0)
-    return np.where(lay.recompute == 2, np.maximum(dense, moe), np.where(op, lc["rc_dense_sel"], 0.0)) / GIB
+    """GiB of the one layer recompute rebuilds at a time in the backward, beside the layer inputs
+    it keeps: under full recompute what the largest kind of layer on the rank saves without
+    recompute, less its input, which the rank holds already (recompute.with_recompute's
+    rc_<dense|moe>); under selective recompute (Megatron's modules, torchtitan's per-op policy) what
+    the largest kind of layer saves without recompute less what the selection kept
+    (rc_<dense|moe>_sel): the re-run modules' internals exist one layer and one micro-batch at a
+    time beside everything kept, as full recompute's layer does. 0 otherwise. Reported apart from
+    "activations", which stay what Korthikanti 2022 counts."""
+    has_d, has_m = np.asarray(nd) > 0, np.asarray(nm) > 0
+    full = np.maximum(np.where(has_d, lc["rc_dense"], 0.0), np.where(has_m, lc["rc_moe"], 0.0))
+    sel = np.maximum(np.where(has_d, lc["rc_dense_sel"], 0.0), np.where(has_m, lc["rc_moe_sel"], 0.0))
+    return np.where(lay.recompute == 2, full, np.where(lay.recompute == 1, sel, 0.0)) / GIB
 
 
 def _parked(lay: LayoutBatch, lc: dict, dense, moe, nd, nm, layer_acts):

@@ -35,7 +35,8 @@ def with_recompute(base: dict, recompute, share=1.0) -> dict:
         out[f"a_{k}"] = part * base["a_in"] + (1.0 - part) * kept
         # what a re-run layer rebuilds in the backward beside the input it kept (rank_memory._rebuilt)
         out[f"rc_{k}"] = np.maximum(base[f"a_{k}_none"] - base["a_in"], 0.0)
-        # and beside what selective recompute kept (rank_memory._rebuilt: torchtitan's per-op policy),
+        # and beside what selective recompute kept (rank_memory._rebuilt: Megatron's modules, torchtitan's
+        # per-op policy),
         # but what a compiled block neither keeps nor rebuilds (activations.compiled_unsaved)
         unsaved = base["a_unsaved"] if k == "dense" else 0.0
         out[f"rc_{k}_sel"] = np.maximum(base[f"a_{k}_none"] - base[f"a_{k}_sel"] - unsaved, 0.0)
