@@ -32,7 +32,8 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))  # native_block
+sys.path.insert(0, os.path.dirname(__file__))  # native_block, _args
+from _args import int_at_least  # noqa: E402
 
 GEMMS = {"mm", "addmm", "bmm", "baddbmm", "linear", "matmul", "_scaled_dot_product_flash_attention",
          "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention",
@@ -313,56 +314,88 @@ def solve_mla(dtype: str) -> dict:
     return out
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--mbs", type=int, default=1, help="sequences in the micro-batch")
+    ap.add_argument("--model", default="llama3-8b", help="bundled model name or a spec/config file")
+    ap.add_argument("--seq", type=int_at_least(1), default=512)
+    ap.add_argument("--mbs", type=int_at_least(1), default=1, help="sequences in the micro-batch")
     ap.add_argument("--moe", action="store_true", help="count the first MoE block instead of a dense one")
     ap.add_argument("--hardware", default="dgx-h200", help="spec whose HBM rate prices the MoE block's bytes")
     ap.add_argument("--solve", action="store_true", help="re-derive cost/eager.py's bytes per element")
     ap.add_argument("--solve-native", action="store_true", help="re-derive cost/eager.py's NATIVE (torchtitan's "
                     "eager bf16 block, benchmarks/native_block.py) and NATIVE_OPS")
-    a = ap.parse_args()
-    if a.solve_native:
-        for key, val in solve_native().items():
+    return ap.parse_args(argv)
+
+
+def load_specs(a: argparse.Namespace):
+    """(model, hardware or None) the count needs, loaded before anything is counted; a bad name or
+    file raises piper_plan's PiperError, a model without the block asked for SpecError."""
+    from piper_plan.errors import SpecError
+    from piper_plan.specs import load_hardware, load_model
+
+    spec = load_model(a.model)
+    if not any(spec.layer_is_moe(i) == a.moe for i in range(spec.num_layers)):
+        raise SpecError(a.model, "--moe" if a.moe else "--model", f"no {'MoE' if a.moe else 'dense'} layer to count")
+    return spec, (load_hardware(a.hardware) if a.moe else None)
+
+
+def print_solve_native() -> None:
+    for key, val in solve_native().items():
+        if key[0] == "ops":
+            print(f"native ops a pass, {'forward' if key[2] == 'f' else 'backward'}, K and V "
+                  f"{'repeated' if key[3] else 'not repeated'}: {sorted(val)}")
+        else:
+            print(f"native {'forward' if key[1] == 'f' else 'backward'} {val[0]}  (largest miss {val[1]:.2%})")
+
+
+def print_solve() -> None:
+    for dt in ("bf16", "fp32"):
+        solved = solve(dt)
+        for key, val in solved.items():
+            phase = "forward" if key[-1] == "f" else "backward"
             if key[0] == "ops":
-                print(f"native ops a pass, {'forward' if key[2] == 'f' else 'backward'}, K and V "
-                      f"{'repeated' if key[3] else 'not repeated'}: {sorted(val)}")
-            else:
-                print(f"native {'forward' if key[1] == 'f' else 'backward'} {val[0]}  (largest miss {val[1]:.2%})")
-        return
-    if a.solve:
-        for dt in ("bf16", "fp32"):
-            solved = solve(dt)
-            for key, val in solved.items():
-                phase = "forward" if key[-1] == "f" else "backward"
-                if key[0] == "ops":
-                    print(f"{dt} ops a pass, {key[1]:5s} {phase:8s} {min(val)}-{max(val)}")
-                    continue
-                print(f"{dt} {key[0]:5s} {phase:8s} {val[0]}  (largest miss {val[1]:.1%})")
-                if key[0] == "moe":  # cost/eager.py's MOE: the row terms, then the t·d excess
-                    excess = round(val[0][0] - solved[("dense", key[1])][0][0], 2)
-                    print(f"{dt} MOE   {phase:8s} {val[0][3:] + [excess]}")
-        return
-    r = count_block(a.model, a.seq, a.moe, a.mbs)
+                print(f"{dt} ops a pass, {key[1]:5s} {phase:8s} {min(val)}-{max(val)}")
+                continue
+            print(f"{dt} {key[0]:5s} {phase:8s} {val[0]}  (largest miss {val[1]:.1%})")
+            if key[0] == "moe":  # cost/eager.py's MOE: the row terms, then the t·d excess
+                excess = round(val[0][0] - solved[("dense", key[1])][0][0], 2)
+                print(f"{dt} MOE   {phase:8s} {val[0][3:] + [excess]}")
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.solve_native or a.solve:
+        print_solve_native() if a.solve_native else print_solve()
+        return 0
+    from piper_plan.errors import PiperError
+
+    try:
+        spec, hw = load_specs(a)
+    except PiperError as e:  # a bad --model / --hardware: one line, as the CLI says it
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return report(a, spec, hw)
+
+
+def report(a: argparse.Namespace, spec, hw) -> int:
+    """Count one block of `spec` and print its bytes against the planner's (or, --moe, their time
+    at `hw`'s HBM rate)."""
+    r = count_block(spec, a.seq, a.moe, a.mbs)
     b, ops = r["bytes"], r["ops"]
     print(f"{a.model}, one {'MoE' if a.moe else 'dense'} block, {a.mbs} x {a.seq} tokens, bf16 autocast over "
           f"fp32 weights (forward + backward)")
     for k in ("elementwise", "weight_casts", "gemm_attention"):
         print(f"  {k:15s} {b.get(k, 0) / 2**20:10.1f} MiB in {ops.get(k, 0):4d} ops")
     if a.moe:
-        from piper_plan.specs import load_hardware
-
-        hw = load_hardware(a.hardware)
         rate = hw.accelerator.memory_bandwidth_gbps * hw.efficiency.memory * 1e9
         moved = b.get("elementwise", 0) + b.get("weight_casts", 0)
         print(f"elementwise + weight casts at {hw.name}'s HBM rate ({rate / 1e12:.2f} TB/s): {moved / rate * 1e3:.2f} ms")
-        return
+        return 0
     fused = priced_fused(r["spec"], a.mbs * a.seq)
     print(f"  planner's fused elementwise passes: {fused / 2**20:10.1f} MiB")
     print(f"eager / priced elementwise bytes: {b.get('elementwise', 0) / fused:.2f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -12,6 +12,7 @@ saved besides the scaling factors, and exits 1 where float8's differ from bf16's
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import native_block as nb  # noqa: E402
 
 SHAPE = (128, 4, 2, 32, 64, 256)  # dim, heads, kv heads, head dim, tokens, ffn
+# torchao's Float8LinearRecipeName values; checked before the bf16 run, not by torchao after it
+RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
 
 
 def _policy_counts(context_fn):
@@ -71,8 +74,10 @@ def run(recipe: str | None) -> tuple[Counter, list, list]:
         sorted((tuple(v.shape), str(v.dtype)) for v in made if v.numel() <= t * 4)
 
 
-def main() -> int:
-    recipe = sys.argv[1] if len(sys.argv) > 1 else "tensorwise"
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("recipe", nargs="?", default="tensorwise", choices=RECIPES, help="torchao float8 recipe")
+    recipe = ap.parse_args(argv).recipe
     from importlib.util import find_spec
 
     if find_spec("torchao") is None:

@@ -24,6 +24,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _args import int_at_least  # noqa: E402
+
 PAPER = (1.2, 9.0)  # brief §1: HALO vs RCCL all-to-all, 16-512 Frontier nodes
 NODES = [16, 32, 64, 128, 256, 512]
 KIB = [4, 16, 64, 256, 1024, 4096, 16384]
@@ -154,10 +157,10 @@ def _bandwidth_story(r: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hardware", default="frontier", help="bundled name or YAML path")
-    ap.add_argument("--nodes", type=int, nargs="+", default=NODES)
-    ap.add_argument("--kib", type=int, nargs="+", default=KIB, help="bytes per peer, KiB")
+    ap.add_argument("--nodes", type=int_at_least(1), nargs="+", default=NODES)
+    ap.add_argument("--kib", type=int_at_least(1), nargs="+", default=KIB, help="bytes per peer, KiB")
     ap.add_argument("--model", default="deepseek-v3", help="model for the MoE-layer table")
-    ap.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 16384], help="tokens per rank")
+    ap.add_argument("--tokens", type=int_at_least(1), nargs="+", default=[1024, 4096, 16384], help="tokens per rank")
     ap.add_argument("--json", help="also write the numbers here")
     a = ap.parse_args(argv)
     from piper_plan.errors import PiperError

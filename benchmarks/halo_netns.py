@@ -9,7 +9,11 @@ from a barrier (median of the repetitions) and tears the namespaces down whateve
 
 Topologies: *uplink* (one shaped uplink per node, rate = --nic-mbit), *rail-q* and *rail-1*
 (a shaped NIC per rank on its rail, spine at 1/4 and 1x one NIC's rate). Each is also written
-as hardware/emu-<topology>.yaml with the tc rates and the p2p figures measured here.
+as emu-<topology>.yaml with the tc rates and the p2p figures measured here, into --hw-dir
+(default out/netns-specs/ under the current directory, which git ignores from the repository
+root), so a plain run leaves the bundled hardware/emu-*.yaml alone. To refresh the bundled
+specs deliberately, from the repository root: sudo python benchmarks/halo_netns.py --hw-dir
+hardware, then review `git diff hardware/` before committing.
 
 Columns: flat (dist.all_to_all_single), HALO (runtime/moe/halo.py, default coalesced Phase III,
 counts known), HALO with the counts exchanged inside the call, per-pack (Phase III forwarded as
@@ -32,11 +36,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import netns_topo  # noqa: E402
+from _args import int_at_least, positive_float  # noqa: E402
 
 NODES, PER_NODE = 4, 2
+# not the repository's hardware/: a run writing there would rewrite the tracked, reviewed specs
+HW_DIR = "out/netns-specs"
 ROW = 256  # fp32 elements per row: 1 KiB rows
 SIZES_KIB = [4, 16, 64, 256, 1024, 4096]
 TOPOLOGIES = {  # name -> spine rate as a share of one NIC (None: the uplink topology)
@@ -424,7 +430,8 @@ def write_hardware(name: str, data: dict, hw_dir: Path) -> Path:
 
     hw_dir.mkdir(parents=True, exist_ok=True)
     path = hw_dir / f"emu-{name}.yaml"
-    path.write_text("# Written by benchmarks/halo_netns.py; rerun it to refresh.\n"
+    path.write_text("# Written by benchmarks/halo_netns.py; refresh: sudo python benchmarks/halo_netns.py "
+                    "--hw-dir hardware\n"
                     + yaml.safe_dump(data, sort_keys=False, width=120))
     load_hardware(str(path))  # must load as a HardwareSpec
     return path
@@ -540,7 +547,7 @@ def print_table(rows: list[dict]) -> None:
                        pct(r["err_halo"]), f"{r['speedup']:.2f} [{r['ratio_lo']:.2f},{r['ratio_hi']:.2f}]",
                        r["faster"], r["auto"] or "-", r["verdict"]))
     print("pred: piper_plan.cost.comm.a2a_call (a2a_flat / a2a_halo with the per-call floor) on the emitted "
-          "hardware/emu-<topology>.yaml, whose parameters come from micro_calibration, not from these rows; "
+          "emu-<topology>.yaml (--hw-dir), whose parameters come from micro_calibration, not from these rows; "
           "err = pred/meas - 1; iqr: interquartile range of the repetitions / median; [90%]: bootstrap interval "
           "of flat/HALO; auto = the smaller prediction; faster = measured; ok: tie when the interval holds 1 "
           "(this run cannot tell which is faster; not scored).")
@@ -576,12 +583,13 @@ def summarize(rows: list[dict]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="out/halo_netns.json", help="results JSON")
-    ap.add_argument("--nic-mbit", type=float, default=300, help="shaped NIC (rail) / uplink rate, Mbit/s")
-    ap.add_argument("--sizes", type=int, nargs="+", default=SIZES_KIB, help="KiB per peer")
-    ap.add_argument("--reps", type=int, default=7,
+    ap.add_argument("--nic-mbit", type=positive_float, default=300, help="shaped NIC (rail) / uplink rate, Mbit/s")
+    ap.add_argument("--sizes", type=int_at_least(1), nargs="+", default=SIZES_KIB, help="KiB per peer")
+    ap.add_argument("--reps", type=int_at_least(1), default=7,
                     help=f"timed repetitions for >= 256 KiB ({SMALL_REPS}x below)")
     ap.add_argument("--topologies", nargs="+", default=list(TOPOLOGIES), choices=list(TOPOLOGIES))
-    ap.add_argument("--hw-dir", default=str(REPO / "hardware"), help="where emu-*.yaml go ('' = none)")
+    ap.add_argument("--hw-dir", default=HW_DIR,
+                    help=f"where emu-*.yaml go ('' = none; default {HW_DIR}; 'hardware' refreshes the bundled specs)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
@@ -590,8 +598,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.worker:
         return worker(a)
-    if os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")):
-        print("halo_netns: needs root and iproute2 (ip, tc) to build network namespaces; skipped.")
+    # exit 0 when skipped: nothing failed, nothing was measured, and the line says so
+    if os.geteuid() != 0:
+        print("halo_netns: skipped: needs root to build network namespaces (sudo python benchmarks/halo_netns.py)")
+        return 0
+    if not (shutil.which("ip") and shutil.which("tc")):
+        print("halo_netns: skipped: needs iproute2 (ip, tc) to build network namespaces")
         return 0
     netns_topo.guard()
     netns_topo.teardown()  # leftovers of a crashed run

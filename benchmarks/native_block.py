@@ -218,3 +218,11 @@ def tp_op_sac_saves(shape, tp: int, sp: bool, gated: bool = True) -> int:
     finally:
         dist.destroy_process_group()
     return sum(v.numel() * v.element_size() for v, is_input in saves if not is_input) + x.numel() * x.element_size()
+
+
+if __name__ == "__main__":  # imported by eager_bytes.py, float8_sac.py and tests; nothing of its own to run
+    import sys
+
+    print("benchmarks/native_block.py: a helper module (torchtitan's block, imported by eager_bytes.py and "
+          "float8_sac.py), not a benchmark; nothing to run", file=sys.stderr)
+    sys.exit(2)

@@ -10,6 +10,9 @@ jobs price Piper's own runtime (its PP x EP mesh under 1F1B, validate.piper_spac
 
     python benchmarks/paper_fig13.py
 """
+import argparse
+import sys
+
 from piper_plan.search import SearchSpace, default_global_batch, round_batch, search
 from piper_plan.specs import load_hardware, load_model
 
@@ -18,7 +21,8 @@ PAPER = [("xmoe-small", 8, 2048, 90.44), ("xmoe-medium", 32, 4096, 57.83), ("xmo
          ("piper-1.7t", 1024, 4096, 33.04)]
 
 
-def main():
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: refuse any
     hw = load_hardware("frontier")
     print("unconstrained search (what piper-plan picks); the paper's own stack: piper-plan validate --group piper2026-fig13")
     print(f"{'model':12s} {'GCDs':>5s} {'chosen layout':58s} {'pred TF':>8s} {'paper TF':>9s} {'ratio':>6s}")
@@ -34,7 +38,8 @@ def main():
                 f"z{lay.zero} {lay.a2a}")
         tf = float(res.est.tflops_per_gpu[i])
         print(f"{name:12s} {gpus:5d} {desc:58s} {tf:8.1f} {paper:9.2f} {tf / paper:6.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

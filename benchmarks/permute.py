@@ -27,6 +27,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _args import int_at_least  # noqa: E402
 from piper_runtime.moe.permute import Pairs, by_slot, combine, count, permute, sums_by_slot  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -78,16 +80,30 @@ def run(fn, x, experts, weights, E, dtype, sync):
     return out, counts
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--hidden", type=int, default=1536)
-    ap.add_argument("--experts", type=int, default=40)
-    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--tokens", type=int_at_least(1), default=8192)
+    ap.add_argument("--hidden", type=int_at_least(1), default=1536)
+    ap.add_argument("--experts", type=int_at_least(1), default=40)
+    ap.add_argument("--topk", type=int_at_least(1), default=8, help="at most --experts")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--repeats", type=int, default=20)
+    # the first repeat is dropped (warm-up), so two is the fewest that times anything
+    ap.add_argument("--repeats", type=int_at_least(2), default=20)
     a = ap.parse_args(argv)
+    if a.topk > a.experts:
+        ap.error(f"argument --topk: expected at most --experts ({a.experts}), got {a.topk}")
+    try:
+        dev = torch.device(a.device)
+    except RuntimeError:
+        ap.error(f"argument --device: expected a torch device such as cpu or cuda, got {a.device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        ap.error("argument --device: cuda is not available here")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     dev, dt = torch.device(a.device), DTYPES[a.dtype]
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)

@@ -12,12 +12,17 @@ busy the whole time. A ratio near 1 says idle time is reused; above 1 says the c
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _args import int_at_least  # noqa: E402
+
+RUNS = ((2, 4), (2, 8), (4, 8))  # (pp, M)
 
 def _run(rank, n, path, pp, M, steps, out_path):
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -60,17 +65,28 @@ def _run(rank, n, path, pp, M, steps, out_path):
     dist.destroy_process_group()
 
 
+def ranks_type(text: str) -> int:
+    """--ranks: every pipeline depth run must split the ranks into whole lanes (checked here, not
+    after the first runs)."""
+    step = math.lcm(*(pp for pp, _ in RUNS))
+    ranks = int_at_least(step)(text)
+    if ranks % step:
+        depths = " and ".join(str(pp) for pp in sorted({pp for pp, _ in RUNS}))
+        raise argparse.ArgumentTypeError(f"expected a multiple of {step} (pipelines of {depths} stages), got {ranks}")
+    return ranks
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--ranks", type=ranks_type, default=8, help="a multiple of 4")
+    ap.add_argument("--steps", type=int_at_least(1), default=10)
     a = ap.parse_args(argv)
     import torch.multiprocessing as mp
 
     cores = os.cpu_count() or 1
     print(f"{a.ranks} ranks on {cores} cores; each stage one 64x64 Linear, 1F1B")
     print(f"{'pp':>3} {'M':>3} {'wall ms':>8} {'CPU/rank ms':>12} {'sum CPU/cores ms':>17} {'wall / that':>12}")
-    for pp, M in ((2, 4), (2, 8), (4, 8)):
+    for pp, M in RUNS:
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "res")
             mp.spawn(_run, args=(a.ranks, os.path.join(tmp, "store"), pp, M, a.steps, out), nprocs=a.ranks)

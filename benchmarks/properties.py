@@ -15,6 +15,8 @@ The orderings that hold on every sampled layout are held by tests/test_cost_orde
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -28,6 +30,9 @@ from piper_plan.layout import Layout
 from piper_plan.report import layout_str
 from piper_plan.search import SearchSpace, default_global_batch, enumerate_layouts, round_batch
 from piper_plan.specs import load_hardware, load_model
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _args import int_at_least  # noqa: E402
 
 PAIRS = (("deepseek-v3", "dgx-h800", 256), ("deepseek-v3", "frontier", 1024), ("mixtral-8x7b", "frontier", 64),
          ("qwen3-235b-a22b", "gb200-nvl72", 256), ("gpt-oss-120b", "dgx-b200", 64), ("llama3-70b", "dgx-h100", 64))
@@ -90,8 +95,11 @@ def peak(e, lay):
 
 
 def state(e, lay):
-    """The largest parameter + optimizer state of a rank (GiB), over the pipeline's roles."""
-    return np.max(np.stack([sum(c[k] for k in STATE) for c in e.memory.values()]), axis=0)
+    """The largest parameter + optimizer state of a rank (GiB), over the pipeline's roles a layout
+    has: a role with no stage (stage_of_role -1, the middle ranks at pp 2) is left out, as the
+    estimate's own peak leaves it (its phantom figures had read as a tp x2 violation)."""
+    per_role = [np.where(e.stage_of_role[r] >= 0, sum(c[k] for k in STATE), 0.0) for r, c in e.memory.items()]
+    return np.max(np.stack(per_role), axis=0)
 
 
 def step(e, lay):
@@ -209,15 +217,15 @@ def model_checks(sv: Survey, m, hw, pair: str, a: LayoutBatch, only: str | None)
                 sv.compare(f"model {name}: {what}", pair, m, hw, a, a, metric, m_b=m2)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=3000)
-    ap.add_argument("--only")
-    ap.add_argument("--show", type=int, default=2)
-    ap.add_argument("--pair")
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int_at_least(1), default=3000, help="layouts sampled per model/hardware pair")
+    ap.add_argument("--only", help="only the checks whose name holds this")
+    ap.add_argument("--show", type=int_at_least(0), default=2, help="worst violations printed per check")
+    ap.add_argument("--pair", help="only the pairs whose 'model@hardware/gpus' holds this")
     ap.add_argument("--split", choices=("balanced", "even", "account"),
                     help="price every layout with this pipeline split (even: one that no cost moves)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     sv = Survey(args.show)
     for model, hwn, gpus in PAIRS:
         pair = f"{model}@{hwn}/{gpus}"
@@ -229,9 +237,17 @@ def main():
             a = vary(a, split=SPLITS.index(args.split))
         checks(sv, m, hw, pair, a, args.only)
         model_checks(sv, m, hw, pair, a, args.only)
+    if not sv.rows:
+        ap.error(f"no check ran: --pair {args.pair!r} / --only {args.only!r} match none")
     bad = [r for r in sv.rows if r[3]]
     print(f"\n{len(sv.rows)} checks, {sum(r[2] for r in sv.rows)} comparisons, {len(bad)} checks with violations")
+    # a survey, not a test: it states no tolerance beyond RTOL's rounding (which every counted violation
+    # exceeds), and validation/README.md lists the known violations as findings; the orderings that
+    # must hold are asserted by tests/test_cost_orderings.py, so a violation here does not fail the run
+    print("a survey: violations are findings to reduce, not failures (exit 0); "
+          "tests/test_cost_orderings.py holds the orderings that must hold")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,14 +19,20 @@ all-reduce their sums across the copies."""
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
+from piper_plan.errors import PiperError
 from piper_plan.evaluate import build_plan, estimate_layout
 from piper_plan.layout import Layout
 from piper_plan.specs.model import ModelSpec
 from piper_plan.specs.registry import load_hardware
 from piper_runtime.config import TrainConfig
 from piper_runtime.launch import spawn_jobs
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _args import int_at_least  # noqa: E402
 
 WIDE = dict(name="wide-dense-cpu", source="Piper benchmark model (inline in zero_traffic.py)", num_layers=2,
             hidden_size=1024, num_heads=8, vocab_size=4096, seq_len=16, ffn_size=4096, tied_embeddings=False)
@@ -44,14 +50,25 @@ def plans(ranks: int, replicas: int = 1) -> dict[str, object]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--replicas", type=int, default=2)
-    a = ap.parse_args()
-    ps = plans(a.ranks, a.replicas)
+def parse_args(argv=None) -> tuple[argparse.Namespace, dict]:
+    """The options and the plans they name, built before anything runs: a layout the planner
+    refuses (--replicas not dividing --ranks into shards of 2 or more) is a one-line usage error."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # the first max(2, steps // 3) steps build kernels and buffers and are dropped: 3 keeps one
+    ap.add_argument("--steps", type=int_at_least(3), default=8)
+    ap.add_argument("--rounds", type=int_at_least(1), default=3)
+    ap.add_argument("--ranks", type=int_at_least(1), default=4)
+    ap.add_argument("--replicas", type=int_at_least(1), default=2,
+                    help="ZeRO shard copies for the hybrid runs (1: none)")
+    a = ap.parse_args(argv)
+    try:
+        return a, plans(a.ranks, a.replicas)
+    except PiperError as e:
+        ap.error(f"--ranks {a.ranks} --replicas {a.replicas}: {e}")
+
+
+def main(argv=None) -> int:
+    a, ps = parse_args(argv)
     labels = list(ps)
     recs = spawn_jobs([(ps[k], TrainConfig(steps=a.steps, timeout_s=600, log_every=0)) for _ in range(a.rounds)
                        for k in labels])
@@ -68,7 +85,8 @@ def main() -> None:
         dp = ps[k].predicted.time_breakdown_s["dp_comm"]
         print(f"{k:>4} {meas[k] * 1e3:12.1f} {pred[k] * 1e3:13.1f} {dp * 1e3:16.1f} {meas[k] / meas['0']:14.2f} "
               f"{pred[k] / pred['0']:14.2f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
