@@ -367,7 +367,7 @@ def estimate(as_json, output, runtime, **kw):
     check_machine_size(hw, kw["hardware"], kw["gpus"])
     check_peaks(hw, kw["hardware"], kw)
     lay = _layout_from(kw, model)
-    refuse_no_ops(lay, kw)
+    refuse_no_ops(lay, kw, hw.gpus_per_node)
     if runtime == "piper-train":
         lay = _as_piper_train_runs(lay, model)
     routing = parse_routing(kw["routing"])

@@ -98,22 +98,53 @@ def refuse_expert_options(model, kw) -> None:
                          "leave it out for a dense model")
 
 
-def refuse_no_ops(lay, kw) -> None:
+def refuse_no_ops(lay, kw, gpus_per_node: int) -> None:
     """One layout's options that would do nothing as given, in one line (estimate; a search tries
-    them across layouts, some of which read them): an exchange or placement at ep 1, the
-    tensor-parallel overlap at tp 1, the all-to-all's compute units where no all-to-all hides
-    behind compute (cost.estimate reads them beside an overlapped exchange or under dualpipev)."""
+    them across layouts, some of which read them): an exchange or placement at ep 1, HALO where no
+    EP group has several members on each of several nodes, a ZeRO stage given with no data-parallel
+    rank to shard over, the tensor-parallel overlap at tp 1, the all-to-all's compute units where no
+    all-to-all hides behind compute (cost.estimate reads them beside an overlapped exchange or under
+    dualpipev)."""
+    from click.core import ParameterSource
+
     from .errors import PiperError
 
     hides = lay.schedule == "dualpipev" or (lay.a2a_overlap and lay.ep > 1)
+    ctx = click.get_current_context(silent=True)
+    zero_given = ctx is not None and ctx.get_parameter_source("zero") == ParameterSource.COMMANDLINE
+    edp = lay.dp * lay.cp * lay.tp // (lay.ep * lay.etp)
     for given, no_op, why in (
             (f"--a2a {kw['a2a']}", kw["a2a"] not in ("auto", "flat") and lay.ep == 1, "no expert exchange at ep 1"),
+            ("--a2a halo", lay.a2a == "halo" and lay.ep > 1 and not halo_aggregates(lay, gpus_per_node),
+             f"no EP group has several members on each of several nodes of {gpus_per_node} GPUs (HALO runs "
+             "and is priced as the flat exchange there)"),
+            (f"--zero {lay.zero}", zero_given and lay.zero > 0 and lay.dp * lay.cp == 1 and edp <= 1,
+             "no data-parallel rank to shard over at dp·cp 1 and expert dp 1"),
             ("--placement spread", kw["placement"] == "spread" and lay.ep == 1, "no expert group to place at ep 1"),
             ("--tp-comm-overlap", lay.tp_comm_overlap and lay.tp == 1, "no tensor-parallel collective at tp 1"),
             (f"--a2a-sms {lay.a2a_sms}", lay.a2a_sms is not None and not hides,
              "no all-to-all hides behind compute (--a2a-overlap with ep > 1, or dualpipev)")):
         if no_op:
             raise PiperError(f"{given}: {why}, so it does nothing; leave it out")
+
+
+def halo_aggregates(lay, gpus_per_node: int) -> bool:
+    """Whether some EP group of `lay` (layout.rank_coords' groups: one a stage, expert-dp and etp
+    index) has members on between 2 and ep - 1 nodes: the only groups HALO aggregates; one node, or
+    one member a node, runs the flat exchange (runtime/train.make_exchange) and is priced as it."""
+    import numpy as np
+
+    per_stage = lay.dp * lay.cp * lay.tp
+    edp = per_stage // (lay.ep * lay.etp)
+    r = np.arange(lay.gpus)
+    stage, w = np.divmod(r, per_stage)
+    g, etp_i = np.divmod(w, lay.etp)
+    edp_i = g // lay.ep if lay.placement == "packed" else g % edp
+    group = (stage * edp + edp_i) * lay.etp + etp_i
+    node = r // gpus_per_node
+    pairs = np.unique(group * (int(node.max()) + 1) + node)  # each (group, node) once
+    spans = np.bincount(pairs // (int(node.max()) + 1))  # nodes a group's members sit on
+    return bool(np.any((spans > 1) & (spans < lay.ep)))
 
 
 def check_migration_settings(kw) -> None:

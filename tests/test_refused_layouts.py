@@ -64,7 +64,29 @@ def test_search_leaves_out_layer_offloading_megatron_core_refuses_and_counts_it(
     (["--ep", "1", "--placement", "spread"], "--placement spread: no expert group to place at ep 1"),
     (["--ep", "8", "--tp-comm-overlap"], "--tp-comm-overlap: no tensor-parallel collective at tp 1"),
     (["--ep", "8", "--a2a-sms", "64"], "--a2a-sms 64: no all-to-all hides behind compute"),
+    # HALO aggregates only a group with several members on each of several nodes: an EP group of 8
+    # inside one DGX node, or spread one a node, had been written "halo" and run (and priced) flat
+    (["--ep", "8", "--a2a", "halo"], "--a2a halo: no EP group has several members on each of several nodes of 8"),
+    (["--ep", "8", "--a2a", "halo", "--placement", "spread"], "--a2a halo: no EP group has several members"),
+    # ZeRO shards over the data-parallel ranks: with none (dp 1, expert dp 1) a stage given does nothing
+    (["--pp", "8", "--tp", "8", "--dp", "1", "--ep", "8", "--etp", "8", "--zero", "2"],
+     "--zero 2: no data-parallel rank to shard over"),
 ])
 def test_an_estimate_option_that_does_nothing_for_its_layout_is_refused(extra, needle):
     one_line(["estimate", "-m", "mixtral-8x7b", "-H", "dgx-h100", "-n", "64", "--global-batch", "256", *extra],
              needle, "so it does nothing; leave it out")
+
+
+def test_halo_is_kept_where_it_aggregates_and_zero_where_experts_shard_over_tp():
+    from piper_plan.cli_checks import halo_aggregates
+    from piper_plan.layout import Layout
+
+    two_nodes = Layout(gpus=16, dp=16, ep=16, global_batch=64, seq=4096, a2a="halo")
+    assert halo_aggregates(two_nodes, 8) and not halo_aggregates(two_nodes, 16)
+    code, out, _ = _run(["estimate", "-m", "tiny-moe", "-H", "emu-rail-1", "-n", "4", "--ep", "4", "--dp", "4",
+                         "--a2a", "halo", "--global-batch", "8"])
+    assert code == 0 and "a2a=halo" in out, out
+    # tp 2 at dp 1 and ep 1: each expert is held by both tp ranks (expert dp 2), which ZeRO shards
+    code, out, _ = _run(["estimate", "-m", "tiny-moe", "-H", "cpu-local", "-n", "2", "--tp", "2", "--zero", "1",
+                         "--global-batch", "8"])
+    assert code == 0, out
