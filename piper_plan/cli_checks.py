@@ -112,13 +112,12 @@ def refuse_no_ops(lay, kw, gpus_per_node: int) -> None:
     hides = lay.schedule == "dualpipev" or (lay.a2a_overlap and lay.ep > 1)
     ctx = click.get_current_context(silent=True)
     zero_given = ctx is not None and ctx.get_parameter_source("zero") == ParameterSource.COMMANDLINE
-    edp = lay.dp * lay.cp * lay.tp // (lay.ep * lay.etp)
     for given, no_op, why in (
             (f"--a2a {kw['a2a']}", kw["a2a"] not in ("auto", "flat") and lay.ep == 1, "no expert exchange at ep 1"),
             ("--a2a halo", lay.a2a == "halo" and lay.ep > 1 and not halo_aggregates(lay, gpus_per_node),
              f"no EP group has several members on each of several nodes of {gpus_per_node} GPUs (HALO runs "
              "and is priced as the flat exchange there)"),
-            (f"--zero {lay.zero}", zero_given and lay.zero > 0 and lay.dp * lay.cp == 1 and edp <= 1,
+            (f"--zero {lay.zero}", zero_given and lay.zero > 0 and lay.dp * lay.cp == 1 and lay.edp <= 1,
              "no data-parallel rank to shard over at dp·cp 1 and expert dp 1"),
             ("--placement spread", kw["placement"] == "spread" and lay.ep == 1, "no expert group to place at ep 1"),
             ("--tp-comm-overlap", lay.tp_comm_overlap and lay.tp == 1, "no tensor-parallel collective at tp 1"),
@@ -129,21 +128,16 @@ def refuse_no_ops(lay, kw, gpus_per_node: int) -> None:
 
 
 def halo_aggregates(lay, gpus_per_node: int) -> bool:
-    """Whether some EP group of `lay` (layout.rank_coords' groups: one a stage, expert-dp and etp
-    index) has members on between 2 and ep - 1 nodes: the only groups HALO aggregates; one node, or
-    one member a node, runs the flat exchange (runtime/train.make_exchange) and is priced as it."""
+    """Whether some EP group of `lay` (layout.rank_indices' ep_group) has members on between 2 and
+    ep - 1 nodes: the only groups HALO aggregates; one node, or one member a node, runs the flat
+    exchange (runtime/train.make_exchange) and is priced as it."""
     import numpy as np
 
-    per_stage = lay.dp * lay.cp * lay.tp
-    edp = per_stage // (lay.ep * lay.etp)
-    r = np.arange(lay.gpus)
-    stage, w = np.divmod(r, per_stage)
-    g, etp_i = np.divmod(w, lay.etp)
-    edp_i = g // lay.ep if lay.placement == "packed" else g % edp
-    group = (stage * edp + edp_i) * lay.etp + etp_i
-    node = r // gpus_per_node
-    pairs = np.unique(group * (int(node.max()) + 1) + node)  # each (group, node) once
-    spans = np.bincount(pairs // (int(node.max()) + 1))  # nodes a group's members sit on
+    from .layout import rank_indices
+
+    node = np.arange(lay.gpus) // gpus_per_node
+    nodes = int(node[-1]) + 1
+    spans = np.bincount(np.unique(rank_indices(lay)["ep_group"] * nodes + node) // nodes)  # nodes a group spans
     return bool(np.any((spans > 1) & (spans < lay.ep)))
 
 

@@ -844,23 +844,28 @@ class RankCoord(BaseModel):
     cp: int = 0
 
 
-def rank_coords(lay: Layout, gpus_per_node: int) -> list[RankCoord]:
-    """Global rank -> (node, local index, pp, dp, tp, ep, edp, etp, cp).
+def rank_indices(lay: Layout) -> dict:
+    """Every global rank's coordinates as arrays indexed by rank (pp, dp, tp, cp, ep, edp, etp), and
+    `ep_group`, one id per EP group (a stage's expert-dp and etp index): the one place the rank order
+    is written. Megatron's "tp-cp-ep-dp-pp" order: tp fastest, then cp, then dp. An expert's etp
+    shards are consecutive ranks; packed: an EP group is ep consecutive such groups of the stage
+    (fastest levels first); spread: an EP group strides across the stage (one etp group per edp
+    block)."""
+    import numpy as np
 
-    Megatron's "tp-cp-ep-dp-pp" order: tp fastest, then cp, then dp. An expert's etp shards are
-    consecutive ranks; packed: an EP group is ep consecutive such groups of the stage (fastest
-    levels first); spread: an EP group strides across the stage (one etp group per edp block)."""
-    per_stage = lay.dp * lay.cp * lay.tp
-    edp = per_stage // (lay.ep * lay.etp)
-    out = []
-    for r in range(lay.gpus):
-        stage, w = divmod(r, per_stage)
-        g, etp_i = divmod(w, lay.etp)
-        if lay.placement == "packed":
-            edp_i, ep_i = divmod(g, lay.ep)
-        else:
-            ep_i, edp_i = divmod(g, edp)
-        out.append(RankCoord(rank=r, node=r // gpus_per_node, local=r % gpus_per_node, pp=stage,
-                             dp=w // (lay.tp * lay.cp), tp=w % lay.tp, ep=ep_i, edp=edp_i, etp=etp_i,
-                             cp=w // lay.tp % lay.cp))
-    return out
+    r = np.arange(lay.gpus)
+    stage, w = np.divmod(r, lay.dp * lay.cp * lay.tp)
+    g, etp_i = np.divmod(w, lay.etp)
+    if lay.placement == "packed":
+        edp_i, ep_i = np.divmod(g, lay.ep)
+    else:
+        ep_i, edp_i = np.divmod(g, lay.edp)
+    return dict(pp=stage, dp=w // (lay.tp * lay.cp), tp=w % lay.tp, cp=w // lay.tp % lay.cp, ep=ep_i, edp=edp_i,
+                etp=etp_i, ep_group=(stage * lay.edp + edp_i) * lay.etp + etp_i)
+
+
+def rank_coords(lay: Layout, gpus_per_node: int) -> list[RankCoord]:
+    """Global rank -> (node, local index, pp, dp, tp, ep, edp, etp, cp), in rank_indices' order."""
+    ix = {k: v.tolist() for k, v in rank_indices(lay).items() if k != "ep_group"}
+    return [RankCoord(rank=r, node=r // gpus_per_node, local=r % gpus_per_node, **{k: v[r] for k, v in ix.items()})
+            for r in range(lay.gpus)]

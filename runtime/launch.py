@@ -464,10 +464,9 @@ def _peak_gib(plan: Plan) -> float:
     one, or with it deleted) its layout priced now, so the host check never waves a plan through."""
     if plan.predicted is not None:
         return plan.predicted.peak_memory_gib
-    from piper_plan.cost.batch import from_layouts
-    from piper_plan.cost.estimate import evaluate
+    from piper_plan.evaluate import estimate_layout
 
-    return float(evaluate(plan.model, plan.hardware, from_layouts([plan.layout])).peak_memory_gib[0])
+    return float(estimate_layout(plan.model, plan.hardware, plan.layout).peak_memory_gib[0])
 
 
 def host_available_gib() -> Optional[float]:

@@ -36,8 +36,7 @@ def with_recompute(base: dict, recompute, share=1.0) -> dict:
         # what a re-run layer rebuilds in the backward beside the input it kept (rank_memory._rebuilt)
         out[f"rc_{k}"] = np.maximum(base[f"a_{k}_none"] - base["a_in"], 0.0)
         # and beside what selective recompute kept (rank_memory._rebuilt: Megatron's modules, torchtitan's
-        # per-op policy),
-        # but what a compiled block neither keeps nor rebuilds (activations.compiled_unsaved)
+        # per-op policy), but what a compiled block neither keeps nor rebuilds (activations.compiled_unsaved)
         unsaved = base["a_unsaved"] if k == "dense" else 0.0
         out[f"rc_{k}_sel"] = np.maximum(base[f"a_{k}_none"] - base[f"a_{k}_sel"] - unsaved, 0.0)
         # full recompute re-issues the forward: its host gap (in ph.f, so in r) again
