@@ -332,9 +332,9 @@ def report(res: dict, scs) -> dict:
     for name, s in summary.items():
         if "predicted" in s:
             lb_ok = s["after_over_lb"] <= MAX_AFTER_OVER_LB
-            print(f"{name:14} after/LB {s['after_over_lb']:.3f} (<= 1.1: {lb_ok}); "
-                  f"overhead {100 * s['share']:.2f}% (<= 5%: {s['share'] <= MAX_SHARE}); MoE drop "
-                  f"{100 * s['drop']:.1f}%; predicted drop within 25%: "
+            print(f"{name:14} after/LB {s['after_over_lb']:.3f} (<= {MAX_AFTER_OVER_LB:g}: {lb_ok}); "
+                  f"overhead {100 * s['share']:.2f}% (<= {100 * MAX_SHARE:g}%: {s['share'] <= MAX_SHARE}); MoE drop "
+                  f"{100 * s['drop']:.1f}%; predicted drop within {100 * MAX_DROP_ERROR:g}%: "
                   f"{abs(s['predicted']['drop_error']) <= MAX_DROP_ERROR}")
     return summary
 

@@ -70,6 +70,11 @@ class _Cfg:
                 raise self._err(key, f"expected a list of layer indices, got {_short(v)}")
         return v
 
+    def stated(self, key: str, kind: type, absent: Any, *, min_value: int = 1) -> Any:
+        """The value of `key` as the config's transformers class reads it: `absent` (the class's
+        default) where the key is left out, None where it is null (an Optional field's "none")."""
+        return self.get(key, kind, default=None, min_value=min_value) if key in self.data else absent
+
     def first(self, keys: tuple[str, ...], kind: type = int, default: Any = _MISSING) -> Any:
         """The first of several alias keys that is present (e.g. num_experts_per_tok / experts_per_token)."""
         for k in keys:
@@ -116,7 +121,7 @@ def _base(c: _Cfg, mla: bool = False) -> dict:
         raise c._err("num_key_value_heads", f"must divide num_attention_heads ({heads}), got {kv}{said}")
     if kv != heads:
         out["num_kv_heads"] = kv
-    head_dim = c.get("head_dim", default=None) if "head_dim" in c.data else _HEAD_DIM_DEFAULT.get(c.family)
+    head_dim = c.stated("head_dim", int, _HEAD_DIM_DEFAULT.get(c.family))
     # only a head_dim that differs from hidden/heads is a separate figure
     if head_dim is not None and head_dim * heads != hidden:
         out["head_dim"] = head_dim
@@ -164,12 +169,6 @@ def _with_window(out: dict, window: int | None, local: list[bool], c: _Cfg, fiel
         if every != 1:
             out["full_attention_every"] = every
     return out
-
-
-def _window_or_default(c: _Cfg, default: int) -> int | None:
-    """sliding_window where the config gives one; transformers' `default` where the key is absent;
-    None where it is null (no window)."""
-    return c.get("sliding_window", default=None) if "sliding_window" in c.data else default
 
 
 def _fit_layer_pattern(mask: list[bool], c: _Cfg, field: str) -> tuple[int, int]:
@@ -268,7 +267,7 @@ def _qwen_window(c: _Cfg, out: dict) -> dict:
     window in each). A config's own layer_types (qwen2, qwen3, qwen2_moe) replaces the rule."""
     if not c.get("use_sliding_window", bool, default=False):
         return out
-    window, n = _window_or_default(c, 4096), out["num_layers"]
+    window, n = c.stated("sliding_window", int, 4096), out["num_layers"]
     if window is None:
         return out
     field = "max_window_layers"
@@ -325,9 +324,7 @@ def _deepseek_moe(c: _Cfg, out: dict, dense: int, every: int, router: str, metho
     and dots.llm1 keep under grouped-query attention. `method`: as _route_groups."""
     # an explicit null builds none (DeepSeek's modelling code: `if config.n_shared_experts is not None`),
     # where a key left out takes the config class's default
-    stated_none = "n_shared_experts" in c.data and c.data["n_shared_experts"] is None
-    shared = 0 if stated_none else c.get("n_shared_experts", default=_SHARED_EXPERTS_DEFAULT.get(c.family, 0),
-                                         min_value=0)
+    shared = c.stated("n_shared_experts", int, _SHARED_EXPERTS_DEFAULT.get(c.family, 0), min_value=0) or 0
     moe = _moe_block(c, c.get("n_routed_experts"), c.get("num_experts_per_tok"), c.get("moe_intermediate_size"),
                      every, router=router, **({"shared_experts": shared} if shared else {}),
                      **_route_groups(c, method))
@@ -391,7 +388,8 @@ def _llama(c: _Cfg) -> dict:
     if attention_bias or mlp_bias:
         out["linear_bias"] = True
     if c.family == "mistral":
-        return _with_window(out, _window_or_default(c, 4096), [True] * out["num_layers"], c, "sliding_window")
+        window = c.stated("sliding_window", int, 4096)
+        return _with_window(out, window, [True] * out["num_layers"], c, "sliding_window")
     if c.family in ("qwen2", "qwen3"):
         return _qwen_window(c, out)
     return out
@@ -403,7 +401,7 @@ def _gpt_oss(c: _Cfg) -> dict:
     # their unfused adds, not their 0.03% of the parameters) and the swiglu clamp (swiglu_limit).
     # Not modelled: the router bias and the per-head attention sinks.
     out = _base(c)
-    window = _window_or_default(c, 128)  # GptOssConfig's sliding_window; null: none
+    window = c.stated("sliding_window", int, 128)  # GptOssConfig's sliding_window; null: none
     types = c.data.get("layer_types")
     if types is None and window:  # GptOssConfig's default: sliding and full attention in turn, sliding first
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(c.get("num_hidden_layers"))]
@@ -418,7 +416,7 @@ def _gpt_oss(c: _Cfg) -> dict:
     out["moe"] = _moe_block(c, c.first(("num_local_experts", "num_experts")),
                             c.first(("num_experts_per_tok", "experts_per_token")),
                             c.get("intermediate_size"), router="softmax", expert_bias=True)
-    clamp = c.get("swiglu_limit", float, default=None) if "swiglu_limit" in c.data else 7.0  # GptOssConfig's
+    clamp = c.stated("swiglu_limit", float, 7.0)  # GptOssConfig's
     if clamp is not None:
         out["moe"]["glu_clamp"] = clamp
     out["tied_embeddings"] = _tied(c, False)
@@ -452,7 +450,7 @@ def _llama4(c: _Cfg) -> dict:
     # the NoPE layers (no_rope_layers[i] == 0; default every no_rope_layer_interval-th, 4) attend
     # to the whole sequence
     # (null: no chunks, Llama4TextConfig's int | None)
-    chunk = t.get("attention_chunk_size", int, default=None) if "attention_chunk_size" in t.data else 8192
+    chunk = t.stated("attention_chunk_size", int, 8192)
     if chunk:
         n_int = t.get("no_rope_layer_interval", int, default=4)
         rope = t.data.get("no_rope_layers") or [int((i + 1) % n_int != 0) for i in range(n)]
