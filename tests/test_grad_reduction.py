@@ -147,7 +147,14 @@ def test_a_stage_waiting_on_the_busiest_one_reduces_its_gradients_while_it_waits
     stage's recompute. Over the 1F1B-family schedules, full recompute is now never priced faster
     than none where the split is the same. (gpipe keeps 27, all ZeRO-2 with every expert on each
     rank, EP 1: a stage whose backward waits on its reduce-scatter every micro-batch recomputes
-    in that wait for nothing; they read 0.1-3.3 % faster.)"""
+    in that wait for nothing; they read 0.1-3.3 % faster.)
+
+    Interleaved is priced by walking torch's order with each chunk's own time (schedule.interleaved_step),
+    and its bubble need not grow with the work: recompute can move the busiest rank off the LM head's
+    chunk and shorten the fill. The reduction's exposure is priced per micro-batch outside the walk
+    (reduction.dp_comm_time), so where the longer backward hides several seconds of reduce-scatters
+    the shorter bubble can tip the step: on under 1 % of the interleaved layouts, by under 3 % (qwen3
+    285 of its 49,545 same-split layouts, by up to 1.0 %; gpt-oss 171 of 45,162, by up to 2.4 %)."""
     from dataclasses import replace
 
     from piper_plan.search import SearchSpace, default_global_batch, enumerate_layouts, round_batch
@@ -161,7 +168,10 @@ def test_a_stage_waiting_on_the_busiest_one_reduces_its_gradients_while_it_waits
                   & (none.chunks.mid_hi == full.chunks.mid_hi))
     assert (lay.zero == 2).sum() > 1000 and same_split.mean() > 0.5
     faster = same_split & (full.step_time_s < none.step_time_s * (1 - 1e-9))
-    assert not faster.any(), lay.layout(int(np.flatnonzero(faster)[0]))
+    looped = lay.sched == 2  # interleaved
+    assert not (faster & ~looped).any(), lay.layout(int(np.flatnonzero(faster & ~looped)[0]))
+    assert (faster & looped).sum() < 0.01 * (same_split & looped).sum()
+    assert np.all(full.step_time_s[faster] > 0.97 * none.step_time_s[faster])
 
 
 def test_piper_train_s_zero_is_priced_as_the_collectives_it_issues():

@@ -464,3 +464,87 @@ def test_dualpipev_with_equal_phases_idles_as_dualpipe_s_own_steps_do():
     """pp 4, a chunk's f = b = w = 1: DualPipe's dualpipev.py steps 1-8 run event by event idle 6;
     reading B as the input part alone had priced 0."""
     assert dualpipev_bubble(4, 2, 2, 2) == pytest.approx(6.0)
+
+
+def _balanced_units(L, pp, v, x_first=0.6, x_last=1.4):
+    """Each virtual stage's layers under the balanced split, the embedding and the LM head
+    counted in layer-equivalents at its ends."""
+    from piper_plan.cost.stages import chunk_sizes, materialise
+
+    C = pp * v
+    cs = chunk_sizes(L, np.array([C]), np.array([x_first]), np.array([x_last]), minimise=np.array([True]))
+    units = np.array([float(len(c)) for c in materialise(L, C, cs)])
+    units[0] += x_first
+    units[-1] += x_last
+    return units
+
+
+def test_the_interleaved_graph_walk_is_the_order_run_action_by_action_with_unequal_stages():
+    from piper_plan.cost.schedule_sim import interleaved_path
+
+    rng = np.random.default_rng(7)
+    for pp, vpp, M in INTERLEAVED:
+        F = rng.uniform(1.0, 3.0, (pp * vpp, 4))
+        B = rng.uniform(1.5, 6.0, (pp * vpp, 4))
+        ran = [simulate(rank_orders("interleaved", pp, vpp, M), F[:, j], B[:, j], 0.0) for j in range(4)]
+        assert interleaved_path(pp, vpp, M, F, B) == pytest.approx(ran, rel=1e-12)
+
+
+def test_with_equal_chunks_the_interleaved_walk_is_the_closed_form():
+    from piper_plan.cost.schedule import interleaved_step
+
+    for pp, vpp, M in INTERLEAVED + [(8, 4, 64), (4, 2, 40)]:
+        C = pp * vpp
+        F, B = np.full((C, 1), 2.0), np.full((C, 1), 4.5)
+        closed = pipeline_time(np.array([2]), np.array([pp]), np.array([M]), np.array([vpp]), 0, 0, 0,
+                               np.array([6.5 * vpp]), np.array([6.5 * vpp * pp]))
+        assert interleaved_step(np.array([pp]), np.array([vpp]), np.array([M]), F, B) == pytest.approx(closed, rel=1e-9)
+
+
+def test_the_interleaved_step_never_shortens_as_a_stage_takes_longer():
+    from piper_plan.cost.schedule import interleaved_step
+
+    rng = np.random.default_rng(3)
+    for pp, vpp, M in [(4, 2, 8), (4, 3, 24), (8, 2, 64), (3, 4, 6)]:
+        C = pp * vpp
+        F, B = rng.uniform(1, 3, (C, 1)), rng.uniform(2, 6, (C, 1))
+        base = interleaved_step(np.array([pp]), np.array([vpp]), np.array([M]), F, B)[0]
+        for s in range(C):
+            for grow in (F, B):
+                grow[s] += 0.7
+                assert interleaved_step(np.array([pp]), np.array([vpp]), np.array([M]), F, B)[0] >= base - 1e-9
+                grow[s] -= 0.7
+
+
+def test_unequal_chunks_priced_within_the_stated_bounds_of_torch_s_whole_order():
+    """interleaved_step's claim: within -1.6 ... +1.4 % of the order's critical path where a chunk
+    holds two layers or more on average, -10 ... +0.1 % below; the closed form erred by -9 ... +7 %
+    and -20 ... +7 % there."""
+    from piper_plan.cost.schedule import interleaved_step
+    from piper_plan.cost.schedule_sim import interleaved_path
+
+    worst = {True: [0.0, 0.0], False: [0.0, 0.0]}
+    closed_worst = {True: [0.0, 0.0], False: [0.0, 0.0]}
+    for pp, vpp, (x_first, x_last), beta in itertools.product((2, 4, 8), (2, 3, 4), ((0.1, 0.3), (0.6, 1.4)),
+                                                              (2.0, 3.0)):
+        Ls = [L for L in (24, 30, 36, 48, 61, 62, 80, 94, 126) if L >= pp * vpp]
+        units = np.stack([_balanced_units(L, pp, vpp, x_first, x_last) for L in Ls], axis=1)  # [V, layouts]
+        d = (1 + beta) * units
+        R = d.reshape(vpp, pp, -1).sum(axis=0).max(axis=0)
+        dense = np.array([L / (pp * vpp) >= 2 for L in Ls])
+        n = len(Ls)
+        for k in (1, 2, 4, 8, 16):
+            M = k * pp
+            walked = interleaved_path(pp, vpp, M, units, beta * units)
+            closed = M * R + (d.sum(axis=0) - R) / vpp
+            priced = interleaved_step(np.full(n, pp), np.full(n, vpp), np.full(n, M), units, beta * units)
+            for two in (True, False):
+                for table, err in ((worst, priced / walked - 1), (closed_worst, closed / walked - 1)):
+                    e = err[dense == two]
+                    if e.size:
+                        table[two] = [min(table[two][0], e.min()), max(table[two][1], e.max())]
+    assert -0.016 <= worst[True][0] and worst[True][1] <= 0.014, worst
+    assert -0.10 <= worst[False][0] and worst[False][1] <= 0.001, worst
+    # what the walk mends
+    assert closed_worst[True][0] < -0.08 and closed_worst[True][1] > 0.06, closed_worst
+    assert closed_worst[False][0] < -0.19, closed_worst

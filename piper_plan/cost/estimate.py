@@ -24,8 +24,8 @@ from .rank_memory import rank_memory, role_activations
 from .recompute import full_recompute_share
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
-from .schedule import pipeline_time
-from .stages import chunk_sizes, mid_base, rank_layers, v_chunks, v_mid_rank
+from .schedule import interleaved_step, pipeline_time
+from .stages import chunk_sizes, rank_chunks, rank_layers, stage_layers, v_mid_rank
 
 
 @dataclass
@@ -420,12 +420,6 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     v_mid = v_mid_rank(cs.n_hi, lay.pp)
     stage_of = {"first": np.zeros(n, int), "mid": np.where(has_mid, np.where(v_shape, v_mid, 1), -1),
                 "last": np.where(pp1, 0, lay.pp - 1)}
-    # a V rank's first chunk (r; rank 0's holds the embedding): its micro-batches in flight differ
-    # from those of its second (memory.v_in_flight)
-    base = mid_base(cs)
-    chunk_a = {"first": split(cs.first.astype(float), first_dense),
-               **{r: split(v_chunks(base, cs.n_hi, lay.pp, np.maximum(stage_of[r], 1))[0].astype(float), zero)
-                  for r in ("mid", "last")}}
     has_emb = {"first": np.ones(n, bool), "mid": np.zeros(n, bool), "last": pp1}
     has_head = {"first": pp1 | v_shape, "mid": np.zeros(n, bool), "last": ~v_shape | pp1}
     # multi-token prediction: its blocks run beside the LM head (Megatron-Core places them on the
@@ -433,6 +427,15 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # head's second pass are in the head's phase (layer._layer_terms)
     mtp = m.mtp_layers * np.asarray(m.mtp_is_moe, float)
     roles = {r: (nd + has_head[r] * (m.mtp_layers - mtp), nm + has_head[r] * mtp) for r, (nd, nm) in roles.items()}
+    # the layers of each chunk a role's rank runs, where it runs several: it holds their micro-batches in
+    # different numbers (memory.v_in_flight, memory.interleaved_states)
+    multi = np.flatnonzero((lay.vpp > 1) & ~pp1)
+    cs_multi = cs.take(multi)
+    chunk_layers = {r: (multi, *_chunk_layers(L, cs_multi, lay.pp[multi], lay.vpp[multi],
+                                              np.maximum(stage_of[r], 1 if r == "mid" else 0)[multi],
+                                              v_shape[multi], tuple(x[multi] for x in roles[r]), split,
+                                              first_dense[multi] if r == "first" else 0.0))
+                    for r in roles}
     n_dense_of = {r: nd for r, (nd, _) in roles.items()}
     n_moe_of = {r: nm for r, (_, nm) in roles.items()}
 
@@ -551,6 +554,14 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     h_first, h_mid, h_last = p2p_hidden
     hidden_sum = np.where(pp1, h_first, h_first + h_last + mids * mid_scale * h_mid)  # as total_sum adds them
     t_pipe = t_pipe + (hidden_sum - pick(p2p_hidden)) / lay.vpp
+    il = np.flatnonzero((lay.sched == SCHEDULES.index("interleaved")) & ~pp1)
+    if il.size:  # the order's own critical path: exact where chunks or ranks differ, as the closed form is not
+        stage_f, stage_b = _stage_phases(m, L, cs.take(il), lay.pp[il] * lay.vpp[il], first_dense[il], split,
+                                         {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
+        on = lambda x: x[:, il]  # noqa: E731
+        t_pipe[il] = _interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], stage_f, stage_b, on(win_r.F),
+                                       on(win_r.B + win_r.W), on(totals + p2p_hidden))
+        t_pipe[il] -= M[il] * pick(p2p_hidden)[il]  # the steady state's hidden messages (the bubble keeps them)
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
     # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
     # with less work but more exchange outside the weight pass go unseen (a longer model priced faster
@@ -569,10 +580,70 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     busiest = dict(nd=pick(nd_r), nm=pick(nm_r), a2a=pick(a2a_per_mb), hidden=pick(hidden_of + absorbed_a2a),
                    slow=pick(slow_of - (absorbed - absorbed_a2a)),
                    comm=pick(comm_t), p2p=pick(p2p_f + p2p_b), p2p_hidden=pick(p2p_hidden))
-    acts = role_activations(m, lay, roles, has_head, stage_of, chunk_a, lc, M)
+    acts = role_activations(m, lay, roles, has_head, stage_of, chunk_layers, lc, M)
     ranks = RoleLayers(cs, present, nd_r, nm_r, emb_r, head_r)
     return PipelinePart(grp, lc, ranks, busiest, peak_role_time, total_sum, comp_total, offload_mb, dp_win_r,
                         acts, t_pipe)
+
+
+def _stage_phases(m: ModelSpec, L: int, cs, C, lead_dense, split, v: dict) -> tuple:
+    """([max C, n] forward, [max C, n] backward: input, weight and recompute) compute seconds of one
+    micro-batch through each virtual stage's layers, the embedding on the first, the LM head and the
+    MTP modules on the last (as the roles count them), from the per-layer phases `v` (lc's
+    dense_v, moe_v, emb_v, head_v, [4, n] each). A middle stage's layers mix dense and MoE as
+    `split` spreads them, so its phases are its layers times one mixed layer's."""
+    s = np.arange(int(C.max()))[:, None]
+    cols = np.arange(len(C))
+    layers = stage_layers(L, cs, C, s).astype(float)
+    fb = {k: (x[0], x[1] + x[2] + x[3]) for k, x in v.items()}  # (forward, backward) of each part
+    phase = lambda nd, nm, i: nd * fb["dense_v"][i] + nm * fb["moe_v"][i]  # noqa: E731
+    one_d, one_m = split(1.0, 0.0)
+    nd0, nm0 = split(layers[0], lead_dense)  # the first stage: the leading dense layers
+    mtp = m.mtp_layers * float(m.mtp_is_moe)
+    out = []
+    for i in (0, 1):
+        x = layers * phase(one_d, one_m, i)
+        x[0] = phase(nd0, nm0, i) + fb["emb_v"][i]
+        x[C - 1, cols] += fb["head_v"][i] + phase(m.mtp_layers - mtp, mtp, i)
+        out.append(np.where(s < C, x, 0.0))
+    return tuple(out)
+
+
+def _interleaved_pipe(pp, vpp, M, stage_f, stage_b, role_f, role_b, role_time) -> np.ndarray:
+    """Seconds of the pipeline's part of a step under torch's interleaved order (schedule.interleaved_step),
+    its messages waited on: each virtual stage's forward and backward its rank's role's (rank 0, the
+    middle ranks as the representative one, rank pp - 1; `role_f`, `role_b` [roles, n] the role's
+    pipeline windows, scaled to its time a micro-batch `role_time`), shared among the rank's stages
+    as their compute (`stage_f`, `stage_b`: _stage_phases). A longer backward (recompute) so never
+    shortens a stage's forward, and each stage keeps its own mix (the LM head's chunk recomputes
+    nothing)."""
+    s = np.arange(len(stage_f))[:, None]
+    rank = s % pp
+    role = np.where(rank == 0, 0, np.where(rank == pp - 1, 2, 1))
+    cols = np.arange(len(pp))
+    # each role's rank's compute, forward and backward (its stages j·pp + rank): what its windows are shared by
+    j = np.arange(int(vpp.max()))[:, None]
+    own = [np.minimum(j * pp + r, len(stage_f) - 1) for r in (0, 1, pp - 1)]
+    held = lambda x: np.stack([np.where(j < vpp, x[at, cols], 0.0).sum(axis=0) for at in own])  # noqa: E731
+    scale = role_time / np.maximum(role_f + role_b, 1e-300)  # the hidden exchange, taken off both alike
+    per_f = role_f * scale / np.maximum(held(stage_f), 1e-300)
+    per_b = role_b * scale / np.maximum(held(stage_b), 1e-300)
+    return interleaved_step(pp, vpp, M, stage_f * per_f[role, cols], stage_b * per_b[role, cols])
+
+
+def _chunk_layers(L: int, cs, pp, vpp, rank, v_shape, role: tuple, split, lead_dense) -> tuple:
+    """([max vpp, n] dense, [max vpp, n] MoE) layers of each chunk `rank` runs, in the order
+    stages.rank_chunks gives them (rank 0's first chunk holds the leading dense layers
+    `lead_dense`); the rank's last chunk holds what its role's (dense, MoE) totals `role` leave,
+    so the MTP modules fall with the LM head."""
+    layers = rank_chunks(L, cs, pp, vpp, rank, v_shape).astype(float)
+    j = np.arange(len(layers))[:, None]
+    dense, moe = split(layers, np.where(j == 0, lead_dense, 0.0))
+    last = j == vpp - 1
+    before = lambda x: np.where(j < vpp - 1, x, 0.0).sum(axis=0)  # noqa: E731
+    dense = np.where(last, role[0] - before(dense), np.where(layers > 0, dense, 0.0))
+    moe = np.where(last, role[1] - before(moe), np.where(layers > 0, moe, 0.0))
+    return dense, moe
 
 
 def _absorbed_by_host(lay: LayoutBatch, gap, exposed):

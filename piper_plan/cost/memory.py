@@ -11,6 +11,8 @@ unit at a time, and those unsharded units are memory too (zero3_gathered_bytes).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..layout import SCHEDULES
@@ -107,8 +109,10 @@ def in_flight(lay: LayoutBatch, stage, M=None) -> np.ndarray:
 
     gpipe: all M. 1f1b: pp - i (Narayanan 2021). interleaved (v chunks): Megatron's warm-up
     ((pp-i-1)·2 + (v-1)·pp + 1) chunk-micro-batches, / v — rank 0 gives pp + (pp-1)/v
-    (Korthikanti 2022 §4.2.3). Megatron-Core's EP overlap (Layout.a2a_overlap) runs one more
-    warm-up forward over a pipeline (schedules.get_pp_rank_microbatches), so its ranks hold one
+    (Korthikanti 2022 §4.2.3): the rank's peak where its chunks are equal (interleaved_states has
+    each chunk's count, which rank_memory weighs by its layers). Megatron-Core's EP overlap
+    (Layout.a2a_overlap) runs one more warm-up forward over a pipeline
+    (schedules.get_pp_rank_microbatches), so its ranks hold one
     more chunk-micro-batch (at most: its paired steps free the backward's layers as the forward's
     fill); without pipelining it adds no warm-up, and the runs published at pp 1 with the overlap
     (Megatron-Bridge's Qwen3 GB200 / GB300 rows) fit their devices only with one in flight.
@@ -140,6 +144,37 @@ def v_in_flight(lay: LayoutBatch, rank, M=None) -> tuple[tuple[np.ndarray, np.nd
     first = (np.minimum(2 * pp - 1 - r + dual, M), np.minimum(r + 1, M))
     later = (np.minimum(2 * pp - r, M), np.minimum(np.where(dual, r + 1, r), M))
     return first, later
+
+
+def interleaved_states(pp: int, vpp: int, M: int, rank: int, extra: int = 0) -> np.ndarray:
+    """[K, vpp] micro-batches in flight of each of the rank's chunks (column j: virtual stage
+    j·pp + rank) at the Pareto-maximal states of torch's ScheduleInterleaved1F1B order
+    (schedule_sim.rank_orders; `extra` more warm-up forwards, Megatron-Core's EP overlap), a
+    micro-batch counting from its forward to its backward. The busiest state depends on the
+    chunks' sizes: the warm-up's end holds 2pp - 1 micro-batches of rank 0's first chunk and pp
+    of each other, but later states hold 2pp of its first two chunks, and each chunk's count
+    runs up to 2pp while the backward drains the last: with equal chunks every state holds
+    the same total (in_flight's), with the early chunks larger (the balanced split's rule,
+    stages.materialise) the later states hold more (tests/test_interleaved_memory.py runs torch's
+    own order). The states are the same for every M >= 2pp (M a multiple of pp, as interleaved
+    needs): the order is walked at min(M, 2pp)."""
+    return _interleaved_states(pp, vpp, min(M, 2 * pp), rank, extra)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interleaved_states(pp: int, vpp: int, M: int, rank: int, extra: int) -> np.ndarray:
+    from .schedule_sim import interleaved_positions
+
+    (f_pos, f_stage, _), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M, extra)
+    n = M * vpp
+    step = np.zeros((2 * n, vpp))  # what each op of the rank's order adds to each chunk's count
+    step[f_pos[rank], f_stage[rank] // pp] = 1.0
+    step[b_pos[rank], b_stage[rank] // pp] = -1.0
+    states = np.unique(np.cumsum(step, axis=0), axis=0)
+    # keep the states no other state holds at least as many of every chunk as
+    ge = np.all(states[:, None, :] >= states[None, :, :], axis=2)  # [a, b]: a holds at least b's
+    dominated = (ge & ~np.eye(len(states), dtype=bool)).any(axis=0)
+    return states[~dominated]
 
 
 def state_lower_bound_gib(m: ModelSpec, lay: LayoutBatch, overhead_gib: float, fp8_any_layout: bool = False):

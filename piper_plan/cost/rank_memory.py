@@ -17,20 +17,21 @@ from ..specs.hardware import HardwareSpec
 from ..specs.model import ModelSpec
 from .batch import CP_COMMS, LayoutBatch, distinct_rows
 from .compute import cp_tensor_bytes
-from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, layer_params_per_rank, state_coeffs, v_in_flight,
-                     zero3_gathered_bytes)
+from .memory import (GIB, fp8_weight_extra, grad_bytes, in_flight, interleaved_states, layer_params_per_rank,
+                     state_coeffs, v_in_flight, zero3_gathered_bytes)
 from .offload import offloaded_share, uses_host
 from .recompute import full_recompute_share
 
 BUCKET_CAP_BYTES = 25 * 2**20  # piper-train's ZeRO-2 bucket cap (runtime/optim.BUCKET_CAP_BYTES)
 
 
-def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict, stage_of: dict, chunk_a: dict,
-                     lc: dict, M) -> dict:
+def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict, stage_of: dict,
+                     chunk_layers: dict, lc: dict, M) -> dict:
     """What each role's rank (`roles`: its dense and MoE layer counts, `stage_of`: its pipeline
-    rank, -1 where there is none; `chunk_a`: a V schedule's dense and MoE layers in the rank's
-    first chunk) holds that the ZeRO stage does not change, per layout: its stage ("stage_of"),
-    its bf16 weight copies ("casts", cast_copies; none where no layout casts), and its
+    rank, -1 where there is none; `chunk_layers`: (the layouts whose ranks run several chunks,
+    [max vpp, those] dense, MoE layers of each chunk the rank runs: estimate._chunk_layers) holds
+    that the ZeRO stage does not change, per layout: its stage ("stage_of"), its bf16 weight copies
+    ("casts", cast_copies; none where no layout casts), and its
     activations, logits, all-to-all buffers and the layer full recompute rebuilds in GiB
     ("parts") with the GiB of activations it offloads to the host ("parked"). evaluate prices
     these once per layout without the stage, as the pipeline, and rank_memory adds the state
@@ -57,6 +58,7 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     cp_buf = cp_buffers(m, lay)
     offloads = uses_host(lay)
     v = (lay.sched >= SCHEDULES.index("zbv")) & (lay.pp > 1)
+    looped = (lay.sched == SCHEDULES.index("interleaved")) & (lay.pp > 1)
     parts, parked, held = {}, {}, {}
     for r, (nd, nm) in roles.items():
         per_layer = (lc["a_dense"], lc["a_moe"])
@@ -67,7 +69,9 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
         mtp_mb = infl[r]  # the MTP module's inputs, as the rank's layers
         if np.any(v):  # a V rank holds its two chunks' micro-batches in different numbers
             (a1, b1), (a2, b2) = v_in_flight(lay, np.maximum(stage_of[r], 0), M)
-            ad, am = chunk_a[r]
+            rows, cd, cm = chunk_layers[r]
+            ad, am = np.zeros(len(lay.pp)), np.zeros(len(lay.pp))
+            ad[rows], am[rows] = cd[0], cm[0]
             rest = (nd - ad, nm - am)
             s1, s2 = (_held(a, b, (ad, am), rest, per_layer) for a, b in ((a1, b1), (a2, b2)))
             # the state whose device memory is larger binds (the head's chunk: logits, MTP inputs)
@@ -77,6 +81,10 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
             state = {k: np.where(v, pick[k], state[k]) for k in state}
             head_mb = np.where(v, np.where(later, b2, b1), head_mb)
             mtp_mb = np.where(v, head_mb, mtp_mb)
+        if np.any(looped):  # an interleaved rank holds its chunks' micro-batches in different numbers too
+            each, head_chunk = _interleaved_held(lay, M, np.maximum(stage_of[r], 0), chunk_layers[r], per_layer)
+            state = {k: np.where(looped, each[k], state[k]) for k in state}
+            mtp_mb = np.where(looped, head_chunk, mtp_mb)
         held[r] = state
         layer_acts = state["acts"] / GIB
         # what waits in host memory (Layout.offload_layers, offload_modules)
@@ -131,6 +139,34 @@ def _logits(per_mb, n, kept_b, back_b):
     logits each): `kept_b` an element kept for each one's loss backward, and `back_b` an element
     that the backward of the one in it adds (logits_bytes)."""
     return per_mb * (kept_b * n + back_b * np.minimum(n, 1.0))
+
+
+def _interleaved_held(lay: LayoutBatch, M, rank, chunk_layers: tuple, per_layer) -> tuple[dict, np.ndarray]:
+    """_held's figures for an interleaved rank, per layout, and the micro-batches its last chunk
+    holds then: of the Pareto-maximal states of its order (memory.interleaved_states: each chunk's
+    micro-batches in flight), the one whose activations, each chunk's count times its layers'
+    bytes, are largest. Layouts not interleaved get the figures of one micro-batch in flight."""
+    rows, dense, moe = chunk_layers
+    a_d, a_m = (np.broadcast_to(np.asarray(x, float), lay.pp.shape) for x in per_layer)
+    out = {k: np.zeros(len(lay.pp)) for k in ("acts", "dense", "moe")}
+    head = np.ones(len(lay.pp))
+    il = np.flatnonzero((lay.sched == SCHEDULES.index("interleaved")) & (lay.pp > 1))
+    M = np.asarray(M)
+    key = (lay.pp[il], lay.vpp[il], np.minimum(M[il], 2 * lay.pp[il]), np.asarray(rank)[il], lay.ep_overlap[il])
+    _, first, inv = distinct_rows(*key)
+    for g, f in enumerate(first):
+        idx = il[inv == g]
+        v = int(key[1][f])
+        states = interleaved_states(*(int(k[f]) for k in key))  # [K, v]
+        at = np.searchsorted(rows, idx)  # the layouts' columns among those run in several chunks
+        d, mo = dense[:v, at], moe[:v, at]
+        acts = states @ (d * a_d[idx] + mo * a_m[idx])  # [K, layouts]
+        k = np.argmax(acts, axis=0)
+        out["acts"][idx] = acts[k, np.arange(len(idx))]
+        out["dense"][idx] = np.einsum("ij,ji->i", states[k], d)
+        out["moe"][idx] = np.einsum("ij,ji->i", states[k], mo)
+        head[idx] = states[k, v - 1]
+    return out, head
 
 
 def _held(a, b, chunk_a, chunk_b, per_layer) -> dict:

@@ -62,9 +62,11 @@ def rank_orders(schedule: str, pp: int, vpp: int, M: int) -> list[list[Op]]:
     raise ValueError(f"rank_orders: no action order for schedule {schedule!r}")
 
 
-def _interleaved(pp: int, vpp: int, M: int, r: int) -> list[Action]:
+def _interleaved(pp: int, vpp: int, M: int, r: int, extra: int = 0) -> list[Action]:
+    """Rank r's order; `extra` more warm-up forwards (Megatron-Core's EP overlap runs one more:
+    schedules.get_pp_rank_microbatches)."""
     rnd = M // max(1, M // pp)
-    warm = min((vpp - 1) * rnd + 2 * (pp - 1 - r), M * vpp)
+    warm = min((vpp - 1) * rnd + 2 * (pp - 1 - r) + extra, M * vpp)
     # the k-th forward (backward) runs chunk (k // rnd) % vpp (backwards: from the last chunk) on
     # that chunk's next micro-batch, as torch counts them
     mb = [(k // (rnd * vpp)) * rnd + k % rnd for k in range(M * vpp)]
@@ -199,7 +201,8 @@ def simulate(orders: Sequence[Sequence[Op]], fwd, bwd, msg: float, overlap: bool
     """Seconds from the first action to the last, and the last message's delivery.
 
     orders: rank_orders(...); fwd, bwd, wgt: seconds of one chunk's forward, backward-input part
-    and backward-weight part for one micro-batch on each rank (scalars or length-pp sequences); a
+    and backward-weight part for one micro-batch on each rank (scalars or length-pp sequences) or
+    of each virtual stage (length-pp·vpp sequences, where pp·vpp differs from pp); a
     full backward (B) takes bwd + wgt, so where no backward is split bwd is the whole of it and
     wgt 0. An overlapped pair (dualpipev) runs its forward and full backward as one op, `hide`
     seconds shorter than the two in turn (the exchange each hides behind the other's compute; 0
@@ -216,7 +219,10 @@ def simulate(orders: Sequence[Sequence[Op]], fwd, bwd, msg: float, overlap: bool
     pp = len(orders)
     rank_of = _placement(orders)
     V = len(rank_of)
-    fwd, bwd, wgt = (np.broadcast_to(np.asarray(x, float), (pp,)) for x in (fwd, bwd, wgt))
+    on = np.array([rank_of[s] for s in range(V)])
+    # per rank (every chunk of a rank alike) or per virtual stage
+    fwd, bwd, wgt = (np.asarray(x, float) for x in (fwd, bwd, wgt))
+    fwd, bwd, wgt = (x if x.shape == (V,) else np.broadcast_to(x, (pp,))[on] for x in (fwd, bwd, wgt))
     took = {"F": fwd, "B": bwd + wgt, "I": bwd, "W": wgt}
     done: dict[Action, float] = {}     # output (_made) -> when it is usable by its own rank
     arrives: dict[Action, float] = {}  # output (_made) -> when it reaches the next stage's rank
@@ -243,7 +249,7 @@ def simulate(orders: Sequence[Sequence[Op]], fwd, bwd, msg: float, overlap: bool
                         when = ends[r][j - 1] if j > 0 else 0.0
                         at = arrives[dep] = link_free[link] = max(done[dep], when, link_free.get(link, 0.0)) + msg
                     ready = max(ready, at)
-                each = [took[k][r] for k, _, _ in acts]
+                each = [took[k][s] for k, s, _ in acts]
                 end = max(clock[r], ready) + (each[0] if len(acts) == 1 else max(sum(each) - hide, *each))
                 clock[r] = end
                 ends[r].append(end)
@@ -269,23 +275,21 @@ def simulate(orders: Sequence[Sequence[Op]], fwd, bwd, msg: float, overlap: bool
 KINDS = "FIWBP"
 
 
-@functools.lru_cache(maxsize=None)
-def _waves(schedule: str, pp: int):
-    """torch's zbv or dualpipev order at its fewest micro-batches (2·pp - 1, 2·pp) as a static
-    graph for _dag_path: each op after its rank's previous one and after its inputs (_input).
-    Returns (waves, nodes, ends, work): the ops numbered from 1 (0 is a zero start) in
-    topological waves, each wave (start, stop, kind (index in KINDS), its ops' predecessors
-    [k, ops]: the rank's previous op, then the inputs made on other ranks); `ends` each rank's
-    last op; `work` [pp, len(KINDS)] how many ops of each kind each rank runs."""
-    M = 2 * pp - (schedule == "zbv")
-    orders = rank_orders(schedule, pp, 2, M)
-    rank_of, V = _placement(orders), 2 * pp
+def _graph(orders: Sequence[Sequence[Op]]):
+    """The orders as a static graph, each op after its rank's previous one and after its inputs
+    (_input), numbered from 1 (0 is a zero start) in the orders' own topological sweep, as
+    simulate runs them. Returns (kind (index in KINDS), stage, preds [ops, 3]: the rank's previous
+    op, then the inputs made on other ranks, -1 where none; level, last: each rank's last op, work
+    [pp, len(KINDS)]: how many ops of each kind each rank runs)."""
+    pp = len(orders)
+    rank_of = _placement(orders)
+    V = len(rank_of)
     index: dict[Action, int] = {}
-    kind, preds, level = [], [], []
+    kind, stage, preds, level = [], [], [], []
     work = np.zeros((pp, len(KINDS)), int)
     nxt, last = [0] * pp, [-1] * pp
     remaining = sum(len(o) for o in orders)
-    while remaining:  # the orders' own topological sweep, as simulate runs them
+    while remaining:
         for r, ops in enumerate(orders):
             while nxt[r] < len(ops):
                 acts = _parts(ops[nxt[r]])
@@ -299,20 +303,121 @@ def _waves(schedule: str, pp: int):
                     index[_made(a)] = len(kind)
                 last[r] = len(kind)
                 kind.append(KINDS.index("P" if len(acts) == 2 else acts[0][0]))
+                stage.append(acts[0][1])
                 work[r, kind[-1]] += 1
                 preds.append(p + [-1] * (3 - len(p)))
                 nxt[r] += 1
                 remaining -= 1
-    kind_a, pred, lev = np.array(kind), np.array(preds), np.array(level)
+    return np.array(kind), np.array(stage), np.array(preds), np.array(level), np.array(last), work
+
+
+def _grouped(keys: np.ndarray, pred: np.ndarray, level: np.ndarray, last: np.ndarray, every: bool = False):
+    """Ops renumbered in topological waves of one `keys` row each (level first): (waves, nodes,
+    ends, order); a wave (start, stop, its key row, its ops' predecessors [k, ops]). `every`: each
+    op reads all of pred's columns, a missing one the zero start (fewer, wider waves)."""
     width = (pred >= 0).sum(axis=1) + (pred[:, 0] < 0)  # a rank's first op: the zero start and its input
-    order = np.lexsort((width, kind_a, lev))  # a wave's ops of one kind and one input count, contiguous
+    width = np.full_like(width, pred.shape[1]) if every else width
+    order = np.lexsort((width, *keys[::-1], level))  # a wave's ops of one key and one input count, contiguous
     new = np.empty_like(order)
     new[order] = np.arange(1, len(order) + 1)
     pred = np.where(pred >= 0, new[np.maximum(pred, 0)], 0)[order]
-    key = np.stack([lev[order], kind_a[order], width[order]], axis=1)
+    key = np.stack([level[order], *(k[order] for k in keys), width[order]], axis=1)
     cuts = np.r_[0, np.flatnonzero(np.any(np.diff(key, axis=0) != 0, axis=1)) + 1, len(order)]
-    waves = [(a + 1, z + 1, int(key[a, 1]), pred[a:z, :key[a, 2]].T) for a, z in zip(cuts[:-1], cuts[1:])]
-    return waves, len(order) + 1, new[np.array(last)], work
+    waves = [(a + 1, z + 1, key[a, 1:-1], pred[a:z, :key[a, -1]].T) for a, z in zip(cuts[:-1], cuts[1:])]
+    return waves, len(order) + 1, new[last], order
+
+
+@functools.lru_cache(maxsize=None)
+def _waves(schedule: str, pp: int):
+    """torch's zbv or dualpipev order at its fewest micro-batches (2·pp - 1, 2·pp) as a static
+    graph for _dag_path (_graph), in topological waves of one kind of op each. Returns (waves,
+    nodes, ends, work): a wave (start, stop, kind (index in KINDS), its ops' predecessors [k,
+    ops]); `ends` each rank's last op; `work` [pp, len(KINDS)] how many ops of each kind each
+    rank runs."""
+    kind, _, pred, level, last, work = _graph(rank_orders(schedule, pp, 2, 2 * pp - (schedule == "zbv")))
+    waves, nodes, ends, _ = _grouped(kind[None], pred, level, last)
+    return [(a, z, int(k[0]), p) for a, z, k, p in waves], nodes, ends, work
+
+
+def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0):
+    """torch's interleaved order (_interleaved) by arithmetic, every rank at once: (forward, backward),
+    each ([pp, n] position in the rank's order, virtual stage, micro-batch) of the rank's i-th forward
+    (backward), n = M·vpp: the i-th forward runs at i, or w + 2(i - w) past the rank's w warm-up
+    forwards (`extra` more: Megatron-Core's EP overlap), the i-th backward at w + 2i + 1, or n + i once
+    its forwards are done. M a multiple of pp, so its rounds are pp micro-batches."""
+    n = M * vpp
+    r = np.arange(pp)[:, None]
+    i = np.arange(n)[None, :]
+    w = np.minimum((vpp - 1) * pp + 2 * (pp - 1 - r) + extra, n)
+    mb = np.broadcast_to((i // (pp * vpp)) * pp + i % pp, (pp, n))
+    fwd = (np.where(i < w, i, w + 2 * (i - w)), (i // pp) % vpp * pp + r, mb)
+    bwd = (np.where(i < n - w, w + 2 * i + 1, n + i), (vpp - 1 - (i // pp) % vpp) * pp + r, mb)
+    return fwd, bwd
+
+
+def _interleaved_graph(pp: int, vpp: int, M: int):
+    """_graph's (kind, stage, preds [ops, 2], level, last) for torch's interleaved order, built from
+    its arithmetic (interleaved_positions) over all ops at once rather than swept op by op (a
+    thousand times the ops of the V orders' fewest micro-batches, which _graph sweeps); the
+    levels (each op's longest chain of ops from the start) a step at a time, every rank's next op
+    at once."""
+    n, V = M * vpp, pp * vpp
+    (f_pos, f_stage, mbs), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M)
+    r = np.arange(pp)[:, None]
+    node = lambda pos: r * 2 * n + pos  # noqa: E731
+    f_of = np.full((V, M), -1)
+    b_of = np.full((V, M), -1)
+    f_of[f_stage, mbs] = node(f_pos)
+    b_of[b_stage, mbs] = node(b_pos)
+    kind = np.empty(2 * n * pp, int)
+    stage = np.empty(2 * n * pp, int)
+    cross = np.full(2 * n * pp, -1)
+    kind[node(f_pos).ravel()], stage[node(f_pos).ravel()] = KINDS.index("F"), f_stage.ravel()
+    kind[node(b_pos).ravel()], stage[node(b_pos).ravel()] = KINDS.index("B"), b_stage.ravel()
+    # a forward waits for the previous stage's (another rank's), a backward for the next stage's; the
+    # last stage's backward for its own forward, which its rank ran before
+    cross[node(f_pos).ravel()] = np.where(f_stage > 0, f_of[np.maximum(f_stage - 1, 0), mbs], -1).ravel()
+    cross[node(b_pos).ravel()] = np.where(b_stage < V - 1, b_of[np.minimum(b_stage + 1, V - 1), mbs], -1).ravel()
+    prev = np.where(np.arange(2 * n * pp) % (2 * n) > 0, np.arange(2 * n * pp) - 1, -1)
+    pred = np.stack([prev, cross], axis=1)
+    # each rank's next op takes the next level once its input has one: a level per step, each rank at once
+    level = np.full(len(kind), np.iinfo(np.int64).max)
+    at = np.zeros(pp, int)  # each rank's next op in its order
+    step = 0
+    while (at < 2 * n).any():
+        step += 1
+        rr = np.flatnonzero(at < 2 * n)
+        op = rr * 2 * n + at[rr]
+        go = (cross[op] < 0) | (level[np.maximum(cross[op], 0)] < step)
+        level[op[go]] = step
+        at[rr[go]] += 1
+    return kind, stage, pred, level, np.arange(1, pp + 1) * 2 * n - 1
+
+
+@functools.lru_cache(maxsize=256)
+def _interleaved_waves(pp: int, vpp: int, M: int):
+    """torch's interleaved order as _waves gives the V orders, its waves by level alone, with
+    each op's row in interleaved_path's durations (F: its stage, B: V + its stage)."""
+    kind, stage, pred, level, last = _interleaved_graph(pp, vpp, M)
+    waves, nodes, ends, order = _grouped(np.zeros((1, len(kind)), int), pred, level, last, every=True)
+    row = np.where(kind == KINDS.index("F"), 0, pp * vpp) + stage
+    return [(a, z, row[order[a - 1:z - 1]], p) for a, z, _, p in waves], nodes, ends
+
+
+def interleaved_path(pp: int, vpp: int, M: int, F, B) -> np.ndarray:
+    """Seconds from the first action to the last of torch's ScheduleInterleaved1F1B order without
+    messages (simulate's, at msg 0), for each column of F and B ([pp·vpp, n]: each virtual
+    stage's forward and backward seconds of one micro-batch); one walk of the order's graph for
+    every column."""
+    waves, nodes, ends = _interleaved_waves(pp, vpp, M)
+    d = np.concatenate([np.asarray(F, float), np.asarray(B, float)])
+    fin = np.zeros((nodes, d.shape[1]))
+    for a, z, rows, pred in waves:
+        fin[a:z] = fin[pred[0]]
+        for q in pred[1:]:
+            np.maximum(fin[a:z], fin[q], out=fin[a:z])
+        fin[a:z] += d[rows]
+    return fin[ends].max(axis=0)
 
 
 def _dag_path(schedule: str, pp: int, dur: np.ndarray, cells: int) -> np.ndarray:

@@ -160,6 +160,24 @@ def rank_layers(L: int, cs: ChunkSizes, pp, vpp, v_shape):
     return np.where(one, L, first), np.where(one, 0, mid), np.where(one, L, last)
 
 
+def stage_layers(L: int, cs: ChunkSizes, chunks, s):
+    """Layers of virtual stage `s` (arrays broadcast against the layouts'): materialise's rule,
+    the first chunk cs.first, the last cs.last, the middle ones mid_base and one more for the
+    first n_hi of them; one stage: every layer."""
+    s, C = np.asarray(s), np.asarray(chunks)
+    mid = mid_base(cs) + (s <= cs.n_hi)
+    return np.where(C == 1, L, np.where(s == 0, cs.first, np.where(s == C - 1, cs.last, mid)))
+
+
+def rank_chunks(L: int, cs: ChunkSizes, pp, vpp, rank, v_shape) -> np.ndarray:
+    """[max vpp, n] layers of each chunk rank `rank` runs, in the order it first runs them
+    (looped: virtual stage j·pp + rank; V: rank, then 2·pp - 1 - rank), 0 past a layout's vpp."""
+    pp, vpp, rank = np.asarray(pp), np.asarray(vpp), np.asarray(rank)
+    j = np.arange(int(vpp.max()) if vpp.size else 1)[:, None]
+    s = np.where(np.asarray(v_shape, bool), np.where(j == 0, rank, 2 * pp - 1 - rank), j * pp + rank)
+    return np.where(j < vpp, stage_layers(L, cs, pp * vpp, s), 0)
+
+
 def mid_base(cs: ChunkSizes):
     """Layers of the smaller middle chunks (the larger, the first n_hi, hold one more)."""
     return np.where(cs.mid_hi > 0, cs.mid_hi - (cs.n_hi > 0), 0)
