@@ -410,31 +410,30 @@ def interleaved_path(pp: int, vpp: int, M: int, F, B) -> np.ndarray:
     stage's forward and backward seconds of one micro-batch); one walk of the order's graph for
     every column."""
     waves, nodes, ends = _interleaved_waves(pp, vpp, M)
-    d = np.concatenate([np.asarray(F, float), np.asarray(B, float)])
-    fin = np.zeros((nodes, d.shape[1]))
-    for a, z, rows, pred in waves:
-        fin[a:z] = fin[pred[0]]
-        for q in pred[1:]:
-            np.maximum(fin[a:z], fin[q], out=fin[a:z])
-        fin[a:z] += d[rows]
-    return fin[ends].max(axis=0)
+    return _walk(waves, nodes, ends, np.concatenate([np.asarray(F, float), np.asarray(B, float)]), 1 << 22)
 
 
 def _dag_path(schedule: str, pp: int, dur: np.ndarray, cells: int) -> np.ndarray:
     """The critical path (seconds) of _waves(schedule, pp) for each column of `dur` ([len(KINDS),
-    n]: each kind of op's seconds), a wave at a time over every column, in blocks of about
-    `cells` numbers."""
+    n]: each kind of op's seconds)."""
     waves, nodes, ends, _ = _waves(schedule, pp)
+    return _walk(waves, nodes, ends, dur, cells)
+
+
+def _walk(waves, nodes: int, ends, dur: np.ndarray, cells: int) -> np.ndarray:
+    """Each column's critical path through a graph in topological waves (_grouped's: a wave's ops
+    start once their predecessors end and take their rows of `dur`, one row for the wave or one an
+    op), a wave at a time over every column, in blocks of about `cells` numbers."""
     path = np.empty(dur.shape[1])
     step = max(1, cells // nodes)
     for j in range(0, dur.shape[1], step):
         d = dur[:, j:j + step]
         fin = np.zeros((nodes, d.shape[1]))
-        for a, z, k, pred in waves:
+        for a, z, rows, pred in waves:
             fin[a:z] = fin[pred[0]]
             for q in pred[1:]:
                 np.maximum(fin[a:z], fin[q], out=fin[a:z])
-            fin[a:z] += d[k]
+            fin[a:z] += d[rows]
         path[j:j + step] = fin[ends].max(axis=0)
     return path
 
