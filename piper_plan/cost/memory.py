@@ -112,9 +112,9 @@ def in_flight(lay: LayoutBatch, stage, M=None) -> np.ndarray:
     (Korthikanti 2022 §4.2.3): the rank's peak where its chunks are equal (interleaved_states has
     each chunk's count, which rank_memory weighs by its layers). Megatron-Core's EP overlap
     (Layout.a2a_overlap) runs one more warm-up forward over a pipeline
-    (schedules.get_pp_rank_microbatches), so its ranks hold one
-    more chunk-micro-batch (at most: its paired steps free the backward's layers as the forward's
-    fill); without pipelining it adds no warm-up, and the runs published at pp 1 with the overlap
+    (schedules.get_pp_rank_microbatches), so its ranks hold one more chunk-micro-batch (at most:
+    its paired steps free the backward's layers as the forward's fill); without pipelining it adds
+    no warm-up, and the runs published at pp 1 with the overlap
     (Megatron-Bridge's Qwen3 GB200 / GB300 rows) fit their devices only with one in flight.
     zbv, dualpipev: the mean over a rank's two chunks where they are equal, pp and pp + 1/2
     (v_in_flight has each chunk's count, which rank_memory weighs by its layers). Never more
@@ -149,8 +149,8 @@ def v_in_flight(lay: LayoutBatch, rank, M=None) -> tuple[tuple[np.ndarray, np.nd
 def interleaved_states(pp: int, vpp: int, M: int, rank: int, extra: int = 0) -> np.ndarray:
     """[K, vpp] micro-batches in flight of each of the rank's chunks (column j: virtual stage
     j·pp + rank) at the Pareto-maximal states of torch's ScheduleInterleaved1F1B order
-    (schedule_sim.rank_orders; `extra` more warm-up forwards, Megatron-Core's EP overlap), a
-    micro-batch counting from its forward to its backward. The busiest state depends on the
+    (schedule_sim.interleaved_positions; `extra` more warm-up forwards, Megatron-Core's EP
+    overlap), a micro-batch counting from its forward to its backward. The busiest state depends on the
     chunks' sizes: the warm-up's end holds 2pp - 1 micro-batches of rank 0's first chunk and pp
     of each other, but later states hold 2pp of its first two chunks, and each chunk's count
     runs up to 2pp while the backward drains the last: with equal chunks every state holds

@@ -31,11 +31,10 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
     rank, -1 where there is none; `chunk_layers`: (the layouts whose ranks run several chunks,
     [max vpp, those] dense, MoE layers of each chunk the rank runs: estimate._chunk_layers) holds
     that the ZeRO stage does not change, per layout: its stage ("stage_of"), its bf16 weight copies
-    ("casts", cast_copies; none where no layout casts), and its
-    activations, logits, all-to-all buffers and the layer full recompute rebuilds in GiB
-    ("parts") with the GiB of activations it offloads to the host ("parked"). evaluate prices
-    these once per layout without the stage, as the pipeline, and rank_memory adds the state
-    the stage shards."""
+    ("casts", cast_copies; none where no layout casts), and its activations, logits, all-to-all
+    buffers and the layer full recompute rebuilds in GiB ("parts") with the GiB of activations it
+    offloads to the host ("parked"). evaluate prices these once per layout without the stage, as
+    the pipeline, and rank_memory adds the state the stage shards."""
     t = lay.tokens
     tp = lay.tp.astype(float)
     eb = lay.act_bytes.astype(float)
@@ -145,7 +144,8 @@ def _interleaved_held(lay: LayoutBatch, M, rank, chunk_layers: tuple, per_layer)
     """_held's figures for an interleaved rank, per layout, and the micro-batches its last chunk
     holds then: of the Pareto-maximal states of its order (memory.interleaved_states: each chunk's
     micro-batches in flight), the one whose activations, each chunk's count times its layers'
-    bytes, are largest. Layouts not interleaved get the figures of one micro-batch in flight."""
+    bytes, are largest. Layouts not interleaved get zeros (and one micro-batch), which the caller
+    does not read."""
     rows, dense, moe = chunk_layers
     a_d, a_m = (np.broadcast_to(np.asarray(x, float), lay.pp.shape) for x in per_layer)
     out = {k: np.zeros(len(lay.pp)) for k in ("acts", "dense", "moe")}
