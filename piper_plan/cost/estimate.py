@@ -25,7 +25,7 @@ from .recompute import full_recompute_share
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
 from .schedule import interleaved_step, pipeline_time
-from .stages import chunk_sizes, rank_chunks, rank_layers, stage_layers, v_mid_rank
+from .stages import chunk_sizes, rank_layers, rank_stages, stage_layers, v_mid_rank
 
 
 @dataclass
@@ -427,15 +427,16 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # head's second pass are in the head's phase (layer._layer_terms)
     mtp = m.mtp_layers * np.asarray(m.mtp_is_moe, float)
     roles = {r: (nd + has_head[r] * (m.mtp_layers - mtp), nm + has_head[r] * mtp) for r, (nd, nm) in roles.items()}
-    # the layers of each chunk a role's rank runs, where it runs several: it holds their micro-batches in
-    # different numbers (memory.v_in_flight, memory.interleaved_states)
+    # where a rank runs several chunks: each virtual stage's layers (the interleaved walk prices each),
+    # and those of each chunk a role's rank runs, whose micro-batches it holds in different numbers
+    # (memory.v_in_flight, memory.interleaved_states)
     multi = np.flatnonzero((lay.vpp > 1) & ~pp1)
-    cs_multi = cs.take(multi)
-    chunk_layers = {r: (multi, *_chunk_layers(L, cs_multi, lay.pp[multi], lay.vpp[multi],
-                                              np.maximum(stage_of[r], 1 if r == "mid" else 0)[multi],
-                                              v_shape[multi], tuple(x[multi] for x in roles[r]), split,
-                                              first_dense[multi] if r == "first" else 0.0))
-                    for r in roles}
+    stage_d, stage_m = _stage_layers(m, L, cs.take(multi), lay.pp[multi] * lay.vpp[multi], first_dense[multi], split)
+    chunk_layers = {}
+    for r in roles:
+        at = rank_stages(lay.pp[multi], lay.vpp[multi], np.maximum(stage_of[r], 1 if r == "mid" else 0)[multi],
+                         v_shape[multi])
+        chunk_layers[r] = (multi, *(_gathered(x, at, lay.vpp[multi]) for x in (stage_d, stage_m)))
     n_dense_of = {r: nd for r, (nd, _) in roles.items()}
     n_moe_of = {r: nm for r, (_, nm) in roles.items()}
 
@@ -556,7 +557,8 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     t_pipe = t_pipe + (hidden_sum - pick(p2p_hidden)) / lay.vpp
     il = np.flatnonzero((lay.sched == SCHEDULES.index("interleaved")) & ~pp1)
     if il.size:  # the order's own critical path: exact where chunks or ranks differ, as the closed form is not
-        stage_f, stage_b = _stage_phases(m, L, cs.take(il), lay.pp[il] * lay.vpp[il], first_dense[il], split,
+        at = np.searchsorted(multi, il)  # il is among them
+        stage_f, stage_b = _stage_phases(stage_d[:, at], stage_m[:, at], lay.pp[il] * lay.vpp[il],
                                          {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
         on = lambda x: x[:, il]  # noqa: E731
         t_pipe[il] = _interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], stage_f, stage_b, on(win_r.F),
@@ -586,27 +588,35 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                         acts, t_pipe)
 
 
-def _stage_phases(m: ModelSpec, L: int, cs, C, lead_dense, split, v: dict) -> tuple:
-    """([max C, n] forward, [max C, n] backward: input, weight and recompute) compute seconds of one
-    micro-batch through each virtual stage's layers, the embedding on the first, the LM head and the
-    MTP modules on the last (as the roles count them), from the per-layer phases `v` (lc's
-    dense_v, moe_v, emb_v, head_v, [4, n] each). A middle stage's layers mix dense and MoE as
-    `split` spreads them, so its phases are its layers times one mixed layer's."""
-    s = np.arange(int(C.max()))[:, None]
-    cols = np.arange(len(C))
-    layers = stage_layers(L, cs, C, s).astype(float)
-    fb = {k: (x[0], x[1] + x[2] + x[3]) for k, x in v.items()}  # (forward, backward) of each part
-    phase = lambda nd, nm, i: nd * fb["dense_v"][i] + nm * fb["moe_v"][i]  # noqa: E731
-    one_d, one_m = split(1.0, 0.0)
-    nd0, nm0 = split(layers[0], lead_dense)  # the first stage: the leading dense layers
+def _stage_layers(m: ModelSpec, L: int, cs, C, lead_dense, split) -> tuple:
+    """([max C, n] dense, [max C, n] MoE) layers of each virtual stage (stages.stage_layers), the
+    leading dense layers on the first and the MTP modules on the last, as the roles count them
+    (dense and MoE mixed as `split` spreads them); 0 past a layout's C stages."""
+    s = np.arange(int(C.max()) if C.size else 1)[:, None]
+    nd, nm = split(stage_layers(L, cs, C, s).astype(float), np.where(s == 0, lead_dense, 0.0))
+    last = s == C - 1
     mtp = m.mtp_layers * float(m.mtp_is_moe)
-    out = []
-    for i in (0, 1):
-        x = layers * phase(one_d, one_m, i)
-        x[0] = phase(nd0, nm0, i) + fb["emb_v"][i]
-        x[C - 1, cols] += fb["head_v"][i] + phase(m.mtp_layers - mtp, mtp, i)
-        out.append(np.where(s < C, x, 0.0))
-    return tuple(out)
+    on = s < C
+    return np.where(on, nd + last * (m.mtp_layers - mtp), 0.0), np.where(on, nm + last * mtp, 0.0)
+
+
+def _gathered(per_stage, at, vpp) -> np.ndarray:
+    """[max vpp, n] of `per_stage` ([stages, n]) at each layout's stages `at` (stages.rank_stages),
+    0 past its vpp."""
+    j = np.arange(len(at))[:, None]
+    return np.where(j < vpp, np.take_along_axis(per_stage, np.minimum(at, len(per_stage) - 1), axis=0), 0.0)
+
+
+def _stage_phases(nd, nm, C, v: dict) -> tuple:
+    """([max C, n] forward, [max C, n] backward: input, weight and recompute) compute seconds of one
+    micro-batch through each virtual stage's `nd` dense and `nm` MoE layers (_stage_layers), the
+    embedding on the first and the LM head on the last, from the per-layer phases `v` (lc's
+    dense_v, moe_v, emb_v, head_v, [4, n] each)."""
+    s = np.arange(len(nd))[:, None]
+    first, last = s == 0, s == C - 1
+    # (forward, backward) of a dense layer, a MoE layer, the embedding and the LM head
+    fb = [(x[0], x[1] + x[2] + x[3]) for x in (v["dense_v"], v["moe_v"], v["emb_v"], v["head_v"])]
+    return tuple(nd * d + nm * mo + first * e + last * h for d, mo, e, h in zip(*fb))
 
 
 def _interleaved_pipe(pp, vpp, M, stage_f, stage_b, role_f, role_b, role_time) -> np.ndarray:
@@ -629,21 +639,6 @@ def _interleaved_pipe(pp, vpp, M, stage_f, stage_b, role_f, role_b, role_time) -
     per_f = role_f * scale / np.maximum(held(stage_f), 1e-300)
     per_b = role_b * scale / np.maximum(held(stage_b), 1e-300)
     return interleaved_step(pp, vpp, M, stage_f * per_f[role, cols], stage_b * per_b[role, cols])
-
-
-def _chunk_layers(L: int, cs, pp, vpp, rank, v_shape, role: tuple, split, lead_dense) -> tuple:
-    """([max vpp, n] dense, [max vpp, n] MoE) layers of each chunk `rank` runs, in the order
-    stages.rank_chunks gives them (rank 0's first chunk holds the leading dense layers
-    `lead_dense`); the rank's last chunk holds what its role's (dense, MoE) totals `role` leave,
-    so the MTP modules fall with the LM head."""
-    layers = rank_chunks(L, cs, pp, vpp, rank, v_shape).astype(float)
-    j = np.arange(len(layers))[:, None]
-    dense, moe = split(layers, np.where(j == 0, lead_dense, 0.0))
-    last = j == vpp - 1
-    before = lambda x: np.where(j < vpp - 1, x, 0.0).sum(axis=0)  # noqa: E731
-    dense = np.where(last, role[0] - before(dense), np.where(layers > 0, dense, 0.0))
-    moe = np.where(last, role[1] - before(moe), np.where(layers > 0, moe, 0.0))
-    return dense, moe
 
 
 def _absorbed_by_host(lay: LayoutBatch, gap, exposed):

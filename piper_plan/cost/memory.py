@@ -18,6 +18,7 @@ import numpy as np
 from ..layout import SCHEDULES
 from ..specs.model import ModelSpec
 from .batch import LayoutBatch
+from .schedule_sim import interleaved_positions
 
 GIB = float(2**30)
 
@@ -163,8 +164,6 @@ def interleaved_states(pp: int, vpp: int, M: int, rank: int, extra: int = 0) -> 
 
 @functools.lru_cache(maxsize=4096)
 def _interleaved_states(pp: int, vpp: int, M: int, rank: int, extra: int) -> np.ndarray:
-    from .schedule_sim import interleaved_positions
-
     (f_pos, f_stage, _), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M, extra)
     n = M * vpp
     step = np.zeros((2 * n, vpp))  # what each op of the rank's order adds to each chunk's count

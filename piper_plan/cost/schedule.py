@@ -24,6 +24,9 @@ import functools
 
 import numpy as np
 
+from .batch import distinct_rows
+from .schedule_sim import interleaved_path
+
 
 def zbv_bubble(pp, F, B, W):
     """Seconds torch's ScheduleZBVZeroBubble leaves a step idle beyond M·(F + B + W), for any M >=
@@ -92,8 +95,6 @@ def interleaved_step(pp, vpp, M, F, B) -> np.ndarray:
     -9 ... +7 % and -20 ... +7 %. Monotone in every stage's seconds, as the order is. Walked once
     per distinct pattern: a column's seconds rounded up to 1/4096 of the power of two at or above
     its largest stage (at most 0.05 % more)."""
-    from .batch import distinct_rows
-
     pp, vpp, M = (np.asarray(x, int) for x in (pp, vpp, M))
     F, B = np.asarray(F, float), np.asarray(B, float)
     k = M // pp
@@ -122,8 +123,6 @@ def _interleaved_walk(pp: int, vpp: int, M: int, codes: bytes, shape: tuple) -> 
     """schedule_sim.interleaved_path on interleaved_step's distinct patterns (rows: each virtual
     stage's forward, then its backward, in its column's grid), kept: validate and sweep price the
     same layouts again."""
-    from .schedule_sim import interleaved_path
-
     c = np.frombuffer(codes, np.int64).reshape(shape).astype(float)
     return interleaved_path(pp, vpp, M, c[:pp * vpp], c[pp * vpp:])
 

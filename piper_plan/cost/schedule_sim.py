@@ -36,10 +36,9 @@ def rank_orders(schedule: str, pp: int, vpp: int, M: int) -> list[list[Op]]:
 
     - gpipe: every forward, then every backward, both in micro-batch order (torch's ScheduleGPipe);
     - 1f1b: pp - 1 - rank warm-up forwards, then one forward one backward, then the rest;
-    - interleaved: torch's ScheduleInterleaved1F1B (schedules._get_warmup_ops with
-      multiply_factor 2, _get_1f1b_rank_ops without its idle slots): (vpp - 1)·round +
-      2·(pp - 1 - rank) warm-up forwards, rounds of `round` micro-batches a chunk, where
-      round = M // max(1, M // pp);
+    - interleaved: torch's ScheduleInterleaved1F1B, as interleaved_positions places it: rounds of
+      M // max(1, M // pp) micro-batches a chunk after (vpp - 1) rounds + 2·(pp - 1 - rank) warm-up
+      forwards;
     - zbv: torch's ScheduleZBVZeroBubble (_calculate_single_rank_operations, its idle slots
       dropped), chunks rank and 2·pp - 1 - rank on each rank (the V), backwards split into I and W;
     - dualpipev: torch's ScheduleDualPipeV (DeepSeek's DualPipeV order), on the same V: full
@@ -62,17 +61,14 @@ def rank_orders(schedule: str, pp: int, vpp: int, M: int) -> list[list[Op]]:
     raise ValueError(f"rank_orders: no action order for schedule {schedule!r}")
 
 
-def _interleaved(pp: int, vpp: int, M: int, r: int, extra: int = 0) -> list[Action]:
-    """Rank r's order; `extra` more warm-up forwards (Megatron-Core's EP overlap runs one more:
-    schedules.get_pp_rank_microbatches)."""
-    rnd = M // max(1, M // pp)
-    warm = min((vpp - 1) * rnd + 2 * (pp - 1 - r) + extra, M * vpp)
-    # the k-th forward (backward) runs chunk (k // rnd) % vpp (backwards: from the last chunk) on
-    # that chunk's next micro-batch, as torch counts them
-    mb = [(k // (rnd * vpp)) * rnd + k % rnd for k in range(M * vpp)]
-    fwds = [((k // rnd) % vpp * pp + r, mb[k]) for k in range(M * vpp)]
-    bwds = [((vpp - 1 - (k // rnd) % vpp) * pp + r, mb[k]) for k in range(M * vpp)]
-    return _one_f_one_b(warm, fwds, bwds)
+def _interleaved(pp: int, vpp: int, M: int, r: int) -> list[Action]:
+    """Rank r's order, as interleaved_positions places its forwards and backwards."""
+    (f_pos, f_stage, f_mb), (b_pos, b_stage, b_mb) = interleaved_positions(pp, vpp, M)
+    ops: list[Action] = [("F", 0, 0)] * (2 * M * vpp)
+    for pos, kind, stage, mb in ((f_pos, "F", f_stage, f_mb), (b_pos, "B", b_stage, b_mb)):
+        for at, st, m in zip(pos[r].tolist(), stage[r].tolist(), mb[r].tolist()):
+            ops[at] = (kind, st, m)
+    return ops
 
 
 def _zbv(pp: int, M: int, r: int) -> list[Action]:
@@ -278,14 +274,14 @@ KINDS = "FIWBP"
 def _graph(orders: Sequence[Sequence[Op]]):
     """The orders as a static graph, each op after its rank's previous one and after its inputs
     (_input), numbered from 1 (0 is a zero start) in the orders' own topological sweep, as
-    simulate runs them. Returns (kind (index in KINDS), stage, preds [ops, 3]: the rank's previous
-    op, then the inputs made on other ranks, -1 where none; level, last: each rank's last op, work
+    simulate runs them. Returns (kind (index in KINDS), preds [ops, 3]: the rank's previous op,
+    then the inputs made on other ranks, -1 where none; level, last: each rank's last op, work
     [pp, len(KINDS)]: how many ops of each kind each rank runs)."""
     pp = len(orders)
     rank_of = _placement(orders)
     V = len(rank_of)
     index: dict[Action, int] = {}
-    kind, stage, preds, level = [], [], [], []
+    kind, preds, level = [], [], []
     work = np.zeros((pp, len(KINDS)), int)
     nxt, last = [0] * pp, [-1] * pp
     remaining = sum(len(o) for o in orders)
@@ -303,18 +299,18 @@ def _graph(orders: Sequence[Sequence[Op]]):
                     index[_made(a)] = len(kind)
                 last[r] = len(kind)
                 kind.append(KINDS.index("P" if len(acts) == 2 else acts[0][0]))
-                stage.append(acts[0][1])
                 work[r, kind[-1]] += 1
                 preds.append(p + [-1] * (3 - len(p)))
                 nxt[r] += 1
                 remaining -= 1
-    return np.array(kind), np.array(stage), np.array(preds), np.array(level), np.array(last), work
+    return np.array(kind), np.array(preds), np.array(level), np.array(last), work
 
 
-def _grouped(keys: np.ndarray, pred: np.ndarray, level: np.ndarray, last: np.ndarray, every: bool = False):
-    """Ops renumbered in topological waves of one `keys` row each (level first): (waves, nodes,
-    ends, order); a wave (start, stop, its key row, its ops' predecessors [k, ops]). `every`: each
-    op reads all of pred's columns, a missing one the zero start (fewer, wider waves)."""
+def _grouped(keys: tuple, pred: np.ndarray, level: np.ndarray, last: np.ndarray, every: bool = False):
+    """Ops renumbered in topological waves of one value of each of `keys` (arrays over the ops;
+    level first): (waves, nodes, ends, order); a wave (start, stop, its keys' values, its ops'
+    predecessors [k, ops]). `every`: each op reads all of pred's columns, a missing one the zero
+    start (fewer, wider waves)."""
     width = (pred >= 0).sum(axis=1) + (pred[:, 0] < 0)  # a rank's first op: the zero start and its input
     width = np.full_like(width, pred.shape[1]) if every else width
     order = np.lexsort((width, *keys[::-1], level))  # a wave's ops of one key and one input count, contiguous
@@ -334,24 +330,29 @@ def _waves(schedule: str, pp: int):
     nodes, ends, work): a wave (start, stop, kind (index in KINDS), its ops' predecessors [k,
     ops]); `ends` each rank's last op; `work` [pp, len(KINDS)] how many ops of each kind each
     rank runs."""
-    kind, _, pred, level, last, work = _graph(rank_orders(schedule, pp, 2, 2 * pp - (schedule == "zbv")))
-    waves, nodes, ends, _ = _grouped(kind[None], pred, level, last)
+    kind, pred, level, last, work = _graph(rank_orders(schedule, pp, 2, 2 * pp - (schedule == "zbv")))
+    waves, nodes, ends, _ = _grouped((kind,), pred, level, last)
     return [(a, z, int(k[0]), p) for a, z, k, p in waves], nodes, ends, work
 
 
 def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0):
-    """torch's interleaved order (_interleaved) by arithmetic, every rank at once: (forward, backward),
-    each ([pp, n] position in the rank's order, virtual stage, micro-batch) of the rank's i-th forward
-    (backward), n = M·vpp: the i-th forward runs at i, or w + 2(i - w) past the rank's w warm-up
-    forwards (`extra` more: Megatron-Core's EP overlap), the i-th backward at w + 2i + 1, or n + i once
-    its forwards are done. M a multiple of pp, so its rounds are pp micro-batches."""
+    """torch's ScheduleInterleaved1F1B order (schedules._get_warmup_ops with multiply_factor 2,
+    _get_1f1b_rank_ops without its idle slots) by arithmetic, every rank at once: (forward,
+    backward), each ([pp, n] position in the rank's order, virtual stage, micro-batch) of the
+    rank's i-th forward (backward), n = M·vpp. Micro-batches go in rounds of
+    round = M // max(1, M // pp) (pp where M is a multiple of pp, as Megatron needs): the i-th
+    forward runs chunk (i // round) % vpp (a backward, from the last chunk) on that chunk's next
+    micro-batch, at position i, or w + 2(i - w) past the rank's w = (vpp - 1)·round + 2(pp - 1 - r)
+    warm-up forwards (`extra` more: Megatron-Core's EP overlap); the i-th backward at w + 2i + 1,
+    or n + i once its forwards are done."""
     n = M * vpp
+    rnd = M // max(1, M // pp)
     r = np.arange(pp)[:, None]
     i = np.arange(n)[None, :]
-    w = np.minimum((vpp - 1) * pp + 2 * (pp - 1 - r) + extra, n)
-    mb = np.broadcast_to((i // (pp * vpp)) * pp + i % pp, (pp, n))
-    fwd = (np.where(i < w, i, w + 2 * (i - w)), (i // pp) % vpp * pp + r, mb)
-    bwd = (np.where(i < n - w, w + 2 * i + 1, n + i), (vpp - 1 - (i // pp) % vpp) * pp + r, mb)
+    w = np.minimum((vpp - 1) * rnd + 2 * (pp - 1 - r) + extra, n)
+    mb = np.broadcast_to((i // (rnd * vpp)) * rnd + i % rnd, (pp, n))
+    fwd = (np.where(i < w, i, w + 2 * (i - w)), (i // rnd) % vpp * pp + r, mb)
+    bwd = (np.where(i < n - w, w + 2 * i + 1, n + i), (vpp - 1 - (i // rnd) % vpp) * pp + r, mb)
     return fwd, bwd
 
 
@@ -399,7 +400,7 @@ def _interleaved_waves(pp: int, vpp: int, M: int):
     """torch's interleaved order as _waves gives the V orders, its waves by level alone, with
     each op's row in interleaved_path's durations (F: its stage, B: V + its stage)."""
     kind, stage, pred, level, last = _interleaved_graph(pp, vpp, M)
-    waves, nodes, ends, order = _grouped(np.zeros((1, len(kind)), int), pred, level, last, every=True)
+    waves, nodes, ends, order = _grouped((), pred, level, last, every=True)
     row = np.where(kind == KINDS.index("F"), 0, pp * vpp) + stage
     return [(a, z, row[order[a - 1:z - 1]], p) for a, z, _, p in waves], nodes, ends
 

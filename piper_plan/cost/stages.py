@@ -169,13 +169,12 @@ def stage_layers(L: int, cs: ChunkSizes, chunks, s):
     return np.where(C == 1, L, np.where(s == 0, cs.first, np.where(s == C - 1, cs.last, mid)))
 
 
-def rank_chunks(L: int, cs: ChunkSizes, pp, vpp, rank, v_shape) -> np.ndarray:
-    """[max vpp, n] layers of each chunk rank `rank` runs, in the order it first runs them
-    (looped: virtual stage j·pp + rank; V: rank, then 2·pp - 1 - rank), 0 past a layout's vpp."""
+def rank_stages(pp, vpp, rank, v_shape) -> np.ndarray:
+    """[max vpp, n] the virtual stages rank `rank` runs, in the order it first runs them (looped:
+    j·pp + rank; V: rank, then 2·pp - 1 - rank); past a layout's vpp, stages it does not hold."""
     pp, vpp, rank = np.asarray(pp), np.asarray(vpp), np.asarray(rank)
     j = np.arange(int(vpp.max()) if vpp.size else 1)[:, None]
-    s = np.where(np.asarray(v_shape, bool), np.where(j == 0, rank, 2 * pp - 1 - rank), j * pp + rank)
-    return np.where(j < vpp, stage_layers(L, cs, pp * vpp, s), 0)
+    return np.where(np.asarray(v_shape, bool), np.where(j == 0, rank, 2 * pp - 1 - rank), j * pp + rank)
 
 
 def mid_base(cs: ChunkSizes):
