@@ -548,3 +548,30 @@ def test_unequal_chunks_priced_within_the_stated_bounds_of_torch_s_whole_order()
     # what the walk mends
     assert closed_worst[True][0] < -0.08 and closed_worst[True][1] > 0.06, closed_worst
     assert closed_worst[False][0] < -0.19, closed_worst
+
+
+def test_a_stage_read_through_its_kind_and_role_prices_as_the_stage_itself():
+    """estimate._interleaved_pipe hands interleaved_step twelve figures a layout (a stage's kind,
+    stages.stage_kind, by its rank's role) and a map of each stage to one: the step is the one the
+    same seconds give stage by stage."""
+    from piper_plan.cost.schedule import interleaved_step
+    from piper_plan.cost.stages import stage_kind
+
+    rng = np.random.default_rng(11)
+    cases = [(pp, vpp, M, n_hi) for pp, vpp in ((2, 2), (4, 2), (4, 3), (8, 4), (3, 4))
+             for M in (pp, 2 * pp, 5 * pp) for n_hi in (0, 1, pp * vpp - 3)]
+    n = len(cases)
+    pp, vpp, M, n_hi = (np.array(c) for c in zip(*cases))
+    F12, B12 = rng.uniform(1, 3, (12, n)), rng.uniform(2, 6, (12, n))
+    _, which = np.unique(np.stack([pp, vpp, n_hi]), axis=1, return_inverse=True)
+    maps = np.zeros((which.max() + 1, int((pp * vpp).max())), int)
+    for i in range(n):
+        s = np.arange(pp[i] * vpp[i])
+        rank = s % pp[i]
+        maps[which[i], :len(s)] = (stage_kind(s, len(s), n_hi[i]) * 3
+                                   + np.where(rank == 0, 0, np.where(rank == pp[i] - 1, 2, 1)))
+    compact = interleaved_step(pp, vpp, M, F12, B12, (maps, which))
+    for i in range(n):
+        at = maps[which[i], :pp[i] * vpp[i]]
+        alone = interleaved_step(pp[i:i + 1], vpp[i:i + 1], M[i:i + 1], F12[at, i:i + 1], B12[at, i:i + 1])
+        assert compact[i] == pytest.approx(alone[0], rel=1e-12), cases[i]

@@ -25,7 +25,7 @@ from .recompute import full_recompute_share
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
 from .schedule import interleaved_step, pipeline_time
-from .stages import chunk_sizes, rank_layers, rank_stages, stage_layers, v_mid_rank
+from .stages import chunk_sizes, kind_layers, rank_layers, rank_stages, stage_kind, v_mid_rank
 
 
 @dataclass
@@ -427,16 +427,18 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # head's second pass are in the head's phase (layer._layer_terms)
     mtp = m.mtp_layers * np.asarray(m.mtp_is_moe, float)
     roles = {r: (nd + has_head[r] * (m.mtp_layers - mtp), nm + has_head[r] * mtp) for r, (nd, nm) in roles.items()}
-    # where a rank runs several chunks: each virtual stage's layers (the interleaved walk prices each),
-    # and those of each chunk a role's rank runs, whose micro-batches it holds in different numbers
-    # (memory.v_in_flight, memory.interleaved_states)
+    # where a rank runs several chunks: each kind of virtual stage's layers (the interleaved walk prices
+    # each), and those of each chunk a role's rank runs, whose micro-batches it holds in different
+    # numbers (memory.v_in_flight, memory.interleaved_states)
     multi = np.flatnonzero((lay.vpp > 1) & ~pp1)
-    stage_d, stage_m = _stage_layers(m, L, cs.take(multi), lay.pp[multi] * lay.vpp[multi], first_dense[multi], split)
+    cs_multi = cs.take(multi)
+    kind_d, kind_m = _kind_layers(m, L, cs_multi, first_dense[multi], split)
     chunk_layers = {}
     for r in roles:
         at = rank_stages(lay.pp[multi], lay.vpp[multi], np.maximum(stage_of[r], 1 if r == "mid" else 0)[multi],
                          v_shape[multi])
-        chunk_layers[r] = (multi, *(_gathered(x, at, lay.vpp[multi]) for x in (stage_d, stage_m)))
+        kinds = stage_kind(at, lay.pp[multi] * lay.vpp[multi], cs_multi.n_hi)
+        chunk_layers[r] = (multi, *(_gathered(x, kinds, lay.vpp[multi]) for x in (kind_d, kind_m)))
     n_dense_of = {r: nd for r, (nd, _) in roles.items()}
     n_moe_of = {r: nm for r, (_, nm) in roles.items()}
 
@@ -558,10 +560,10 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     il = np.flatnonzero((lay.sched == SCHEDULES.index("interleaved")) & ~pp1)
     if il.size:  # the order's own critical path: exact where chunks or ranks differ, as the closed form is not
         at = np.searchsorted(multi, il)  # il is among them
-        stage_f, stage_b = _stage_phases(stage_d[:, at], stage_m[:, at], lay.pp[il] * lay.vpp[il],
-                                         {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
+        kind_f, kind_b = _kind_phases(kind_d[:, at], kind_m[:, at],
+                                      {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
         on = lambda x: x[:, il]  # noqa: E731
-        t_pipe[il] = _interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], stage_f, stage_b, on(win_r.F),
+        t_pipe[il] = _interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], cs.n_hi[il], kind_f, kind_b, on(win_r.F),
                                        on(win_r.B + win_r.W), on(totals + p2p_hidden))
         t_pipe[il] -= M[il] * pick(p2p_hidden)[il]  # the steady state's hidden messages (the bubble keeps them)
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
@@ -588,57 +590,66 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                         acts, t_pipe)
 
 
-def _stage_layers(m: ModelSpec, L: int, cs, C, lead_dense, split) -> tuple:
-    """([max C, n] dense, [max C, n] MoE) layers of each virtual stage (stages.stage_layers), the
-    leading dense layers on the first and the MTP modules on the last, as the roles count them
-    (dense and MoE mixed as `split` spreads them); 0 past a layout's C stages."""
-    s = np.arange(int(C.max()) if C.size else 1)[:, None]
-    nd, nm = split(stage_layers(L, cs, C, s).astype(float), np.where(s == 0, lead_dense, 0.0))
-    last = s == C - 1
+def _kind_layers(m: ModelSpec, L: int, cs, lead_dense, split) -> tuple:
+    """([4, n] dense, [4, n] MoE) layers of each kind of virtual stage (stages.kind_layers: first,
+    larger middle, smaller middle, last), the leading dense layers on the first and the MTP modules
+    on the last, as the roles count them (dense and MoE mixed as `split` spreads them)."""
+    first = np.arange(4)[:, None] == 0
+    nd, nm = split(kind_layers(L, cs).astype(float), np.where(first, lead_dense, 0.0))
     mtp = m.mtp_layers * float(m.mtp_is_moe)
-    on = s < C
-    return np.where(on, nd + last * (m.mtp_layers - mtp), 0.0), np.where(on, nm + last * mtp, 0.0)
+    last = np.arange(4)[:, None] == 3
+    return nd + last * (m.mtp_layers - mtp), nm + last * mtp
 
 
-def _gathered(per_stage, at, vpp) -> np.ndarray:
-    """[max vpp, n] of `per_stage` ([stages, n]) at each layout's stages `at` (stages.rank_stages),
-    0 past its vpp."""
-    j = np.arange(len(at))[:, None]
-    return np.where(j < vpp, np.take_along_axis(per_stage, np.minimum(at, len(per_stage) - 1), axis=0), 0.0)
+def _gathered(per_kind, kinds, vpp) -> np.ndarray:
+    """[max vpp, n] of `per_kind` ([4, n]) at the kinds `kinds` ([max vpp, n]: stages.stage_kind of
+    the stages a rank runs, stages.rank_stages), 0 past each layout's vpp."""
+    j = np.arange(len(kinds))[:, None]
+    return np.where(j < vpp, np.take_along_axis(per_kind, kinds, axis=0), 0.0)
 
 
-def _stage_phases(nd, nm, C, v: dict) -> tuple:
-    """([max C, n] forward, [max C, n] backward: input, weight and recompute) compute seconds of one
-    micro-batch through each virtual stage's `nd` dense and `nm` MoE layers (_stage_layers), the
-    embedding on the first and the LM head on the last, from the per-layer phases `v` (lc's
+def _kind_phases(nd, nm, v: dict) -> tuple:
+    """([4, n] forward, [4, n] backward: input, weight and recompute) compute seconds of one
+    micro-batch through each kind of virtual stage's `nd` dense and `nm` MoE layers (_kind_layers),
+    the embedding on the first and the LM head on the last, from the per-layer phases `v` (lc's
     dense_v, moe_v, emb_v, head_v, [4, n] each)."""
-    s = np.arange(len(nd))[:, None]
-    first, last = s == 0, s == C - 1
+    k = np.arange(4)[:, None]
+    first, last = k == 0, k == 3
     # (forward, backward) of a dense layer, a MoE layer, the embedding and the LM head
     fb = [(x[0], x[1] + x[2] + x[3]) for x in (v["dense_v"], v["moe_v"], v["emb_v"], v["head_v"])]
     return tuple(nd * d + nm * mo + first * e + last * h for d, mo, e, h in zip(*fb))
 
 
-def _interleaved_pipe(pp, vpp, M, stage_f, stage_b, role_f, role_b, role_time) -> np.ndarray:
+def _interleaved_pipe(pp, vpp, M, n_hi, kind_f, kind_b, role_f, role_b, role_time) -> np.ndarray:
     """Seconds of the pipeline's part of a step under torch's interleaved order (schedule.interleaved_step),
     its messages waited on: each virtual stage's forward and backward its rank's role's (rank 0, the
     middle ranks as the representative one, rank pp - 1; `role_f`, `role_b` [roles, n] the role's
     pipeline windows, scaled to its time a micro-batch `role_time`), shared among the rank's stages
-    as their compute (`stage_f`, `stage_b`: _stage_phases). A longer backward (recompute) so never
-    shortens a stage's forward, and each stage keeps its own mix (the LM head's chunk recomputes
-    nothing)."""
-    s = np.arange(len(stage_f))[:, None]
-    rank = s % pp
-    role = np.where(rank == 0, 0, np.where(rank == pp - 1, 2, 1))
-    cols = np.arange(len(pp))
+    as their compute (`kind_f`, `kind_b` [4, n]: each kind of stage's, _kind_phases; `n_hi` the
+    larger middle stages, stages.stage_kind). A longer backward (recompute) so never shortens a
+    stage's forward, and each stage keeps its own mix (the LM head's chunk recomputes nothing).
+    A stage's seconds depend on its kind and its rank's role alone: the walk reads those twelve
+    figures a layout, row kind·3 + role, through each (pp, vpp, n_hi)'s map of its stages."""
+    C = pp * vpp
     # each role's rank's compute, forward and backward (its stages j·pp + rank): what its windows are shared by
     j = np.arange(int(vpp.max()))[:, None]
-    own = [np.minimum(j * pp + r, len(stage_f) - 1) for r in (0, 1, pp - 1)]
-    held = lambda x: np.stack([np.where(j < vpp, x[at, cols], 0.0).sum(axis=0) for at in own])  # noqa: E731
+    kinds = [stage_kind(np.minimum(j * pp + r, C - 1), C, n_hi) for r in (0, 1, pp - 1)]
+    held = lambda x: np.stack([_gathered(x, k, vpp).sum(axis=0) for k in kinds])  # noqa: E731
     scale = role_time / np.maximum(role_f + role_b, 1e-300)  # the hidden exchange, taken off both alike
-    per_f = role_f * scale / np.maximum(held(stage_f), 1e-300)
-    per_b = role_b * scale / np.maximum(held(stage_b), 1e-300)
-    return interleaved_step(pp, vpp, M, stage_f * per_f[role, cols], stage_b * per_b[role, cols])
+    per_f = role_f * scale / np.maximum(held(kind_f), 1e-300)
+    per_b = role_b * scale / np.maximum(held(kind_b), 1e-300)
+    n = len(pp)
+    rows_f = (kind_f[:, None] * per_f[None]).reshape(12, n)
+    rows_b = (kind_b[:, None] * per_b[None]).reshape(12, n)
+    # each distinct (pp, vpp, n_hi)'s stages as rows: kind·3 + the role of the stage's rank
+    _, first, which = distinct_rows(pp, vpp, n_hi)
+    s = np.arange(int(C.max()))
+    maps = np.zeros((len(first), len(s)), int)
+    for g, f in enumerate(first):
+        p, c = int(pp[f]), int(C[f])
+        rank = s[:c] % p
+        maps[g, :c] = stage_kind(s[:c], c, n_hi[f]) * 3 + np.where(rank == 0, 0, np.where(rank == p - 1, 2, 1))
+    return interleaved_step(pp, vpp, M, rows_f, rows_b, (maps, which))
 
 
 def _absorbed_by_host(lay: LayoutBatch, gap, exposed):

@@ -151,21 +151,26 @@ def _interleaved_held(lay: LayoutBatch, M, rank, chunk_layers: tuple, per_layer)
     out = {k: np.zeros(len(lay.pp)) for k in ("acts", "dense", "moe")}
     head = np.ones(len(lay.pp))
     il = np.flatnonzero((lay.sched == SCHEDULES.index("interleaved")) & (lay.pp > 1))
+    if not il.size:
+        return out, head
     M = np.asarray(M)
     key = (lay.pp[il], lay.vpp[il], np.minimum(M[il], 2 * lay.pp[il]), np.asarray(rank)[il], lay.ep_overlap[il])
     _, first, inv = distinct_rows(*key)
+    at = np.searchsorted(rows, il)  # the layouts' columns among those run in several chunks
+    d, mo = dense[:, at], moe[:, at]
+    w = d * a_d[il] + mo * a_m[il]  # [max vpp, layouts]: bytes a micro-batch in flight holds of each chunk
+    # per order, on its layouts (contiguous once sorted by order): the state whose activations are largest
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(len(first) + 1))
+    pick = np.zeros((len(il), len(w)))  # [layouts, max vpp]: each one's binding state
     for g, f in enumerate(first):
-        idx = il[inv == g]
-        v = int(key[1][f])
-        states = interleaved_states(*(int(k[f]) for k in key))  # [K, v]
-        at = np.searchsorted(rows, idx)  # the layouts' columns among those run in several chunks
-        d, mo = dense[:v, at], moe[:v, at]
-        acts = states @ (d * a_d[idx] + mo * a_m[idx])  # [K, layouts]
-        k = np.argmax(acts, axis=0)
-        out["acts"][idx] = acts[k, np.arange(len(idx))]
-        out["dense"][idx] = np.einsum("ij,ji->i", states[k], d)
-        out["moe"][idx] = np.einsum("ij,ji->i", states[k], mo)
-        head[idx] = states[k, v - 1]
+        states = interleaved_states(*(int(k[f]) for k in key))  # [K, vpp]
+        cols = order[bounds[g]:bounds[g + 1]]
+        pick[cols, :states.shape[1]] = states[np.argmax(states @ w[:states.shape[1], cols], axis=0)]
+    out["acts"][il] = np.einsum("nv,vn->n", pick, w)
+    out["dense"][il] = np.einsum("nv,vn->n", pick, d)
+    out["moe"][il] = np.einsum("nv,vn->n", pick, mo)
+    head[il] = pick[np.arange(len(il)), lay.vpp[il] - 1]
     return out, head
 
 

@@ -76,16 +76,18 @@ def dualpipev_bubble(pp, F, B, W, hidden=0.0, unpaired=None):
     return sync - (u - p - 2) * pair_hides
 
 
-def interleaved_step(pp, vpp, M, F, B) -> np.ndarray:
+def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     """Seconds torch's ScheduleInterleaved1F1B order takes for M micro-batches (a multiple of pp),
     without messages, per layout: F, B [>= pp·vpp, n] each virtual stage's forward and backward
-    seconds of one micro-batch (stage s on rank s % pp). pipeline_time's closed form is exact where
-    every chunk takes as long; where they differ (the balanced split's early chunks hold a layer
-    more, stages.materialise; the ends hold the embedding and the LM head) the fill runs through
-    the larger chunks, and a rank's forward of one chunk and backward of another, paired in its
-    steady state, take unequal turns that the ranks before and after it wait on: 48 layers on pp 8
-    x vpp 4, M 16, the order takes 12.7 % longer than the closed form, and a rank whose chunks are
-    lighter than the busiest one's shortens it.
+    seconds of one micro-batch (stage s on rank s % pp); or, with `rows` = (maps [G, >= pp·vpp],
+    which [n]), F, B [R, n] a few distinct figures, stage s of layout i taking row maps[which[i], s]
+    (estimate._interleaved_pipe: a stage's kind and its rank's role). pipeline_time's closed form
+    is exact where every chunk takes as long; where they differ (the balanced split's early chunks
+    hold a layer more, stages.materialise; the ends hold the embedding and the LM head) the fill
+    runs through the larger chunks, and a rank's forward of one chunk and backward of another,
+    paired in its steady state, take unequal turns that the ranks before and after it wait on: 48
+    layers on pp 8 x vpp 4, M 16, the order takes 12.7 % longer than the closed form, and a rank
+    whose chunks are lighter than the busiest one's shortens it.
 
     The order's critical path (schedule_sim.interleaved_path) at min(M, 3pp) micro-batches, and past
     them each round of pp micro-batches the busiest rank's work (the steady state's floor): on the
@@ -97,25 +99,56 @@ def interleaved_step(pp, vpp, M, F, B) -> np.ndarray:
     its largest stage (at most 0.05 % more)."""
     pp, vpp, M = (np.asarray(x, int) for x in (pp, vpp, M))
     F, B = np.asarray(F, float), np.asarray(B, float)
+    maps, which = (np.arange(len(F))[None], np.zeros(len(pp), int)) if rows is None else rows
     k = M // pp
-    out = np.zeros(len(pp))
-    _, first, inv = distinct_rows(pp, vpp, np.minimum(k, 3))
-    for g, f in enumerate(first):
-        idx = np.flatnonzero(inv == g)
-        p, v, j = int(pp[f]), int(vpp[f]), int(min(k[f], 3))
-        f_s, b_s = F[:p * v, idx], B[:p * v, idx]
-        # each second up to the next 1/4096 of a power of two at least the column's largest stage: the
-        # grid coarsens only by halves, so a longer stage never rounds shorter
-        grid = 2.0 ** np.ceil(np.log2(np.max(f_s + b_s, axis=0))) / 4096
-        codes = np.ceil(np.vstack([f_s, b_s]) / grid - 1e-9).astype(np.int64)
-        # the distinct columns: each one's codes as one opaque key, sorted once
-        keys = np.ascontiguousarray(codes.T).view(np.dtype((np.void, codes.shape[0] * 8))).ravel()
-        _, one, back = np.unique(keys, return_index=True, return_inverse=True)
-        back = back.reshape(-1)
-        walked = _interleaved_walk(p, v, j * p, codes[:, one].tobytes(), (2 * p * v, len(one)))
-        busiest = (f_s + b_s).reshape(v, p, -1).sum(axis=0).max(axis=0)
-        out[idx] = walked[back] * grid + (k[idx] - j) * p * busiest
-    return out
+    j = np.minimum(k, 3)
+    _, first, pattern = distinct_rows(pp, vpp, which)
+    stages, used, ranks = _patterns(pp[first], vpp[first], maps, which[first], len(F))
+    fb = F + B
+    u = used[pattern].T  # [R, n]: the rows a layout's stages read
+    # each second up to the next 1/4096 of a power of two at least the column's largest stage: the
+    # grid coarsens only by halves, so a longer stage never rounds shorter
+    grid = 2.0 ** np.ceil(np.log2(np.max(np.where(u, fb, 0.0), axis=0))) / 4096
+    codes = np.where(np.vstack([u, u]), np.ceil(np.vstack([F, B]) / grid - 1e-9), 0.0).astype(np.int64)
+    # the distinct (pattern, rounds walked, codes) columns: each one's as one opaque key, sorted once
+    key = np.ascontiguousarray(np.column_stack([pattern, j, codes.T]))
+    _, one, back = np.unique(key.view(np.dtype((np.void, key.shape[1] * 8))).ravel(), return_index=True,
+                             return_inverse=True)
+    walked = np.empty(len(one))
+    _, heads, walk = distinct_rows(pattern[one], j[one])  # the columns that share a walk of the graph
+    for h, f in enumerate(heads):
+        cols = np.flatnonzero(walk == h)
+        g, p, v = pattern[one[f]], int(pp[one[f]]), int(vpp[one[f]])
+        walked[cols] = _interleaved_walk(p, v, int(j[one[f]]) * p, codes[np.ix_(stages[g], one[cols])].tobytes(),
+                                         (2 * p * v, len(cols)))
+    # the steady state's floor: the busiest rank's work a micro-batch, its stages' rows counted
+    busiest = np.einsum("nkr,rn->nk", ranks[pattern], fb).max(axis=1)
+    return walked[back.reshape(-1)] * grid + (k - j) * pp * busiest
+
+
+def _patterns(pp, vpp, maps, which, R: int) -> tuple:
+    """For each distinct (pp, vpp, map) of interleaved_step: the rows of F, B its stages' forwards,
+    then backwards, read (a list of [2·pp·vpp] indices into its [2R] rows), which of the R rows
+    they read ([patterns, R] bool), and each distinct rank's count of its stages on each row
+    ([patterns, ranks, R], zero-padded)."""
+    each = [_pattern(p, v, tuple(maps[w, :p * v].tolist()), R) for p, v, w in zip(pp.tolist(), vpp.tolist(),
+                                                                                  which.tolist())]
+    used = np.zeros((len(each), R), bool)
+    ranks = np.zeros((len(each), max((len(c) for _, c in each), default=0), R))
+    for g, (at, c) in enumerate(each):
+        used[g, at] = True
+        ranks[g, :len(c)] = c  # a row of zeros is no rank's work, never the busiest
+    return [np.concatenate([at, R + at]) for at, _ in each], used, ranks
+
+
+@functools.lru_cache(maxsize=1024)
+def _pattern(pp: int, vpp: int, at: tuple, R: int) -> tuple:
+    """_patterns' for one: the rows `at` its stages read, and each distinct rank's count of its
+    stages on each of the R rows."""
+    at = np.asarray(at)
+    c = np.zeros((pp, R))
+    np.add.at(c, (np.arange(pp * vpp) % pp, at), 1.0)
+    return at, np.unique(c, axis=0)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -160,13 +160,20 @@ def rank_layers(L: int, cs: ChunkSizes, pp, vpp, v_shape):
     return np.where(one, L, first), np.where(one, 0, mid), np.where(one, L, last)
 
 
-def stage_layers(L: int, cs: ChunkSizes, chunks, s):
-    """Layers of virtual stage `s` (arrays broadcast against the layouts'): materialise's rule,
-    the first chunk cs.first, the last cs.last, the middle ones mid_base and one more for the
-    first n_hi of them; one stage: every layer."""
+def kind_layers(L: int, cs: ChunkSizes) -> np.ndarray:
+    """[4, n] layers of each kind of virtual stage (stage_kind: the first, a larger middle one, a
+    smaller middle one, the last): materialise's rule, the first chunk cs.first, the last cs.last,
+    the middle ones mid_base and one more for the first n_hi of them. A balanced split's stages
+    come in these four kinds alone, so what is priced per stage is priced per kind."""
+    base = mid_base(cs)
+    return np.stack([cs.first, base + 1, base, cs.last])
+
+
+def stage_kind(s, chunks, n_hi) -> np.ndarray:
+    """The kind (kind_layers' row) of virtual stage `s` of `chunks` (arrays broadcast together): 0
+    the first, 3 the last, 1 the first n_hi middle ones (a layer more), 2 the other middle ones."""
     s, C = np.asarray(s), np.asarray(chunks)
-    mid = mid_base(cs) + (s <= cs.n_hi)
-    return np.where(C == 1, L, np.where(s == 0, cs.first, np.where(s == C - 1, cs.last, mid)))
+    return np.where(s == 0, 0, np.where(s == C - 1, 3, np.where(s <= np.asarray(n_hi), 1, 2)))
 
 
 def rank_stages(pp, vpp, rank, v_shape) -> np.ndarray:
