@@ -13,13 +13,13 @@ boundary's message), M = 8 micro-batches. Each rank measures, in the same run:
 - torch's ScheduleInterleaved1F1B (pp 2, vpp 2: each rank two chunks of `--layers` layers) and
   Schedule1F1B (pp 2, each rank one stage of both its chunks): the slowest rank's step, median.
 
-From the measured F, B and t: the planner's closed form (cost.schedule_sim.priced_step) gives each
-schedule's step with its messages hidden in the steady state and with every message waited; and
-the same action lists run with those times (cost.schedule_sim.simulate) give the step an ideal
-runtime takes: with transfers that start when sent ("simulated"), and with each receive posted
-where torch's lowered schedule posts it ("as torch posts", torch_recv_posts). The claim holds where
-the measured interleaved step sits near the hidden prediction and well under the waited one, and
-1F1B's near its waited one. Prints measured / predicted for each, at each link rate: by default
+From the measured F, B and t: the planner's price (cost.schedule_sim.priced_step: the closed form,
+the interleaved order walked) gives each schedule's step with its messages hidden in the steady
+state and with every message waited; and the same action lists run with those times
+(cost.schedule_sim.simulate) give the step an ideal runtime takes: with transfers that start when
+sent ("simulated"), and with each receive posted where torch's lowered schedule posts it ("as torch
+posts", torch_recv_posts). The claim holds where the measured interleaved step sits near the
+hidden prediction and well under the waited one, and 1F1B's near its waited one. Prints measured / predicted for each, at each link rate: by default
 one where a message is a fraction of a chunk's forward (as on the GPU runs the table holds: a
 0.8 ms message beside ~10 ms chunks) and one where it is longer than a chunk's forward.
 
@@ -167,7 +167,7 @@ def torch_recv_posts(pp: int, vpp: int, M: int) -> list[dict]:
 
 
 def predictions(res: dict) -> dict:
-    """Each schedule's step (ms) from the measured F, B and t: by the planner's closed form
+    """Each schedule's step (ms) from the measured F, B and t: by the planner's price
     (cost.schedule_sim.priced_step) and by running the same action lists with those times and
     serial links (cost.schedule_sim.simulate: the step an ideal runtime would take)."""
     import numpy as np

@@ -154,7 +154,8 @@ def test_a_stage_waiting_on_the_busiest_one_reduces_its_gradients_while_it_waits
     chunk and shorten the fill. The reduction's exposure is priced per micro-batch outside the walk
     (reduction.dp_comm_time), so where the longer backward hides several seconds of reduce-scatters
     the shorter bubble can tip the step: on under 1 % of the interleaved layouts, by under 3 % (qwen3
-    285 of its 49,545 same-split layouts, by up to 1.0 %; gpt-oss 171 of 45,162, by up to 2.4 %)."""
+    282 of its 32,340 interleaved same-split layouts, by up to 0.9 %; gpt-oss 162 of 28,053, by up to
+    2.2 %)."""
     from dataclasses import replace
 
     from piper_plan.search import SearchSpace, default_global_batch, enumerate_layouts, round_batch

@@ -26,10 +26,14 @@ def test_only_the_warm_up_and_cool_down_messages_of_an_interleaved_schedule_stay
     shares = {r: (2 * (pp - r - 1) + (vpp - 1) * pp) / (M * vpp) for r in (0, (pp - 1) // 2, pp - 1)}
     exposed = hidden.time["p2p"][0] / waited.time["p2p"][0]
     assert any(exposed == pytest.approx(s, rel=1e-9) for s in shares.values()), (exposed, shares)
-    # the fill and the drain still wait on every hop: the bubble is the same
-    assert hidden.time["bubble"][0] == pytest.approx(waited.time["bubble"][0], rel=1e-12)
+    # the fill and the drain still wait on every hop: the bubble is the same, and the step saves the
+    # steady state's messages. The order is walked at each rank's steady-state pace and the fill's
+    # hidden messages added back as the closed form adds them (estimate._pipeline): exact with equal
+    # chunks. 80 layers in 20 chunks are not equal: the bubble moves by 0.06 % (8.7e-5 s), which
+    # is 0.3 % of the saving (measured; 0.1 % and 0.5 % asserted)
+    assert hidden.time["bubble"][0] == pytest.approx(waited.time["bubble"][0], rel=1e-3)
     saved = waited.step_time_s[0] - hidden.step_time_s[0]
-    assert saved > 0 and saved == pytest.approx(waited.time["p2p"][0] - hidden.time["p2p"][0], rel=1e-9)
+    assert saved > 0 and saved == pytest.approx(waited.time["p2p"][0] - hidden.time["p2p"][0], rel=5e-3)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])

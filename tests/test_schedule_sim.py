@@ -110,8 +110,8 @@ def test_a_receive_posted_first_moves_when_sent_and_one_posted_at_its_action_wai
 def test_piper_train_s_interleaved_schedule_as_torch_lowers_it_is_priced_within_2_percent(pp, vpp, M):
     """torch places each receive one or more actions ahead of the one that needs it
     (_add_send_recv), so with messages a tenth of a chunk's forward its schedule runs as with
-    eager transfers, and the closed form that prices piper-train's plans is within 2 % of it,
-    never the faster."""
+    eager transfers, and the planner's price of piper-train's plans (priced_step) is within 2 % of
+    it, never the faster."""
     pytest.importorskip("torch")
     torch_recv_posts = _benchmark().torch_recv_posts
 
@@ -137,7 +137,8 @@ def test_an_interleaved_pipeline_whose_last_rank_is_busiest_is_priced_as_it_runs
 @pytest.mark.parametrize("profile", [[2, 1, 1, 1], [1, 2, 1, 1], [1, 1, 2, 1], [3, 1, 2, 1, 1, 1, 1, 2]])
 def test_an_interleaved_pipeline_with_a_busier_rank_before_the_last_is_never_priced_faster(profile):
     """Elsewhere the busiest rank's steady state starts before the fill reaches the ranks after
-    it, so the closed form is an upper bound, as 1F1B's is; it still sits below (pp - 1)·max/v."""
+    it, so the closed form is an upper bound, as 1F1B's is, and the order walked (priced_step, as
+    the planner prices interleaved) is never below the order run; both sit below (pp - 1)·max/v."""
     pp, vpp = len(profile), 2
     work = np.array(profile, float)
     for M in (pp, 2 * pp, 4 * pp):

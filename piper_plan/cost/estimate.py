@@ -563,9 +563,11 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
         kind_f, kind_b = _kind_phases(kind_d[:, at], kind_m[:, at],
                                       {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
         on = lambda x: x[:, il]  # noqa: E731
+        # each rank's stages at its steady state's pace (its hidden messages off); the fill and the drain
+        # keep each other rank's hidden messages, as the closed form adds them
         t_pipe[il] = _interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], cs.n_hi[il], kind_f, kind_b, on(win_r.F),
-                                       on(win_r.B + win_r.W), on(totals + p2p_hidden))
-        t_pipe[il] -= M[il] * pick(p2p_hidden)[il]  # the steady state's hidden messages (the bubble keeps them)
+                                       on(win_r.B + win_r.W), on(totals))
+        t_pipe[il] += ((hidden_sum - pick(p2p_hidden)) / lay.vpp)[il]
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
     # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
     # with less work but more exchange outside the weight pass go unseen (a longer model priced faster

@@ -471,11 +471,14 @@ def dualpipev_dag_bubble(pp: int, f, b, w, hide=0.0, cells: int = 1 << 20) -> np
 
 
 def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: float, overlap: bool = True) -> float:
-    """The planner's closed form for the same pipeline (seconds): per rank, fwd_mb / bwd_mb are one
-    micro-batch's forward and backward over all its chunks; each role's rank sends the messages
-    of `msg` seconds estimate._p2p_sends counts, the interleaved steady state hides what
-    estimate.p2p_hidden_mb hides where `overlap`, and schedule.pipeline_time runs over the
-    busiest rank; the bubble keeps each other rank's hidden messages, as estimate does."""
+    """The planner's price for the same pipeline (seconds): per rank, fwd_mb / bwd_mb are one
+    micro-batch's forward and backward over all its chunks, each chunk an equal share; each role's
+    rank sends the messages of `msg` seconds estimate._p2p_sends counts, the interleaved steady
+    state hides what estimate.p2p_hidden_mb hides where `overlap`. schedule.pipeline_time's closed
+    form runs over the busiest rank, the bubble keeping each other rank's hidden messages; the
+    interleaved order is walked as estimate._interleaved_pipe walks it (schedule.interleaved_step:
+    each stage a vpp-th of its rank's seconds a micro-batch, its hidden messages off), the fill and
+    the drain keeping the other ranks' hidden messages as the closed form adds them."""
     from ..layout import SCHEDULES, Layout
     from .batch import from_layouts
     from .estimate import _p2p_sends, _p2p_steady_share, p2p_hidden_mb
@@ -491,6 +494,14 @@ def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: f
                        for role, (mf, mb), f, b in zip(roles, on, fwd_mb, bwd_mb)])
     totals = fwd_mb + bwd_mb + np.array([mf + mb for mf, mb in on]) - hidden
     busiest = int(np.argmax(totals))
+    if schedule == "interleaved" and pp > 1:
+        from .schedule import interleaved_step
+
+        fwd, bwd = fwd_mb + [mf for mf, _ in on], bwd_mb + [mb for _, mb in on]
+        pace = totals / (fwd + bwd)  # each rank's steady state: its hidden messages off
+        f_s, b_s = (np.tile(x * pace, vpp)[:, None] / vpp for x in (fwd, bwd))
+        walked = float(interleaved_step(np.array([pp]), np.array([vpp]), np.array([M]), f_s, b_s)[0])
+        return walked + (hidden.sum() - hidden[busiest]) / vpp
     z = np.zeros(1)
     step = pipeline_time(np.array([SCHEDULES.index(schedule)]), np.array([pp]), np.array([M]), np.array([vpp]),
                          z, z, z, np.array([totals[busiest]]), np.array([totals.sum()]))
