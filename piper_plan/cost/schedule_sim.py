@@ -360,8 +360,7 @@ def _interleaved_graph(pp: int, vpp: int, M: int):
     """_graph's (kind, stage, preds [ops, 2], level, last) for torch's interleaved order, built from
     its arithmetic (interleaved_positions) over all ops at once rather than swept op by op (a
     thousand times the ops of the V orders' fewest micro-batches, which _graph sweeps); the
-    levels (each op's longest chain of ops from the start) a step at a time, every rank's next op
-    at once."""
+    levels (each op's longest chain of ops from the start) relaxed over all ops at once."""
     n, V = M * vpp, pp * vpp
     (f_pos, f_stage, mbs), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M)
     r = np.arange(pp)[:, None]
@@ -381,18 +380,18 @@ def _interleaved_graph(pp: int, vpp: int, M: int):
     cross[node(b_pos).ravel()] = np.where(b_stage < V - 1, b_of[np.minimum(b_stage + 1, V - 1), mbs], -1).ravel()
     prev = np.where(np.arange(2 * n * pp) % (2 * n) > 0, np.arange(2 * n * pp) - 1, -1)
     pred = np.stack([prev, cross], axis=1)
-    # each rank's next op takes the next level once its input has one: a level per step, each rank at once
-    level = np.full(len(kind), np.iinfo(np.int64).max)
-    at = np.zeros(pp, int)  # each rank's next op in its order
-    step = 0
-    while (at < 2 * n).any():
-        step += 1
-        rr = np.flatnonzero(at < 2 * n)
-        op = rr * 2 * n + at[rr]
-        go = (cross[op] < 0) | (level[np.maximum(cross[op], 0)] < step)
-        level[op[go]] = step
-        at[rr[go]] += 1
-    return kind, stage, pred, level, np.arange(1, pp + 1) * 2 * n - 1
+    # an op's level is one more than the larger of its rank's previous op's and its input's: along a
+    # rank, level_i = i + 1 + max(0, max_{j <= i} (level[input_j] - j)), a running maximum. Relaxed
+    # from every rank running without waiting (a lower bound), all ops at once, until nothing rises:
+    # each pass settles one more hop between ranks (2pp - 1 passes), where a level at a time took 2n
+    pos = np.arange(2 * n * pp) % (2 * n)
+    level = pos + 1
+    while True:
+        lift = np.where(cross >= 0, level[np.maximum(cross, 0)] - pos, 0).reshape(pp, 2 * n)
+        new = np.maximum.accumulate(np.maximum(lift, 0), axis=1).ravel() + pos + 1
+        if np.array_equal(new, level):
+            return kind, stage, pred, level, np.arange(1, pp + 1) * 2 * n - 1
+        level = new
 
 
 @functools.lru_cache(maxsize=256)
