@@ -135,6 +135,27 @@ def test_each_ranks_layers_are_counted_chunk_by_chunk(v_shape):
             assert int(mid_base(cs)[0]) == min(_sizes(L, pp * vpp, int(cs.first[0]), int(cs.last[0]))[1:-1])
 
 
+def test_every_stage_holds_one_of_four_kinds_of_layer_count_as_materialise_splits_them():
+    """The interleaved walk and the chunks' memory read a stage's layers by its kind (stages.stage_kind:
+    the first, a larger middle one, a smaller middle one, the last; stages.kind_layers): each
+    stage's kind gives the layers materialise puts in it, on every split the search makes."""
+    import itertools
+
+    import numpy as np
+
+    from piper_plan.cost.stages import chunk_sizes, kind_layers, stage_kind
+
+    for L, C, xf, xl, v in itertools.product((7, 24, 61, 94, 126), (1, 2, 3, 8, 16, 32, 64), (0.0, 0.6), (0.3, 2.5),
+                                             (False, True)):
+        if C > L or (v and C % 2):
+            continue
+        cs = chunk_sizes(L, np.array([C]), np.array([xf]), np.array([xl]), minimise=np.array([True]),
+                         v_shape=np.array([v]))
+        sizes = [len(c) for c in materialise(L, C, cs)]
+        kinds = stage_kind(np.arange(C), C, cs.n_hi[0])
+        assert [int(kind_layers(L, cs)[k, 0]) for k in kinds] == sizes, (L, C, xf, xl, v)
+
+
 def test_v_schedules_balance_rank_zeros_two_end_chunks_against_the_busiest_middle_rank():
     """zbv / dualpipev: rank 0 runs the first and the last chunk. Against a brute-force search
     over both ends' sizes with each rank's chunks counted one by one, the balanced split reaches
