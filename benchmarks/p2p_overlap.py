@@ -19,9 +19,10 @@ state and with every message waited; and the same action lists run with those ti
 (cost.schedule_sim.simulate) give the step an ideal runtime takes: with transfers that start when
 sent ("simulated"), and with each receive posted where torch's lowered schedule posts it ("as torch
 posts", torch_recv_posts). The claim holds where the measured interleaved step sits near the
-hidden prediction and well under the waited one, and 1F1B's near its waited one. Prints measured / predicted for each, at each link rate: by default
-one where a message is a fraction of a chunk's forward (as on the GPU runs the table holds: a
-0.8 ms message beside ~10 ms chunks) and one where it is longer than a chunk's forward.
+hidden prediction and well under the waited one, and 1F1B's near its waited one. Prints measured /
+predicted for each, at each link rate: by default one where a message is a fraction of a chunk's
+forward (as on the GPU runs the table holds: a 0.8 ms message beside ~10 ms chunks) and one where
+it is longer than a chunk's forward.
 
 Measured on this 2-core VM (2026-12-05, the defaults, at e26efe1: the closed form counting each
 role's sends), two runs: at 400 Mbit/s (t 4.4 ms, a chunk's forward ~12 ms) interleaved 702 / 737

@@ -153,7 +153,7 @@ def test_every_stage_holds_one_of_four_kinds_of_layer_count_as_materialise_split
                          v_shape=np.array([v]))
         sizes = [len(c) for c in materialise(L, C, cs)]
         kinds = stage_kind(np.arange(C), C, cs.n_hi[0])
-        assert [int(kind_layers(L, cs)[k, 0]) for k in kinds] == sizes, (L, C, xf, xl, v)
+        assert [int(kind_layers(cs)[k, 0]) for k in kinds] == sizes, (L, C, xf, xl, v)
 
 
 def test_v_schedules_balance_rank_zeros_two_end_chunks_against_the_busiest_middle_rank():

@@ -432,7 +432,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # numbers (memory.v_in_flight, memory.interleaved_states)
     multi = np.flatnonzero((lay.vpp > 1) & ~pp1)
     cs_multi = cs.take(multi)
-    kind_d, kind_m = _kind_layers(m, L, cs_multi, first_dense[multi], split)
+    kind_d, kind_m = _kind_layers(m, cs_multi, first_dense[multi], split)
     chunk_layers = {}
     for r in roles:
         at = rank_stages(lay.pp[multi], lay.vpp[multi], np.maximum(stage_of[r], 1 if r == "mid" else 0)[multi],
@@ -592,12 +592,12 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
                         acts, t_pipe)
 
 
-def _kind_layers(m: ModelSpec, L: int, cs, lead_dense, split) -> tuple:
+def _kind_layers(m: ModelSpec, cs, lead_dense, split) -> tuple:
     """([4, n] dense, [4, n] MoE) layers of each kind of virtual stage (stages.kind_layers: first,
     larger middle, smaller middle, last), the leading dense layers on the first and the MTP modules
     on the last, as the roles count them (dense and MoE mixed as `split` spreads them)."""
     first = np.arange(4)[:, None] == 0
-    nd, nm = split(kind_layers(L, cs).astype(float), np.where(first, lead_dense, 0.0))
+    nd, nm = split(kind_layers(cs).astype(float), np.where(first, lead_dense, 0.0))
     mtp = m.mtp_layers * float(m.mtp_is_moe)
     last = np.arange(4)[:, None] == 3
     return nd + last * (m.mtp_layers - mtp), nm + last * mtp
@@ -624,11 +624,12 @@ def _kind_phases(nd, nm, v: dict) -> tuple:
 
 def _interleaved_pipe(pp, vpp, M, n_hi, kind_f, kind_b, role_f, role_b, role_time) -> np.ndarray:
     """Seconds of the pipeline's part of a step under torch's interleaved order (schedule.interleaved_step),
-    its messages waited on: each virtual stage's forward and backward its rank's role's (rank 0, the
-    middle ranks as the representative one, rank pp - 1; `role_f`, `role_b` [roles, n] the role's
-    pipeline windows, scaled to its time a micro-batch `role_time`), shared among the rank's stages
-    as their compute (`kind_f`, `kind_b` [4, n]: each kind of stage's, _kind_phases; `n_hi` the
-    larger middle stages, stages.stage_kind). A longer backward (recompute) so never shortens a
+    each rank at its steady state's pace: each virtual stage's forward and backward its rank's role's
+    (rank 0, the middle ranks as the representative one, rank pp - 1; `role_f`, `role_b` [roles, n]
+    the role's pipeline windows, scaled to its time a micro-batch `role_time`, its hidden messages
+    off: estimate._pipeline adds the fill's and drain's back), shared among the rank's stages as
+    their compute (`kind_f`, `kind_b` [4, n]: each kind of stage's, _kind_phases; `n_hi` the larger
+    middle stages, stages.stage_kind). A longer backward (recompute) so never shortens a
     stage's forward, and each stage keeps its own mix (the LM head's chunk recomputes nothing).
     A stage's seconds depend on its kind and its rank's role alone: the walk reads those twelve
     figures a layout, row kind·3 + role, through each (pp, vpp, n_hi)'s map of its stages."""

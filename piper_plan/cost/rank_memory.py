@@ -29,12 +29,13 @@ def role_activations(m: ModelSpec, lay: LayoutBatch, roles: dict, has_head: dict
                      chunk_layers: dict, lc: dict, M) -> dict:
     """What each role's rank (`roles`: its dense and MoE layer counts, `stage_of`: its pipeline
     rank, -1 where there is none; `chunk_layers`: (the layouts whose ranks run several chunks,
-    [max vpp, those] dense, MoE layers of each chunk the rank runs: estimate._chunk_layers) holds
-    that the ZeRO stage does not change, per layout: its stage ("stage_of"), its bf16 weight copies
-    ("casts", cast_copies; none where no layout casts), and its activations, logits, all-to-all
-    buffers and the layer full recompute rebuilds in GiB ("parts") with the GiB of activations it
-    offloads to the host ("parked"). evaluate prices these once per layout without the stage, as
-    the pipeline, and rank_memory adds the state the stage shards."""
+    [max vpp, those] dense, MoE layers of each chunk the rank runs: estimate._kind_layers at each
+    chunk's stages.stage_kind) holds that the ZeRO stage does not change, per layout: its stage
+    ("stage_of"), its bf16 weight copies ("casts", cast_copies; none where no layout casts), and
+    its activations, logits, all-to-all buffers and the layer full recompute rebuilds in GiB
+    ("parts") with the GiB of activations it offloads to the host ("parked"). evaluate prices these
+    once per layout without the stage, as the pipeline, and rank_memory adds the state the stage
+    shards."""
     t = lay.tokens
     tp = lay.tp.astype(float)
     eb = lay.act_bytes.astype(float)

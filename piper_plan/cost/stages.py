@@ -160,7 +160,7 @@ def rank_layers(L: int, cs: ChunkSizes, pp, vpp, v_shape):
     return np.where(one, L, first), np.where(one, 0, mid), np.where(one, L, last)
 
 
-def kind_layers(L: int, cs: ChunkSizes) -> np.ndarray:
+def kind_layers(cs: ChunkSizes) -> np.ndarray:
     """[4, n] layers of each kind of virtual stage (stage_kind: the first, a larger middle one, a
     smaller middle one, the last): materialise's rule, the first chunk cs.first, the last cs.last,
     the middle ones mid_base and one more for the first n_hi of them. A balanced split's stages
