@@ -46,7 +46,7 @@ def test_an_overlap_switched_on_never_slows_a_step(sample, col, on, off):
     # window counts the unpaired last backward as paired: validation/README.md), so 0.1 % slack.
     # (The interleaved walk once waited every stage's messages and took the steady state's hidden
     # ones off after: 5 of the samples' 331 read up to 0.23 % slower. It walks each rank at its
-    # steady state's pace now, as estimate._pipeline calls _interleaved_pipe, and the 0.1 % holds.)
+    # steady state's pace now, as estimate._pipeline calls interleaved_pipe, and the 0.1 % holds.)
     a = sample[2]
     if col == "a2a_overlap":  # Megatron-Core's EP overlap runs without a pipeline or in interleaved 1F1B only
         a = a.take(np.flatnonzero((a.pp == 1) | (a.sched == 2)))

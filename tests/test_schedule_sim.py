@@ -552,7 +552,7 @@ def test_unequal_chunks_priced_within_the_stated_bounds_of_torch_s_whole_order()
 
 
 def test_a_stage_read_through_its_kind_and_role_prices_as_the_stage_itself():
-    """estimate._interleaved_pipe hands interleaved_step twelve figures a layout (a stage's kind,
+    """interleaved.interleaved_pipe hands interleaved_step twelve figures a layout (a stage's kind,
     stages.stage_kind, by its rank's role) and a map of each stage to one: the step is the one the
     same seconds give stage by stage."""
     from piper_plan.cost.schedule import interleaved_step

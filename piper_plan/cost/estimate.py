@@ -24,8 +24,9 @@ from .rank_memory import rank_memory, role_activations
 from .recompute import full_recompute_share
 from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, param_tensors, prices_tensors,
                         tensor_host_time)
-from .schedule import interleaved_step, pipeline_time
-from .stages import chunk_sizes, kind_layers, rank_layers, rank_stages, stage_kind, v_mid_rank
+from .interleaved import interleaved_pipe, kind_phases
+from .schedule import pipeline_time
+from .stages import at_kinds, chunk_sizes, kind_layers, rank_layers, rank_stages, stage_kind, v_mid_rank
 
 
 @dataclass
@@ -438,7 +439,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
         at = rank_stages(lay.pp[multi], lay.vpp[multi], np.maximum(stage_of[r], 1 if r == "mid" else 0)[multi],
                          v_shape[multi])
         kinds = stage_kind(at, lay.pp[multi] * lay.vpp[multi], cs_multi.n_hi)
-        chunk_layers[r] = (multi, *(_gathered(x, kinds, lay.vpp[multi]) for x in (kind_d, kind_m)))
+        chunk_layers[r] = (multi, *(at_kinds(x, kinds, lay.vpp[multi]) for x in (kind_d, kind_m)))
     n_dense_of = {r: nd for r, (nd, _) in roles.items()}
     n_moe_of = {r: nm for r, (_, nm) in roles.items()}
 
@@ -560,13 +561,13 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     il = np.flatnonzero((lay.sched == SCHEDULES.index("interleaved")) & ~pp1)
     if il.size:  # the order's own critical path: exact where chunks or ranks differ, as the closed form is not
         at = np.searchsorted(multi, il)  # il is among them
-        kind_f, kind_b = _kind_phases(kind_d[:, at], kind_m[:, at],
-                                      {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
+        kind_f, kind_b = kind_phases(kind_d[:, at], kind_m[:, at],
+                                     {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
         on = lambda x: x[:, il]  # noqa: E731
         # each rank's stages at its steady state's pace (its hidden messages off); the fill and the drain
         # keep each other rank's hidden messages, as the closed form adds them
-        t_pipe[il] = _interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], cs.n_hi[il], kind_f, kind_b, on(win_r.F),
-                                       on(win_r.B + win_r.W), on(totals))
+        t_pipe[il] = interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], cs.n_hi[il], kind_f, kind_b, on(win_r.F),
+                                      on(win_r.B + win_r.W), on(totals))
         t_pipe[il] += ((hidden_sum - pick(p2p_hidden)) / lay.vpp)[il]
     # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
     # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
@@ -601,58 +602,6 @@ def _kind_layers(m: ModelSpec, cs, lead_dense, split) -> tuple:
     mtp = m.mtp_layers * float(m.mtp_is_moe)
     last = np.arange(4)[:, None] == 3
     return nd + last * (m.mtp_layers - mtp), nm + last * mtp
-
-
-def _gathered(per_kind, kinds, vpp) -> np.ndarray:
-    """[max vpp, n] of `per_kind` ([4, n]) at the kinds `kinds` ([max vpp, n]: stages.stage_kind of
-    the stages a rank runs, stages.rank_stages), 0 past each layout's vpp."""
-    j = np.arange(len(kinds))[:, None]
-    return np.where(j < vpp, np.take_along_axis(per_kind, kinds, axis=0), 0.0)
-
-
-def _kind_phases(nd, nm, v: dict) -> tuple:
-    """([4, n] forward, [4, n] backward: input, weight and recompute) compute seconds of one
-    micro-batch through each kind of virtual stage's `nd` dense and `nm` MoE layers (_kind_layers),
-    the embedding on the first and the LM head on the last, from the per-layer phases `v` (lc's
-    dense_v, moe_v, emb_v, head_v, [4, n] each)."""
-    k = np.arange(4)[:, None]
-    first, last = k == 0, k == 3
-    # (forward, backward) of a dense layer, a MoE layer, the embedding and the LM head
-    fb = [(x[0], x[1] + x[2] + x[3]) for x in (v["dense_v"], v["moe_v"], v["emb_v"], v["head_v"])]
-    return tuple(nd * d + nm * mo + first * e + last * h for d, mo, e, h in zip(*fb))
-
-
-def _interleaved_pipe(pp, vpp, M, n_hi, kind_f, kind_b, role_f, role_b, role_time) -> np.ndarray:
-    """Seconds of the pipeline's part of a step under torch's interleaved order (schedule.interleaved_step),
-    each rank at its steady state's pace: each virtual stage's forward and backward its rank's role's
-    (rank 0, the middle ranks as the representative one, rank pp - 1; `role_f`, `role_b` [roles, n]
-    the role's pipeline windows, scaled to its time a micro-batch `role_time`, its hidden messages
-    off: estimate._pipeline adds the fill's and drain's back), shared among the rank's stages as
-    their compute (`kind_f`, `kind_b` [4, n]: each kind of stage's, _kind_phases; `n_hi` the larger
-    middle stages, stages.stage_kind). A longer backward (recompute) so never shortens a
-    stage's forward, and each stage keeps its own mix (the LM head's chunk recomputes nothing).
-    A stage's seconds depend on its kind and its rank's role alone: the walk reads those twelve
-    figures a layout, row kind·3 + role, through each (pp, vpp, n_hi)'s map of its stages."""
-    C = pp * vpp
-    # each role's rank's compute, forward and backward (its stages j·pp + rank): what its windows are shared by
-    j = np.arange(int(vpp.max()))[:, None]
-    kinds = [stage_kind(np.minimum(j * pp + r, C - 1), C, n_hi) for r in (0, 1, pp - 1)]
-    held = lambda x: np.stack([_gathered(x, k, vpp).sum(axis=0) for k in kinds])  # noqa: E731
-    scale = role_time / np.maximum(role_f + role_b, 1e-300)  # the hidden exchange, taken off both alike
-    per_f = role_f * scale / np.maximum(held(kind_f), 1e-300)
-    per_b = role_b * scale / np.maximum(held(kind_b), 1e-300)
-    n = len(pp)
-    rows_f = (kind_f[:, None] * per_f[None]).reshape(12, n)
-    rows_b = (kind_b[:, None] * per_b[None]).reshape(12, n)
-    # each distinct (pp, vpp, n_hi)'s stages as rows: kind·3 + the role of the stage's rank
-    _, first, which = distinct_rows(pp, vpp, n_hi)
-    s = np.arange(int(C.max()))
-    maps = np.zeros((len(first), len(s)), int)
-    for g, f in enumerate(first):
-        p, c = int(pp[f]), int(C[f])
-        rank = s[:c] % p
-        maps[g, :c] = stage_kind(s[:c], c, n_hi[f]) * 3 + np.where(rank == 0, 0, np.where(rank == p - 1, 2, 1))
-    return interleaved_step(pp, vpp, M, rows_f, rows_b, (maps, which))
 
 
 def _absorbed_by_host(lay: LayoutBatch, gap, exposed):

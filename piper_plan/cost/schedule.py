@@ -81,7 +81,7 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     without messages, per layout: F, B [>= pp·vpp, n] each virtual stage's forward and backward
     seconds of one micro-batch (stage s on rank s % pp); or, with `rows` = (maps [G, >= pp·vpp],
     which [n]), F, B [R, n] a few distinct figures, stage s of layout i taking row maps[which[i], s]
-    (estimate._interleaved_pipe: a stage's kind and its rank's role). pipeline_time's closed form
+    (interleaved.interleaved_pipe: a stage's kind and its rank's role). pipeline_time's closed form
     is exact where every chunk takes as long; where they differ (the balanced split's early chunks
     hold a layer more, stages.materialise; the ends hold the embedding and the LM head) the fill
     runs through the larger chunks, and a rank's forward of one chunk and backward of another,

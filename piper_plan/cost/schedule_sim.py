@@ -475,7 +475,7 @@ def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: f
     rank sends the messages of `msg` seconds estimate._p2p_sends counts, the interleaved steady
     state hides what estimate.p2p_hidden_mb hides where `overlap`. schedule.pipeline_time's closed
     form runs over the busiest rank, the bubble keeping each other rank's hidden messages; the
-    interleaved order is walked as estimate._interleaved_pipe walks it (schedule.interleaved_step:
+    interleaved order is walked as interleaved.interleaved_pipe walks it (schedule.interleaved_step:
     each stage a vpp-th of its rank's seconds a micro-batch, its hidden messages off), the fill and
     the drain keeping the other ranks' hidden messages as the closed form adds them."""
     from ..layout import SCHEDULES, Layout

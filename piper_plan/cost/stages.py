@@ -176,6 +176,13 @@ def stage_kind(s, chunks, n_hi) -> np.ndarray:
     return np.where(s == 0, 0, np.where(s == C - 1, 3, np.where(s <= np.asarray(n_hi), 1, 2)))
 
 
+def at_kinds(per_kind, kinds, vpp) -> np.ndarray:
+    """[max vpp, n] of `per_kind` ([4, n]) at the kinds `kinds` ([max vpp, n]: stage_kind of the
+    stages a rank runs, rank_stages), 0 past each layout's vpp."""
+    j = np.arange(len(kinds))[:, None]
+    return np.where(j < vpp, np.take_along_axis(per_kind, kinds, axis=0), 0.0)
+
+
 def rank_stages(pp, vpp, rank, v_shape) -> np.ndarray:
     """[max vpp, n] the virtual stages rank `rank` runs, in the order it first runs them (looped:
     j·pp + rank; V: rank, then 2·pp - 1 - rank); past a layout's vpp, stages it does not hold."""

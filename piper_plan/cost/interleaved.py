@@ -1,0 +1,62 @@
+"""Torch's interleaved 1F1B order priced stage by stage, vectorised over layouts.
+
+A balanced split's virtual stages come in four kinds (stages.stage_kind: the first, the larger
+middle ones, the smaller middle ones, the last), and a stage's seconds depend on its kind and its
+rank's role alone (rank 0, the middle ranks, rank pp - 1): kind_phases gives each kind's compute
+a micro-batch, interleaved_pipe shares each role's pipeline windows among its rank's stages and
+walks the order with those twelve figures a layout (schedule.interleaved_step). estimate._pipeline
+calls both; the closed form (schedule.pipeline_time) is exact only where every chunk takes as long.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .batch import distinct_rows
+from .schedule import interleaved_step
+from .stages import at_kinds, stage_kind
+
+
+def kind_phases(nd, nm, v: dict) -> tuple:
+    """([4, n] forward, [4, n] backward: input, weight and recompute) compute seconds of one
+    micro-batch through each kind of virtual stage's `nd` dense and `nm` MoE layers
+    (estimate._kind_layers), the embedding on the first and the LM head on the last, from the
+    per-layer phases `v` (lc's dense_v, moe_v, emb_v, head_v, [4, n] each)."""
+    k = np.arange(4)[:, None]
+    first, last = k == 0, k == 3
+    # (forward, backward) of a dense layer, a MoE layer, the embedding and the LM head
+    fb = [(x[0], x[1] + x[2] + x[3]) for x in (v["dense_v"], v["moe_v"], v["emb_v"], v["head_v"])]
+    return tuple(nd * d + nm * mo + first * e + last * h for d, mo, e, h in zip(*fb))
+
+
+def interleaved_pipe(pp, vpp, M, n_hi, kind_f, kind_b, role_f, role_b, role_time) -> np.ndarray:
+    """Seconds of the pipeline's part of a step under torch's interleaved order
+    (schedule.interleaved_step), each rank at its steady state's pace: each virtual stage's forward
+    and backward its rank's role's (rank 0, the middle ranks as the representative one, rank
+    pp - 1; `role_f`, `role_b` [roles, n] the role's pipeline windows, scaled to its time a
+    micro-batch `role_time`, its hidden messages off: estimate._pipeline adds the fill's and
+    drain's back), shared among the rank's stages as their compute (`kind_f`, `kind_b` [4, n]:
+    each kind of stage's, kind_phases; `n_hi` the larger middle stages, stages.stage_kind). A
+    longer backward (recompute) so never shortens a stage's forward, and each stage keeps its own
+    mix (the LM head's chunk recomputes nothing).
+    A stage's seconds depend on its kind and its rank's role alone: the walk reads those twelve
+    figures a layout, row kind·3 + role, through each (pp, vpp, n_hi)'s map of its stages."""
+    C = pp * vpp
+    # each role's rank's compute, forward and backward (its stages j·pp + rank): what its windows are shared by
+    j = np.arange(int(vpp.max()))[:, None]
+    kinds = [stage_kind(np.minimum(j * pp + r, C - 1), C, n_hi) for r in (0, 1, pp - 1)]
+    held = lambda x: np.stack([at_kinds(x, k, vpp).sum(axis=0) for k in kinds])  # noqa: E731
+    scale = role_time / np.maximum(role_f + role_b, 1e-300)  # the hidden exchange, taken off both alike
+    per_f = role_f * scale / np.maximum(held(kind_f), 1e-300)
+    per_b = role_b * scale / np.maximum(held(kind_b), 1e-300)
+    n = len(pp)
+    rows_f = (kind_f[:, None] * per_f[None]).reshape(12, n)
+    rows_b = (kind_b[:, None] * per_b[None]).reshape(12, n)
+    # each distinct (pp, vpp, n_hi)'s stages as rows: kind·3 + the role of the stage's rank
+    _, first, which = distinct_rows(pp, vpp, n_hi)
+    s = np.arange(int(C.max()))
+    maps = np.zeros((len(first), len(s)), int)
+    for g, f in enumerate(first):
+        p, c = int(pp[f]), int(C[f])
+        rank = s[:c] % p
+        maps[g, :c] = stage_kind(s[:c], c, n_hi[f]) * 3 + np.where(rank == 0, 0, np.where(rank == p - 1, 2, 1))
+    return interleaved_step(pp, vpp, M, rows_f, rows_b, (maps, which))
