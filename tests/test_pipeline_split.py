@@ -156,6 +156,24 @@ def test_every_stage_holds_one_of_four_kinds_of_layer_count_as_materialise_split
         assert [int(kind_layers(cs)[k, 0]) for k in kinds] == sizes, (L, C, xf, xl, v)
 
 
+def test_a_looped_ranks_stages_count_by_kind_as_stage_kind_labels_them_one_by_one():
+    """interleaved_pipe shares a rank's windows by its compute summed over its stages j·pp + rank,
+    read as each kind's count (stages.kind_counts) times that kind's figure: the counts are those
+    of stage_kind over the rank's stages, for every rank, vpp and number of larger middle stages."""
+    import numpy as np
+
+    from piper_plan.cost.stages import kind_counts, stage_kind
+
+    for pp in (2, 3, 4, 7, 8, 16):
+        for vpp in (2, 3, 5, 8):
+            C = pp * vpp
+            for n_hi in range(C - 2):
+                got = kind_counts(np.full(pp, pp), np.full(pp, vpp), np.full(pp, n_hi), np.arange(pp))
+                for rank in range(pp):
+                    want = np.bincount(stage_kind(np.arange(vpp) * pp + rank, C, n_hi), minlength=4)
+                    assert got[:, rank].tolist() == want.tolist(), (pp, vpp, n_hi, rank)
+
+
 def test_v_schedules_balance_rank_zeros_two_end_chunks_against_the_busiest_middle_rank():
     """zbv / dualpipev: rank 0 runs the first and the last chunk. Against a brute-force search
     over both ends' sizes with each rank's chunks counted one by one, the balanced split reaches

@@ -13,7 +13,7 @@ import numpy as np
 
 from .batch import distinct_rows
 from .schedule import interleaved_step
-from .stages import at_kinds, stage_kind
+from .stages import kind_counts, stage_kind
 
 
 def kind_phases(nd, nm, v: dict) -> tuple:
@@ -42,9 +42,8 @@ def interleaved_pipe(pp, vpp, M, n_hi, kind_f, kind_b, role_f, role_b, role_time
     figures a layout, row kind·3 + role, through each (pp, vpp, n_hi)'s map of its stages."""
     C = pp * vpp
     # each role's rank's compute, forward and backward (its stages j·pp + rank): what its windows are shared by
-    j = np.arange(int(vpp.max()))[:, None]
-    kinds = [stage_kind(np.minimum(j * pp + r, C - 1), C, n_hi) for r in (0, 1, pp - 1)]
-    held = lambda x: np.stack([at_kinds(x, k, vpp).sum(axis=0) for k in kinds])  # noqa: E731
+    counts = [kind_counts(pp, vpp, n_hi, r) for r in (0, 1, pp - 1)]
+    held = lambda x: np.stack([(c * x).sum(axis=0) for c in counts])  # noqa: E731
     scale = role_time / np.maximum(role_f + role_b, 1e-300)  # the hidden exchange, taken off both alike
     per_f = role_f * scale / np.maximum(held(kind_f), 1e-300)
     per_b = role_b * scale / np.maximum(held(kind_b), 1e-300)

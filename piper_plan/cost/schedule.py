@@ -94,9 +94,10 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     balanced split's chunks of 24-126 layers, pp 2-8, vpp 2-4, M up to 16pp, within -1.6 ... +1.4 %
     of the whole order where chunks hold two layers or more on average, -10 ... +0.1 % below (the
     steady state's own excess there; tests/test_schedule_sim.py). The closed form erred by
-    -9 ... +7 % and -20 ... +7 %. Monotone in every stage's seconds, as the order is. Walked once
-    per distinct pattern: a column's seconds rounded up to 1/4096 of the power of two at or above
-    its largest stage (at most 0.05 % more)."""
+    -9 ... +7 % and -20 ... +7 %. Monotone in every stage's seconds, as the order is. Each distinct
+    column priced once, its seconds rounded up to 1/4096 of the power of two at or above its
+    largest stage (at most 0.05 % more); one walk of each (pp, vpp, rounds) graph for all of its
+    columns, whichever map of rows they read."""
     pp, vpp, M = (np.asarray(x, int) for x in (pp, vpp, M))
     F, B = np.asarray(F, float), np.asarray(B, float)
     maps, which = (np.arange(len(F))[None], np.zeros(len(pp), int)) if rows is None else rows
@@ -109,18 +110,27 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     # each second up to the next 1/4096 of a power of two at least the column's largest stage: the
     # grid coarsens only by halves, so a longer stage never rounds shorter
     grid = 2.0 ** np.ceil(np.log2(np.max(np.where(u, fb, 0.0), axis=0))) / 4096
-    codes = np.where(np.vstack([u, u]), np.ceil(np.vstack([F, B]) / grid - 1e-9), 0.0).astype(np.int64)
+    # a code is at most 4096 (no stage exceeds its column's largest): two bytes each keep the keys
+    # below, hashed and sorted, short
+    small = np.int16 if len(first) < 2 ** 15 else np.int32
+    codes = np.where(np.vstack([u, u]), np.ceil(np.vstack([F, B]) / grid - 1e-9), 0.0).astype(small)
     # the distinct (pattern, rounds walked, codes) columns: each one's as one opaque key, sorted once
-    key = np.ascontiguousarray(np.column_stack([pattern, j, codes.T]))
-    _, one, back = np.unique(key.view(np.dtype((np.void, key.shape[1] * 8))).ravel(), return_index=True,
+    key = np.ascontiguousarray(np.column_stack([pattern, j, codes.T]).astype(small))
+    _, one, back = np.unique(key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel(), return_index=True,
                              return_inverse=True)
     walked = np.empty(len(one))
-    _, heads, walk = distinct_rows(pattern[one], j[one])  # the columns that share a walk of the graph
+    # the columns that share a graph, (pp, vpp, rounds): stage s of column c reads its pattern's row
+    _, heads, walk = distinct_rows(pp[one], vpp[one], j[one])
+    at = np.zeros((len(stages), max(len(x) for x in stages)), int)
+    for g, x in enumerate(stages):
+        at[g, :len(x)] = x
+    order = np.argsort(walk, kind="stable")
+    bounds = np.searchsorted(walk[order], np.arange(len(heads) + 1))
     for h, f in enumerate(heads):
-        cols = np.flatnonzero(walk == h)
-        g, p, v = pattern[one[f]], int(pp[one[f]]), int(vpp[one[f]])
-        walked[cols] = _interleaved_walk(p, v, int(j[one[f]]) * p, codes[np.ix_(stages[g], one[cols])].tobytes(),
-                                         (2 * p * v, len(cols)))
+        cols = order[bounds[h]:bounds[h + 1]]
+        p, v, c = int(pp[one[f]]), int(vpp[one[f]]), one[cols]
+        block = codes[at[pattern[c], :2 * p * v].T, c]  # [2·pp·vpp, columns]
+        walked[cols] = _interleaved_walk(p, v, int(j[one[f]]) * p, block.tobytes(), block.shape, small)
     # the steady state's floor: the busiest rank's work a micro-batch, its stages' rows counted
     busiest = np.einsum("nkr,rn->nk", ranks[pattern], fb).max(axis=1)
     return walked[back.reshape(-1)] * grid + (k - j) * pp * busiest
@@ -152,11 +162,11 @@ def _pattern(pp: int, vpp: int, at: tuple, R: int) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _interleaved_walk(pp: int, vpp: int, M: int, codes: bytes, shape: tuple) -> np.ndarray:
-    """schedule_sim.interleaved_path on interleaved_step's distinct patterns (rows: each virtual
-    stage's forward, then its backward, in its column's grid), kept: validate and sweep price the
-    same layouts again."""
-    c = np.frombuffer(codes, np.int64).reshape(shape).astype(float)
+def _interleaved_walk(pp: int, vpp: int, M: int, codes: bytes, shape: tuple, dtype=np.int64) -> np.ndarray:
+    """schedule_sim.interleaved_path on interleaved_step's distinct columns of one graph (`codes`:
+    their [2·pp·vpp, columns] `dtype` rows, each virtual stage's forward, then its backward, in its
+    column's grid), kept: validate and sweep price the same layouts again."""
+    c = np.frombuffer(codes, dtype).reshape(shape).astype(float)
     return interleaved_path(pp, vpp, M, c[:pp * vpp], c[pp * vpp:])
 
 

@@ -176,6 +176,19 @@ def stage_kind(s, chunks, n_hi) -> np.ndarray:
     return np.where(s == 0, 0, np.where(s == C - 1, 3, np.where(s <= np.asarray(n_hi), 1, 2)))
 
 
+def kind_counts(pp, vpp, n_hi, rank) -> np.ndarray:
+    """[4, n] how many of the looped stages rank `rank` runs (j·pp + rank, j < vpp; vpp >= 2) are
+    of each kind (stage_kind): the first is rank 0's, the last rank pp - 1's, and the larger middle
+    ones are stages 1 .. n_hi (n_hi < chunks - 2: never the last), so a rank's are those of its
+    stages from its first middle one, `rank` (rank 0: pp), up to n_hi. A rank's per-stage figures
+    summed over its stages are these counts times each kind's, without [vpp, n] arrays."""
+    pp, vpp, n_hi, rank = (np.asarray(x) for x in (pp, vpp, n_hi, rank))
+    first, last = (rank == 0).astype(float), (rank == pp - 1).astype(float)
+    s0 = np.where(rank == 0, pp, rank)
+    hi = np.where(n_hi >= s0, (n_hi - s0) // pp + 1, 0).astype(float)
+    return np.stack(np.broadcast_arrays(first, hi, vpp - first - last - hi, last))
+
+
 def at_kinds(per_kind, kinds, vpp) -> np.ndarray:
     """[max vpp, n] of `per_kind` ([4, n]) at the kinds `kinds` ([max vpp, n]: stage_kind of the
     stages a rank runs, rank_stages), 0 past each layout's vpp."""
