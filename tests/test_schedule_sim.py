@@ -491,6 +491,23 @@ def test_the_interleaved_graph_walk_is_the_order_run_action_by_action_with_unequ
         assert interleaved_path(pp, vpp, M, F, B) == pytest.approx(ran, rel=1e-12)
 
 
+def test_the_interleaved_graph_is_levelled_alike_by_relaxation_and_by_steps():
+    """_interleaved_graph relaxes its levels up to pp 32 and sets them a level at a time above, where
+    that is cheaper: both give every op the same level, and a walk on a stepped graph is the order
+    run action by action."""
+    from piper_plan.cost.schedule_sim import _interleaved_graph, _relaxed_levels, _stepped_levels, interleaved_path
+
+    for pp, vpp, k in itertools.product((2, 5, 8, 16, 33, 48, 64), (2, 3), (1, 3)):
+        _, _, pred, level, _ = _interleaved_graph(pp, vpp, k * pp)
+        ops = 2 * k * pp * vpp
+        assert np.array_equal(_relaxed_levels(pp, ops, pred[:, 1]), level), (pp, vpp, k)
+        assert np.array_equal(_stepped_levels(pp, ops, pred[:, 1]), level), (pp, vpp, k)
+    rng = np.random.default_rng(3)
+    F, B = rng.uniform(1.0, 3.0, (80, 2)), rng.uniform(1.5, 6.0, (80, 2))
+    ran = [simulate(rank_orders("interleaved", 40, 2, 80), F[:, j], B[:, j], 0.0) for j in range(2)]
+    assert interleaved_path(40, 2, 80, F, B) == pytest.approx(ran, rel=1e-12)
+
+
 def test_with_equal_chunks_the_interleaved_walk_is_the_closed_form():
     from piper_plan.cost.schedule import interleaved_step
 
