@@ -57,7 +57,8 @@ def test_pipeline_hop_wants_whole_lanes(capsys):
 
 
 @pytest.mark.parametrize("name, argv", [("search_speed", ["--bogus"]), ("paper_fig13", ["--bogus"]),
-                                        ("memory_check", ["--bogus"]), ("float8_sac", ["bogus"])])
+                                        ("memory_check", ["--bogus"]), ("float8_sac", ["bogus"]),
+                                        ("v_chunks", ["--bogus"])])
 def test_unknown_arguments_are_refused(capsys, name, argv):
     _refused(capsys, load_benchmark(name).main, argv, "bogus")
 
@@ -113,3 +114,13 @@ def test_search_speed_priced_count_is_what_the_search_priced():
     res = search(m, hw, SearchSpace(gpus=256, global_batch=1024, seq=m.seq_len))
     assert res.evaluated > len(res.batch) > 0  # the bound discards some on this case
     assert ss.priced(res.evaluated, res.rejected) == len(res.batch)
+
+
+def test_v_chunks_gives_the_pp_16_residuals_validation_readme_quotes():
+    """validation/README.md (session 77) quotes benchmarks/v_chunks.py: the V schedules' chunk halves
+    against torch's order at pp 16, 61 layers near DeepSeek-V3's ends, M 2pp and 8pp."""
+    row = load_benchmark("v_chunks").row
+    quoted = {("zbv", 32): -8.2, ("zbv", 128): -2.3, ("dualpipev", 32): +3.5, ("dualpipev", 128): +1.0}
+    for (schedule, M), pct in quoted.items():
+        ran, priced, _ = row(schedule, 61, 0.1, 2.7, 16, M)
+        assert round(100 * (priced / ran - 1), 1) == pct, (schedule, M, priced / ran)
