@@ -258,3 +258,9 @@ def run_ranks(ranks: list[RankNet], args_of: Callable[[RankNet], list[str]], log
             raise RuntimeError(f"{what}: rank {bad[0]} failed or timed out:\n{tail}")
     finally:
         _stop_ranks()
+
+
+if __name__ == "__main__":  # imported by halo_netns.py and p2p_overlap.py; nothing of its own to run
+    print("benchmarks/netns_topo.py: a helper module (the namespaces and shaped links halo_netns.py and "
+          "p2p_overlap.py run on), not a benchmark; nothing to run", file=sys.stderr)
+    sys.exit(2)

@@ -64,7 +64,7 @@ def test_unknown_arguments_are_refused(capsys, name, argv):
 
 
 def test_helper_modules_say_so():
-    for helper in ("native_block.py", "_args.py"):
+    for helper in ("native_block.py", "_args.py", "netns_topo.py"):
         r = subprocess.run([sys.executable, str(BENCHMARKS / helper)], capture_output=True, text=True)
         assert r.returncode == 2 and "helper module" in r.stderr and len(r.stderr.splitlines()) == 1, r
 

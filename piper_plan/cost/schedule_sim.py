@@ -407,7 +407,7 @@ def _relaxed_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
 
 def _stepped_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
     """_relaxed_levels' by steps: each rank's next op takes the next level once its input has
-    one, every rank at once (about 2·ops + 2pp steps of pp ops each)."""
+    one, every rank at once (on torch's interleaved order, ops + 2(pp - 1) steps of pp ops each)."""
     level = np.full(len(cross), np.iinfo(np.int64).max)
     at = np.zeros(pp, int)  # each rank's next op in its order
     step = 0
