@@ -121,15 +121,12 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     walked = np.empty(len(one))
     # the columns that share a graph, (pp, vpp, rounds): stage s of column c reads its pattern's row
     _, heads, walk = distinct_rows(pp[one], vpp[one], j[one])
-    at = np.zeros((len(stages), max(len(x) for x in stages)), int)
-    for g, x in enumerate(stages):
-        at[g, :len(x)] = x
     order = np.argsort(walk, kind="stable")
     bounds = np.searchsorted(walk[order], np.arange(len(heads) + 1))
     for h, f in enumerate(heads):
         cols = order[bounds[h]:bounds[h + 1]]
         p, v, c = int(pp[one[f]]), int(vpp[one[f]]), one[cols]
-        block = codes[at[pattern[c], :2 * p * v].T, c]  # [2·pp·vpp, columns]
+        block = codes[stages[pattern[c], :2 * p * v].T, c]  # [2·pp·vpp, columns]
         walked[cols] = _interleaved_walk(p, v, int(j[one[f]]) * p, block.tobytes(), block.shape, small)
     # the steady state's floor: the busiest rank's work a micro-batch, its stages' rows counted
     busiest = np.einsum("nkr,rn->nk", ranks[pattern], fb).max(axis=1)
@@ -138,17 +135,19 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
 
 def _patterns(pp, vpp, maps, which, R: int) -> tuple:
     """For each distinct (pp, vpp, map) of interleaved_step: the rows of F, B its stages' forwards,
-    then backwards, read (a list of [2·pp·vpp] indices into its [2R] rows), which of the R rows
-    they read ([patterns, R] bool), and each distinct rank's count of its stages on each row
-    ([patterns, ranks, R], zero-padded)."""
+    then backwards, read ([patterns, 2·max pp·vpp] indices into the [2R] rows; a pattern's first
+    2·pp·vpp are its own), which of the R rows they read ([patterns, R] bool), and each distinct
+    rank's count of its stages on each row ([patterns, ranks, R], zero-padded)."""
     each = [_pattern(p, v, tuple(maps[w, :p * v].tolist()), R) for p, v, w in zip(pp.tolist(), vpp.tolist(),
                                                                                   which.tolist())]
+    stages = np.zeros((len(each), 2 * max((len(at) for at, _ in each), default=0)), int)
     used = np.zeros((len(each), R), bool)
     ranks = np.zeros((len(each), max((len(c) for _, c in each), default=0), R))
     for g, (at, c) in enumerate(each):
+        stages[g, :2 * len(at)] = np.concatenate([at, R + at])
         used[g, at] = True
         ranks[g, :len(c)] = c  # a row of zeros is no rank's work, never the busiest
-    return [np.concatenate([at, R + at]) for at, _ in each], used, ranks
+    return stages, used, ranks
 
 
 @functools.lru_cache(maxsize=1024)
@@ -162,7 +161,7 @@ def _pattern(pp: int, vpp: int, at: tuple, R: int) -> tuple:
 
 
 @functools.lru_cache(maxsize=1024)
-def _interleaved_walk(pp: int, vpp: int, M: int, codes: bytes, shape: tuple, dtype=np.int64) -> np.ndarray:
+def _interleaved_walk(pp: int, vpp: int, M: int, codes: bytes, shape: tuple, dtype) -> np.ndarray:
     """schedule_sim.interleaved_path on interleaved_step's distinct columns of one graph (`codes`:
     their [2·pp·vpp, columns] `dtype` rows, each virtual stage's forward, then its backward, in its
     column's grid), kept: validate and sweep price the same layouts again."""
