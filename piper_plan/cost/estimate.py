@@ -432,14 +432,18 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # each), and those of each chunk a role's rank runs, whose micro-batches it holds in different
     # numbers (memory.v_in_flight, memory.interleaved_states)
     multi = np.flatnonzero((lay.vpp > 1) & ~pp1)
+    # the orders walked stage by stage (interleaved, and 1f1b: its vpp-1 case) read each kind's layers too
+    walked = np.flatnonzero(((lay.vpp > 1) | (lay.sched == SCHEDULES.index("1f1b"))) & ~pp1)
+    kind_d, kind_m = _kind_layers(m, cs.take(walked), first_dense[walked], split)
     cs_multi = cs.take(multi)
-    kind_d, kind_m = _kind_layers(m, cs_multi, first_dense[multi], split)
+    in_multi = np.searchsorted(walked, multi)  # multi is among them
+    multi_d, multi_m = kind_d[:, in_multi], kind_m[:, in_multi]
     chunk_layers = {}
     for r in roles:
         at = rank_stages(lay.pp[multi], lay.vpp[multi], np.maximum(stage_of[r], 1 if r == "mid" else 0)[multi],
                          v_shape[multi])
         kinds = stage_kind(at, lay.pp[multi] * lay.vpp[multi], cs_multi.n_hi)
-        chunk_layers[r] = (multi, *(at_kinds(x, kinds, lay.vpp[multi]) for x in (kind_d, kind_m)))
+        chunk_layers[r] = (multi, *(at_kinds(x, kinds, lay.vpp[multi]) for x in (multi_d, multi_m)))
     n_dense_of = {r: nd for r, (nd, _) in roles.items()}
     n_moe_of = {r: nm for r, (_, nm) in roles.items()}
 
@@ -558,9 +562,12 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     h_first, h_mid, h_last = p2p_hidden
     hidden_sum = np.where(pp1, h_first, h_first + h_last + mids * mid_scale * h_mid)  # as total_sum adds them
     t_pipe = t_pipe + (hidden_sum - pick(p2p_hidden)) / lay.vpp
-    il = np.flatnonzero((lay.sched == SCHEDULES.index("interleaved")) & ~pp1)
+    # 1F1B's closed form is its order's step where the last rank is the busiest (tests/test_schedule_sim.py):
+    # walked elsewhere, where the ranks after the busiest one absorb part of the fill and the drain
+    one_f = (lay.sched == SCHEDULES.index("1f1b")) & (t_last < peak_role_time)
+    il = np.flatnonzero(((lay.sched == SCHEDULES.index("interleaved")) | one_f) & ~pp1)
     if il.size:  # the order's own critical path: exact where chunks or ranks differ, as the closed form is not
-        at = np.searchsorted(multi, il)  # il is among them
+        at = np.searchsorted(walked, il)  # il is among them
         kind_f, kind_b = kind_phases(kind_d[:, at], kind_m[:, at],
                                      {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
         on = lambda x: x[:, il]  # noqa: E731

@@ -1,11 +1,13 @@
-"""Torch's interleaved 1F1B order priced stage by stage, vectorised over layouts.
+"""Torch's interleaved 1F1B order, and its 1F1B order (vpp 1), priced stage by stage, vectorised
+over layouts.
 
 A balanced split's virtual stages come in four kinds (stages.stage_kind: the first, the larger
 middle ones, the smaller middle ones, the last), and a stage's seconds depend on its kind and its
 rank's role alone (rank 0, the middle ranks, rank pp - 1): kind_phases gives each kind's compute
 a micro-batch, interleaved_pipe shares each role's pipeline windows among its rank's stages and
 walks the order with those twelve figures a layout (schedule.interleaved_step). estimate._pipeline
-calls both; the closed form (schedule.pipeline_time) is exact only where every chunk takes as long.
+calls both; the closed form (schedule.pipeline_time) is exact only where every chunk takes as long
+(1F1B: or where the last rank is the busiest).
 """
 from __future__ import annotations
 

@@ -4,7 +4,10 @@ F, B, W: forward, backward-input, backward-weight seconds of one micro-batch on 
 (recompute included in B; a V rank's two chunks together); `peak` the busiest rank, `total` the
 sum over ranks; v = vpp.
 
-- gpipe, 1f1b:   Σ_r (F+B+W) + (M-1)·max_r (F+B+W)           (Narayanan 2021 §2.2: bubble (p-1)/m)
+- gpipe, 1f1b:   Σ_r (F+B+W) + (M-1)·max_r (F+B+W)           (Narayanan 2021 §2.2: bubble (p-1)/m),
+                 exact for gpipe, and for 1f1b where the last rank is the busiest; elsewhere the
+                 ranks after the busiest one absorb part of the fill and drain, and
+                 interleaved_step walks torch's Schedule1F1B order (its vpp-1 case)
 - interleaved:   M·max + (Σ - max)/v                          (Narayanan 2021 §2.2.2, each rank's own
                  share of the fill and drain: (pp-1)·max/v on equal ranks), exact where every chunk
                  takes as long; interleaved_step walks torch's order where they differ
@@ -78,6 +81,7 @@ def dualpipev_bubble(pp, F, B, W, hidden=0.0, unpaired=None):
 
 def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     """Seconds torch's ScheduleInterleaved1F1B order takes for M micro-batches (a multiple of pp),
+    or at vpp 1 its Schedule1F1B order (any M; schedule_sim.interleaved_path),
     without messages, per layout: F, B [>= pp·vpp, n] each virtual stage's forward and backward
     seconds of one micro-batch (stage s on rank s % pp); or, with `rows` = (maps [G, >= pp·vpp],
     which [n]), F, B [R, n] a few distinct figures, stage s of layout i taking row maps[which[i], s]
@@ -90,19 +94,20 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     whose chunks are lighter than the busiest one's shortens it.
 
     The order's critical path (schedule_sim.interleaved_path) at min(M, 3pp) micro-batches, and past
-    them each round of pp micro-batches the busiest rank's work (the steady state's floor): on the
+    them each micro-batch the busiest rank's work (the steady state's floor): on the
     balanced split's chunks of 24-126 layers, pp 2-8, vpp 2-4, M up to 16pp, within -1.6 ... +1.4 %
     of the whole order where chunks hold two layers or more on average, -10 ... +0.1 % below (the
     steady state's own excess there; tests/test_schedule_sim.py). The closed form erred by
-    -9 ... +7 % and -20 ... +7 %. Monotone in every stage's seconds, as the order is. Each distinct
-    column priced once, its seconds rounded up to 1/4096 of the power of two at or above its
-    largest stage (at most 0.05 % more); one walk of each (pp, vpp, rounds) graph for all of its
-    columns, whichever map of rows they read."""
+    -9 ... +7 % and -20 ... +7 %. 1F1B on those splits (pp 2-32, M 1-16pp): 0 ... +0.07 % of its
+    whole order, where Σ + (M - 1)·max erred by up to +22 %. Monotone in every stage's seconds, as
+    the order is. Each distinct column priced once, its seconds rounded up to 1/4096 of the power
+    of two at or above its largest stage (about 0.05 % more, up to 0.1 % where most stages are far
+    shorter than the largest); one walk of each (pp, vpp, micro-batches walked) graph for all of
+    its columns, whichever map of rows they read."""
     pp, vpp, M = (np.asarray(x, int) for x in (pp, vpp, M))
     F, B = np.asarray(F, float), np.asarray(B, float)
     maps, which = (np.arange(len(F))[None], np.zeros(len(pp), int)) if rows is None else rows
-    k = M // pp
-    j = np.minimum(k, 3)
+    j = np.minimum(M, 3 * pp)  # micro-batches walked
     _, first, pattern = distinct_rows(pp, vpp, which)
     stages, used, ranks = _patterns(pp[first], vpp[first], maps, which[first], len(F))
     fb = F + B
@@ -114,12 +119,12 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     # below, hashed and sorted, short
     small = np.int16 if len(first) < 2 ** 15 else np.int32
     codes = np.where(np.vstack([u, u]), np.ceil(np.vstack([F, B]) / grid - 1e-9), 0.0).astype(small)
-    # the distinct (pattern, rounds walked, codes) columns: each one's as one opaque key, sorted once
+    # the distinct (pattern, micro-batches walked, codes) columns: each one's as one opaque key, sorted once
     key = np.ascontiguousarray(np.column_stack([pattern, j, codes.T]).astype(small))
     _, one, back = np.unique(key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel(), return_index=True,
                              return_inverse=True)
     walked = np.empty(len(one))
-    # the columns that share a graph, (pp, vpp, rounds): stage s of column c reads its pattern's row
+    # the columns that share a graph, (pp, vpp, micro-batches walked): stage s of column c reads its pattern's row
     _, heads, walk = distinct_rows(pp[one], vpp[one], j[one])
     order = np.argsort(walk, kind="stable")
     bounds = np.searchsorted(walk[order], np.arange(len(heads) + 1))
@@ -127,10 +132,10 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
         cols = order[bounds[h]:bounds[h + 1]]
         p, v, c = int(pp[one[f]]), int(vpp[one[f]]), one[cols]
         block = codes[stages[pattern[c], :2 * p * v].T, c]  # [2·pp·vpp, columns]
-        walked[cols] = _interleaved_walk(p, v, int(j[one[f]]) * p, block.tobytes(), block.shape, small)
+        walked[cols] = _interleaved_walk(p, v, int(j[one[f]]), block.tobytes(), block.shape, small)
     # the steady state's floor: the busiest rank's work a micro-batch, its stages' rows counted
     busiest = np.einsum("nkr,rn->nk", ranks[pattern], fb).max(axis=1)
-    return walked[back.reshape(-1)] * grid + (k - j) * pp * busiest
+    return walked[back.reshape(-1)] * grid + (M - j) * busiest
 
 
 def _patterns(pp, vpp, maps, which, R: int) -> tuple:

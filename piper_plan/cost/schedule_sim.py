@@ -335,7 +335,7 @@ def _waves(schedule: str, pp: int):
     return [(a, z, int(k[0]), p) for a, z, k, p in waves], nodes, ends, work
 
 
-def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0):
+def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0, factor: int = 2):
     """torch's ScheduleInterleaved1F1B order (schedules._get_warmup_ops with multiply_factor 2,
     _get_1f1b_rank_ops without its idle slots) by arithmetic, every rank at once: (forward,
     backward), each ([pp, n] position in the rank's order, virtual stage, micro-batch) of the
@@ -344,26 +344,28 @@ def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0):
     forward runs chunk (i // round) % vpp (a backward, from the last chunk) on that chunk's next
     micro-batch, at position i, or w + 2(i - w) past the rank's w = (vpp - 1)·round + 2(pp - 1 - r)
     warm-up forwards (`extra` more: Megatron-Core's EP overlap); the i-th backward at w + 2i + 1,
-    or n + i once its forwards are done."""
+    or n + i once its forwards are done. `factor` 1 at vpp 1: w = pp - 1 - r, torch's Schedule1F1B
+    (and Megatron-Core's non-interleaved 1F1B), rank_orders' 1f1b."""
     n = M * vpp
     rnd = M // max(1, M // pp)
     r = np.arange(pp)[:, None]
     i = np.arange(n)[None, :]
-    w = np.minimum((vpp - 1) * rnd + 2 * (pp - 1 - r) + extra, n)
+    w = np.minimum((vpp - 1) * rnd + factor * (pp - 1 - r) + extra, n)
     mb = np.broadcast_to((i // (rnd * vpp)) * rnd + i % rnd, (pp, n))
     fwd = (np.where(i < w, i, w + 2 * (i - w)), (i // rnd) % vpp * pp + r, mb)
     bwd = (np.where(i < n - w, w + 2 * i + 1, n + i), (vpp - 1 - (i // rnd) % vpp) * pp + r, mb)
     return fwd, bwd
 
 
-def _interleaved_graph(pp: int, vpp: int, M: int):
-    """_graph's (kind, stage, preds [ops, 2], level, last) for torch's interleaved order, built from
-    its arithmetic (interleaved_positions) over all ops at once rather than swept op by op (a
-    thousand times the ops of the V orders' fewest micro-batches, which _graph sweeps); the
-    levels (each op's longest chain of ops from the start) relaxed over all ops at once, or a
-    level at a time above pp 32, where that is cheaper (_relaxed_levels, _stepped_levels)."""
+def _interleaved_graph(pp: int, vpp: int, M: int, factor: int = 2):
+    """_graph's (kind, stage, preds [ops, 2], level, last) for torch's interleaved order (1F1B's
+    at `factor` 1, vpp 1: interleaved_positions), built from its arithmetic over all ops at once
+    rather than swept op by op (a thousand times the ops of the V orders' fewest micro-batches,
+    which _graph sweeps); the levels (each op's longest chain of ops from the start) relaxed over
+    all ops at once, or a level at a time above pp 32, where that is cheaper (_relaxed_levels,
+    _stepped_levels)."""
     n, V = M * vpp, pp * vpp
-    (f_pos, f_stage, mbs), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M)
+    (f_pos, f_stage, mbs), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M, factor=factor)
     r = np.arange(pp)[:, None]
     node = lambda pos: r * 2 * n + pos  # noqa: E731
     f_of = np.full((V, M), -1)
@@ -422,10 +424,10 @@ def _stepped_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _interleaved_waves(pp: int, vpp: int, M: int):
-    """torch's interleaved order as _waves gives the V orders, its waves by level alone, with
-    each op's row in interleaved_path's durations (F: its stage, B: V + its stage)."""
-    kind, stage, pred, level, last = _interleaved_graph(pp, vpp, M)
+def _interleaved_waves(pp: int, vpp: int, M: int, factor: int = 2):
+    """torch's interleaved order (1F1B's at `factor` 1) as _waves gives the V orders, its waves by
+    level alone, with each op's row in interleaved_path's durations (F: its stage, B: V + its stage)."""
+    kind, stage, pred, level, last = _interleaved_graph(pp, vpp, M, factor)
     waves, nodes, ends, order = _grouped((), pred, level, last, every=True)
     row = np.where(kind == KINDS.index("F"), 0, pp * vpp) + stage
     return [(a, z, row[order[a - 1:z - 1]], p) for a, z, _, p in waves], nodes, ends
@@ -435,8 +437,9 @@ def interleaved_path(pp: int, vpp: int, M: int, F, B) -> np.ndarray:
     """Seconds from the first action to the last of torch's ScheduleInterleaved1F1B order without
     messages (simulate's, at msg 0), for each column of F and B ([pp·vpp, n]: each virtual
     stage's forward and backward seconds of one micro-batch); one walk of the order's graph for
-    every column."""
-    waves, nodes, ends = _interleaved_waves(pp, vpp, M)
+    every column. At vpp 1, torch's Schedule1F1B order (rank_orders' 1f1b: pp - 1 - r warm-up
+    forwards, where the interleaved order's multiply_factor 2 would give twice that)."""
+    waves, nodes, ends = _interleaved_waves(pp, vpp, M, 1 if vpp == 1 else 2)
     return _walk(waves, nodes, ends, np.concatenate([np.asarray(F, float), np.asarray(B, float)]), 1 << 22)
 
 
@@ -502,7 +505,8 @@ def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: f
     rank sends the messages of `msg` seconds estimate._p2p_sends counts, the interleaved steady
     state hides what estimate.p2p_hidden_mb hides where `overlap`. schedule.pipeline_time's closed
     form runs over the busiest rank, the bubble keeping each other rank's hidden messages; the
-    interleaved order is walked as interleaved.interleaved_pipe walks it (schedule.interleaved_step:
+    interleaved order, and 1F1B's where its last rank is not the busiest, are walked as
+    interleaved.interleaved_pipe walks them (schedule.interleaved_step:
     each stage a vpp-th of its rank's seconds a micro-batch, its hidden messages off), the fill and
     the drain keeping the other ranks' hidden messages as the closed form adds them."""
     from ..layout import SCHEDULES, Layout
@@ -520,7 +524,9 @@ def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: f
                        for role, (mf, mb), f, b in zip(roles, on, fwd_mb, bwd_mb)])
     totals = fwd_mb + bwd_mb + np.array([mf + mb for mf, mb in on]) - hidden
     busiest = int(np.argmax(totals))
-    if schedule == "interleaved" and pp > 1:
+    # 1F1B: walked as estimate._pipeline walks it, where the last rank is not the busiest
+    walked = schedule == "interleaved" or (schedule == "1f1b" and totals[-1] < totals.max())
+    if walked and pp > 1:
         from .schedule import interleaved_step
 
         fwd, bwd = fwd_mb + [mf for mf, _ in on], bwd_mb + [mb for _, mb in on]

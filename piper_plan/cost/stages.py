@@ -177,7 +177,7 @@ def stage_kind(s, chunks, n_hi) -> np.ndarray:
 
 
 def kind_counts(pp, vpp, n_hi, rank) -> np.ndarray:
-    """[4, n] how many of the looped stages rank `rank` runs (j·pp + rank, j < vpp; vpp >= 2) are
+    """[4, n] how many of the looped stages rank `rank` runs (j·pp + rank, j < vpp; vpp 1: 1F1B's) are
     of each kind (stage_kind): the first is rank 0's, the last rank pp - 1's, and the larger middle
     ones are stages 1 .. n_hi (n_hi < chunks - 2: never the last), so a rank's are those of its
     stages from its first middle one, `rank` (rank 0: pp), up to n_hi. A rank's per-stage figures
