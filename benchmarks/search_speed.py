@@ -26,11 +26,6 @@ import subprocess
 import sys
 import time
 
-from piper_plan.search import STATE_BOUND
-
-# the rejection key of the state-memory bound: the search may name the headroom before "(bound)"
-_BOUND_KEY = STATE_BOUND.removesuffix(" (bound)")
-
 # global batches as published: DeepSeek-V3 trained with 15,360 sequences of 4,096 tokens
 # (arXiv 2412.19437 §4.2); Megatron's 1T GPT used 3,072 sequences on 3,072 A100s (Narayanan 2021 Table 1)
 CASES = [("deepseek-v3", "frontier", 1024, 15360), ("deepseek-v3", "dgx-h100", 16384, 15360),
@@ -47,12 +42,6 @@ def cold_search(model, hw, gpus, gbs):
     return wall, d
 
 
-def priced(evaluated: int, rejected: dict[str, int]) -> int:
-    """Layouts the search priced: those it evaluated less those the state-memory bound discarded
-    unpriced (search.py counts n_all = n_priced + rejected[STATE_BOUND])."""
-    return evaluated - sum(n for k, n in rejected.items() if k.startswith(_BOUND_KEY))
-
-
 def warm_rate(model, hw, gpus, gbs, reps=5) -> tuple[float, float]:
     """(evaluated, priced) candidates per CPU-second of enumeration + evaluation, best of `reps`
     warm runs after one discarded run (its first calls into numpy's ufuncs and allocator cost a few ms)."""
@@ -65,7 +54,7 @@ def warm_rate(model, hw, gpus, gbs, reps=5) -> tuple[float, float]:
     best = 0.0, 0.0
     for _ in range(reps):
         r = search(m, h, sp)
-        best = max(best, (r.evaluated / r.cpu_s, priced(r.evaluated, r.rejected) / r.cpu_s))
+        best = max(best, (r.evaluated / r.cpu_s, r.priced / r.cpu_s))
     return best
 
 
@@ -102,7 +91,7 @@ def main(argv=None) -> int:
         warm, warm_priced = warm_rate(model, hw, gpus, gbs)
         base = loop_rate(model, hw, gpus, gbs)
         print(f"{model + ' on ' + str(gpus) + ' ' + hw:32s} {wall:11.2f} {d['evaluated']:10,d} "
-              f"{priced(d['evaluated'], d['rejected']):10,d} {cold:15,.0f} {warm:15,.0f} {warm_priced:17,.0f} "
+              f"{d['priced']:10,d} {cold:15,.0f} {warm:15,.0f} {warm_priced:17,.0f} "
               f"{base:10,.0f} {warm / base:11.0f}x {warm_priced / base:9.0f}x")
     print("evaluated: every layout the search accounts for, those the state-memory bound discards unpriced "
           "included; priced: those it prices.\nThe loop prices each layout it times: 'per priced' (warm priced "

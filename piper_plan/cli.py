@@ -681,9 +681,9 @@ def search_cmd(gpus, objective, top_k, as_json, output, **kw):
     note = (memory_margin_line(rows[0]["peak_memory_gib"], hw.accelerator.memory_gib,
                                float(res.est.peak_memory_gib[res.order].min())) if rows else None)
     if as_json:
-        click.echo(json.dumps({"evaluated": res.evaluated, "fitting": res.fitting, "rejected": res.rejected,
-                               "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows, "infeasible": why,
-                               "memory_note": note}, indent=2))
+        click.echo(json.dumps({"evaluated": res.evaluated, "priced": res.priced, "fitting": res.fitting,
+                               "rejected": res.rejected, "wall_s": wall, "search_cpu_s": res.cpu_s, "top": rows,
+                               "infeasible": why, "memory_note": note}, indent=2))
     else:
         title = f"{model.name} on {gpus} × {hw.name} — {res.evaluated:,} layouts evaluated in {wall:.2f} s, " \
                 f"{res.fitting:,} fit" + (f", fp8 {kw['fp8']} GEMMs" if kw["fp8"] != "none" else "")

@@ -205,6 +205,7 @@ class SearchResult:
     evaluated: int = 0
     cpu_s: float = 0.0  # CPU seconds spent enumerating and evaluating (robust to a loaded machine)
     n_fit: int | None = None  # fitting layouts, where order lists only some (search's keep)
+    priced: int = 0  # layouts priced: `evaluated` less those the state-memory bound discarded unpriced
 
     @property
     def best(self) -> int | None:
@@ -678,9 +679,9 @@ def search(m: ModelSpec, hw: HardwareSpec, sp: SearchSpace, routing: Routing | N
         _count_refusals(rejected, hw, headroom_gib, counts)
         # deterministic: the sort is stable, so ties keep the order enumerate_layouts builds
         order = ok[np.lexsort(_rank_keys(batch, est, objective, ok))]
-        return SearchResult(batch, est, order, rejected, n_all, cpu_s)
+        return SearchResult(batch, est, order, rejected, n_all, cpu_s, priced=n_priced)
     _count_refusals(rejected, hw, headroom_gib, counts)
-    return SearchResult(batch, est, order, rejected, n_all, time.process_time() - t0, n_fit)
+    return SearchResult(batch, est, order, rejected, n_all, time.process_time() - t0, n_fit, n_priced)
 
 
 def _price_chunks(parts: Iterable[tuple]) -> Iterator[tuple]:

@@ -104,16 +104,28 @@ def test_migration_names_each_failed_check():
         "zipf1.5-swap predicted drop off by +nan% (beyond 25%)"]
 
 
-def test_search_speed_priced_count_is_what_the_search_priced():
-    """evaluated less the state-memory bound's discards is the batch the search priced."""
-    from piper_plan.search import SearchSpace, search
+def test_a_search_reports_the_layouts_it_priced_as_search_speed_counts_them():
+    """benchmarks/search_speed.py's priced rate reads SearchResult.priced (and search --json's
+    "priced"): the batch the search priced, its evaluated layouts less those the state-memory bound
+    discarded unpriced, whether it keeps every layout or the best few."""
+    import json
+
+    from click.testing import CliRunner
+
+    from piper_plan.cli import main
+    from piper_plan.search import STATE_BOUND, SearchSpace, search
     from piper_plan.specs import load_hardware, load_model
 
-    ss = load_benchmark("search_speed")
     m, hw = load_model("deepseek-v3"), load_hardware("dgx-h100")
-    res = search(m, hw, SearchSpace(gpus=256, global_batch=1024, seq=m.seq_len))
-    assert res.evaluated > len(res.batch) > 0  # the bound discards some on this case
-    assert ss.priced(res.evaluated, res.rejected) == len(res.batch)
+    sp = SearchSpace(gpus=256, global_batch=1024, seq=m.seq_len)
+    res = search(m, hw, sp)
+    assert res.evaluated > res.priced == len(res.batch) > 0  # the bound discards some on this case
+    assert res.evaluated - res.priced == res.rejected[STATE_BOUND]
+    kept = search(m, hw, sp, keep=3)
+    assert (kept.priced, kept.evaluated) == (res.priced, res.evaluated) and len(kept.batch) < kept.priced
+    out = CliRunner().invoke(main, ["search", "-m", "deepseek-v3", "-H", "dgx-h100", "-n", "256",
+                                    "--global-batch", "1024", "--json", "--top", "1"])
+    assert json.loads(out.stdout)["priced"] == res.priced
 
 
 def test_v_chunks_gives_the_pp_16_residuals_validation_readme_quotes():
