@@ -17,12 +17,16 @@ Seconds are in layer-forwards; no clock is read, nothing is noisy.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import numpy as np
 
 from piper_plan.cost.schedule import interleaved_step
 from piper_plan.cost.schedule_sim import rank_orders, simulate
-from piper_plan.cost.stages import chunk_sizes, materialise
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from v_chunks import stage_seconds  # noqa: E402
 
 # (name, layers, embedding's and LM head's extra layers' worth), as benchmarks/v_chunks.py counts them
 MODELS = (("DeepSeek-V3 + MTP", 61, 0.1, 2.7), ("Qwen3-235B", 94, 0.1, 1.5), ("Llama 3.1 405B", 126, 0.1, 1.0),
@@ -30,19 +34,10 @@ MODELS = (("DeepSeek-V3 + MTP", 61, 0.1, 2.7), ("Qwen3-235B", 94, 0.1, 1.5), ("L
 BACKWARD = 2.0  # a stage's backward over its forward
 
 
-def stage_units(L: int, pp: int, x_first: float, x_last: float) -> np.ndarray:
-    """Each stage's layers' worth on the balanced split, the embedding and the LM head at the ends."""
-    cs = chunk_sizes(L, np.array([pp]), np.array([x_first]), np.array([x_last]), minimise=np.array([True]))
-    s = np.array([len(c) for c in materialise(L, pp, cs)], float)
-    s[0] += x_first
-    s[-1] += x_last
-    return s
-
-
 def row(L: int, x_first: float, x_last: float, pp: int, M: int) -> tuple[float, float, float]:
     """(the order run action by action, the closed form, the planner's price: the walk where the
     last stage is not the busiest, as estimate._pipeline chooses), in layer-forwards."""
-    f = stage_units(L, pp, x_first, x_last)
+    f = stage_seconds(L, pp, x_first, x_last, v_shape=False)
     b = BACKWARD * f
     ran = simulate(rank_orders("1f1b", pp, 1, M), f, b, 0.0)
     closed = float((f + b).sum() + (M - 1) * (f + b).max())
@@ -61,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         for pp in (4, 8, 16, 32):
             for M in (pp, 2 * pp, 8 * pp):
                 ran, closed, priced = row(L, xf, xl, pp, M)
-                units = stage_units(L, pp, xf, xl)
+                units = stage_seconds(L, pp, xf, xl, v_shape=False)
                 busiest = "last" if units[-1] >= units.max() else f"{int(np.argmax(units))}"
                 worst["closed"] = max(worst["closed"], closed / ran - 1)
                 worst["planner"] = max(worst["planner"], abs(priced / ran - 1))

@@ -28,11 +28,12 @@ from piper_plan.cost.stages import chunk_sizes, materialise
 MODELS = ((61, 0.1, 2.7), (94, 0.1, 1.5), (36, 0.1, 1.0))
 
 
-def stage_seconds(L: int, pp: int, x_first: float, x_last: float) -> np.ndarray:
-    """Each of the 2pp V stages' layers' worth on the balanced split, the extras on the end chunks."""
-    C = 2 * pp
+def stage_seconds(L: int, pp: int, x_first: float, x_last: float, v_shape: bool = True) -> np.ndarray:
+    """Each of the 2pp V stages' layers' worth on the balanced split (`v_shape` False: the pp
+    stages of a one-chunk pipeline, benchmarks/one_f_one_b.py's), the extras on the end chunks."""
+    C = 2 * pp if v_shape else pp
     cs = chunk_sizes(L, np.array([C]), np.array([x_first]), np.array([x_last]), minimise=np.array([True]),
-                     v_shape=np.array([True]))
+                     v_shape=np.array([v_shape]))
     s = np.array([len(c) for c in materialise(L, C, cs)], float)
     s[0] += x_first
     s[-1] += x_last

@@ -335,7 +335,7 @@ def _waves(schedule: str, pp: int):
     return [(a, z, int(k[0]), p) for a, z, k, p in waves], nodes, ends, work
 
 
-def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0, factor: int = 2):
+def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0):
     """torch's ScheduleInterleaved1F1B order (schedules._get_warmup_ops with multiply_factor 2,
     _get_1f1b_rank_ops without its idle slots) by arithmetic, every rank at once: (forward,
     backward), each ([pp, n] position in the rank's order, virtual stage, micro-batch) of the
@@ -344,12 +344,14 @@ def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0, factor: int
     forward runs chunk (i // round) % vpp (a backward, from the last chunk) on that chunk's next
     micro-batch, at position i, or w + 2(i - w) past the rank's w = (vpp - 1)·round + 2(pp - 1 - r)
     warm-up forwards (`extra` more: Megatron-Core's EP overlap); the i-th backward at w + 2i + 1,
-    or n + i once its forwards are done. `factor` 1 at vpp 1: w = pp - 1 - r, torch's Schedule1F1B
-    (and Megatron-Core's non-interleaved 1F1B), rank_orders' 1f1b."""
+    or n + i once its forwards are done. At vpp 1 a rank runs one chunk and the order is torch's
+    Schedule1F1B (multiply_factor 1: w = pp - 1 - r; Megatron-Core's non-interleaved 1F1B too),
+    rank_orders' 1f1b."""
     n = M * vpp
     rnd = M // max(1, M // pp)
     r = np.arange(pp)[:, None]
     i = np.arange(n)[None, :]
+    factor = 1 if vpp == 1 else 2
     w = np.minimum((vpp - 1) * rnd + factor * (pp - 1 - r) + extra, n)
     mb = np.broadcast_to((i // (rnd * vpp)) * rnd + i % rnd, (pp, n))
     fwd = (np.where(i < w, i, w + 2 * (i - w)), (i // rnd) % vpp * pp + r, mb)
@@ -357,15 +359,15 @@ def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0, factor: int
     return fwd, bwd
 
 
-def _interleaved_graph(pp: int, vpp: int, M: int, factor: int = 2):
+def _interleaved_graph(pp: int, vpp: int, M: int):
     """_graph's (kind, stage, preds [ops, 2], level, last) for torch's interleaved order (1F1B's
-    at `factor` 1, vpp 1: interleaved_positions), built from its arithmetic over all ops at once
+    at vpp 1: interleaved_positions), built from its arithmetic over all ops at once
     rather than swept op by op (a thousand times the ops of the V orders' fewest micro-batches,
     which _graph sweeps); the levels (each op's longest chain of ops from the start) relaxed over
     all ops at once, or a level at a time above pp 32, where that is cheaper (_relaxed_levels,
     _stepped_levels)."""
     n, V = M * vpp, pp * vpp
-    (f_pos, f_stage, mbs), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M, factor=factor)
+    (f_pos, f_stage, mbs), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M)
     r = np.arange(pp)[:, None]
     node = lambda pos: r * 2 * n + pos  # noqa: E731
     f_of = np.full((V, M), -1)
@@ -424,10 +426,10 @@ def _stepped_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _interleaved_waves(pp: int, vpp: int, M: int, factor: int = 2):
-    """torch's interleaved order (1F1B's at `factor` 1) as _waves gives the V orders, its waves by
+def _interleaved_waves(pp: int, vpp: int, M: int):
+    """torch's interleaved order (1F1B's at vpp 1) as _waves gives the V orders, its waves by
     level alone, with each op's row in interleaved_path's durations (F: its stage, B: V + its stage)."""
-    kind, stage, pred, level, last = _interleaved_graph(pp, vpp, M, factor)
+    kind, stage, pred, level, last = _interleaved_graph(pp, vpp, M)
     waves, nodes, ends, order = _grouped((), pred, level, last, every=True)
     row = np.where(kind == KINDS.index("F"), 0, pp * vpp) + stage
     return [(a, z, row[order[a - 1:z - 1]], p) for a, z, _, p in waves], nodes, ends
@@ -439,7 +441,7 @@ def interleaved_path(pp: int, vpp: int, M: int, F, B) -> np.ndarray:
     stage's forward and backward seconds of one micro-batch); one walk of the order's graph for
     every column. At vpp 1, torch's Schedule1F1B order (rank_orders' 1f1b: pp - 1 - r warm-up
     forwards, where the interleaved order's multiply_factor 2 would give twice that)."""
-    waves, nodes, ends = _interleaved_waves(pp, vpp, M, 1 if vpp == 1 else 2)
+    waves, nodes, ends = _interleaved_waves(pp, vpp, M)
     return _walk(waves, nodes, ends, np.concatenate([np.asarray(F, float), np.asarray(B, float)]), 1 << 22)
 
 
