@@ -226,7 +226,8 @@ def test_a_paired_step_s_reduction_runs_behind_the_whole_pair():
     # of the backward's gradients runs for the pair's wall time. Read from the backward's own
     # parts, faster compute (which moves the exposed exchange to the forward's side) had shrunk
     # that window and priced 1.5x the FLOPs 2.2 % slower; what is left is the unpaired warm-up and
-    # cool-down micro-batches' (0.15 %)
+    # cool-down micro-batches' (0.24 % since session 79, where a pair hides each chunk's exchange
+    # behind the other's compute alone: 0.05 s, the same at 4x and 16x the micro-batches)
     from piper_plan.sweep import set_field
 
     m, hw = load_model("qwen3-30b-a3b"), load_hardware("frontier-rocm57")
@@ -234,7 +235,7 @@ def test_a_paired_step_s_reduction_runs_behind_the_whole_pair():
                  recompute="none", zero=2, a2a="halo", pipeline_split="even", seq=4096)
     peak = hw.accelerator.peak_tflops["bf16"]
     base, faster = (_step(m, set_field(hw, "accelerator.peak_tflops.bf16", peak * f), lay) for f in (1.0, 1.5))
-    assert faster < base * 1.002
+    assert faster < base * 1.003
 
 
 @pytest.mark.parametrize("zero", [0, 1, 3])

@@ -151,11 +151,12 @@ def test_moe_recompute_puts_its_rerun_all_to_all_in_the_step(qwen):
 
 def test_moe_recompute_never_speeds_up_a_dualpipev_step():
     """dualpipev hides the exchanges behind the other micro-batch's compute: the re-run one hides
-    at most the compute it came with, so recomputing the MoE block cannot make the step faster."""
+    at most the compute it came with, so recomputing the MoE block cannot make the step faster.
+    (vpp 2: the layout check refuses dualpipev on one chunk a rank, which this test once priced.)"""
     m, hw = load_model("deepseek-v3"), load_hardware("dgx-h800")
     for tp in (1, 2, 4):
         est = _moe_pair(m, hw, gpus=256, tp=tp, pp=16, dp=16 // tp, ep=16, global_batch=1024, seq=4096,
-                        schedule="dualpipev")
+                        schedule="dualpipev", vpp=2)
         assert est.step_time_s[1] >= est.step_time_s[0]
 
 

@@ -26,6 +26,7 @@ from .reduction import (PipeWindow, RankParams, collectives, dp_time, hybrid, pa
                         tensor_host_time)
 from .interleaved import interleaved_pipe, kind_phases
 from .schedule import pipeline_time
+from .v_orders import pair_hiding, v_pipe
 from .stages import at_kinds, chunk_sizes, kind_layers, rank_layers, rank_stages, stage_kind, v_mid_rank
 
 
@@ -474,12 +475,15 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     comp_t = nd_r * Td + nm_r * Tm + emb_r * Te + head_r * Th + chunk_mb + parked_f + parked_b
     comm_t = nd_r * Tdc + nm_r * Tmc + p2p_f + p2p_b
     a2a_per_mb = lc["a2a_layer"] * nm_r
-    # dualpipev hides behind the whole chunk pair; Megatron-Core's EP overlap pairs each
-    # exchange with one compute node of the other micro-batch (layer._layer_base: a2a_hide); both
-    # in their steady state's paired steps only (_paired_share)
+    phases = _phases(lc, nd_r, nm_r, emb_r, head_r)
+    a2a_f = lc["a2a_f_layer"] * nm_r
+    # dualpipev hides each chunk's exchange behind the other chunk's compute (v_orders.pair_hiding);
+    # Megatron-Core's EP overlap pairs each exchange with one compute node of the other
+    # micro-batch (layer._layer_base: a2a_hide); both in their steady state's paired steps only
+    # (_paired_share)
+    crossed = pair_hiding(a2a_f, a2a_per_mb - a2a_f, phases["f"], phases["b"] + phases["w"] + phases["r"])
     paired = np.minimum(a2a_per_mb, nm_r * lc["a2a_hide"])
-    per_pair = np.where(dualpipe_hides, np.minimum(a2a_per_mb, comp_t),
-                        np.where(lay.ep_overlap, np.minimum(paired, comp_t), 0.0))
+    per_pair = np.where(dualpipe_hides, crossed, np.where(lay.ep_overlap, np.minimum(paired, comp_t), 0.0))
     hidden_of = paired_share * per_pair
     slow_of = held * hidden_of
     # an off-stream exchange's host gap: what it absorbs in the steady state (beside the partner's
@@ -497,11 +501,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # they hide, behind the partner (Megatron-Core's overlap pairs each exchange with one node,
     # layer._layer_base: a2a_hide_f) or behind the chunk pair (dualpipev); the units' slow-down
     # and the host gap's absorption go with the exchange they come of
-    a2a_f = lc["a2a_f_layer"] * nm_r
     a2a_once = (lc["a2a_f_layer"] + lc["a2a_bwd_layer"]) * nm_r  # without a re-run
     # what it hides is priced without the recompute: a re-run's compute, in the backward, lets the
     # partner hide more, and that is the backward's
-    phases = _phases(lc, nd_r, nm_r, emb_r, head_r)
     once = np.minimum(np.where(dualpipe_hides, a2a_once, np.minimum(a2a_once, nm_r * lc["a2a_hide"])),
                       np.maximum(comp_t - phases["r"], 0.0))
     f_pair = np.minimum(per_pair, once * np.where(dualpipe_hides, _share(a2a_f, a2a_once),
@@ -576,18 +578,21 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
         t_pipe[il] = interleaved_pipe(lay.pp[il], lay.vpp[il], M[il], cs.n_hi[il], kind_f, kind_b, on(win_r.F),
                                       on(win_r.B + win_r.W), on(totals))
         t_pipe[il] += ((hidden_sum - pick(p2p_hidden)) / lay.vpp)[il]
-    # zbv's and dualpipev's bubble reads a rank's own F, B and W: each role's rank runs its micro-batches
-    # and its own bubble, and the step waits for the longest. The busiest rank's bubble alone let a rank
-    # with less work but more exchange outside the weight pass go unseen (a longer model priced faster
-    # where that moved the busiest rank). The other schedules' time grows with a rank's work alone, so
-    # the busiest rank bounds them (the same figure, not recomputed)
-    zb = np.flatnonzero(lay.sched >= 3)
+    # zbv's and dualpipev's orders walked stage by stage, every rank at its role's pace: the closed forms
+    # read a rank's two chunks as halves, every rank alike, and missed by -8 ... +8 % where the chunks
+    # differ (benchmarks/v_chunks.py). Each role's windows (an unpaired micro-batch: the host's gap
+    # absorbing what no partner hides) and what a dualpipev pair saves against them, so that a rank
+    # whose share of paired chunks is paired_share runs `totals` a micro-batch
+    zb = np.flatnonzero((lay.sched >= SCHEDULES.index("zbv")) & ~pp1)
     if zb.size:
+        kinds = kind_phases(*_kind_layers(m, cs.take(zb), first_dense[zb], split),
+                            {k: lc[k][:, zb] for k in ("dense_v", "moe_v", "emb_v", "head_v")}, weight_apart=True)
         on = lambda x: x.take(zb, axis=-1)  # noqa: E731
-        hid = np.where(dualpipe_hides[zb], np.minimum(on(a2a_per_mb), on(sum(comp_r.values()))), 0.0)
-        t_r = pipeline_time(lay.sched[zb], lay.pp[zb], M[zb], lay.vpp[zb], on(win_r.F), on(win_r.B), on(win_r.W),
-                            on(totals), total_sum[zb], hid, on(paired_share))
-        t_pipe[zb] = np.max(np.where(on(present), t_r, -np.inf), axis=0)
+        pairs = dualpipe_hides[zb]
+        saves = np.where(pairs, on((1.0 - held) * per_pair + absorbed_paired - alone), 0.0)
+        win_f = on(win_r.F) - np.where(pairs, on(alone_f), 0.0)
+        win_b = on(win_r.B) - np.where(pairs, on(alone - alone_f), 0.0)
+        t_pipe[zb] = v_pipe(lay.sched[zb], lay.pp[zb], M[zb], cs.n_hi[zb], kinds, (win_f, win_b, on(win_r.W)), saves)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
     # reported apart: what the host's gap absorbs as hidden exchange, then as the units' slow-down
     absorbed_a2a = np.minimum(absorbed, a2a_per_mb - hidden_of)

@@ -18,15 +18,17 @@ from .schedule import interleaved_step
 from .stages import kind_counts, stage_kind
 
 
-def kind_phases(nd, nm, v: dict) -> tuple:
+def kind_phases(nd, nm, v: dict, weight_apart: bool = False) -> tuple:
     """([4, n] forward, [4, n] backward: input, weight and recompute) compute seconds of one
     micro-batch through each kind of virtual stage's `nd` dense and `nm` MoE layers
     (estimate._kind_layers), the embedding on the first and the LM head on the last, from the
-    per-layer phases `v` (lc's dense_v, moe_v, emb_v, head_v, [4, n] each)."""
+    per-layer phases `v` (lc's dense_v, moe_v, emb_v, head_v, [4, n] each, f b w r).
+    `weight_apart`: (forward, backward-input with recompute, weight pass), as the V orders split them."""
     k = np.arange(4)[:, None]
     first, last = k == 0, k == 3
     # (forward, backward) of a dense layer, a MoE layer, the embedding and the LM head
-    fb = [(x[0], x[1] + x[2] + x[3]) for x in (v["dense_v"], v["moe_v"], v["emb_v"], v["head_v"])]
+    fb = [(x[0], x[1] + x[3], x[2]) if weight_apart else (x[0], x[1] + x[2] + x[3])
+          for x in (v["dense_v"], v["moe_v"], v["emb_v"], v["head_v"])]
     return tuple(nd * d + nm * mo + first * e + last * h for d, mo, e, h in zip(*fb))
 
 

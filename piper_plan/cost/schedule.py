@@ -19,6 +19,10 @@ sum over ranks; v = vpp.
                  the rank's forward-backward pairs hide (h: DeepSeek's DualPipe and Megatron-Core
                  overlap each pair; piper-train runs the two in turn, h 0). DualPipe's README
                  (PP/2-1)(F&B + B - 3W), PP = 2·pp, is its value where f = b >= w.
+                 Both closed forms are exact where every chunk takes as long; estimate walks the
+                 V orders stage by stage (v_orders.v_step), where chunks and ranks differ, and
+                 where a dualpipev pair is bound by its longer half (it hides at most its
+                 shorter one, which the steady state's M·max does not see)
 The V schedules' F, B, W (and h) cover a rank's two chunks: their bubbles read a chunk's, half.
 """
 from __future__ import annotations

@@ -274,14 +274,14 @@ KINDS = "FIWBP"
 def _graph(orders: Sequence[Sequence[Op]]):
     """The orders as a static graph, each op after its rank's previous one and after its inputs
     (_input), numbered from 1 (0 is a zero start) in the orders' own topological sweep, as
-    simulate runs them. Returns (kind (index in KINDS), preds [ops, 3]: the rank's previous op,
-    then the inputs made on other ranks, -1 where none; level, last: each rank's last op, work
-    [pp, len(KINDS)]: how many ops of each kind each rank runs)."""
+    simulate runs them. Returns (kind (index in KINDS), stage (a pair's: its forward's), preds
+    [ops, 3]: the rank's previous op, then the inputs made on other ranks, -1 where none; level,
+    last: each rank's last op, work [pp, len(KINDS)]: how many ops of each kind each rank runs)."""
     pp = len(orders)
     rank_of = _placement(orders)
     V = len(rank_of)
     index: dict[Action, int] = {}
-    kind, preds, level = [], [], []
+    kind, stage, preds, level = [], [], [], []
     work = np.zeros((pp, len(KINDS)), int)
     nxt, last = [0] * pp, [-1] * pp
     remaining = sum(len(o) for o in orders)
@@ -299,11 +299,12 @@ def _graph(orders: Sequence[Sequence[Op]]):
                     index[_made(a)] = len(kind)
                 last[r] = len(kind)
                 kind.append(KINDS.index("P" if len(acts) == 2 else acts[0][0]))
+                stage.append(acts[0][1])
                 work[r, kind[-1]] += 1
                 preds.append(p + [-1] * (3 - len(p)))
                 nxt[r] += 1
                 remaining -= 1
-    return np.array(kind), np.array(preds), np.array(level), np.array(last), work
+    return np.array(kind), np.array(stage), np.array(preds), np.array(level), np.array(last), work
 
 
 def _grouped(keys: tuple, pred: np.ndarray, level: np.ndarray, last: np.ndarray, every: bool = False):
@@ -330,9 +331,84 @@ def _waves(schedule: str, pp: int):
     nodes, ends, work): a wave (start, stop, kind (index in KINDS), its ops' predecessors [k,
     ops]); `ends` each rank's last op; `work` [pp, len(KINDS)] how many ops of each kind each
     rank runs."""
-    kind, pred, level, last, work = _graph(rank_orders(schedule, pp, 2, 2 * pp - (schedule == "zbv")))
+    kind, _, pred, level, last, work = _graph(rank_orders(schedule, pp, 2, v_fewest(schedule, pp)))
     waves, nodes, ends, _ = _grouped((kind,), pred, level, last)
     return [(a, z, int(k[0]), p) for a, z, k, p in waves], nodes, ends, work
+
+
+def v_fewest(schedule: str, pp) -> np.ndarray:
+    """The fewest micro-batches torch's zbv (2·pp - 1) or dualpipev (2·pp) order runs."""
+    return 2 * np.asarray(pp) - (schedule == "zbv")
+
+
+def _v_graph(schedule: str, pp: int):
+    """_graph's (kind, stage, preds [ops, 3], level, last) for torch's zbv or dualpipev order at its
+    fewest micro-batches, from arrays over all ops at once rather than swept op by op (_graph: 0.4
+    s for both orders at pp 64, a first search's share), the levels relaxed as the interleaved
+    order's (_relaxed_levels, _stepped_levels above pp 32) over each rank's ops padded to the
+    longest rank's, the padding dropped after."""
+    M = int(v_fewest(schedule, pp))
+    V = 2 * pp
+    orders = rank_orders(schedule, pp, 2, M)
+    n = max(len(o) for o in orders)
+    code = {k: i for i, k in enumerate(KINDS)}
+    acts = np.full((pp, n, 2, 3), -1)  # each op's actions (kind, stage, micro-batch); a lone one's second -1
+    none = ("", -1, -1)
+    code[""] = -1
+    for r, ops in enumerate(orders):
+        for j, part in enumerate(zip(*(op if type(op[0]) is tuple else (op, none) for op in ops))):
+            acts[r, :len(ops), j] = [(code[k], s, m) for k, s, m in part]
+    real = acts[:, :, 0, 0] >= 0
+    k, s, m = acts[..., 0], acts[..., 1], acts[..., 2]
+    node = np.arange(pp * n).reshape(pp, n, 1)
+    # the output each action makes (_made: an input part's is its backward's), numbered forward
+    # (stage, micro-batch), then backward; a weight pass's none anyone waits on
+    made = np.where(k == code["F"], 0, V * M) + s * M + m
+    made = np.where((k >= 0) & (k != code["W"]), made, -1)
+    maker = np.full(2 * V * M, -1)
+    maker[made[made >= 0]] = np.broadcast_to(node, made.shape)[made >= 0]
+    # the input each needs (_input): a forward the previous stage's, a backward the next stage's
+    # (the last stage's its own forward, on its own rank); a weight pass its own rank's input part
+    need = np.where(k == code["F"], np.where(s > 0, (s - 1) * M + m, -1),
+                    np.where(s < V - 1, V * M + (s + 1) * M + m, -1))
+    need = np.where((k >= 0) & (k != code["W"]), need, -1)
+    src = np.where(need >= 0, maker[np.maximum(need, 0)], -1)
+    rank = np.arange(pp)[:, None, None]
+    cross = np.where((src >= 0) & (src // n != rank), src, -1).reshape(pp * n, 2)
+    level = (_stepped_levels if pp > 32 else _relaxed_levels)(pp, n, cross)
+    keep = real.ravel()
+    new = np.cumsum(keep) - 1  # the real ops renumbered
+    prev = np.where(np.arange(pp * n) % n > 0, new[np.arange(pp * n) - 1], -1)
+    pred = np.column_stack([prev, np.where(cross >= 0, new[np.maximum(cross, 0)], -1)])[keep]
+    kind = np.where(k[..., 1] >= 0, code["P"], k[..., 0]).ravel()[keep]
+    last = new[np.arange(pp) * n + real.sum(axis=1) - 1]
+    return kind, s[..., 0].ravel()[keep], pred, level[keep], last
+
+
+@functools.lru_cache(maxsize=None)
+def _v_waves(schedule: str, pp: int):
+    """torch's zbv or dualpipev order at its fewest micro-batches as _waves gives it, but by
+    level alone, each op's row in v_path's durations: its kind's block (KINDS order) of 2·pp
+    rows, the row of its stage (a pair's: its forward's)."""
+    kind, stage, pred, level, last = _v_graph(schedule, pp)
+    waves, nodes, ends, order = _grouped((), pred, level, last, every=True)
+    row = kind * 2 * pp + stage
+    return [(a, z, row[order[a - 1:z - 1]], p) for a, z, _, p in waves], nodes, ends
+
+
+def v_path(schedule: str, pp: int, F, I, W, H=0.0) -> np.ndarray:
+    """Seconds from the first action to the last of torch's zbv or dualpipev order at its fewest
+    micro-batches (v_fewest) without messages (simulate's, at msg 0), for each column of F, I, W,
+    H ([2·pp, n]: each virtual stage's forward, backward-input and weight-pass seconds of one
+    micro-batch, and what an overlapped pair whose forward runs on that stage hides: the pair, a
+    forward on stage s beside the backward of the rank's other stage 2·pp - 1 - s, lasts the two
+    in turn less that, never less than the longer; simulate's `hide` per pair). One walk of the
+    order's graph for every column."""
+    F, I, W, H = np.broadcast_arrays(*(np.asarray(x, float) for x in (F, I, W, H)))
+    back = (I + W)[::-1]  # the backward beside stage s's forward: the rank's other stage's
+    pair = np.maximum(F + back - H, np.maximum(F, back))
+    waves, nodes, ends = _v_waves(schedule, pp)
+    return _walk(waves, nodes, ends, np.concatenate([F, I, W, I + W, pair]), 1 << 22)
 
 
 def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0):
@@ -399,10 +475,11 @@ def _relaxed_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
     same levels a level at a time: the passes grow with pp and each covers every rank's ops, so
     above pp 32 the steps cost less (pp 64 x vpp 2 to 6 at M 3pp: 17-46 ms against 57-156 ms,
     here)."""
+    cross = cross.reshape(pp * ops, -1)  # an op may wait on several (a V order's overlapped pair)
     pos = np.arange(ops * pp) % ops
     level = pos + 1
     while True:
-        lift = np.where(cross >= 0, level[np.maximum(cross, 0)] - pos, 0).reshape(pp, ops)
+        lift = np.where(cross >= 0, level[np.maximum(cross, 0)] - pos[:, None], 0).max(axis=1).reshape(pp, ops)
         new = np.maximum.accumulate(np.maximum(lift, 0), axis=1).ravel() + pos + 1
         if np.array_equal(new, level):
             return level
@@ -412,6 +489,7 @@ def _relaxed_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
 def _stepped_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
     """_relaxed_levels' by steps: each rank's next op takes the next level once its input has
     one, every rank at once (on torch's interleaved order, ops + 2(pp - 1) steps of pp ops each)."""
+    cross = cross.reshape(pp * ops, -1)
     level = np.full(len(cross), np.iinfo(np.int64).max)
     at = np.zeros(pp, int)  # each rank's next op in its order
     step = 0
@@ -419,7 +497,7 @@ def _stepped_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
         step += 1
         rr = np.flatnonzero(at < ops)
         op = rr * ops + at[rr]
-        go = (cross[op] < 0) | (level[np.maximum(cross[op], 0)] < step)
+        go = ((cross[op] < 0) | (level[np.maximum(cross[op], 0)] < step)).all(axis=1)
         level[op[go]] = step
         at[rr[go]] += 1
     return level
@@ -511,6 +589,8 @@ def priced_step(schedule: str, pp: int, vpp: int, M: int, fwd_mb, bwd_mb, msg: f
     interleaved.interleaved_pipe walks them (schedule.interleaved_step:
     each stage a vpp-th of its rank's seconds a micro-batch, its hidden messages off), the fill and
     the drain keeping the other ranks' hidden messages as the closed form adds them."""
+    if schedule in ("zbv", "dualpipev"):
+        raise ValueError(f"priced_step: the looped schedules; estimate prices {schedule} as v_orders.v_pipe walks it")
     from ..layout import SCHEDULES, Layout
     from .batch import from_layouts
     from .estimate import _p2p_sends, _p2p_steady_share, p2p_hidden_mb
