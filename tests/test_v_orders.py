@@ -161,3 +161,18 @@ def test_a_dualpipev_rank_s_work_counts_the_hiding_its_pairs_can_run():
     e = evaluate(m, hw, lay)
     assert 0.0 < e.time["bubble"][0] < 0.03 * e.step_time_s[0]
     assert e.time["a2a"][0] > 0.2 * e.step_time_s[0]  # what the pairs cannot hide stays in the step
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_graph_built_from_arrays_is_the_one_swept_op_by_op(schedule):
+    """schedule_sim._v_graph (all ops at once, the levels relaxed or stepped) against _graph's sweep
+    of the same orders: each level holds the same ops (kind and stage), and each rank ends on its
+    sweep's last op's level. pp 33 and 40 take the stepped levels."""
+    from piper_plan.cost.schedule_sim import _graph, _v_graph
+
+    for pp in (2, 3, 5, 8, 33, 40):
+        kind, stage, _, level, last = _v_graph(schedule, pp)
+        k2, s2, _, l2, last2, _ = _graph(rank_orders(schedule, pp, 2, int(v_fewest(schedule, pp))))
+        assert sorted(zip(level.tolist(), kind.tolist(), stage.tolist())) == sorted(zip(l2.tolist(), k2.tolist(),
+                                                                                     s2.tolist()))
+        assert level[last].tolist() == l2[last2].tolist()

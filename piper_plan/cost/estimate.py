@@ -487,8 +487,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     hidden_of = paired_share * per_pair
     slow_of = held * hidden_of
     # an off-stream exchange's host gap: what it absorbs in the steady state (beside the partner's
-    # hiding) and in the unpaired micro-batches (all of the exchange exposed); dualpipev prices its
-    # own bubble's hiding (schedule.pipeline_time)
+    # hiding) and in the unpaired micro-batches (all of the exchange exposed)
     gap = nm_r * lc["moe_host"]
     alone = _absorbed_by_host(lay, gap, a2a_per_mb)
     # a paired micro-batch's partner lasted its compute, then the gap: what its hiding took of the gap is gone
@@ -496,7 +495,6 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     exposed = a2a_per_mb - (1.0 - held) * per_pair
     absorbed_paired = _absorbed_by_host(lay, free, exposed)
     absorbed = paired_share * absorbed_paired + (1.0 - paired_share) * alone
-    unpaired = np.where(dualpipe_hides, 0.0, alone)
     # the forward's part of each (_window): its own exchanges (not a recompute's re-run) and what
     # they hide, behind the partner (Megatron-Core's overlap pairs each exchange with one node,
     # layer._layer_base: a2a_hide_f) or behind the chunk pair (dualpipev); the units' slow-down
@@ -534,7 +532,7 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # wall time, so a faster link that shortens them must not shorten the window
     comp_r, win_r, dp_win_r = _window(lc, phases, nd_r, nm_r, chunk_mb, parked_f, parked_b, (p2p_f, p2p_b), M,
                                       (hidden_of - slow_of + absorbed + p2p_hidden, hidden_f + p2p_hid_f),
-                                      (unpaired, np.where(dualpipe_hides, 0.0, alone_f)))
+                                      (alone, alone_f))
     # a paired step (dualpipev's F&B chunks, Megatron-Core's EP overlap) runs one micro-batch's
     # backward beside another's forward for the pair's whole wall time: that micro-batch's
     # reduction runs behind all of it. Read from its parts instead, the backward's window shrank
@@ -556,9 +554,10 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     comp = {c: pick(v) for c, v in comp_r.items()}
     offload_mb = pick(parked_f) + pick(parked_b)
     comp_total = comp["f"] + comp["b"] + comp["w"] + comp["r"]
-    hidden = np.where(dualpipe_hides, np.minimum(pick(a2a_per_mb), comp_total), 0.0)
+    # the closed forms; the interleaved order, 1F1B's where its last rank is not the busiest, and the
+    # V orders are walked below
     t_pipe = pipeline_time(lay.sched, lay.pp, M, lay.vpp, pick(win_r.F), pick(win_r.B), pick(win_r.W),
-                           peak_role_time, total_sum, hidden, pick(paired_share))
+                           peak_role_time, total_sum)
     # the fill and the drain wait on every hop's message: each other rank's chunk in the bubble
     # keeps the messages its steady state hides
     h_first, h_mid, h_last = p2p_hidden
@@ -588,11 +587,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
         kinds = kind_phases(*_kind_layers(m, cs.take(zb), first_dense[zb], split),
                             {k: lc[k][:, zb] for k in ("dense_v", "moe_v", "emb_v", "head_v")}, weight_apart=True)
         on = lambda x: x.take(zb, axis=-1)  # noqa: E731
-        pairs = dualpipe_hides[zb]
-        saves = np.where(pairs, on((1.0 - held) * per_pair + absorbed_paired - alone), 0.0)
-        win_f = on(win_r.F) - np.where(pairs, on(alone_f), 0.0)
-        win_b = on(win_r.B) - np.where(pairs, on(alone - alone_f), 0.0)
-        t_pipe[zb] = v_pipe(lay.sched[zb], lay.pp[zb], M[zb], cs.n_hi[zb], kinds, (win_f, win_b, on(win_r.W)), saves)
+        saves = np.where(dualpipe_hides[zb], on((1.0 - held) * per_pair + absorbed_paired - alone), 0.0)
+        t_pipe[zb] = v_pipe(lay.sched[zb], lay.pp[zb], M[zb], cs.n_hi[zb], kinds, (on(win_r.F), on(win_r.B),
+                                                                                  on(win_r.W)), saves)
     lc = {k: lc[k] for k in LAYER_TERMS_AFTER}
     # reported apart: what the host's gap absorbs as hidden exchange, then as the units' slow-down
     absorbed_a2a = np.minimum(absorbed, a2a_per_mb - hidden_of)

@@ -16,15 +16,16 @@ import functools
 
 import numpy as np
 
+from ..layout import SCHEDULES
 from .batch import distinct_rows
 from .schedule_sim import v_path
 from .stages import stage_kind, v_mid_rank
 
-ZBV, DUALPIPEV = 3, 4  # layout.SCHEDULES' indices
+ZBV = SCHEDULES.index("zbv")
 
 
 def v_step(sched, pp, M, F, I, W, H, rows=None) -> np.ndarray:  # noqa: E741
-    """Seconds torch's zbv (`sched` 3) or dualpipev (4) order takes for M micro-batches (at least
+    """Seconds torch's zbv or dualpipev order (`sched`: layout.SCHEDULES' index) takes for M micro-batches (at least
     schedule_sim.v_fewest's), without messages, per layout: F, I, W, H [>= 2·pp, n] each virtual
     stage's forward, backward-input and weight-pass seconds of one micro-batch and what a
     dualpipev pair whose forward runs on it hides (schedule_sim.v_path); or, with `rows` = (maps
