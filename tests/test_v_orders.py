@@ -29,7 +29,7 @@ def test_the_walk_at_the_fewest_micro_batches_is_the_order_run_action_by_action(
     for trial in range(4):
         f, b, w = rng.uniform(0.2, 1.5, (3, 2 * pp))
         hide = rng.uniform(0.0, 0.8) if schedule == "dualpipev" and trial % 2 else 0.0
-        M = int(v_fewest(schedule, pp))
+        M = int(v_fewest(schedule == "zbv", pp))
         walked = v_path(schedule, pp, *(x[:, None] for x in (f, b, w, np.full(2 * pp, hide))))[0]
         assert walked == pytest.approx(_ran(schedule, M, f, b, w, hide), rel=1e-12)
 
@@ -39,7 +39,7 @@ def test_the_walk_at_the_fewest_micro_batches_is_the_order_run_action_by_action(
 def test_past_them_the_busiest_rank_s_work_is_never_below_the_order_and_at_most_three_percent_over(schedule, pp):
     """Stages drawn at random from 0.2-1.5 (far less even than any split the planner makes)."""
     rng = np.random.default_rng(10 + pp)
-    M0 = int(v_fewest(schedule, pp))
+    M0 = int(v_fewest(schedule == "zbv", pp))
     for trial in range(3):
         f, b, w = rng.uniform(0.2, 1.5, (3, 2 * pp))
         hide = rng.uniform(0.0, 0.8) if schedule == "dualpipev" else 0.0
@@ -172,7 +172,24 @@ def test_the_graph_built_from_arrays_is_the_one_swept_op_by_op(schedule):
 
     for pp in (2, 3, 5, 8, 33, 40):
         kind, stage, _, level, last = _v_graph(schedule, pp)
-        k2, s2, _, l2, last2, _ = _graph(rank_orders(schedule, pp, 2, int(v_fewest(schedule, pp))))
+        k2, s2, _, l2, last2, _ = _graph(rank_orders(schedule, pp, 2, int(v_fewest(schedule == "zbv", pp))))
         assert sorted(zip(level.tolist(), kind.tolist(), stage.tolist())) == sorted(zip(l2.tolist(), k2.tolist(),
                                                                                      s2.tolist()))
         assert level[last].tolist() == l2[last2].tolist()
+
+
+def test_each_stage_reads_the_row_of_its_kind_and_its_rank_s_role_looped_or_v():
+    """stages.kind_role_rows, the map both stage-by-stage walks read: stage s of a looped pipeline
+    runs on rank s % pp, of a V on rank min(s, 2pp - 1 - s); role 0 rank 0, 2 rank pp - 1, 1 else."""
+    from piper_plan.cost.stages import kind_role_rows
+
+    pp, n_hi = np.array([2, 4, 4, 5]), np.array([0, 3, 3, 7])
+    for v_shape, vpp, distinct in ((False, np.array([2, 2, 3, 2]), 4), (True, np.full(4, 2), 3)):
+        maps, which = kind_role_rows(pp, vpp, n_hi, v_shape)
+        assert len(set(which.tolist())) == distinct  # a map a distinct (pp, vpp, n_hi)
+        for i in range(len(pp)):
+            C = int(pp[i] * vpp[i])
+            for s in range(C):
+                rank = min(s, C - 1 - s) if v_shape else s % pp[i]
+                role = 0 if rank == 0 else 2 if rank == pp[i] - 1 else 1
+                assert maps[which[i], s] == stage_kind(s, C, n_hi[i]) * 3 + role, (v_shape, i, s)

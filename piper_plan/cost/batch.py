@@ -349,6 +349,26 @@ def distinct_rows(*cols):
     return np.arange(k), first_rows(inv, k), inv
 
 
+def distinct_keys(key: np.ndarray) -> tuple:
+    """(one, back) of the rows of `key` ([n, k], any dtype), each compared as its bytes: a row of
+    each distinct one and each row's index among them, as np.unique's return_index and
+    return_inverse. For keys of many or float columns, which distinct_rows' lookup tables do
+    not fold (the walks' per-stage figures: schedule.interleaved_step, v_orders.v_step)."""
+    key = np.ascontiguousarray(key)
+    _, one, back = np.unique(key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel(), return_index=True,
+                             return_inverse=True)
+    return one, back.reshape(-1)
+
+
+def row_groups(*cols) -> list:
+    """The rows that share the columns' values (distinct_rows' rows), a group at a time: (a row
+    of the group, its rows in order). The walks price each group's columns with one graph."""
+    _, heads, which = distinct_rows(*cols)
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(heads) + 1))
+    return [(f, order[bounds[h]:bounds[h + 1]]) for h, f in enumerate(heads)]
+
+
 def first_rows(inv: np.ndarray, k: int) -> np.ndarray:
     """The first row with each code 0..k-1 of `inv` (every code present)."""
     first = np.empty(k, np.intp)

@@ -433,8 +433,9 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # each), and those of each chunk a role's rank runs, whose micro-batches it holds in different
     # numbers (memory.v_in_flight, memory.interleaved_states)
     multi = np.flatnonzero((lay.vpp > 1) & ~pp1)
-    # the orders walked stage by stage (interleaved, and 1f1b: its vpp-1 case) read each kind's layers too
-    walked = np.flatnonzero(((lay.vpp > 1) | (lay.sched == SCHEDULES.index("1f1b"))) & ~pp1)
+    # the orders walked stage by stage (interleaved, 1f1b: its vpp-1 case, zbv and dualpipev) read each
+    # kind's layers too
+    walked = np.flatnonzero(((lay.vpp > 1) | (lay.sched == SCHEDULES.index("1f1b")) | v_shape) & ~pp1)
     kind_d, kind_m = _kind_layers(m, cs.take(walked), first_dense[walked], split)
     cs_multi = cs.take(multi)
     in_multi = np.searchsorted(walked, multi)  # multi is among them
@@ -563,14 +564,14 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     h_first, h_mid, h_last = p2p_hidden
     hidden_sum = np.where(pp1, h_first, h_first + h_last + mids * mid_scale * h_mid)  # as total_sum adds them
     t_pipe = t_pipe + (hidden_sum - pick(p2p_hidden)) / lay.vpp
+    layer_phases = lambda idx: {k: lc[k][:, idx] for k in ("dense_v", "moe_v", "emb_v", "head_v")}  # noqa: E731
     # 1F1B's closed form is its order's step where the last rank is the busiest (tests/test_schedule_sim.py):
     # walked elsewhere, where the ranks after the busiest one absorb part of the fill and the drain
     one_f = (lay.sched == SCHEDULES.index("1f1b")) & (t_last < peak_role_time)
     il = np.flatnonzero(((lay.sched == SCHEDULES.index("interleaved")) | one_f) & ~pp1)
     if il.size:  # the order's own critical path: exact where chunks or ranks differ, as the closed form is not
         at = np.searchsorted(walked, il)  # il is among them
-        kind_f, kind_b = kind_phases(kind_d[:, at], kind_m[:, at],
-                                     {k: lc[k][:, il] for k in ("dense_v", "moe_v", "emb_v", "head_v")})
+        kind_f, kind_b = kind_phases(kind_d[:, at], kind_m[:, at], layer_phases(il))
         on = lambda x: x[:, il]  # noqa: E731
         # each rank's stages at its steady state's pace (its hidden messages off); the fill and the drain
         # keep each other rank's hidden messages, as the closed form adds them
@@ -584,8 +585,8 @@ def _pipeline(m: ModelSpec, hw: HardwareSpec, lay: LayoutBatch, routing: Routing
     # whose share of paired chunks is paired_share runs `totals` a micro-batch
     zb = np.flatnonzero((lay.sched >= SCHEDULES.index("zbv")) & ~pp1)
     if zb.size:
-        kinds = kind_phases(*_kind_layers(m, cs.take(zb), first_dense[zb], split),
-                            {k: lc[k][:, zb] for k in ("dense_v", "moe_v", "emb_v", "head_v")}, weight_apart=True)
+        at = np.searchsorted(walked, zb)  # zb is among them
+        kinds = kind_phases(kind_d[:, at], kind_m[:, at], layer_phases(zb), weight_apart=True)
         on = lambda x: x.take(zb, axis=-1)  # noqa: E731
         saves = np.where(dualpipe_hides[zb], on((1.0 - held) * per_pair + absorbed_paired - alone), 0.0)
         t_pipe[zb] = v_pipe(lay.sched[zb], lay.pp[zb], M[zb], cs.n_hi[zb], kinds, (on(win_r.F), on(win_r.B),

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .batch import distinct_rows
 from .schedule import interleaved_step
-from .stages import kind_counts, stage_kind
+from .stages import kind_by_role, kind_counts, kind_role_rows
 
 
 def kind_phases(nd, nm, v: dict, weight_apart: bool = False) -> tuple:
@@ -44,22 +43,11 @@ def interleaved_pipe(pp, vpp, M, n_hi, kind_f, kind_b, role_f, role_b, role_time
     mix (the LM head's chunk recomputes nothing).
     A stage's seconds depend on its kind and its rank's role alone: the walk reads those twelve
     figures a layout, row kind·3 + role, through each (pp, vpp, n_hi)'s map of its stages."""
-    C = pp * vpp
     # each role's rank's compute, forward and backward (its stages j·pp + rank): what its windows are shared by
     counts = [kind_counts(pp, vpp, n_hi, r) for r in (0, 1, pp - 1)]
     held = lambda x: np.stack([(c * x).sum(axis=0) for c in counts])  # noqa: E731
     scale = role_time / np.maximum(role_f + role_b, 1e-300)  # the hidden exchange, taken off both alike
     per_f = role_f * scale / np.maximum(held(kind_f), 1e-300)
     per_b = role_b * scale / np.maximum(held(kind_b), 1e-300)
-    n = len(pp)
-    rows_f = (kind_f[:, None] * per_f[None]).reshape(12, n)
-    rows_b = (kind_b[:, None] * per_b[None]).reshape(12, n)
-    # each distinct (pp, vpp, n_hi)'s stages as rows: kind·3 + the role of the stage's rank
-    _, first, which = distinct_rows(pp, vpp, n_hi)
-    s = np.arange(int(C.max()))
-    maps = np.zeros((len(first), len(s)), int)
-    for g, f in enumerate(first):
-        p, c = int(pp[f]), int(C[f])
-        rank = s[:c] % p
-        maps[g, :c] = stage_kind(s[:c], c, n_hi[f]) * 3 + np.where(rank == 0, 0, np.where(rank == p - 1, 2, 1))
-    return interleaved_step(pp, vpp, M, rows_f, rows_b, (maps, which))
+    return interleaved_step(pp, vpp, M, kind_by_role(kind_f, per_f), kind_by_role(kind_b, per_b),
+                            kind_role_rows(pp, vpp, n_hi, v_shape=False))

@@ -31,7 +31,7 @@ import functools
 
 import numpy as np
 
-from .batch import distinct_rows
+from .batch import distinct_keys, distinct_rows, row_groups
 from .schedule_sim import interleaved_path
 
 
@@ -124,22 +124,16 @@ def interleaved_step(pp, vpp, M, F, B, rows=None) -> np.ndarray:
     small = np.int16 if len(first) < 2 ** 15 else np.int32
     codes = np.where(np.vstack([u, u]), np.ceil(np.vstack([F, B]) / grid - 1e-9), 0.0).astype(small)
     # the distinct (pattern, micro-batches walked, codes) columns: each one's as one opaque key, sorted once
-    key = np.ascontiguousarray(np.column_stack([pattern, j, codes.T]).astype(small))
-    _, one, back = np.unique(key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel(), return_index=True,
-                             return_inverse=True)
+    one, back = distinct_keys(np.column_stack([pattern, j, codes.T]).astype(small))
     walked = np.empty(len(one))
     # the columns that share a graph, (pp, vpp, micro-batches walked): stage s of column c reads its pattern's row
-    _, heads, walk = distinct_rows(pp[one], vpp[one], j[one])
-    order = np.argsort(walk, kind="stable")
-    bounds = np.searchsorted(walk[order], np.arange(len(heads) + 1))
-    for h, f in enumerate(heads):
-        cols = order[bounds[h]:bounds[h + 1]]
+    for f, cols in row_groups(pp[one], vpp[one], j[one]):
         p, v, c = int(pp[one[f]]), int(vpp[one[f]]), one[cols]
         block = codes[stages[pattern[c], :2 * p * v].T, c]  # [2·pp·vpp, columns]
         walked[cols] = _interleaved_walk(p, v, int(j[one[f]]), block.tobytes(), block.shape, small)
     # the steady state's floor: the busiest rank's work a micro-batch, its stages' rows counted
     busiest = np.einsum("nkr,rn->nk", ranks[pattern], fb).max(axis=1)
-    return walked[back.reshape(-1)] * grid + (M - j) * busiest
+    return walked[back] * grid + (M - j) * busiest
 
 
 def _patterns(pp, vpp, maps, which, R: int) -> tuple:

@@ -331,23 +331,23 @@ def _waves(schedule: str, pp: int):
     nodes, ends, work): a wave (start, stop, kind (index in KINDS), its ops' predecessors [k,
     ops]); `ends` each rank's last op; `work` [pp, len(KINDS)] how many ops of each kind each
     rank runs."""
-    kind, _, pred, level, last, work = _graph(rank_orders(schedule, pp, 2, v_fewest(schedule, pp)))
+    kind, _, pred, level, last, work = _graph(rank_orders(schedule, pp, 2, int(v_fewest(schedule == "zbv", pp))))
     waves, nodes, ends, _ = _grouped((kind,), pred, level, last)
     return [(a, z, int(k[0]), p) for a, z, k, p in waves], nodes, ends, work
 
 
-def v_fewest(schedule: str, pp) -> np.ndarray:
-    """The fewest micro-batches torch's zbv (2·pp - 1) or dualpipev (2·pp) order runs."""
-    return 2 * np.asarray(pp) - (schedule == "zbv")
+def v_fewest(zbv, pp) -> np.ndarray:
+    """The fewest micro-batches torch's zbv (`zbv` true: 2·pp - 1) or dualpipev (2·pp) order runs
+    (arrays broadcast together)."""
+    return 2 * np.asarray(pp) - np.asarray(zbv, int)
 
 
 def _v_graph(schedule: str, pp: int):
     """_graph's (kind, stage, preds [ops, 3], level, last) for torch's zbv or dualpipev order at its
     fewest micro-batches, from arrays over all ops at once rather than swept op by op (_graph: 0.4
-    s for both orders at pp 64, a first search's share), the levels relaxed as the interleaved
-    order's (_relaxed_levels, _stepped_levels above pp 32) over each rank's ops padded to the
-    longest rank's, the padding dropped after."""
-    M = int(v_fewest(schedule, pp))
+    s for both orders at pp 64, a first search's share), the levels set as the interleaved
+    order's (_levels) over each rank's ops padded to the longest rank's, the padding dropped after."""
+    M = int(v_fewest(schedule == "zbv", pp))
     V = 2 * pp
     orders = rank_orders(schedule, pp, 2, M)
     n = max(len(o) for o in orders)
@@ -375,7 +375,7 @@ def _v_graph(schedule: str, pp: int):
     src = np.where(need >= 0, maker[np.maximum(need, 0)], -1)
     rank = np.arange(pp)[:, None, None]
     cross = np.where((src >= 0) & (src // n != rank), src, -1).reshape(pp * n, 2)
-    level = (_stepped_levels if pp > 32 else _relaxed_levels)(pp, n, cross)
+    level = _levels(pp, n, cross)
     keep = real.ravel()
     new = np.cumsum(keep) - 1  # the real ops renumbered
     prev = np.where(np.arange(pp * n) % n > 0, new[np.arange(pp * n) - 1], -1)
@@ -438,10 +438,8 @@ def interleaved_positions(pp: int, vpp: int, M: int, extra: int = 0):
 def _interleaved_graph(pp: int, vpp: int, M: int):
     """_graph's (kind, stage, preds [ops, 2], level, last) for torch's interleaved order (1F1B's
     at vpp 1: interleaved_positions), built from its arithmetic over all ops at once
-    rather than swept op by op (a thousand times the ops of the V orders' fewest micro-batches,
-    which _graph sweeps); the levels (each op's longest chain of ops from the start) relaxed over
-    all ops at once, or a level at a time above pp 32, where that is cheaper (_relaxed_levels,
-    _stepped_levels)."""
+    rather than swept op by op (_graph); the levels (each op's longest chain of ops from the
+    start) relaxed over all ops at once, or a level at a time above pp 32 (_levels)."""
     n, V = M * vpp, pp * vpp
     (f_pos, f_stage, mbs), (b_pos, b_stage, _) = interleaved_positions(pp, vpp, M)
     r = np.arange(pp)[:, None]
@@ -461,8 +459,13 @@ def _interleaved_graph(pp: int, vpp: int, M: int):
     cross[node(b_pos).ravel()] = np.where(b_stage < V - 1, b_of[np.minimum(b_stage + 1, V - 1), mbs], -1).ravel()
     prev = np.where(np.arange(2 * n * pp) % (2 * n) > 0, np.arange(2 * n * pp) - 1, -1)
     pred = np.stack([prev, cross], axis=1)
-    level = (_stepped_levels if pp > 32 else _relaxed_levels)(pp, 2 * n, cross)
+    level = _levels(pp, 2 * n, cross)
     return kind, stage, pred, level, np.arange(1, pp + 1) * 2 * n - 1
+
+
+def _levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:
+    """Each op's level: _relaxed_levels, or _stepped_levels above pp 32, where the steps cost less."""
+    return (_stepped_levels if pp > 32 else _relaxed_levels)(pp, ops, cross)
 
 
 def _relaxed_levels(pp: int, ops: int, cross: np.ndarray) -> np.ndarray:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from .batch import distinct_rows
+
 
 @dataclass
 class ChunkSizes:
@@ -174,6 +176,30 @@ def stage_kind(s, chunks, n_hi) -> np.ndarray:
     the first, 3 the last, 1 the first n_hi middle ones (a layer more), 2 the other middle ones."""
     s, C = np.asarray(s), np.asarray(chunks)
     return np.where(s == 0, 0, np.where(s == C - 1, 3, np.where(s <= np.asarray(n_hi), 1, 2)))
+
+
+def kind_role_rows(pp, vpp, n_hi, v_shape: bool) -> tuple:
+    """(maps [G, max pp·vpp], which [n]): each distinct (pp, vpp, n_hi)'s virtual stages as rows
+    kind·3 + role, the stage's kind (stage_kind) and its rank's role (0: rank 0, 2: rank pp - 1,
+    1: a middle one), the rows the stage-by-stage walks read (interleaved.interleaved_pipe,
+    v_orders.v_pipe); layout i's stage s reads maps[which[i], s]. Stage s runs on rank s % pp
+    (looped) or, `v_shape`, min(s, pp·vpp - 1 - s) (V: rank r holds r and 2·pp - 1 - r)."""
+    pp, vpp, n_hi = (np.asarray(x) for x in (pp, vpp, n_hi))
+    C = pp * vpp
+    _, first, which = distinct_rows(pp, vpp, n_hi)
+    s = np.arange(int(C.max()) if C.size else 0)
+    maps = np.zeros((len(first), len(s)), int)
+    for g, f in enumerate(first):
+        p, c = int(pp[f]), int(C[f])
+        rank = np.minimum(s[:c], c - 1 - s[:c]) if v_shape else s[:c] % p
+        maps[g, :c] = stage_kind(s[:c], c, n_hi[f]) * 3 + np.where(rank == 0, 0, np.where(rank == p - 1, 2, 1))
+    return maps, which
+
+
+def kind_by_role(per_kind, per_role) -> np.ndarray:
+    """[12, n]: row kind·3 + role (kind_role_rows' rows) of each kind's figure ([4, n]) times each
+    role's ([3, n])."""
+    return (np.asarray(per_kind)[:, None] * np.asarray(per_role)[None]).reshape(12, -1)
 
 
 def kind_counts(pp, vpp, n_hi, rank) -> np.ndarray:

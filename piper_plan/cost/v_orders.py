@@ -17,9 +17,9 @@ import functools
 import numpy as np
 
 from ..layout import SCHEDULES
-from .batch import distinct_rows
-from .schedule_sim import v_path
-from .stages import stage_kind, v_mid_rank
+from .batch import distinct_keys, distinct_rows, row_groups
+from .schedule_sim import v_fewest, v_path
+from .stages import kind_by_role, kind_role_rows, stage_kind, v_mid_rank
 
 ZBV = SCHEDULES.index("zbv")
 
@@ -52,22 +52,15 @@ def v_step(sched, pp, M, F, I, W, H, rows=None) -> np.ndarray:  # noqa: E741
     hide = np.clip(fig[3], 0.0, fig[0])  # a pair hides no more than its forward (v_path's floor)
     # the figures a layout's stages read, the others 0: its distinct columns walked once each
     figs = np.where(used[pattern].T[None], np.concatenate([fig[:3], hide[None]]), 0.0).reshape(-1, len(pp))
-    key = np.ascontiguousarray(np.column_stack([pattern, figs.T]))
-    _, one, back = np.unique(key.view(np.dtype((np.void, key.shape[1] * key.itemsize))).ravel(), return_index=True,
-                             return_inverse=True)
+    one, back = distinct_keys(np.column_stack([pattern, figs.T]))
     path, busiest = np.empty(len(one)), np.empty(len(one))
-    _, heads, walk = distinct_rows(sched[one], pp[one])
-    order = np.argsort(walk, kind="stable")
-    bounds = np.searchsorted(walk[order], np.arange(len(heads) + 1))
     R = fig.shape[1]
-    for h, f in enumerate(heads):
-        cols = order[bounds[h]:bounds[h + 1]]
+    for f, cols in row_groups(sched[one], pp[one]):  # the columns that share a graph
         s, p, c = int(sched[one[f]]), int(pp[one[f]]), one[cols]
         at = stages[pattern[c], :2 * p].T  # [2·pp, columns]: each stage's row
         block = np.concatenate([figs[q * R + at, c] for q in range(4)])  # [4·2pp, columns]
         path[cols], busiest[cols] = _v_walk(s, p, block.tobytes(), block.shape)
-    back = back.reshape(-1)
-    return path[back] + (M - (2 * pp - (sched == ZBV))) * busiest[back]  # past v_fewest's micro-batches
+    return path[back] + (M - v_fewest(sched == ZBV, pp)) * busiest[back]
 
 
 @functools.lru_cache(maxsize=64)
@@ -114,16 +107,7 @@ def v_pipe(sched, pp, M, n_hi, kinds, windows, hide) -> np.ndarray:
     ranks = np.stack([np.zeros_like(pp), v_mid_rank(n_hi, pp), pp - 1])  # [roles, n]
     k_lo, k_hi = stage_kind(ranks, V, n_hi), stage_kind(V - 1 - ranks, V, n_hi)
     held = lambda x: np.take_along_axis(x, k_lo, 0) + np.take_along_axis(x, k_hi, 0)  # noqa: E731
-    n = len(pp)
-    rows = [(k[:, None] * (w / np.maximum(held(k), 1e-300))[None]).reshape(12, n) for k, w in zip(kinds, windows)]
+    rows = [kind_by_role(k, w / np.maximum(held(k), 1e-300)) for k, w in zip(kinds, windows)]
     whole = sum(kinds)
-    rows_h = (whole[:, None] * (np.asarray(hide, float) / np.maximum(held(whole), 1e-300))[None]).reshape(12, n)
-    # each distinct (pp, n_hi)'s stages as rows: kind·3 + the role of the stage's rank
-    _, first, which = distinct_rows(pp, n_hi)
-    s = np.arange(int(V.max()))
-    maps = np.zeros((len(first), len(s)), int)
-    for g, f in enumerate(first):
-        p, v = int(pp[f]), int(V[f])
-        rank = np.minimum(s[:v], v - 1 - s[:v])
-        maps[g, :v] = stage_kind(s[:v], v, n_hi[f]) * 3 + np.where(rank == 0, 0, np.where(rank == p - 1, 2, 1))
-    return v_step(sched, pp, M, *rows, rows_h, (maps, which))
+    rows_h = kind_by_role(whole, np.asarray(hide, float) / np.maximum(held(whole), 1e-300))
+    return v_step(sched, pp, M, *rows, rows_h, kind_role_rows(pp, 2, n_hi, v_shape=True))
